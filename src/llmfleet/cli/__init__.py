@@ -1,0 +1,23 @@
+"""The Invoke collection behind both ``invoke`` (via tasks.py) and the ``llmfleet`` console script.
+
+Each task module registers its tasks here; keep task bodies thin and put logic in the package.
+"""
+
+from __future__ import annotations
+
+from invoke import Collection
+
+from llmfleet.cli import inventory_tasks
+
+ns = Collection()
+ns.configure(
+    {
+        "llmfleet": {
+            "inventory": "inventory/",
+            "ssh": {"connect_timeout": 10, "command_timeout": 120, "user": None},
+            "audit_log": "~/.local/state/llmfleet/audit.jsonl",
+        }
+    }
+)
+
+ns.add_task(inventory_tasks.inventory)

@@ -1,0 +1,56 @@
+"""Shared plumbing for task modules: error handling, output, host selection.
+
+Task modules stay thin: parse flags, call the package, print. Everything here is about that shell.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from invoke.exceptions import Exit
+from rich.console import Console
+
+from llmfleet.errors import LlmfleetError
+
+console = Console(stderr=False, highlight=False, soft_wrap=True)
+err_console = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def cfg(c, key: str, default: Any = None) -> Any:
+    """Read ``llmfleet.<key>`` from Invoke's config (invoke.yaml, env INVOKE_LLMFLEET_*, -f files)."""
+    node = c.config.get("llmfleet", {}) or {}
+    for part in key.split("."):
+        if not isinstance(node, dict) and not hasattr(node, "get"):
+            return default
+        node = node.get(part, None)
+        if node is None:
+            return default
+    return node
+
+
+def inventory_path(c, inventory: str | None) -> str:
+    return inventory or cfg(c, "inventory", "inventory/")
+
+
+def print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def handles_errors(fn: Callable) -> Callable:
+    """Turn llmfleet errors into Invoke's Exit: one line on stderr, the error's exit code."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except LlmfleetError as exc:
+            raise Exit(f"error: {exc}", code=exc.exit_code) from None
+        except KeyboardInterrupt:
+            raise Exit("interrupted", code=130) from None
+
+    return wrapper
