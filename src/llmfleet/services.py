@@ -1,0 +1,164 @@
+"""The llmfleet namespace inside an inventory: ``llmfleet_*`` variables, validated by a schema.
+
+Every other variable passes through untouched (as in Ansible). Inside the namespace an unknown key,
+a wrong type or a missing field is a one-line error naming the file, the host, the field and what
+was expected. Pure: takes resolved host variables, returns typed objects or raises.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from llmfleet.errors import InventoryError
+
+NAMESPACE_PREFIX = "llmfleet_"
+
+_NAME_RE = r"^[a-z0-9][a-z0-9_-]{0,47}$"
+_ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SecretRef(_Strict):
+    """Where a secret comes from on the operator's machine. Inventories never hold the value."""
+
+    from_env: str | None = Field(None, description="environment variable on the machine running llmfleet")
+    from_file: str | None = Field(None, description="file on the machine running llmfleet (mode 0600)")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> SecretRef:
+        if (self.from_env is None) == (self.from_file is None):
+            raise ValueError("give exactly one of from_env or from_file")
+        if self.from_env is not None and not _ENV_RE.match(self.from_env):
+            raise ValueError(f"from_env must be an environment variable name, got {self.from_env!r}")
+        return self
+
+
+class HealthSettings(_Strict):
+    """Per-service health-check budget (seconds) and the decode-speed floor."""
+
+    load_timeout_s: Annotated[int, Field(ge=10, le=7200)] = 900
+    stage_timeout_s: Annotated[int, Field(ge=1, le=600)] = 60
+    # Fail the rollout when measured tok/s < floor_fraction x the planner's realistic figure.
+    floor_fraction: Annotated[float, Field(ge=0.0, le=1.0)] = 0.25
+    max_tokens: Annotated[int, Field(ge=1, le=4096)] = 64
+
+
+class Service(_Strict):
+    """One inference server a host runs (one systemd unit, one compose project)."""
+
+    name: Annotated[str, Field(pattern=_NAME_RE)]
+    engine: Literal["vllm", "llamacpp"]
+    model: Annotated[str, Field(min_length=1, max_length=256)]
+    model_path: Annotated[str, Field(min_length=2, max_length=1024)]
+    image: Annotated[str, Field(min_length=3, max_length=256)]
+    quant: str | None = None
+    gpus: list[Annotated[int, Field(ge=0, le=63)]] | Literal["all"] = "all"
+    port: Annotated[int, Field(ge=1, le=65535)] = 8000
+    context: Annotated[int, Field(ge=128, le=10_000_000)] | None = None
+    concurrency: Annotated[int, Field(ge=1, le=4096)] = 1
+    kv_dtype: str = "auto"
+    served_name: Annotated[str, Field(min_length=1, max_length=256)] | None = None
+    gpu_memory_utilization: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
+    api_key: SecretRef | None = None
+    engine_args: list[str] = Field(default_factory=list)
+    env: dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")], str] = Field(default_factory=dict)
+    offload: bool = False
+    health: HealthSettings = Field(default_factory=HealthSettings)
+
+    @field_validator("model_path")
+    @classmethod
+    def _absolute(cls, v: str) -> str:
+        if not v.startswith("/"):
+            raise ValueError(f"must be an absolute path on the host, got {v!r}")
+        if "\x00" in v or "\n" in v:
+            raise ValueError("must not contain NUL or newline")
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _no_secret_env(cls, v: dict[str, str]) -> dict[str, str]:
+        for key in v:
+            if re.search(r"(KEY|TOKEN|SECRET|PASSWORD)", key.upper()):
+                raise ValueError(f"{key} looks like a secret: use api_key: {{from_env: ...}} instead of env")
+        return v
+
+    @property
+    def public_name(self) -> str:
+        return self.served_name or self.name
+
+
+class HostSettings(_Strict):
+    """All ``llmfleet_*`` variables of one host, after Ansible-style merging."""
+
+    services: list[Service] = Field(default_factory=list)
+    gpu: str | None = Field(None, description="card (catalog id or nvidia-smi name) when facts are not gathered")
+    root: Annotated[str, Field(pattern=r"^/[A-Za-z0-9._/-]*$")] = "/opt/llmfleet"
+    keep_releases: Annotated[int, Field(ge=1, le=100)] = 5
+    image_mirrors: dict[str, str] = Field(default_factory=dict)
+    health_floor_fraction: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+
+    @model_validator(mode="after")
+    def _unique(self) -> HostSettings:
+        seen_names: set[str] = set()
+        seen_ports: dict[int, str] = {}
+        for s in self.services:
+            if s.name in seen_names:
+                raise ValueError(f"service name {s.name!r} appears twice")
+            seen_names.add(s.name)
+            if s.port in seen_ports:
+                raise ValueError(f"services {seen_ports[s.port]!r} and {s.name!r} both use port {s.port}")
+            seen_ports[s.port] = s.name
+        return self
+
+
+def _describe(err: dict[str, Any]) -> tuple[str, str]:
+    loc = err.get("loc", ())
+    parts: list[str] = []
+    for p in loc:
+        if isinstance(p, int):
+            parts.append(f"[{p}]")
+        elif p in {"list[constrained-int]", "literal['all']", "constrained-int", "constrained-float"}:
+            continue
+        else:
+            parts.append(("." if parts else "") + str(p))
+    field = "".join(parts)
+    msg = err.get("msg", "invalid")
+    if err.get("type") == "extra_forbidden":
+        msg = "unknown key (check spelling; see docs/inventory.md for the schema)"
+    elif err.get("type") == "missing":
+        msg = "required field is missing"
+    inp = err.get("input")
+    if "api_key" in loc and isinstance(inp, str):
+        msg = "must be {from_env: VAR} or {from_file: PATH}; never the key itself (value not shown)"
+    elif err.get("type") not in {"missing", "extra_forbidden"} and not isinstance(inp, dict | list):
+        msg = f"{msg}, got {inp!r}"
+    return field, msg
+
+
+def host_settings(host: str, hostvars: dict[str, Any], sources: dict[str, str] | None = None) -> HostSettings:
+    """Validate the ``llmfleet_*`` variables of one host.
+
+    ``sources`` maps a variable name to the file (and group/host) that set its winning value, so the
+    error names where to fix it.
+    """
+    sources = sources or {}
+    data: dict[str, Any] = {}
+    for key, value in hostvars.items():
+        if key.startswith(NAMESPACE_PREFIX):
+            data[key[len(NAMESPACE_PREFIX):]] = value
+    try:
+        return HostSettings.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field, msg = _describe(err)
+        top = str(err["loc"][0]) if err.get("loc") else ""
+        var = NAMESPACE_PREFIX + top if top else NAMESPACE_PREFIX + "services"
+        where = sources.get(var, "inventory")
+        shown = NAMESPACE_PREFIX + field if field else var
+        raise InventoryError(f"{where}: host {host}: {shown}: {msg}") from None
