@@ -1,0 +1,280 @@
+"""SSH to inventory hosts: strict host keys, one-line errors, counted round trips.
+
+The thin I/O layer every remote step goes through. Connection parameters come from the inventory the
+way Ansible reads them (``ansible_host``, ``ansible_port``, ``ansible_user``,
+``ansible_ssh_private_key_file``, ``ansible_become``); everything else (Host aliases, ProxyJump,
+IdentityFile, ...) from ``~/.ssh/config`` through Fabric.
+
+Host keys are checked against ``~/.ssh/known_hosts`` and llmfleet's own known-hosts file. An unknown
+or changed key stops with the fingerprint and how to accept it; ``accept_new_host_keys`` behaves like
+OpenSSH's ``StrictHostKeyChecking=accept-new`` (new keys are recorded, changed keys still refused).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import os
+import shlex
+import socket
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import paramiko
+from fabric import Config, Connection
+
+from llmfleet.errors import RemoteError
+from llmfleet.inventory import Host
+
+DEFAULT_KNOWN_HOSTS = "~/.local/state/llmfleet/known_hosts"
+MAX_OUTPUT = 16 * 1024 * 1024  # cap per stream: a hostile host cannot exhaust our memory
+
+
+class HostKeyError(RemoteError):
+    """The host's key is unknown or has changed."""
+
+
+@dataclass(frozen=True)
+class Result:
+    rc: int
+    stdout: str
+    stderr: str
+
+    @property
+    def ok(self) -> bool:
+        return self.rc == 0
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where and how to log in, resolved from inventory variables (pure)."""
+
+    name: str
+    address: str
+    port: int | None
+    user: str | None
+    key_file: str | None
+    become: bool
+    become_user: str
+
+    @classmethod
+    def from_host(cls, host: Host, default_user: str | None = None) -> Target:
+        v = host.vars
+        port = v.get("ansible_port", v.get("ansible_ssh_port"))
+        try:
+            port = int(port) if port is not None else None
+        except (TypeError, ValueError):
+            raise RemoteError(f"host {host.name}: ansible_port must be a number, got {port!r}") from None
+        become = v.get("ansible_become", False)
+        if isinstance(become, str):
+            become = become.strip().lower() in {"1", "true", "yes", "on"}
+        return cls(
+            name=host.name,
+            address=str(v.get("ansible_host", v.get("ansible_ssh_host", host.name))),
+            port=port,
+            user=v.get("ansible_user", v.get("ansible_ssh_user", default_user)),
+            key_file=v.get("ansible_ssh_private_key_file"),
+            become=bool(become),
+            become_user=str(v.get("ansible_become_user", "root")),
+        )
+
+
+def fingerprint(key: paramiko.PKey) -> str:
+    digest = hashlib.sha256(key.asbytes()).digest()
+    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
+
+
+def known_hosts_name(address: str, port: int) -> str:
+    return address if port == 22 else f"[{address}]:{port}"
+
+
+class _StrictPolicy(paramiko.MissingHostKeyPolicy):
+    def __init__(self, target: Target, known_hosts: Path, accept_new: bool) -> None:
+        self.target = target
+        self.known_hosts = known_hosts
+        self.accept_new = accept_new
+        self.accepted: str | None = None
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        fp = fingerprint(key)
+        if not self.accept_new:
+            raise HostKeyError(
+                f"host {self.target.name} ({hostname}): unknown host key {key.get_name()} {fp}; "
+                f"verify it, then rerun with --accept-new-host-keys (or add it to {self.known_hosts})"
+            )
+        self.known_hosts.parent.mkdir(parents=True, exist_ok=True)
+        line = f"{hostname} {key.get_name()} {key.get_base64()}\n"
+        fd = os.open(self.known_hosts, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        with os.fdopen(fd, "a") as fh:
+            fh.write(line)
+        client.get_host_keys().add(hostname, key.get_name(), key)
+        self.accepted = fp
+
+
+class Remote:
+    """An open SSH connection to one host."""
+
+    def __init__(self, target: Target, conn: Connection, command_timeout: float) -> None:
+        self.target = target
+        self.name = target.name
+        self._conn = conn
+        self.command_timeout = command_timeout
+        self.round_trips = 0
+
+    # -- commands ---------------------------------------------------------------------------------
+
+    def _wrap(self, command: str | Sequence[str], sudo: bool) -> str:
+        cmd = command if isinstance(command, str) else shlex.join(list(command))
+        if (sudo or self.target.become) and self.target.user not in (None, "root"):
+            cmd = f"sudo -n -u {shlex.quote(self.target.become_user)} -- sh -c {shlex.quote(cmd)}"
+        return cmd
+
+    def run(
+        self,
+        command: str | Sequence[str],
+        *,
+        timeout: float | None = None,
+        stdin: bytes | None = None,
+        sudo: bool = False,
+        check: bool = False,
+    ) -> Result:
+        """Run one command (a list is shlex-joined). One round trip."""
+        cmd = self._wrap(command, sudo)
+        limit = timeout if timeout is not None else self.command_timeout
+        transport = self._conn.client.get_transport()
+        if transport is None or not transport.is_active():
+            raise RemoteError(f"host {self.name}: SSH connection is closed")
+        self.round_trips += 1
+        try:
+            chan = transport.open_session(timeout=limit)
+            chan.settimeout(1.0)
+            chan.exec_command(cmd)
+            if stdin is not None:
+                chan.sendall(stdin)
+            chan.shutdown_write()
+            out, err = bytearray(), bytearray()
+            deadline = time.monotonic() + limit
+            while True:
+                while chan.recv_ready():
+                    chunk = chan.recv(65536)
+                    if len(out) < MAX_OUTPUT:
+                        out += chunk
+                while chan.recv_stderr_ready():
+                    chunk = chan.recv_stderr(65536)
+                    if len(err) < MAX_OUTPUT:
+                        err += chunk
+                if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
+                    break
+                if time.monotonic() > deadline:
+                    chan.close()
+                    raise RemoteError(f"host {self.name}: command timed out after {limit:.0f}s: {_short(cmd)}")
+                time.sleep(0.002)
+            rc = chan.recv_exit_status()
+            chan.close()
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            raise RemoteError(f"host {self.name}: SSH command failed: {exc or type(exc).__name__}") from None
+        res = Result(rc=rc, stdout=out.decode("utf-8", "replace"), stderr=err.decode("utf-8", "replace"))
+        if check and rc != 0:
+            detail = (res.stderr.strip() or res.stdout.strip()).splitlines()[-1:] or [""]
+            raise RemoteError(f"host {self.name}: command failed (exit {rc}): {_short(cmd)}: {detail[0][:300]}")
+        return res
+
+    def put(self, data: bytes, path: str, mode: int = 0o644, *, sudo: bool = False) -> None:
+        """Write a file atomically (temp file + rename), created with its final mode. One round trip."""
+        tmp = f"{path}.llmfleet-tmp"
+        script = (
+            f"umask 077 && cat > {shlex.quote(tmp)} && chmod {mode:o} {shlex.quote(tmp)} "
+            f"&& mv -f {shlex.quote(tmp)} {shlex.quote(path)}"
+        )
+        self.run(script, stdin=data, sudo=sudo, check=True)
+
+    # -- port forwarding --------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def forward(self, remote_port: int, remote_host: str = "127.0.0.1") -> Iterator[int]:
+        """Tunnel a local port on 127.0.0.1 to ``remote_host:remote_port`` as seen from the host."""
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            local_port = s.getsockname()[1]
+        with self._conn.forward_local(local_port=local_port, remote_port=remote_port, remote_host=remote_host):
+            yield local_port
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def __enter__(self) -> Remote:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _short(cmd: str, n: int = 120) -> str:
+    return cmd if len(cmd) <= n else cmd[: n - 3] + "..."
+
+
+def connect(
+    host: Host,
+    *,
+    config: dict[str, Any] | None = None,
+    accept_new_host_keys: bool = False,
+) -> Remote:
+    """Open an SSH connection to an inventory host (strict host-key checking)."""
+    config = config or {}
+    target = Target.from_host(host, default_user=config.get("user"))
+    known_hosts = Path(os.path.expanduser(config.get("known_hosts") or DEFAULT_KNOWN_HOSTS))
+    connect_timeout = int(config.get("connect_timeout") or 10)
+    connect_kwargs: dict[str, Any] = {"banner_timeout": connect_timeout, "auth_timeout": connect_timeout}
+    if target.key_file:
+        key_path = os.path.expanduser(str(target.key_file))
+        if not os.path.exists(key_path):
+            raise RemoteError(
+                f"host {host.name}: ansible_ssh_private_key_file {key_path} does not exist; fix the inventory"
+            )
+        connect_kwargs["key_filename"] = [key_path]
+    conn = Connection(
+        target.address,
+        user=target.user,
+        port=target.port,
+        config=Config(overrides={"load_ssh_configs": True}),
+        connect_timeout=connect_timeout,
+        connect_kwargs=connect_kwargs,
+    )
+    client = conn.client
+    with contextlib.suppress(OSError):
+        client.load_system_host_keys()
+    if known_hosts.exists():
+        try:
+            client.load_host_keys(str(known_hosts))
+        except (OSError, paramiko.SSHException) as exc:
+            raise RemoteError(f"{known_hosts}: unreadable known-hosts file: {exc}") from None
+    policy = _StrictPolicy(target, known_hosts, accept_new_host_keys)
+    client.set_missing_host_key_policy(policy)
+    try:
+        conn.open()
+    except HostKeyError:
+        raise
+    except paramiko.BadHostKeyException as exc:
+        raise HostKeyError(
+            f"host {host.name} ({exc.hostname}): HOST KEY CHANGED: got {fingerprint(exc.key)}, expected "
+            f"{fingerprint(exc.expected_key)}; if the host was reinstalled, remove the old key with "
+            f"ssh-keygen -R {shlex.quote(exc.hostname)} -f {known_hosts} (and ~/.ssh/known_hosts), then rerun"
+        ) from None
+    except paramiko.AuthenticationException as exc:
+        raise RemoteError(
+            f"host {host.name}: SSH authentication failed for user {conn.user!r} at "
+            f"{target.address}:{conn.port}: {exc}; check ansible_user / ansible_ssh_private_key_file"
+        ) from None
+    except (paramiko.SSHException, OSError, EOFError) as exc:
+        raise RemoteError(
+            f"host {host.name}: cannot connect to {target.address}:{conn.port}: {exc or type(exc).__name__}"
+        ) from None
+    transport = client.get_transport()
+    if transport is not None:
+        with contextlib.suppress(OSError):
+            transport.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return Remote(target, conn, float(config.get("command_timeout") or 120))
