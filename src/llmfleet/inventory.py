@@ -285,7 +285,7 @@ class _Builder:
     def add_child(self, parent: str, child: str) -> None:
         p, c = self.groups[parent], self.groups[child]
         if child == parent or child in self._ancestors(parent):
-            raise InventoryError(f"group {child!r} cannot be a child of {parent!r}: that makes a loop")
+            raise ValueError(f"group {child!r} cannot be a child of {parent!r}: that makes a loop")
         if child not in p.children:
             p.children.append(child)
         if parent not in c.parents:
@@ -337,7 +337,7 @@ def _parse_group(b: _Builder, name: Any, data: Any, src: Path) -> str | None:
     b.add_group(name)
     if not data:
         return name
-    for section in ("vars", "children", "hosts"):
+    for section in [k for k in data if k in ("vars", "children", "hosts")]:  # file order, as Ansible
         val = data.get(section)
         if isinstance(val, str):
             val = {val: None}
@@ -361,7 +361,10 @@ def _parse_group(b: _Builder, name: Any, data: Any, src: Path) -> str | None:
         elif section == "children":
             for child, child_data in val.items():
                 _parse_group(b, child, child_data, src)
-                b.add_child(name, str(child))
+                try:
+                    b.add_child(name, str(child))
+                except ValueError as exc:
+                    raise InventoryError(f"{src}: {exc}") from None
         else:
             for pattern, hvars in val.items():
                 if hvars is not None and not isinstance(hvars, Mapping):
