@@ -1,0 +1,155 @@
+"""The SSH layer against a real OpenSSH server on loopback."""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+
+import pytest
+
+from llmfleet.errors import RemoteError
+from llmfleet.inventory import Host
+from llmfleet.ssh import HostKeyError, Target, connect
+
+
+def host_for(sshd, **extra) -> Host:
+    return Host(
+        name="test-host",
+        vars={
+            "ansible_host": "127.0.0.1",
+            "ansible_port": sshd.port,
+            "ansible_user": "root",
+            "ansible_ssh_private_key_file": str(sshd.client_key),
+            **extra,
+        },
+    )
+
+
+@pytest.fixture
+def known_hosts(tmp_path):
+    return tmp_path / "known_hosts"
+
+
+@pytest.fixture
+def remote(sshd, known_hosts):
+    r = connect(host_for(sshd), config={"known_hosts": str(known_hosts)}, accept_new_host_keys=True)
+    yield r
+    r.close()
+
+
+def test_unknown_host_key_is_refused_with_fingerprint(sshd, known_hosts):
+    with pytest.raises(HostKeyError, match=r"unknown host key ssh-ed25519 SHA256:\S+; verify it, then rerun with --accept-new-host-keys"):
+        connect(host_for(sshd), config={"known_hosts": str(known_hosts)})
+    assert not known_hosts.exists()
+
+
+def test_accept_new_records_the_key_then_strict_check_passes(sshd, known_hosts):
+    connect(host_for(sshd), config={"known_hosts": str(known_hosts)}, accept_new_host_keys=True).close()
+    line = known_hosts.read_text()
+    assert line.startswith(f"[127.0.0.1]:{sshd.port} ssh-ed25519 ")
+    assert stat.S_IMODE(os.stat(known_hosts).st_mode) == 0o600
+    with connect(host_for(sshd), config={"known_hosts": str(known_hosts)}) as r:
+        assert r.run(["echo", "ok"]).stdout == "ok\n"
+
+
+def test_changed_host_key_is_refused_even_with_accept_new(sshd, tmp_path):
+    kh = tmp_path / "kh"
+    # record a different key for this address, as if the host had been reinstalled since
+    other = tmp_path / "other"
+    os.system(f"ssh-keygen -q -t ed25519 -N '' -f {other}")  # noqa: S605 (fixed test command)
+    kh.write_text(f"[127.0.0.1]:{sshd.port} " + " ".join(other.with_suffix(".pub").read_text().split()[:2]) + "\n")
+    with pytest.raises(HostKeyError, match=r"HOST KEY CHANGED: got SHA256:\S+, expected SHA256:\S+; .*ssh-keygen -R"):
+        connect(host_for(sshd), config={"known_hosts": str(kh)}, accept_new_host_keys=True)
+
+
+def test_run_returns_exit_code_and_both_streams(remote):
+    res = remote.run("echo out; echo err >&2; exit 3")
+    assert (res.rc, res.stdout, res.stderr) == (3, "out\n", "err\n")
+    with pytest.raises(RemoteError, match=r"command failed \(exit 3\)"):
+        remote.run("exit 3", check=True)
+
+
+def test_argv_lists_are_quoted_not_interpreted(remote, tmp_path):
+    marker = tmp_path / "pwned"
+    hostile = f"$(touch {marker}); `touch {marker}` ; touch {marker}"
+    res = remote.run(["printf", "%s", hostile])
+    assert res.stdout == hostile
+    assert not marker.exists()
+
+
+def test_put_is_atomic_and_sets_mode(remote, tmp_path):
+    target = tmp_path / "secret.env"
+    remote.put(b"KEY=value\n", str(target), mode=0o600)
+    assert target.read_bytes() == b"KEY=value\n"
+    assert stat.S_IMODE(os.stat(target).st_mode) == 0o600
+    assert not (tmp_path / "secret.env.llmfleet-tmp").exists()
+
+
+def test_command_timeout_is_enforced(remote):
+    t0 = time.monotonic()
+    with pytest.raises(RemoteError, match="timed out after 1s"):
+        remote.run("sleep 30", timeout=1)
+    assert time.monotonic() - t0 < 5
+
+
+def test_round_trips_are_counted(remote):
+    before = remote.round_trips
+    remote.run("true")
+    remote.put(b"x", "/tmp/llmfleet-rt-test")
+    assert remote.round_trips == before + 2
+
+
+def test_forward_reaches_a_port_on_the_host(remote):
+    import socket
+    import threading
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    port = srv.getsockname()[1]
+
+    def serve():
+        conn, _ = srv.accept()
+        conn.sendall(b"hello from the host")
+        conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    with remote.forward(port) as local_port, socket.create_connection(("127.0.0.1", local_port), timeout=5) as c:
+        assert c.recv(100) == b"hello from the host"
+    srv.close()
+
+
+def test_unreachable_host_is_one_line_error(tmp_path):
+    h = Host(name="down", vars={"ansible_host": "127.0.0.1", "ansible_port": 1})
+    with pytest.raises(RemoteError, match=r"^host down: cannot connect to 127.0.0.1:1"):
+        connect(h, config={"known_hosts": str(tmp_path / "kh"), "connect_timeout": 2})
+
+
+def test_missing_key_file_is_named(tmp_path):
+    h = Host(name="h", vars={"ansible_ssh_private_key_file": "/nonexistent/key"})
+    with pytest.raises(RemoteError, match="ansible_ssh_private_key_file /nonexistent/key does not exist"):
+        connect(h, config={"known_hosts": str(tmp_path / "kh")})
+
+
+@pytest.mark.parametrize(
+    ("hostvars", "expected"),
+    [
+        ({}, ("h", None, None, False)),
+        ({"ansible_host": "10.1.2.3", "ansible_port": "2222", "ansible_user": "deploy", "ansible_become": "yes"},
+         ("10.1.2.3", 2222, "deploy", True)),
+        ({"ansible_ssh_host": "a", "ansible_ssh_port": 22, "ansible_ssh_user": "u", "ansible_become": False},
+         ("a", 22, "u", False)),
+    ],
+)
+def test_target_from_inventory_vars(hostvars, expected):
+    t = Target.from_host(Host(name="h", vars=hostvars))
+    assert (t.address, t.port, t.user, t.become) == expected
+
+
+def test_become_wraps_commands_in_sudo():
+    t = Target.from_host(Host(name="h", vars={"ansible_user": "deploy", "ansible_become": True}))
+    from llmfleet.ssh import Remote
+
+    r = Remote(t, conn=None, command_timeout=1)  # type: ignore[arg-type]
+    assert r._wrap(["echo", "a b"], sudo=False) == "sudo -n -u root -- sh -c 'echo '\"'\"'a b'\"'\"''"
