@@ -1,0 +1,380 @@
+"""YAML catalogs (GPUs, quantization formats, models, planner assumptions) as typed, frozen objects.
+
+Every figure lives in a YAML file next to this module with its source; this module only loads,
+validates and looks things up. Unknown names raise ``UsageError`` listing what is known.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, replace
+from importlib import resources
+from typing import Any
+
+import yaml
+
+from llmfleet.errors import UsageError
+
+FULL = "full_attention"
+SLIDING = "sliding_attention"
+LINEAR = "linear_attention"
+LAYER_TYPES = (FULL, SLIDING, LINEAR)
+
+
+def _read_yaml(name: str) -> dict[str, Any]:
+    text = resources.files(__package__).joinpath(name).read_text(encoding="utf-8")
+    data = yaml.safe_load(text)
+    if not isinstance(data, dict):
+        raise UsageError(f"catalog {name}: expected a mapping at the top level")
+    return data
+
+
+def _norm(name: str) -> str:
+    return " ".join(str(name).split()).lower()
+
+
+# --------------------------------------------------------------------------------------------- GPUs
+
+
+@dataclass(frozen=True)
+class Gpu:
+    id: str
+    names: tuple[str, ...]
+    memory_mib: int
+    bandwidth_gbps: float
+    compute_capability: str
+    arch: str
+    bf16: bool
+    fp8: bool
+    data_center: bool
+    sources: tuple[str, ...] = ()
+    memory_gb: float | None = None
+    memory_mib_recorded: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.names[0] if self.names else self.id
+
+    @property
+    def memory_bytes(self) -> int:
+        return int(self.memory_mib) * 1024 * 1024
+
+    @property
+    def cc(self) -> tuple[int, int]:
+        major, _, minor = self.compute_capability.partition(".")
+        return int(major), int(minor or 0)
+
+
+@functools.cache
+def load_gpus() -> tuple[Gpu, ...]:
+    data = _read_yaml("gpus.yaml")
+    out = []
+    for entry in data.get("gpus", []):
+        out.append(
+            Gpu(
+                id=str(entry["id"]),
+                names=tuple(str(n) for n in entry["names"]),
+                memory_mib=int(entry["memory_mib"]),
+                bandwidth_gbps=float(entry["bandwidth_gbps"]),
+                compute_capability=str(entry["compute_capability"]),
+                arch=str(entry["arch"]),
+                bf16=bool(entry["bf16"]),
+                fp8=bool(entry["fp8"]),
+                data_center=bool(entry["data_center"]),
+                sources=tuple(entry.get("sources", ())),
+                memory_gb=entry.get("memory_gb"),
+                memory_mib_recorded=bool(entry.get("memory_mib_recorded", False)),
+            )
+        )
+    return tuple(out)
+
+
+def find_gpu(name_or_id: str) -> Gpu:
+    """A card by catalog id or by the exact name nvidia-smi prints (case-insensitive)."""
+    key = _norm(name_or_id)
+    for gpu in load_gpus():
+        if key == gpu.id or key in {_norm(n) for n in gpu.names}:
+            return gpu
+    known = ", ".join(g.id for g in load_gpus())
+    raise UsageError(f"unknown GPU {name_or_id!r}; known (id or nvidia-smi name): {known}")
+
+
+# ------------------------------------------------------------------------------------------ quants
+
+
+@dataclass(frozen=True)
+class Quant:
+    name: str
+    family: str  # "hf" | "gguf"
+    bits: float
+    aliases: tuple[str, ...] = ()
+    weight_bits: float | None = None
+    group_size: int | None = None
+    group_bits: float = 0.0
+    per_channel_scale: bool = False
+    min_compute_capability: str = "0.0"
+    vllm: str | None = None
+    vllm_cc80: str | None = None
+    gguf_file_type: int | None = None
+    base: str | None = None
+    rules: tuple[tuple[str, str], ...] = ()
+    needs_bf16_for_dtype: bool = False
+    sources: tuple[str, ...] = ()
+
+    @property
+    def linear_bits_per_weight(self) -> float:
+        """Bits per weight of a quantized linear layer in an HF checkpoint (incl. group scales/zeros)."""
+        bits = float(self.weight_bits or self.bits)
+        if self.group_size:
+            bits += self.group_bits / self.group_size
+        return bits
+
+    def rule(self, key: str) -> str | None:
+        return dict(self.rules).get(key)
+
+    def with_group_size(self, group_size: int) -> Quant:
+        return replace(self, group_size=group_size)
+
+    @property
+    def min_cc(self) -> tuple[int, int]:
+        major, _, minor = self.min_compute_capability.partition(".")
+        return int(major), int(minor or 0)
+
+
+@functools.cache
+def _quants_data() -> dict[str, Any]:
+    return _read_yaml("quants.yaml")
+
+
+@functools.cache
+def load_quants() -> tuple[Quant, ...]:
+    out = []
+    for e in _quants_data().get("quants", []):
+        out.append(
+            Quant(
+                name=str(e["name"]),
+                family=str(e["family"]),
+                bits=float(e["bits"]),
+                aliases=tuple(str(a) for a in e.get("aliases", ())),
+                weight_bits=e.get("weight_bits"),
+                group_size=e.get("group_size"),
+                group_bits=float(e.get("group_bits", 0.0)),
+                per_channel_scale=bool(e.get("per_channel_scale", False)),
+                min_compute_capability=str(e.get("min_compute_capability", "0.0")),
+                vllm=e.get("vllm"),
+                vllm_cc80=e.get("vllm_cc80"),
+                gguf_file_type=e.get("gguf_file_type"),
+                base=e.get("base"),
+                rules=tuple(sorted((str(k), str(v)) for k, v in (e.get("rules") or {}).items())),
+                needs_bf16_for_dtype=bool(e.get("needs_bf16_for_dtype", False)),
+                sources=tuple(e.get("sources", ())),
+            )
+        )
+    return tuple(out)
+
+
+def ggml_type_bits() -> dict[str, float]:
+    """Bits per weight of each ggml tensor type (lowercase names)."""
+    return {str(k).lower(): float(v) for k, v in _quants_data().get("ggml_types", {}).items()}
+
+
+def kv_dtypes(engine: str) -> dict[str, dict[str, Any]]:
+    """KV cache dtypes an engine takes: name -> {bytes: per value, flag: engine spelling}."""
+    table = _quants_data().get("kv_dtypes", {})
+    if engine not in table:
+        raise UsageError(f"unknown engine {engine!r}; known: {', '.join(table)}")
+    return dict(table[engine])
+
+
+def find_quant(name: str) -> Quant:
+    """A quantization format by name or alias, case-insensitive (``gptq-int4-g32`` sets a group size)."""
+    key = _norm(name).replace("_", "-")
+    group = None
+    base_key = key
+    for sep in ("-g", "-gs"):
+        head, found, tail = key.rpartition(sep)
+        if found and tail.isdigit() and head:
+            base_key, group = head, int(tail)
+            break
+    for q in load_quants():
+        names = {q.name.replace("_", "-")} | {a.lower().replace("_", "-") for a in q.aliases}
+        if key in names:
+            return q
+        if group and base_key in names and q.group_size:
+            return q.with_group_size(group)
+    known = ", ".join(q.name for q in load_quants())
+    raise UsageError(f"unknown quantization {name!r}; known: {known} (GPTQ/AWQ take -gNN for a group size)")
+
+
+def find_gguf_quant(file_type: int) -> Quant | None:
+    for q in load_quants():
+        if q.family == "gguf" and q.gguf_file_type == file_type:
+            return q
+    return None
+
+
+# ------------------------------------------------------------------------------------------ models
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What the planner needs to know about a model: shapes, attention layout and, when read from
+    files, the real byte sizes."""
+
+    name: str
+    num_layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    tie_embeddings: bool = False
+    max_context: int = 4096
+    layer_types: tuple[str, ...] = ()
+    sliding_window: int | None = None
+    attn_output_gate: bool = False
+    linear_num_key_heads: int = 0
+    linear_num_value_heads: int = 0
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
+    linear_conv_kernel_dim: int = 0
+    vision_params: float = 0.0
+    params_published: float | None = None
+    model_type: str = ""
+    hf_id: str | None = None
+    aliases: tuple[str, ...] = ()
+    sources: tuple[str, ...] = ()
+    # Set when the model was read from files (HF folder or GGUF): real figures win over formulas.
+    origin: str = "catalog"  # "catalog" | "hf" | "gguf"
+    path: str | None = None
+    file_params: int | None = None
+    file_weights_bytes: int | None = None
+    file_embed_bytes: int | None = None  # token-embedding table (only one row is read per token)
+    file_output_bytes: int | None = None  # lm_head / output.weight (0 when tied)
+    file_quant: str | None = None  # quant name detected from the files
+    file_group_size: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.layer_types:
+            object.__setattr__(self, "layer_types", (FULL,) * self.num_layers)
+        if len(self.layer_types) != self.num_layers:
+            raise UsageError(
+                f"model {self.name}: layer_types lists {len(self.layer_types)} layers, num_layers is {self.num_layers}"
+            )
+        bad = sorted(set(self.layer_types) - set(LAYER_TYPES))
+        if bad:
+            raise UsageError(f"model {self.name}: unknown layer types {bad}; known: {', '.join(LAYER_TYPES)}")
+
+    def count(self, kind: str) -> int:
+        return sum(1 for t in self.layer_types if t == kind)
+
+
+def layer_types_from_interval(num_layers: int, interval: int | None, other: str | None) -> tuple[str, ...]:
+    """Layer i is full attention when (i + 1) % interval == 0, else ``other``."""
+    if not interval or interval <= 1 or not other:
+        return (FULL,) * num_layers
+    return tuple(FULL if (i + 1) % interval == 0 else other for i in range(num_layers))
+
+
+_MODEL_KEYS = {
+    "num_layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate", "vocab", "tie_embeddings",
+    "max_context", "sliding_window", "attn_output_gate", "linear_num_key_heads", "linear_num_value_heads",
+    "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim", "vision_params",
+    "params_published", "model_type", "hf_id",
+}  # fmt: skip
+
+
+@functools.cache
+def load_models() -> tuple[ModelSpec, ...]:
+    out = []
+    for e in _read_yaml("models.yaml").get("models", []):
+        kwargs = {k: e[k] for k in _MODEL_KEYS if k in e and e[k] is not None}
+        layer_types = layer_types_from_interval(
+            int(e["num_layers"]), e.get("full_attention_interval"), e.get("other_layer_type")
+        )
+        out.append(
+            ModelSpec(
+                name=str(e["name"]),
+                aliases=tuple(str(a) for a in e.get("aliases", ())),
+                sources=tuple(e.get("sources", ())),
+                layer_types=layer_types,
+                **kwargs,
+            )
+        )
+    return tuple(out)
+
+
+def find_model(name: str) -> ModelSpec:
+    """A catalog model by name, alias or Hugging Face id (case-insensitive)."""
+    key = _norm(name)
+    for m in load_models():
+        if key in {m.name, *(a.lower() for a in m.aliases)} or (m.hf_id and key == m.hf_id.lower()):
+            return m
+    known = ", ".join(m.name for m in load_models())
+    raise UsageError(f"unknown model {name!r}; known: {known} (or give a model folder or a .gguf file)")
+
+
+# ------------------------------------------------------------------------------ planner assumptions
+
+
+@dataclass(frozen=True)
+class EngineAssumptions:
+    engine: str
+    gpu_memory_utilization: float
+    block_size: int
+    cuda_context_bytes: int
+    activation_bytes: int
+    cuda_graph_bytes: int
+    kv_fraction: float
+    overhead_sources: tuple[str, ...]
+    efficiency_low: float
+    efficiency_high: float
+    efficiency_sources: tuple[str, ...]
+    offload_gbps_low: float
+    offload_gbps_high: float
+    offload_sources: tuple[str, ...]
+
+    @property
+    def fixed_overhead_bytes(self) -> int:
+        return self.cuda_context_bytes + self.activation_bytes + self.cuda_graph_bytes
+
+
+@functools.cache
+def _planner_data() -> dict[str, Any]:
+    return _read_yaml("planner.yaml")
+
+
+def engine_assumptions(engine: str) -> EngineAssumptions:
+    engines = _planner_data().get("engines", {})
+    if engine not in engines:
+        raise UsageError(f"unknown engine {engine!r}; known: {', '.join(engines)}")
+    e = engines[engine]
+    ov, eff, off = e["overhead"], e["efficiency"], e["offload_gbps"]
+    return EngineAssumptions(
+        engine=engine,
+        gpu_memory_utilization=float(e["gpu_memory_utilization"]),
+        block_size=int(e.get("block_size", 1)),
+        cuda_context_bytes=int(ov.get("cuda_context_bytes", 0)),
+        activation_bytes=int(ov.get("activation_bytes", 0)),
+        cuda_graph_bytes=int(ov.get("cuda_graph_bytes", 0)),
+        kv_fraction=float(ov.get("kv_fraction", 0.0)),
+        overhead_sources=tuple(ov.get("sources", ())),
+        efficiency_low=float(eff["low"]),
+        efficiency_high=float(eff["high"]),
+        efficiency_sources=tuple(eff.get("sources", ())),
+        offload_gbps_low=float(off["low"]),
+        offload_gbps_high=float(off["high"]),
+        offload_sources=tuple(e.get("offload_sources", ())),
+    )
+
+
+def min_context() -> int:
+    return int(_planner_data().get("min_context", 1024))
+
+
+__all__ = [
+    "FULL", "LINEAR", "SLIDING", "EngineAssumptions", "Gpu", "ModelSpec", "Quant", "engine_assumptions",
+    "find_gguf_quant", "find_gpu", "find_model", "find_quant", "ggml_type_bits", "kv_dtypes",
+    "layer_types_from_interval", "load_gpus", "load_models", "load_quants", "min_context",
+]  # fmt: skip
