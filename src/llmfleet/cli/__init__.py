@@ -13,8 +13,13 @@ ns = Collection()
 ns.configure(
     {
         "llmfleet": {
-            "inventory": "inventory/",
-            "ssh": {"connect_timeout": 10, "command_timeout": 120, "user": None},
+            "inventory": "inventory/lab/",
+            "ssh": {
+                "connect_timeout": 10,
+                "command_timeout": 120,
+                "user": None,
+                "known_hosts": "~/.local/state/llmfleet/known_hosts",
+            },
             "audit_log": "~/.local/state/llmfleet/audit.jsonl",
         }
     }

@@ -33,7 +33,7 @@ def cfg(c, key: str, default: Any = None) -> Any:
 
 
 def inventory_path(c, inventory: str | None) -> str:
-    return inventory or cfg(c, "inventory", "inventory/")
+    return inventory or cfg(c, "inventory", "inventory/lab/")
 
 
 def print_json(data: Any) -> None:
@@ -54,3 +54,9 @@ def handles_errors(fn: Callable) -> Callable:
             raise Exit("interrupted", code=130) from None
 
     return wrapper
+
+
+def ssh_config(c) -> dict[str, Any]:
+    """The ``llmfleet.ssh`` section of the config, as a plain dict for ``llmfleet.ssh.connect``."""
+    section = cfg(c, "ssh", {}) or {}
+    return {k: section.get(k) for k in ("connect_timeout", "command_timeout", "user", "known_hosts")}

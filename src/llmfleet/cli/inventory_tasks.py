@@ -14,7 +14,7 @@ from llmfleet.inventory import check_all, load_inventory
 
 @task(
     help={
-        "inventory": "inventory file or folder (default: llmfleet.inventory in invoke.yaml, 'inventory/')",
+        "inventory": "inventory file or folder (default: llmfleet.inventory in invoke.yaml, 'inventory/lab/')",
         "list": "print every group and host as JSON, like `ansible-inventory --list`",
         "host": "print one host's merged variables as JSON, like `ansible-inventory --host NAME`",
         "check": "validate the llmfleet_* variables of every host (or of --limit) against the schema",

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Set up llmfleet on a fresh Debian 12 machine (run as root, or with sudo available):
+# system packages, then a virtualenv in .venv with llmfleet and its development tools.
+# Idempotent: a second run installs nothing new. Sourced by scripts/demo.sh and scripts/test.sh.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+command -v python3 >/dev/null || need_apt+=(python3)
+python3 -c 'import ensurepip, venv' 2>/dev/null || need_apt+=(python3-venv)
+command -v ssh-keygen >/dev/null || need_apt+=(openssh-client)
+[ -x /usr/sbin/sshd ] || need_apt+=(openssh-server)
+command -v git >/dev/null || need_apt+=(git)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  echo "bootstrap: installing ${need_apt[*]}"
+  $SUDO apt-get update -q >/dev/null
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q "${need_apt[@]}" >/dev/null
+fi
+
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+fi
+stamp=.venv/.llmfleet-installed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  echo "bootstrap: installing llmfleet into .venv"
+  .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+  .venv/bin/python -m pip install -q -e '.[dev]' 2>&1 | grep -v -E '^(WARNING: Location|  )' || true
+  .venv/bin/python -c 'import llmfleet, invoke, fabric' 
+  touch "$stamp"
+fi
