@@ -1,0 +1,799 @@
+"""Host facts: parse the probe document into a typed ``Facts`` object.
+
+Pure parsers (``parse_probe`` and the per-section helpers) plus ``gather``, the thin I/O part that
+runs the probe over one SSH round trip. Anything unexpected in the document (garbage from
+nvidia-smi, a driver string that does not parse, a section cut short) becomes a line in
+``Facts.errors`` naming what was seen; parsing never raises on host output.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from llmfleet.probe import MAX_DOCUMENT, probe_command, probe_script
+
+QUERY_FIELDS = (
+    "index",
+    "name",
+    "uuid",
+    "pci.bus_id",
+    "memory.total",
+    "memory.used",
+    "memory.free",
+    "driver_version",
+    "compute_cap",
+)
+SECTION_CAP = 65536
+_SHOWN = 120  # characters of a bad value quoted back in an error
+_MAX_GPUS = 64
+_MAX_ENTRIES = 2000
+
+
+class Gpu(BaseModel):
+    index: int
+    name: str
+    uuid: str | None = None
+    pci_bus_id: str | None = None
+    memory_total_mib: int | None = None
+    memory_used_mib: int | None = None
+    memory_free_mib: int | None = None
+    compute_capability: str | None = None
+    compute_capability_source: Literal["driver", "catalog"] | None = None
+    catalog_id: str | None = None
+    data_center: bool | None = None
+
+
+class Docker(BaseModel):
+    client_version: str | None = None
+    server_version: str | None = None
+    runtimes: list[str] = Field(default_factory=list)
+    default_runtime: str | None = None
+    root_dir: str | None = None
+    cdi_spec_dirs: list[str] = Field(default_factory=list)
+    error: str | None = None
+
+
+class Container(BaseModel):
+    name: str
+    image: str = ""
+    state: str = ""
+    ports: list[int] = Field(default_factory=list)
+    labels: dict[str, str] = Field(default_factory=dict)
+
+
+class Toolkit(BaseModel):
+    """The NVIDIA container toolkit as seen on the host."""
+
+    version: str | None = None  # nvidia-ctk --version
+    cli_version: str | None = None  # nvidia-container-cli --version (libnvidia-container)
+    runtime_path: str | None = None  # nvidia-container-runtime
+    hook_path: str | None = None  # nvidia-container-runtime-hook (enables `docker --gpus`)
+    cdi_specs: list[str] = Field(default_factory=list)
+    cdi_kinds: list[str] = Field(default_factory=list)
+
+
+class Compose(BaseModel):
+    v2: str | None = None  # `docker compose version --short`
+    v1: str | None = None  # `docker-compose version --short`
+
+
+class Disk(BaseModel):
+    label: str
+    path: str
+    mount: str | None = None
+    total_mib: int | None = None
+    free_mib: int | None = None
+
+
+class Release(BaseModel):
+    service: str
+    current: str | None = None  # symlink target of <root>/services/<service>/current
+    release_id: str | None = None
+    manifest: dict[str, Any] | None = None
+
+
+class ModelFile(BaseModel):
+    path: str
+    kind: Literal["dir", "file", "other", "missing", "unknown"] = "unknown"
+    readable: bool | None = None
+    size_bytes: int | None = None
+    entries: list[str] = Field(default_factory=list)  # folder: file names (capped)
+    magic: str | None = None  # file: first bytes, alphanumerics only ("GGUF")
+
+
+class Facts(BaseModel):
+    host: str
+    probe_version: int | None = None
+    gpus: list[Gpu] = Field(default_factory=list)
+    nvidia_smi: str | None = None  # path, None when missing
+    driver_version: str | None = None
+    driver_loaded: bool | None = None
+    cuda_driver_version: str | None = None  # highest CUDA the driver supports, "12.8"
+    cuda_driver_source: Literal["banner", "driver-branch"] | None = None
+    host_cuda_compat: list[str] = Field(default_factory=list)
+    docker: Docker = Field(default_factory=Docker)
+    containers: list[Container] = Field(default_factory=list)
+    images: list[str] = Field(default_factory=list)  # repo:tag and repo@digest present locally
+    toolkit: Toolkit = Field(default_factory=Toolkit)
+    compose: Compose = Field(default_factory=Compose)
+    disks: list[Disk] = Field(default_factory=list)
+    ram_total_mib: int | None = None
+    ram_available_mib: int | None = None
+    kernel: str | None = None
+    machine: str | None = None
+    systemd: bool | None = None
+    root: str | None = None
+    releases: dict[str, Release] = Field(default_factory=dict)
+    ports: list[int] = Field(default_factory=list)  # listening TCP ports
+    models: list[ModelFile] = Field(default_factory=list)
+    errors: list[str] = Field(default_factory=list)
+
+    def disk(self, label: str) -> Disk | None:
+        return next((d for d in self.disks if d.label == label), None)
+
+    def model(self, path: str) -> ModelFile | None:
+        return next((m for m in self.models if m.path == path), None)
+
+
+# ------------------------------------------------------------------------------------------------
+# Document framing
+
+
+class Section(BaseModel):
+    name: str
+    arg: str
+    body: str
+    rc: int | None
+    complete: bool
+
+
+def shown(value: str, n: int = _SHOWN) -> str:
+    """A bad value quoted back safely: one line, bounded, control characters escaped."""
+    one = value.replace("\r", "\\r").replace("\n", "\\n")
+    one = "".join(ch if ch.isprintable() else f"\\x{ord(ch):02x}" for ch in one[: n * 2])
+    return repr(one if len(one) <= n else one[: n - 3] + "...")
+
+
+def split_sections(text: str, mark: str) -> tuple[list[Section], bool]:
+    """Cut the probe document into sections. Returns (sections, saw_the_final_marker)."""
+    begin = f"=={mark}== begin "
+    end = f"=={mark}== end "
+    done = f"=={mark}== done"
+    sections: list[Section] = []
+    lines = text.split("\n")
+    cur: dict[str, Any] | None = None
+    finished = False
+    for line in lines:
+        if line.startswith(begin):
+            if cur is not None:
+                sections.append(_close(cur, None, False))
+            name, _, arg = line[len(begin):].partition(" ")
+            cur = {"name": name, "arg": arg.strip(), "lines": []}
+        elif line.startswith(end) and cur is not None:
+            rest = line[len(end):]
+            m = re.search(r"rc=(\d+)", rest)
+            sections.append(_close(cur, int(m.group(1)) if m else None, True))
+            cur = None
+        elif line == done:
+            finished = True
+        elif cur is not None:
+            cur["lines"].append(line)
+    if cur is not None:
+        sections.append(_close(cur, None, False))
+    return sections, finished
+
+
+def _close(cur: dict[str, Any], rc: int | None, complete: bool) -> Section:
+    lines = cur["lines"]
+    if complete and lines and lines[-1] == "":
+        lines = lines[:-1]  # the newline the probe always prints before the end marker
+    return Section(name=cur["name"], arg=cur["arg"], body="\n".join(lines), rc=rc, complete=complete)
+
+
+# ------------------------------------------------------------------------------------------------
+# Section parsers (each pure, each tolerant)
+
+
+def _kv_lines(body: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for line in body.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key and key.replace("-", "").replace("_", "").isalnum():
+            out.setdefault(key, value.strip())
+    return out
+
+
+def _int_or_none(text: str) -> int | None:
+    text = text.strip()
+    m = re.fullmatch(r"(\d{1,12})(?:\.\d+)?(?:\s*MiB)?", text)
+    return int(m.group(1)) if m else None
+
+
+_CC_RE = re.compile(r"^\d{1,2}\.\d{1,2}$")
+_DRIVER_RE = re.compile(r"^\d{2,4}\.\d{1,4}(?:\.\d{1,4})?$")
+
+
+def parse_driver_version(text: str) -> tuple[int, ...] | None:
+    """``"570.133.07"`` -> ``(570, 133, 7)``; None when it does not parse."""
+    text = text.strip()
+    if not _DRIVER_RE.match(text):
+        return None
+    return tuple(int(p) for p in text.split("."))
+
+
+def parse_gpu_query(
+    body: str, errors: list[str], fields: tuple[str, ...] = QUERY_FIELDS
+) -> tuple[list[Gpu], list[str]]:
+    """``nvidia-smi --query-gpu=... --format=csv[,noheader][,nounits]`` -> (GPUs, driver versions).
+
+    A header line (``index, name, ...``) maps columns by name; without one the probe's field order
+    is assumed. Units (``143771 MiB``) are accepted.
+    """
+    gpus: list[Gpu] = []
+    drivers: list[str] = []
+    lines = [ln for ln in body.splitlines() if ln.strip()]
+    cols = list(fields)
+    if lines and lines[0].lower().startswith("index"):
+        cols = [re.sub(r"\s*\[.*\]$", "", c.strip()).lower() for c in lines[0].split(",")]
+        lines = lines[1:]
+    for line in lines[: _MAX_GPUS + 1]:
+        if len(gpus) >= _MAX_GPUS:
+            errors.append(f"nvidia-smi: more than {_MAX_GPUS} GPU lines; ignored the rest")
+            break
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) < len(cols):
+            errors.append(f"nvidia-smi: unexpected query line {shown(line)}")
+            continue
+        row = dict(zip(cols, parts, strict=False))
+        idx = _int_or_none(row.get("index", ""))
+        name = row.get("name", "")
+        if idx is None or not name or not name.isprintable() or len(name) > 96:
+            errors.append(f"nvidia-smi: unexpected query line {shown(line)}")
+            continue
+        cc = row.get("compute_cap")
+        if cc is not None and not _CC_RE.match(cc):
+            if cc not in ("[N/A]", "N/A", ""):
+                errors.append(f"nvidia-smi: GPU {idx}: compute_cap {shown(cc)} does not parse")
+            cc = None
+        gpus.append(
+            Gpu(
+                index=idx,
+                name=name,
+                uuid=row.get("uuid") or None,
+                pci_bus_id=row.get("pci.bus_id") or None,
+                memory_total_mib=_int_or_none(row.get("memory.total", "")),
+                memory_used_mib=_int_or_none(row.get("memory.used", "")),
+                memory_free_mib=_int_or_none(row.get("memory.free", "")),
+                compute_capability=cc,
+                compute_capability_source="driver" if cc else None,
+            )
+        )
+        dv = row.get("driver_version")
+        if dv:
+            drivers.append(dv)
+    return gpus, drivers
+
+
+def parse_banner(body: str) -> dict[str, str]:
+    """The plain ``nvidia-smi`` banner: driver version and the highest CUDA the driver supports."""
+    out: dict[str, str] = {}
+    m = re.search(r"Driver Version:\s*(\S+)", body)
+    if m:
+        out["driver"] = m.group(1)
+    m = re.search(r"CUDA Version:\s*([0-9]+\.[0-9]+)", body)
+    if m:
+        out["cuda"] = m.group(1)
+    return out
+
+
+def parse_proc_driver(body: str) -> str | None:
+    """``/proc/driver/nvidia/version``: ``NVRM version: NVIDIA UNIX ... Kernel Module ...  580.159.04  ...``."""
+    m = re.search(r"NVRM version:.*?\s(\d{2,4}\.\d{1,4}(?:\.\d{1,4})?)\s", body + " ")
+    return m.group(1) if m else None
+
+
+def nvidia_smi_failure(body: str, rc: int | None) -> str:
+    """Name why nvidia-smi failed, from its text."""
+    text = body.strip()
+    low = text.lower()
+    if "couldn't communicate with the nvidia driver" in low or "nvidia-smi has failed" in low:
+        return f"driver not loaded (nvidia-smi exit {rc}: {shown(text.splitlines()[0])})"
+    if "no devices were found" in low:
+        return "nvidia-smi found no devices"
+    if "is not a valid field" in low:
+        return f"nvidia-smi refused a field: {shown(text.splitlines()[0])}"
+    if rc == 124 or rc == 137:
+        return f"nvidia-smi timed out (exit {rc})"
+    first = text.splitlines()[0] if text else "(no output)"
+    return f"nvidia-smi exit {rc}: {shown(first)}"
+
+
+def _versionish(text: str) -> str | None:
+    m = re.search(r"v?(\d+\.\d+(?:\.\d+)?(?:[-+.~][0-9A-Za-z.+~-]*)?)", text)
+    return m.group(1)[:64] if m else None
+
+
+def parse_docker_info(body: str, rc: int | None, errors: list[str]) -> Docker:
+    doc = Docker()
+    data: dict[str, Any] | None = None
+    other: list[str] = []
+    for line in body.splitlines():
+        s = line.strip()
+        if s.startswith("{") and data is None:
+            try:
+                loaded = json.loads(s)
+                if isinstance(loaded, dict):
+                    data = loaded
+                    continue
+            except ValueError:
+                pass
+        if s:
+            other.append(s)
+    if data is not None:
+        client = data.get("ClientInfo")
+        if isinstance(client, dict) and isinstance(client.get("Version"), str):
+            doc.client_version = client["Version"][:64]
+        sv = data.get("ServerVersion")
+        doc.server_version = sv[:64] if isinstance(sv, str) and sv else None
+        rts = data.get("Runtimes")
+        if isinstance(rts, dict):
+            doc.runtimes = sorted(str(k)[:64] for k in list(rts)[:50])
+        dr = data.get("DefaultRuntime")
+        doc.default_runtime = dr[:64] if isinstance(dr, str) and dr else None
+        root = data.get("DockerRootDir")
+        doc.root_dir = root[:1024] if isinstance(root, str) and root else None
+        cdi = data.get("CDISpecDirs")
+        if isinstance(cdi, list):
+            doc.cdi_spec_dirs = [str(x)[:256] for x in cdi[:20]]
+        server_errors = data.get("ServerErrors")
+        if isinstance(server_errors, list) and server_errors:
+            other = [str(e) for e in server_errors] + other
+    if rc != 0 or doc.server_version is None:
+        detail = next((o for o in other if "docker" in o.lower() or "permission" in o.lower()), None)
+        detail = detail or (other[0] if other else f"exit {rc}, no output")
+        low = detail.lower()
+        if "permission denied" in low:
+            kind = "docker socket permission denied"
+        elif "cannot connect" in low or "connection refused" in low or "is the docker daemon running" in low:
+            kind = "docker socket refused (daemon not running?)"
+        elif rc in (124, 137):
+            kind = "docker info timed out"
+        else:
+            kind = "docker info failed"
+        doc.error = f"{kind}: {shown(detail)}"
+        errors.append(doc.error)
+    return doc
+
+
+def _ports_from_docker(text: str) -> list[int]:
+    # "0.0.0.0:8000->8000/tcp, :::8000->8000/tcp"
+    return sorted({int(p) for p in re.findall(r":(\d{1,5})->", text) if 0 < int(p) < 65536})
+
+
+def _labels(text: Any) -> dict[str, str]:
+    if isinstance(text, dict):
+        return {str(k)[:256]: str(v)[:256] for k, v in list(text.items())[:100]}
+    out: dict[str, str] = {}
+    if isinstance(text, str):
+        for part in text.split(",")[:100]:
+            k, sep, v = part.partition("=")
+            if sep:
+                out[k.strip()[:256]] = v.strip()[:256]
+    return out
+
+
+def parse_docker_ps(body: str, errors: list[str]) -> list[Container]:
+    out: list[Container] = []
+    for line in body.splitlines()[:500]:
+        s = line.strip()
+        if not s:
+            continue
+        try:
+            row = json.loads(s)
+        except ValueError:
+            errors.append(f"docker ps: unexpected line {shown(s)}")
+            continue
+        if not isinstance(row, dict):
+            continue
+        out.append(
+            Container(
+                name=str(row.get("Names", ""))[:256],
+                image=str(row.get("Image", ""))[:512],
+                state=str(row.get("State", ""))[:64],
+                ports=_ports_from_docker(str(row.get("Ports", ""))),
+                labels=_labels(row.get("Labels", "")),
+            )
+        )
+    return out
+
+
+def parse_docker_images(body: str) -> list[str]:
+    out: list[str] = []
+    for line in body.splitlines()[:2000]:
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(row, dict):
+            continue
+        repo, tag, digest = str(row.get("Repository", "")), str(row.get("Tag", "")), str(row.get("Digest", ""))
+        if repo and repo != "<none>":
+            if tag and tag != "<none>":
+                out.append(f"{repo}:{tag}"[:512])
+            if digest.startswith("sha256:"):
+                out.append(f"{repo}@{digest}"[:512])
+    return out
+
+
+def parse_df(label: str, body: str, errors: list[str]) -> Disk | None:
+    kv = _kv_lines(body)
+    path = kv.get("path", "")
+    for line in body.splitlines():
+        parts = line.split()
+        # Filesystem 1024-blocks Used Available Capacity Mounted-on
+        if len(parts) >= 6 and parts[1].isdigit() and parts[3].isdigit():
+            return Disk(
+                label=label,
+                path=path,
+                mount=" ".join(parts[5:])[:1024],
+                total_mib=int(parts[1]) // 1024,
+                free_mib=int(parts[3]) // 1024,
+            )
+    errors.append(f"df {label}: no usable output {shown(body.strip() or '(empty)')}")
+    return None
+
+
+def parse_meminfo(body: str) -> tuple[int | None, int | None]:
+    vals: dict[str, int] = {}
+    for line in body.splitlines():
+        m = re.match(r"^(MemTotal|MemAvailable):\s+(\d+)\s*kB", line)
+        if m:
+            vals[m.group(1)] = int(m.group(2)) // 1024
+    return vals.get("MemTotal"), vals.get("MemAvailable")
+
+
+def parse_ss(body: str) -> list[int]:
+    """``ss -ltnH``: ``LISTEN 0 128 0.0.0.0:22 0.0.0.0:*``."""
+    ports: set[int] = set()
+    for line in body.splitlines():
+        parts = line.split()
+        if len(parts) >= 4:
+            m = re.search(r":(\d{1,5})$", parts[3])
+            if m and 0 < int(m.group(1)) < 65536:
+                ports.add(int(m.group(1)))
+    return sorted(ports)
+
+
+def parse_proc_net_tcp(body: str) -> list[int]:
+    """/proc/net/tcp{,6}: local address ``0100007F:1F90``, state ``0A`` = LISTEN."""
+    ports: set[int] = set()
+    for line in body.splitlines():
+        parts = line.split()
+        if len(parts) >= 4 and parts[3] == "0A":
+            _, _, port = parts[1].rpartition(":")
+            try:
+                p = int(port, 16)
+            except ValueError:
+                continue
+            if 0 < p < 65536:
+                ports.add(p)
+    return sorted(ports)
+
+
+def parse_release(service: str, body: str, errors: list[str]) -> Release:
+    head, sep, manifest_text = body.partition("\nmanifest:\n")
+    if not sep and body.startswith("manifest:\n"):
+        head, manifest_text = "", body[len("manifest:\n"):]
+    kv = _kv_lines(head)
+    current = kv.get("current") or None
+    rel = Release(service=service, current=current)
+    if current and current != "(not a symlink)":
+        rel.release_id = current.rstrip("/").rsplit("/", 1)[-1][:128] or None
+    if manifest_text.strip():
+        try:
+            data = json.loads(manifest_text)
+            if isinstance(data, dict):
+                rel.manifest = data
+                rid = data.get("release") or data.get("release_id") or data.get("id")
+                if isinstance(rid, str) and rid:
+                    rel.release_id = rid[:128]
+            else:
+                errors.append(f"release {service}: manifest.json is not an object")
+        except ValueError:
+            errors.append(f"release {service}: manifest.json does not parse: {shown(manifest_text.strip())}")
+    return rel
+
+
+def parse_model(body: str) -> ModelFile:
+    lines = body.splitlines()
+    head = lines[: lines.index("entries:")] if "entries:" in lines else lines
+    kv = _kv_lines("\n".join(head))
+    kind = kv.get("type", "unknown")
+    if kind not in ("dir", "file", "other", "missing"):
+        kind = "unknown"
+    mf = ModelFile(path=kv.get("path", ""), kind=kind)  # type: ignore[arg-type]
+    if "readable" in kv:
+        mf.readable = kv["readable"] == "yes"
+    if kind == "dir":
+        total = 0
+        after = False
+        for ln in lines:
+            if ln == "entries:":
+                after = True
+                continue
+            if not after:
+                continue
+            parts = ln.split(None, 8)
+            if len(parts) == 9 and parts[4].isdigit():
+                if len(mf.entries) < _MAX_ENTRIES:
+                    mf.entries.append(parts[8][:512])
+                if ln.startswith("-"):
+                    total += int(parts[4])
+        mf.size_bytes = total
+    elif kind == "file":
+        parts = kv.get("ls", "").split(None, 8)
+        if len(parts) >= 5 and parts[4].isdigit():
+            mf.size_bytes = int(parts[4])
+        mf.magic = kv.get("magic", "")[:8] or None
+    return mf
+
+
+def parse_toolkit_version(body: str) -> str | None:
+    # "NVIDIA Container Toolkit CLI version 1.17.5" / "cli-version: 1.17.5" / "version: 1.14.3"
+    for line in body.splitlines():
+        m = re.search(r"version[:\s]+v?(\d+\.\d+\.\d+(?:[-~.][0-9A-Za-z.]+)?)", line, re.I)
+        if m:
+            return m.group(1)[:64]
+    return None
+
+
+# ------------------------------------------------------------------------------------------------
+# Whole document
+
+
+def driver_branch_cuda(driver: str, branches: dict[int, str]) -> str | None:
+    """Highest CUDA a driver supports, from its branch (the driver's major number)."""
+    parsed = parse_driver_version(driver)
+    if parsed is None:
+        return None
+    known = [b for b in sorted(branches) if b <= parsed[0]]  # a branch between rows takes the lower
+    return branches[known[-1]] if known else None
+
+
+def parse_probe(
+    text: str,
+    mark: str,
+    host: str,
+    *,
+    rc: int | None = 0,
+    stderr: str = "",
+    gpu_lookup: Any = None,
+    driver_branches: dict[int, str] | None = None,
+) -> Facts:
+    """Probe document -> Facts. ``gpu_lookup(name)`` returns a GPU catalog entry or None (for the
+    compute-capability fallback); ``driver_branches`` maps a driver branch to its highest CUDA."""
+    facts = Facts(host=host)
+    errors = facts.errors
+    if len(text) > MAX_DOCUMENT:
+        errors.append(f"probe output is {len(text)} bytes; only the first {MAX_DOCUMENT} were read")
+        text = text[:MAX_DOCUMENT]
+    sections, finished = split_sections(text, mark)
+    if not sections:
+        first = (stderr.strip() or text.strip() or "(no output)").splitlines()[0]
+        errors.append(f"probe produced no sections (exit {rc}): {shown(first)}")
+        return facts
+    if not finished:
+        last = sections[-1]
+        errors.append(f"probe ended early (exit {rc}) in section {last.name}; facts are partial")
+    by: dict[str, list[Section]] = {}
+    for s in sections:
+        by.setdefault(s.name, []).append(s)
+        if s.complete and len(s.body) > SECTION_CAP * 4 + 16:
+            errors.append(f"section {s.name}: {len(s.body)} bytes, over the cap; cut")
+            s.body = s.body[: SECTION_CAP * 4]
+
+    def one(name: str) -> Section | None:
+        got = by.get(name)
+        return got[0] if got else None
+
+    meta = one("meta")
+    if meta:
+        kv = _kv_lines(meta.body)
+        pv = kv.get("probe_version", "")
+        facts.probe_version = int(pv) if pv.isdigit() else None
+        facts.kernel = kv.get("kernel") or None
+        facts.machine = kv.get("machine") or None
+        facts.systemd = {"yes": True, "no": False}.get(kv.get("systemd", ""))
+        facts.root = kv.get("root") or None
+    tools = _kv_lines(one("tools").body) if one("tools") else {}
+    facts.nvidia_smi = tools.get("nvidia-smi") or None
+    facts.toolkit.runtime_path = tools.get("nvidia-container-runtime") or None
+    facts.toolkit.hook_path = tools.get("nvidia-container-runtime-hook") or None
+
+    _parse_gpu_part(facts, one, gpu_lookup, driver_branches or {})
+
+    cc = one("cuda_compat")
+    if cc:
+        facts.host_cuda_compat = [ln.strip()[:256] for ln in cc.body.splitlines() if ln.startswith("/")][:20]
+
+    di = one("docker_info")
+    if di is None:
+        facts.docker.error = "docker CLI not found on PATH"
+        errors.append(facts.docker.error)
+    else:
+        facts.docker = parse_docker_info(di.body, di.rc if di.complete else None, errors)
+    ps = one("docker_ps")
+    if ps:
+        facts.containers = parse_docker_ps(ps.body, errors)
+    im = one("docker_images")
+    if im:
+        facts.images = parse_docker_images(im.body)
+
+    v2 = one("compose_v2")
+    if v2 and v2.rc == 0:
+        facts.compose.v2 = _versionish(v2.body)
+    v1 = one("compose_v1")
+    if v1 and v1.rc == 0:
+        facts.compose.v1 = _versionish(v1.body)
+
+    ctk = one("nvidia_ctk")
+    if ctk and ctk.rc == 0:
+        facts.toolkit.version = parse_toolkit_version(ctk.body)
+    ncli = one("nvidia_container_cli")
+    if ncli and ncli.rc == 0:
+        facts.toolkit.cli_version = parse_toolkit_version(ncli.body)
+    cdi = one("cdi")
+    if cdi:
+        for ln in cdi.body.splitlines()[:200]:
+            if ln.startswith("file="):
+                facts.toolkit.cdi_specs.append(ln[5:][:256])
+            else:
+                m = re.search(r"kind\"?\s*:\s*\"?([A-Za-z0-9./_-]+)", ln)
+                if m and m.group(1) not in facts.toolkit.cdi_kinds:
+                    facts.toolkit.cdi_kinds.append(m.group(1)[:128])
+
+    mem = one("meminfo")
+    if mem:
+        facts.ram_total_mib, facts.ram_available_mib = parse_meminfo(mem.body)
+    for s in by.get("df", []):
+        d = parse_df(s.arg or "disk", s.body, errors)
+        if d:
+            facts.disks.append(d)
+
+    ss = one("ss")
+    if ss and ss.rc == 0:
+        facts.ports = parse_ss(ss.body)
+    elif one("proc_net_tcp"):
+        facts.ports = parse_proc_net_tcp(one("proc_net_tcp").body)  # type: ignore[union-attr]
+    elif ss:
+        errors.append(f"ss failed (exit {ss.rc}): {shown(ss.body.strip() or '(no output)')}")
+
+    for s in by.get("release", [])[:100]:
+        if re.fullmatch(r"[A-Za-z0-9_-]{1,64}", s.arg):
+            facts.releases[s.arg] = parse_release(s.arg, s.body, errors)
+    for s in by.get("model", [])[:100]:
+        mf = parse_model(s.body)
+        if mf.path:
+            facts.models.append(mf)
+    return facts
+
+
+def _parse_gpu_part(facts: Facts, one: Any, gpu_lookup: Any, branches: dict[int, str]) -> None:
+    errors = facts.errors
+    q = one("nvidia_query")
+    q_nocc = one("nvidia_query_nocc")
+    banner = one("nvidia_smi")
+    proc = one("proc_driver")
+    if proc is not None and proc.rc == 0:
+        facts.driver_loaded = True
+    if facts.nvidia_smi is None and q is None:
+        if proc is not None and proc.rc == 0:
+            errors.append("nvidia-smi not found on PATH (the NVIDIA driver module is loaded)")
+        else:
+            errors.append("nvidia-smi not found on PATH and no NVIDIA driver loaded")
+            facts.driver_loaded = False
+    gpus: list[Gpu] = []
+    drivers: list[str] = []
+    source = None
+    if q is not None and q.rc == 0:
+        source = q
+    elif q_nocc is not None and q_nocc.rc == 0:
+        source = q_nocc
+        if q is not None and "compute_cap" in q.body:
+            pass  # R470 and older: no compute_cap field; fall back to the catalog below
+        elif q is not None:
+            errors.append(nvidia_smi_failure(q.body, q.rc))
+    elif q is not None:
+        failure = q_nocc if q_nocc is not None else q
+        msg = nvidia_smi_failure(failure.body, failure.rc)
+        errors.append(msg)
+        if msg.startswith("driver not loaded"):
+            facts.driver_loaded = False
+    if source is not None:
+        fields = QUERY_FIELDS if source is q else QUERY_FIELDS[:-1]
+        gpus, drivers = parse_gpu_query(source.body, errors, fields)
+        if not gpus and not any(e.startswith("nvidia-smi") for e in errors):
+            errors.append(f"nvidia-smi listed no GPUs: {shown(source.body.strip() or '(empty)')}")
+        if gpus:
+            facts.driver_loaded = True
+    banner_info = parse_banner(banner.body) if banner is not None and banner.rc == 0 else {}
+    driver = next(iter(drivers), None) or banner_info.get("driver")
+    if driver is None and proc is not None:
+        driver = parse_proc_driver(proc.body)
+    if driver is not None:
+        if parse_driver_version(driver) is None:
+            errors.append(f"driver version {shown(driver)} does not parse")
+        facts.driver_version = driver[:64]
+    if banner_info.get("cuda"):
+        facts.cuda_driver_version = banner_info["cuda"]
+        facts.cuda_driver_source = "banner"
+    elif facts.driver_version:
+        cuda = driver_branch_cuda(facts.driver_version, branches)
+        if cuda:
+            facts.cuda_driver_version = cuda
+            facts.cuda_driver_source = "driver-branch"
+        elif parse_driver_version(facts.driver_version):
+            errors.append(f"driver {facts.driver_version}: branch not in the engine catalog's driver table")
+    for g in gpus:
+        entry = _lookup(gpu_lookup, g.name)
+        if entry is not None:
+            g.catalog_id = _field(entry, "id")
+            dc = _field(entry, "data_center")
+            g.data_center = bool(dc) if dc is not None else None
+            if g.compute_capability is None:
+                cat_cc = _field(entry, "compute_capability")
+                if isinstance(cat_cc, str | float) and _CC_RE.match(str(cat_cc)):
+                    g.compute_capability = str(cat_cc)
+                    g.compute_capability_source = "catalog"
+        if g.compute_capability is None:
+            errors.append(f"GPU {g.index} {shown(g.name)}: compute capability unknown (driver has no "
+                          "compute_cap field and the card is not in the GPU catalog)")
+    facts.gpus = gpus
+
+
+def _lookup(gpu_lookup: Any, name: str) -> Any:
+    if gpu_lookup is None:
+        return None
+    try:
+        return gpu_lookup(name)
+    except Exception:  # an unknown card is an answer, not a crash
+        return None
+
+
+def _field(entry: Any, key: str) -> Any:
+    if isinstance(entry, dict):
+        return entry.get(key)
+    return getattr(entry, key, None)
+
+
+# ------------------------------------------------------------------------------------------------
+# I/O
+
+
+def default_gpu_lookup(name: str) -> Any:
+    from llmfleet.catalog import find_gpu  # the GPU catalog's loader
+
+    return find_gpu(name)
+
+
+def gather(remote: Any, *, root: str = "/opt/llmfleet", model_paths: list[str] | tuple[str, ...] = (),
+           timeout: float = 180) -> Facts:
+    """Run the probe on the host in one round trip and parse what it printed.
+
+    Raises ``RemoteError`` only when SSH itself fails; a probe that fails part-way returns the facts
+    it found with the failures in ``errors``.
+    """
+    from llmfleet.compat import driver_branches  # the engine catalog's driver table
+
+    mark = "llmfleet-" + secrets.token_hex(8)
+    result = remote.run(probe_command(mark, root, list(model_paths)), stdin=probe_script(), timeout=timeout)
+    stdout = result.stdout if isinstance(result.stdout, str) else result.stdout.decode("utf-8", "replace")
+    stderr = result.stderr if isinstance(result.stderr, str) else result.stderr.decode("utf-8", "replace")
+    host = getattr(remote, "name", "") or ""
+    return parse_probe(stdout, mark, host, rc=result.rc, stderr=stderr,
+                       gpu_lookup=default_gpu_lookup, driver_branches=driver_branches())
