@@ -1,0 +1,376 @@
+"""Render one service's release: compose file, systemd unit and secrets env file.
+
+Pure: a ``Service``, the host's ``HostSettings``, the resolved image, the planner's plan and the
+resolved secret values go in; a ``Rendered`` (file name -> content, modes, the engine argv, the
+content hash and the manifest's inputs) comes out. Nothing here touches a host or the disk except
+reading the role and template files shipped with llmfleet.
+
+Engine flags: the plan's recommended flags, then ``service.engine_args`` on top (the same flag,
+under any of its names, is replaced; new flags are appended). Flags llmfleet owns (model, port,
+served name, API key) cannot be overridden. The preflight judges the result, not this module.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import yaml
+
+from llmfleet.errors import UsageError
+from llmfleet.images import ImageRef
+from llmfleet.services import HostSettings, Service
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+ROLES_DIR = REPO_ROOT / "roles"
+TEMPLATES_DIR = REPO_ROOT / "templates"
+
+DOCKER = "/usr/bin/docker"
+UNIT_DIR = "/etc/systemd/system"
+COMPOSE_FILE = "compose.yml"
+ENV_FILE = "service.env"
+MANIFEST_FILE = "manifest.json"
+SECRET_MASK = "********"
+_SECRET_FORBIDDEN = re.compile(r"['\n\r\x00]")
+
+
+# ---------------------------------------------------------------------------------------------
+# Roles and their flag sets
+
+
+@dataclass(frozen=True)
+class Flag:
+    names: tuple[str, ...]
+    value: bool
+    doc: str = ""
+
+    @property
+    def canonical(self) -> str:
+        longs = [n for n in self.names if n.startswith("--")]
+        return longs[0] if longs else self.names[0]
+
+
+@dataclass(frozen=True)
+class Role:
+    engine: str
+    model_target: str
+    model_is_file: bool
+    base_args: tuple[tuple[str, ...], ...]
+    managed_flags: frozenset[str]
+    api_key_env: str
+    ipc: str | None
+    shm_size: str | None
+    loading_signal: str
+    flags: tuple[Flag, ...]
+    template: str
+
+    def flag(self, name: str) -> Flag | None:
+        for f in self.flags:
+            if name in f.names:
+                return f
+        return None
+
+
+@lru_cache(maxsize=8)
+def load_role(engine: str, roles_dir: str | None = None) -> Role:
+    base = Path(roles_dir) if roles_dir else ROLES_DIR
+    path = base / engine / "defaults.yml"
+    if not path.is_file():
+        raise UsageError(f"{path}: no role for engine {engine!r}; known: vllm, llamacpp")
+    d = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    template = (base / engine / "templates" / "compose.yml.j2").read_text(encoding="utf-8")
+    return Role(
+        engine=d["engine"],
+        model_target=d["model_target"],
+        model_is_file=bool(d.get("model_is_file")),
+        base_args=tuple(tuple(str(x) for x in a) for a in d.get("base_args", [])),
+        managed_flags=frozenset(d.get("managed_flags", [])),
+        api_key_env=d["api_key_env"],
+        ipc=d.get("ipc"),
+        shm_size=d.get("shm_size"),
+        loading_signal=str(d.get("loading_signal", "refused")),
+        flags=tuple(Flag(tuple(f["names"]), bool(f["value"]), f.get("doc", "")) for f in d.get("flags", [])),
+        template=template,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Engine argument merging
+
+_NEG_NUMBER = re.compile(r"^-\d")
+
+
+def _is_flag(token: str) -> bool:
+    return token.startswith("-") and not _NEG_NUMBER.match(token) and token not in {"-", "--"}
+
+
+def split_flags(argv: list[str], role: Role) -> list[tuple[str, list[str]]]:
+    """``["--a", "1", "--b", "-c=2"]`` -> ``[("--a", ["1"]), ("--b", []), ("-c", ["2"])]``.
+
+    Known flags take exactly the values the role's flag set says; unknown flags take the tokens up
+    to the next flag. A value before any flag is an error (it would be a positional argument).
+    """
+    groups: list[tuple[str, list[str]]] = []
+    i = 0
+    while i < len(argv):
+        tok = str(argv[i])
+        if not _is_flag(tok):
+            raise UsageError(f"engine_args: {tok!r} is not a flag and follows no flag that takes a value")
+        name, inline = tok, None
+        if tok.startswith("--") and "=" in tok:
+            name, inline = tok.split("=", 1)
+        known = role.flag(name)
+        values: list[str] = []
+        i += 1
+        if inline is not None:
+            values.append(inline)
+        elif known is not None:
+            if known.value and i < len(argv) and not _is_flag(str(argv[i])):
+                values.append(str(argv[i]))
+                i += 1
+        else:
+            while i < len(argv) and not _is_flag(str(argv[i])):
+                values.append(str(argv[i]))
+                i += 1
+        groups.append((name, values))
+    return groups
+
+
+def merge_engine_args(plan_args: list[str], overrides: list[str], role: Role) -> list[str]:
+    """Plan flags with operator overrides applied; order: plan order, then new override flags."""
+
+    def key(name: str) -> str:
+        f = role.flag(name)
+        return f.canonical if f else name
+
+    for name, _ in split_flags(overrides, role):
+        f = role.flag(name)
+        names = set(f.names) if f else {name}
+        if names & role.managed_flags:
+            raise UsageError(
+                f"engine_args: {name} is set by llmfleet from the service fields "
+                f"(model_path, port, served_name, api_key); remove it from engine_args"
+            )
+    merged: dict[str, tuple[str, list[str]]] = {}
+    for name, values in split_flags(plan_args, role):
+        merged[key(name)] = (name, values)
+    for name, values in split_flags(overrides, role):
+        merged[key(name)] = (name, values)
+    out: list[str] = []
+    for name, values in merged.values():
+        out.append(name)
+        out.extend(values)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Plan access (the planner's object, a dict, or None)
+
+
+def _plan_get(plan: Any, name: str, default: Any = None) -> Any:
+    if plan is None:
+        return default
+    if isinstance(plan, dict):
+        return plan.get(name, default)
+    return getattr(plan, name, default)
+
+
+def plan_engine_args(plan: Any) -> list[str]:
+    args = _plan_get(plan, "engine_args", None) or []
+    return [str(a) for a in args]
+
+
+def plan_summary(plan: Any) -> dict[str, Any] | None:
+    """The plan as plain data for the manifest (whatever form the planner returns)."""
+    if plan is None:
+        return None
+    if isinstance(plan, dict):
+        data = dict(plan)
+    elif hasattr(plan, "to_dict"):
+        data = plan.to_dict()
+    elif hasattr(plan, "model_dump"):
+        data = plan.model_dump(mode="json")
+    elif hasattr(plan, "__dataclass_fields__"):
+        import dataclasses
+
+        data = dataclasses.asdict(plan)
+    else:
+        data = {"engine_args": plan_engine_args(plan)}
+    return json.loads(json.dumps(data, default=str))
+
+
+# ---------------------------------------------------------------------------------------------
+# Rendering
+
+
+def yaml_str(value: Any) -> str:
+    """A YAML double-quoted scalar (JSON string syntax) with ``$`` doubled against compose interpolation."""
+    return json.dumps(str(value).replace("$", "$$"))
+
+
+def _env(loader_dir: Path) -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(loader_dir)),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,  # noqa: S701 - YAML and INI, not HTML; values go through the q filter
+    )
+    env.filters["q"] = yaml_str
+    return env
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """One release's files, before a release id is given to it."""
+
+    service: str
+    engine: str
+    files: dict[str, str]
+    modes: dict[str, int]
+    secret_files: frozenset[str]
+    engine_args: list[str]
+    image: ImageRef
+    content_hash: str
+    inputs: dict[str, Any] = field(default_factory=dict)
+    plan: dict[str, Any] | None = None
+
+    def masked_files(self) -> dict[str, str]:
+        """The files with every secret value replaced, fit for diffs and logs."""
+        return {name: (mask_env(text) if name in self.secret_files else text) for name, text in self.files.items()}
+
+
+def mask_env(text: str) -> str:
+    out = []
+    for line in text.splitlines(keepends=True):
+        if "=" in line and not line.lstrip().startswith("#"):
+            k = line.split("=", 1)[0]
+            out.append(f"{k}='{SECRET_MASK}'\n")
+        else:
+            out.append(line)
+    return "".join(out)
+
+
+def service_dir(settings: HostSettings, service: Service) -> str:
+    return f"{settings.root.rstrip('/')}/services/{service.name}"
+
+
+def unit_name(service: Service | str) -> str:
+    name = service if isinstance(service, str) else service.name
+    return f"llmfleet-{name}.service"
+
+
+def project_name(service: Service | str) -> str:
+    name = service if isinstance(service, str) else service.name
+    return f"llmfleet-{name}"
+
+
+def content_hash(files: dict[str, str]) -> str:
+    h = hashlib.sha256()
+    for name in sorted(files):
+        h.update(name.encode() + b"\0" + files[name].encode() + b"\0")
+    return h.hexdigest()
+
+
+def service_inputs(service: Service) -> dict[str, Any]:
+    """The service as the inventory gave it: secret *references* only, never values."""
+    return service.model_dump(mode="json")
+
+
+def render(
+    service: Service,
+    settings: HostSettings,
+    image: ImageRef,
+    plan: Any = None,
+    *,
+    api_key: str | None = None,
+    bind_address: str = "0.0.0.0",
+    roles_dir: str | None = None,
+    templates_dir: str | None = None,
+) -> Rendered:
+    role = load_role(service.engine, roles_dir)
+    if service.api_key is not None and api_key is None:
+        raise UsageError(f"service {service.name}: api_key is configured but its value was not resolved")
+    if api_key is not None and (not api_key or _SECRET_FORBIDDEN.search(api_key)):
+        raise UsageError(
+            f"service {service.name}: the API key is empty or holds a quote, newline or NUL; use another key"
+        )
+
+    merged = merge_engine_args(plan_engine_args(plan), list(service.engine_args), role)
+    fill = {"model": role.model_target, "port": str(service.port), "served_name": service.public_name}
+    base: list[str] = []
+    for group in role.base_args:
+        base.extend(tok.format(**fill) for tok in group)
+    args = base + merged
+
+    gpu_request: Any
+    if service.gpus == "all":
+        gpu_request = "all"
+    else:
+        gpu_request = [int(g) for g in service.gpus]
+
+    sdir = service_dir(settings, service)
+    ctx = {
+        "service_name": service.name,
+        "engine": service.engine,
+        "project": project_name(service),
+        "container": project_name(service),
+        "image": image.pull_ref,
+        "entrypoint": None,
+        "args": args,
+        "environment": dict(sorted(service.env.items())),
+        "port": service.port,
+        "bind_address": bind_address,
+        "model_path": service.model_path,
+        "model_target": role.model_target,
+        "ipc": role.ipc,
+        "shm_size": role.shm_size,
+        "gpu_request": gpu_request,
+    }
+    compose = jinja2.Environment(
+        undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
+        autoescape=False,  # noqa: S701
+    )
+    compose.filters["q"] = yaml_str
+    compose_text = compose.from_string(role.template).render(**ctx)
+
+    tenv = _env(Path(templates_dir) if templates_dir else TEMPLATES_DIR)
+    unit_text = tenv.get_template("llmfleet-service.unit.j2").render(
+        service_name=service.name,
+        engine=service.engine,
+        unit_path=f"{UNIT_DIR}/{unit_name(service)}",
+        service_dir=sdir,
+        project=project_name(service),
+        docker=DOCKER,
+        start_interval=max(600, 2 * service.health.load_timeout_s),
+        start_burst=5,
+        restart_sec=10,
+        timeout_start=service.health.load_timeout_s + 120,
+    )
+    secrets = {role.api_key_env: api_key} if api_key is not None else {}
+    env_text = tenv.get_template("service.env.j2").render(service_name=service.name, secrets=secrets)
+
+    unit_file = unit_name(service)
+    files = {COMPOSE_FILE: compose_text, unit_file: unit_text, ENV_FILE: env_text}
+    modes = {COMPOSE_FILE: 0o644, unit_file: 0o644, ENV_FILE: 0o600}
+    # The hash covers the image too (it is in compose) and the secret (so a rotated key is a change);
+    # only the hash, never the value, leaves this function.
+    return Rendered(
+        service=service.name,
+        engine=service.engine,
+        files=files,
+        modes=modes,
+        secret_files=frozenset({ENV_FILE}),
+        engine_args=args,
+        image=image,
+        content_hash=content_hash(files),
+        inputs=service_inputs(service),
+        plan=plan_summary(plan),
+    )

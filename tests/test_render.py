@@ -1,0 +1,270 @@
+"""Rendering a release: compose parsed back as YAML, the unit, secrets, flag merging, hostile values."""
+
+from __future__ import annotations
+
+import configparser
+import json
+import re
+import shutil
+import subprocess
+
+import pytest
+import yaml
+
+from llmfleet.errors import UsageError
+from llmfleet.images import ImageLock, LockedImage, resolve
+from llmfleet.render import load_role, mask_env, merge_engine_args, render, split_flags
+from llmfleet.services import host_settings
+
+DIGEST = "sha256:" + "ab" * 32
+LOCK = ImageLock(images={
+    "vllm:0.9.2": LockedImage("vllm:0.9.2", "docker.io/vllm/vllm-openai", DIGEST, "v0.9.2", "12.8", ("7.0",)),
+    "llamacpp:b5000-cu122": LockedImage(
+        "llamacpp:b5000-cu122", "ghcr.io/ggml-org/llama.cpp", DIGEST, "server-cuda-b5000", "12.2", ("6.1",)
+    ),
+})
+SECRET = "sk-test-Zq81!x$HOME"
+
+
+def _settings(**svc):
+    base = {
+        "name": "chat",
+        "engine": "vllm",
+        "model": "qwen2.5-7b",
+        "model_path": "/srv/models/qwen",
+        "image": "vllm:0.9.2",
+    }
+    base.update(svc)
+    return host_settings("gpu-01", {"llmfleet_services": [base]})
+
+
+def _render(plan=None, api_key=None, **svc):
+    hs = _settings(**svc)
+    s = hs.services[0]
+    img = resolve(s.image, LOCK, mirrors=hs.image_mirrors)
+    return render(s, hs, img, plan, api_key=api_key)
+
+
+def _compose(r):
+    return yaml.safe_load(r.files["compose.yml"])["services"]["engine"]
+
+
+def _unescape(v: str) -> str:
+    return v.replace("$$", "$")
+
+
+@pytest.mark.parametrize(
+    ("engine", "image", "model_path", "gpus", "expect_ipc", "expect_devices"),
+    [
+        ("vllm", "vllm:0.9.2", "/srv/models/qwen", [0], "host", {"device_ids": ["0"]}),
+        ("vllm", "vllm:0.9.2", "/srv/models/qwen", [2, 3], "host", {"device_ids": ["2", "3"]}),
+        ("llamacpp", "llamacpp:b5000-cu122", "/srv/models/q.gguf", "all", None, {"count": "all"}),
+        ("llamacpp", "llamacpp:b5000-cu122", "/srv/models/q.gguf", [1], None, {"device_ids": ["1"]}),
+    ],
+)
+def test_compose_shape(engine, image, model_path, gpus, expect_ipc, expect_devices):
+    r = _render(engine=engine, image=image, model_path=model_path, gpus=gpus, port=8123)
+    doc = yaml.safe_load(r.files["compose.yml"])
+    assert doc["name"] == "llmfleet-chat"
+    c = doc["services"]["engine"]
+    assert c["image"].endswith("@" + DIGEST)
+    assert c["restart"] == "no"
+    assert c["env_file"] == ["service.env"]
+    assert c["ports"] == [{"target": 8123, "published": "8123", "host_ip": "0.0.0.0", "protocol": "tcp"}]
+    (vol,) = c["volumes"]
+    assert vol["source"] == model_path and vol["read_only"] is True and vol["type"] == "bind"
+    assert c.get("ipc") == expect_ipc
+    (dev,) = c["deploy"]["resources"]["reservations"]["devices"]
+    assert dev["driver"] == "nvidia" and dev["capabilities"] == ["gpu"]
+    for k, v in expect_devices.items():
+        assert dev[k] == v
+    role = load_role(engine)
+    assert vol["target"] == role.model_target
+    cmd = c["command"]
+    assert cmd[cmd.index("--port") + 1] == "8123"
+    assert cmd[cmd.index("--host") + 1] == "0.0.0.0"
+    assert role.model_target in cmd
+
+
+def test_mirror_keeps_digest():
+    hs = host_settings("h", {
+        "llmfleet_services": [{"name": "a", "engine": "vllm", "model": "m", "model_path": "/m", "image": "vllm:0.9.2"}],
+        "llmfleet_image_mirrors": {"docker.io/vllm": "mirror.corp:5000/hub/vllm"},
+    })
+    s = hs.services[0]
+    r = render(s, hs, resolve(s.image, LOCK, mirrors=hs.image_mirrors))
+    assert _compose(r)["image"] == f"mirror.corp:5000/hub/vllm/vllm-openai@{DIGEST}"
+
+
+@pytest.mark.parametrize(
+    ("engine", "plan", "override", "expected"),
+    [
+        # the override replaces the plan's value of the same flag, under any of its names
+        ("vllm", ["--max-model-len", "4096", "--dtype", "float16"], ["--max-model-len=8192"],
+         ["--max-model-len", "8192", "--dtype", "float16"]),
+        ("vllm", ["--max-model-len", "4096"], ["--enforce-eager"], ["--max-model-len", "4096", "--enforce-eager"]),
+        ("vllm", ["-tp", "2"], ["--tensor-parallel-size", "4"], ["--tensor-parallel-size", "4"]),
+        ("vllm", ["--quantization", "gptq"], ["-q", "awq"], ["-q", "awq"]),
+        ("llamacpp", ["-ngl", "99", "-c", "4096", "-np", "1"], ["--ctx-size", "8192"],
+         ["-ngl", "99", "--ctx-size", "8192", "-np", "1"]),
+        ("llamacpp", ["-ngl", "99"], ["--n-gpu-layers", "20"], ["--n-gpu-layers", "20"]),
+        # a known switch takes no value; an unknown flag keeps its values
+        ("llamacpp", [], ["--mlock", "--fancy", "a", "b"], ["--mlock", "--fancy", "a", "b"]),
+        ("llamacpp", ["-ngl", "-1"], [], ["-ngl", "-1"]),
+        ("vllm", [], [], []),
+    ],
+)
+def test_merge_engine_args(engine, plan, override, expected):
+    assert merge_engine_args(plan, override, load_role(engine)) == expected
+
+
+@pytest.mark.parametrize(
+    ("engine", "override"),
+    [("vllm", ["--port", "9"]), ("vllm", ["--model=/x"]), ("vllm", ["--api-key", "k"]),
+     ("llamacpp", ["-m", "/x.gguf"]), ("llamacpp", ["--alias", "x"]), ("llamacpp", ["--api-key-file", "/k"])],
+)
+def test_managed_flags_cannot_be_overridden(engine, override):
+    with pytest.raises(UsageError, match="set by llmfleet"):
+        merge_engine_args([], override, load_role(engine))
+
+
+def test_positional_value_is_refused():
+    with pytest.raises(UsageError, match="not a flag"):
+        split_flags(["oops", "--dtype", "half"], load_role("vllm"))
+
+
+def test_plan_flags_then_overrides_reach_the_command():
+    plan = {"engine_args": ["--max-model-len", "4096", "--gpu-memory-utilization", "0.9"]}
+    r = _render(plan=plan, engine_args=["--gpu-memory-utilization", "0.95"])
+    cmd = _compose(r)["command"]
+    assert cmd[cmd.index("--gpu-memory-utilization") + 1] == "0.95"
+    assert cmd.count("--gpu-memory-utilization") == 1
+    assert cmd[cmd.index("--max-model-len") + 1] == "4096"
+    assert r.plan == plan
+
+
+def test_secrets_only_in_env_file():
+    hs = host_settings("h", {"llmfleet_services": [{
+        "name": "chat", "engine": "llamacpp", "model": "m", "model_path": "/m.gguf",
+        "image": "llamacpp:b5000-cu122", "api_key": {"from_env": "CHAT_KEY"},
+    }]})
+    s = hs.services[0]
+    r = render(s, hs, resolve(s.image, LOCK), api_key=SECRET)
+    env = r.files["service.env"]
+    assert f"LLAMA_API_KEY='{SECRET}'" in env
+    assert r.modes["service.env"] == 0o600
+    for name, text in r.files.items():
+        if name != "service.env":
+            assert SECRET not in text
+    masked = r.masked_files()
+    assert all(SECRET not in t for t in masked.values())
+    assert "LLAMA_API_KEY='********'" in masked["service.env"]
+    assert SECRET not in json.dumps(r.inputs) and "CHAT_KEY" in json.dumps(r.inputs)
+    assert "--api-key" not in _compose(r)["command"]
+
+
+def test_api_key_configured_but_unresolved_is_an_error():
+    hs = host_settings("h", {"llmfleet_services": [{
+        "name": "c", "engine": "vllm", "model": "m", "model_path": "/m", "image": "vllm:0.9.2",
+        "api_key": {"from_env": "K"},
+    }]})
+    s = hs.services[0]
+    with pytest.raises(UsageError, match="not resolved"):
+        render(s, hs, resolve(s.image, LOCK))
+
+
+@pytest.mark.parametrize("bad", ["it's", "a\nb", ""])
+def test_api_key_that_cannot_be_written_safely_is_refused(bad):
+    hs = host_settings("h", {"llmfleet_services": [{
+        "name": "c", "engine": "vllm", "model": "m", "model_path": "/m", "image": "vllm:0.9.2",
+        "api_key": {"from_env": "K"},
+    }]})
+    s = hs.services[0]
+    with pytest.raises(UsageError) as exc:
+        render(s, hs, resolve(s.image, LOCK), api_key=bad)
+    assert bad not in str(exc.value) or bad == ""
+
+
+HOSTILE = [
+    ("model_path", "/srv/models/$(touch /tmp/pwned)"),
+    ("model_path", "/srv/models/a b;rm -rf /;`id`"),
+    ("served_name", "x\"; touch /tmp/pwned; echo \""),
+    ("served_name", "${HOME}"),
+    ("env", {"SAFE_VAR": "$(touch /tmp/pwned) ${PATH} '\" \\"}),
+]
+
+
+@pytest.mark.parametrize(("field", "value"), HOSTILE)
+def test_hostile_values_stay_literal(field, value):
+    r = _render(**{field: value})
+    c = _compose(r)
+    text = r.files["compose.yml"]
+    # every "$" reaches compose doubled, so interpolation gives back the literal value
+    assert not re.search(r"(?<!\$)\$(?!\$)", text.replace("$$", "")), text
+    if field == "model_path":
+        assert _unescape(c["volumes"][0]["source"]) == value
+    elif field == "served_name":
+        cmd = c["command"]
+        assert _unescape(cmd[cmd.index("--served-model-name") + 1]) == value
+    else:
+        assert {k: _unescape(v) for k, v in c["environment"].items()} == value
+
+
+@pytest.mark.skipif(shutil.which("docker") is None, reason="docker CLI with compose v2 not installed")
+def test_compose_itself_reads_hostile_values_literally(tmp_path):
+    proc = subprocess.run(["docker", "compose", "version"], capture_output=True, text=True, timeout=20)
+    if proc.returncode != 0:
+        pytest.skip("docker compose v2 not available")
+    value = "/srv/models/$(touch /tmp/pwned) ${HOME} $$x"
+    r = _render(model_path=value, served_name="n$(id)", env={"OPT": "${PATH}"}, gpus=[0])
+    for name, text in r.files.items():
+        (tmp_path / name).write_text(text)
+    out = subprocess.run(
+        ["docker", "compose", "-f", str(tmp_path / "compose.yml"), "config", "--format", "json"],
+        capture_output=True, text=True, timeout=30, cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr
+    svc = json.loads(out.stdout)["services"]["engine"]
+    # `compose config` prints its model re-escaped (each literal dollar doubled again): the values
+    # arrived literally, with nothing substituted.
+    assert svc["volumes"][0]["source"] == value.replace("$", "$$")
+    assert "n$$(id)" in svc["command"]
+    assert svc["environment"]["OPT"] == "$${PATH}"
+    assert svc["ipc"] == "host"
+    assert svc["restart"] == "no"
+    assert svc["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"] == ["0"]
+
+
+def test_unit_file():
+    r = _render(health={"load_timeout_s": 1800})
+    cp = configparser.ConfigParser(strict=False, interpolation=None)
+    cp.optionxform = str  # type: ignore[assignment]
+    cp.read_string(r.files["llmfleet-chat.service"])
+    u, s = cp["Unit"], cp["Service"]
+    assert "docker.service" in u["After"] and u["Requires"] == "docker.service"
+    assert int(u["StartLimitBurst"]) >= 2 and int(u["StartLimitIntervalSec"]) >= 600
+    assert s["Restart"] == "on-failure"
+    assert int(s["TimeoutStartSec"]) >= 1800
+    assert s["StandardOutput"] == "journal"
+    assert s["WorkingDirectory"] == "/opt/llmfleet/services/chat/current"
+    assert " up " in s["ExecStart"] and "-d" not in s["ExecStart"].split()
+    assert s["ExecStop"].split()[-3:-2] == ["down"] or " down" in s["ExecStop"]
+    assert cp["Install"]["WantedBy"] == "multi-user.target"
+
+
+def test_content_hash_tracks_every_input():
+    base = _render(api_key=None)
+    assert _render().content_hash == base.content_hash
+    assert _render(engine_args=["--enforce-eager"]).content_hash != base.content_hash
+    assert _render(port=9000).content_hash != base.content_hash
+    hs = host_settings("h", {"llmfleet_services": [{
+        "name": "chat", "engine": "vllm", "model": "qwen2.5-7b", "model_path": "/srv/models/qwen",
+        "image": "vllm:0.9.2", "api_key": {"from_env": "K"}}]})
+    s = hs.services[0]
+    k1 = render(s, hs, resolve(s.image, LOCK), api_key="one").content_hash
+    k2 = render(s, hs, resolve(s.image, LOCK), api_key="two").content_hash
+    assert k1 != k2  # a rotated key is a change on the host
+
+
+def test_mask_env_masks_every_assignment():
+    assert mask_env("# c\nA='x'\nB='y'\n") == "# c\nA='********'\nB='********'\n"
