@@ -46,6 +46,9 @@ class HealthSettings(_Strict):
     stage_timeout_s: Annotated[int, Field(ge=1, le=600)] = 60
     # Fail the rollout when measured tok/s < floor_fraction x the planner's realistic figure.
     floor_fraction: Annotated[float, Field(ge=0.0, le=1.0)] = 0.25
+    # An absolute floor (tok/s) instead, for hardware the planner's card figure does not describe
+    # (the lab's CPU engines stand in for a simulated card); see docs/deploy.md.
+    min_tokps: Annotated[float, Field(gt=0.0, le=1_000_000.0)] | None = None
     max_tokens: Annotated[int, Field(ge=1, le=4096)] = 64
 
 
@@ -101,7 +104,10 @@ class HostSettings(_Strict):
     root: Annotated[str, Field(pattern=r"^/[A-Za-z0-9._/-]*$")] = "/opt/llmfleet"
     keep_releases: Annotated[int, Field(ge=1, le=100)] = 5
     image_mirrors: dict[str, str] = Field(default_factory=dict)
+    # images.lock to resolve image keys with, relative to the inventory folder (the lab pins its own).
+    images_lock: Annotated[str, Field(min_length=1, max_length=1024)] | None = None
     health_floor_fraction: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    health_min_tokps: Annotated[float, Field(gt=0.0, le=1_000_000.0)] | None = None
 
     @model_validator(mode="after")
     def _unique(self) -> HostSettings:
