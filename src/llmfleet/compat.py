@@ -353,7 +353,7 @@ def check_cuda_driver(
 def quant_methods(rules: EngineRules, rel: EngineRelease, quant: str | None, args: list[str]) -> tuple[str, list[str]]:
     """(what was asked, candidate methods) for the service's quant and any --quantization flag."""
     flag = _arg_value(args, "--quantization", "-q")
-    if flag:
+    if flag and rules.quantization_flag.get(flag.lower()) != "from-quant":
         method = rules.quantization_flag.get(flag.lower())
         return f"--quantization {flag}", [method] if method else []
     q = (quant or ("gguf" if rel.engine == "llamacpp" else "fp16")).lower()
@@ -364,7 +364,7 @@ def check_quantization(rel: EngineRelease, rules: EngineRules, quant: str | None
                        cc: str | None) -> Verdict:
     asked, methods = quant_methods(rules, rel, quant, args)
     if not methods:
-        known = ", ".join(sorted(rules.quant_methods))
+        known = ", ".join(sorted(rules.quantization_flag if asked.startswith("--") else rules.quant_methods))
         extra = " (llama.cpp serves GGUF files only)" if rel.engine == "llamacpp" else ""
         return Verdict("fail", f"{rel.engine} does not know quantization {asked!r}{extra}", f"use one of: {known}")
     if rel.cpu or rel.engine == "llamacpp":
@@ -412,6 +412,9 @@ def check_dtype(rel: EngineRelease, rules: EngineRules, quant: str | None, args:
     has_bf16 = bf16_native if bf16_native is not None else t >= (8, 0)
     if has_bf16:
         return Verdict("pass", f"compute capability {cc} supports bf16 and fp16")
+    if rel.engine == "vllm" and dtype in ("float16", "half", "fp16") and q in rules.dtype_needs_bf16:
+        return Verdict("pass", f"--dtype {dtype}: the {quant} checkpoint is cast to float16 on compute capability "
+                               f"{cc} (no bf16 below 8.0); models trained in bf16 may overflow in fp16")
     if wants_bf16:
         what = f"--dtype {dtype}" if dtype in ("bfloat16", "bf16") else f"quant {quant}"
         fix = ("pass --dtype float16 (and a float16 or quantized checkpoint)" if rel.engine == "vllm"

@@ -660,8 +660,13 @@ def parse_probe(
     mem = one("meminfo")
     if mem:
         facts.ram_total_mib, facts.ram_available_mib = parse_meminfo(mem.body)
-    for s in by.get("df", []):
-        d = parse_df(s.arg or "disk", s.body, errors)
+    model_path_by_index = {s.arg: _kv_lines(s.body.split("\nentries:", 1)[0]).get("path", "")
+                           for s in by.get("model", [])}
+    for s in by.get("df", [])[:110]:
+        label = s.arg or "disk"
+        if label.startswith("model") and model_path_by_index.get(label[5:]):
+            label = "model:" + model_path_by_index[label[5:]]
+        d = parse_df(label, s.body, errors)
         if d:
             facts.disks.append(d)
 

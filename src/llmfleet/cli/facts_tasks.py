@@ -1,0 +1,160 @@
+"""``invoke facts`` and ``invoke preflight``: what a host is, and whether its services can run there."""
+
+from __future__ import annotations
+
+from invoke import task
+from invoke.exceptions import Exit
+from rich.table import Table
+
+from llmfleet.cli.common import cfg, console, handles_errors, inventory_path, print_json, ssh_config
+from llmfleet.errors import RemoteError, UsageError
+from llmfleet.inventory import load_inventory, settings_for
+
+_STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red"}
+
+
+def _hosts(c, inventory, host, group):
+    inv = load_inventory(inventory_path(c, inventory))
+    return inv, inv.select(host=host, group=group)
+
+
+@task(
+    help={
+        "host": "host name or pattern (Ansible --limit syntax, e.g. 'gpu-v100-*')",
+        "group": "inventory group (pattern allowed)",
+        "inventory": "inventory file or folder (default: llmfleet.inventory in invoke.yaml)",
+        "json": "print the facts as JSON (one object per host)",
+        "accept_new_host_keys": "record unknown SSH host keys (changed keys are still refused)",
+    },
+)
+@handles_errors
+def facts(c, host=None, group=None, inventory=None, json=False, accept_new_host_keys=False):
+    """Gather a host's facts in one SSH round trip: GPUs, driver, CUDA, Docker, toolkit, disk, ports."""
+    from llmfleet import facts as facts_mod
+    from llmfleet import ssh
+
+    inv, hosts = _hosts(c, inventory, host, group)
+    out: list[dict] = []
+    failed = False
+    for h in hosts:
+        settings = settings_for(h)
+        try:
+            with ssh.connect(h, config=ssh_config(c), accept_new_host_keys=accept_new_host_keys) as remote:
+                found = facts_mod.gather(remote, root=settings.root,
+                                         model_paths=[s.model_path for s in settings.services])
+        except RemoteError as exc:
+            failed = True
+            out.append({"host": h.name, "error": str(exc)})
+            if not json:
+                console.print(f"[bold red]{h.name}[/]: {exc}")
+            continue
+        out.append(found.model_dump(mode="json"))
+        if not json:
+            _print_facts(found)
+    if json:
+        print_json(out if len(out) != 1 else out[0])
+    if failed:
+        raise Exit(code=1)
+
+
+def _print_facts(f) -> None:
+    t = Table(title=f"facts {f.host}", show_header=False)
+    t.add_column("what", style="bold")
+    t.add_column("value")
+    for g in f.gpus:
+        mem = f"{g.memory_total_mib} MiB" if g.memory_total_mib is not None else "? MiB"
+        used = f", {g.memory_used_mib} MiB used" if g.memory_used_mib is not None else ""
+        cc = f"CC {g.compute_capability or '?'} ({g.compute_capability_source or 'unknown'})"
+        dc = {True: "data-center", False: "not data-center", None: "not in catalog"}[g.data_center]
+        t.add_row(f"GPU {g.index}", f"{g.name}, {mem}{used}, {cc}, {dc}")
+    if not f.gpus:
+        t.add_row("GPUs", "none seen")
+    t.add_row("driver", f"{f.driver_version or '-'} (CUDA {f.cuda_driver_version or '?'}"
+              + (f" from {f.cuda_driver_source}" if f.cuda_driver_source else "") + ")")
+    d = f.docker
+    t.add_row("docker", f"{d.server_version or '-'}; runtimes {', '.join(d.runtimes) or '-'}; "
+              f"default {d.default_runtime or '-'}" + (f"; {d.error}" if d.error else ""))
+    tk = f.toolkit
+    t.add_row("nvidia toolkit", f"ctk {tk.version or '-'}, libnvidia-container {tk.cli_version or '-'}, "
+              f"hook {'yes' if tk.hook_path else 'no'}, CDI {', '.join(tk.cdi_kinds) or '-'}")
+    t.add_row("compose", f"v2 {f.compose.v2 or '-'}, v1 {f.compose.v1 or '-'}")
+    for disk in f.disks:
+        t.add_row(f"disk {disk.label}", f"{disk.path}: {disk.free_mib} MiB free of {disk.total_mib} MiB "
+                  f"({disk.mount or '?'})")
+    t.add_row("RAM", f"{f.ram_total_mib or '?'} MiB, {f.ram_available_mib or '?'} MiB available")
+    t.add_row("kernel", f"{f.kernel or '?'} {f.machine or ''}; systemd {'yes' if f.systemd else 'no'}")
+    t.add_row("releases", ", ".join(f"{r.service}={r.release_id or '-'}" for r in f.releases.values()) or "-")
+    t.add_row("ports", " ".join(map(str, f.ports)) or "-")
+    for m in f.models:
+        t.add_row("model", f"{m.path}: {m.kind}" + (f", {m.size_bytes} bytes" if m.size_bytes is not None else ""))
+    for e in f.errors:
+        t.add_row("[yellow]problem[/]", e)
+    console.print(t)
+
+
+@task(
+    help={
+        "host": "host name or pattern (Ansible --limit syntax)",
+        "group": "inventory group (pattern allowed)",
+        "service": "check only this service (default: every service of the host)",
+        "inventory": "inventory file or folder (default: llmfleet.inventory in invoke.yaml)",
+        "json": "print {host, service, ok, checks: [...]} per service as JSON",
+        "allow_unpinned": "judge a floating image tag instead of failing the image check",
+        "accept_new_host_keys": "record unknown SSH host keys (changed keys are still refused)",
+    },
+)
+@handles_errors
+def preflight(c, host=None, group=None, service=None, inventory=None, json=False, allow_unpinned=False,
+              accept_new_host_keys=False):
+    """Check that each service can run on its host (image vs driver and card, plan, runtime, disk, port).
+
+    Exit 1 when any check fails.
+    """
+    from llmfleet import images
+    from llmfleet.preflight import preflight_host
+
+    inv, hosts = _hosts(c, inventory, host, group)
+    selected = []
+    for h in hosts:
+        settings = settings_for(h)
+        svcs = settings.services
+        if service:
+            svcs = [s for s in settings.services if s.name == service]
+            if not svcs and len(hosts) == 1:
+                known = ", ".join(s.name for s in settings.services) or "none"
+                raise UsageError(f"{inv.path}: host {h.name} has no service {service!r} (services: {known})")
+            if not svcs:
+                continue
+        selected.append((h, settings, svcs))
+    if not selected:
+        raise UsageError(f"{inv.path}: no selected host has service {service!r}")
+    reports = []
+    for h, settings, svcs in selected:
+        from llmfleet.preflight import images_lock_path
+
+        lock = images.load_lock(images_lock_path(h.vars, inv.path, cfg(c, "images_lock")))
+        _, host_reports = preflight_host(h, settings, lock=lock, config=ssh_config(c), services=svcs,
+                                         accept_new_host_keys=accept_new_host_keys, allow_unpinned=allow_unpinned)
+        reports.extend(host_reports)
+        if not json:
+            for r in host_reports:
+                _print_report(r)
+    if json:
+        data = [r.to_dict() for r in reports]
+        print_json(data[0] if len(data) == 1 else data)
+    if not all(r.ok for r in reports):
+        if not json:
+            bad = sorted({f"{r.host}/{r.service}" if r.service else r.host for r in reports if not r.ok})
+            console.print(f"[bold red]preflight failed[/]: {', '.join(bad)}")
+        raise Exit(code=1)
+
+
+def _print_report(r) -> None:
+    title = f"preflight {r.host}" + (f" / {r.service}" if r.service else "")
+    t = Table(title=title)
+    for col in ("check", "status", "message", "fix"):
+        t.add_column(col, overflow="fold")
+    for ch in r.checks:
+        style = _STYLE.get(ch.status, "")
+        t.add_row(ch.id, f"[{style}]{ch.status.upper()}[/]", ch.message, ch.fix)
+    console.print(t)

@@ -1,0 +1,654 @@
+"""Preflight: can this service run on this host? Named checks, each PASS, WARN or FAIL with a fix.
+
+Pure core: ``run_checks`` takes the host's settings, the service (``llmfleet.services``), the host's
+facts (``llmfleet.facts``), the capacity plan (``llmfleet.planner``) and the resolved image
+(``llmfleet.images``, judged through ``catalog/engines.yaml``) and returns checks. ``invoke preflight``
+prints them; deploy runs the same checks and stops before any change when one fails. A check never
+raises on odd facts: it says what it saw.
+
+Thin shell at the bottom: ``preflight_host`` connects, gathers the facts in one round trip and runs
+the checks for each service of the host.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from llmfleet import compat
+from llmfleet.compat import EngineCatalog, EngineRelease, Kernels, Verdict
+from llmfleet.errors import LlmfleetError, RemoteError, UsageError
+from llmfleet.facts import Facts, Gpu, ModelFile
+from llmfleet.services import HostSettings, Service
+
+Status = Literal["pass", "warn", "fail"]
+
+# A container is this service's own when it carries the label deploy writes, or has its name.
+SERVICE_LABEL = "io.llmfleet.service"
+# Room to unpack an image beyond its size (layers are stored compressed and extracted).
+IMAGE_DISK_FACTOR = 1.5
+# A GPU with more than this share of its memory in use by something else gets a warning.
+GPU_BUSY_FRACTION = 0.05
+# Every check id, in the order run_checks emits them (docs/preflight.md describes each).
+CHECK_IDS = (
+    "image", "gpu", "cuda-driver", "arch", "quant", "dtype", "attention", "kv-dtype", "plan", "docker",
+    "gpu-runtime", "compose", "disk-image", "model-files", "disk-model", "port", "facts",
+)
+
+
+@dataclass(frozen=True)
+class Check:
+    id: str
+    status: Status
+    message: str
+    fix: str = ""
+
+    def to_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+
+@dataclass
+class Report:
+    """The checks of one service on one host (``checks`` empty only when the host was not reached)."""
+
+    host: str
+    service: str | None
+    checks: list[Check] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return ok(self.checks)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"host": self.host, "service": self.service, "ok": self.ok,
+                "checks": [c.to_dict() for c in self.checks]}
+
+
+def ok(checks: list[Check]) -> bool:
+    return not any(c.status == "fail" for c in checks)
+
+
+def _c(check_id: str, v: Verdict) -> Check:
+    return Check(check_id, v.status, v.message, v.fix)
+
+
+def _gib(mib: int | float) -> str:
+    return f"{mib / 1024:.1f} GiB"
+
+
+def container_name(service: Service) -> str:
+    return f"llmfleet-{service.name}"
+
+
+def owned_by(container: Any, service: Service) -> bool:
+    labels = getattr(container, "labels", {}) or {}
+    if labels.get(SERVICE_LABEL) == service.name:
+        return True
+    if labels.get("com.docker.compose.project") == container_name(service):
+        return True
+    names = {n.strip().lstrip("/") for n in str(getattr(container, "name", "")).split(",")}
+    return container_name(service) in names
+
+
+def selected_gpus(service: Service, facts: Facts) -> tuple[list[Gpu], list[int]]:
+    """(GPUs the service asks for that exist, indexes it asks for that do not)."""
+    if service.gpus == "all":
+        return list(facts.gpus), []
+    by_index = {g.index: g for g in facts.gpus}
+    found = [by_index[i] for i in service.gpus if i in by_index]
+    missing = [i for i in service.gpus if i not in by_index]
+    return found, missing
+
+
+def _lowest_cc(gpus: list[Gpu]) -> Gpu | None:
+    known = [g for g in gpus if compat.cc_tuple(g.compute_capability)]
+    if not known:
+        return gpus[0] if gpus else None
+    return min(known, key=lambda g: compat.cc_tuple(g.compute_capability))  # type: ignore[arg-type,return-value]
+
+
+def _canonical_quant(quant: str | None) -> str | None:
+    if not quant:
+        return None
+    try:
+        from llmfleet.catalog import find_quant
+
+        return find_quant(quant).name
+    except Exception:  # unknown names are judged (and reported) by the quantization rule
+        return quant.lower()
+
+
+def _bf16(gpu: Gpu | None) -> bool | None:
+    if gpu is None or not gpu.name:
+        return None
+    try:
+        from llmfleet.catalog import find_gpu
+
+        return bool(find_gpu(gpu.catalog_id or gpu.name).bf16)
+    except Exception:
+        return None
+
+
+def effective_args(service: Service, plan: Any) -> list[str]:
+    """The flags the engine will get: the plan's recommendations, then the operator's overrides
+    (later flags win, as in the engines' argument parsers and in render.merge_engine_args)."""
+    planned = [str(a) for a in (getattr(plan, "engine_args", None) or [])] if plan is not None else []
+    return planned + [str(a) for a in service.engine_args]
+
+
+# ------------------------------------------------------------------------------------------------
+# The image: images.lock (what is pinned) + catalog/engines.yaml (what it can run)
+
+
+_ARCH_RE = re.compile(r"^(?:sm_|compute_)?(\d{1,2})\.?(\d)(a?)(?:[-+](real|virtual|ptx|sass))?$", re.I)
+
+
+def parse_archs(archs: list[str] | tuple[str, ...]) -> Kernels | None:
+    """Lock ``archs`` -> kernels. ``"7.0"``/``"sm_70"``/``"70-real"`` are SASS, ``"compute_90"``/
+    ``"90-virtual"`` PTX, ``"12.0+PTX"`` both; ``"12.0a"`` SASS for exactly that CC. None if any
+    entry does not parse (the catalog's list is used then)."""
+    sass: list[str] = []
+    ptx: list[str] = []
+    for raw in archs:
+        text = str(raw).strip()
+        m = _ARCH_RE.match(text)
+        if not m:
+            return None
+        cc = f"{int(m.group(1))}.{m.group(2)}" + m.group(3).lower()
+        kind = (m.group(4) or "").lower()
+        if text.lower().startswith("compute_") or kind == "virtual":
+            ptx.append(cc)
+        elif kind == "ptx":
+            sass.append(cc)
+            ptx.append(cc.rstrip("a"))
+        else:
+            sass.append(cc)
+    return Kernels(sass=sass, ptx=ptx)
+
+
+def release_for(image_ref: Any, catalog: EngineCatalog) -> tuple[EngineRelease | None, list[str]]:
+    """The catalog release an image is judged by, with the lock's CUDA and archs applied.
+
+    ``image_ref`` is an ``images.ImageRef`` (or a plain key). Found by key, else by upstream
+    repository and tag. Returns (release, notes about lock/catalog disagreements).
+    """
+    key = image_ref if isinstance(image_ref, str) else getattr(image_ref, "key", "")
+    rel = catalog.release(key)
+    if rel is None and not isinstance(image_ref, str):
+        repo = str(getattr(image_ref, "upstream_repository", "") or "").removeprefix("docker.io/")
+        tag = getattr(image_ref, "tag", None)
+        rel = next((r for r in catalog.images.values()
+                    if r.repository.removeprefix("docker.io/") == repo and (tag is None or r.tag == tag)), None)
+    if rel is None or isinstance(image_ref, str):
+        return rel, []
+    notes: list[str] = []
+    update: dict[str, Any] = {}
+    lock_cuda = getattr(image_ref, "cuda", None)
+    if lock_cuda and not rel.cpu and lock_cuda != rel.cuda:
+        if compat.cuda_major_minor(lock_cuda) is None:
+            notes.append(f"images.lock CUDA {lock_cuda!r} does not parse; judged by the catalog's {rel.cuda}")
+        else:
+            notes.append(f"images.lock says CUDA {lock_cuda}, the catalog {rel.cuda}; judged by the lock")
+            update["cuda"] = lock_cuda
+    lock_archs = tuple(getattr(image_ref, "archs", ()) or ())
+    if lock_archs and not rel.cpu:
+        kernels = parse_archs(lock_archs)
+        if kernels is None:
+            notes.append(f"images.lock archs {list(lock_archs)} do not parse; judged by the catalog's kernels")
+        elif sorted(kernels.sass) != sorted(rel.kernels.sass) or sorted(kernels.ptx) != sorted(rel.kernels.ptx):
+            notes.append(f"images.lock archs {list(lock_archs)} differ from the catalog's kernels; judged by the lock")
+            update["kernels"] = kernels
+    return (rel.model_copy(update=update) if update else rel), notes
+
+
+def images_lock_path(hostvars: dict[str, Any], inventory_path: str, configured: str | None) -> str | None:
+    """Which images.lock a host uses: the inventory var ``llmfleet_images_lock`` (relative to the
+    inventory folder), else the configured ``llmfleet.images_lock``, else None (the default)."""
+    var = hostvars.get("llmfleet_images_lock")
+    if var:
+        p = Path(str(var)).expanduser()
+        if not p.is_absolute():
+            base = Path(inventory_path)
+            p = (base if base.is_dir() else base.parent) / p
+        return str(p)
+    return str(Path(configured).expanduser()) if configured else None
+
+
+# ------------------------------------------------------------------------------------------------
+# The plan (the planner is pure; an unknown model or card is a warning, not a crash)
+
+
+def plan_for(service: Service, facts: Facts, settings: HostSettings | None = None) -> tuple[Any, str | None]:
+    """(plan, error) for a service on the host's cards: the card the service gets with the least
+    memory, its memory as the host reports it, the host's card count."""
+    from llmfleet import planner
+    from llmfleet.catalog import find_gpu
+
+    gpus, _ = selected_gpus(service, facts)
+    card: Any = None
+    if gpus:
+        g = min(gpus, key=lambda x: x.memory_total_mib or 1 << 40)
+        try:
+            card = find_gpu(g.catalog_id or g.name)
+        except UsageError:
+            return None, f"card {g.name!r} is not in catalog/gpus.yaml"
+        if g.memory_total_mib and g.memory_total_mib > 0:
+            card = dataclasses.replace(card, memory_mib=int(g.memory_total_mib))
+    elif settings is not None and settings.gpu:
+        card = settings.gpu
+    else:
+        return None, "no GPU seen on the host and no llmfleet_gpu in the inventory"
+    try:
+        return planner.plan_for_service(service, card, max(1, len(facts.gpus))), None
+    except LlmfleetError as exc:
+        return None, str(exc)
+    except Exception as exc:  # the planner must not take the preflight down with it
+        return None, f"planner error: {type(exc).__name__}: {exc}"
+
+
+# ------------------------------------------------------------------------------------------------
+
+
+def run_checks(
+    host_settings: HostSettings | str | None,
+    service: Service,
+    facts: Facts,
+    plan: Any,
+    image_ref: Any = None,
+    *,
+    release: EngineRelease | None = None,
+    catalog: EngineCatalog | None = None,
+    plan_error: str | None = None,
+    image_error: str | None = None,
+) -> list[Check]:
+    """Every preflight check for one service on one host, in a stable order (``CHECK_IDS``).
+
+    ``image_ref`` is what ``images.resolve`` gave for ``service.image`` (None: judge the catalog entry
+    of the key itself); ``image_error`` is why it could not be resolved. ``release`` overrides the
+    catalog lookup. ``plan_error`` is why there is no plan.
+    """
+    host_name = host_settings if isinstance(host_settings, str) else (facts.host or "the host")
+    cat = catalog or compat.load_engine_catalog()
+    checks: list[Check] = []
+    notes: list[str] = []
+    rel = release
+    if rel is None:
+        rel, notes = release_for(image_ref if image_ref is not None else service.image, cat)
+
+    # The image and its engine.
+    pinned = ""
+    if image_ref is not None:
+        pinned = f"; pull {getattr(image_ref, 'pull_ref', '?')}" + ("" if getattr(image_ref, "pinned", True)
+                                                                     else " (UNPINNED tag)")
+    if image_error:
+        checks.append(Check("image", "fail", f"image {service.image!r} of service {service.name}: {image_error}",
+                            "pin it with `invoke images.pin` (images.lock), or fix llmfleet_services[].image"))
+        if rel is not None and rel.engine != service.engine:
+            rel = None
+    elif rel is None:
+        checks.append(Check("image", "fail",
+                            f"image {service.image!r} of service {service.name} is not in the engine catalog, so "
+                            "its CUDA version and kernels are unknown",
+                            f"use one of: {', '.join(cat.images)}, or add it to catalog/engines.yaml"))
+    elif rel.engine != service.engine:
+        checks.append(Check("image", "fail",
+                            f"image {rel.key} is a {rel.engine} image but service {service.name} says engine {service.engine}",
+                            "make engine and image agree in the inventory"))
+        rel = None
+    elif image_ref is not None and not getattr(image_ref, "pinned", True):
+        checks.append(Check("image", "warn", f"{rel.key}: {_image_desc(rel)}{pinned}: a floating tag can change "
+                            "under a running fleet", "pin it with `invoke images.pin`"))
+    else:
+        status: Status = "warn" if notes else "pass"
+        checks.append(Check("image", status, f"{rel.key}: {_image_desc(rel)}{pinned}"
+                            + (f"; {'; '.join(notes)}" if notes else ""),
+                            "make images.lock and catalog/engines.yaml agree" if notes else ""))
+
+    gpus, missing = selected_gpus(service, facts)
+    gpu = _lowest_cc(gpus)
+    checks.append(_gpu_check(service, facts, rel, gpus, missing))
+    cc = gpu.compute_capability if gpu else None
+    name = gpu.name if gpu else None
+    args = effective_args(service, plan)
+    env = dict(service.env)
+
+    if rel is not None:
+        rules = cat.engines.get(rel.engine)
+        if not rel.cpu and gpu is None:
+            why = _gpu_errors(facts) or "no GPU listed"
+            for cid in ("cuda-driver", "arch", "quant", "dtype", "attention", "kv-dtype"):
+                checks.append(Check(cid, "warn", f"not judged: no GPU to judge {rel.key} against ({why})",
+                                    "fix the gpu check first, then run preflight again"))
+        else:
+            checks.append(_c("cuda-driver", compat.check_cuda_driver(
+                rel, cat, driver=facts.driver_version, cuda_driver=facts.cuda_driver_version, gpu_name=name,
+                cc=cc, data_center=gpu.data_center if gpu else None, toolkit_version=facts.toolkit.version,
+                runtimes=facts.docker.runtimes, env=env)))
+            checks.append(_c("arch", compat.check_architecture(rel, name, cc)))
+            if rules is None:
+                checks.append(Check("quant", "fail", f"engine {rel.engine} has no rules in the catalog",
+                                    "add it under engines: in catalog/engines.yaml"))
+            else:
+                quant = _canonical_quant(service.quant)
+                checks.append(_c("quant", compat.check_quantization(rel, rules, quant, args, cc)))
+                checks.append(_c("dtype", compat.check_dtype(rel, rules, quant, args, cc, _bf16(gpu))))
+                checks.append(_c("attention", compat.check_attention(rel, args, env, cc)))
+                checks.append(_c("kv-dtype", compat.check_kv_dtype(rel, rules, service.kv_dtype, args, env, cc)))
+
+    checks.append(_plan_check(service, plan, plan_error))
+    checks.append(_docker_check(facts))
+    checks.append(_gpu_runtime_check(facts, rel))
+    checks.append(_compose_check(facts))
+    checks.append(_disk_image_check(facts, rel, image_ref))
+    model = facts.model(service.model_path)
+    checks.append(_model_files_check(host_name, service, model))
+    checks.append(_disk_model_check(service, facts, model, plan))
+    checks.append(_port_check(service, facts))
+    if facts.errors:
+        shown = "; ".join(facts.errors[:6]) + (f"; and {len(facts.errors) - 6} more" if len(facts.errors) > 6 else "")
+        checks.append(Check("facts", "warn", f"the probe reported: {shown}",
+                            "see `invoke facts --host " + host_name + "` for everything it found"))
+    return checks
+
+
+def _image_desc(rel: EngineRelease) -> str:
+    return (f"{rel.repository}:{rel.tag}, " + ("CPU only" if rel.cpu else f"CUDA {rel.cuda}")
+            + f" (catalog confidence {rel.confidence})")
+
+
+def _gpu_errors(facts: Facts) -> str:
+    return "; ".join(e for e in facts.errors
+                     if any(w in e.lower() for w in ("nvidia", "driver", "gpu", "compute capability")))
+
+
+# ------------------------------------------------------------------------------------------------
+# Checks on the host itself
+
+
+def _gpu_check(service: Service, facts: Facts, rel: EngineRelease | None, gpus: list[Gpu],
+               missing: list[int]) -> Check:
+    # Every release reserves its GPUs (compose device reservations), CPU images included: a host
+    # whose driver is gone cannot start the container either way.
+    asked = "all GPUs" if service.gpus == "all" else "GPU(s) " + ", ".join(map(str, service.gpus))
+    if not facts.gpus:
+        why = _gpu_errors(facts) or "nvidia-smi listed none"
+        return Check("gpu", "fail", f"service {service.name} reserves {asked}, but no NVIDIA GPU was seen: {why}",
+                     "install or load the NVIDIA driver (check `nvidia-smi` on the host), then run preflight again")
+    cpu = rel is not None and rel.cpu
+    if missing:
+        have = ", ".join(str(g.index) for g in facts.gpus)
+        return Check("gpu", "fail",
+                     f"service {service.name} asks for GPU(s) {', '.join(map(str, missing))}; the host has {have}",
+                     "fix llmfleet_services[].gpus in the inventory")
+    names = sorted({g.name for g in gpus})
+    ccs = sorted({g.compute_capability or "?" for g in gpus})
+    desc = f"{len(gpus)} x {', '.join(names)} (compute capability {', '.join(ccs)}"
+    srcs = sorted({g.compute_capability_source or "unknown" for g in gpus})
+    desc += f", from {'/'.join(srcs)})"
+    if any(g.compute_capability is None for g in gpus):
+        return Check("gpu", "warn" if cpu else "fail", desc + ": compute capability unknown",
+                     "add the card's nvidia-smi name to catalog/gpus.yaml")
+    if len(ccs) > 1:
+        return Check("gpu", "warn", desc + ": mixed cards; checks use the oldest",
+                     "pin the service to identical cards with gpus: [...]")
+    ours_running = any(owned_by(c, service) for c in facts.containers)
+    busy = [g for g in gpus if g.memory_total_mib and g.memory_used_mib is not None
+            and g.memory_used_mib > GPU_BUSY_FRACTION * g.memory_total_mib]
+    if busy and not ours_running:
+        used = ", ".join(f"GPU {g.index}: {g.memory_used_mib} of {g.memory_total_mib} MiB" for g in busy)
+        return Check("gpu", "warn", desc + f"; memory already in use ({used}) by something other than this service",
+                     "stop what holds the GPU memory (nvidia-smi lists the processes), or pick another GPU")
+    return Check("gpu", "pass", desc)
+
+
+# A planner error that only means "cannot size it" is a warning; anything else (a quant the engine
+# cannot serve, a bad setting) is a failure.
+_PLAN_UNKNOWN = ("unknown model", "not in catalog/gpus.yaml", "unknown gpu", "no gpu seen")
+
+
+def _plan_check(service: Service, plan: Any, plan_error: str | None) -> Check:
+    if plan is None:
+        err = plan_error or "no plan was made"
+        unknown = any(u in err.lower() for u in _PLAN_UNKNOWN) or not plan_error
+        return Check("plan", "warn" if unknown else "fail", f"no capacity plan for {service.name}: {err}",
+                     "add the model to catalog/models.yaml (or the card to catalog/gpus.yaml) and check with "
+                     "`invoke plan`" if unknown else "fix the service so that `invoke plan` accepts it")
+    fits = bool(getattr(plan, "fits", False))
+    notes = [str(n) for n in (getattr(plan, "notes", None) or [])]
+    if fits:
+        ctx = getattr(plan, "max_context_tokens", None)
+        k = getattr(plan, "max_concurrency", None)
+        wb = getattr(plan, "weights_bytes", None)
+        tok = getattr(plan, "decode_tokps_expected", None)
+        parts = []
+        if wb:
+            parts.append(f"weights {wb / 1e9:.1f} GB")
+        if ctx:
+            parts.append(f"context up to {ctx} tokens at concurrency {service.concurrency}")
+        if k:
+            parts.append(f"up to {k} sequences at the planned context")
+        if tok and len(tok) == 2:
+            parts.append(f"expected decode {tok[0]:.0f}-{tok[1]:.0f} tok/s")
+        return Check("plan", "pass", f"{service.model} ({getattr(plan, 'quant', service.quant)}) fits "
+                     f"{getattr(plan, 'gpus', 1)} x {getattr(plan, 'gpu_name', 'the card')}"
+                     + (f": {', '.join(parts)}" if parts else ""))
+    why = next((n for n in notes if n.startswith("REFUSED")), None) or "; ".join(notes[:2]) or \
+        "the planner says it does not fit"
+    sugg = [s for s in (getattr(plan, "suggestions", None) or []) if isinstance(s, dict)]
+    fix = ("; ".join(f"{s.get('flags') or s.get('change')} ({s.get('why', '')})" for s in sugg[:3])
+           if sugg else "a smaller quantization, a shorter context, fewer concurrent sequences or more GPUs")
+    return Check("plan", "fail", f"{service.model} does not fit: {why}", f"{fix} (`invoke plan` ranks them)")
+
+
+def _docker_check(facts: Facts) -> Check:
+    d = facts.docker
+    if d.error or not d.server_version:
+        return Check("docker", "fail", f"Docker engine not usable: {d.error or 'no server version'}",
+                     "install Docker and start it (systemctl start docker), and let the SSH user reach "
+                     "its socket (docker group)")
+    return Check("docker", "pass", f"Docker {d.server_version}, default runtime {d.default_runtime or '?'}")
+
+
+def _gpu_runtime_check(facts: Facts, rel: EngineRelease | None) -> Check:
+    # Needed for CPU images too: the release reserves GPUs through the nvidia device driver.
+    d, tk = facts.docker, facts.toolkit
+    ways = []
+    if "nvidia" in d.runtimes:
+        ways.append("nvidia runtime" + (" (default)" if d.default_runtime == "nvidia" else ""))
+    if tk.hook_path:
+        ways.append("nvidia-container-runtime-hook (docker --gpus)")
+    if any("nvidia.com/gpu" in k for k in tk.cdi_kinds):
+        ways.append("CDI spec nvidia.com/gpu")
+    version = tk.version or tk.cli_version
+    if ways:
+        return Check("gpu-runtime", "pass",
+                     f"containers can get GPUs: {', '.join(ways)}; toolkit {version or 'version unknown'}")
+    return Check("gpu-runtime", "fail",
+                 "Docker cannot hand GPUs to containers: no nvidia runtime, no nvidia-container-runtime-hook, "
+                 "no CDI spec for nvidia.com/gpu" + (" (the release reserves GPUs even for a CPU image)"
+                                                     if rel is not None and rel.cpu else ""),
+                 "install nvidia-container-toolkit, run `nvidia-ctk runtime configure --runtime=docker` and "
+                 "restart Docker")
+
+
+def _compose_check(facts: Facts) -> Check:
+    if facts.compose.v2:
+        return Check("compose", "pass", f"docker compose v2 plugin {facts.compose.v2}")
+    if facts.compose.v1:
+        v = compat.version_tuple(facts.compose.v1.split("-")[0].split("+")[0])
+        if v and v[0] >= 2:
+            return Check("compose", "pass", f"docker-compose {facts.compose.v1} (v2 standalone)")
+        return Check("compose", "warn", f"only compose v1 (docker-compose {facts.compose.v1})",
+                     "install the compose v2 plugin (docker-compose-plugin)")
+    return Check("compose", "fail", "no docker compose (neither the v2 plugin nor docker-compose)",
+                 "install the compose v2 plugin (docker-compose-plugin)")
+
+
+def _disk_image_check(facts: Facts, rel: EngineRelease | None, image_ref: Any = None) -> Check:
+    if rel is None:
+        return Check("disk-image", "warn", "image unknown: cannot size it", "fix the image first")
+    wanted = {str(getattr(image_ref, "pull_ref", ""))} if image_ref is not None else set()
+    if image_ref is not None and getattr(image_ref, "digest", None):
+        for repo in (image_ref.repository, image_ref.upstream_repository):
+            wanted.add(f"{repo}@{image_ref.digest}")
+            wanted.add(f"{repo.removeprefix('docker.io/')}@{image_ref.digest}")
+    present = [i for i in facts.images if i in wanted]
+    if present:
+        return Check("disk-image", "pass", f"{present[0]} is already on the host")
+    disk = facts.disk("docker_root")
+    need = int(rel.image_size_mib * IMAGE_DISK_FACTOR)
+    if disk is None or disk.free_mib is None:
+        return Check("disk-image", "warn", f"free space under the Docker root unknown; {rel.key} needs about {_gib(need)}",
+                     "check `df -h /var/lib/docker` on the host")
+    if disk.free_mib < need:
+        return Check("disk-image", "fail",
+                     f"{_gib(disk.free_mib)} free on {disk.mount or disk.path} (Docker root); {rel.key} needs about {_gib(need)}",
+                     "free space (docker image prune) or move the Docker root")
+    return Check("disk-image", "pass", f"{_gib(disk.free_mib)} free for images; {rel.key} needs about {_gib(need)}")
+
+
+def _model_files_check(host: str, service: Service, model: ModelFile | None) -> Check:
+    path = service.model_path
+    if model is None:
+        return Check("model-files", "warn", f"{path} was not probed", f"run `invoke preflight --host {host}` again")
+    if model.kind == "missing":
+        return Check("model-files", "fail", f"{path} does not exist on {host}",
+                     f"copy the model to {host}:{path} (llmfleet does not download models)")
+    if model.readable is False:
+        return Check("model-files", "fail", f"{path} on {host} is not readable by the SSH user",
+                     f"chmod -R a+rX {path} (the engine container reads it read-only)")
+    gguf_path = path.lower().endswith(".gguf")
+    if service.engine == "llamacpp" or gguf_path:
+        if model.kind != "file":
+            return Check("model-files", "fail", f"{path} is a {model.kind}, not a .gguf file",
+                         "point model_path at the .gguf file (the first shard of a split model)")
+        if model.magic != "GGUF":
+            return Check("model-files", "fail", f"{path} is not a GGUF file (starts with {model.magic or 'nothing'!r})",
+                         "copy the right file; a partial copy has no GGUF header")
+        return Check("model-files", "pass", f"{path}: GGUF, {_gib((model.size_bytes or 0) / 2**20)}")
+    if model.kind != "dir":
+        return Check("model-files", "fail", f"{path} is a {model.kind}; vLLM needs a model folder",
+                     "point model_path at the Hugging Face model folder (with config.json)")
+    names = set(model.entries)
+    weights = [n for n in names if n.endswith((".safetensors", ".bin", ".pt"))]
+    if "config.json" not in names:
+        return Check("model-files", "fail", f"{path} has no config.json ({len(names)} entries)",
+                     "copy the whole Hugging Face model folder")
+    if not weights:
+        return Check("model-files", "fail", f"{path} has config.json but no weight files (*.safetensors)",
+                     "copy the weight files too")
+    return Check("model-files", "pass",
+                 f"{path}: config.json and {len(weights)} weight file(s), {_gib((model.size_bytes or 0) / 2**20)}")
+
+
+def _disk_model_check(service: Service, facts: Facts, model: ModelFile | None, plan: Any) -> Check:
+    if model is not None and model.kind in ("dir", "file"):
+        return Check("disk-model", "pass", f"model already on the host ({_gib((model.size_bytes or 0) / 2**20)})")
+    disk = facts.disk("model:" + service.model_path)
+    need = getattr(plan, "weights_bytes", None) if plan is not None else None
+    if disk is None or disk.free_mib is None:
+        return Check("disk-model", "warn", f"free space for {service.model_path} unknown",
+                     "check `df -h` on the host")
+    if need is None:
+        return Check("disk-model", "warn", f"{_gib(disk.free_mib)} free at {disk.path}; model size unknown (no plan)",
+                     "run `invoke plan` to size the model")
+    need_mib = int(need) / 2**20
+    if disk.free_mib < need_mib:
+        return Check("disk-model", "fail", f"{_gib(disk.free_mib)} free at {disk.path}; the model needs about {_gib(need_mib)}",
+                     "free space or choose another model_path")
+    return Check("disk-model", "pass", f"{_gib(disk.free_mib)} free at {disk.path}; the model needs about {_gib(need_mib)}")
+
+
+def _port_check(service: Service, facts: Facts) -> Check:
+    port = service.port
+    holders = [c for c in facts.containers if port in c.ports]
+    if port not in facts.ports and not holders:
+        return Check("port", "pass", f"port {port} is free")
+    ours = [c for c in holders if owned_by(c, service)]
+    if ours:
+        return Check("port", "pass", f"port {port} is held by this service's own container {ours[0].name} "
+                                     "(a deploy replaces it)")
+    if holders:
+        return Check("port", "fail", f"port {port} is held by container {holders[0].name} ({holders[0].image})",
+                     f"stop that container or give service {service.name} another port")
+    rel = facts.releases.get(service.name)
+    if rel is not None and rel.current and rel.manifest and rel.manifest.get("port") == port:
+        return Check("port", "warn", f"port {port} is in use; release {rel.release_id} of {service.name} claims it, "
+                                     "but no container of it publishes the port",
+                     f"check `ss -ltnp 'sport = :{port}'` on the host")
+    if facts.docker.error and facts.releases.get(service.name):
+        return Check("port", "warn", f"port {port} is in use and Docker cannot be asked who holds it",
+                     f"check `ss -ltnp 'sport = :{port}'` on the host")
+    return Check("port", "fail", f"port {port} is in use by a process outside llmfleet",
+                 f"stop it (`ss -ltnp 'sport = :{port}'` shows which) or give service {service.name} another port")
+
+
+# ------------------------------------------------------------------------------------------------
+# One host: resolve, plan and check every service (pure), then the thin SSH shell
+
+
+def check_host(
+    host_name: str,
+    settings: HostSettings,
+    facts: Facts,
+    *,
+    lock: Any,
+    services: list[Service] | None = None,
+    allow_unpinned: bool = False,
+    catalog: EngineCatalog | None = None,
+) -> list[Report]:
+    """Reports for the given services of a host (default: all of them) from facts already gathered."""
+    from llmfleet import images
+
+    chosen = settings.services if services is None else services
+    if not chosen:
+        return [Report(host_name, None, [Check("services", "warn", f"{host_name} has no llmfleet_services",
+                                               "add services to the inventory (docs/inventory.md)")])]
+    reports: list[Report] = []
+    for svc in chosen:
+        image_ref, image_error = None, None
+        try:
+            image_ref = images.resolve(svc.image, lock, mirrors=dict(settings.image_mirrors),
+                                       allow_unpinned=allow_unpinned, where=f"host {host_name}: service {svc.name}")
+        except UsageError as exc:
+            image_error = str(exc).split(": image ", 1)[-1]
+        plan, plan_error = plan_for(svc, facts, settings)
+        checks = run_checks(host_name, svc, facts, plan, image_ref, catalog=catalog, plan_error=plan_error,
+                            image_error=image_error)
+        reports.append(Report(host_name, svc.name, checks))
+    return reports
+
+
+def unreachable(host_name: str, error: str, services: list[Service]) -> list[Report]:
+    """What a host that could not be reached reports: one failed ``ssh`` check per service."""
+    check = Check("ssh", "fail", error, "check the address, user and key in the inventory, and that sshd runs")
+    return [Report(host_name, s.name, [check]) for s in services] or [Report(host_name, None, [check])]
+
+
+def preflight_host(
+    host: Any,
+    settings: HostSettings,
+    *,
+    lock: Any,
+    config: dict[str, Any] | None = None,
+    services: list[Service] | None = None,
+    accept_new_host_keys: bool = False,
+    allow_unpinned: bool = False,
+) -> tuple[Facts | None, list[Report]]:
+    """Connect (strict host keys), gather the facts in one round trip, run the checks.
+
+    Never raises for the host's own failures: an SSH failure becomes a failed ``ssh`` check.
+    """
+    from llmfleet import facts as facts_mod
+    from llmfleet import ssh
+
+    chosen = settings.services if services is None else services
+    try:
+        with ssh.connect(host, config=config, accept_new_host_keys=accept_new_host_keys) as remote:
+            found = facts_mod.gather(remote, root=settings.root, model_paths=[s.model_path for s in chosen])
+    except RemoteError as exc:
+        return None, unreachable(host.name, str(exc), chosen)
+    return found, check_host(host.name, settings, found, lock=lock, services=chosen, allow_unpinned=allow_unpinned)
