@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from invoke import Collection
 
-from llmfleet.cli import facts_tasks, inventory_tasks
+from llmfleet.cli import facts_tasks, inventory_tasks, plan_tasks
 
 ns = Collection()
 ns.configure(
@@ -28,3 +28,4 @@ ns.configure(
 ns.add_task(inventory_tasks.inventory)
 ns.add_task(facts_tasks.facts)
 ns.add_task(facts_tasks.preflight)
+ns.add_task(plan_tasks.plan_task)

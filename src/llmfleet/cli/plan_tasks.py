@@ -1,0 +1,184 @@
+"""``invoke plan``: will this model fit this card, with which engine flags, and how fast can it decode."""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+from invoke import task
+from rich.table import Table
+
+from llmfleet.catalog import find_gpu
+from llmfleet.cli.common import console, handles_errors, inventory_path, print_json
+from llmfleet.errors import CheckFailed, UsageError
+from llmfleet.planner import Plan, PlanRequest, plan, plan_for_service
+
+GB = 1e9
+
+
+def _int(flag: str, value: Any) -> int | None:
+    if value is None or value == "":
+        return None
+    text = str(value).replace("_", "").strip().lower()
+    scale = 1024 if text.endswith("k") else 1
+    try:
+        return int(text.removesuffix("k")) * scale
+    except ValueError:
+        raise UsageError(f"--{flag} takes a whole number (e.g. 4096 or 32k), got {value!r}") from None
+
+
+def _float(flag: str, value: Any) -> float | None:
+    if value is None or value == "":
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        raise UsageError(f"--{flag} takes a number such as 0.9, got {value!r}") from None
+
+
+def _host_settings(c, inventory: str | None, host: str):
+    from llmfleet.inventory import load_inventory, settings_for
+
+    inv = load_inventory(inventory_path(c, inventory))
+    if host not in inv.hosts:
+        raise UsageError(f"{inv.path}: no host {host!r}; hosts: {', '.join(inv.hosts) or 'none'}")
+    return settings_for(inv.hosts[host])
+
+
+def _gpu_for(c, inventory: str | None, gpu: str | None, host: str | None):
+    """A catalog card from --gpu (id, nvidia-smi name or inventory host) or from --host's llmfleet_gpu."""
+    if gpu:
+        try:
+            return find_gpu(gpu), None
+        except UsageError as catalog_error:
+            try:
+                settings = _host_settings(c, inventory, gpu)
+            except UsageError:
+                raise catalog_error from None
+            host = gpu
+            if not settings.gpu:
+                raise UsageError(f"host {gpu}: llmfleet_gpu is not set; give --gpu with a card name") from None
+            return find_gpu(settings.gpu), settings
+    if host:
+        settings = _host_settings(c, inventory, host)
+        if not settings.gpu:
+            raise UsageError(f"host {host}: llmfleet_gpu is not set in the inventory; give --gpu with a card name")
+        return find_gpu(settings.gpu), settings
+    raise UsageError("give --gpu (catalog id, nvidia-smi name or inventory host) or --host")
+
+
+def _b(n: int | float) -> str:
+    return f"{n / GB:,.2f} GB" if n >= 1e8 else (f"{n / 1e6:,.1f} MB" if n >= 1e5 else f"{int(n):,} B")
+
+
+def render_plan(p: Plan, title: str | None = None) -> None:
+    verdict = "[green]FITS[/green]" if p.fits else "[red]DOES NOT FIT[/red]"
+    t = Table(title=title or f"{p.model} ({p.quant}) on {p.gpus} x {p.gpu_name}, {p.engine}: {verdict}",
+              show_header=False, title_justify="left")
+    t.add_column("figure", style="bold")
+    t.add_column("value")
+    kv = f"{p.kv_bytes_per_token:,} B/token (full attention)"
+    if p.kv_sliding_bytes_per_token:
+        kv += f" + {p.kv_sliding_bytes_per_token:,} B/token up to {p.kv_sliding_window} tokens (sliding window)"
+    if p.kv_state_bytes_per_sequence:
+        kv += f" + {_b(p.kv_state_bytes_per_sequence)}/sequence (linear-attention state)"
+    rows = [
+        ("parameters", f"{p.params / 1e9:.2f} B ({p.params:,})"),
+        ("weights", f"{_b(p.weights_bytes)} ({p.weights_bytes:,} bytes); on the GPU(s): {_b(p.weights_gpu_bytes)}"),
+        ("KV cache", kv + f", {p.kv_dtype}"),
+        ("KV at the plan", f"{_b(p.kv_cache_bytes)} for {p.concurrency} x {p.context} tokens"),
+        ("overhead", f"{_b(p.overhead_bytes)} (CUDA context, activations, CUDA graphs, buffers)"),
+        ("memory", f"{_b(p.memory_bytes)} on {p.gpus} card(s); plan uses {p.gpu_memory_utilization:.0%} = {_b(p.budget_bytes)}"),
+        ("resident", ("yes: every layer on the GPU" if p.resident else
+                      f"[red]no[/red]: {p.gpu_layers} of {p.total_layers} layers would fit")),
+        ("max context", f"{p.max_context_tokens:,} tokens at {p.concurrency} concurrent sequence(s)"),
+        ("max concurrency", f"{p.max_concurrency:,} sequences at {p.context:,} tokens"),
+        ("decode ceiling", f"{p.decode_tokps_ceiling:,.1f} tok/s at batch 1 (bandwidth / bytes read per token)"),
+        ("decode realistic", f"{p.decode_tokps_realistic[0]:,.1f}-{p.decode_tokps_realistic[1]:,.1f} tok/s "
+                             f"({p.efficiency[0]:.0%}-{p.efficiency[1]:.0%} of the ceiling)"),
+        ("engine flags", shlex.join(p.engine_args)),
+    ]
+    for k, v in rows:
+        t.add_row(k, v)
+    console.print(t)
+    for n in p.notes:
+        console.print(f"  - {n}")
+    if p.alternatives:
+        alt = Table(title="what would fit, best first", title_justify="left")
+        for col in ("#", "change", "why", "max context", "max seqs", "decode tok/s", "weights"):
+            alt.add_column(col)
+        for a in p.alternatives:
+            lo, hi = a["decode_tokps_realistic"]
+            alt.add_row(str(a["rank"]), a["flags"], a["why"], f"{a['max_context_tokens']:,}",
+                        str(a["max_concurrency"]), f"{lo:.1f}-{hi:.1f}", _b(a["weights_bytes"]))
+        console.print(alt)
+    console.print("[dim]assumptions:[/dim]")
+    for name, text in p.assumptions.items():
+        console.print(f"  [dim]{name}: {text}[/dim]")
+
+
+@task(
+    name="plan",
+    help={
+        "model": "catalog name (e.g. qwen2.5-32b-instruct), a Hugging Face model folder, or a .gguf file",
+        "quant": "fp16, bf16, fp8, int8, gptq-int4 (-g32 etc. for a group size), awq-int4, q4_0, q4_k_m, "
+                 "q5_k_m, q6_k, q8_0 (case-insensitive); a .gguf file brings its own",
+        "gpu": "card: catalog id (v100-sxm2-32gb), nvidia-smi name ('Tesla V100-SXM2-32GB') or an inventory host",
+        "host": "inventory host: its card (llmfleet_gpu); without --model, plan each of its services",
+        "gpus": "GPUs to spread over (vLLM tensor parallel, llama.cpp layer split); default 1",
+        "context": "tokens per sequence (e.g. 8192 or 8k); default: the most that fits",
+        "concurrency": "concurrent sequences (vLLM --max-num-seqs, llama.cpp -np); default 1",
+        "kv_dtype": "KV cache dtype: auto, fp8 (vLLM); f16, q8_0, q4_0 (llama.cpp)",
+        "engine": "vllm or llamacpp (default: llamacpp for GGUF, vllm otherwise)",
+        "gpu_memory_utilization": "share of card memory the plan may use (vLLM's flag; default 0.90 vLLM, 0.95 llama.cpp)",
+        "offload": "accept weights off the GPU (slow: shows the predicted PCIe/CPU-bound speed)",
+        "inventory": "inventory for --host / --gpu HOST (default: llmfleet.inventory in invoke.yaml)",
+        "json": "print the plan as JSON (bytes are bytes)",
+    },
+)
+@handles_errors
+def plan_task(c, model=None, quant=None, gpu=None, host=None, gpus=None, context=None, concurrency=None,
+              kv_dtype=None, engine=None, gpu_memory_utilization=None, offload=False, inventory=None, json=False):
+    """Capacity plan: does a model fit a card, the engine flags, max context/concurrency, decode speed."""
+    card, settings = _gpu_for(c, inventory, gpu, host)
+    n_gpus = _int("gpus", gpus)
+    ctx = _int("context", context)
+    conc = _int("concurrency", concurrency)
+    gmu = _float("gpu-memory-utilization", gpu_memory_utilization)
+    if model is None:
+        if settings is None or not host:
+            raise UsageError("give --model (catalog name, model folder or .gguf file), or --host to plan its services")
+        if not settings.services:
+            raise UsageError(f"host {host}: no llmfleet_services to plan; give --model")
+        plans = {}
+        for svc in settings.services:
+            overrides = {k: v for k, v in {
+                "quant": quant, "context": ctx, "concurrency": conc, "kv_dtype": kv_dtype, "engine": engine,
+                "gpu_memory_utilization": gmu, "offload": True if offload else None,
+                "gpus": list(range(n_gpus)) if n_gpus else None}.items() if v is not None}
+            svc = svc.model_copy(update=overrides)
+            plans[svc.name] = plan_for_service(svc, card, n_gpus or 1)
+        if json:
+            print_json({"host": host, "fits": all(p.fits for p in plans.values()),
+                        "services": {k: p.to_dict() for k, p in plans.items()}})
+        else:
+            for name, p in plans.items():
+                render_plan(p, title=f"{host} / {name}: {p.model} ({p.quant}) on {p.gpus} x {p.gpu_name}, {p.engine}: "
+                            + ("[green]FITS[/green]" if p.fits else "[red]DOES NOT FIT[/red]"))
+        bad = [k for k, p in plans.items() if not p.fits]
+        if bad:
+            raise CheckFailed(f"host {host}: {', '.join(bad)} do(es) not fit {card.name}")
+        return
+    req = PlanRequest(
+        model=model, quant=quant, gpu=card, gpus=n_gpus or 1, context=ctx, concurrency=conc or 1,
+        engine=engine, kv_dtype=kv_dtype or "auto", gpu_memory_utilization=gmu, offload=bool(offload),
+    )
+    p = plan(req)
+    if json:
+        print_json(p.to_dict())
+    else:
+        render_plan(p)
+    if not p.fits:
+        first = p.notes[0] if p.notes else "does not fit"
+        raise CheckFailed(f"{p.model} ({p.quant}) does not fit {p.gpus} x {p.gpu_name}: {first}")
+
