@@ -34,11 +34,13 @@ class LockedImage:
 
     key: str
     repository: str
-    digest: str
+    digest: str | None  # None: listed but not pinned yet (``images.pin`` has not resolved it)
     tag: str | None = None
     cuda: str | None = None
     archs: tuple[str, ...] = ()
     source: str | None = None
+    verified: dict[str, str] | None = None  # {at, registry, by}: when a registry last confirmed the digest
+    digest_source: str | None = None  # where a digest not resolved by images.pin was read
 
     @property
     def engine(self) -> str:
@@ -102,6 +104,8 @@ def parse_lock(text: str, path: str = "images.lock") -> ImageLock:
     if not isinstance(data, dict):
         raise UsageError(f"{path}: top level must be a mapping of ENGINE:VERSION to image entries")
     entries = data.get("images", data) if "images" in data else data
+    if not isinstance(entries, dict):
+        raise UsageError(f"{path}: top level must be a mapping of ENGINE:VERSION to image entries")
     entries = {k: v for k, v in entries.items() if k not in {"version", "schema"}}
     images: dict[str, LockedImage] = {}
     for key, entry in entries.items():
@@ -114,8 +118,14 @@ def parse_lock(text: str, path: str = "images.lock") -> ImageLock:
         digest = str(entry.get("digest", "")).strip()
         if not _REPO_RE.match(repo):
             raise UsageError(f"{path}: {key}: repository {repo!r} is not a valid image repository name")
-        if not DIGEST_RE.match(digest):
-            raise UsageError(f"{path}: {key}: digest must be sha256:<64 hex>, got {digest!r}; run images.pin")
+        if "digest" not in entry:
+            raise UsageError(f"{path}: {key}: digest is missing; write `digest: null` for an entry not pinned yet")
+        raw_digest = entry.get("digest")
+        if raw_digest is not None and not DIGEST_RE.match(digest):
+            raise UsageError(f"{path}: {key}: digest must be sha256:<64 hex> or null, got {digest!r}; run images.pin")
+        verified = entry.get("verified")
+        if verified is not None and not (isinstance(verified, dict) and verified.get("at")):
+            raise UsageError(f"{path}: {key}: verified must be null or a mapping with at/registry/by")
         archs = entry.get("archs") or ()
         if not isinstance(archs, list | tuple):
             raise UsageError(f"{path}: {key}: archs must be a list of compute capabilities")
@@ -124,11 +134,13 @@ def parse_lock(text: str, path: str = "images.lock") -> ImageLock:
         images[key] = LockedImage(
             key=key,
             repository=repo,
-            digest=digest,
+            digest=digest if raw_digest is not None else None,
             tag=str(tag) if tag is not None else None,
             cuda=str(cuda) if cuda is not None else None,
             archs=tuple(str(a) for a in archs),
             source=str(entry["source"]) if entry.get("source") is not None else None,
+            verified={str(k): str(v) for k, v in verified.items()} if verified else None,
+            digest_source=str(entry["digest_source"]) if entry.get("digest_source") is not None else None,
         )
     return ImageLock(images=images, path=path)
 
@@ -200,6 +212,17 @@ def resolve(
     """
     mirrors = mirrors or {}
     locked = lock.get(image)
+    if locked is not None and locked.digest is None:
+        if not allow_unpinned:
+            raise UsageError(
+                f"{where}: image {image!r} is listed in {lock.path} without a digest (never resolved); run "
+                f"`invoke images.pin {image.replace(':', '=', 1)}` where the registry is reachable, or pass --allow-unpinned"
+            )
+        return ImageRef(
+            key=image, repository=apply_mirror(locked.repository, mirrors), digest=None,
+            tag=locked.tag or "latest", pinned=False, upstream_repository=locked.repository,
+            cuda=locked.cuda, archs=locked.archs,
+        )
     if locked is not None:
         return ImageRef(
             key=image,
@@ -236,3 +259,238 @@ def resolve(
         key=image, repository=apply_mirror(repo, mirrors), digest=None, tag=tag or "latest",
         pinned=False, upstream_repository=repo,
     )
+
+
+# ------------------------------------------------------------------------------------------------
+# Writing the lock (pure) and pinning / verifying against registries (shell)
+
+LOCK_HEADER = """\
+# images.lock: the exact bytes llmfleet deploys. Written by `invoke images.pin`; checked by
+# `invoke images.verify`. Keys are ENGINE:VERSION as in src/llmfleet/catalog/engines.yaml (a test
+# keeps the two in step). Each entry: repository, tag (what was resolved), digest (sha256 of the
+# manifest or index the tag pointed at), cuda and archs (compute capabilities with kernels in the
+# image, from the catalog), source, and verified: when and where a registry last confirmed the
+# digest (null: never confirmed by llmfleet). digest: null means listed but not pinned yet: deploy
+# refuses it until `invoke images.pin KEY` runs where the registry is reachable.
+"""
+
+_ENTRY_ORDER = ("repository", "tag", "digest", "digest_source", "cuda", "archs", "source", "verified")
+
+
+def entry_dict(img: LockedImage) -> dict[str, Any]:
+    """One lock entry as written to the file (keys in a fixed order; empty optional keys dropped)."""
+    data: dict[str, Any] = {
+        "repository": img.repository,
+        "tag": img.tag,
+        "digest": img.digest,
+        "digest_source": img.digest_source,
+        "cuda": img.cuda,
+        "archs": list(img.archs),
+        "source": img.source,
+        "verified": dict(img.verified) if img.verified else None,
+    }
+    keep = {"repository", "tag", "digest", "verified"}
+    return {k: data[k] for k in _ENTRY_ORDER if k in keep or data[k] not in (None, [], "")}
+
+
+def render_lock(lock: ImageLock, header: str = LOCK_HEADER) -> str:
+    """The lock file's text: a fixed header, then entries sorted by key. Byte-identical for equal locks."""
+    body = {"version": 1, "images": {k: entry_dict(lock.images[k]) for k in sorted(lock.images)}}
+    return header + yaml.safe_dump(body, sort_keys=False, default_flow_style=None, width=100, allow_unicode=True)
+
+
+@dataclass(frozen=True)
+class PinSpec:
+    """What to pin: ``key`` (ENGINE:VERSION) and ``ref`` (``repo:tag`` to resolve).
+
+    ``repository`` is what the lock records when it differs from where ``ref`` is resolved (the lab
+    resolves on 127.0.0.1 but hosts pull through the lab network). cuda/archs/source describe the image.
+    """
+
+    key: str
+    ref: str
+    repository: str | None = None
+    cuda: str | None = None
+    archs: tuple[str, ...] = ()
+    source: str | None = None
+
+
+def parse_pin_args(args: list[str], catalog_images: dict[str, Any]) -> list[PinSpec]:
+    """``ENGINE=VERSION`` (catalog release) or ``ENGINE=VERSION=REPO:TAG`` (explicit) -> PinSpecs.
+
+    ``catalog_images`` maps catalog keys to releases (objects or dicts with repository, tag, cuda,
+    kernels). Pure.
+    """
+    if not args:
+        raise UsageError("images.pin: name at least one ENGINE=VERSION (e.g. vllm=0.10.1.1), or --all")
+    specs: list[PinSpec] = []
+    for arg in args:
+        parts = arg.split("=", 2)
+        if len(parts) < 2 or not parts[0] or not parts[1]:
+            raise UsageError(f"images.pin: {arg!r} must be ENGINE=VERSION or ENGINE=VERSION=REPO:TAG")
+        key = f"{parts[0]}:{parts[1]}"
+        if not _KEY_RE.match(key):
+            raise UsageError(f"images.pin: {arg!r}: engine must be vllm or llamacpp and the version a plain tag")
+        rel = catalog_images.get(key)
+        if rel is None:
+            known = ", ".join(k.replace(":", "=", 1) for k in sorted(catalog_images)) or "none"
+            raise UsageError(
+                f"images.pin: {key} is not in the engine-release catalog (catalog/engines.yaml); add it there "
+                f"first so preflight knows its CUDA and kernels (known: {known})"
+            )
+        get = rel.get if isinstance(rel, dict) else lambda name, _r=rel: getattr(_r, name, None)
+        repo, tag = str(get("repository")), str(get("tag"))
+        ref = parts[2] if len(parts) == 3 else f"{repo}:{tag}"
+        specs.append(
+            PinSpec(
+                key=key,
+                ref=ref,
+                repository=repo if len(parts) == 3 else None,
+                cuda=str(get("cuda")) if get("cuda") else None,
+                archs=catalog_archs(rel),
+                source=f"catalog/engines.yaml {key}",
+            )
+        )
+    return specs
+
+
+def catalog_archs(rel: Any) -> tuple[str, ...]:
+    """Compute capabilities an image carries code for: its SASS, then PTX ones not already listed."""
+    kernels = rel.get("kernels") if isinstance(rel, dict) else getattr(rel, "kernels", None)
+    if not kernels:
+        return ()
+    get = kernels.get if isinstance(kernels, dict) else lambda name, _k=kernels: getattr(_k, name, None)
+    out = [str(a) for a in get("sass") or []]
+    out += [f"{a}+ptx" for a in get("ptx") or [] if str(a) not in out]
+    return tuple(out)
+
+
+def pinned(spec: PinSpec, digest: str, *, registry: str, at: str, by: str = "images.pin") -> LockedImage:
+    """The lock entry for a resolved spec. Pure."""
+    repo, tag, _ = _split_reference(spec.ref)
+    return LockedImage(
+        key=spec.key,
+        repository=spec.repository or _display_repo(repo),
+        digest=digest,
+        tag=tag or "latest",
+        cuda=spec.cuda,
+        archs=spec.archs,
+        source=spec.source,
+        verified={"at": at, "registry": registry, "by": by},
+    )
+
+
+def _display_repo(repo: str) -> str:
+    """``vllm/vllm-openai`` -> ``docker.io/vllm/vllm-openai`` (explicit registry in the lock)."""
+    first = repo.split("/", 1)[0]
+    if "." in first or ":" in first or first == "localhost":
+        return repo
+    return _canonical_repo(repo)
+
+
+def merge(lock: ImageLock, entries: list[LockedImage]) -> ImageLock:
+    """The lock with ``entries`` added or replaced; other entries untouched. Pure."""
+    images = dict(lock.images)
+    for e in entries:
+        images[e.key] = e
+    return ImageLock(images=images, path=lock.path)
+
+
+def _now() -> str:
+    import datetime as _dt
+
+    return _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def write_lock(lock: ImageLock, path: str | Path) -> None:
+    """Write atomically (temp file + rename) so a reader never sees half a lock."""
+    import os
+    import tempfile
+
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".images.lock.", dir=str(p.parent))
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(render_lock(lock))
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, p)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def pin(specs: list[PinSpec] | dict[str, str], client: Any, lock_path: str | Path) -> list[LockedImage]:
+    """Resolve each spec's tag to a digest with ``client`` (a ``registry.RegistryClient``) and write
+    the entries into the lock at ``lock_path`` (created when missing; other entries kept).
+
+    ``specs`` may be a plain ``{KEY: "repo:tag"}`` mapping. Nothing is written unless every spec
+    resolves. Returns the new entries.
+    """
+    from llmfleet.registry import parse_reference
+
+    if isinstance(specs, dict):
+        specs = [PinSpec(key=k, ref=v) for k, v in specs.items()]
+    for spec in specs:
+        if not _KEY_RE.match(spec.key):
+            raise UsageError(f"pin: key {spec.key!r} must look like ENGINE:VERSION (engine vllm or llamacpp)")
+    at = _now()
+    entries = []
+    for spec in specs:
+        ref = parse_reference(spec.ref)
+        digest = client.resolve(ref)
+        entries.append(pinned(spec, digest, registry=ref.registry, at=at))
+    lock = load_lock(lock_path)
+    write_lock(merge(lock, entries), lock_path)
+    return entries
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    key: str
+    ref: str  # what was asked of the registry (mirror applied)
+    status: str  # ok | missing | error | unpinned
+    message: str = ""
+
+    def to_dict(self) -> dict[str, str]:
+        return {"key": self.key, "ref": self.ref, "status": self.status, "message": self.message}
+
+
+def verify(lock: ImageLock, client: Any, *, mirrors: dict[str, str] | None = None) -> list[VerifyResult]:
+    """Ask the registry (the mirror, when one applies) whether every pinned digest still resolves."""
+    from llmfleet.errors import LlmfleetError
+
+    results = []
+    for key in sorted(lock.images):
+        img = lock.images[key]
+        repo = apply_mirror(img.repository, mirrors or {})
+        if img.digest is None:
+            results.append(VerifyResult(key, f"{repo}:{img.tag or 'latest'}", "unpinned",
+                                        "no digest in the lock; run images.pin"))
+            continue
+        ref = f"{repo}@{img.digest}"
+        try:
+            ok = client.exists(ref)
+        except LlmfleetError as exc:
+            results.append(VerifyResult(key, ref, "error", str(exc)))
+            continue
+        results.append(VerifyResult(key, ref, "ok" if ok else "missing",
+                                    "" if ok else "digest no longer in the registry; re-pin or restore it"))
+    return results
+
+
+def mark_verified(lock: ImageLock, results: list[VerifyResult], *, at: str | None = None) -> ImageLock:
+    """The lock with ``verified`` refreshed on entries that resolved. Pure (``at`` given)."""
+    from llmfleet.registry import parse_reference
+
+    at = at or _now()
+    images = dict(lock.images)
+    for r in results:
+        if r.status == "ok":
+            old = images[r.key]
+            images[r.key] = LockedImage(
+                key=old.key, repository=old.repository, digest=old.digest, tag=old.tag, cuda=old.cuda,
+                archs=old.archs, source=old.source, digest_source=old.digest_source,
+                verified={"at": at, "registry": parse_reference(r.ref).registry, "by": "images.verify"},
+            )
+    return ImageLock(images=images, path=lock.path)
