@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from invoke import Collection
 
-from llmfleet.cli import facts_tasks, inventory_tasks, plan_tasks
+from llmfleet.cli import facts_tasks, inventory_tasks, ops_tasks, plan_tasks
 
 ns = Collection()
 ns.configure(
@@ -29,3 +29,7 @@ ns.add_task(inventory_tasks.inventory)
 ns.add_task(facts_tasks.facts)
 ns.add_task(facts_tasks.preflight)
 ns.add_task(plan_tasks.plan_task)
+ns.add_task(ops_tasks.status)
+ns.add_task(ops_tasks.releases)
+ns.add_task(ops_tasks.audit)
+ns.add_task(ops_tasks.upgrade)

@@ -1,0 +1,344 @@
+"""Day-2 tasks: ``status``, ``releases``, ``audit`` and ``upgrade`` (rolling fleet upgrades)."""
+
+from __future__ import annotations
+
+import getpass
+import socket
+from datetime import UTC, datetime
+from typing import Any
+
+from invoke import task
+from rich.markup import escape
+from rich.table import Table
+
+from llmfleet import audit as audit_mod
+from llmfleet import release as rel
+from llmfleet import status as status_mod
+from llmfleet import upgrade as upgrade_mod
+from llmfleet.cli.common import (
+    cfg,
+    console,
+    err_console,
+    handles_errors,
+    inventory_path,
+    print_json,
+    ssh_config,
+)
+from llmfleet.errors import CheckFailed, UsageError
+from llmfleet.inventory import Host, load_inventory, settings_for
+from llmfleet.rollout import parse_serial
+
+INVENTORY_HELP = "inventory file or folder (default: llmfleet.inventory in invoke.yaml)"
+DEFAULT_FORKS = 10
+DEFAULT_TIMEOUT = 20
+
+
+def _select(c, inventory: str | None, host: str | None, group: str | None) -> tuple[Any, list[Host]]:
+    inv = load_inventory(inventory_path(c, inventory))
+    return inv, inv.select(host=host, group=group)
+
+
+def _positive(name: str, value: Any, *, allow_zero: bool = False) -> float:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise UsageError(f"--{name}: {value!r} is not a number") from None
+    if v < 0 or (v == 0 and not allow_zero):
+        raise UsageError(f"--{name}: {value!r} must be {'0 or more' if allow_zero else 'more than 0'}")
+    return v
+
+
+def _who() -> str:
+    try:
+        user = getpass.getuser()
+    except (OSError, KeyError):
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
+# ---------------------------------------------------------------------------------------------
+# status
+
+
+@task(
+    help={
+        "host": "hosts to query (Ansible pattern, e.g. 'gpu-v100-*')",
+        "group": "groups to query (Ansible pattern)",
+        "inventory": INVENTORY_HELP,
+        "json": "print JSON (one object per service row) instead of a table",
+        "forks": f"hosts queried at once (default {DEFAULT_FORKS})",
+        "timeout": f"seconds allowed per host for SSH connect and each command (default {DEFAULT_TIMEOUT})",
+        "no_metrics": "skip the live /metrics read (faster; release, unit and health only)",
+    },
+)
+@handles_errors
+def status(c, host=None, group=None, inventory=None, json=False, forks=DEFAULT_FORKS, timeout=DEFAULT_TIMEOUT,
+           no_metrics=False):
+    """Per service: card, release, image digest, unit, health, tok/s and live engine metrics."""
+    forks = int(_positive("forks", forks))
+    timeout = _positive("timeout", timeout)
+    _inv, hosts = _select(c, inventory, host, group)
+    results = status_mod.query_hosts(hosts, config=ssh_config(c), forks=forks, timeout=timeout,
+                                     metrics=not no_metrics)
+    rows = [r for st, settings in results for r in status_mod.host_rows(st, settings)]
+    unreachable = sorted({st.host for st, _ in results if not st.reachable})
+    if json:
+        print_json({"rows": [r.to_dict() for r in rows], "unreachable": unreachable})
+    else:
+        table = Table(title="fleet status", show_lines=False)
+        for col in ("host", "card", "service", "release", "digest", "unit", "health", "tok/s",
+                    "run", "wait", "KV", "gen tok", "note"):
+            table.add_column(col, justify="right" if col in ("tok/s", "run", "wait", "KV", "gen tok") else "left")
+        for r in rows:
+            unit = r.unit
+            if unit == "unreachable":
+                unit = "[red]unreachable[/red]"
+            elif unit == "active":
+                unit = "[green]active[/green]"
+            health = {"healthy": "[green]healthy[/green]", "unhealthy": "[red]unhealthy[/red]"}.get(r.health, r.health)
+            run_, wait_, kv, gen = status_mod.fmt_metrics(r.metrics)
+            table.add_row(
+                r.host, escape(r.card), r.service, r.release or "-", status_mod.short_digest(r.digest), unit, health,
+                status_mod.fmt_tokps(r.tokps), run_, wait_, kv, gen, escape(r.note),
+            )
+        console.print(table)
+        if unreachable:
+            console.print(f"[red]{len(unreachable)} host(s) unreachable[/red]: {', '.join(unreachable)}")
+    if unreachable:
+        raise CheckFailed(f"{len(unreachable)} of {len(results)} host(s) unreachable: {', '.join(unreachable)}")
+
+
+# ---------------------------------------------------------------------------------------------
+# releases
+
+
+@task(
+    help={
+        "host": "host (or Ansible pattern) whose kept releases to list",
+        "inventory": INVENTORY_HELP,
+        "json": "print JSON instead of a table",
+        "timeout": f"seconds allowed for SSH connect and the command (default {DEFAULT_TIMEOUT})",
+    },
+)
+@handles_errors
+def releases(c, host=None, inventory=None, json=False, timeout=DEFAULT_TIMEOUT):
+    """List the releases kept on a host: id, time, image digest, health, who (current one marked)."""
+    if not host:
+        raise UsageError("releases: choose the host with --host NAME")
+    timeout = _positive("timeout", timeout)
+    _inv, hosts = _select(c, inventory, host, None)
+    results = status_mod.query_hosts(hosts, config=ssh_config(c), forks=DEFAULT_FORKS, timeout=timeout,
+                                     metrics=False)
+    rows = [r for st, _ in results if st.reachable for r in status_mod.release_rows(st.host, st.states)]
+    unreachable = {st.host: st.error for st, _ in results if not st.reachable}
+    if json:
+        print_json({"releases": [r.to_dict() for r in rows], "unreachable": unreachable})
+    else:
+        table = Table(title=f"releases on {host}")
+        for col in ("host", "service", "release", "time", "digest", "health", "tok/s", "who", "message"):
+            table.add_column(col)
+        for r in rows:
+            rid = f"[bold]{r.release}[/bold] (current)" if r.current else r.release
+            table.add_row(r.host, r.service, rid, r.time, status_mod.short_digest(r.digest), r.health,
+                          status_mod.fmt_tokps(r.tokps), escape(r.who or "-"), escape(r.message or ""))
+        console.print(table)
+        if not rows and not unreachable:
+            console.print("no releases on the selected host(s)")
+    if unreachable:
+        raise CheckFailed("; ".join(f"{h}: unreachable: {e}" for h, e in unreachable.items()))
+
+
+# ---------------------------------------------------------------------------------------------
+# audit
+
+
+@task(
+    help={
+        "host": "read the audit log on these hosts (Ansible pattern); without it, the local log",
+        "group": "read the audit log on the hosts of these groups",
+        "n": "how many of the latest records to show (default 50)",
+        "inventory": INVENTORY_HELP,
+        "json": "print JSON records instead of a table",
+        "timeout": f"seconds allowed per host (default {DEFAULT_TIMEOUT})",
+    },
+)
+@handles_errors
+def audit(c, host=None, group=None, n=50, inventory=None, json=False, timeout=DEFAULT_TIMEOUT):
+    """Show the audit trail: deploys, rollbacks, lock breaks, upgrades (from hosts or the local log)."""
+    n = audit_mod.check_count(n)
+    unreachable: dict[str, str] = {}
+    if host or group:
+        timeout = _positive("timeout", timeout)
+        _inv, hosts = _select(c, inventory, host, group)
+        records = _remote_audit(c, hosts, n, timeout, unreachable)
+        source = ", ".join(h.name for h in hosts)
+    else:
+        path = cfg(c, "audit_log", "~/.local/state/llmfleet/audit.jsonl")
+        records = audit_mod.read_local(path, n)
+        source = f"local log {path}"
+    if json:
+        print_json({"records": records, "unreachable": unreachable})
+    else:
+        table = Table(title=f"audit: {source}")
+        for col in audit_mod.COLUMNS:
+            table.add_column("digest" if col == "image_digest" else col)
+        for rec in records:
+            table.add_row(*(escape(x) for x in audit_mod.row(rec)))
+        console.print(table)
+    if unreachable:
+        raise CheckFailed("; ".join(f"{h}: unreachable: {e}" for h, e in unreachable.items()))
+
+
+def _remote_audit(c, hosts: list[Host], n: int, timeout: float, unreachable: dict[str, str]) -> list[dict]:
+    from llmfleet.ssh import connect
+
+    config = status_mod.bounded_config(ssh_config(c), timeout)
+    settings = {h.name: settings_for(h) for h in hosts}
+
+    def one(h: Host) -> tuple[str, list[dict] | str]:
+        try:
+            with connect(h, config=config) as remote:
+                res = remote.run(audit_mod.tail_script(settings[h.name].root, n), sudo=True, check=True)
+        except Exception as exc:  # noqa: BLE001 - reported per host
+            return h.name, str(exc)
+        recs = audit_mod.parse_lines(res.stdout)
+        for r in recs:
+            r.setdefault("host", h.name)
+        return h.name, recs
+
+    out: list[dict] = []
+    for name, got in status_mod.parallel_map(one, hosts, forks=DEFAULT_FORKS, timeout=timeout * 2 + 5,
+                                             on_error=lambda h, why: (h.name, why)):
+        if isinstance(got, str):
+            unreachable[name] = got
+        else:
+            out.extend(got)
+    return audit_mod.merged(out, n)
+
+
+# ---------------------------------------------------------------------------------------------
+# upgrade
+
+
+@task(
+    iterable=["image", "set_"],
+    help={
+        "group": "hosts to upgrade (Ansible group pattern), e.g. lab_fleet",
+        "host": "further limit to these hosts (Ansible pattern)",
+        "image": "ENGINE=VERSION: new image key for that engine's services (repeatable), e.g. llamacpp=b6123",
+        "set_": "key=value: set a service field on every service (repeatable), e.g. context=8192",
+        "serial": "batch sizes, Ansible's serial: '1,25%,100%' = a canary host, quarter fleets, then the rest "
+                  "(default: all hosts in one batch)",
+        "max_fail_percentage": "abort when a batch's failed share exceeds this (default: only when a whole "
+                               "batch fails)",
+        "forks": "hosts deployed at once inside a batch (default 5)",
+        "pause": "seconds to wait between batches (default 0)",
+        "rollback_on_abort": "on abort, roll the already upgraded hosts back to their previous release",
+        "check": "show the batches and each host's changes; touch nothing",
+        "json": "print the summary as JSON",
+        "inventory": INVENTORY_HELP,
+        "message": "a note kept in each release's manifest and the audit log",
+        "accept_new_host_keys": "record unknown SSH host keys (as OpenSSH accept-new); changed keys still refused",
+        "allow_unpinned": "allow images that images.lock does not pin (not for production)",
+    },
+)
+@handles_errors
+def upgrade(c, group=None, host=None, image=None, set_=None, serial=None, max_fail_percentage=None, forks=5,
+            pause=0, rollback_on_abort=False, check=False, json=False, inventory=None, message="",
+            accept_new_host_keys=False, allow_unpinned=False):
+    """Rolling upgrade of a group: full deploy per host in serial batches, abort on max-fail-percentage."""
+    if not group:
+        raise UsageError("upgrade: choose the hosts with --group NAME (and optionally --host PATTERN)")
+    images = upgrade_mod.parse_image(image or [])
+    sets = upgrade_mod.parse_sets(set_ or [])
+    if "image" in sets and images:
+        raise UsageError("give the image either with --image ENGINE=VERSION or with --set image=..., not both")
+    serial_list = parse_serial(serial)
+    mfp = None if max_fail_percentage in (None, "") else _positive("max-fail-percentage", max_fail_percentage,
+                                                                    allow_zero=True)
+    forks = int(_positive("forks", forks))
+    pause = _positive("pause", pause, allow_zero=True)
+    inv, hosts = _select(c, inventory, host, group)
+    overrides: dict[str, dict[str, Any]] = {}
+    excluded: dict[str, str] = {}
+    for h in hosts:
+        got = upgrade_mod.host_overrides(settings_for(h).services, images, sets)
+        if isinstance(got, str):
+            excluded[h.name] = got
+        else:
+            overrides[h.name] = got
+    names = [h.name for h in hosts if h.name in overrides]
+    if not names:
+        raise UsageError("upgrade: no selected host runs the engine to upgrade: " +
+                         "; ".join(f"{k}: {v}" for k, v in excluded.items()))
+
+    from llmfleet.deploy import DeployOptions
+
+    who = _who()
+    msg = message or f"upgrade --group {group}" + "".join(f" --image {v}" for v in images.values())
+    options = DeployOptions(check=bool(check), accept_new_host_keys=bool(accept_new_host_keys),
+                            allow_unpinned=bool(allow_unpinned), message=msg, who=who)
+    config = ssh_config(c)
+
+    def log(line: str) -> None:
+        err_console.print(f"{datetime.now(UTC):%H:%M:%S} {escape(line)}")
+
+    for name, why in excluded.items():
+        log(f"{name}: not part of this upgrade: {why}")
+    deploy = upgrade_mod.deploy_fn(inv, config=config, options=options, overrides=overrides, log=log)
+    rollback = upgrade_mod.rollback_fn(inv, config=config, options=options, log=log) if rollback_on_abort else None
+    report = upgrade_mod.run_upgrade(
+        names, deploy=deploy, serial=serial_list, max_fail_percentage=mfp, forks=forks, pause=pause,
+        rollback_on_abort=bool(rollback_on_abort), rollback=rollback, check=bool(check), log=log,
+    )
+    report.excluded = excluded
+    if not check:
+        record = rel.audit_record(
+            now=datetime.now(UTC), who=who, host=f"group:{group}", action="upgrade", service=None, release=None,
+            digest=None, result="ok" if report.ok else ("aborted" if report.aborted else "failed"),
+            detail=(report.abort_reason or msg), counts=report.counts(),
+        )
+        try:
+            audit_mod.append_local(cfg(c, "audit_log", "~/.local/state/llmfleet/audit.jsonl"), record)
+        except OSError as exc:
+            log(f"warning: local audit log not written: {exc}")
+    if json:
+        print_json(report.to_dict())
+    else:
+        _print_upgrade(report)
+    if not report.ok:
+        if report.aborted:
+            raise CheckFailed(f"upgrade aborted: {report.abort_reason}")
+        failed = [h.host for h in report.hosts if h.failed]
+        raise CheckFailed(f"upgrade finished with {len(failed)} failed host(s): {', '.join(failed)}")
+
+
+def _changes_text(changes: Any) -> str:
+    if not changes:
+        return "no change"
+    if isinstance(changes, dict):
+        return "; ".join(f"{k}: {_changes_text(v)}" for k, v in changes.items())
+    if isinstance(changes, list | tuple):
+        return ", ".join(str(x) for x in changes)
+    return str(changes)
+
+
+def _print_upgrade(report: upgrade_mod.UpgradeReport) -> None:
+    title = "upgrade check (nothing changed)" if report.check else "upgrade summary"
+    table = Table(title=title)
+    for col in ("host", "batch", "result", "release", "duration", "changes" if report.check else "reason"):
+        table.add_column(col)
+    colours = {"deployed": "green", "unchanged": "green", "check": "cyan", "skipped": "yellow"}
+    for h in report.hosts:
+        colour = colours.get(h.result, "red")
+        rels = ", ".join(f"{k}={v}" for k, v in sorted(h.releases.items())) or "-"
+        last = _changes_text(h.changes) if report.check else h.reason
+        table.add_row(h.host, str(h.batch), f"[{colour}]{h.result}[/{colour}]", rels,
+                      f"{h.duration_s:.1f}s" if h.result != "skipped" else "-", escape(last or ""))
+    console.print(table)
+    counts = ", ".join(f"{v} {k}" for k, v in sorted(report.counts().items()))
+    state = "[red]ABORTED[/red]: " + escape(report.abort_reason) if report.aborted else (
+        "[green]ok[/green]" if report.ok else "[red]failed[/red]")
+    console.print(f"{state}; {counts}; {len(report.batches)} batch(es) in {report.duration_s:.1f}s")
+    for name, why in report.excluded.items():
+        console.print(f"not upgraded: {name}: {escape(why)}")

@@ -1,0 +1,387 @@
+"""Fleet status: what each host runs, whether it is healthy, and what its engines are doing now.
+
+One SSH round trip per host reads every service's releases, ``current`` link, unit state and the
+last health check (``release.state_script``), plus the card names from ``nvidia-smi``. Live engine
+metrics come from each service's ``/metrics`` through an SSH-forwarded port (no firewall opening),
+normalised across vLLM and llama.cpp by ``llmfleet.metrics``.
+
+Hosts are queried in parallel (a bounded thread pool); every step has a time limit, and a host that
+cannot be reached becomes an ``unreachable`` row with the reason, never a traceback.
+
+The pure part (``host_rows``, ``release_rows``, ``card_label``) turns what was read into rows; the
+shell (``query_host``, ``query_hosts``) does the SSH and HTTP.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from llmfleet import audit as audit_mod
+from llmfleet import release as rel
+from llmfleet.errors import LlmfleetError
+from llmfleet.inventory import Host, settings_for
+from llmfleet.metrics import EngineMetrics, engine_metrics
+from llmfleet.services import HostSettings, Service
+
+GPU_MARK = "@@gpu"
+METRICS_TIMEOUT_S = 3.0
+MAX_METRICS_BYTES = 4 * 1024 * 1024
+
+
+# ---------------------------------------------------------------------------------------------
+# Pure
+
+
+def probe_script(root: str) -> str:
+    """Release state of every service, then the card names (one round trip)."""
+    return "\n".join([
+        rel.state_script(root),
+        f"echo '{GPU_MARK}'",
+        "nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 64 || true",
+    ])
+
+
+def parse_gpus(stdout: str) -> list[str]:
+    if GPU_MARK not in stdout:
+        return []
+    tail = stdout.split(GPU_MARK, 1)[1]
+    return [ln.strip() for ln in tail.splitlines() if ln.strip() and not ln.startswith("@@")]
+
+
+def card_label(gpu_names: Sequence[str], inventory_gpu: str | None = None) -> str:
+    """``["Tesla V100-SXM2-32GB"] * 2`` -> ``2x Tesla V100-SXM2-32GB``; the inventory's
+    ``llmfleet_gpu`` when the host reports none."""
+    if not gpu_names:
+        return inventory_gpu or "-"
+    counts: dict[str, int] = {}
+    for n in gpu_names:
+        counts[n] = counts.get(n, 0) + 1
+    return ", ".join(f"{c}x {n}" if c > 1 else n for n, c in counts.items())
+
+
+def short_digest(digest: str | None) -> str:
+    return audit_mod.short(digest)
+
+
+def _digest(info: rel.ReleaseInfo | None) -> str | None:
+    if info is None or not info.manifest:
+        return None
+    image = info.manifest.get("image") or {}
+    d = image.get("digest")
+    if not d and isinstance(image.get("ref"), str) and "@" in image["ref"]:
+        d = image["ref"].rsplit("@", 1)[1]
+    return d
+
+
+def health_label(info: rel.ReleaseInfo | None) -> str:
+    if info is None:
+        return "-"
+    if info.health is None:
+        return "unchecked"
+    return str(info.health.get("result") or "unknown")
+
+
+def health_tokps(info: rel.ReleaseInfo | None) -> float | None:
+    if info is None or not info.health:
+        return None
+    v = info.health.get("decode_tokps")
+    return float(v) if isinstance(v, int | float) else None
+
+
+@dataclass
+class ServiceRow:
+    host: str
+    service: str
+    engine: str | None = None
+    card: str = "-"
+    release: str | None = None
+    digest: str | None = None
+    unit: str = "-"
+    health: str = "-"
+    tokps: float | None = None
+    metrics: dict[str, float | None] | None = None
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class HostStatus:
+    """What was read from one host (the shell's output, the pure part's input)."""
+
+    host: str
+    reachable: bool
+    error: str = ""
+    gpus: list[str] = field(default_factory=list)
+    states: dict[str, rel.ServiceState] = field(default_factory=dict)
+    metrics: dict[str, EngineMetrics | str] = field(default_factory=dict)  # service -> metrics or why not
+    seconds: float = 0.0
+
+
+def host_rows(status: HostStatus, settings: HostSettings | None) -> list[ServiceRow]:
+    """One row per service: the inventory's services first, then any found only on the host."""
+    inv_gpu = settings.gpu if settings else None
+    services: list[Service] = list(settings.services) if settings else []
+    names = [s.name for s in services]
+    engines = {s.name: s.engine for s in services}
+    if not status.reachable:
+        reason = status.error or "no answer"
+        if not names:
+            return [ServiceRow(host=status.host, service="-", card=inv_gpu or "-", unit="unreachable", note=reason)]
+        return [
+            ServiceRow(host=status.host, service=n, engine=engines[n], card=inv_gpu or "-", unit="unreachable",
+                       note=reason)
+            for n in names
+        ]
+    card = card_label(status.gpus, inv_gpu)
+    extra = sorted(n for n in status.states if n not in engines)
+    rows: list[ServiceRow] = []
+    for name in names + extra:
+        st = status.states.get(name)
+        info = st.current_release if st else None
+        engine = engines.get(name) or ((info.manifest or {}).get("engine") if info else None)
+        row = ServiceRow(host=status.host, service=name, engine=engine, card=card)
+        if st is None:
+            row.unit = "not deployed"
+            rows.append(row)
+            continue
+        row.release = st.current
+        row.digest = _digest(info)
+        row.unit = st.unit
+        row.health = health_label(info)
+        row.tokps = health_tokps(info)
+        m = status.metrics.get(name)
+        if isinstance(m, EngineMetrics):
+            row.metrics = m.to_dict()
+        elif isinstance(m, str):
+            row.note = m
+        if name not in engines:
+            row.note = "; ".join(x for x in ("not in the inventory", row.note) if x)
+        if st.current and info is None:
+            row.note = "; ".join(x for x in (f"current points at missing release {st.current}", row.note) if x)
+        rows.append(row)
+    if not rows:
+        rows.append(ServiceRow(host=status.host, service="-", card=card, unit="-", note="no services"))
+    return rows
+
+
+@dataclass
+class ReleaseRow:
+    host: str
+    service: str
+    release: str
+    time: str
+    current: bool
+    digest: str | None
+    health: str
+    tokps: float | None
+    who: str | None
+    message: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def release_rows(host: str, states: dict[str, rel.ServiceState]) -> list[ReleaseRow]:
+    """Every kept release of every service, newest first per service."""
+    out: list[ReleaseRow] = []
+    for name in sorted(states):
+        st = states[name]
+        for rid in sorted(st.releases, reverse=True):
+            info = st.releases[rid]
+            m = info.manifest or {}
+            out.append(ReleaseRow(
+                host=host, service=name, release=rid,
+                time=rel.release_time(rid).isoformat(timespec="seconds"),
+                current=(rid == st.current), digest=_digest(info), health=health_label(info),
+                tokps=health_tokps(info), who=m.get("who"), message=m.get("message") or None,
+            ))
+    return out
+
+
+def fmt_tokps(v: float | None) -> str:
+    return "-" if v is None else (f"{v:.0f}" if v >= 100 else f"{v:.1f}")
+
+
+def fmt_metrics(m: dict[str, float | None] | None) -> tuple[str, str, str, str]:
+    """(running/waiting, KV cache %, generated tokens) as table cells."""
+    if not m:
+        return "-", "-", "-", "-"
+
+    def num(v: float | None) -> str:
+        return "-" if v is None else f"{v:.0f}"
+
+    kv = m.get("kv_cache_usage")
+    return (
+        num(m.get("requests_running")),
+        num(m.get("requests_waiting")),
+        "-" if kv is None else f"{kv * 100:.0f}%",
+        num(m.get("generation_tokens_total")),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Shell
+
+
+def resolve_api_key(service: Service) -> str | None:
+    """The service's API key from the operator's environment or key file, when it is there.
+
+    Status only needs it to read ``/metrics`` from engines that guard it (llama.cpp does); a key that
+    cannot be read here just means no live metrics, never an error.
+    """
+    ref = service.api_key
+    if ref is None:
+        return None
+    if ref.from_env:
+        return os.environ.get(ref.from_env) or None
+    path = Path(os.path.expanduser(str(ref.from_file)))
+    try:
+        if stat.S_IMODE(path.stat().st_mode) & 0o077:
+            return None
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return text or None
+
+
+def fetch_metrics(remote: Any, service: Service, timeout: float = METRICS_TIMEOUT_S) -> EngineMetrics | str:
+    """``GET /metrics`` of one service through a forwarded port; a reason string when it fails."""
+    headers = {}
+    key = resolve_api_key(service)
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    try:
+        with remote.forward(service.port) as local_port, httpx.Client(
+            timeout=httpx.Timeout(timeout), trust_env=False
+        ) as client:
+            with client.stream("GET", f"http://127.0.0.1:{local_port}/metrics", headers=headers) as resp:
+                if resp.status_code != 200:
+                    return f"/metrics answered {resp.status_code}"
+                body = bytearray()
+                for chunk in resp.iter_bytes():
+                    body += chunk
+                    if len(body) > MAX_METRICS_BYTES:
+                        break
+    except (httpx.HTTPError, OSError, LlmfleetError) as exc:
+        return f"/metrics unreachable ({type(exc).__name__})"
+    except Exception as exc:  # noqa: BLE001 - paramiko forwarding errors vary by version
+        return f"/metrics unreachable ({type(exc).__name__})"
+    return engine_metrics(service.engine, body.decode("utf-8", "replace"))
+
+
+def query_host(
+    host: Host,
+    *,
+    config: dict[str, Any],
+    settings: HostSettings | None = None,
+    metrics: bool = True,
+    connect: Callable[..., Any] | None = None,
+) -> HostStatus:
+    """Read one host. Never raises for the host's own trouble: returns ``reachable=False`` and why."""
+    t0 = time.monotonic()
+    if connect is None:
+        from llmfleet.ssh import connect as ssh_connect
+
+        connect = ssh_connect
+    root = settings.root if settings else "/opt/llmfleet"
+    try:
+        remote = connect(host, config=config)
+    except LlmfleetError as exc:
+        return HostStatus(host=host.name, reachable=False, error=str(exc), seconds=time.monotonic() - t0)
+    try:
+        res = remote.run(probe_script(root), sudo=True)
+        if not res.ok and "@@end" not in res.stdout:
+            detail = (res.stderr.strip() or res.stdout.strip()).splitlines()[-1:] or [f"exit {res.rc}"]
+            return HostStatus(host=host.name, reachable=False, error=f"state probe failed: {detail[0][:200]}",
+                              seconds=time.monotonic() - t0)
+        status = HostStatus(host=host.name, reachable=True, gpus=parse_gpus(res.stdout),
+                            states=rel.parse_state(res.stdout))
+        if metrics and settings:
+            for svc in settings.services:
+                st = status.states.get(svc.name)
+                if st is None or not st.current:
+                    continue
+                status.metrics[svc.name] = fetch_metrics(remote, svc)
+    except LlmfleetError as exc:
+        return HostStatus(host=host.name, reachable=False, error=str(exc), seconds=time.monotonic() - t0)
+    finally:
+        try:
+            remote.close()
+        except Exception:  # noqa: BLE001,S110 - closing a broken connection must not hide the result
+            pass
+    status.seconds = time.monotonic() - t0
+    return status
+
+
+def bounded_config(config: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """The SSH config with connect and command timeouts no longer than ``timeout``."""
+    out = dict(config or {})
+    for key, default in (("connect_timeout", 10), ("command_timeout", 120)):
+        out[key] = max(1, int(min(float(out.get(key) or default), timeout)))
+    return out
+
+
+def parallel_map(
+    fn: Callable[[Any], Any],
+    items: Sequence[Any],
+    *,
+    forks: int,
+    timeout: float,
+    on_error: Callable[[Any, str], Any],
+) -> list[Any]:
+    """``fn`` over items in a pool of ``forks`` threads, results in the items' order.
+
+    An item still running after ``timeout`` seconds gets ``on_error(item, why)`` (its thread is left
+    to end on its own time limits); so does one whose ``fn`` raised.
+    """
+    if not items:
+        return []
+    pool = ThreadPoolExecutor(max_workers=max(1, min(int(forks), len(items))), thread_name_prefix="llmfleet")
+    futures = [pool.submit(fn, it) for it in items]
+    done, _ = wait(futures, timeout=timeout)
+    results = []
+    for it, fut in zip(items, futures, strict=True):
+        if fut not in done:
+            results.append(on_error(it, f"no answer within {timeout:.0f}s"))
+            continue
+        try:
+            results.append(fut.result())
+        except Exception as exc:  # noqa: BLE001 - one host's bug must not hide the others
+            results.append(on_error(it, f"{type(exc).__name__}: {exc}"))
+    pool.shutdown(wait=False, cancel_futures=True)
+    return results
+
+
+def query_hosts(
+    hosts: Sequence[Host],
+    *,
+    config: dict[str, Any],
+    forks: int = 10,
+    timeout: float = 20.0,
+    metrics: bool = True,
+    connect: Callable[..., Any] | None = None,
+) -> list[tuple[HostStatus, HostSettings | None]]:
+    """Query hosts in parallel, each bounded by ``timeout`` seconds; results in the given order."""
+    cfg = bounded_config(config, timeout)
+    settings = {h.name: settings_for(h) for h in hosts}  # schema errors are usage errors: before any SSH
+
+    def one(h: Host) -> HostStatus:
+        return query_host(h, config=cfg, settings=settings[h.name], metrics=metrics, connect=connect)
+
+    def failed(h: Host, why: str) -> HostStatus:
+        return HostStatus(host=h.name, reachable=False, error=why)
+
+    # the pool's own bound: connect + probe + metrics reads, plus slack
+    statuses = parallel_map(one, list(hosts), forks=forks, timeout=timeout * 2 + 5, on_error=failed)
+    return [(s, settings[s.host]) for s in statuses]

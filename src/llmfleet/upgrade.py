@@ -1,0 +1,334 @@
+"""Rolling fleet upgrades: a full deploy per host, in ``serial`` batches, stopped by ``max_fail_percentage``.
+
+Semantics are Ansible's (``llmfleet.rollout``): ``--serial 1,25%,100%`` gives a canary host, then
+quarter-fleet batches, then the rest; a batch whose failed share is strictly greater than
+``--max-fail-percentage`` stops the rollout (without it, only a batch where every host failed does).
+Inside a batch, hosts deploy in parallel, at most ``--forks`` at a time; each runs the whole deploy
+(preflight, pull, switch, health check, automatic rollback of that host on failure).
+
+An abort starts no new batch. Hosts that already finished stay on the new release unless
+``rollback_on_abort``, in which case each of them is rolled back to its previous release. Hosts of
+later batches are reported as ``skipped``.
+
+``run_upgrade`` is the orchestration and takes the per-host deploy and rollback as functions, so the
+batch and abort logic is tested without hosts; ``deploy_fn`` / ``rollback_fn`` build the real ones on
+``llmfleet.deploy``. Overrides (``--image ENGINE=VERSION``, ``--set key=value``) are computed here,
+per host, and handed to the deploy as service-level sets.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import yaml
+
+from llmfleet.errors import UsageError
+from llmfleet.rollout import batch_aborts, batches
+from llmfleet.services import Service
+
+#: results that count as a failed host in a batch
+FAILED = frozenset({"failed", "rolled_back", "refused", "error"})
+#: results that leave the host on the new release
+UPGRADED = frozenset({"deployed"})
+#: keys --set may change (service fields; name/engine/port identity stays with the inventory)
+SETTABLE = frozenset(Service.model_fields) - {"name", "engine"}
+
+
+# ---------------------------------------------------------------------------------------------
+# Overrides (pure)
+
+
+def parse_image(values: Sequence[str] | str | None) -> dict[str, str]:
+    """``["llamacpp=b6123", "vllm=0.9.2"]`` -> ``{"llamacpp": "llamacpp:b6123", "vllm": "vllm:0.9.2"}``.
+
+    The value is the image key the lock file pins (``ENGINE:VERSION``); a value that already holds a
+    ``:`` is taken whole (``--image llamacpp=llamacpp-cuda12:b6123``).
+    """
+    if values is None:
+        return {}
+    if isinstance(values, str):
+        values = [values]
+    out: dict[str, str] = {}
+    for raw in values:
+        engine, sep, version = str(raw).partition("=")
+        engine, version = engine.strip(), version.strip()
+        if not sep or not engine or not version:
+            raise UsageError(f"--image {raw!r}: expected ENGINE=VERSION, e.g. --image llamacpp=b6123")
+        if engine not in ("vllm", "llamacpp"):
+            raise UsageError(f"--image {raw!r}: engine must be vllm or llamacpp")
+        if engine in out:
+            raise UsageError(f"--image: engine {engine} given twice")
+        out[engine] = version if ":" in version else f"{engine}:{version}"
+    return out
+
+
+def parse_sets(values: Sequence[str] | str | None) -> dict[str, Any]:
+    """``["context=8192", "engine_args=[--enforce-eager]"]`` -> typed values (YAML scalars/lists)."""
+    if values is None:
+        return {}
+    if isinstance(values, str):
+        values = [values]
+    out: dict[str, Any] = {}
+    for raw in values:
+        key, sep, text = str(raw).partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise UsageError(f"--set {raw!r}: expected key=value, e.g. --set context=8192")
+        if key not in SETTABLE:
+            raise UsageError(f"--set {key}: not a service setting; settable: {', '.join(sorted(SETTABLE))}")
+        if key == "api_key":
+            raise UsageError("--set api_key: secrets are not set on the command line; change the key's "
+                             "source (from_env/from_file) and run the upgrade without --set")
+        try:
+            value = yaml.safe_load(text) if text.strip() else ""
+        except yaml.YAMLError:
+            value = text
+        out[key] = value
+    return out
+
+
+def host_overrides(services: Sequence[Service], images: dict[str, str], sets: dict[str, Any]) -> dict[str, Any] | str:
+    """The overrides for one host's deploy, or the reason this host is not part of the upgrade.
+
+    ``--image`` applies to the services of that engine; the deploy applies overrides to every
+    service of a host, so a host where the engine runs alongside another engine is refused (deploy it
+    with ``invoke deploy`` after editing the inventory).
+    """
+    out = dict(sets)
+    if images:
+        engines = {s.engine for s in services}
+        hit = engines & set(images)
+        if not services:
+            return "no services in the inventory"
+        if not hit:
+            return f"runs no {' or '.join(sorted(images))} service"
+        if len(engines) > 1:
+            return (f"runs both {' and '.join(sorted(engines))}; --image would change every service on it; "
+                    "set the image in the inventory and use invoke deploy")
+        out["image"] = images[hit.pop()]
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Orchestration (pure given its functions)
+
+
+@dataclass
+class HostResult:
+    host: str
+    batch: int
+    result: str = "skipped"
+    releases: dict[str, str] = field(default_factory=dict)
+    duration_s: float = 0.0
+    reason: str = ""
+    changes: Any = None
+    rollback: str | None = None  # result of the rollback on abort, when one ran
+
+    @property
+    def failed(self) -> bool:
+        return self.result in FAILED
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class UpgradeReport:
+    batches: list[list[str]]
+    hosts: list[HostResult]
+    aborted: bool = False
+    abort_reason: str = ""
+    check: bool = False
+    duration_s: float = 0.0
+    excluded: dict[str, str] = field(default_factory=dict)  # host -> why it is not in the upgrade
+
+    @property
+    def ok(self) -> bool:
+        return not self.aborted and not any(h.failed for h in self.hosts)
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for h in self.hosts:
+            out[h.result] = out.get(h.result, 0) + 1
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "check": self.check,
+            "aborted": self.aborted,
+            "abort_reason": self.abort_reason,
+            "duration_s": round(self.duration_s, 3),
+            "batches": self.batches,
+            "counts": self.counts(),
+            "hosts": [h.to_dict() for h in self.hosts],
+            "excluded": self.excluded,
+        }
+
+
+def _outcome_into(res: HostResult, outcome: Any, started: float, clock: Callable[[], float]) -> None:
+    res.result = str(getattr(outcome, "result", "error"))
+    res.releases = dict(getattr(outcome, "releases", None) or {})
+    d = getattr(outcome, "duration_s", None)
+    res.duration_s = float(d) if isinstance(d, int | float) else clock() - started
+    res.reason = str(getattr(outcome, "reason", "") or "")
+    res.changes = getattr(outcome, "changes", None)
+
+
+def _run_batch(
+    hosts: Sequence[str],
+    fn: Callable[[str], Any],
+    forks: int,
+    results: dict[str, HostResult],
+    log: Callable[[str], None],
+    clock: Callable[[], float],
+    apply: Callable[[HostResult, Any, float], None],
+) -> None:
+    def one(h: str) -> None:
+        t0 = clock()
+        try:
+            outcome = fn(h)
+        except Exception as exc:  # noqa: BLE001 - a bug on one host must not lose the batch
+            results[h].result = "error"
+            results[h].reason = f"{type(exc).__name__}: {exc}"[:500]
+            results[h].duration_s = clock() - t0
+            log(f"{h}: error: {results[h].reason}")
+            return
+        apply(results[h], outcome, t0)
+
+    workers = max(1, min(int(forks), len(hosts)))
+    if workers == 1:
+        for h in hosts:
+            one(h)
+        return
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="llmfleet-upgrade") as pool:
+        list(pool.map(one, hosts))
+
+
+def run_upgrade(
+    hosts: Sequence[str],
+    *,
+    deploy: Callable[[str], Any],
+    serial: Sequence[int | str] = (),
+    max_fail_percentage: float | None = None,
+    forks: int = 5,
+    pause: float = 0.0,
+    rollback_on_abort: bool = False,
+    rollback: Callable[[str], Any] | None = None,
+    check: bool = False,
+    log: Callable[[str], None] = lambda line: None,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+    stop: threading.Event | None = None,
+) -> UpgradeReport:
+    """Deploy ``hosts`` batch by batch. ``deploy(host)`` returns a HostOutcome-like object (``result``,
+    ``releases``, ``duration_s``, ``reason``, ``changes``) and should not raise; if it does, the
+    host counts as failed with the exception as its reason.
+
+    ``check``: every host is asked for its changes (``deploy`` is expected to be a check-mode deploy),
+    all batches run and nothing aborts. ``stop`` (an Event) ends the rollout after the current batch.
+    """
+    if rollback_on_abort and rollback is None and not check:
+        raise UsageError("rollback_on_abort needs a rollback function")
+    if forks < 1:
+        raise UsageError(f"--forks {forks}: must be at least 1")
+    if max_fail_percentage is not None and not 0 <= max_fail_percentage <= 100:
+        raise UsageError(f"--max-fail-percentage {max_fail_percentage}: must be between 0 and 100")
+    if pause < 0:
+        raise UsageError(f"--pause {pause}: must not be negative")
+    t_start = clock()
+    plan = batches(list(hosts), list(serial))
+    results = {h: HostResult(host=h, batch=i + 1) for i, b in enumerate(plan) for h in b}
+    report = UpgradeReport(batches=plan, hosts=[results[h] for b in plan for h in b], check=check)
+
+    def apply_deploy(res: HostResult, outcome: Any, t0: float) -> None:
+        _outcome_into(res, outcome, t0, clock)
+        rels = ", ".join(f"{k}={v}" for k, v in sorted(res.releases.items()))
+        tail = f" ({res.reason})" if res.reason else ""
+        log(f"{res.host}: {res.result}{' ' + rels if rels else ''} in {res.duration_s:.1f}s{tail}")
+
+    for i, batch in enumerate(plan):
+        label = "canary " if i == 0 and len(serial) > 1 and len(plan) > 1 else ""
+        log(f"batch {i + 1}/{len(plan)} {label}({len(batch)} host{'s' if len(batch) != 1 else ''}): {', '.join(batch)}")
+        _run_batch(batch, deploy, forks, results, log, clock, apply_deploy)
+        failed = sum(1 for h in batch if results[h].failed)
+        if check:
+            continue
+        if batch_aborts(failed, len(batch), max_fail_percentage):
+            limit = ("every host failed" if max_fail_percentage is None
+                     else f"over --max-fail-percentage {max_fail_percentage:g}")
+            report.aborted = True
+            report.abort_reason = (
+                f"batch {i + 1}: {failed} of {len(batch)} host(s) failed "
+                f"({100.0 * failed / len(batch):.0f}%, {limit}); no further batch started"
+            )
+            log(f"ABORT: {report.abort_reason}")
+            break
+        if stop is not None and stop.is_set() and i + 1 < len(plan):
+            report.aborted = True
+            report.abort_reason = f"stopped after batch {i + 1} on request"
+            log(f"STOP: {report.abort_reason}")
+            break
+        if pause > 0 and i + 1 < len(plan):
+            log(f"pausing {pause:g}s before batch {i + 2}")
+            sleep(pause)
+
+    for res in report.hosts:
+        if res.result == "skipped" and report.aborted:
+            res.reason = "not started: the rollout was aborted"
+
+    if report.aborted and rollback_on_abort and rollback is not None:
+        done = [r.host for r in report.hosts if r.result in UPGRADED]
+        if done:
+            log(f"rolling back {len(done)} upgraded host(s): {', '.join(done)}")
+
+            def apply_rollback(res: HostResult, outcome: Any, t0: float) -> None:
+                rb = str(getattr(outcome, "result", "error"))
+                res.rollback = rb
+                why = str(getattr(outcome, "reason", "") or "")
+                if rb in ("deployed", "rolled_back", "unchanged"):
+                    res.result = "rolled_back"
+                    res.releases = dict(getattr(outcome, "releases", None) or {}) or res.releases
+                    res.reason = "rolled back: the rollout was aborted"
+                else:
+                    res.reason = f"rollback on abort failed: {why or rb}; host is on the new release"
+                log(f"{res.host}: rollback {rb}{' (' + why + ')' if why else ''}")
+
+            _run_batch(done, rollback, forks, results, log, clock, apply_rollback)
+    report.duration_s = clock() - t_start
+    return report
+
+
+# ---------------------------------------------------------------------------------------------
+# The real deploy and rollback (shell: llmfleet.deploy)
+
+
+def deploy_fn(inventory: Any, *, config: dict[str, Any], options: Any, overrides: dict[str, dict[str, Any]],
+              log: Callable[[str], None]) -> Callable[[str], Any]:
+    """``host -> HostOutcome`` running ``llmfleet.deploy.deploy_host`` with this host's overrides."""
+    import dataclasses
+
+    from llmfleet import deploy as deploy_mod
+
+    def run(host: str) -> Any:
+        opts = dataclasses.replace(options, overrides=dict(overrides.get(host, {})))
+        return deploy_mod.deploy_host(inventory, host, config=config, options=opts,
+                                      log=lambda line: log(f"{host}: {line}"))
+
+    return run
+
+
+def rollback_fn(inventory: Any, *, config: dict[str, Any], options: Any,
+                log: Callable[[str], None]) -> Callable[[str], Any]:
+    from llmfleet import deploy as deploy_mod
+
+    def run(host: str) -> Any:
+        return deploy_mod.rollback_host(inventory, host, config=config, options=options,
+                                        log=lambda line: log(f"{host}: {line}"))
+
+    return run

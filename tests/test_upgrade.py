@@ -1,0 +1,306 @@
+"""Rolling upgrades: batches, canary, abort on max_fail_percentage, rollback on abort, forks, pause.
+
+The orchestration takes the per-host deploy as a function; these tests give it fakes that succeed,
+fail or raise on chosen hosts, and record when each ran. The real deploy is exercised in
+tests/lab/test_upgrade.py.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+import pytest
+
+from llmfleet.errors import UsageError
+from llmfleet.services import Service
+from llmfleet.upgrade import host_overrides, parse_image, parse_sets, run_upgrade
+
+
+@dataclass
+class Outcome:
+    host: str
+    result: str
+    releases: dict = field(default_factory=dict)
+    duration_s: float = 0.01
+    reason: str = ""
+    changes: object = None
+
+
+class FakeFleet:
+    """deploy/rollback fakes: ``fail`` hosts roll back, ``refuse`` hosts are refused, ``boom`` raise."""
+
+    def __init__(self, fail=(), refuse=(), boom=(), delay=0.0, rollback_fails=()):
+        self.fail, self.refuse, self.boom = set(fail), set(refuse), set(boom)
+        self.rollback_fails = set(rollback_fails)
+        self.delay = delay
+        self.calls: list[str] = []
+        self.rollbacks: list[str] = []
+        self.lock = threading.Lock()
+        self.running = 0
+        self.max_running = 0
+
+    def deploy(self, host: str) -> Outcome:
+        with self.lock:
+            self.calls.append(host)
+            self.running += 1
+            self.max_running = max(self.max_running, self.running)
+        try:
+            if self.delay:
+                time.sleep(self.delay)
+            if host in self.boom:
+                raise RuntimeError("unexpected")
+            if host in self.fail:
+                return Outcome(host, "rolled_back", {"svc": "OLD"}, reason="health: stage completion failed")
+            if host in self.refuse:
+                return Outcome(host, "refused", reason="preflight: driver too old")
+            return Outcome(host, "deployed", {"svc": "NEW"})
+        finally:
+            with self.lock:
+                self.running -= 1
+
+    def rollback(self, host: str) -> Outcome:
+        with self.lock:
+            self.rollbacks.append(host)
+        if host in self.rollback_fails:
+            return Outcome(host, "failed", reason="previous release is gone")
+        return Outcome(host, "rolled_back", {"svc": "OLD"})
+
+
+HOSTS = [f"h{i}" for i in range(1, 9)]
+
+
+def results(report):
+    return {h.host: h.result for h in report.hosts}
+
+
+@pytest.mark.parametrize(
+    ("serial", "mfp", "fail", "expect_batches", "expect_called", "aborted"),
+    [
+        # canary, then quarter fleet, then the rest; all succeed
+        ([1, "25%", "100%"], None, [], [["h1"], ["h2", "h3"], ["h4", "h5", "h6", "h7", "h8"]], HOSTS, False),
+        # the canary fails: nothing else is touched (without a percentage, a whole failed batch aborts)
+        ([1, "25%", "100%"], None, ["h1"], None, ["h1"], True),
+        # the canary fails with max_fail_percentage 100: 100% is not *more* than 100, so it goes on
+        ([1, "25%", "100%"], 100, ["h1"], None, HOSTS, False),
+        # one of two fails in batch 2 with 49%: 50% > 49% aborts; batch 3 never starts
+        ([1, "25%", "100%"], 49, ["h3"], None, ["h1", "h2", "h3"], True),
+        # exactly at the threshold is not over it (Ansible: must be exceeded)
+        ([1, "25%", "100%"], 50, ["h3"], None, HOSTS, False),
+        # without a percentage, one failure in a batch of two does not abort
+        ([1, "25%", "100%"], None, ["h3"], None, HOSTS, False),
+        # max_fail_percentage 0: any failure aborts
+        ([2], 0, ["h4"], None, ["h1", "h2", "h3", "h4"], True),
+        # no serial: one batch of everything, which runs whole even when hosts fail
+        ([], 0, ["h2"], [HOSTS], HOSTS, True),
+    ],
+)
+def test_batches_and_abort(serial, mfp, fail, expect_batches, expect_called, aborted):
+    fleet = FakeFleet(fail=fail)
+    report = run_upgrade(HOSTS, deploy=fleet.deploy, serial=serial, max_fail_percentage=mfp, forks=1)
+    if expect_batches is not None:
+        assert report.batches == expect_batches
+    assert fleet.calls == expect_called
+    assert report.aborted is aborted
+    assert report.ok is (not aborted and not fail)
+    res = results(report)
+    for h in HOSTS:
+        if h not in expect_called:
+            assert res[h] == "skipped"
+            assert "aborted" in next(x.reason for x in report.hosts if x.host == h)
+        elif h in fail:
+            assert res[h] == "rolled_back"
+        else:
+            assert res[h] == "deployed"
+
+
+def test_abort_reason_names_the_batch_and_the_share():
+    fleet = FakeFleet(fail=["h2", "h3"])
+    report = run_upgrade(HOSTS, deploy=fleet.deploy, serial=[1, 2, "100%"], max_fail_percentage=25)
+    assert report.aborted
+    assert report.abort_reason.startswith("batch 2: 2 of 2 host(s) failed (100%, over --max-fail-percentage 25)")
+
+
+def test_refused_and_raising_hosts_count_as_failed():
+    fleet = FakeFleet(refuse=["h1"], boom=["h2"])
+    report = run_upgrade(["h1", "h2", "h3", "h4"], deploy=fleet.deploy, serial=[4], max_fail_percentage=40)
+    res = {h.host: h for h in report.hosts}
+    assert res["h1"].result == "refused" and "driver" in res["h1"].reason
+    assert res["h2"].result == "error" and res["h2"].reason == "RuntimeError: unexpected"
+    assert res["h3"].result == res["h4"].result == "deployed"
+    assert report.aborted  # 2 of 4 = 50% > 40%
+
+
+def test_finished_hosts_stay_upgraded_on_abort_without_rollback_flag():
+    fleet = FakeFleet(fail=["h4", "h5"])
+    report = run_upgrade(HOSTS, deploy=fleet.deploy, serial=[1, 2, 3], max_fail_percentage=10)
+    assert report.aborted
+    res = results(report)
+    assert [res[h] for h in ("h1", "h2", "h3")] == ["deployed"] * 3
+    assert fleet.rollbacks == []
+
+
+def test_rollback_on_abort_rolls_back_every_upgraded_host():
+    fleet = FakeFleet(fail=["h4"], rollback_fails=["h2"])
+    report = run_upgrade(HOSTS, deploy=fleet.deploy, serial=[1, 2, 3], max_fail_percentage=10,
+                         rollback_on_abort=True, rollback=fleet.rollback, forks=1)
+    assert report.aborted
+    # h1..h3 upgraded, then batch 3 (h4 fails, h5 and h6 succeed) aborts: all five upgraded go back
+    assert sorted(fleet.rollbacks) == ["h1", "h2", "h3", "h5", "h6"]
+    res = {h.host: h for h in report.hosts}
+    assert res["h1"].result == "rolled_back" and res["h1"].rollback == "rolled_back"
+    assert res["h1"].releases == {"svc": "OLD"}
+    assert res["h2"].result == "deployed" and "rollback on abort failed" in res["h2"].reason
+    assert res["h4"].result == "rolled_back" and res["h4"].rollback is None  # its own deploy rolled it back
+    assert res["h7"].result == res["h8"].result == "skipped"
+
+
+def test_no_rollback_when_the_rollout_completes():
+    fleet = FakeFleet(fail=["h3"])
+    report = run_upgrade(HOSTS, deploy=fleet.deploy, serial=[4], max_fail_percentage=30,
+                         rollback_on_abort=True, rollback=fleet.rollback)
+    assert not report.aborted and not report.ok  # 25% failed in batch 1: under the threshold
+    assert fleet.rollbacks == []
+
+
+@pytest.mark.parametrize(("forks", "expected_max"), [(1, 1), (3, 3), (12, 6)])
+def test_forks_bound_the_hosts_deploying_at_once(forks, expected_max):
+    fleet = FakeFleet(delay=0.05)
+    run_upgrade(HOSTS[:6], deploy=fleet.deploy, serial=[6], forks=forks)
+    assert fleet.max_running == expected_max
+
+
+def test_a_batch_starts_only_after_the_previous_one_finished():
+    events: list[tuple[str, str]] = []
+    lock = threading.Lock()
+
+    def deploy(host):
+        with lock:
+            events.append(("start", host))
+        time.sleep(0.02 if host != "h2" else 0.1)
+        with lock:
+            events.append(("end", host))
+        return Outcome(host, "deployed")
+
+    run_upgrade(HOSTS[:5], deploy=deploy, serial=[1, 2, 2], forks=5)
+    order = [e for e in events]
+    assert order.index(("end", "h1")) < order.index(("start", "h2"))
+    assert order.index(("end", "h2")) < order.index(("start", "h4"))  # h2 is the slow one in batch 2
+    assert order.index(("end", "h3")) < order.index(("start", "h4"))
+
+
+def test_pause_between_batches_but_not_after_the_last_or_an_abort():
+    slept: list[float] = []
+    fleet = FakeFleet()
+    run_upgrade(HOSTS[:4], deploy=fleet.deploy, serial=[1, 1, 2], pause=7, sleep=slept.append)
+    assert slept == [7, 7]
+    slept.clear()
+    fleet = FakeFleet(fail=["h2"])
+    run_upgrade(HOSTS[:4], deploy=fleet.deploy, serial=[1, 1, 2], pause=7, sleep=slept.append)
+    assert slept == [7]  # after batch 1 only; batch 2 aborted
+
+
+def test_check_mode_asks_every_host_and_never_aborts():
+    fleet = FakeFleet(refuse=["h1"])
+    report = run_upgrade(HOSTS[:4], deploy=fleet.deploy, serial=[1, "100%"], check=True)
+    assert fleet.calls == ["h1", "h2", "h3", "h4"]
+    assert not report.aborted
+    assert report.check and report.to_dict()["check"] is True
+
+
+def test_progress_lines_name_batches_hosts_and_the_abort():
+    lines: list[str] = []
+    fleet = FakeFleet(fail=["h1"])
+    run_upgrade(HOSTS[:3], deploy=fleet.deploy, serial=[1, "100%"], log=lines.append)
+    assert lines[0] == "batch 1/2 canary (1 host): h1"
+    assert lines[1].startswith("h1: rolled_back svc=OLD in ") and "(health: stage completion failed)" in lines[1]
+    assert lines[2].startswith("ABORT: batch 1: 1 of 1 host(s) failed")
+
+
+def test_report_json_shape():
+    fleet = FakeFleet(fail=["h2"])
+    d = run_upgrade(HOSTS[:3], deploy=fleet.deploy, serial=[1, 2], max_fail_percentage=0).to_dict()
+    assert d["ok"] is False and d["aborted"] is True
+    assert d["batches"] == [["h1"], ["h2", "h3"]]
+    assert d["counts"] == {"deployed": 2, "rolled_back": 1}
+    assert {h["host"]: h["result"] for h in d["hosts"]} == {"h1": "deployed", "h2": "rolled_back", "h3": "deployed"}
+    assert set(d["hosts"][0]) >= {"host", "batch", "result", "releases", "duration_s", "reason"}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"forks": 0}, "--forks 0"),
+        ({"max_fail_percentage": 120}, "between 0 and 100"),
+        ({"pause": -1}, "must not be negative"),
+        ({"rollback_on_abort": True}, "needs a rollback function"),
+    ],
+)
+def test_bad_arguments_are_usage_errors(kwargs, message):
+    with pytest.raises(UsageError, match=message):
+        run_upgrade(["h1"], deploy=FakeFleet().deploy, **kwargs)
+
+
+# ---------------------------------------------------------------------------------------------
+# overrides
+
+
+def svc(name, engine, port=8000):
+    return Service(name=name, engine=engine, model="m", model_path="/srv/models/m", image=f"{engine}:old", port=port)
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [
+        (["llamacpp=b6123"], {"llamacpp": "llamacpp:b6123"}),
+        (["vllm=0.9.2", "llamacpp=lab-cpu"], {"vllm": "vllm:0.9.2", "llamacpp": "llamacpp:lab-cpu"}),
+        (["llamacpp=llamacpp-cuda12:b6123"], {"llamacpp": "llamacpp-cuda12:b6123"}),
+        ([], {}),
+    ],
+)
+def test_parse_image(values, expected):
+    assert parse_image(values) == expected
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [(["llamacpp"], "expected ENGINE=VERSION"), (["tgi=1"], "must be vllm or llamacpp"),
+     (["vllm=1", "vllm=2"], "given twice"), (["vllm="], "expected ENGINE=VERSION")],
+)
+def test_parse_image_errors(values, message):
+    with pytest.raises(UsageError, match=message):
+        parse_image(values)
+
+
+def test_parse_sets_types_values_and_refuses_unknown_keys_and_secrets():
+    assert parse_sets(["context=8192", "offload=false", "engine_args=[--enforce-eager]", "kv_dtype=q8_0"]) == {
+        "context": 8192, "offload": False, "engine_args": ["--enforce-eager"], "kv_dtype": "q8_0"}
+    with pytest.raises(UsageError, match="--set contxt: not a service setting"):
+        parse_sets(["contxt=1"])
+    with pytest.raises(UsageError, match="secrets are not set on the command line"):
+        parse_sets(["api_key=sk-123"])
+    with pytest.raises(UsageError, match="expected key=value"):
+        parse_sets(["context"])
+
+
+@pytest.mark.parametrize(
+    ("services", "images", "sets", "expected"),
+    [
+        ([svc("a", "llamacpp")], {"llamacpp": "llamacpp:new"}, {}, {"image": "llamacpp:new"}),
+        ([svc("a", "llamacpp"), svc("b", "llamacpp", 8001)], {"llamacpp": "llamacpp:new"}, {"context": 4096},
+         {"image": "llamacpp:new", "context": 4096}),
+        ([svc("a", "vllm")], {"llamacpp": "llamacpp:new"}, {}, "runs no llamacpp service"),
+        ([svc("a", "vllm"), svc("b", "llamacpp", 8001)], {"llamacpp": "llamacpp:new"}, {},
+         "runs both llamacpp and vllm"),
+        ([], {"llamacpp": "llamacpp:new"}, {}, "no services in the inventory"),
+        ([svc("a", "vllm")], {}, {"context": 2048}, {"context": 2048}),
+        ([svc("a", "vllm")], {}, {}, {}),  # a plain rolling redeploy (e.g. after rotating an API key)
+    ],
+)
+def test_host_overrides(services, images, sets, expected):
+    got = host_overrides(services, images, sets)
+    if isinstance(expected, str):
+        assert isinstance(got, str) and got.startswith(expected)
+    else:
+        assert got == expected
