@@ -297,6 +297,19 @@ def check_cuda_driver(
         return Verdict("warn", f"driver {driver} knows CUDA {native_s} but CUDA {rel.cuda} lists driver >= {need}",
                        f"update the driver within its branch to >= {need}")
     cov = kernel_coverage(rel, str(cc)) if cc_tuple(cc) else None
+    card = gpu_name or "the card"
+    # 1. Forward compatibility: the image's own newer libcuda (full feature set, PTX JIT included).
+    fwd_reason = _forward_compat_gap(rel, cat, card, data_center, toolkit_version, runtimes)
+    if fwd_reason is None:
+        return Verdict(
+            "warn",
+            f"driver {driver} supports CUDA {native_s} < {rel.cuda}; {rel.key} runs through forward compatibility "
+            f"(its cuda-compat libcuda, data-center {card}, nvidia runtime, toolkit {toolkit_version}); NVIDIA "
+            "supports that only on long-term-support driver branches",
+            f"upgrade the driver to >= {need} for native support",
+        )
+    upgrade = f"upgrade the driver to >= {need} (CUDA {rel.cuda})"
+    # 2. Minor-version compatibility: same major, driver above the floor, a limited feature set.
     floor = cat.minor_compat_floor.get(str(img[0]))
     floor_v = version_tuple(floor) or ()
     same_major = native is not None and native[0] == img[0]
@@ -305,49 +318,52 @@ def check_cuda_driver(
             return Verdict(
                 "fail",
                 f"driver {driver} (CUDA {native_s}) runs CUDA {rel.cuda} apps only through minor-version "
-                f"compatibility, which does not cover PTX JIT; {rel.key} has only PTX for "
-                f"{gpu_name or 'this card'} ({cc}): expect cudaErrorUnsupportedPtxVersion",
-                f"upgrade the driver to >= {need}, or use an image with SASS for {_sm(str(cc))} built for "
-                f"CUDA <= {native_s} (e.g. llamacpp:b5000-cu122)",
+                f"compatibility, which does not cover PTX JIT; {rel.key} has only PTX for {card} ({cc}): expect "
+                f"cudaErrorUnsupportedPtxVersion at the first kernel; forward compatibility is out: {fwd_reason}",
+                f"{upgrade}, or use an image with SASS for {_sm(str(cc))} built for CUDA <= {native_s} "
+                "(e.g. llamacpp:b5000-cu122)",
+            )
+        if rel.engine == "vllm":
+            return Verdict(
+                "fail",
+                f"driver {driver} (CUDA {native_s}) runs CUDA {rel.cuda} only through minor-version compatibility, "
+                f"and vLLM JIT-compiles Triton kernels at start, which that does not cover; forward compatibility is "
+                f"out: {fwd_reason}",
+                f"{upgrade}, or choose an image built for CUDA <= {native_s}",
             )
         require = "" if (env or {}).get("NVIDIA_DISABLE_REQUIRE") == "1" else (
             "; the image's NVIDIA_REQUIRE_CUDA may stop the container (NVIDIA_DISABLE_REQUIRE=1 lifts it)")
-        jit = " vLLM JIT-compiles Triton kernels, which may fail;" if rel.engine == "vllm" else ""
         return Verdict(
             "warn",
             f"driver {driver} (CUDA {native_s}) runs CUDA {rel.cuda} only through minor-version compatibility "
-            f"(limited feature set);{jit} native needs driver >= {need}{require}",
-            f"upgrade the driver to >= {need} for native support",
+            f"(limited feature set; {rel.key} has SASS for {card}){require}",
+            f"{upgrade} for native support",
         )
-    # Forward compatibility.
-    reason = ""
-    if data_center is None:
-        reason = f"{gpu_name or 'the card'} is not in the GPU catalog, so forward compatibility cannot be assumed"
-    elif not data_center:
-        reason = f"{gpu_name or 'the card'} is not a data-center GPU, and forward compatibility covers only those"
-    elif not rel.cuda_compat_in_image:
-        reason = f"{rel.key} ships no cuda-compat package"
-    else:
-        min_tk = cat.forward_compat.get("min_toolkit", "1.17.5")
-        tk = version_tuple(re.sub(r"[-~].*$", "", toolkit_version or ""))
-        if "nvidia" not in runtimes:
-            reason = "forward compatibility needs the `nvidia` runtime in Docker (not registered)"
-        elif tk is None or tk < (version_tuple(min_tk) or ()):
-            reason = (f"forward compatibility needs nvidia-container-toolkit >= {min_tk} "
-                      f"(seen {toolkit_version or 'none'})")
-        else:
-            return Verdict(
-                "warn",
-                f"driver {driver} supports CUDA {native_s} < {rel.cuda}; running through forward compatibility "
-                f"(cuda-compat in {rel.key}, data-center {gpu_name}, toolkit {toolkit_version})",
-                f"upgrade the driver to >= {need} for native support",
-            )
     return Verdict(
         "fail",
-        f"driver {driver} supports CUDA {native_s}, but {rel.key} is built for CUDA {rel.cuda} "
-        f"(needs driver >= {need}); {reason}",
-        f"upgrade the driver to >= {need}, or choose an image built for CUDA <= {native_s}",
+        f"driver {driver} supports CUDA {native_s}, but {rel.key} is built for CUDA {rel.cuda} (needs driver >= "
+        f"{need}); minor-version compatibility needs the same major and driver >= {floor or '?'}, and forward "
+        f"compatibility is out: {fwd_reason}",
+        f"{upgrade}, or choose an image built for CUDA <= {native_s}",
     )
+
+
+def _forward_compat_gap(rel: EngineRelease, cat: EngineCatalog, card: str, data_center: bool | None,
+                        toolkit_version: str | None, runtimes: list[str]) -> str | None:
+    """Why forward compatibility does not apply here, or None when it does."""
+    if data_center is None:
+        return f"{card} is not in the GPU catalog, so it cannot be assumed a data-center part"
+    if not data_center:
+        return f"{card} is not a data-center GPU, and forward compatibility covers only those"
+    if not rel.cuda_compat_in_image:
+        return f"{rel.key} ships no cuda-compat package"
+    if "nvidia" not in runtimes:
+        return "it needs the `nvidia` runtime registered in Docker (plain --gpus does not load the compat libcuda)"
+    min_tk = cat.forward_compat.get("min_toolkit", "1.17.5")
+    tk = version_tuple(re.sub(r"[-~].*$", "", toolkit_version or ""))
+    if tk is None or tk < (version_tuple(min_tk) or ()):
+        return f"it needs nvidia-container-toolkit >= {min_tk} (seen {toolkit_version or 'none'})"
+    return None
 
 
 def quant_methods(rules: EngineRules, rel: EngineRelease, quant: str | None, args: list[str]) -> tuple[str, list[str]]:

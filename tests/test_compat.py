@@ -1,0 +1,277 @@
+"""Compatibility rules, table-driven over the engine-release catalog (catalog/engines.yaml)."""
+
+from __future__ import annotations
+
+import pytest
+
+from llmfleet import compat
+from llmfleet.errors import UsageError
+
+CAT = compat.load_engine_catalog()
+
+# name, compute capability, data-center part: as the GPU catalog and nvidia-smi give them
+V100 = ("Tesla V100-SXM2-32GB", "7.0", True)
+T4 = ("Tesla T4", "7.5", True)
+P40 = ("Tesla P40", "6.1", True)
+RTX4090 = ("NVIDIA GeForce RTX 4090", "8.9", False)
+A100 = ("NVIDIA A100-SXM4-80GB", "8.0", True)
+H200 = ("NVIDIA H200", "9.0", True)
+
+# driver, highest CUDA (the nvidia-smi banner)
+D470 = ("470.57.02", "11.4")
+D535 = ("535.183.06", "12.2")
+D550 = ("550.54.15", "12.4")
+D570 = ("570.133.07", "12.8")
+D575 = ("575.57.08", "12.9")
+D580 = ("580.159.04", "13.0")
+
+FWD_OK = {"toolkit_version": "1.17.5", "runtimes": ["nvidia", "runc"]}
+NO_FWD = {"toolkit_version": "1.17.5", "runtimes": ["runc"]}
+
+
+def rel(key: str) -> compat.EngineRelease:
+    r = CAT.release(key)
+    assert r is not None, key
+    return r
+
+
+def cuda_verdict(image, gpu, drv, host=NO_FWD, env=None):
+    name, cc, dc = gpu
+    return compat.check_cuda_driver(rel(image), CAT, driver=drv[0], cuda_driver=drv[1], gpu_name=name, cc=cc,
+                                    data_center=dc, env=env, **host)
+
+
+@pytest.mark.parametrize(
+    ("image", "gpu", "drv", "host", "status", "said", "fix"),
+    [
+        # native
+        ("vllm:0.19.1", V100, D575, NO_FWD, "pass", "native", ""),
+        ("vllm:0.20.0", H200, D580, NO_FWD, "pass", "native", ""),
+        ("llamacpp:b5000-cu122", P40, D535, NO_FWD, "pass", "native", ""),
+        # right branch, older point release than the toolkit lists
+        ("vllm:0.10.1.1", A100, ("570.26", "12.8"), NO_FWD, "warn", "lists driver >= 570.124.06", "within its branch"),
+        # CUDA 12.8 image on a 535 driver: minor-version compatibility only
+        ("llamacpp:server-cuda-12.8", V100, D535, NO_FWD, "fail", "does not cover PTX JIT",
+         "upgrade the driver to >= 570.124.06"),
+        ("vllm:0.10.1.1", V100, D535, NO_FWD, "fail", "JIT-compiles Triton kernels", "upgrade the driver to >= 570.124.06"),
+        ("llamacpp:server-cuda-12.8", RTX4090, D550, NO_FWD, "warn", "minor-version compatibility", ">= 570.124.06"),
+        # ... unless forward compatibility applies: data-center card, compat package, nvidia runtime, toolkit
+        ("llamacpp:server-cuda-12.8", V100, D535, FWD_OK, "warn", "forward compatibility", ">= 570.124.06"),
+        ("vllm:0.10.1.1", V100, D535, FWD_OK, "warn", "forward compatibility", ">= 570.124.06"),
+        ("vllm:0.10.1.1", V100, D535, {"toolkit_version": "1.14.3", "runtimes": ["nvidia"]}, "fail",
+         "nvidia-container-toolkit >= 1.17.5 (seen 1.14.3)", "upgrade the driver"),
+        # forward compatibility never for GeForce cards
+        ("vllm:0.10.1.1", RTX4090, D550, FWD_OK, "fail", "not a data-center GPU", "upgrade the driver"),
+        # T4 on R470: another CUDA major, so only forward compatibility can help
+        ("vllm:0.10.1.1", T4, D470, NO_FWD, "fail", "needs the `nvidia` runtime", "CUDA <= 11.4"),
+        ("vllm:0.10.1.1", T4, D470, FWD_OK, "warn", "forward compatibility", "upgrade the driver to >= 570.124.06"),
+        ("llamacpp:b5000-cu122", P40, ("470.82.00", "11.4"), NO_FWD, "fail", "supports CUDA 11.4", ">= 535.104.05"),
+        # CUDA 13 image on a 12.x driver: no minor-version compatibility across majors
+        ("vllm:0.20.0", RTX4090, D575, NO_FWD, "fail", "built for CUDA 13.0.2", ">= 580.95.05"),
+        ("vllm:lab-cpu", V100, D470, NO_FWD, "pass", "CPU image", ""),
+    ],
+)
+def test_cuda_vs_driver(image, gpu, drv, host, status, said, fix):
+    v = cuda_verdict(image, gpu, drv, host)
+    assert v.status == status, v
+    assert said in v.message, v.message
+    assert fix in v.fix, v.fix
+
+
+def test_cuda_unknown_card_gets_no_forward_compat():
+    v = compat.check_cuda_driver(rel("vllm:0.10.1.1"), CAT, driver="535.183.06", cuda_driver="12.2",
+                                 gpu_name="Mystery GPU", cc="7.0", data_center=None, **FWD_OK)
+    assert v.status == "fail" and "not in the GPU catalog" in v.message
+
+
+@pytest.mark.parametrize(
+    ("driver", "cuda", "status", "said"),
+    [
+        (None, None, "fail", "no NVIDIA driver version seen"),
+        ("not-a-driver", None, "fail", "does not parse"),
+        ("575.57.08", None, "pass", "CUDA 12.9"),  # no banner: the branch table
+    ],
+)
+def test_cuda_driver_odd_inputs(driver, cuda, status, said):
+    v = compat.check_cuda_driver(rel("vllm:0.19.1"), CAT, driver=driver, cuda_driver=cuda, gpu_name="x", cc="7.0",
+                                 data_center=True, **NO_FWD)
+    assert v.status == status and said in v.message, v
+
+
+@pytest.mark.parametrize(
+    ("image", "gpu", "status", "said", "fix"),
+    [
+        ("vllm:0.19.1", V100, "pass", "SASS for sm_70", ""),
+        ("vllm:0.20.0", V100, "fail", "no kernels for Tesla V100-SXM2-32GB (compute capability 7.0, sm_70)",
+         "vllm:0.19.1 or older"),
+        ("vllm:0.19.1", P40, "fail", "no kernels", "serve this card with llama.cpp"),
+        ("llamacpp:server-cuda-12.8", V100, "pass", "only PTX (sm_70)", ""),
+        ("llamacpp:server-cuda-12.8", P40, "pass", "only PTX (sm_61)", ""),
+        ("llamacpp:server-cuda-12.8", RTX4090, "pass", "SASS for sm_89", ""),
+        ("llamacpp:server-cuda-12.8", H200, "pass", "only PTX (sm_90)", ""),
+        ("llamacpp:b5000-cu122", P40, "pass", "SASS for sm_61", ""),
+        ("llamacpp:b5000-cu122", H200, "pass", "only PTX (sm_89)", ""),
+        ("vllm:0.20.0", T4, "pass", "SASS for sm_75", ""),
+        ("vllm:0.19.1", A100, "pass", "SASS for sm_80", ""),
+        ("vllm:0.19.1", ("NVIDIA GeForce RTX 3090", "8.6", False), "pass", "SASS for sm_80", ""),
+    ],
+)
+def test_architecture(image, gpu, status, said, fix):
+    v = compat.check_architecture(rel(image), gpu[0], gpu[1])
+    assert v.status == status, v
+    assert said in v.message, v.message
+    assert fix in v.fix, v.fix
+
+
+def test_architecture_unknown_cc_is_a_failure_with_the_fix():
+    v = compat.check_architecture(rel("vllm:0.19.1"), "Mystery GPU", None)
+    assert v.status == "fail" and "unknown" in v.message and "catalog/gpus.yaml" in v.fix
+
+
+def test_sass_with_a_suffix_runs_only_on_that_cc():
+    r = rel("llamacpp:server-cuda-12.8")
+    assert compat.kernel_coverage(r, "12.0") == ("sass", "12.0a")
+    assert compat.kernel_coverage(r, "12.1") == ("ptx", "9.0")
+
+
+@pytest.mark.parametrize(
+    ("image", "quant", "args", "gpu", "status", "said", "fix"),
+    [
+        ("vllm:0.19.1", "awq-int4", [], V100, "fail", "does not run on compute capability 7.0", "on Volta use GPTQ"),
+        ("vllm:0.10.1.1", "awq-int4", [], V100, "fail", "awq_marlin needs 8.0, awq needs 7.5", "GPTQ"),
+        ("vllm:0.19.1", "gptq-int4", ["--quantization", "gptq"], V100, "pass", "gptq runs", ""),
+        ("vllm:0.19.1", "gptq-int4", [], V100, "pass", "the engine uses gptq on 7.0", ""),
+        ("vllm:0.19.1", "gptq-int4", ["--quantization", "gptq_marlin"], V100, "fail", "needs 7.5", "GPTQ"),
+        ("vllm:0.19.1", "awq-int4", [], T4, "pass", "awq_marlin runs", ""),
+        ("vllm:0.10.1.1", "awq-int4", [], T4, "pass", "the engine uses awq on 7.5", ""),
+        ("vllm:0.19.1", "fp8", [], T4, "warn", "W8A16", "8.9"),
+        ("vllm:0.10.1.1", "fp8", [], T4, "fail", "fp8_w8a8 needs 8.9, fp8_marlin needs 8.0", "FP8 W8A8 needs"),
+        ("vllm:0.19.1", "fp8", [], RTX4090, "pass", "fp8_w8a8 runs on compute capability 8.9", ""),
+        ("vllm:0.19.1", "fp8", [], A100, "warn", "weight-only FP8", ""),
+        ("vllm:0.19.1", "int8", ["--quantization", "compressed-tensors"], T4, "pass", "int8_w8a8", ""),
+        ("vllm:0.19.1", "int8", [], V100, "fail", "int8_w8a8 needs 7.5", "GPTQ"),
+        ("vllm:0.19.1", "bogus-q", [], A100, "fail", "does not know quantization 'bogus-q'", "use one of"),
+        ("vllm:0.19.1", None, ["--quantization", "awq-but-wrong"], A100, "fail", "'--quantization awq-but-wrong'",
+         "awq_marlin"),
+        ("llamacpp:b5000-cu122", "q4_k_m", [], P40, "pass", "runs it on any CUDA card", ""),
+        ("llamacpp:b5000-cu122", "awq-int4", [], P40, "fail", "llama.cpp serves GGUF files only", "q4_k_m"),
+        ("vllm:0.19.1", "gptq-int4", [], (None, None, None), "warn", "compute capability unknown", "gpus.yaml"),
+    ],
+)
+def test_quantization(image, quant, args, gpu, status, said, fix):
+    r = rel(image)
+    v = compat.check_quantization(r, CAT.engines[r.engine], quant, args, gpu[1])
+    assert v.status == status, v
+    assert said in v.message, v.message
+    assert fix in v.fix, v.fix
+
+
+@pytest.mark.parametrize(
+    ("image", "quant", "args", "gpu", "status", "said", "fix"),
+    [
+        # V100 + a bf16 checkpoint: refused without --dtype float16, which is the fix
+        ("vllm:0.19.1", "bf16", [], V100, "fail", "quant bf16 needs bf16", "--dtype float16"),
+        ("vllm:0.19.1", "bf16", ["--dtype", "float16"], V100, "pass", "cast to float16", ""),
+        ("vllm:0.19.1", "bf16", ["--dtype=half"], T4, "pass", "cast to float16", ""),
+        ("vllm:0.19.1", "fp16", ["--dtype", "bfloat16"], T4, "fail", "--dtype bfloat16 needs bf16", "--dtype float16"),
+        ("vllm:0.19.1", "fp16", [], V100, "warn", "--dtype auto on compute capability 7.0", "--dtype float16"),
+        ("vllm:0.19.1", "gptq-int4", ["--dtype", "float16"], V100, "pass", "no bf16 needed", ""),
+        ("vllm:0.19.1", "bf16", [], A100, "pass", "supports bf16", ""),
+        ("llamacpp:b5000-cu122", "bf16", [], P40, "fail", "needs bf16", "f16 or quantized GGUF"),
+        ("llamacpp:b5000-cu122", "q4_k_m", [], P40, "pass", "no bf16 needed", ""),
+    ],
+)
+def test_dtype(image, quant, args, gpu, status, said, fix):
+    r = rel(image)
+    v = compat.check_dtype(r, CAT.engines[r.engine], quant, args, gpu[1])
+    assert v.status == status, v
+    assert said in v.message, v.message
+    assert fix in v.fix, v.fix
+
+
+@pytest.mark.parametrize(
+    ("image", "args", "env", "gpu", "status", "said", "fix"),
+    [
+        ("vllm:0.19.1", [], {}, V100, "pass", "picks TRITON_ATTN", ""),
+        ("vllm:0.19.1", [], {}, A100, "pass", "picks FLASH_ATTN", ""),
+        ("vllm:0.19.1", ["--attention-backend", "FLASH_ATTN"], {}, V100, "fail", "needs compute capability 8.0",
+         "TRITON_ATTN"),
+        ("vllm:0.19.1", ["--attention-backend", "XFORMERS"], {}, V100, "fail", "not in vllm:0.19.1", "TRITON_ATTN"),
+        ("vllm:0.10.1.1", [], {}, V100, "pass", "picks XFORMERS on compute capability 7.0 (the V0 engine", ""),
+        ("vllm:0.10.1.1", ["--attention-backend", "XFORMERS"], {}, V100, "fail", "no --attention-backend flag",
+         "VLLM_ATTENTION_BACKEND"),
+        ("vllm:0.10.1.1", [], {"VLLM_ATTENTION_BACKEND": "FLASHINFER"}, T4, "pass", "FLASHINFER runs", ""),
+        ("vllm:0.20.0", [], {}, T4, "pass", "picks TRITON_ATTN", ""),
+        ("llamacpp:b5000-cu122", ["-fa", "on"], {}, P40, "fail", "takes a bare -fa switch", "bare -fa"),
+        ("llamacpp:b5000-cu122", ["-fa"], {}, P40, "pass", "flash attention (bare)", ""),
+        ("llamacpp:server-cuda-12.8", ["-fa"], {}, P40, "fail", "takes -fa on|off|auto", "-fa on"),
+        ("llamacpp:server-cuda-12.8", ["--flash-attn", "on"], {}, V100, "pass", "tile/vec", ""),
+    ],
+)
+def test_attention(image, args, env, gpu, status, said, fix):
+    v = compat.check_attention(rel(image), args, env, gpu[1])
+    assert v.status == status, v
+    assert said in v.message, v.message
+    assert fix in v.fix, v.fix
+
+
+@pytest.mark.parametrize(
+    ("image", "kv", "args", "env", "gpu", "status", "said", "fix"),
+    [
+        ("vllm:0.19.1", "fp8", [], {}, A100, "fail", "not supported by attention backend FLASH_ATTN",
+         "FLASHINFER or TRITON_ATTN"),
+        ("vllm:0.19.1", "fp8", ["--attention-backend", "TRITON_ATTN"], {}, A100, "pass", "TRITON_ATTN", ""),
+        ("vllm:0.19.1", "auto", ["--kv-cache-dtype", "fp8"], {}, V100, "pass", "fp8 with attention backend TRITON_ATTN",
+         ""),
+        ("vllm:0.19.1", "q8_0", [], {}, V100, "fail", "'q8_0' is not one vllm knows", "fp8"),
+        ("llamacpp:server-cuda-12.8", "auto", ["-ctk", "q8_0", "-ctv", "q8_0", "-fa", "off"], {}, P40, "fail",
+         "needs flash attention", "-fa on"),
+        ("llamacpp:server-cuda-12.8", "auto", ["-ctk", "q8_0", "-ctv", "q8_0", "-fa", "on"], {}, P40, "pass",
+         "q8_0/q8_0", ""),
+        ("llamacpp:server-cuda-12.8", "fp8", [], {}, P40, "fail", "'fp8' is not one llamacpp knows", "q8_0"),
+    ],
+)
+def test_kv_dtype(image, kv, args, env, gpu, status, said, fix):
+    r = rel(image)
+    v = compat.check_kv_dtype(r, CAT.engines[r.engine], kv, args, env, gpu[1])
+    assert v.status == status, v
+    assert said in v.message, v.message
+    assert fix in v.fix, v.fix
+
+
+# ------------------------------------------------------------------------------------------------
+# The catalog itself
+
+
+def test_every_gpu_image_has_cuda_driver_and_kernels_with_sources():
+    for key, r in CAT.images.items():
+        assert r.sources, key
+        if not r.cpu:
+            img = compat.cuda_major_minor(r.cuda)
+            assert img is not None, key
+            rows = CAT.cuda_toolkits.get(f"{img[0]}.{img[1]}")
+            assert rows and r.min_driver in rows, f"{key}: min_driver {r.min_driver} is not a row of CUDA {r.cuda}"
+
+
+def test_driver_branch_table_matches_the_toolkit_table():
+    for cuda, rows in CAT.cuda_toolkits.items():
+        branch = int(rows[0].split(".")[0])
+        assert compat.branch_cuda(rows[0], CAT.driver_branches) == cuda, (cuda, branch)
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        ("[", "not valid YAML"),
+        ("- a", "expected a mapping"),
+        ("cuda_toolkits: {}\ndriver_branches: {}\nminor_compat_floor: {}\nforward_compat: {}\nengines: {}\n"
+         "images:\n  'vllm:x': {engine: llamacpp, version: x, repository: r, tag: t, cpu: true, confidence: H, "
+         "sources: [s]}", "does not match the key"),
+        ("cuda_toolkits: {}\ndriver_branches: {}\nminor_compat_floor: {}\nforward_compat: {}\nengines: {}\n"
+         "images:\n  'vllm:x': {engine: vllm, version: x, repository: r, tag: t, confidence: H, sources: [s]}",
+         "needs cuda, min_driver and kernels"),
+    ],
+)
+def test_bad_catalog_is_a_one_line_usage_error(text, error):
+    with pytest.raises(UsageError, match=error):
+        compat.parse_engine_catalog(text, "engines.yaml")
