@@ -164,7 +164,7 @@ def test_pin_args_take_repository_tag_cuda_and_archs_from_the_catalog():
     [a, b] = parse_pin_args(["vllm=0.10.1.1", "llamacpp=server-cuda-12.8"], CATALOG)
     assert (a.key, a.ref, a.repository, a.cuda, a.archs) == (
         "vllm:0.10.1.1", "docker.io/vllm/vllm-openai:v0.10.1.1", None, "12.8.1", ("7.0", "8.0"))
-    assert b.archs == ("8.6", "7.0+ptx")
+    assert b.archs == ("8.6+PTX", "7.0-virtual")
 
 
 def test_pin_args_explicit_source_reference_keeps_the_catalog_repository():

@@ -355,14 +355,25 @@ def parse_pin_args(args: list[str], catalog_images: dict[str, Any]) -> list[PinS
 
 
 def catalog_archs(rel: Any) -> tuple[str, ...]:
-    """Compute capabilities an image carries code for: its SASS, then PTX ones not already listed."""
+    """Compute capabilities an image carries code for, in the lock's notation: ``"7.0"`` SASS only,
+    ``"8.9+PTX"`` SASS and PTX, ``"5.0-virtual"`` PTX only (what preflight.parse_archs reads)."""
     kernels = rel.get("kernels") if isinstance(rel, dict) else getattr(rel, "kernels", None)
     if not kernels:
         return ()
     get = kernels.get if isinstance(kernels, dict) else lambda name, _k=kernels: getattr(_k, name, None)
-    out = [str(a) for a in get("sass") or []]
-    out += [f"{a}+ptx" for a in get("ptx") or [] if str(a) not in out]
+    sass = [str(a) for a in get("sass") or []]
+    ptx = [str(a) for a in get("ptx") or []]
+    out = [f"{a}+PTX" if a in ptx else a for a in sass]
+    out += [f"{a}-virtual" for a in ptx if a not in sass]
     return tuple(out)
+
+
+def through_mirror(spec: PinSpec, mirrors: dict[str, str]) -> PinSpec:
+    """Resolve a spec at the mirror while the lock keeps the public repository. Pure."""
+    repo, tag, digest = _split_reference(spec.ref)
+    ref = apply_mirror(repo, mirrors) + (f":{tag}" if tag else "") + (f"@{digest}" if digest else "")
+    return PinSpec(key=spec.key, ref=ref, repository=spec.repository or _display_repo(repo), cuda=spec.cuda,
+                   archs=spec.archs, source=spec.source)
 
 
 def pinned(spec: PinSpec, digest: str, *, registry: str, at: str, by: str = "images.pin") -> LockedImage:
@@ -494,3 +505,110 @@ def mark_verified(lock: ImageLock, results: list[VerifyResult], *, at: str | Non
                 verified={"at": at, "registry": parse_reference(r.ref).registry, "by": "images.verify"},
             )
     return ImageLock(images=images, path=lock.path)
+
+
+def lock_path_for(hostvars: dict[str, Any] | None, inventory_path: str | None, configured: str | None) -> Path:
+    """Which lock a host uses: the inventory var ``llmfleet_images_lock`` (relative to the inventory
+    folder), else the configured ``llmfleet.images_lock`` (relative to the working directory), else
+    ``images.lock`` at the repository root."""
+    var = (hostvars or {}).get("llmfleet_images_lock")
+    if var and inventory_path:
+        p = Path(str(var)).expanduser()
+        if not p.is_absolute():
+            base = Path(inventory_path)
+            p = (base if base.is_dir() else base.parent) / p
+        return p
+    return Path(configured).expanduser() if configured else DEFAULT_LOCK_PATH
+
+
+# ------------------------------------------------------------------------------------------------
+# Building the images upstream does not ship (dockerfiles/NAME/ + image.yaml)
+
+DOCKERFILES_DIR = Path(__file__).resolve().parents[2] / "dockerfiles"
+_ARG_RE = re.compile(r"^[A-Z][A-Z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class BuildSpec:
+    """``dockerfiles/NAME/image.yaml``: what the image is (catalog key, repository, tag), its base
+    (``base.image`` pinned by ``base.digest``, passed as the build arg ``BASE_DIGEST``), and the
+    build args ``images.build`` must be given."""
+
+    name: str
+    dir: Path
+    catalog_key: str
+    repository: str
+    tag: str
+    base_image: str
+    base_digest: str | None
+    required_args: tuple[str, ...] = ()
+    args: dict[str, str] = field(default_factory=dict)
+    notes: str = ""
+
+
+def load_build_spec(name: str, root: Path | None = None) -> BuildSpec:
+    root = root or DOCKERFILES_DIR
+    if not re.match(r"^[a-z0-9][a-z0-9._-]*$", name) or not (root / name / "image.yaml").is_file():
+        known = sorted(p.parent.name for p in root.glob("*/image.yaml"))
+        raise UsageError(f"images.build: no image {name!r} (a folder dockerfiles/NAME with image.yaml); known: "
+                         f"{', '.join(known) or 'none'}")
+    path = root / name / "image.yaml"
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError:
+        raise UsageError(f"{path}: not valid YAML") from None
+    base = data.get("base") or {}
+    for field_name, value in (("catalog_key", data.get("catalog_key")), ("repository", data.get("repository")),
+                              ("tag", data.get("tag")), ("base.image", base.get("image"))):
+        if not value:
+            raise UsageError(f"{path}: {field_name} is required")
+    digest = base.get("digest")
+    if digest is not None and not DIGEST_RE.match(str(digest)):
+        raise UsageError(f"{path}: base.digest must be sha256:<64 hex> or null")
+    args = {str(k): str(v) for k, v in (data.get("args") or {}).items()}
+    required = tuple(str(a) for a in data.get("required_args") or ())
+    for a in (*args, *required):
+        if not _ARG_RE.match(a):
+            raise UsageError(f"{path}: build arg {a!r} must be UPPER_CASE")
+    return BuildSpec(
+        name=name, dir=root / name, catalog_key=str(data["catalog_key"]), repository=str(data["repository"]),
+        tag=str(data["tag"]), base_image=str(base["image"]), base_digest=str(digest) if digest else None,
+        required_args=required, args=args, notes=str(data.get("notes") or ""),
+    )
+
+
+def all_build_specs(root: Path | None = None) -> list[BuildSpec]:
+    root = root or DOCKERFILES_DIR
+    return [load_build_spec(p.parent.name, root) for p in sorted(root.glob("*/image.yaml"))]
+
+
+def build_argv(spec: BuildSpec, overrides: dict[str, str] | None = None, *, base_digest: str | None = None,
+               tag: str | None = None, docker: str = "docker") -> list[str]:
+    """The ``docker build`` command for a spec. Pure. Refuses (UsageError) when a required build arg
+    or the base digest is missing, naming how to supply it."""
+    args = dict(spec.args)
+    args.update(overrides or {})
+    digest = base_digest or args.get("BASE_DIGEST") or spec.base_digest
+    if not digest:
+        raise UsageError(
+            f"images.build {spec.name}: the base {spec.base_image} is not pinned: pass --base-digest sha256:... "
+            f"(or --resolve-base to look it up now), or set base.digest in {spec.dir / 'image.yaml'}"
+        )
+    if not DIGEST_RE.match(digest):
+        raise UsageError(f"images.build {spec.name}: base digest must be sha256:<64 hex>, got {digest!r}")
+    args["BASE_DIGEST"] = digest
+    missing = [a for a in spec.required_args if not args.get(a)]
+    if missing:
+        raise UsageError(f"images.build {spec.name}: build args {', '.join(missing)} are required; pass "
+                         + " ".join(f"--build-arg {a}=..." for a in missing))
+    for k in args:
+        if not _ARG_RE.match(k):
+            raise UsageError(f"images.build: build arg {k!r} must be UPPER_CASE")
+    ref = f"{spec.repository}:{tag or spec.tag}"
+    argv = [docker, "build", "-t", ref, "-f", str(spec.dir / "Dockerfile")]
+    for k in sorted(args):
+        argv += ["--build-arg", f"{k}={args[k]}"]
+    argv += ["--label", f"org.opencontainers.image.base.name={spec.base_image}",
+             "--label", f"org.opencontainers.image.base.digest={digest}",
+             "--label", f"io.llmfleet.catalog-key={spec.catalog_key}", str(spec.dir)]
+    return argv

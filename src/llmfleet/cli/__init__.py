@@ -7,7 +7,15 @@ from __future__ import annotations
 
 from invoke import Collection
 
-from llmfleet.cli import facts_tasks, inventory_tasks, ops_tasks, plan_tasks
+from llmfleet.cli import (
+    deploy_tasks,
+    facts_tasks,
+    images_tasks,
+    inventory_tasks,
+    lock_tasks,
+    ops_tasks,
+    plan_tasks,
+)
 
 ns = Collection()
 ns.configure(
@@ -33,3 +41,7 @@ ns.add_task(ops_tasks.status)
 ns.add_task(ops_tasks.releases)
 ns.add_task(ops_tasks.audit)
 ns.add_task(ops_tasks.upgrade)
+ns.add_collection(images_tasks.ns)
+ns.add_task(deploy_tasks.deploy)
+ns.add_task(deploy_tasks.rollback)
+ns.add_collection(Collection("lock", lock_tasks.status, lock_tasks.release))

@@ -1,0 +1,234 @@
+"""``invoke images.*``: pin engine images to digests, verify the pins, build the images upstream does
+not ship, list what is locked."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+from pathlib import Path
+
+from invoke import Collection, task
+from rich.table import Table
+
+from llmfleet import images as img
+from llmfleet.cli.common import cfg, console, err_console, handles_errors, inventory_path, print_json
+from llmfleet.errors import CheckFailed, UsageError
+
+LOCK_HELP = "lock file (default: llmfleet.images_lock in invoke.yaml, else images.lock at the repository root)"
+MIRROR_HELP = ("go through the private mirrors in the inventory's llmfleet_image_mirrors (air-gapped fleets); "
+               "the lock keeps the public repository, the digest is the same")
+
+
+def _lock_path(c, lock: str | None) -> Path:
+    return Path(lock).expanduser() if lock else img.lock_path_for(None, None, cfg(c, "images_lock"))
+
+
+def _split(values: str | None) -> list[str]:
+    return [v for v in (values or "").replace(",", " ").split() if v]
+
+
+def _mirrors(c, inventory: str | None, host: str | None, group: str | None) -> dict[str, str]:
+    """The union of ``llmfleet_image_mirrors`` over the selected hosts; two hosts mapping one public
+    repository to different mirrors is a usage error (say which with --host/--group)."""
+    from llmfleet.inventory import load_inventory, settings_for
+
+    inv = load_inventory(inventory_path(c, inventory))
+    hosts = inv.select(host=host, group=group) if (host or group) else list(inv.hosts.values())
+    merged: dict[str, str] = {}
+    seen: dict[str, str] = {}
+    for h in hosts:
+        for public, private in settings_for(h).image_mirrors.items():
+            if public in merged and merged[public] != private:
+                raise UsageError(
+                    f"{inv.path}: llmfleet_image_mirrors maps {public} to {merged[public]} on {seen[public]} and to "
+                    f"{private} on {h.name}; pick hosts with --host/--group"
+                )
+            merged[public], seen[public] = private, h.name
+    if not merged:
+        raise UsageError(f"{inv.path}: --registry-mirror given but no selected host sets llmfleet_image_mirrors")
+    return merged
+
+
+def _client(insecure: str | None):
+    from llmfleet.registry import RegistryClient
+
+    return RegistryClient(insecure=_split(insecure))
+
+
+def _catalog_images() -> dict:
+    from llmfleet.compat import load_engine_catalog
+
+    return dict(load_engine_catalog().images)
+
+
+@task(
+    positional=["images"],
+    help={
+        "images": "ENGINE=VERSION[,ENGINE=VERSION...] from catalog/engines.yaml (e.g. vllm=0.10.1.1); "
+                  "ENGINE=VERSION=REPO:TAG resolves REPO:TAG instead but records the catalog's repository",
+        "all": "pin every GPU image of the engine-release catalog",
+        "lock": LOCK_HELP,
+        "registry_mirror": MIRROR_HELP,
+        "inventory": "with --registry-mirror: the inventory whose llmfleet_image_mirrors to use",
+        "host": "with --registry-mirror: only these hosts' mirrors (Ansible pattern)",
+        "group": "with --registry-mirror: only this group's mirrors (Ansible pattern)",
+        "insecure": "registries (host:port, comma-separated) reached over plain HTTP; loopback always is",
+        "json": "print the new lock entries as JSON",
+    },
+)
+@handles_errors
+def pin(c, inventory=None, images="", all=False, lock=None, registry_mirror=False, host=None, group=None,  # noqa: A002
+        insecure=None, json=False):
+    """Resolve image tags to digests against their registry and write them into images.lock."""
+    catalog = _catalog_images()
+    args = _split(images)
+    if all:
+        args += [k.replace(":", "=", 1) for k, r in sorted(catalog.items()) if not r.cpu and k.replace(":", "=", 1) not in args]
+    specs = img.parse_pin_args(args, catalog)
+    if registry_mirror:
+        mirrors = _mirrors(c, inventory, host, group)
+        specs = [img.through_mirror(s, mirrors) for s in specs]
+    path = _lock_path(c, lock)
+    entries = img.pin(specs, _client(insecure), path)
+    if json:
+        print_json({"lock": str(path), "pinned": {e.key: img.entry_dict(e) for e in entries}})
+        return
+    for e, s in zip(entries, specs, strict=True):
+        console.print(f"pinned {e.key}: {s.ref} -> {e.repository}@{e.digest}")
+    console.print(f"wrote {path}")
+
+
+@task(
+    help={
+        "lock": LOCK_HELP,
+        "registry_mirror": MIRROR_HELP,
+        "inventory": "with --registry-mirror: the inventory whose llmfleet_image_mirrors to use",
+        "host": "with --registry-mirror: only these hosts' mirrors (Ansible pattern)",
+        "group": "with --registry-mirror: only this group's mirrors (Ansible pattern)",
+        "insecure": "registries (host:port, comma-separated) reached over plain HTTP; loopback always is",
+        "record": "write the time and registry of each successful check into the lock's verified field",
+        "json": "print the results as JSON",
+    },
+)
+@handles_errors
+def verify(c, inventory=None, lock=None, registry_mirror=False, host=None, group=None, insecure=None,
+           record=False, json=False):
+    """Check that every pinned digest still resolves in its registry (exit 1 if one does not)."""
+    path = _lock_path(c, lock)
+    if not path.exists():
+        raise UsageError(f"{path}: no such lock file; run `invoke images.pin` first or pass --lock")
+    lock_data = img.load_lock(path)
+    mirrors = _mirrors(c, inventory, host, group) if registry_mirror else {}
+    results = img.verify(lock_data, _client(insecure), mirrors=mirrors)
+    failed = [r for r in results if r.status in ("missing", "error")]
+    if record:
+        img.write_lock(img.mark_verified(lock_data, results), path)
+    if json:
+        print_json({"lock": str(path), "ok": not failed, "results": [r.to_dict() for r in results]})
+    else:
+        table = Table(title=f"images.verify {path}")
+        for col in ("image", "reference", "status", "detail"):
+            table.add_column(col, overflow="fold")
+        style = {"ok": "green", "missing": "red", "error": "red", "unpinned": "yellow"}
+        for r in results:
+            table.add_row(r.key, r.ref, f"[{style[r.status]}]{r.status}[/]", r.message)
+        console.print(table)
+    if failed:
+        raise CheckFailed(f"{len(failed)} of {len(results)} pinned images do not resolve: "
+                          + ", ".join(f"{r.key} ({r.status})" for r in failed))
+
+
+@task(
+    positional=["name"],
+    iterable=["build_arg"],
+    help={
+        "name": "folder under dockerfiles/ with an image.yaml (e.g. llamacpp-cuda, vllm-volta)",
+        "base_digest": "sha256 digest of the base image (overrides base.digest in image.yaml)",
+        "resolve_base": "look the base image's digest up in its registry now (prints it; record it in image.yaml)",
+        "build_arg": "extra build arg KEY=VALUE (repeatable); overrides image.yaml's args",
+        "tag": "tag to give the built image (default: image.yaml's tag, the catalog's)",
+        "dry_run": "print the docker build command and exit",
+        "push": "push the built image to its repository afterwards (then `invoke images.pin` it)",
+    },
+)
+@handles_errors
+def build(c, name, base_digest=None, resolve_base=False, build_arg=None, tag=None, dry_run=False, push=False):
+    """Build one of the engine images in dockerfiles/ with its base pinned by digest."""
+    spec = img.load_build_spec(name)
+    overrides = {}
+    for item in build_arg or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--build-arg {item!r} must be KEY=VALUE")
+        overrides[key] = value
+    if resolve_base and not base_digest:
+        base_digest = _client(None).resolve(spec.base_image)
+        err_console.print(f"{spec.base_image} resolves to {base_digest}; set base.digest in {spec.dir / 'image.yaml'} "
+                          "to make this build repeatable")
+    argv = img.build_argv(spec, overrides, base_digest=base_digest, tag=tag)
+    console.print(shlex.join(argv))
+    if dry_run:
+        return
+    res = subprocess.run(argv, check=False)
+    if res.returncode != 0:
+        raise CheckFailed(f"images.build {name}: docker build exited {res.returncode}")
+    ref = argv[argv.index("-t") + 1]
+    if push:
+        res = subprocess.run(["docker", "push", ref], check=False)
+        if res.returncode != 0:
+            raise CheckFailed(f"images.build {name}: docker push {ref} exited {res.returncode}")
+    console.print(f"built {ref}; pin it with `invoke images.pin {spec.catalog_key.replace(':', '=', 1)}`")
+
+
+@task(
+    name="list",
+    help={"lock": LOCK_HELP, "json": "print the entries as JSON"},
+)
+@handles_errors
+def list_(c, lock=None, json=False):
+    """Show the pinned images with their CUDA, architectures and when a registry last confirmed them."""
+    path = _lock_path(c, lock)
+    lock_data = img.load_lock(path)
+    catalog = _catalog_images()
+    builds = {s.catalog_key: s.name for s in img.all_build_specs()}
+    rows = []
+    for key in sorted(set(lock_data.images) | {k for k, r in catalog.items() if not r.cpu}):
+        e = lock_data.get(key)
+        rows.append({
+            "key": key,
+            "repository": e.repository if e else catalog[key].repository,
+            "tag": e.tag if e else catalog[key].tag,
+            "digest": e.digest if e else None,
+            "cuda": e.cuda if e else catalog[key].cuda if key in catalog else None,
+            "archs": list(e.archs) if e else [],
+            "verified": e.verified if e else None,
+            "in_lock": e is not None,
+            "in_catalog": key in catalog,
+            "dockerfile": builds.get(key),
+        })
+    if json:
+        print_json({"lock": str(path), "images": rows})
+        return
+    table = Table(title=f"images {path}")
+    for col in ("image", "repository:tag", "digest", "cuda", "archs", "verified", "notes"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        digest = r["digest"][:19] + "…" if r["digest"] else "[yellow]not pinned[/]"
+        notes = []
+        if not r["in_lock"]:
+            notes.append("[red]not in the lock[/]")
+        if not r["in_catalog"]:
+            notes.append("[red]not in catalog/engines.yaml[/]")
+        if r["dockerfile"]:
+            notes.append(f"built from dockerfiles/{r['dockerfile']}")
+        verified = f"{r['verified']['at']} ({r['verified'].get('registry', '')})" if r["verified"] else "never"
+        table.add_row(r["key"], f"{r['repository']}:{r['tag']}", digest, r["cuda"] or "-",
+                      " ".join(r["archs"]) or "-", verified, "; ".join(notes))
+    console.print(table)
+
+
+ns = Collection("images")
+ns.add_task(pin)
+ns.add_task(verify)
+ns.add_task(build)
+ns.add_task(list_)
