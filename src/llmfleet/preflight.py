@@ -12,7 +12,6 @@ the checks for each service of the host.
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -235,14 +234,13 @@ def plan_for(service: Service, facts: Facts, settings: HostSettings | None = Non
             card = find_gpu(g.catalog_id or g.name)
         except UsageError:
             return None, f"card {g.name!r} is not in catalog/gpus.yaml"
-        if g.memory_total_mib and g.memory_total_mib > 0:
-            card = dataclasses.replace(card, memory_mib=int(g.memory_total_mib))
     elif settings is not None and settings.gpu:
         card = settings.gpu
     else:
         return None, "no GPU seen on the host and no llmfleet_gpu in the inventory"
     try:
-        return planner.plan_for_service(service, card, max(1, len(facts.gpus))), None
+        # The planner takes the host's real memory.total for the cards the service uses.
+        return planner.plan_for_service(service, card, max(1, len(facts.gpus)), facts=facts if gpus else None), None
     except LlmfleetError as exc:
         return None, str(exc)
     except Exception as exc:  # the planner must not take the preflight down with it
@@ -422,7 +420,7 @@ def _plan_check(service: Service, plan: Any, plan_error: str | None) -> Check:
         ctx = getattr(plan, "max_context_tokens", None)
         k = getattr(plan, "max_concurrency", None)
         wb = getattr(plan, "weights_bytes", None)
-        tok = getattr(plan, "decode_tokps_expected", None)
+        tok = getattr(plan, "decode_tokps_realistic", None) or getattr(plan, "decode_tokps_expected", None)
         parts = []
         if wb:
             parts.append(f"weights {wb / 1e9:.1f} GB")
@@ -437,7 +435,8 @@ def _plan_check(service: Service, plan: Any, plan_error: str | None) -> Check:
                      + (f": {', '.join(parts)}" if parts else ""))
     why = next((n for n in notes if n.startswith("REFUSED")), None) or "; ".join(notes[:2]) or \
         "the planner says it does not fit"
-    sugg = [s for s in (getattr(plan, "suggestions", None) or []) if isinstance(s, dict)]
+    alts = getattr(plan, "alternatives", None) or getattr(plan, "suggestions", None) or []
+    sugg = [a for a in alts if isinstance(a, dict)]
     fix = ("; ".join(f"{s.get('flags') or s.get('change')} ({s.get('why', '')})" for s in sugg[:3])
            if sugg else "a smaller quantization, a shorter context, fewer concurrent sequences or more GPUs")
     return Check("plan", "fail", f"{service.model} does not fit: {why}", f"{fix} (`invoke plan` ranks them)")

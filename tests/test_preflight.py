@@ -1,0 +1,256 @@
+"""Preflight checks, table-driven: recorded host facts + a service + the lock -> PASS / WARN / FAIL."""
+
+from __future__ import annotations
+
+import pytest
+
+from llmfleet import images
+from llmfleet.facts import Container, Disk, ModelFile
+from llmfleet.preflight import CHECK_IDS, check_host, images_lock_path, parse_archs, release_for, run_checks
+from llmfleet.services import HostSettings, Service
+from tests.test_facts import _card, body_rc, host_doc, parse, section
+
+DIGEST = "sha256:" + "ab" * 32
+LOCK = images.ImageLock(images={
+    k: images.LockedImage(key=k, repository=r, digest=DIGEST, tag=t, cuda=c)
+    for k, r, t, c in [
+        ("vllm:0.19.1", "docker.io/vllm/vllm-openai", "v0.19.1", "12.9.1"),
+        ("vllm:0.10.1.1", "docker.io/vllm/vllm-openai", "v0.10.1.1", "12.8.1"),
+        ("vllm:0.20.0", "docker.io/vllm/vllm-openai", "v0.20.0", "13.0.2"),
+        ("llamacpp:server-cuda-12.8", "ghcr.io/ggml-org/llama.cpp", "server-cuda", "12.8.1"),
+        ("llamacpp:b5000-cu122", "registry.example/llmfleet/llama.cpp", "server-b5000-cu122", "12.2.2"),
+    ]
+})
+
+GGUF = "/srv/models/qwen2.5-7b-instruct-q4_k_m.gguf"
+HF = "/srv/models/qwen2.5-7b-instruct"
+
+
+def facts_for(card: str):
+    """Facts of a host with this recorded card, a working Docker with the nvidia runtime, and the
+    models present."""
+    f = parse(host_doc(*_card(card)))
+    f.models = [
+        ModelFile(path=GGUF, kind="file", readable=True, size_bytes=4_683_073_504, magic="GGUF"),
+        ModelFile(path=HF, kind="dir", readable=True, size_bytes=15_231_272_152,
+                  entries=["config.json", "model-00001-of-00004.safetensors", "tokenizer.json"]),
+    ]
+    return f
+
+
+def svc(**kw) -> Service:
+    base = {"name": "chat", "engine": "llamacpp", "model": "qwen2.5-7b-instruct", "model_path": GGUF,
+            "image": "llamacpp:b5000-cu122", "quant": "q4_k_m", "context": 8192, "port": 8080}
+    if kw.get("engine") == "vllm":
+        base.update({"model_path": HF, "image": "vllm:0.19.1", "quant": "gptq-int4"})
+    base.update(kw)
+    return Service.model_validate(base)
+
+
+def run(card: str, service: Service, *, facts=None, lock=LOCK, allow_unpinned=False):
+    f = facts if facts is not None else facts_for(card)
+    settings = HostSettings(services=[service])
+    (report,) = check_host("gpu-test-01", settings, f, lock=lock, allow_unpinned=allow_unpinned)
+    return report
+
+
+def by_id(report) -> dict[str, object]:
+    return {c.id: c for c in report.checks}
+
+
+@pytest.mark.parametrize(
+    ("card", "service", "check", "status", "said", "fix"),
+    [
+        # V100 + AWQ: no AWQ kernels on Volta
+        ("v100-535", svc(engine="vllm", quant="awq-int4"), "quant", "fail", "does not run on compute capability 7.0",
+         "GPTQ"),
+        ("v100-535", svc(engine="vllm"), "quant", "pass", "gptq", ""),
+        # V100 + bf16 weights: the planner's --dtype float16 makes it run
+        ("v100-535", svc(engine="vllm", quant="bf16", context=4096), "dtype", "pass", "cast to float16", ""),
+        ("v100-535", svc(engine="vllm", quant="bf16", context=4096, engine_args=["--dtype", "bfloat16"]), "dtype",
+         "fail", "--dtype bfloat16 needs bf16", "--dtype float16"),
+        # a CUDA 12.8 llama.cpp image on a 535 driver: PTX-only on Volta, minor-version compat does not JIT
+        ("v100-535", svc(image="llamacpp:server-cuda-12.8"), "cuda-driver", "warn", "forward compatibility",
+         ">= 570.124.06"),
+        ("rtx4090-550", svc(image="vllm:0.10.1.1", engine="vllm"), "cuda-driver", "fail", "Triton",
+         "upgrade the driver to >= 570.124.06"),
+        ("v100-535", svc(engine="vllm", image="vllm:0.20.0"), "arch", "fail", "no kernels", "vllm:0.19.1"),
+        # T4 on R470: compute capability from the catalog, CUDA 12 only through forward compatibility
+        ("t4-470", svc(), "gpu", "pass", "compute capability 7.5, from catalog", ""),
+        ("t4-470", svc(), "cuda-driver", "warn", "forward compatibility", ">= 535.104.05"),
+        ("p40-470", svc(), "gpu", "warn", "memory already in use", "stop what holds the GPU memory"),
+        ("p40-470", svc(engine="vllm", image="vllm:0.19.1"), "arch", "fail", "no kernels", "llama.cpp"),
+        ("rtx4090-550", svc(engine="vllm", quant="fp8", image="vllm:0.19.1"), "quant", "pass", "fp8_w8a8", ""),
+        ("rtx4090-550", svc(engine="vllm", kv_dtype="fp8"), "kv-dtype", "fail", "FLASH_ATTN", "FLASHINFER"),
+        ("rtx4090-550", svc(image="llamacpp:server-cuda-12.8", engine_args=["-fa"]), "attention", "fail",
+         "takes -fa on|off|auto", "-fa on"),
+        # the plan
+        ("v100-535", svc(engine="vllm", model="qwen2.5-32b-instruct", quant="bf16"), "plan", "fail",
+         "does not fit: REFUSED", "--quant gptq-int8"),
+        ("v100-535", svc(), "plan", "pass", "fits 2 x Tesla V100-SXM2-32GB", ""),
+        ("v100-535", svc(gpus=[1]), "plan", "pass", "fits 1 x Tesla V100-SXM2-32GB", ""),
+        ("v100-535", svc(model="my-private-model"), "plan", "warn", "unknown model", "catalog/models.yaml"),
+        ("v100-535", svc(quant="awq-int4"), "plan", "fail", "llama.cpp serves GGUF files", "`invoke plan` accepts"),
+        # image resolution through the lock
+        ("v100-535", svc(image="llamacpp:not-pinned"), "image", "fail", "is not in images.lock", "images.pin"),
+        ("v100-535", svc(), "image", "pass", f"registry.example/llmfleet/llama.cpp@{DIGEST}", ""),
+        # model files
+        ("v100-535", svc(model_path="/srv/models/gone.gguf"), "model-files", "warn", "was not probed", "again"),
+        ("v100-535", svc(engine="vllm", model_path=GGUF), "model-files", "pass", "GGUF", ""),
+        ("v100-535", svc(model_path=HF), "model-files", "fail", "is a dir, not a .gguf file", ".gguf file"),
+        ("v100-535", svc(), "disk-model", "pass", "already on the host", ""),
+        ("v100-535", svc(), "port", "pass", "port 8080 is free", ""),
+        ("v100-535", svc(port=8000), "port", "fail", "in use by a process outside llmfleet", "another port"),
+        ("v100-535", svc(), "gpu-runtime", "pass", "nvidia runtime", ""),
+        ("v100-535", svc(), "compose", "pass", "2.29.7", ""),
+        ("v100-535", svc(gpus=[0, 5]), "gpu", "fail", "asks for GPU(s) 5; the host has 0, 1", "gpus"),
+    ],
+)
+def test_checks(card, service, check, status, said, fix):
+    report = run(card, service)
+    c = by_id(report)[check]
+    assert c.status == status, c
+    assert said in c.message, c.message
+    assert fix in c.fix, c.fix
+    assert report.ok == all(x.status != "fail" for x in report.checks)
+
+
+def test_a_good_service_passes_and_checks_come_in_the_documented_order():
+    report = run("v100-535", svc())
+    assert report.ok, [c for c in report.checks if c.status == "fail"]
+    ids = [c.id for c in report.checks]
+    assert ids == [i for i in CHECK_IDS if i in ids]
+    assert set(ids) >= set(CHECK_IDS) - {"facts"}
+
+
+def test_json_shape():
+    d = run("v100-535", svc(engine="vllm", quant="awq-int4")).to_dict()
+    assert set(d) == {"host", "service", "ok", "checks"}
+    assert (d["host"], d["service"], d["ok"]) == ("gpu-test-01", "chat", False)
+    assert {c["status"] for c in d["checks"]} <= {"pass", "warn", "fail"}
+    assert all(set(c) == {"id", "status", "message", "fix"} for c in d["checks"])
+
+
+def test_dead_driver_is_a_named_gpu_failure_even_for_a_cpu_image():
+    body, rc = body_rc("driver-not-loaded/nvidia-smi.txt")
+    f = parse(host_doc(section("nvidia_query", body, rc), section("nvidia_smi", body, rc)))
+    lock = images.ImageLock(images={"llamacpp:lab-cpu": images.LockedImage(
+        key="llamacpp:lab-cpu", repository="127.0.0.1:5000/lab/llama-server", digest=DIGEST, tag="lab")})
+    report = run("", svc(image="llamacpp:lab-cpu", model_path="/srv/models/x.gguf"), facts=f, lock=lock)
+    gpu = by_id(report)["gpu"]
+    assert gpu.status == "fail" and "driver not loaded (nvidia-smi exit 9" in gpu.message
+    assert not report.ok
+
+
+def test_dead_driver_with_a_gpu_image_skips_the_kernel_checks():
+    body, rc = body_rc("driver-not-loaded/nvidia-smi.txt")
+    f = parse(host_doc(section("nvidia_query", body, rc)))
+    checks = by_id(run("", svc(), facts=f))
+    assert checks["gpu"].status == "fail"
+    assert checks["arch"].status == "warn" and checks["arch"].message.startswith("not judged")
+
+
+def test_unpinned_image_is_a_warning_when_allowed():
+    report = run("v100-535", svc(image="ghcr.io/ggml-org/llama.cpp:server-cuda"), allow_unpinned=True)
+    c = by_id(report)["image"]
+    assert c.status == "warn" and "floating tag" in c.message
+    assert by_id(report)["arch"].status == "pass"  # judged as the catalog's llamacpp:server-cuda-12.8
+
+
+def test_unpinned_image_fails_by_default():
+    c = by_id(run("v100-535", svc(image="ghcr.io/ggml-org/llama.cpp:server-cuda")))["image"]
+    assert c.status == "fail" and "floating tag" in c.message
+
+
+def test_port_held_by_our_own_container_passes_and_by_another_fails():
+    f = facts_for("v100-535")
+    f.containers = [Container(name="llmfleet-chat", image="x", state="running", ports=[8000],
+                              labels={"io.llmfleet.service": "chat"})]
+    c = by_id(run("", svc(port=8000), facts=f))["port"]
+    assert c.status == "pass" and "own container llmfleet-chat" in c.message
+    f.containers = [Container(name="grafana", image="grafana/grafana", state="running", ports=[8000])]
+    c = by_id(run("", svc(port=8000), facts=f))["port"]
+    assert c.status == "fail" and "held by container grafana" in c.message
+
+
+def test_no_docker_and_no_gpu_runtime_fail():
+    f = parse(host_doc(*_card("v100-535"), docker="Cannot connect to the Docker daemon at unix:///var/run/docker.sock.",
+                       docker_rc=1, tools="nvidia-smi=/usr/bin/nvidia-smi"))
+    checks = by_id(run("", svc(), facts=f))
+    assert checks["docker"].status == "fail" and "docker socket refused" in checks["docker"].message
+    assert checks["gpu-runtime"].status == "fail" and "nvidia-ctk runtime configure" in checks["gpu-runtime"].fix
+    assert checks["facts"].status == "warn"
+
+
+def test_small_disk_fails_the_image_check():
+    f = facts_for("v100-535")
+    f.disks = [Disk(label="docker_root", path="/var/lib/docker", mount="/", total_mib=20000, free_mib=1000)]
+    c = by_id(run("", svc(engine="vllm"), facts=f))["disk-image"]
+    assert c.status == "fail" and "1.0 GiB free" in c.message and "prune" in c.fix
+
+
+def test_image_already_on_the_host_needs_no_disk():
+    f = facts_for("v100-535")
+    f.disks = []
+    f.images = [f"registry.example/llmfleet/llama.cpp@{DIGEST}"]
+    c = by_id(run("", svc(), facts=f))["disk-image"]
+    assert c.status == "pass" and "already on the host" in c.message
+
+
+def test_missing_model_needs_disk_for_it():
+    f = facts_for("v100-535")
+    f.models = [ModelFile(path="/srv/models/new.gguf", kind="missing")]
+    f.disks.append(Disk(label="model:/srv/models/new.gguf", path="/srv", total_mib=10000, free_mib=2000))
+    checks = by_id(run("", svc(model_path="/srv/models/new.gguf"), facts=f))
+    assert checks["model-files"].status == "fail"
+    assert checks["disk-model"].status == "fail" and "2.0 GiB free at /srv" in checks["disk-model"].message
+
+
+def test_hostile_facts_give_findings_not_tracebacks():
+    junk = "0, \x1b]0;pwned\x07Tesla V100, x, y, zz, -1, 9999999999999999, 5xx.evil, 7.0; rm -rf /"
+    f = parse(host_doc(section("nvidia_query", junk), section("nvidia_smi", "garbage " * 1000)))
+    report = run("", svc(), facts=f)
+    assert not report.ok
+    assert all(len(c.message) < 2000 for c in report.checks)
+
+
+def test_lock_archs_override_the_catalog_and_the_difference_is_said():
+    ref = images.resolve("llamacpp:server-cuda-12.8", images.ImageLock(images={
+        "llamacpp:server-cuda-12.8": images.LockedImage(
+            key="llamacpp:server-cuda-12.8", repository="ghcr.io/ggml-org/llama.cpp", digest=DIGEST,
+            cuda="12.8.1", archs=("7.0", "8.6", "8.9", "9.0+PTX"))}))
+    from llmfleet.compat import load_engine_catalog
+
+    rel, notes = release_for(ref, load_engine_catalog())
+    assert rel.kernels.sass == ["7.0", "8.6", "8.9", "9.0"] and rel.kernels.ptx == ["9.0"]
+    assert notes and "judged by the lock" in notes[0]
+    checks = {c.id: c for c in run_checks("h", svc(image="llamacpp:server-cuda-12.8"), facts_for("v100-535"), None, ref)}
+    assert checks["image"].status == "warn"
+    assert "SASS for sm_70" in checks["arch"].message
+
+
+@pytest.mark.parametrize(
+    ("archs", "sass", "ptx"),
+    [
+        (["7.0", "7.5"], ["7.0", "7.5"], []),
+        (["sm_70", "compute_90"], ["7.0"], ["9.0"]),
+        (["86-real", "90-virtual", "120a-real"], ["8.6", "12.0a"], ["9.0"]),
+        (["12.0+PTX"], ["12.0"], ["12.0"]),
+    ],
+)
+def test_parse_archs(archs, sass, ptx):
+    k = parse_archs(archs)
+    assert (k.sass, k.ptx) == (sass, ptx)
+
+
+def test_parse_archs_refuses_junk():
+    assert parse_archs(["7.0", "volta"]) is None
+
+
+def test_images_lock_path(tmp_path):
+    inv = tmp_path / "inv"
+    inv.mkdir()
+    assert images_lock_path({"llmfleet_images_lock": "../.lab/images.lock"}, str(inv), None) == str(
+        inv / "../.lab/images.lock")
+    assert images_lock_path({}, str(inv), "/etc/llmfleet/images.lock") == "/etc/llmfleet/images.lock"
+    assert images_lock_path({}, str(inv / "hosts.yml"), None) is None
