@@ -596,10 +596,9 @@ def _plan(req: PlanRequest, with_suggestions: bool) -> Plan:
                 f"Use a smaller quant, a shorter context or more GPUs, or pass --offload to accept it"
             )
         if req.offload and fits:
-            # KV first, layers fill what is left: context and sequences bounded by the KV alone.
-            kv_room = basis_budget - fixed - (0 if tp else weights.read_per_token - weights.layer_bytes)
-            max_context = max(0, _largest(1, max_ctx_model, lambda c: kv_need(c, k) <= kv_room))
-            max_conc = int(kv_room // (per_seq * grow)) if per_seq > 0 else 0
+            # The layer split is made for the asked context and sequences: more of either moves more
+            # layers off the GPU, so the plan holds exactly what was asked.
+            max_context, max_conc = context, k
     elif not context_fits:
         if context < min(min_context(), max_ctx_model):
             problems.append(f"a context below {min_context()} tokens is not a useful service")
@@ -633,6 +632,8 @@ def _plan(req: PlanRequest, with_suggestions: bool) -> Plan:
         )
     if not gpu.bf16 and quant.name in ("bf16", "fp16"):
         notes.append(f"{gpu.name} has no bf16 (CC {gpu.compute_capability}): weights run as float16")
+    if tp and (not gpu.bf16 or quant.name == "fp16") and spec.model_type.startswith("gemma"):
+        notes.append("Gemma models are trained in bf16: float16 activations may overflow (U); test the output")
     if not tp and not weights.tied:
         notes.append(
             f"llama.cpp keeps the token-embedding table ({weights.embed_bytes / GB:.2f} GB) in host memory"
