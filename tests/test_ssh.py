@@ -153,3 +153,26 @@ def test_become_wraps_commands_in_sudo():
 
     r = Remote(t, conn=None, command_timeout=1)  # type: ignore[arg-type]
     assert r._wrap(["echo", "a b"], sudo=False) == "sudo -n -u root -- sh -c 'echo '\"'\"'a b'\"'\"''"
+
+
+def test_ssh_config_alias_supplies_address_port_user_and_key(sshd, tmp_path):
+    """A host known only by an ~/.ssh/config alias: HostName, Port, User and IdentityFile come from it."""
+    cfg = tmp_path / "ssh_config"
+    cfg.write_text(
+        f"Host gpu-alias-01\n  HostName 127.0.0.1\n  Port {sshd.port}\n  User root\n"
+        f"  IdentityFile {sshd.client_key}\n"
+    )
+    kh = tmp_path / "kh"
+    host = Host(name="gpu-alias-01", vars={})
+    with connect(host, config={"known_hosts": str(kh), "config_file": str(cfg)}, accept_new_host_keys=True) as r:
+        assert r.run(["whoami"]).stdout == "root\n"
+    # the key is recorded under the real address and port, as OpenSSH records it
+    assert kh.read_text().startswith(f"[127.0.0.1]:{sshd.port} ")
+
+
+def test_inventory_vars_win_over_ssh_config(sshd, tmp_path):
+    cfg = tmp_path / "ssh_config"
+    cfg.write_text("Host test-host\n  HostName 127.0.0.9\n  Port 1\n")  # refused if it were used
+    with connect(host_for(sshd), config={"known_hosts": str(tmp_path / "kh"), "config_file": str(cfg)},
+                 accept_new_host_keys=True) as r:
+        assert r.run(["echo", "ok"]).stdout == "ok\n"

@@ -16,8 +16,10 @@ import base64
 import contextlib
 import hashlib
 import os
+import select
 import shlex
 import socket
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -196,12 +198,67 @@ class Remote:
 
     @contextlib.contextmanager
     def forward(self, remote_port: int, remote_host: str = "127.0.0.1") -> Iterator[int]:
-        """Tunnel a local port on 127.0.0.1 to ``remote_host:remote_port`` as seen from the host."""
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            local_port = s.getsockname()[1]
-        with self._conn.forward_local(local_port=local_port, remote_port=remote_port, remote_host=remote_host):
+        """Tunnel a local port on 127.0.0.1 to ``remote_host:remote_port`` as seen from the host.
+
+        The listening socket is bound before this returns (no race with the first connection);
+        each accepted connection gets its own direct-tcpip channel, pumped by a daemon thread.
+        """
+        transport = self._conn.client.get_transport()
+        if transport is None or not transport.is_active():
+            raise RemoteError(f"host {self.name}: SSH connection is closed; cannot forward port {remote_port}")
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)
+        listener.settimeout(0.2)
+        local_port = listener.getsockname()[1]
+        stop = threading.Event()
+
+        def pump(sock: socket.socket, chan: paramiko.Channel) -> None:
+            try:
+                while not stop.is_set():
+                    r, _, _ = select.select([sock, chan], [], [], 0.2)
+                    if sock in r:
+                        data = sock.recv(65536)
+                        if not data:
+                            break
+                        chan.sendall(data)
+                    if chan in r:
+                        data = chan.recv(65536)
+                        if not data:
+                            break
+                        sock.sendall(data)
+            except (OSError, EOFError, paramiko.SSHException):
+                pass
+            finally:
+                chan.close()
+                sock.close()
+
+        def accept_loop() -> None:
+            while not stop.is_set():
+                try:
+                    sock, peer = listener.accept()
+                except TimeoutError:
+                    continue
+                except OSError:
+                    return
+                try:
+                    chan = transport.open_channel(
+                        "direct-tcpip", (remote_host, remote_port), peer, timeout=10
+                    )
+                except (paramiko.SSHException, OSError, EOFError):
+                    sock.close()  # the client sees a closed connection, like a refused port
+                    continue
+                threading.Thread(target=pump, args=(sock, chan), daemon=True).start()
+
+        acceptor = threading.Thread(target=accept_loop, daemon=True)
+        acceptor.start()
+        try:
             yield local_port
+        finally:
+            stop.set()
+            listener.close()
+            acceptor.join(timeout=2)
 
     def close(self) -> None:
         self._conn.close()
@@ -215,6 +272,16 @@ class Remote:
 
 def _short(cmd: str, n: int = 120) -> str:
     return cmd if len(cmd) <= n else cmd[: n - 3] + "..."
+
+
+def _fabric_config(config: dict[str, Any]) -> Config:
+    """Fabric config that honours OpenSSH client config (Host aliases, HostName, Port, User,
+    IdentityFile, ProxyJump): ~/.ssh/config and /etc/ssh/ssh_config, or the file named by the
+    llmfleet.ssh.config_file setting. Inventory ansible_* variables win over it, as in Ansible."""
+    path = config.get("config_file")
+    if path:
+        return Config(runtime_ssh_path=os.path.expanduser(str(path)))
+    return Config(overrides={"load_ssh_configs": True})
 
 
 def connect(
@@ -240,7 +307,7 @@ def connect(
         target.address,
         user=target.user,
         port=target.port,
-        config=Config(overrides={"load_ssh_configs": True}),
+        config=_fabric_config(config),
         connect_timeout=connect_timeout,
         connect_kwargs=connect_kwargs,
     )
