@@ -12,6 +12,7 @@ from llmfleet.cli import (
     facts_tasks,
     images_tasks,
     inventory_tasks,
+    lab_tasks,
     lock_tasks,
     ops_tasks,
     plan_tasks,
@@ -27,6 +28,7 @@ ns.configure(
                 "command_timeout": 120,
                 "user": None,
                 "known_hosts": "~/.local/state/llmfleet/known_hosts",
+                "config_file": None,
             },
             "audit_log": "~/.local/state/llmfleet/audit.jsonl",
         }
@@ -45,3 +47,4 @@ ns.add_collection(images_tasks.ns)
 ns.add_task(deploy_tasks.deploy)
 ns.add_task(deploy_tasks.rollback)
 ns.add_collection(Collection("lock", lock_tasks.status, lock_tasks.release))
+ns.add_collection(lab_tasks.ns)
