@@ -15,7 +15,7 @@ import pytest
 
 from llmfleet.errors import UsageError
 from llmfleet.services import Service
-from llmfleet.upgrade import host_overrides, parse_image, parse_sets, run_upgrade
+from llmfleet.upgrade import HostChange, host_overrides, parse_image, parse_sets, run_upgrade
 
 
 @dataclass
@@ -287,15 +287,18 @@ def test_parse_sets_types_values_and_refuses_unknown_keys_and_secrets():
 @pytest.mark.parametrize(
     ("services", "images", "sets", "expected"),
     [
-        ([svc("a", "llamacpp")], {"llamacpp": "llamacpp:new"}, {}, {"image": "llamacpp:new"}),
+        ([svc("a", "llamacpp")], {"llamacpp": "llamacpp:new"}, {}, HostChange({"image": "llamacpp:new"})),
         ([svc("a", "llamacpp"), svc("b", "llamacpp", 8001)], {"llamacpp": "llamacpp:new"}, {"context": 4096},
-         {"image": "llamacpp:new", "context": 4096}),
+         HostChange({"image": "llamacpp:new", "context": 4096})),
         ([svc("a", "vllm")], {"llamacpp": "llamacpp:new"}, {}, "runs no llamacpp service"),
+        # a host running both engines: only the upgraded engine's services are deployed
         ([svc("a", "vllm"), svc("b", "llamacpp", 8001)], {"llamacpp": "llamacpp:new"}, {},
+         HostChange({"image": "llamacpp:new"}, ["b"])),
+        ([svc("a", "vllm"), svc("b", "llamacpp", 8001)], {"llamacpp": "llamacpp:new", "vllm": "vllm:new"}, {},
          "runs both llamacpp and vllm"),
         ([], {"llamacpp": "llamacpp:new"}, {}, "no services in the inventory"),
-        ([svc("a", "vllm")], {}, {"context": 2048}, {"context": 2048}),
-        ([svc("a", "vllm")], {}, {}, {}),  # a plain rolling redeploy (e.g. after rotating an API key)
+        ([svc("a", "vllm")], {}, {"context": 2048}, HostChange({"context": 2048})),
+        ([svc("a", "vllm")], {}, {}, HostChange({})),  # a plain rolling redeploy (e.g. after rotating an API key)
     ],
 )
 def test_host_overrides(services, images, sets, expected):

@@ -92,26 +92,38 @@ def parse_sets(values: Sequence[str] | str | None) -> dict[str, Any]:
     return out
 
 
-def host_overrides(services: Sequence[Service], images: dict[str, str], sets: dict[str, Any]) -> dict[str, Any] | str:
-    """The overrides for one host's deploy, or the reason this host is not part of the upgrade.
+@dataclass(frozen=True)
+class HostChange:
+    """What one host's deploy is given: service-level overrides, and the services to deploy
+    (``None``: all of the host's services)."""
 
-    ``--image`` applies to the services of that engine; the deploy applies overrides to every
-    service of a host, so a host where the engine runs alongside another engine is refused (deploy it
-    with ``invoke deploy`` after editing the inventory).
+    overrides: dict[str, Any]
+    services: list[str] | None = None
+
+
+def host_overrides(services: Sequence[Service], images: dict[str, str], sets: dict[str, Any]) -> HostChange | str:
+    """The change for one host's deploy, or the reason this host is not part of the upgrade.
+
+    ``--image`` applies to the services of that engine: on a host that also runs another engine,
+    only that engine's services are deployed. ``--set`` applies to every service deployed.
     """
     out = dict(sets)
-    if images:
-        engines = {s.engine for s in services}
-        hit = engines & set(images)
-        if not services:
-            return "no services in the inventory"
-        if not hit:
-            return f"runs no {' or '.join(sorted(images))} service"
-        if len(engines) > 1:
-            return (f"runs both {' and '.join(sorted(engines))}; --image would change every service on it; "
-                    "set the image in the inventory and use invoke deploy")
-        out["image"] = images[hit.pop()]
-    return out
+    if not images:
+        return HostChange(out)
+    if not services:
+        return "no services in the inventory"
+    engines = {s.engine for s in services}
+    hit = engines & set(images)
+    if not hit:
+        return f"runs no {' or '.join(sorted(images))} service"
+    if len(hit) > 1:
+        return (f"runs both {' and '.join(sorted(hit))}; upgrade one engine at a time "
+                "(the deploy applies one set of overrides to the services it deploys)")
+    engine = hit.pop()
+    out["image"] = images[engine]
+    if len(engines) > 1:
+        return HostChange(out, [s.name for s in services if s.engine == engine])
+    return HostChange(out)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -308,15 +320,17 @@ def run_upgrade(
 # The real deploy and rollback (shell: llmfleet.deploy)
 
 
-def deploy_fn(inventory: Any, *, config: dict[str, Any], options: Any, overrides: dict[str, dict[str, Any]],
+def deploy_fn(inventory: Any, *, config: dict[str, Any], options: Any, changes: dict[str, HostChange],
               log: Callable[[str], None]) -> Callable[[str], Any]:
-    """``host -> HostOutcome`` running ``llmfleet.deploy.deploy_host`` with this host's overrides."""
+    """``host -> HostOutcome`` running ``llmfleet.deploy.deploy_host`` with this host's change."""
     import dataclasses
 
     from llmfleet import deploy as deploy_mod
 
     def run(host: str) -> Any:
-        opts = dataclasses.replace(options, overrides=dict(overrides.get(host, {})))
+        ch = changes.get(host) or HostChange({})
+        opts = dataclasses.replace(options, overrides=dict(ch.overrides),
+                                   services=list(ch.services) if ch.services else None)
         return deploy_mod.deploy_host(inventory, host, config=config, options=opts,
                                       log=lambda line: log(f"{host}: {line}"))
 

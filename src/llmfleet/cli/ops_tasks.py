@@ -259,33 +259,35 @@ def upgrade(c, group=None, host=None, image=None, set_=None, serial=None, max_fa
     forks = int(_positive("forks", forks))
     pause = _positive("pause", pause, allow_zero=True)
     inv, hosts = _select(c, inventory, host, group)
-    overrides: dict[str, dict[str, Any]] = {}
+    changes: dict[str, upgrade_mod.HostChange] = {}
     excluded: dict[str, str] = {}
     for h in hosts:
         got = upgrade_mod.host_overrides(settings_for(h).services, images, sets)
         if isinstance(got, str):
             excluded[h.name] = got
         else:
-            overrides[h.name] = got
-    names = [h.name for h in hosts if h.name in overrides]
+            changes[h.name] = got
+    names = [h.name for h in hosts if h.name in changes]
     if not names:
         raise UsageError("upgrade: no selected host runs the engine to upgrade: " +
                          "; ".join(f"{k}: {v}" for k, v in excluded.items()))
 
+    from llmfleet.cli.deploy_tasks import deploy_config
     from llmfleet.deploy import DeployOptions
 
+    config = deploy_config(c)
+    _validate(inv, [h for h in hosts if h.name in changes], changes, config, bool(allow_unpinned))
     who = _who()
     msg = message or f"upgrade --group {group}" + "".join(f" --image {v}" for v in images.values())
     options = DeployOptions(check=bool(check), accept_new_host_keys=bool(accept_new_host_keys),
                             allow_unpinned=bool(allow_unpinned), message=msg, who=who)
-    config = ssh_config(c)
 
     def log(line: str) -> None:
         err_console.print(f"{datetime.now(UTC):%H:%M:%S} {escape(line)}")
 
     for name, why in excluded.items():
         log(f"{name}: not part of this upgrade: {why}")
-    deploy = upgrade_mod.deploy_fn(inv, config=config, options=options, overrides=overrides, log=log)
+    deploy = upgrade_mod.deploy_fn(inv, config=config, options=options, changes=changes, log=log)
     rollback = upgrade_mod.rollback_fn(inv, config=config, options=options, log=log) if rollback_on_abort else None
     report = upgrade_mod.run_upgrade(
         names, deploy=deploy, serial=serial_list, max_fail_percentage=mfp, forks=forks, pause=pause,
@@ -311,6 +313,30 @@ def upgrade(c, group=None, host=None, image=None, set_=None, serial=None, max_fa
             raise CheckFailed(f"upgrade aborted: {report.abort_reason}")
         failed = [h.host for h in report.hosts if h.failed]
         raise CheckFailed(f"upgrade finished with {len(failed)} failed host(s): {', '.join(failed)}")
+
+
+def _validate(inv: Any, hosts: list[Host], changes: dict[str, upgrade_mod.HostChange], config: dict[str, Any],
+              allow_unpinned: bool) -> None:
+    """Before any host is touched: the overrides fit every service's schema and every image key is
+    pinned in the lock (a usage error, exit 2, names the first host and service that does not)."""
+    from llmfleet import images
+    from llmfleet.deploy import apply_overrides
+    from llmfleet.preflight import images_lock_path
+
+    locks: dict[str | None, Any] = {}
+    for h in hosts:
+        ch = changes[h.name]
+        settings = settings_for(h)
+        path = images_lock_path(h.vars, inv.path, config.get("images_lock"))
+        if path not in locks:
+            locks[path] = images.load_lock(path)
+        for svc in settings.services:
+            if ch.services and svc.name not in ch.services:
+                continue
+            where = f"host {h.name}: service {svc.name}"
+            svc = apply_overrides(svc, ch.overrides, where)
+            images.resolve(svc.image, locks[path], mirrors=dict(settings.image_mirrors),
+                           allow_unpinned=allow_unpinned, where=where)
 
 
 def _changes_text(changes: Any) -> str:

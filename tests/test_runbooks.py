@@ -1,0 +1,130 @@
+"""Every `invoke ...` command in docs/runbooks/*.md names a task that exists and flags it takes.
+
+Commands are read from fenced code blocks (lines starting with ``invoke ``) and from inline code
+spans. The lab tests (tests/lab/test_upgrade.py, test_status.py) run the runbooks' commands against
+lab hosts; this test keeps the documents true to the task surface.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from llmfleet.cli import ns
+
+RUNBOOKS = Path(__file__).resolve().parents[1] / "docs" / "runbooks"
+REQUIRED = {"fleet-upgrade.md", "rollback.md", "rotate-api-key.md", "driver-upgrade.md", "troubleshooting.md"}
+_INLINE = re.compile(r"`(invoke [^`]+)`")
+
+
+def commands(text: str) -> list[str]:
+    """``invoke ...`` commands: whole lines in fenced blocks, and inline code spans."""
+    out: list[str] = []
+    in_fence = False
+    for line in text.splitlines():
+        if line.strip().startswith("```"):
+            in_fence = not in_fence
+            continue
+        if in_fence:
+            if line.strip().startswith("invoke "):
+                out.append(line.strip())
+        else:
+            out.extend(m.group(1) for m in _INLINE.finditer(line))
+    return out
+
+
+def all_commands() -> list[tuple[str, str]]:
+    return [(p.name, cmd) for p in sorted(RUNBOOKS.glob("*.md")) for cmd in commands(p.read_text())]
+
+
+def task_flags(name: str) -> tuple[set[str], set[str]]:
+    """(flags, flags that take a value) of a task, as its parser spells them."""
+    task = ns[name]
+    flags: set[str] = set()
+    valued: set[str] = set()
+    for arg in task.get_arguments():
+        for n in arg.names:
+            n = n.strip("_").replace("_", "-")
+            flag = f"--{n}" if len(n) > 1 else f"-{n}"
+            flags.add(flag)
+            if arg.takes_value:
+                valued.add(flag)
+            elif len(n) > 1:
+                flags.add(f"--no-{n}")
+    return flags, valued
+
+
+def check_command(cmd: str) -> list[str]:
+    """Problems with one command line (empty when it is valid)."""
+    argv = shlex.split(cmd, comments=True)
+    assert argv[0] == "invoke"
+    if len(argv) < 2 or argv[1].startswith("-"):
+        return [f"{cmd!r}: no task name"]
+    name = argv[1]
+    if name not in ns.task_names:
+        return [f"{cmd!r}: no task {name!r} (tasks: {', '.join(sorted(ns.task_names))})"]
+    flags, valued = task_flags(name)
+    problems: list[str] = []
+    i = 2
+    while i < len(argv):
+        tok = argv[i]
+        if tok.startswith("-"):
+            flag = tok.split("=", 1)[0]
+            if flag not in flags:
+                problems.append(f"{cmd!r}: task {name} has no flag {flag} (it has {', '.join(sorted(flags))})")
+            elif flag in valued and "=" not in tok:
+                if i + 1 >= len(argv) or argv[i + 1].startswith("--"):
+                    problems.append(f"{cmd!r}: {flag} needs a value")
+                i += 1
+        else:
+            positional = [a for a in ns[name].get_arguments() if a.positional]
+            if not positional:
+                problems.append(f"{cmd!r}: unexpected argument {tok!r} (task {name} takes only flags)")
+        i += 1
+    return problems
+
+
+def test_every_required_runbook_exists_and_has_commands():
+    present = {p.name for p in RUNBOOKS.glob("*.md")}
+    assert REQUIRED <= present, f"missing runbooks: {REQUIRED - present}"
+    for name in REQUIRED:
+        assert commands((RUNBOOKS / name).read_text()), f"{name} has no invoke command"
+
+
+@pytest.mark.parametrize(("doc", "cmd"), all_commands(), ids=[f"{d}:{c}" for d, c in all_commands()])
+def test_runbook_command_exists(doc, cmd):
+    problems = check_command(cmd)
+    assert not problems, f"{doc}: " + "; ".join(problems)
+
+
+@pytest.mark.parametrize(
+    ("cmd", "ok"),
+    [
+        ("invoke status --group lab_fleet", True),
+        ("invoke upgrade --group g --serial 1,25%,100% --max-fail-percentage 20 --check", True),
+        ("invoke upgrade --group g --set context=1 --set concurrency=2", True),
+        ("invoke audit -n 5", True),
+        ("invoke statuz --group g", False),
+        ("invoke status --grop g", False),
+        ("invoke upgrade --group", False),
+        ("invoke releases gpu-1", False),
+    ],
+)
+def test_the_checker_itself(cmd, ok):
+    assert (not check_command(cmd)) is ok
+
+
+def test_troubleshooting_covers_the_field_reports_symptoms():
+    text = (RUNBOOKS / "troubleshooting.md").read_text()
+    for heading in ("## CUDA out of memory at start", "## Decode suddenly at 1-4 tok/s",
+                    '## "no kernel image is available for execution on the device"', "## AWQ on Volta",
+                    "## bf16 on Volta", "## A stuck lock"):
+        assert heading in text
+    sections = text.split("\n## ")[1:]
+    for sec in sections:
+        title = sec.splitlines()[0]
+        assert "**Diagnose**" in sec, f"{title}: no Diagnose step"
+        assert commands(sec), f"{title}: names no llmfleet command"
