@@ -1,0 +1,26 @@
+#!/bin/sh
+# Build only the llama-server target from the llama.cpp tree vendored in the llama-cpp-python sdist.
+# Usage: build-llama-server.sh SDIST.tar.gz OUT_BINARY [JOBS]
+# CPU only, GGML_NATIVE=OFF (portable x86-64), no OpenSSL/UI download/tests/examples, static ggml/llama
+# libraries and static libstdc++/libgcc: the binary needs only glibc (2.36 on Debian 12).
+set -eu
+sdist=$1
+out=$2
+jobs=${3:-$(nproc)}
+work=$(mktemp -d "${TMPDIR:-/tmp}/llama-build.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+tar -xzf "$sdist" -C "$work"
+src=$(find "$work" -maxdepth 3 -type d -path '*/vendor/llama.cpp' | head -n 1)
+[ -n "$src" ] || { echo "no vendor/llama.cpp in $sdist" >&2; exit 1; }
+cmake -S "$src" -B "$work/build" -DCMAKE_BUILD_TYPE=Release \
+  -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=OFF -DGGML_OPENMP=OFF \
+  -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
+  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TOOLS=ON \
+  -DLLAMA_BUILD_APP=OFF -DLLAMA_LLGUIDANCE=OFF \
+  -DCMAKE_EXE_LINKER_FLAGS="-static-libstdc++ -static-libgcc"
+cmake --build "$work/build" --target llama-server -j "$jobs"
+bin=$(find "$work/build" -type f -name llama-server -perm -u+x | head -n 1)
+strip "$bin"
+mkdir -p "$(dirname "$out")"
+cp "$bin" "$out.tmp"
+mv "$out.tmp" "$out"

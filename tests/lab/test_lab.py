@@ -1,0 +1,140 @@
+"""End-to-end: the lab's hosts are real SSH hosts with their own Docker engine and a simulated GPU."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.lab
+
+
+def test_ssh_as_deploy_with_sudo_and_own_hostname(lab):
+    r = lab.connect("gpu-v100-01")
+    try:
+        assert r.run("hostname").stdout.strip() == "gpu-v100-01"
+        # deploy logs in with the lab key; become (sudo -n) gives root
+        assert r.run("id -u").stdout.strip() == "0"
+        assert r.run("cat /etc/os-release").stdout.count("bookworm") >= 1
+    finally:
+        r.close()
+    from llmfleet import ssh
+    from llmfleet.inventory import Host
+
+    h = lab.inventory().hosts["gpu-v100-01"]
+    for user, want in (("deploy", "deploy"), ("root", "root")):
+        plain = Host(name=h.name, vars={**h.vars, "ansible_user": user, "ansible_become": False}, groups=h.groups)
+        with ssh.connect(plain, config=lab.config) as r:
+            assert r.run("id -un").stdout.strip() == want
+
+
+def test_unknown_host_key_is_refused_without_the_recorded_key(lab, tmp_path):
+    from llmfleet import ssh
+    from llmfleet.errors import RemoteError
+
+    cfg = dict(lab.config, known_hosts=str(tmp_path / "empty_known_hosts"))
+    with pytest.raises(RemoteError, match="unknown host key"):
+        ssh.connect(lab.inventory().hosts["gpu-v100-01"], config=cfg)
+
+
+def test_host_keys_differ_per_host(lab):
+    a = lab.exec("gpu-v100-01", ["cat", "/etc/ssh/ssh_host_ed25519_key.pub"]).stdout.split()[1]
+    b = lab.exec("gpu-t4-01", ["cat", "/etc/ssh/ssh_host_ed25519_key.pub"]).stdout.split()[1]
+    assert a != b
+
+
+def test_each_host_has_its_own_docker_engine(lab):
+    ids = {h: lab.exec(h, ["docker", "info", "--format", "{{.ID}} {{.Name}}"]).stdout.split() for h in
+           ("gpu-v100-01", "gpu-t4-01")}
+    assert ids["gpu-v100-01"][1] == "gpu-v100-01" and ids["gpu-t4-01"][1] == "gpu-t4-01"
+    assert ids["gpu-v100-01"][0] != ids["gpu-t4-01"][0]
+    # a container started on one host is invisible on the other
+    name = f"iso-{int(time.time())}"
+    lab.exec("gpu-v100-01", ["docker", "create", "--name", name, lab_image_for(lab, "llamacpp:lab-cpu"), "--version"],
+             timeout=120)
+    try:
+        assert name in lab.exec("gpu-v100-01", ["docker", "ps", "-a", "--format", "{{.Names}}"]).stdout
+        assert name not in lab.exec("gpu-t4-01", ["docker", "ps", "-a", "--format", "{{.Names}}"]).stdout
+    finally:
+        lab.exec("gpu-v100-01", ["docker", "rm", "-f", name], check=False)
+
+
+def test_compose_v2_and_gpu_requests_accepted(lab):
+    out = lab.exec("gpu-v100-01", ["docker", "compose", "version", "--short"]).stdout.strip()
+    assert out.startswith("2.")
+    daemon = json.loads(lab.exec("gpu-v100-01", ["cat", "/etc/docker/daemon.json"]).stdout)
+    assert daemon["insecure-registries"] == [lab.registry_inner]
+    assert all(not d.startswith(("8.8.", "1.1.", "9.9.")) for d in daemon["dns"])
+
+
+def lab_image_for(lab, key: str) -> str:
+    from llmfleet.images import load_lock
+
+    img = load_lock(lab.lock_path).get(key)
+    assert img and img.digest, f"{key} not pinned in {lab.lock_path}: run invoke lab.setup"
+    return f"{img.repository}@{img.digest}"
+
+
+def test_registry_serves_by_digest_and_hosts_pull_by_digest(lab):
+    from llmfleet.images import load_lock
+    from llmfleet.registry import RegistryClient
+
+    img = load_lock(lab.lock_path).get("llamacpp:lab-cpu")
+    repo_path = img.repository.split("/", 1)[1]
+    # the registry answers for the pinned digest on loopback
+    resp = httpx.head(f"http://{lab.registry}/v2/{repo_path}/manifests/{img.digest}",
+                      headers={"Accept": "application/vnd.docker.distribution.manifest.v2+json"}, timeout=10)
+    assert resp.status_code == 200
+    assert resp.headers["docker-content-digest"] == img.digest
+    assert RegistryClient().resolve(f"{lab.registry}/{repo_path}@{img.digest}") == img.digest
+    # an unknown digest is a 404, not a silent fallback
+    bad = "sha256:" + "0" * 64
+    assert httpx.head(f"http://{lab.registry}/v2/{repo_path}/manifests/{bad}", timeout=10).status_code == 404
+    # a host pulls it by digest through the lab network
+    ref = f"{img.repository}@{img.digest}"
+    lab.exec("gpu-t4-01", ["docker", "pull", ref], timeout=180)
+    got = lab.exec("gpu-t4-01", ["docker", "image", "inspect", "--format", "{{json .RepoDigests}}", ref]).stdout
+    assert img.digest in got
+
+
+@pytest.mark.parametrize(
+    "host,name,total,cc",
+    [
+        ("gpu-v100-01", "Tesla V100-SXM2-32GB", "32768", "7.0"),
+        ("gpu-4090-01", "NVIDIA GeForce RTX 4090", "24564", "8.9"),
+    ],
+)
+def test_simulator_answers_per_card(lab, host, name, total, cc):
+    out = lab.exec(host, ["nvidia-smi", "--query-gpu=index,name,memory.total,compute_cap",
+                          "--format=csv,noheader,nounits"]).stdout.strip()
+    assert out == f"0, {name}, {total}, {cc}"
+
+
+def test_simulator_r470_refuses_compute_cap(lab):
+    proc = lab.exec("gpu-t4-01", ["nvidia-smi", "--query-gpu=name,compute_cap", "--format=csv"], check=False)
+    assert proc.returncode == 2
+    assert 'Field "compute_cap" is not a valid field to query.' in proc.stdout
+    ok = lab.exec("gpu-t4-01", ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"]).stdout
+    assert ok.strip() == "Tesla T4, 470.256.02"
+    banner = lab.exec("gpu-t4-01", ["nvidia-smi"]).stdout
+    assert "Driver Version: 470.256.02" in banner and "CUDA Version: 11.4" in banner
+
+
+def test_simulator_dead_driver_mode(lab):
+    lab.set_driver_dead("gpu-4090-01", True)
+    try:
+        proc = lab.exec("gpu-4090-01", ["nvidia-smi", "-L"], check=False)
+        assert proc.returncode == 9
+        assert "couldn't communicate with the NVIDIA driver" in proc.stdout
+    finally:
+        lab.set_driver_dead("gpu-4090-01", False)
+    assert lab.exec("gpu-4090-01", ["nvidia-smi", "-L"]).stdout.startswith("GPU 0: NVIDIA GeForce RTX 4090")
+
+
+def test_models_staged(lab):
+    out = lab.exec("gpu-v100-01", ["sh", "-c", f"head -c 4 {lab.gguf_path}; ls {lab.hf_path}"]).stdout
+    assert out.startswith("GGUF")
+    for f in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+        assert f in out
