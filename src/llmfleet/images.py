@@ -530,17 +530,16 @@ _ARG_RE = re.compile(r"^[A-Z][A-Z0-9_]*$")
 
 @dataclass(frozen=True)
 class BuildSpec:
-    """``dockerfiles/NAME/image.yaml``: what the image is (catalog key, repository, tag), its base
-    (``base.image`` pinned by ``base.digest``, passed as the build arg ``BASE_DIGEST``), and the
-    build args ``images.build`` must be given."""
+    """``dockerfiles/NAME/image.yaml``: what the image is (catalog key, repository, tag), its bases
+    (``bases: {ARG: {image, digest}}``: each base image pinned by a digest passed as build arg ARG),
+    and the build args ``images.build`` must be given."""
 
     name: str
     dir: Path
     catalog_key: str
     repository: str
     tag: str
-    base_image: str
-    base_digest: str | None
+    bases: dict[str, tuple[str, str | None]]  # build arg -> (image, digest or None)
     required_args: tuple[str, ...] = ()
     args: dict[str, str] = field(default_factory=dict)
     notes: str = ""
@@ -557,14 +556,17 @@ def load_build_spec(name: str, root: Path | None = None) -> BuildSpec:
         data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError:
         raise UsageError(f"{path}: not valid YAML") from None
-    base = data.get("base") or {}
-    for field_name, value in (("catalog_key", data.get("catalog_key")), ("repository", data.get("repository")),
-                              ("tag", data.get("tag")), ("base.image", base.get("image"))):
-        if not value:
+    for field_name in ("catalog_key", "repository", "tag", "bases"):
+        if not data.get(field_name):
             raise UsageError(f"{path}: {field_name} is required")
-    digest = base.get("digest")
-    if digest is not None and not DIGEST_RE.match(str(digest)):
-        raise UsageError(f"{path}: base.digest must be sha256:<64 hex> or null")
+    bases: dict[str, tuple[str, str | None]] = {}
+    for arg, base in (data.get("bases") or {}).items():
+        if not _ARG_RE.match(str(arg)) or not isinstance(base, dict) or not base.get("image"):
+            raise UsageError(f"{path}: bases.{arg}: must be an UPPER_CASE build arg with image and digest")
+        digest = base.get("digest")
+        if digest is not None and not DIGEST_RE.match(str(digest)):
+            raise UsageError(f"{path}: bases.{arg}.digest must be sha256:<64 hex> or null")
+        bases[str(arg)] = (str(base["image"]), str(digest) if digest else None)
     args = {str(k): str(v) for k, v in (data.get("args") or {}).items()}
     required = tuple(str(a) for a in data.get("required_args") or ())
     for a in (*args, *required):
@@ -572,8 +574,7 @@ def load_build_spec(name: str, root: Path | None = None) -> BuildSpec:
             raise UsageError(f"{path}: build arg {a!r} must be UPPER_CASE")
     return BuildSpec(
         name=name, dir=root / name, catalog_key=str(data["catalog_key"]), repository=str(data["repository"]),
-        tag=str(data["tag"]), base_image=str(base["image"]), base_digest=str(digest) if digest else None,
-        required_args=required, args=args, notes=str(data.get("notes") or ""),
+        tag=str(data["tag"]), bases=bases, required_args=required, args=args, notes=str(data.get("notes") or ""),
     )
 
 
@@ -582,21 +583,24 @@ def all_build_specs(root: Path | None = None) -> list[BuildSpec]:
     return [load_build_spec(p.parent.name, root) for p in sorted(root.glob("*/image.yaml"))]
 
 
-def build_argv(spec: BuildSpec, overrides: dict[str, str] | None = None, *, base_digest: str | None = None,
-               tag: str | None = None, docker: str = "docker") -> list[str]:
-    """The ``docker build`` command for a spec. Pure. Refuses (UsageError) when a required build arg
-    or the base digest is missing, naming how to supply it."""
+def build_argv(spec: BuildSpec, overrides: dict[str, str] | None = None, *, tag: str | None = None,
+               docker: str = "docker") -> list[str]:
+    """The ``docker build`` command for a spec. Pure. Refuses (UsageError) when a base digest or a
+    required build arg is missing, naming how to supply it."""
     args = dict(spec.args)
+    for arg, (_, digest) in spec.bases.items():
+        if digest:
+            args[arg] = digest
     args.update(overrides or {})
-    digest = base_digest or args.get("BASE_DIGEST") or spec.base_digest
-    if not digest:
-        raise UsageError(
-            f"images.build {spec.name}: the base {spec.base_image} is not pinned: pass --base-digest sha256:... "
-            f"(or --resolve-base to look it up now), or set base.digest in {spec.dir / 'image.yaml'}"
-        )
-    if not DIGEST_RE.match(digest):
-        raise UsageError(f"images.build {spec.name}: base digest must be sha256:<64 hex>, got {digest!r}")
-    args["BASE_DIGEST"] = digest
+    for arg, (image, _) in spec.bases.items():
+        value = args.get(arg)
+        if not value:
+            raise UsageError(
+                f"images.build {spec.name}: base {image} is not pinned: pass --build-arg {arg}=sha256:... "
+                f"(or --resolve-base to look it up now), or set bases.{arg}.digest in {spec.dir / 'image.yaml'}"
+            )
+        if not DIGEST_RE.match(value):
+            raise UsageError(f"images.build {spec.name}: {arg} must be sha256:<64 hex>, got {value!r}")
     missing = [a for a in spec.required_args if not args.get(a)]
     if missing:
         raise UsageError(f"images.build {spec.name}: build args {', '.join(missing)} are required; pass "
@@ -608,7 +612,7 @@ def build_argv(spec: BuildSpec, overrides: dict[str, str] | None = None, *, base
     argv = [docker, "build", "-t", ref, "-f", str(spec.dir / "Dockerfile")]
     for k in sorted(args):
         argv += ["--build-arg", f"{k}={args[k]}"]
-    argv += ["--label", f"org.opencontainers.image.base.name={spec.base_image}",
-             "--label", f"org.opencontainers.image.base.digest={digest}",
-             "--label", f"io.llmfleet.catalog-key={spec.catalog_key}", str(spec.dir)]
+    for arg, (image, _) in sorted(spec.bases.items()):
+        argv += ["--label", f"io.llmfleet.base.{arg.lower().replace('_', '-')}={image}@{args[arg]}"]
+    argv += ["--label", f"io.llmfleet.catalog-key={spec.catalog_key}", str(spec.dir)]
     return argv

@@ -143,16 +143,17 @@ def verify(c, inventory=None, lock=None, registry_mirror=False, host=None, group
     iterable=["build_arg"],
     help={
         "name": "folder under dockerfiles/ with an image.yaml (e.g. llamacpp-cuda, vllm-volta)",
-        "base_digest": "sha256 digest of the base image (overrides base.digest in image.yaml)",
-        "resolve_base": "look the base image's digest up in its registry now (prints it; record it in image.yaml)",
-        "build_arg": "extra build arg KEY=VALUE (repeatable); overrides image.yaml's args",
+        "resolve_base": "look up the digests of bases not pinned in image.yaml in their registry now (printed; "
+                        "record them in image.yaml)",
+        "build_arg": "build arg KEY=VALUE (repeatable), e.g. BASE_DIGEST=sha256:... or LLAMACPP_COMMIT=...; "
+                     "overrides image.yaml",
         "tag": "tag to give the built image (default: image.yaml's tag, the catalog's)",
         "dry_run": "print the docker build command and exit",
         "push": "push the built image to its repository afterwards (then `invoke images.pin` it)",
     },
 )
 @handles_errors
-def build(c, name, base_digest=None, resolve_base=False, build_arg=None, tag=None, dry_run=False, push=False):
+def build(c, name, resolve_base=False, build_arg=None, tag=None, dry_run=False, push=False):
     """Build one of the engine images in dockerfiles/ with its base pinned by digest."""
     spec = img.load_build_spec(name)
     overrides = {}
@@ -161,11 +162,14 @@ def build(c, name, base_digest=None, resolve_base=False, build_arg=None, tag=Non
         if not sep or not key:
             raise UsageError(f"--build-arg {item!r} must be KEY=VALUE")
         overrides[key] = value
-    if resolve_base and not base_digest:
-        base_digest = _client(None).resolve(spec.base_image)
-        err_console.print(f"{spec.base_image} resolves to {base_digest}; set base.digest in {spec.dir / 'image.yaml'} "
-                          "to make this build repeatable")
-    argv = img.build_argv(spec, overrides, base_digest=base_digest, tag=tag)
+    if resolve_base:
+        client = _client(None)
+        for arg, (image, digest) in spec.bases.items():
+            if not digest and not overrides.get(arg):
+                overrides[arg] = client.resolve(image)
+                err_console.print(f"{image} resolves to {overrides[arg]}; set bases.{arg}.digest in "
+                                  f"{spec.dir / 'image.yaml'} to make this build repeatable")
+    argv = img.build_argv(spec, overrides, tag=tag)
     console.print(shlex.join(argv))
     if dry_run:
         return
