@@ -204,6 +204,20 @@ def image_present_script(ref: str) -> str:
     return f"docker image inspect {q(ref)} >/dev/null 2>&1 && echo '@@present' || echo '@@absent'"
 
 
+def service_for_release(service: Service, manifest: dict[str, Any] | None) -> Service:
+    """The inventory's service as an older release ran it: its port and served name come from that
+    release's manifest (a rollback health-checks what the release serves, not what the inventory says now)."""
+    inputs = (manifest or {}).get("inputs") or {}
+    over = {k: inputs[k] for k in ("port", "served_name") if inputs.get(k) is not None and
+            inputs.get(k) != getattr(service, k)}
+    if not over:
+        return service
+    try:
+        return apply_overrides(service, over, f"service {service.name}")
+    except UsageError:
+        return service
+
+
 def _pid_alive(pid: Any) -> bool:
     try:
         os.kill(int(pid), 0)
@@ -657,7 +671,9 @@ def _switch_and_check(run: _HostRun, it: _Item) -> tuple[str, str, health_mod.He
     except KeyboardInterrupt:
         if switched:
             run.log(f"{svc.name}: interrupted; going back to {previous or 'nothing (stopping the unit)'}")
-            _go_back(run, it, previous, "interrupted")
+            result, back = _go_back(run, it, previous, "interrupted")
+            run.audit.append(run._record(action="deploy", service=svc.name, release_id=rid, digest=digest,
+                                         result=result, detail=f"interrupted; {back}"))
         raise
     except RemoteError as exc:
         if not switched:
@@ -707,7 +723,8 @@ def _go_back(run: _HostRun, it: _Item, previous: str | None, why: str) -> tuple[
                               f"{_short(res.stderr or res.stdout, 200)}; check the host now")
         info = it.state.releases.get(previous) if it.state else None
         plan = (info.manifest or {}).get("plan") if info else None
-        back = dataclasses.replace(it, release_id=previous)
+        back = dataclasses.replace(it, release_id=previous,
+                                   service=service_for_release(it.service, info.manifest if info else None))
         report = run.health(back, plan, what=f"previous release {previous}")
     except LlmfleetError as exc:
         return "failed", f"ROLLBACK FAILED: {exc}; the host may be serving nothing; check it now"
@@ -824,9 +841,7 @@ def _rollback(run: _HostRun, service: str | None, to: str | None, out: HostOutco
             raise _Refused("failed", f"service {name}: release {target} has no readable manifest")
         svc = inv_services[name]
         key = resolve_secret(svc, f"host {run.host.name}: service {name}")
-        served = ((info.manifest or {}).get("inputs") or {}).get("served_name")
-        if served and served != svc.public_name:
-            svc = apply_overrides(svc, {"served_name": served}, f"host {run.host.name}: service {name}")
+        svc = service_for_release(svc, info.manifest)
         img = images.ImageRef(key=ref, repository=ref.split("@")[0], digest=ref.split("@")[1] if "@" in ref else None,
                               tag=None, pinned="@" in ref, upstream_repository=ref.split("@")[0])
         item = _Item(service=svc, api_key=key, image=img, plan=(info.manifest or {}).get("plan"),
