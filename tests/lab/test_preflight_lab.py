@@ -1,0 +1,57 @@
+"""Facts and preflight on the lab's simulated GPU hosts (real sshd, real Docker engine per host,
+nvidia-smi simulator per card and driver)."""
+
+from __future__ import annotations
+
+import pytest
+
+from llmfleet import images
+from llmfleet.inventory import settings_for
+from llmfleet.preflight import images_lock_path, preflight_host
+
+pytestmark = pytest.mark.lab
+
+
+def _preflight(lab, name: str):
+    inv = lab.inventory()
+    host = inv.hosts[name]
+    lock = images.load_lock(images_lock_path(host.vars, lab.inventory_path, None))
+    return preflight_host(host, settings_for(host), lock=lock, config=lab.config)
+
+
+def test_preflight_passes_on_gpu_v100_01_for_its_lab_service(lab):
+    lab.ensure_hosts("gpu-v100-01")
+    found, reports = _preflight(lab, "gpu-v100-01")
+    assert [(g.name, g.compute_capability, g.compute_capability_source) for g in found.gpus] == [
+        ("Tesla V100-SXM2-32GB", "7.0", "driver")]
+    assert found.driver_version.startswith("535.") and found.cuda_driver_version == "12.2"
+    assert found.docker.server_version and found.compose.v2
+    (r,) = reports
+    checks = {c.id: c for c in r.checks}
+    assert r.ok, [c for c in r.checks if c.status == "fail"]
+    for cid in ("image", "gpu", "docker", "gpu-runtime", "compose", "model-files"):
+        assert checks[cid].status == "pass", checks[cid]
+    assert "@sha256:" in checks["image"].message  # resolved through the lab's images.lock
+
+
+def test_r470_host_gets_compute_capability_from_the_catalog(lab):
+    lab.ensure_hosts("gpu-t4-01")
+    found, _ = _preflight(lab, "gpu-t4-01")
+    assert [(g.name, g.compute_capability, g.compute_capability_source) for g in found.gpus] == [
+        ("Tesla T4", "7.5", "catalog")]
+    assert found.cuda_driver_version == "11.4"
+    assert not [e for e in found.errors if "compute" in e]
+
+
+def test_dead_driver_gives_a_named_failure(lab):
+    lab.ensure_hosts("gpu-t4-01")
+    lab.set_driver_dead("gpu-t4-01", True)
+    try:
+        found, reports = _preflight(lab, "gpu-t4-01")
+    finally:
+        lab.set_driver_dead("gpu-t4-01", False)
+    assert found.gpus == [] and found.driver_loaded is False
+    (r,) = reports
+    gpu = next(c for c in r.checks if c.id == "gpu")
+    assert not r.ok
+    assert gpu.status == "fail" and "driver not loaded" in gpu.message, gpu
