@@ -654,3 +654,26 @@ def test_cli_host_from_the_inventory(tmp_path):
                 "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["gpu"] == "v100-sxm2-32gb"
+
+
+def test_the_lab_services_plan_from_the_catalog_and_the_hosts_facts():
+    from llmfleet.facts import Facts, ModelFile
+    from llmfleet.facts import Gpu as FactGpu
+
+    gguf = _service(name="tiny", engine="llamacpp", model="tiny-qwen2", quant=None, context=512, concurrency=1,
+                    model_path="/srv/models/tiny-qwen2-gguf/tiny-qwen2.gguf")
+    facts = Facts(host="lab", gpus=[FactGpu(index=0, name="Tesla T4", memory_total_mib=15360, catalog_id="t4")],
+                  models=[ModelFile(path=gguf.model_path, kind="file", size_bytes=412345, magic="GGUF")])
+    p = plan_for_service(gguf, None, 1, facts=facts)
+    assert p.fits and p.engine == "llamacpp" and p.weights_bytes == 412345
+    assert "size" in p.weights_source
+    with pytest.raises(UsageError, match="give --quant"):  # no quant and no file size: nothing to go on
+        plan_for_service(gguf, "t4", 1)
+    hf = _service(name="tiny-vllm", model="tiny-qwen2", quant=None, context=512, model_path="/srv/models/tiny-qwen2-hf")
+    assert plan_for_service(hf, "t4", 1, facts=facts).fits
+
+
+def test_an_explicit_short_context_is_the_operators_call():
+    assert P("qwen2.5-7b-instruct", "gptq-int4", context=512).fits
+    auto = P("gemma-2-27b-it", "int8")  # the planner's own pick must be a useful context
+    assert not auto.fits and "not a useful service" in auto.notes[0]

@@ -209,7 +209,12 @@ def _file_weights(spec: ModelSpec, computed: Weights) -> Weights:
     output = int(spec.file_output_bytes if spec.file_output_bytes is not None else computed.output_bytes)
     other = computed.other_bytes if spec.origin == "hf" else 0
     layers = max(0, total - embed - output - other)
-    src = "safetensors headers" if spec.origin == "hf" else "GGUF tensor table"
+    if spec.origin == "hf":
+        src = "safetensors headers"
+    elif spec.file_embed_bytes is None:
+        src = "GGUF file's size (per-tensor sizes computed)"
+    else:
+        src = "GGUF tensor table"
     return Weights(
         params=int(spec.file_params or computed.params),
         total_bytes=total,
@@ -394,9 +399,10 @@ def _quant_named(name: str) -> Quant:
     except UsageError:
         if not name.startswith("gguf"):
             raise
-        base = name.removeprefix("gguf-") or "f16"
-        return Quant(name=name, family="gguf", bits=ggml_type_bits().get(base, 16.0), base=base,
-                     sources=("the file's own tensor types",))
+        bits = ggml_type_bits()
+        base = name.removeprefix("gguf-") if name.startswith("gguf-") else "f16"
+        base = base if base in bits else "f16"
+        return Quant(name=name, family="gguf", bits=bits[base], base=base, sources=("the file's own tensor types",))
 
 
 def _resolve(req: PlanRequest) -> _Resolved:
@@ -533,7 +539,9 @@ def _plan(req: PlanRequest, with_suggestions: bool) -> Plan:
     if resident and layout.sliding_bytes_per_token == 0 and layout.state_bytes_per_sequence == 0:
         tokens = int(pool // (layout.full_bytes_per_token * grow))
         kv_cache_tokens = tokens - tokens % a.block_size if tp else tokens
-    context_fits = resident and fits_ctx(context) and context >= min(min_context(), max_ctx_model)
+    # A context asked for explicitly is the operator's call; one the planner picks must be useful.
+    useful = req.context is not None or context >= min(min_context(), max_ctx_model)
+    context_fits = resident and fits_ctx(context) and useful
 
     # Decode ceiling at batch 1: weights + the KV of one full-context sequence, read once per token.
     bw = gpu.bandwidth_gbps * GB
@@ -600,8 +608,10 @@ def _plan(req: PlanRequest, with_suggestions: bool) -> Plan:
             # layers off the GPU, so the plan holds exactly what was asked.
             max_context, max_conc = context, k
     elif not context_fits:
-        if context < min(min_context(), max_ctx_model):
-            problems.append(f"a context below {min_context()} tokens is not a useful service")
+        if not useful:
+            problems.append(
+                f"only {max_context} tokens of context fit; below {min_context()} tokens is not a useful service"
+            )
         else:
             problems.append(
                 f"the weights fit but the KV cache for {k} x {context} tokens "
@@ -835,8 +845,18 @@ def plan_for_service(
         n = len(chosen)
     else:
         n = int(gpu_count)
+    mf = facts.model(service.model_path) if facts is not None and hasattr(facts, "model") else None
+    size = getattr(mf, "size_bytes", None) if mf is not None and getattr(mf, "kind", "") == "file" else None
+    spec: str | ModelSpec = model if model is not None else service.model
+    if service.engine == "llamacpp" and not service.quant and size and getattr(mf, "magic", "GGUF") == "GGUF":
+        # No quant named: the GGUF file on the host is what it is; take its real size.
+        base = spec if isinstance(spec, ModelSpec) else _resolve_model(spec)
+        spec = replace(base, origin="gguf", path=f"{service.model_path} (size from the host's facts)",
+                       file_weights_bytes=int(size), file_quant="gguf", file_embed_bytes=None,
+                       file_output_bytes=None, file_params=None)
+        size = None  # nothing to compare: the plan uses it
     req = PlanRequest(
-        model=model if model is not None else service.model,
+        model=spec,
         quant=service.quant,
         gpu=card,
         gpus=max(1, n),
@@ -850,8 +870,6 @@ def plan_for_service(
     result = plan(req)
     if facts_note:
         result.notes.append(facts_note)
-    mf = facts.model(service.model_path) if facts is not None and hasattr(facts, "model") else None
-    size = getattr(mf, "size_bytes", None) if mf is not None and getattr(mf, "kind", "") == "file" else None
     if size and result.model_origin == "catalog" and abs(size - result.weights_bytes) > 0.1 * result.weights_bytes:
         result.notes.append(
             f"{service.model_path} on the host holds {size / GB:.1f} GB; the plan assumes {result.weights_bytes / GB:.1f} GB "
