@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from invoke import task
 from invoke.exceptions import Exit
+from rich.markup import escape
 from rich.table import Table
 
 from llmfleet.cli.common import cfg, console, handles_errors, inventory_path, print_json, ssh_config
@@ -46,7 +47,7 @@ def facts(c, host=None, group=None, inventory=None, json=False, accept_new_host_
             failed = True
             out.append({"host": h.name, "error": str(exc)})
             if not json:
-                console.print(f"[bold red]{h.name}[/]: {exc}")
+                console.print(f"[bold red]{escape(h.name)}[/]: {escape(str(exc))}")
             continue
         out.append(found.model_dump(mode="json"))
         if not json:
@@ -57,38 +58,45 @@ def facts(c, host=None, group=None, inventory=None, json=False, accept_new_host_
         raise Exit(code=1)
 
 
-def _print_facts(f) -> None:
-    t = Table(title=f"facts {f.host}", show_header=False)
-    t.add_column("what", style="bold")
-    t.add_column("value")
+def facts_rows(f) -> list[tuple[str, str]]:
+    """(what, value) rows of the facts table; values are host output, shown as plain text."""
+    rows: list[tuple[str, str]] = []
     for g in f.gpus:
         mem = f"{g.memory_total_mib} MiB" if g.memory_total_mib is not None else "? MiB"
         used = f", {g.memory_used_mib} MiB used" if g.memory_used_mib is not None else ""
         cc = f"CC {g.compute_capability or '?'} ({g.compute_capability_source or 'unknown'})"
         dc = {True: "data-center", False: "not data-center", None: "not in catalog"}[g.data_center]
-        t.add_row(f"GPU {g.index}", f"{g.name}, {mem}{used}, {cc}, {dc}")
+        rows.append((f"GPU {g.index}", f"{g.name}, {mem}{used}, {cc}, {dc}"))
     if not f.gpus:
-        t.add_row("GPUs", "none seen")
-    t.add_row("driver", f"{f.driver_version or '-'} (CUDA {f.cuda_driver_version or '?'}"
-              + (f" from {f.cuda_driver_source}" if f.cuda_driver_source else "") + ")")
+        rows.append(("GPUs", "none seen"))
+    rows.append(("driver", f"{f.driver_version or '-'} (CUDA {f.cuda_driver_version or '?'}"
+                 + (f" from {f.cuda_driver_source}" if f.cuda_driver_source else "") + ")"))
     d = f.docker
-    t.add_row("docker", f"{d.server_version or '-'}; runtimes {', '.join(d.runtimes) or '-'}; "
-              f"default {d.default_runtime or '-'}" + (f"; {d.error}" if d.error else ""))
+    rows.append(("docker", f"{d.server_version or '-'}; runtimes {', '.join(d.runtimes) or '-'}; "
+                 f"default {d.default_runtime or '-'}" + (f"; {d.error}" if d.error else "")))
     tk = f.toolkit
-    t.add_row("nvidia toolkit", f"ctk {tk.version or '-'}, libnvidia-container {tk.cli_version or '-'}, "
-              f"hook {'yes' if tk.hook_path else 'no'}, CDI {', '.join(tk.cdi_kinds) or '-'}")
-    t.add_row("compose", f"v2 {f.compose.v2 or '-'}, v1 {f.compose.v1 or '-'}")
+    rows.append(("nvidia toolkit", f"ctk {tk.version or '-'}, libnvidia-container {tk.cli_version or '-'}, "
+                 f"hook {'yes' if tk.hook_path else 'no'}, CDI {', '.join(tk.cdi_kinds) or '-'}"))
+    rows.append(("compose", f"v2 {f.compose.v2 or '-'}, v1 {f.compose.v1 or '-'}"))
     for disk in f.disks:
-        t.add_row(f"disk {disk.label}", f"{disk.path}: {disk.free_mib} MiB free of {disk.total_mib} MiB "
-                  f"({disk.mount or '?'})")
-    t.add_row("RAM", f"{f.ram_total_mib or '?'} MiB, {f.ram_available_mib or '?'} MiB available")
-    t.add_row("kernel", f"{f.kernel or '?'} {f.machine or ''}; systemd {'yes' if f.systemd else 'no'}")
-    t.add_row("releases", ", ".join(f"{r.service}={r.release_id or '-'}" for r in f.releases.values()) or "-")
-    t.add_row("ports", " ".join(map(str, f.ports)) or "-")
+        rows.append((f"disk {disk.label}", f"{disk.path}: {disk.free_mib} MiB free of {disk.total_mib} MiB "
+                     f"({disk.mount or '?'})"))
+    rows.append(("RAM", f"{f.ram_total_mib or '?'} MiB, {f.ram_available_mib or '?'} MiB available"))
+    rows.append(("kernel", f"{f.kernel or '?'} {f.machine or ''}; systemd {'yes' if f.systemd else 'no'}"))
+    rows.append(("releases", ", ".join(f"{r.service}={r.release_id or '-'}" for r in f.releases.values()) or "-"))
+    rows.append(("ports", " ".join(map(str, f.ports)) or "-"))
     for m in f.models:
-        t.add_row("model", f"{m.path}: {m.kind}" + (f", {m.size_bytes} bytes" if m.size_bytes is not None else ""))
-    for e in f.errors:
-        t.add_row("[yellow]problem[/]", e)
+        rows.append(("model", f"{m.path}: {m.kind}" + (f", {m.size_bytes} bytes" if m.size_bytes is not None else "")))
+    rows.extend(("problem", e) for e in f.errors)
+    return rows
+
+
+def _print_facts(f) -> None:
+    t = Table(title=escape(f"facts {f.host}"), show_header=False)
+    t.add_column("what", style="bold")
+    t.add_column("value", overflow="fold")
+    for what, value in facts_rows(f):
+        t.add_row(f"[yellow]{what}[/]" if what == "problem" else escape(what), escape(value))
     console.print(t)
 
 
@@ -145,16 +153,16 @@ def preflight(c, host=None, group=None, service=None, inventory=None, json=False
     if not all(r.ok for r in reports):
         if not json:
             bad = sorted({f"{r.host}/{r.service}" if r.service else r.host for r in reports if not r.ok})
-            console.print(f"[bold red]preflight failed[/]: {', '.join(bad)}")
+            console.print(f"[bold red]preflight failed[/]: {escape(', '.join(bad))}")
         raise Exit(code=1)
 
 
 def _print_report(r) -> None:
     title = f"preflight {r.host}" + (f" / {r.service}" if r.service else "")
-    t = Table(title=title)
+    t = Table(title=escape(title))
     for col in ("check", "status", "message", "fix"):
         t.add_column(col, overflow="fold")
     for ch in r.checks:
         style = _STYLE.get(ch.status, "")
-        t.add_row(ch.id, f"[{style}]{ch.status.upper()}[/]", ch.message, ch.fix)
+        t.add_row(ch.id, f"[{style}]{ch.status.upper()}[/]", escape(ch.message), escape(ch.fix))
     console.print(t)
