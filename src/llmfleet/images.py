@@ -269,10 +269,13 @@ LOCK_HEADER = """\
 # `invoke images.verify`. Keys are ENGINE:VERSION as in src/llmfleet/catalog/engines.yaml (a test
 # keeps the two in step). Each entry: repository, tag (what was resolved), digest (sha256 of the
 # manifest or index the tag pointed at), cuda and archs (compute capabilities with kernels in the
-# image, from the catalog), source, and verified: when and where a registry last confirmed the
-# digest (null: never confirmed by llmfleet). digest: null means listed but not pinned yet: deploy
-# refuses it until `invoke images.pin KEY` runs where the registry is reachable.
+# image, from the catalog: "7.0" SASS, "8.9+PTX" SASS and PTX, "5.0-virtual" PTX only), source, and
+# verified: when and where a registry last confirmed the digest (null: never confirmed by llmfleet).
+# digest: null means listed but not pinned yet: deploy refuses it until `invoke images.pin KEY` runs
+# where the registry is reachable. digest_source says where a digest that images.pin did not
+# resolve was read; such an entry stays verified: null until `invoke images.verify --record`.
 """
+
 
 _ENTRY_ORDER = ("repository", "tag", "digest", "digest_source", "cuda", "archs", "source", "verified")
 
