@@ -219,76 +219,80 @@ def _row_values(g: dict) -> dict:
     }
 
 
+# Banner layouts by driver branch, after real output (tests/data/nvidia-smi: 470, 535, 550, 580):
+# R470 and older: 79 columns; R530-R545: 87 (wider first column); R550 and newer: 89 (wider memory
+# column). The line under the header starts with "|" before R570 and with "+" from R570 on (R580
+# recorded; the exact branch of that change is not known).
+FIRST_BRANCH_MID_LAYOUT = FIRST_BRANCH_WIDE_LAYOUT  # 530
+FIRST_BRANCH_89_LAYOUT = 550
+FIRST_BRANCH_PLUS_RULE = 570
+
+
+def banner_layout(version: str) -> str:
+    b = driver_branch(version)
+    if b >= FIRST_BRANCH_89_LAYOUT:
+        return "wide"
+    if b >= FIRST_BRANCH_MID_LAYOUT:
+        return "mid"
+    return "narrow"
+
+
 def render_banner(cfg: dict, now: str, ids: list[int] | None = None) -> str:
     """Plain ``nvidia-smi``: the device table and an empty process table."""
     v = cfg["driver_version"]
     cuda = cuda_for_driver(v)
     gpus = _gpus(cfg, ids)
-    out = [f"{now}       "]
-    if driver_branch(v) >= FIRST_BRANCH_WIDE_LAYOUT:
-        w = 89
-        sep = "+-----------------------------------------+------------------------+----------------------+"
-        out += [
-            "+" + "-" * w + "+",
-            f"| NVIDIA-SMI {v:<23}Driver Version: {v:<15}CUDA Version: {cuda:<9}|",
-            sep,
-            "| GPU  Name                 Persistence-M | Bus-Id          Disp.A | Volatile Uncorr. ECC |",
-            "| Fan  Temp   Perf          Pwr:Usage/Cap |           Memory-Usage | GPU-Util  Compute M. |",
-            "|                                         |                        |               MIG M. |",
-            "|=========================================+========================+======================|",
-        ]
-        for i, g in enumerate(gpus):
-            r = _row_values(g)
-            name = _fmt_name(g["name"], 29)
-            out += [
-                f"|{r['idx']:>4}  {name:<29}{r['pm']:>4}  |   {r['bus']:>16} {r['dispa']:<3} |{r['ecc']:>21} |",
-                f"| {r['fan']:>3}   {r['temp']:>2}C    {r['perf']:<2}{r['pwr']:>15}W / {r['cap']:>4}W "
-                f"|{r['used']:>8}MiB / {r['total']:>6}MiB |{r['util']:>7}%{'Default':>13} |",
-                f"|{'':41}|{'':24}|{r['mig']:>21} |",
-            ]
-            out.append(sep if i == len(gpus) - 1 else
-                       "+-----------------------------------------+------------------------+----------------------+")
-        proc = [
-            "| Processes:                                                                              |",
-            "|  GPU   GI   CI              PID   Type   Process name                        GPU Memory |",
-            "|        ID   ID                                                               Usage      |",
-            "|" + "=" * w + "|",
-            "|  No running processes found                                                             |",
-        ]
+    layout = banner_layout(v)
+    c1, c2 = (31, 22) if layout == "narrow" else (41, 22 if layout == "mid" else 24)
+    w = c1 + c2 + 22 + 2
+    rule = "+" + "-" * c1 + "+" + "-" * c2 + "+" + "-" * 22 + "+"
+    under = rule if driver_branch(v) >= FIRST_BRANCH_PLUS_RULE else "|" + rule[1:]
+    out = [f"{now}       "] if layout != "narrow" else []
+    if layout == "narrow":
+        head = f"| NVIDIA-SMI {v:<13}Driver Version: {v:<13}CUDA Version: {cuda:<9}|"
+        titles = ["| GPU  Name        Persistence-M| Bus-Id        Disp.A | Volatile Uncorr. ECC |",
+                  "| Fan  Temp  Perf  Pwr:Usage/Cap|         Memory-Usage | GPU-Util  Compute M. |"]
     else:
-        w = 77
-        out += [
-            "+" + "-" * w + "+",
-            f"| NVIDIA-SMI {v:<13}Driver Version: {v:<13}CUDA Version: {cuda:<9}|",
-            "|-------------------------------+----------------------+----------------------+",
-            "| GPU  Name        Persistence-M| Bus-Id        Disp.A | Volatile Uncorr. ECC |",
-            "| Fan  Temp  Perf  Pwr:Usage/Cap|         Memory-Usage | GPU-Util  Compute M. |",
-            "|                               |                      |               MIG M. |",
-            "|===============================+======================+======================|",
-        ]
-        for i, g in enumerate(gpus):
-            r = _row_values(g)
-            name = _fmt_name(g["name"], 19)
-            out += [
-                f"|{r['idx']:>4}  {name:<20}{r['pm']:>3}  | {r['bus']:>16} {r['dispa']:<3} |{r['ecc']:>21} |",
-                f"| {r['fan']:>3}   {r['temp']:>2}C    {r['perf']:<2}{r['pwr']:>6}W / {r['cap']:>3}W "
-                f"|{r['used']:>7}MiB / {r['total']:>5}MiB |{r['util']:>7}%{'Default':>13} |",
-                f"|{'':31}|{'':22}|{r['mig']:>21} |",
-            ]
-            out.append("+-------------------------------+----------------------+----------------------+"
-                       if i == len(gpus) - 1 else
-                       "|-------------------------------+----------------------+----------------------+")
-        proc = [
-            "| Processes:                                                                  |",
-            "|  GPU   GI   CI        PID   Type   Process name                  GPU Memory |",
-            "|        ID   ID                                                   Usage      |",
+        head = f"| NVIDIA-SMI {v:<23}Driver Version: {v:<{15 if layout == 'wide' else 13}}CUDA Version: {cuda:<9}|"
+        pad = " " * (c2 - 22)
+        titles = [f"| GPU  Name                 Persistence-M | Bus-Id        {pad}Disp.A | Volatile Uncorr. ECC |",
+                  f"| Fan  Temp   Perf          Pwr:Usage/Cap |         {pad}Memory-Usage | GPU-Util  Compute M. |"]
+    out += ["+" + "-" * w + "+", head, under, *titles,
+            "|" + " " * c1 + "|" + " " * c2 + "|               MIG M. |",
+            "|" + "=" * c1 + "+" + "=" * c2 + "+" + "=" * 22 + "|"]
+    for g in gpus:
+        r = _row_values(g)
+        if layout == "narrow":
+            first = f"|{r['idx']:>4}  {_fmt_name(g['name'], 19):<20}{r['pm']:<3}  |"
+            second = f"| {r['fan']:>3}   {r['temp']:>2}C    {r['perf']:<2}{r['pwr']:>6}W / {r['cap']:>3}W |"
+        else:
+            first = f"|{r['idx']:>4}  {_fmt_name(g['name'], 29):<29}  {r['pm']:<3} |"
+            second = f"| {r['fan']:>3}   {r['temp']:>2}C    {r['perf']:<2}{r['pwr']:>{15 if layout == 'wide' else 16}}W / " \
+                     f"{r['cap']:>{4 if layout == 'wide' else 3}}W |"
+        if layout == "wide":
+            bus = f"   {r['bus']:>16} {r['dispa']:<3} |"
+            mem = f"{r['used']:>8}MiB / {r['total']:>6}MiB |"
+        else:
+            bus = f" {r['bus']:>16} {r['dispa']:<3} |"
+            mem = f"{r['used']:>7}MiB / {r['total']:>5}MiB |"
+        out += [first + bus + f"{r['ecc']:>21} |",
+                second + mem + f"{r['util']:>7}%{'Default':>13} |",
+                "|" + " " * c1 + "|" + " " * c2 + f"|{r['mig']:>21} |",
+                rule]
+    if layout == "narrow":
+        cols = "|  GPU   GI   CI        PID   Type   Process name                  GPU Memory |"
+    elif driver_branch(v) >= FIRST_BRANCH_PLUS_RULE:
+        cols = "|  GPU   GI   CI              PID   Type   Process name                        GPU Memory |"
+    else:
+        cols = "|  GPU   GI   CI        PID   Type   Process name" + " " * (w - 59) + "GPU Memory |"
+    out.append(" " * w if layout != "narrow" and driver_branch(v) < FIRST_BRANCH_PLUS_RULE else "")
+    out += ["+" + "-" * w + "+",
+            "| Processes:" + " " * (w - 11) + "|",
+            cols,
+            "|        ID   ID" + " " * (w - 26) + "Usage      |",
             "|" + "=" * w + "|",
-            "|  No running processes found                                                 |",
-        ]
-    out.append("")
-    out.append("+" + "-" * w + "+")
-    out += proc
-    out.append("+" + "-" * w + "+")
+            "|  No running processes found" + " " * (w - 28) + "|",
+            "+" + "-" * w + "+"]
     return "".join(line + "\n" for line in out)
 
 

@@ -1,0 +1,203 @@
+"""Pure parts of the lab: simulated-card config, host specs and docker argv, known_hosts, models."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from llmfleet.errors import UsageError
+from llmfleet.inventory import load_inventory
+from llmfleet.lab import cards, hosts, setup
+from llmfleet.lab import engine as lab_engine
+
+ROOT = Path(__file__).resolve().parents[1]
+LAB_INV = ROOT / "inventory" / "lab"
+
+
+@pytest.mark.parametrize("gpu,driver,count,mem,cc", [
+    ("Tesla V100-SXM2-32GB", "535.183.01", 1, 32768, "7.0"),
+    ("Tesla V100-PCIE-16GB", "535", 2, None, "7.0"),
+    ("NVIDIA GeForce RTX 4090", "550.127.05", 1, 24564, "8.9"),
+    ("Tesla T4", "470.256.02", 1, None, "7.5"),
+    ("Tesla P40", "535", 2, None, "6.1"),
+])
+def test_sim_config_from_catalog(gpu, driver, count, mem, cc):
+    cfg = cards.gpu_sim_config("gpu-x", gpu, driver, count)
+    assert len(cfg["gpus"]) == count
+    assert {g["name"] for g in cfg["gpus"]} == {gpu}
+    assert {g["compute_cap"] for g in cfg["gpus"]} == {cc}
+    if mem:
+        assert cfg["gpus"][0]["memory_total_mib"] == mem
+    assert cfg["driver_version"].startswith(driver.split(".")[0] + ".")
+    assert len({g["uuid"] for g in cfg["gpus"]}) == count
+    # deterministic per host, different between hosts
+    assert cfg == cards.gpu_sim_config("gpu-x", gpu, driver, count)
+    assert cfg["gpus"][0]["uuid"] != cards.gpu_sim_config("gpu-y", gpu, driver, count)["gpus"][0]["uuid"]
+
+
+@pytest.mark.parametrize("gpu,driver,count,msg", [
+    ("Tesla V100", "535", 1, "not in the GPU catalog"),
+    ("Tesla T4", "r470", 1, "lab_driver must look like"),
+    ("Tesla T4", "470", 9, "lab_gpu_count must be an integer 0-8"),
+    ("Tesla T4", "470", "2", "lab_gpu_count must be an integer 0-8"),
+])
+def test_sim_config_errors_name_the_field(gpu, driver, count, msg):
+    with pytest.raises(UsageError, match=msg):
+        cards.gpu_sim_config("gpu-x", gpu, driver, count)
+
+
+def test_lab_inventory_describes_the_issue_hosts():
+    inv = load_inventory(str(LAB_INV))
+    specs = {s.name: s for s in hosts.host_specs(inv, "t")}
+    assert specs["gpu-v100-01"].gpu == "Tesla V100-SXM2-32GB" and specs["gpu-v100-01"].driver.startswith("535.")
+    assert specs["gpu-v100-02"].gpu == "Tesla V100-PCIE-16GB"
+    assert specs["gpu-4090-01"].gpu == "NVIDIA GeForce RTX 4090" and specs["gpu-4090-01"].driver.startswith("550.")
+    assert specs["gpu-t4-01"].gpu == "Tesla T4" and specs["gpu-t4-01"].driver.startswith("470.")
+    assert specs["gpu-p40-01"].gpu == "Tesla P40"
+    assert len([n for n in specs if n.startswith("lab-node-")]) >= 6
+    assert len({s.port for s in specs.values()}) == len(specs)
+    services = {n: inv.hosts[n].vars["llmfleet_services"] for n in specs}
+    assert services["gpu-v100-01"][0]["engine"] == "llamacpp"
+    assert services["gpu-4090-01"][0]["engine"] == "vllm"
+    for n, svc in services.items():
+        assert inv.hosts[n].vars["ansible_user"] == "deploy" and inv.hosts[n].vars["ansible_become"] is True
+        assert svc[0]["image"] in ("llamacpp:lab-cpu", "vllm:lab-cpu")
+        assert svc[0]["model_path"].startswith("/srv/models/")
+
+
+def _inv(tmp_path: Path, body: str) -> str:
+    (tmp_path / "hosts.yml").write_text(body)
+    return str(tmp_path)
+
+
+@pytest.mark.parametrize("body,msg", [
+    ("all:\n  hosts:\n    a: {ansible_host: 127.0.0.1, ansible_port: 2201}\n", "no host sets lab_gpu"),
+    ("all:\n  hosts:\n    a: {ansible_host: 127.0.0.1, lab_gpu: Tesla T4}\n", "ansible_port must be an integer"),
+    ("all:\n  hosts:\n    a: {ansible_host: 10.0.0.1, ansible_port: 2201, lab_gpu: Tesla T4}\n",
+     "ansible_host must be 127.0.0.1"),
+    ("all:\n  vars: {ansible_host: 127.0.0.1, lab_gpu: Tesla T4}\n  hosts:\n    a: {ansible_port: 2201}\n"
+     "    b: {ansible_port: 2201}\n", "both use ansible_port 2201"),
+    ("all:\n  hosts:\n    a: {ansible_host: 127.0.0.1, ansible_port: 2201, lab_gpu: Tesla X}\n",
+     "not in the GPU catalog"),
+])
+def test_host_spec_errors(tmp_path, body, msg):
+    with pytest.raises(UsageError, match=msg):
+        hosts.host_specs(load_inventory(_inv(tmp_path, body)), "t")
+
+
+def test_unknown_host_named(tmp_path):
+    inv = load_inventory(str(LAB_INV))
+    with pytest.raises(UsageError, match="no host 'gpu-nope'"):
+        hosts.host_specs(inv, "t", ["gpu-nope"])
+
+
+@pytest.mark.parametrize("mode", ["privileged", "restricted"])
+def test_run_argv(mode):
+    spec = hosts.HostSpec(name="gpu-t4-01", port=2204, gpu="Tesla T4", driver="470.256.02", gpu_count=1, lab="lab1")
+    argv = hosts.run_argv(spec, image="img:1", mode=mode, network="lab1", public_key="ssh-ed25519 AAAA lab")
+    assert argv[:2] == ["run", "-d"] and argv[-1] == "img:1"
+    assert argv[argv.index("--hostname") + 1] == "gpu-t4-01"
+    assert argv[argv.index("--name") + 1] == "lab1-gpu-t4-01"
+    assert "127.0.0.1:2204:22" in argv  # sshd only on loopback
+    assert ("--privileged" in argv) == (mode == "privileged")
+    if mode == "restricted":
+        assert argv[argv.index("--cap-drop") + 1] == "SYS_RESOURCE"
+    assert argv[argv.index("--cgroupns") + 1] == "private"
+    env = dict(a.split("=", 1) for a in (argv[i + 1] for i, x in enumerate(argv) if x == "-e"))
+    sim = json.loads(env["LAB_GPU_JSON"])
+    assert sim["gpus"][0]["name"] == "Tesla T4" and sim["driver_version"] == "470.256.02"
+    assert "470.256.02" in env["LAB_DRIVER_VERSION_FILE"]
+    assert env["LAB_AUTHORIZED_KEY"] == "ssh-ed25519 AAAA lab"
+    assert any(a.startswith("type=volume,src=lab1-gpu-t4-01-docker,dst=/var/lib/docker") for a in argv)
+
+
+def test_inner_daemon_json_stays_in_the_lab():
+    d = hosts.daemon_json()
+    assert d["insecure-registries"] == ["lab-registry:5000"]
+    import ipaddress
+
+    for dns in d["dns"]:
+        assert ipaddress.ip_address(dns) in ipaddress.ip_network(d["bip"], strict=False)
+    bip = ipaddress.ip_network(d["bip"], strict=False)
+    for pool in d["default-address-pools"]:
+        net = ipaddress.ip_network(pool["base"])
+        assert not net.overlaps(bip)
+        # never the outer engine's default pools (172.17-31/16, 192.168/16)
+        assert not net.overlaps(ipaddress.ip_network("172.16.0.0/12"))
+        assert not net.overlaps(ipaddress.ip_network("192.168.0.0/16"))
+
+
+def test_known_hosts_replaces_entries_of_a_recreated_host():
+    pub = "ssh-ed25519 AAAAnew root@gpu\necdsa-sha2-nistp256 AAAAec root@gpu\nnot a key\n"
+    lines = hosts.known_hosts_lines(2201, pub)
+    assert lines == ["[127.0.0.1]:2201 ssh-ed25519 AAAAnew", "[127.0.0.1]:2201 ecdsa-sha2-nistp256 AAAAec"]
+    existing = "[127.0.0.1]:2201 ssh-ed25519 AAAAold\n[127.0.0.1]:2202 ssh-ed25519 AAAAother\nexample.com ssh-rsa X\n"
+    merged = hosts.merge_known_hosts(existing, 2201, lines)
+    assert "AAAAold" not in merged
+    assert "[127.0.0.1]:2202 ssh-ed25519 AAAAother" in merged and "example.com ssh-rsa X" in merged
+    assert merged.count("[127.0.0.1]:2201 ") == 2
+    assert "[127.0.0.1]:2201" not in hosts.merge_known_hosts(merged, 2201, [])
+
+
+def test_push_digest_parsed_from_docker_push_output():
+    out = ("The push refers to repository [127.0.0.1:5000/lab/llama-server]\n5f70bf18a086: Pushed\n"
+           "lab: digest: sha256:" + "a" * 64 + " size: 528\n")
+    assert setup.parse_push_digest(out) == "sha256:" + "a" * 64
+    assert setup.parse_push_digest("error") is None
+
+
+def test_lab_pins_cover_the_lock_keys():
+    keys = {p.key for p in setup.PINS}
+    assert {"llamacpp:lab-cpu", "vllm:lab-cpu", "llamacpp:lab-broken"} <= keys
+    assert all(p.image in __import__("llmfleet.lab.images", fromlist=["x"]).ALL_IMAGES for p in setup.PINS)
+
+
+def test_restricted_flags_never_privileged():
+    assert "--privileged" not in lab_engine.SYSTEM_CONTAINER_FLAGS["restricted"]
+    assert "SYS_RESOURCE" in lab_engine.SYSTEM_CONTAINER_FLAGS["restricted"]
+
+
+# -- models ---------------------------------------------------------------------------------------
+
+
+def test_gguf_model_is_deterministic_and_well_formed(tmp_path):
+    import gguf
+
+    from llmfleet.lab import models
+
+    a = models.write_gguf(tmp_path / "a.gguf", seed=0)
+    b = models.write_gguf(tmp_path / "b.gguf", seed=0)
+    assert hashlib.sha256(a.read_bytes()).digest() == hashlib.sha256(b.read_bytes()).digest()
+    assert a.stat().st_size < 2_000_000
+    r = gguf.GGUFReader(str(a))
+    arch = r.fields["general.architecture"]
+    assert bytes(arch.parts[arch.data[0]]).decode() == "qwen2"
+    assert r.fields["qwen2.block_count"].parts[-1][0] == 2
+    assert "tokenizer.chat_template" in r.fields
+    names = {t.name for t in r.tensors}
+    assert {"token_embd.weight", "output.weight", "blk.1.attn_q.weight", "blk.0.ffn_down.weight"} <= names
+
+
+def test_hf_model_folder(tmp_path):
+    pytest.importorskip("tokenizers")
+    from safetensors.numpy import load_file
+
+    from llmfleet.lab import models
+
+    folder = models.write_hf(tmp_path / "hf")
+    cfg = json.loads((folder / "config.json").read_text())
+    assert cfg["architectures"] == ["Qwen2ForCausalLM"]
+    assert cfg["hidden_size"] // cfg["num_attention_heads"] >= 32  # vLLM CPU attention needs head size >= 32
+    weights = load_file(str(folder / "model.safetensors"))
+    assert weights["model.embed_tokens.weight"].shape == (cfg["vocab_size"], cfg["hidden_size"])
+    tok_cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    assert "<|im_start|>" in tok_cfg["chat_template"]
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    ids = tok.encode("hello world").ids
+    assert tok.decode(ids) == "hello world"
+    assert max(ids) < cfg["vocab_size"]

@@ -1,0 +1,130 @@
+"""The nvidia-smi simulator against real nvidia-smi output (tests/data/nvidia-smi, reference H200)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from llmfleet.lab import nvidia_smi_sim as sim
+from llmfleet.lab.cards import gpu_sim_config
+
+DATA = Path(__file__).parent / "data" / "nvidia-smi"
+H200 = DATA / "h200-580"  # recorded on a real H200
+PROBE_FIELDS = "index,name,uuid,pci.bus_id,memory.total,memory.used,memory.free,driver_version"
+
+
+def configured(gpu: str, driver: str, rows: list[dict]) -> dict:
+    cfg = gpu_sim_config("host", gpu, driver, len(rows))
+    for g, r in zip(cfg["gpus"], rows, strict=True):
+        g.update(r)
+    return cfg
+
+
+# Each case reproduces the values of one real banner; the simulator must print the same lines.
+BANNERS = [
+    ("t4-470", "Tesla T4", "470.57.02",
+     [dict(pci_bus_id="00000000:00:05.0", temperature_c=49, power_draw_w=28, memory_total_mib=15109,
+           persistence=False)]),
+    ("p40-470", "Tesla P40", "470.82.00",
+     [dict(pci_bus_id=b, temperature_c=t, power_draw_w=p, memory_used_mib=16965, memory_total_mib=22919,
+           utilization_pct=100, persistence=False)
+      for b, t, p in (("00000000:02:00.0", 56, 192), ("00000000:81:00.0", 39, 182))]),
+    ("v100-535", "Tesla V100-SXM2-32GB", "535.183.06",
+     [dict(pci_bus_id=b, temperature_c=t, power_draw_w=p)
+      for b, t, p in (("00000000:1A:00.0", 40, 43), ("00000000:1C:00.0", 37, 44))]),
+    ("rtx4090-550", "NVIDIA GeForce RTX 4090", "550.54.15",
+     [dict(pci_bus_id="00000000:05:00.0", temperature_c=29, power_draw_w=17)]),
+]
+
+
+@pytest.mark.parametrize("folder,gpu,driver,rows", BANNERS, ids=[b[0] for b in BANNERS])
+def test_banner_matches_real_layout(folder, gpu, driver, rows):
+    real = (DATA / folder / "nvidia-smi.txt").read_text().splitlines()
+    cfg = configured(gpu, driver, rows)
+    ours = sim.render_banner(cfg, "TIMESTAMP").splitlines()
+    if real[0].startswith("+"):
+        assert not ours[0].startswith("TIMESTAMP")  # R470 prints no timestamp line either
+    else:
+        real, ours = real[1:], ours[1:]
+    # the transcriptions stop after the GPU table; every line they have must match exactly
+    assert ours[: len(real)] == real
+
+
+def test_recorded_h200_output_reproduced():
+    cfg = configured("NVIDIA H200", "580.159.04", [dict(
+        pci_bus_id="00000000:00:06.0", temperature_c=38, power_draw_w=115, memory_reserved_mib=615,
+        uuid="GPU-a860cca5-cc2d-c460-91d7-bdf2cff1b29c", clocks_max_memory_mhz=3201)])
+    banner = sim.render_banner(cfg, "Sun Nov 29 09:47:34 2026")
+    assert banner == (H200 / "nvidia-smi.txt").read_text()
+    fields = ("index,name,uuid,pci.bus_id,memory.total,memory.used,memory.free,driver_version,compute_cap,"
+              "persistence_mode,power.limit,clocks.max.memory,temperature.gpu,utilization.gpu")
+    assert sim.run([f"--query-gpu={fields}", "--format=csv"], cfg, "x") == ((H200 / "query.csv").read_text(), 0)
+    noheader = sim.run(["--query-gpu=index,name,memory.total,driver_version,compute_cap",
+                        "--format=csv,noheader,nounits"], cfg, "x")
+    assert noheader == ((H200 / "query-noheader.csv").read_text(), 0)
+    assert sim.run(["--version"], cfg, "x") == ((H200 / "version.txt").read_text(), 0)
+    assert sim.run(["-L"], cfg, "x") == ((H200 / "L.txt").read_text(), 0)
+    bogus = (H200 / "bogus-field.txt").read_text().split("rc=")
+    assert sim.run(["--query-gpu=bogus_field", "--format=csv"], cfg, "x") == (bogus[0], int(bogus[1]))
+
+
+@pytest.mark.parametrize("driver,has_cc", [("470.256.02", False), ("470", False), ("510.47.03", True),
+                                           ("535.183.01", True), ("550", True)])
+def test_compute_cap_field_by_driver_branch(driver, has_cc):
+    cfg = gpu_sim_config("h", "Tesla T4", driver, 1)
+    out, rc = sim.run(["--query-gpu=name,compute_cap", "--format=csv,noheader"], cfg, "x")
+    if has_cc:
+        assert (out, rc) == ("Tesla T4, 7.5\n", 0)
+    else:
+        assert (out, rc) == ('Field "compute_cap" is not a valid field to query.\n\n', 2)
+
+
+def test_r470_answers_like_the_recorded_refusal_and_the_probe_fallback():
+    cfg = configured("Tesla T4", "470.57.02", [dict(pci_bus_id="00000000:00:05.0", memory_total_mib=15109)])
+    out, rc = sim.run([f"--query-gpu={PROBE_FIELDS},compute_cap", "--format=csv,noheader,nounits"], cfg, "x")
+    assert rc == 2 and out.strip() == (DATA / "t4-470" / "compute-cap-refused.txt").read_text().split("rc=")[0].strip()
+    out, rc = sim.run([f"--query-gpu={PROBE_FIELDS}", "--format=csv,noheader,nounits"], cfg, "x")
+    assert rc == 0
+    row = out.strip().split(", ")
+    assert row[1] == "Tesla T4" and row[4] == "15109" and row[7] == "470.57.02"
+    assert sim.run(["--version"], cfg, "x")[1] == 2  # R470's nvidia-smi has no --version
+
+
+def test_dead_driver_like_real_message():
+    real = (DATA / "driver-not-loaded" / "nvidia-smi.txt").read_text().split("rc=")
+    cfg = gpu_sim_config("h", "Tesla T4", "535", 1)
+    for argv in ([], ["-L"], [f"--query-gpu={PROBE_FIELDS}", "--format=csv"]):
+        out, rc = sim.run(argv, cfg, "x", driver_dead=True)
+        assert rc == int(real[1]) == 9
+        assert out.strip() == real[0].strip()
+
+
+@pytest.mark.parametrize("argv,rc", [
+    (["--query-gpu=name"], 2),  # --format missing
+    (["--query-gpu=name", "--format=xml"], 2),
+    (["--bogus"], 2),
+    (["-i", "1", "-L"], 0),
+])
+def test_argument_errors(argv, rc):
+    cfg = gpu_sim_config("h", "Tesla P40", "535", 2)
+    out, code = sim.run(argv, cfg, "x")
+    assert code == rc
+    if argv[:2] == ["-i", "1"]:
+        assert out.startswith("GPU 1: Tesla P40")
+
+
+def test_memory_free_is_total_minus_used_and_reserved():
+    cfg = gpu_sim_config("h", "Tesla V100-SXM2-32GB", "535", 1)
+    total, used, free = sim.run(["--query-gpu=memory.total,memory.used,memory.free", "--format=csv,noheader,nounits"],
+                                cfg, "x")[0].strip().split(", ")
+    g = cfg["gpus"][0]
+    assert int(free) == int(total) - int(used) - g["memory_reserved_mib"]
+    assert 0 < g["memory_reserved_mib"] < 300
+
+
+@pytest.mark.parametrize("driver,cuda", [("470.256.02", "11.4"), ("535.183.01", "12.2"), ("550.127.05", "12.4"),
+                                         ("580.95.05", "13.0"), ("535", "12.2")])
+def test_cuda_version_in_banner(driver, cuda):
+    cfg = gpu_sim_config("h", "Tesla V100-PCIE-16GB", driver, 1)
+    assert f"CUDA Version: {cuda}" in sim.render_banner(cfg, "x")
