@@ -677,3 +677,30 @@ def test_an_explicit_short_context_is_the_operators_call():
     assert P("qwen2.5-7b-instruct", "gptq-int4", context=512).fits
     auto = P("gemma-2-27b-it", "int8")  # the planner's own pick must be a useful context
     assert not auto.fits and "not a useful service" in auto.notes[0]
+
+
+def test_cli_gather_plans_a_hosts_services_with_its_real_model_files(sshd, tmp_path):
+    import os
+
+    import yaml
+
+    model = tmp_path / "models" / "tiny.gguf"
+    model.parent.mkdir()
+    model.write_bytes(b"GGUF" + b"\0" * 8188)
+    inv = tmp_path / "inv"
+    inv.mkdir()
+    service = {"name": "tiny", "engine": "llamacpp", "model": "tiny-qwen2", "model_path": str(model),
+               "image": "llamacpp:x", "context": 512}
+    (inv / "hosts.yml").write_text(yaml.safe_dump({"all": {"hosts": {"test-host": {
+        "ansible_host": "127.0.0.1", "ansible_port": sshd.port, "ansible_user": "root",
+        "ansible_ssh_private_key_file": str(sshd.client_key), "llmfleet_gpu": "Tesla T4",
+        "llmfleet_root": str(tmp_path / "root"), "llmfleet_services": [service]}}}}))
+    env = dict(os.environ, INVOKE_LLMFLEET_SSH_KNOWN_HOSTS=str(tmp_path / "known_hosts"))
+    args = [sys.executable, "-m", "invoke", "plan", "--inventory", str(inv), "--host", "test-host", "--json"]
+    without = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=120, env=env)
+    assert without.returncode == 2 and "give --quant" in without.stderr  # no quant, no file size known
+    r = subprocess.run(args + ["--gather", "--accept-new-host-keys"], cwd=REPO, capture_output=True, text=True,
+                       timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    p = json.loads(r.stdout)["services"]["tiny"]
+    assert p["weights_bytes"] == 8192 and p["gpu"] == "t4" and p["fits"] is True

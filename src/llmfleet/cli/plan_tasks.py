@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 from typing import Any
 
 from invoke import task
+from rich.markup import escape
 from rich.table import Table
 
 from llmfleet.catalog import find_gpu
-from llmfleet.cli.common import console, handles_errors, inventory_path, print_json
+from llmfleet.cli.common import console, handles_errors, inventory_path, print_json, ssh_config
 from llmfleet.errors import CheckFailed, UsageError
 from llmfleet.planner import Plan, PlanRequest, plan, plan_for_service
 
@@ -67,6 +69,21 @@ def _gpu_for(c, inventory: str | None, gpu: str | None, host: str | None):
     raise UsageError("give --gpu (catalog id, nvidia-smi name or inventory host) or --host")
 
 
+def _gather(c, inventory: str | None, host: str, accept_new_host_keys: bool):
+    """The host's facts in one SSH round trip (its cards and the sizes of its services' model files)."""
+    from llmfleet import facts as facts_mod
+    from llmfleet import ssh
+    from llmfleet.inventory import load_inventory, settings_for
+
+    inv = load_inventory(inventory_path(c, inventory))
+    if host not in inv.hosts:
+        raise UsageError(f"{inv.path}: no host {host!r}; hosts: {', '.join(inv.hosts) or 'none'}")
+    h = inv.hosts[host]
+    settings = settings_for(h)
+    with ssh.connect(h, config=ssh_config(c), accept_new_host_keys=accept_new_host_keys) as remote:
+        return facts_mod.gather(remote, root=settings.root, model_paths=[s.model_path for s in settings.services])
+
+
 def _b(n: int | float) -> str:
     return f"{n / GB:,.2f} GB" if n >= 1e8 else (f"{n / 1e6:,.1f} MB" if n >= 1e5 else f"{int(n):,} B")
 
@@ -99,22 +116,22 @@ def render_plan(p: Plan, title: str | None = None) -> None:
         ("engine flags", shlex.join(p.engine_args)),
     ]
     for k, v in rows:
-        t.add_row(k, v)
+        t.add_row(k, v if k in ("resident",) else escape(v))
     console.print(t)
     for n in p.notes:
-        console.print(f"  - {n}")
+        console.print(f"  - {escape(n)}")
     if p.alternatives:
         alt = Table(title="what would fit, best first", title_justify="left")
         for col in ("#", "change", "why", "max context", "max seqs", "decode tok/s", "weights"):
             alt.add_column(col)
         for a in p.alternatives:
             lo, hi = a["decode_tokps_realistic"]
-            alt.add_row(str(a["rank"]), a["flags"], a["why"], f"{a['max_context_tokens']:,}",
+            alt.add_row(str(a["rank"]), escape(a["flags"]), escape(a["why"]), f"{a['max_context_tokens']:,}",
                         str(a["max_concurrency"]), f"{lo:.1f}-{hi:.1f}", _b(a["weights_bytes"]))
         console.print(alt)
     console.print("[dim]assumptions:[/dim]")
     for name, text in p.assumptions.items():
-        console.print(f"  [dim]{name}: {text}[/dim]")
+        console.print(f"  [dim]{escape(name)}: {escape(text)}[/dim]")
 
 
 @task(
@@ -133,14 +150,25 @@ def render_plan(p: Plan, title: str | None = None) -> None:
         "gpu_memory_utilization": "share of card memory the plan may use (vLLM's flag; default 0.90 vLLM, 0.95 llama.cpp)",
         "offload": "accept weights off the GPU (slow: shows the predicted PCIe/CPU-bound speed)",
         "inventory": "inventory for --host / --gpu HOST (default: llmfleet.inventory in invoke.yaml)",
+        "gather": "with --host: gather the host's facts over SSH first (its real cards, memory and model files)",
+        "accept_new_host_keys": "with --gather: record unknown SSH host keys (changed keys are still refused)",
         "json": "print the plan as JSON (bytes are bytes)",
     },
 )
 @handles_errors
 def plan_task(c, model=None, quant=None, gpu=None, host=None, gpus=None, context=None, concurrency=None,
-              kv_dtype=None, engine=None, gpu_memory_utilization=None, offload=False, inventory=None, json=False):
+              kv_dtype=None, engine=None, gpu_memory_utilization=None, offload=False, inventory=None, json=False,
+              gather=False, accept_new_host_keys=False):
     """Capacity plan: does a model fit a card, the engine flags, max context/concurrency, decode speed."""
-    card, settings = _gpu_for(c, inventory, gpu, host)
+    facts = None
+    if gather:
+        if not host:
+            raise UsageError("--gather needs --host (the host whose facts to gather)")
+        facts = _gather(c, inventory, host, accept_new_host_keys)
+    if facts is not None and facts.gpus and not gpu:
+        card, settings = None, _host_settings(c, inventory, host)
+    else:
+        card, settings = _gpu_for(c, inventory, gpu, host)
     n_gpus = _int("gpus", gpus)
     ctx = _int("context", context)
     conc = _int("concurrency", concurrency)
@@ -157,7 +185,7 @@ def plan_task(c, model=None, quant=None, gpu=None, host=None, gpus=None, context
                 "gpu_memory_utilization": gmu, "offload": True if offload else None,
                 "gpus": list(range(n_gpus)) if n_gpus else None}.items() if v is not None}
             svc = svc.model_copy(update=overrides)
-            plans[svc.name] = plan_for_service(svc, card, n_gpus or 1)
+            plans[svc.name] = plan_for_service(svc, card, n_gpus or 1, facts=facts)
         if json:
             print_json({"host": host, "fits": all(p.fits for p in plans.values()),
                         "services": {k: p.to_dict() for k, p in plans.items()}})
@@ -167,8 +195,13 @@ def plan_task(c, model=None, quant=None, gpu=None, host=None, gpus=None, context
                             + ("[green]FITS[/green]" if p.fits else "[red]DOES NOT FIT[/red]"))
         bad = [k for k, p in plans.items() if not p.fits]
         if bad:
-            raise CheckFailed(f"host {host}: {', '.join(bad)} do(es) not fit {card.name}")
+            raise CheckFailed(f"host {host}: {', '.join(bad)} do(es) not fit {plans[bad[0]].gpu_name}")
         return
+    if card is None:  # from the gathered facts
+        first = facts.gpus[0]
+        card = find_gpu(first.catalog_id or first.name)
+        if first.memory_total_mib:
+            card = dataclasses.replace(card, memory_mib=int(first.memory_total_mib))
     req = PlanRequest(
         model=model, quant=quant, gpu=card, gpus=n_gpus or 1, context=ctx, concurrency=conc or 1,
         engine=engine, kv_dtype=kv_dtype or "auto", gpu_memory_utilization=gmu, offload=bool(offload),
