@@ -196,6 +196,44 @@ def merge_known_hosts(existing: str, port: int, lines: list[str], address: str =
     return "".join(ln + "\n" for ln in [*kept, *lines])
 
 
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct free TCP ports on 127.0.0.1 (bound together, then released)."""
+    socks, ports = [], []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+            ports.append(s.getsockname()[1])
+    finally:
+        for s in socks:
+            s.close()
+    return ports
+
+
+def generate_inventory(source: Path, dest: Path, *, key_path: Path, lock_path: Path) -> Path:
+    """Copy a lab inventory folder to ``dest`` with free ports for every lab host (an overlay file
+    ``zz-lab-ports.yml``, read last) and absolute key and lock paths, for a second lab beside the first."""
+    import shutil
+
+    import yaml
+
+    shutil.copytree(source, dest)
+    inv = load_inventory(str(dest))
+    names = lab_hosts(inv)
+    ports = dict(zip(names, free_ports(len(names)), strict=True))
+    overlay = {"all": {"hosts": {n: {"ansible_port": p} for n, p in ports.items()}}}
+    (dest / "zz-lab-ports.yml").write_text(
+        "# Generated: free loopback ports for this lab.\n" + yaml.safe_dump(overlay, sort_keys=True))
+    all_vars = dest / "group_vars" / "all.yml"
+    data = (yaml.safe_load(all_vars.read_text()) or {}) if all_vars.exists() else {}
+    data["ansible_ssh_private_key_file"] = str(key_path)
+    data["llmfleet_images_lock"] = str(lock_path)
+    all_vars.parent.mkdir(parents=True, exist_ok=True)
+    all_vars.write_text(yaml.safe_dump(data, sort_keys=False))
+    return dest
+
+
 # -- I/O -------------------------------------------------------------------------------------------
 
 

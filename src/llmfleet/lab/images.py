@@ -198,6 +198,7 @@ def llama_server_binary(prog: Progress) -> Path:
     out = cache_dir() / "llama-server" / key / "llama-server"
     if out.exists():
         return out
+    t0 = time.monotonic()
     task = prog.task(f"llama.cpp: build llama-server ({key}, ~7 min on 2 cores)", total=100)
     jobs = str(os.cpu_count() or 2)
     proc = subprocess.Popen(["sh", str(script), str(sdist), str(out), jobs], stdout=subprocess.PIPE,
@@ -212,6 +213,7 @@ def llama_server_binary(prog: Progress) -> Path:
     if proc.wait(timeout=3600) != 0 or not out.exists():
         raise CheckFailed("llama-server build failed:\n" + "\n".join(tail))
     prog.update(task, completed=100)
+    (out.parent / "build-seconds").write_text(f"{time.monotonic() - t0:.0f}\n")
     return out
 
 
@@ -320,7 +322,16 @@ def build_all(keys: list[str] | None = None, quiet: bool = False) -> dict[str, I
             else:
                 result[key] = build_image(key, prog, base.id)
     manifest = load_manifest()
-    manifest.update({k: {"ref": v.ref, "id": v.id} for k, v in result.items()})
+    for k, v in result.items():
+        old = manifest.get(k, {})
+        entry = {**old, "ref": v.ref, "id": v.id}
+        if v.built:  # the last real build of this image (cached lookups keep the figure)
+            entry["build_seconds"] = round(v.seconds, 1)
+            entry["built_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        elif old.get("ref") != v.ref:
+            entry.pop("build_seconds", None)
+            entry.pop("built_at", None)
+        manifest[k] = entry
     path = manifest_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(manifest, indent=2) + "\n")
