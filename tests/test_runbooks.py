@@ -7,6 +7,7 @@ lab hosts; this test keeps the documents true to the task surface.
 
 from __future__ import annotations
 
+import copy
 import re
 import shlex
 from pathlib import Path
@@ -40,12 +41,19 @@ def all_commands() -> list[tuple[str, str]]:
     return [(p.name, cmd) for p in sorted(RUNBOOKS.glob("*.md")) for cmd in commands(p.read_text())]
 
 
+def task_arguments(name: str) -> list:
+    """The task's parser arguments. (Invoke's get_arguments pops the task's help entries: work on a
+    copy, or later readers of the collection lose the help texts.)"""
+    task = copy.copy(ns[name])
+    task.help = dict(ns[name].help or {})
+    return task.get_arguments()
+
+
 def task_flags(name: str) -> tuple[set[str], set[str]]:
     """(flags, flags that take a value) of a task, as its parser spells them."""
-    task = ns[name]
     flags: set[str] = set()
     valued: set[str] = set()
-    for arg in task.get_arguments():
+    for arg in task_arguments(name):
         for n in arg.names:
             n = n.strip("_").replace("_", "-")
             flag = f"--{n}" if len(n) > 1 else f"-{n}"
@@ -80,7 +88,7 @@ def check_command(cmd: str) -> list[str]:
                     problems.append(f"{cmd!r}: {flag} needs a value")
                 i += 1
         else:
-            positional = [a for a in ns[name].get_arguments() if a.positional]
+            positional = [a for a in task_arguments(name) if a.positional]
             if not positional:
                 problems.append(f"{cmd!r}: unexpected argument {tok!r} (task {name} takes only flags)")
         i += 1

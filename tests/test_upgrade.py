@@ -307,3 +307,59 @@ def test_host_overrides(services, images, sets, expected):
         assert isinstance(got, str) and got.startswith(expected)
     else:
         assert got == expected
+
+
+# ---------------------------------------------------------------------------------------------
+# the task: usage errors stop before any host is contacted
+
+
+def _fleet_inventory(tmp_path):
+    import socket
+
+    import yaml
+
+    def closed_port():
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+
+    digest = "sha256:" + "0" * 64
+    lock = tmp_path / "images.lock"
+    lock.write_text(yaml.safe_dump({"images": {"llamacpp:old": {"repository": "reg.example/llamacpp", "tag": "old",
+                                                                "digest": digest}}}))
+    svc = {"name": "chat", "engine": "llamacpp", "model": "m", "model_path": "/srv/models/m.gguf",
+           "image": "llamacpp:old", "port": 8000}
+    inv = tmp_path / "inv"
+    inv.mkdir()
+    hosts = {f"n{i}": {"ansible_host": "127.0.0.1", "ansible_port": closed_port()} for i in (1, 2)}
+    (inv / "hosts.yml").write_text(yaml.safe_dump({"fleet": {"hosts": hosts, "vars": {
+        "llmfleet_services": [svc], "llmfleet_images_lock": str(lock)}}}))
+    return inv
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ([], "choose the hosts with --group"),
+        (["--group", "fleet", "--image", "llamacpp=new"], "image 'llamacpp:new' is not in"),
+        (["--group", "fleet", "--image", "vllm=new"], "no selected host runs the engine to upgrade"),
+        (["--group", "fleet", "--set", "contxt=1"], "--set contxt: not a service setting"),
+        (["--group", "fleet", "--set", "port=99999"], "do not fit the service schema"),
+        (["--group", "fleet", "--serial", "0"], "--serial"),
+        (["--group", "fleet", "--max-fail-percentage", "-5"], "--max-fail-percentage"),
+        (["--group", "nope"], "matches no host"),
+    ],
+)
+def test_upgrade_task_usage_errors_exit_2_before_contacting_hosts(tmp_path, args, message):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    inv = _fleet_inventory(tmp_path)
+    res = subprocess.run([sys.executable, "-m", "invoke", "upgrade", "-i", str(inv), *args],
+                         cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=60,
+                         env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+    assert res.returncode == 2, (res.stdout, res.stderr)
+    assert message in res.stderr
+    assert "cannot connect" not in res.stderr  # nothing was contacted
+    assert "Traceback" not in res.stderr

@@ -243,8 +243,8 @@ def _remote_audit(c, hosts: list[Host], n: int, timeout: float, unreachable: dic
     },
 )
 @handles_errors
-def upgrade(c, group=None, host=None, image=None, set_=None, serial=None, max_fail_percentage=None, forks=5,
-            pause=0, rollback_on_abort=False, check=False, json=False, inventory=None, message="",
+def upgrade(c, group=None, host=None, inventory=None, image=None, set_=None, serial=None, max_fail_percentage=None,
+            forks=5, pause=0.0, rollback_on_abort=False, check=False, json=False, message="",
             accept_new_host_keys=False, allow_unpinned=False):
     """Rolling upgrade of a group: full deploy per host in serial batches, abort on max-fail-percentage."""
     if not group:
