@@ -166,6 +166,16 @@ def test_measured_llama_cpp_decode_speed_lies_in_the_realistic_range(model, meas
     assert p.decode_tokps_ceiling > 2.5 * max(measured)  # the raw ceiling would promise ~3x too much
 
 
+@pytest.mark.parametrize(
+    ("model", "measured"),  # bench/planner_decode_bench.py on an H200: graph-captured bf16 decode step
+    [("qwen2.5-32b-instruct", 52.3), ("qwen2.5-7b-instruct", 192.2)],
+)
+def test_measured_bf16_decode_step_lies_in_the_vllm_range(model, measured):
+    p = P(model, "bf16", gpu="h200-141gb", context=128)
+    lo, hi = p.decode_tokps_realistic
+    assert lo <= measured <= hi, (measured, p.decode_tokps_realistic)
+
+
 @pytest.mark.parametrize(("on_gpu_share", "measured"), [(7 / 8, 20.8), (1 / 2, 6.9)])
 def test_measured_partial_offload_speed_lies_in_the_offload_range(on_gpu_share, measured):
     spec = find_model("qwen2.5-32b-instruct")
