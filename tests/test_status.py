@@ -78,6 +78,19 @@ def test_parse_gpus_reads_only_after_the_marker():
     assert st.parse_gpus("@@end\n") == []
 
 
+def test_probe_script_reports_cards_on_a_host_with_no_services_yet(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "nvidia-smi"
+    fake.write_text("#!/bin/sh\necho 'Tesla T4'\necho 'Tesla T4'\n")
+    fake.chmod(0o755)
+    out = subprocess.run(["sh", "-c", st.probe_script(str(tmp_path / "no-root"))], capture_output=True, text=True,
+                         env={"PATH": f"{bin_dir}:/usr/bin:/bin"}, timeout=30)
+    assert out.returncode == 0
+    assert parse_state(out.stdout) == {}
+    assert st.parse_gpus(out.stdout) == ["Tesla T4", "Tesla T4"]
+
+
 def test_rows_for_a_reachable_host():
     states = parse_state(state_output({
         "chat": (R2, "active", {R1: (manifest(R1), HEALTHY), R2: (manifest(R2), {"result": "healthy",

@@ -44,7 +44,9 @@ MAX_METRICS_BYTES = 4 * 1024 * 1024
 def probe_script(root: str) -> str:
     """Release state of every service, then the card names (one round trip)."""
     return "\n".join([
+        "(",  # a subshell: the state script exits early on a host with no services yet
         rel.state_script(root),
+        ")",
         f"echo '{GPU_MARK}'",
         "nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 64 || true",
     ])
