@@ -102,10 +102,11 @@ def render_plan(p: Plan, title: str | None = None) -> None:
     rows = [
         ("parameters", f"{p.params / 1e9:.2f} B ({p.params:,})"),
         ("weights", f"{_b(p.weights_bytes)} ({p.weights_bytes:,} bytes); on the GPU(s): {_b(p.weights_gpu_bytes)}"),
-        ("KV cache", kv + f", {p.kv_dtype}"),
+        ("KV cache", kv + f"; KV dtype {p.kv_dtype}"),
         ("KV at the plan", f"{_b(p.kv_cache_bytes)} for {p.concurrency} x {p.context} tokens"),
         ("overhead", f"{_b(p.overhead_bytes)} (CUDA context, activations, CUDA graphs, buffers)"),
-        ("memory", f"{_b(p.memory_bytes)} on {p.gpus} card(s); plan uses {p.gpu_memory_utilization:.0%} = {_b(p.budget_bytes)}"),
+        ("memory", f"{_b(p.memory_bytes)} ({p.memory_bytes / 2**30:.1f} GiB) on {p.gpus} card(s); "
+                   f"plan uses {p.gpu_memory_utilization:.0%} = {_b(p.budget_bytes)}"),
         ("resident", ("yes: every layer on the GPU" if p.resident else
                       f"[red]no[/red]: {p.gpu_layers} of {p.total_layers} layers would fit")),
         ("max context", f"{p.max_context_tokens:,} tokens at {p.concurrency} concurrent sequence(s)"),
