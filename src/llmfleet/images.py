@@ -325,7 +325,7 @@ def parse_pin_args(args: list[str], catalog_images: dict[str, Any]) -> list[PinS
     kernels). Pure.
     """
     if not args:
-        raise UsageError("images.pin: name at least one ENGINE=VERSION (e.g. vllm=0.10.1.1), or --all")
+        raise UsageError("images.pin: name at least one ENGINE=VERSION (e.g. vllm=0.10.1.1), or all")
     specs: list[PinSpec] = []
     for arg in args:
         parts = arg.split("=", 2)

@@ -62,11 +62,11 @@ def _catalog_images() -> dict:
 
 
 @task(
-    positional=["images"],
+    positional=["refs"],
     help={
-        "images": "ENGINE=VERSION[,ENGINE=VERSION...] from catalog/engines.yaml (e.g. vllm=0.10.1.1); "
-                  "ENGINE=VERSION=REPO:TAG resolves REPO:TAG instead but records the catalog's repository",
-        "all": "pin every GPU image of the engine-release catalog",
+        "refs": "ENGINE=VERSION[,ENGINE=VERSION...] from catalog/engines.yaml (e.g. vllm=0.10.1.1), or `all` "
+                "for every GPU image there; ENGINE=VERSION=REPO:TAG resolves REPO:TAG instead but records the "
+                "catalog's repository",
         "lock": LOCK_HELP,
         "registry_mirror": MIRROR_HELP,
         "inventory": "with --registry-mirror: the inventory whose llmfleet_image_mirrors to use",
@@ -77,13 +77,12 @@ def _catalog_images() -> dict:
     },
 )
 @handles_errors
-def pin(c, inventory=None, images="", all=False, lock=None, registry_mirror=False, host=None, group=None,  # noqa: A002
-        insecure=None, json=False):
+def pin(c, refs, inventory=None, lock=None, registry_mirror=False, host=None, group=None, insecure=None, json=False):
     """Resolve image tags to digests against their registry and write them into images.lock."""
     catalog = _catalog_images()
-    args = _split(images)
-    if all:
-        args += [k.replace(":", "=", 1) for k, r in sorted(catalog.items()) if not r.cpu and k.replace(":", "=", 1) not in args]
+    args = _split(refs)
+    if args == ["all"]:
+        args = [k.replace(":", "=", 1) for k, r in sorted(catalog.items()) if not r.cpu]
     specs = img.parse_pin_args(args, catalog)
     if registry_mirror:
         mirrors = _mirrors(c, inventory, host, group)
