@@ -654,6 +654,11 @@ def _plan(req: PlanRequest, with_suggestions: bool) -> Plan:
             f"REFUSED: vLLM needs the {spec.heads} attention heads and {spec.kv_heads} KV heads to split evenly "
             f"over {n} GPUs (tensor parallel)"
         )
+    if not tp and r.kv_flag not in ("f16", "bf16", "f32"):
+        notes.append(
+            f"a {r.kv_flag} V cache needs flash attention: llama-server builds that take -fa on|off|auto turn it "
+            "on by themselves (auto); on older builds (a bare -fa switch, e.g. b5000) add -fa to engine_args"
+        )
     if not tp and n > 1:
         notes.append(f"llama.cpp splits layers over {n} GPUs: memory adds up, decode speed does not")
     if tp and n > 1:
@@ -742,8 +747,6 @@ def _engine_args(
         "-ctk", r.kv_flag,
         "-ctv", r.kv_flag,
     ]  # fmt: skip
-    if r.kv_flag not in ("f16", "bf16", "f32"):
-        args += ["-fa", "on"]  # a quantized V cache needs flash attention
     return args
 
 
