@@ -230,8 +230,27 @@ def list_(c, lock=None, json=False):
     console.print(table)
 
 
+@task(help={"json": "print the findings as JSON"})
+@handles_errors
+def lint(c, json=False):
+    """Lint every Dockerfile under dockerfiles/ (exit 1 on findings); rules in docs/images.md."""
+    from llmfleet.dockerfile_lint import lint_tree
+
+    findings = lint_tree(img.DOCKERFILES_DIR)
+    if json:
+        print_json({"ok": not findings, "findings": [f.to_dict() for f in findings]})
+    else:
+        for f in findings:
+            console.print(str(f), markup=False)
+        if not findings:
+            console.print(f"{img.DOCKERFILES_DIR}: no findings")
+    if findings:
+        raise CheckFailed(f"{len(findings)} Dockerfile findings")
+
+
 ns = Collection("images")
 ns.add_task(pin)
 ns.add_task(verify)
 ns.add_task(build)
 ns.add_task(list_)
+ns.add_task(lint)
