@@ -138,3 +138,29 @@ def test_models_staged(lab):
     assert out.startswith("GGUF")
     for f in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
         assert f in out
+
+
+def test_restarted_host_keeps_its_identity_and_answers_ssh(lab):
+    host = "gpu-p40-01"
+    lab.ensure_hosts(host)
+    before = lab.exec(host, ["cat", "/etc/ssh/ssh_host_ed25519_key.pub"]).stdout
+    lab.stop_host(host)
+    lab.start_host(host)
+    assert lab.exec(host, ["cat", "/etc/ssh/ssh_host_ed25519_key.pub"]).stdout == before
+    with lab.connect(host) as r:  # the recorded key still matches: strict checking passes
+        out = r.run("nvidia-smi -L", check=True).stdout
+    assert out.count("Tesla P40") == 2
+
+
+def test_status_and_idle_memory(lab):
+    from llmfleet.lab import hosts
+
+    rows = {r.name: r for r in hosts.status(lab.name)}
+    assert set(lab.hosts) <= set(rows)
+    for name in lab.hosts:
+        r = rows[name]
+        assert r.state == "running" and r.ssh is True and r.port == lab.port(name)
+        assert r.ip and r.gpu and "driver" in r.gpu
+        idle = not lab.exec(name, ["docker", "ps", "-q"]).stdout.strip()
+        if idle:
+            assert 0 < r.mem_mib < 100, f"{name}: {r.mem_mib} MiB idle (budget 100 MiB)"

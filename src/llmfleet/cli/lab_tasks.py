@@ -112,7 +112,7 @@ def down(c, name=None, hosts=None):
 )
 @handles_errors
 def status(c, name=None, json=False):
-    """Show lab hosts: state, SSH port, IP, memory in use."""
+    """Show lab hosts: state, SSH port, IP, simulated GPUs, memory in use."""
     from llmfleet.lab import hosts as lab_hosts
 
     lab = paths.lab_name(name)
@@ -121,11 +121,11 @@ def status(c, name=None, json=False):
         print_json({"lab": lab, "hosts": [r.to_dict() for r in rows]})
         return
     table = Table(title=f"lab {lab}")
-    for col in ("host", "state", "ssh", "ip", "memory MiB"):
+    for col in ("host", "state", "ssh", "ip", "GPUs", "memory MiB"):
         table.add_column(col)
     for r in rows:
         ssh = f"127.0.0.1:{r.port}" + ("" if r.ssh else " (down)") if r.port else "-"
-        table.add_row(r.name, r.state, ssh, r.ip or "-", f"{r.mem_mib:.0f}" if r.mem_mib is not None else "-")
+        table.add_row(r.name, r.state, ssh, r.ip or "-", r.gpu or "-", f"{r.mem_mib:.0f}" if r.mem_mib is not None else "-")
     console.print(table if rows else f"lab {lab}: no hosts (invoke lab.up)")
 
 

@@ -39,6 +39,7 @@ from llmfleet.lab.paths import (
 LABEL = "org.llmfleet.lab"
 HOST_LABEL = "org.llmfleet.lab.host"
 PORT_LABEL = "org.llmfleet.lab.ssh-port"
+GPU_LABEL = "org.llmfleet.lab.gpu"
 # Name under which hosts reach the registry on every lab network (the images lock records it).
 REGISTRY_ALIAS = "lab-registry"
 REGISTRY_HOST = f"{REGISTRY_ALIAS}:{REGISTRY_INNER_PORT}"
@@ -168,6 +169,7 @@ def run_argv(spec: HostSpec, *, image: str, mode: str, network: str, public_key:
             "--network", network, "--network-alias", spec.name,
             "--label", f"{LABEL}={spec.lab}", "--label", f"{HOST_LABEL}={spec.name}",
             "--label", f"{PORT_LABEL}={spec.port}",
+            "--label", f"{GPU_LABEL}={spec.gpu_count} x {spec.gpu} (driver {spec.driver})",
             "-p", f"127.0.0.1:{spec.port}:22",
             "--memory", HOST_MEMORY_LIMIT, "--shm-size", "64m",
             "--mount", f"type=volume,src={spec.volume},dst=/var/lib/docker",
@@ -514,7 +516,8 @@ def status(lab: str, *, memory: bool = True) -> list[HostState]:
         port = labels.get(PORT_LABEL)
         st = HostState(name=labels.get(HOST_LABEL, row["Names"]), container=row["Names"], state=row["State"],
                        port=int(port) if port and port.isdigit() else None,
-                       ip=(nets.get(lab) or {}).get("IPAddress") or None)
+                       ip=(nets.get(lab) or {}).get("IPAddress") or None,
+                       gpu=((info.get("Config") or {}).get("Labels") or {}).get(GPU_LABEL))
         if row["State"] == "running":
             running.append(row["Names"])
             st.ssh = _ssh_banner(st.port) if st.port else False
