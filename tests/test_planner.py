@@ -678,7 +678,7 @@ def test_the_lab_services_plan_from_the_catalog_and_the_hosts_facts():
     p = plan_for_service(gguf, None, 1, facts=facts)
     assert p.fits and p.engine == "llamacpp" and p.weights_bytes == 412345
     assert "size" in p.weights_source
-    with pytest.raises(UsageError, match="give --quant"):  # no quant and no file size: nothing to go on
+    with pytest.raises(UsageError, match="service tiny: .*--gather"):  # no quant and no file size: nothing to go on
         plan_for_service(gguf, "t4", 1)
     hf = _service(name="tiny-vllm", model="tiny-qwen2", quant=None, context=512, model_path="/srv/models/tiny-qwen2-hf")
     assert plan_for_service(hf, "t4", 1, facts=facts).fits
@@ -709,7 +709,7 @@ def test_cli_gather_plans_a_hosts_services_with_its_real_model_files(sshd, tmp_p
     env = dict(os.environ, INVOKE_LLMFLEET_SSH_KNOWN_HOSTS=str(tmp_path / "known_hosts"))
     args = [sys.executable, "-m", "invoke", "plan", "--inventory", str(inv), "--host", "test-host", "--json"]
     without = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=120, env=env)
-    assert without.returncode == 2 and "give --quant" in without.stderr  # no quant, no file size known
+    assert without.returncode == 2 and "--gather" in without.stderr  # no quant, no file size known
     r = subprocess.run(args + ["--gather", "--accept-new-host-keys"], cwd=REPO, capture_output=True, text=True,
                        timeout=120, env=env)
     assert r.returncode == 0, r.stderr

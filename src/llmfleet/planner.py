@@ -858,6 +858,17 @@ def plan_for_service(
                        file_weights_bytes=int(size), file_quant="gguf", file_embed_bytes=None,
                        file_output_bytes=None, file_params=None)
         size = None  # nothing to compare: the plan uses it
+    elif (
+        service.engine == "llamacpp"
+        and not service.quant
+        and not (isinstance(spec, ModelSpec) and spec.file_quant)
+        and not (isinstance(spec, str) and spec.lower().endswith(".gguf"))
+    ):
+        gguf = ", ".join(q.name for q in load_quants() if q.family == "gguf")
+        raise UsageError(
+            f"service {service.name}: llama.cpp with no quant and the GGUF file's size unknown; set quant ({gguf}) "
+            f"on the service, or gather the host's facts (invoke plan --host HOST --gather)"
+        )
     req = PlanRequest(
         model=spec,
         quant=service.quant,
