@@ -1,0 +1,34 @@
+"""The example fleet in inventory/example/ reads like a real one: it validates, and every service it
+declares fits its card according to the planner (an example that would be refused is no example)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from llmfleet.inventory import load_inventory
+from llmfleet.planner import plan_for_service
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "inventory" / "example"
+
+
+def _services():
+    inv = load_inventory(str(EXAMPLE))
+    for name in sorted(inv.hosts):
+        settings = inv.settings_for(inv.hosts[name])
+        for svc in settings.services:
+            yield pytest.param(settings, svc, id=f"{name}/{svc.name}")
+
+
+def test_example_inventory_validates():
+    inv = load_inventory(str(EXAMPLE))
+    assert "gpu-v100-01" in inv.hosts
+    assert inv.hosts["gpu-v100-01"].vars["llmfleet_gpu"].startswith("Tesla V100-SXM2-32GB")
+
+
+@pytest.mark.parametrize(("settings", "service"), list(_services()))
+def test_every_example_service_fits_its_card(settings, service):
+    plan = plan_for_service(service, settings.gpu, 1)
+    assert plan.fits, f"{service.name}: {plan.to_dict().get('reasons') or plan.to_dict()}"
+    assert plan.resident
