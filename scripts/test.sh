@@ -10,8 +10,8 @@ echo "== ruff"
 ruff check .
 
 if invoke --list 2>/dev/null | grep -q 'lab.setup'; then
-  echo "== lab setup (Docker engine, registry, lab images; cached after the first run)"
-  invoke lab.setup
+  echo "== lab setup (Docker engine, registry, lab images incl. vLLM CPU; cached after the first run)"
+  invoke lab.setup --vllm
 fi
 
 echo "== pytest"
