@@ -31,6 +31,8 @@ ns.configure(
                 "config_file": None,
             },
             "audit_log": "~/.local/state/llmfleet/audit.jsonl",
+            "images_lock": None,  # None: images.lock at the repository root
+            "dockerfiles": None,  # None: dockerfiles/ in the repository (images.build, images.lint)
         }
     }
 )

@@ -49,6 +49,12 @@ def _mirrors(c, inventory: str | None, host: str | None, group: str | None) -> d
     return merged
 
 
+def _dockerfiles(c) -> Path:
+    """The dockerfiles/ folder: config ``llmfleet.dockerfiles`` (env INVOKE_LLMFLEET_DOCKERFILES), else the repository's."""
+    configured = cfg(c, "dockerfiles")
+    return Path(configured).expanduser() if configured else img.DOCKERFILES_DIR
+
+
 def _client(insecure: str | None):
     from llmfleet.registry import RegistryClient
 
@@ -154,7 +160,7 @@ def verify(c, inventory=None, lock=None, registry_mirror=False, host=None, group
 @handles_errors
 def build(c, name, resolve_base=False, build_arg=None, tag=None, dry_run=False, push=False):
     """Build one of the engine images in dockerfiles/ with its base pinned by digest."""
-    spec = img.load_build_spec(name)
+    spec = img.load_build_spec(name, _dockerfiles(c))
     overrides = {}
     for item in build_arg or []:
         key, sep, value = item.partition("=")
@@ -193,7 +199,7 @@ def list_(c, lock=None, json=False):
     path = _lock_path(c, lock)
     lock_data = img.load_lock(path)
     catalog = _catalog_images()
-    builds = {s.catalog_key: s.name for s in img.all_build_specs()}
+    builds = {s.catalog_key: s.name for s in img.all_build_specs(_dockerfiles(c))}
     rows = []
     for key in sorted(set(lock_data.images) | {k for k, r in catalog.items() if not r.cpu}):
         e = lock_data.get(key)
@@ -236,14 +242,15 @@ def lint(c, json=False):
     """Lint every Dockerfile under dockerfiles/ (exit 1 on findings); rules in docs/images.md."""
     from llmfleet.dockerfile_lint import lint_tree
 
-    findings = lint_tree(img.DOCKERFILES_DIR)
+    root = _dockerfiles(c)
+    findings = lint_tree(root)
     if json:
         print_json({"ok": not findings, "findings": [f.to_dict() for f in findings]})
     else:
         for f in findings:
             console.print(str(f), markup=False)
         if not findings:
-            console.print(f"{img.DOCKERFILES_DIR}: no findings")
+            console.print(f"{root}: no findings")
     if findings:
         raise CheckFailed(f"{len(findings)} Dockerfile findings")
 
