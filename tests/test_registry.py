@@ -215,3 +215,11 @@ def test_unreachable_registry_is_one_line_remote_error():
     with pytest.raises(RemoteError, match="cannot reach registry") as exc:
         RegistryClient(timeout=2).resolve(f"127.0.0.1:{port}/x/y:z")
     assert "\n" not in str(exc.value)
+
+
+def test_an_expired_cached_token_is_replaced_once(registry_token, tmp_path):
+    digest = push_image(registry_token, "private/expiring", "v1")
+    cfg = docker_config(tmp_path, registry_token.host)
+    c = RegistryClient(docker_config=str(cfg))
+    c._tokens[(registry_token.host, "repository:private/expiring:pull")] = "expired.token.value"
+    assert c.resolve(f"{registry_token.host}/private/expiring:v1") == digest

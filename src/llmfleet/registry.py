@@ -219,9 +219,15 @@ class RegistryClient:
             with httpx.Client(follow_redirects=True, max_redirects=5, timeout=self.timeout,
                               trust_env=not self._loopback(ref.registry)) as client:
                 resp = client.request(method, url, headers=headers)
-                if resp.status_code == 401 and "www-authenticate" in resp.headers:
+                for attempt in range(2):  # a cached token may have expired: fetch a fresh one once
+                    if resp.status_code != 401 or "www-authenticate" not in resp.headers:
+                        break
+                    if attempt == 1:
+                        self._tokens.clear()
                     headers.update(self._auth_header(ref, resp.headers["www-authenticate"], client))
                     resp = client.request(method, url, headers=headers)
+                    if "Bearer" not in headers["Authorization"]:
+                        break  # Basic credentials do not expire; a second try would be refused again
         except httpx.HTTPError as exc:
             raise RemoteError(f"{ref.registry}: cannot reach registry: {type(exc).__name__}: {exc}") from None
         if resp.status_code == 404:
