@@ -256,3 +256,20 @@ def test_verify_reports_unpinned_and_unreachable_entries():
     by_key = {r.key: r for r in results}
     assert by_key["llamacpp:b5000-cu122"].status == "unpinned"
     assert by_key["vllm:0.10.1.1"].status == "error" and "cannot reach" in by_key["vllm:0.10.1.1"].message
+
+
+def test_re_pinning_keeps_the_recorded_source_and_drops_a_stale_digest_source(registry, tmp_path):
+    from llmfleet.images import through_mirror
+
+    lock_path = tmp_path / "images.lock"
+    lock_path.write_text(LOCK_TEXT.replace("    source: catalog\n", "    source: catalog\n    digest_source: quoted\n"))
+    assert load_lock(lock_path).get("vllm:0.10.1.1").digest_source == "quoted"
+    digest = push_image(registry, "hub/vllm/vllm-openai", "v0.10.1.1", payload="re-pin")
+    [spec] = parse_pin_args(["vllm=0.10.1.1"], CATALOG)
+    spec = through_mirror(spec, {"docker.io": f"{registry.host}/hub"})
+    assert spec.ref == f"{registry.host}/hub/vllm/vllm-openai:v0.10.1.1"
+    assert spec.repository == "docker.io/vllm/vllm-openai"
+    [e] = pin([spec], RegistryClient(), lock_path)
+    again = load_lock(lock_path).get("vllm:0.10.1.1")
+    assert again == e
+    assert (e.repository, e.digest, e.source, e.digest_source) == ("docker.io/vllm/vllm-openai", digest, "catalog", None)

@@ -351,7 +351,6 @@ def parse_pin_args(args: list[str], catalog_images: dict[str, Any]) -> list[PinS
                 repository=repo if len(parts) == 3 else None,
                 cuda=str(get("cuda")) if get("cuda") else None,
                 archs=catalog_archs(rel),
-                source=f"catalog/engines.yaml {key}",
             )
         )
     return specs
@@ -449,12 +448,16 @@ def pin(specs: list[PinSpec] | dict[str, str], client: Any, lock_path: str | Pat
         if not _KEY_RE.match(spec.key):
             raise UsageError(f"pin: key {spec.key!r} must look like ENGINE:VERSION (engine vllm or llamacpp)")
     at = _now()
+    lock = load_lock(lock_path)
     entries = []
     for spec in specs:
         ref = parse_reference(spec.ref)
         digest = client.resolve(ref)
+        old = lock.get(spec.key)
+        if spec.source is None:  # keep what the lock said about the image's origin
+            spec = PinSpec(key=spec.key, ref=spec.ref, repository=spec.repository, cuda=spec.cuda,
+                           archs=spec.archs, source=old.source if old and old.source else f"catalog/engines.yaml {spec.key}")
         entries.append(pinned(spec, digest, registry=ref.registry, at=at))
-    lock = load_lock(lock_path)
     write_lock(merge(lock, entries), lock_path)
     return entries
 
