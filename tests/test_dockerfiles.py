@@ -150,6 +150,17 @@ def test_catalog_claims_match_the_dockerfile(spec):
         assert str(rel["cuda"]) in image, f"base {image} is not the catalog's CUDA {rel['cuda']}"
 
 
+@pytest.mark.parametrize("spec", all_build_specs(), ids=lambda s: s.name)
+def test_every_build_arg_image_yaml_passes_is_declared_by_the_dockerfile(spec):
+    """An arg the Dockerfile does not declare would be ignored by docker build without a word."""
+    from llmfleet.dockerfile_lint import parse
+
+    instructions, _ = parse((spec.dir / "Dockerfile").read_text())
+    declared = {i.args.split("=", 1)[0].strip() for i in instructions if i.cmd == "ARG"}
+    passed = set(spec.args) | set(spec.required_args) | set(spec.bases)
+    assert passed <= declared, f"not declared in the Dockerfile: {sorted(passed - declared)}"
+
+
 def test_a_dockerfile_that_drifts_from_the_catalog_is_caught():
     spec = load_build_spec("llamacpp-cuda")
     rel = CATALOG[spec.catalog_key]
