@@ -145,6 +145,9 @@ def _token_server(key, cert_der: bytes, issued: list):
 
 
 def start_registry(tmp: Path, auth: str = "none") -> Registry:
+    if not Path(REGISTRY_BIN).exists():
+        pytest.fail("these tests need Debian's docker-registry (apt-get install docker-registry; "
+                    "scripts/bootstrap.sh installs it)", pytrace=False)
     tmp.mkdir(parents=True, exist_ok=True)
     port = _free_port()
     extra: dict = {}
