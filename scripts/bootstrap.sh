@@ -11,11 +11,17 @@ python3 -c 'import ensurepip, venv' 2>/dev/null || need_apt+=(python3-venv)
 command -v ssh-keygen >/dev/null || need_apt+=(openssh-client)
 [ -x /usr/sbin/sshd ] || need_apt+=(openssh-server)
 command -v git >/dev/null || need_apt+=(git)
+# the registry tests run Debian's docker-registry binary on 127.0.0.1 (tests/registry_fixture.py)
+[ -x /usr/bin/docker-registry ] || need_apt+=(docker-registry)
 if [ ${#need_apt[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   echo "bootstrap: installing ${need_apt[*]}"
   $SUDO apt-get update -q >/dev/null
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q "${need_apt[@]}" >/dev/null
+  # the package's own service (port 5000, all interfaces) is not wanted: tests start their own
+  if [[ " ${need_apt[*]} " == *" docker-registry "* ]] && [ -d /run/systemd/system ]; then
+    $SUDO systemctl disable --now docker-registry >/dev/null 2>&1 || true
+  fi
 fi
 
 if [ ! -x .venv/bin/python ]; then
