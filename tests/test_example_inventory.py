@@ -32,3 +32,17 @@ def test_every_example_service_fits_its_card(settings, service):
     plan = plan_for_service(service, settings.gpu, 1)
     assert plan.fits, f"{service.name}: {plan.to_dict().get('reasons') or plan.to_dict()}"
     assert plan.resident
+
+
+@pytest.mark.parametrize(("settings", "service"), list(_services()))
+def test_every_example_image_is_locked_catalogued_and_has_kernels_for_the_card(settings, service):
+    from llmfleet.catalog import find_gpu
+    from llmfleet.compat import check_architecture, load_engine_catalog
+    from llmfleet.images import load_lock
+
+    assert load_lock().get(service.image) is not None, f"{service.image} is not in images.lock"
+    rel = load_engine_catalog().release(service.image)
+    assert rel is not None, f"{service.image} is not in catalog/engines.yaml"
+    card = find_gpu(settings.gpu)
+    verdict = check_architecture(rel, card.name, card.compute_capability)
+    assert verdict.status == "pass", verdict.message
