@@ -253,7 +253,8 @@ def _arch_fix(rel: EngineRelease, cc: str) -> str:
     if rel.engine == "vllm" and t < (7, 0):
         return "no official vLLM image supports compute capability below 7.0: serve this card with llama.cpp"
     if rel.engine == "vllm" and t < (7, 5):
-        return "use a vLLM release with sm_70 kernels (vllm:0.19.1 or older, CUDA 12.x), or llama.cpp"
+        return ("use a vLLM release with sm_70 kernels (vllm:0.19.1 or older, CUDA 12.x; vllm:0.19.1-volta is built "
+                "for CUDA 12.6), or llama.cpp")
     if rel.engine == "llamacpp":
         return "use a llama.cpp image built with SASS for this card, e.g. llamacpp:b5000-cu122"
     return "pick an image whose kernels cover this compute capability (catalog/engines.yaml)"
