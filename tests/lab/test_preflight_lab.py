@@ -3,13 +3,20 @@ nvidia-smi simulator per card and driver)."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
+import yaml
 
 from llmfleet import images
 from llmfleet.inventory import settings_for
 from llmfleet.preflight import images_lock_path, preflight_host
 
 pytestmark = pytest.mark.lab
+LLMFLEET = str(Path(sys.executable).parent / "llmfleet")
 
 
 def _preflight(lab, name: str):
@@ -55,3 +62,17 @@ def test_dead_driver_gives_a_named_failure(lab):
     gpu = next(c for c in r.checks if c.id == "gpu")
     assert not r.ok
     assert gpu.status == "fail" and "driver not loaded" in gpu.message, gpu
+
+
+def test_cli_preflight_on_the_lab(lab, tmp_path):
+    lab.ensure_hosts("gpu-v100-01")
+    (tmp_path / "invoke.yaml").write_text(yaml.safe_dump({"llmfleet": {
+        "inventory": lab.inventory_path, "ssh": {"known_hosts": lab.config["known_hosts"]}}}))
+    res = subprocess.run([LLMFLEET, "preflight", "--host", "gpu-v100-01", "--json"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    data = json.loads(res.stdout)
+    assert (data["host"], data["service"], data["ok"]) == ("gpu-v100-01", "tiny", True)
+    res = subprocess.run([LLMFLEET, "facts", "--host", "gpu-v100-01"], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 0 and "Tesla V100-SXM2-32GB" in res.stdout and "CC 7.0 (driver)" in res.stdout
