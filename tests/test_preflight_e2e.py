@@ -121,3 +121,17 @@ def test_cli_facts_json(inventory, tmp_path):
     assert any("nvidia-smi not found" in e for e in data["errors"])
     res = _cli(inventory, tmp_path, "facts", "--host", "test-host")
     assert res.returncode == 0 and "facts test-host" in res.stdout and "nvidia-smi not found" in res.stdout
+
+
+def test_cli_preflight_group_checks_hosts_in_parallel_and_keeps_order(inventory, tmp_path):
+    data = yaml.safe_load((inventory / "hosts.yml").read_text())
+    one = data["all"]["hosts"].pop("test-host")
+    data["all"]["children"] = {"fleet": {"hosts": {"b-host": one, "a-host": dict(one),
+                                                   "gone-host": dict(one, ansible_port=1)}}}
+    (inventory / "hosts.yml").write_text(yaml.safe_dump(data, sort_keys=False))
+    res = _cli(inventory, tmp_path, "preflight", "--group", "fleet", "--json", "--accept-new-host-keys")
+    assert res.returncode == 1, res.stderr
+    got = json.loads(res.stdout)
+    assert [r["host"] for r in got] == ["b-host", "a-host", "gone-host"]
+    assert [c["id"] for c in got[2]["checks"]] == ["ssh"] and got[2]["checks"][0]["status"] == "fail"
+    assert {c["id"] for c in got[0]["checks"]} >= {"gpu", "plan", "port"}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 from invoke import task
 from invoke.exceptions import Exit
 from rich.markup import escape
@@ -12,6 +14,16 @@ from llmfleet.errors import RemoteError, UsageError
 from llmfleet.inventory import load_inventory, settings_for
 
 _STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red"}
+# Hosts probed at once (one SSH connection each); results are printed in inventory order.
+PARALLEL_HOSTS = 8
+
+
+def _each(fn, items: list) -> list:
+    """fn over items on a few threads, results in the items' order."""
+    if len(items) <= 1:
+        return [fn(i) for i in items]
+    with ThreadPoolExecutor(max_workers=min(PARALLEL_HOSTS, len(items))) as pool:
+        return list(pool.map(fn, items))
 
 
 def _hosts(c, inventory, host, group):
@@ -35,19 +47,25 @@ def facts(c, host=None, group=None, inventory=None, json=False, accept_new_host_
     from llmfleet import ssh
 
     inv, hosts = _hosts(c, inventory, host, group)
-    out: list[dict] = []
-    failed = False
-    for h in hosts:
-        settings = settings_for(h)
+    jobs = [(h, settings_for(h)) for h in hosts]  # every host's settings valid before any connection
+
+    def probe(job):
+        h, settings = job
         try:
             with ssh.connect(h, config=ssh_config(c), accept_new_host_keys=accept_new_host_keys) as remote:
-                found = facts_mod.gather(remote, root=settings.root,
-                                         model_paths=[s.model_path for s in settings.services])
+                return facts_mod.gather(remote, root=settings.root,
+                                        model_paths=[s.model_path for s in settings.services])
         except RemoteError as exc:
+            return exc
+
+    out: list[dict] = []
+    failed = False
+    for (h, _), found in zip(jobs, _each(probe, jobs), strict=True):
+        if isinstance(found, RemoteError):
             failed = True
-            out.append({"host": h.name, "error": str(exc)})
+            out.append({"host": h.name, "error": str(found)})
             if not json:
-                console.print(f"[bold red]{escape(h.name)}[/]: {escape(str(exc))}")
+                console.print(f"[bold red]{escape(h.name)}[/]: {escape(str(found))}")
             continue
         out.append(found.model_dump(mode="json"))
         if not json:
@@ -119,7 +137,7 @@ def preflight(c, host=None, group=None, service=None, inventory=None, json=False
     Exit 1 when any check fails.
     """
     from llmfleet import images
-    from llmfleet.preflight import preflight_host
+    from llmfleet.preflight import images_lock_path, preflight_host
 
     inv, hosts = _hosts(c, inventory, host, group)
     selected = []
@@ -133,16 +151,18 @@ def preflight(c, host=None, group=None, service=None, inventory=None, json=False
                 raise UsageError(f"{inv.path}: host {h.name} has no service {service!r} (services: {known})")
             if not svcs:
                 continue
-        selected.append((h, settings, svcs))
+        lock = images.load_lock(images_lock_path(h.vars, inv.path, cfg(c, "images_lock")))
+        selected.append((h, settings, svcs, lock))
     if not selected:
         raise UsageError(f"{inv.path}: no selected host has service {service!r}")
-    reports = []
-    for h, settings, svcs in selected:
-        from llmfleet.preflight import images_lock_path
 
-        lock = images.load_lock(images_lock_path(h.vars, inv.path, cfg(c, "images_lock")))
-        _, host_reports = preflight_host(h, settings, lock=lock, config=ssh_config(c), services=svcs,
-                                         accept_new_host_keys=accept_new_host_keys, allow_unpinned=allow_unpinned)
+    def check(job):
+        h, settings, svcs, lock = job
+        return preflight_host(h, settings, lock=lock, config=ssh_config(c), services=svcs,
+                              accept_new_host_keys=accept_new_host_keys, allow_unpinned=allow_unpinned)[1]
+
+    reports = []
+    for host_reports in _each(check, selected):
         reports.extend(host_reports)
         if not json:
             for r in host_reports:
