@@ -81,7 +81,7 @@ def test_manifest_never_holds_the_secret():
     assert "sk-secret-123" not in text
     assert "service.env" not in m["files"]  # not even its hash
     assert m["image"]["digest"] == DIGEST and m["content_hash"] == r.content_hash
-    assert text.count("\n") == 1 and json.loads(text)["inputs"]["api_key"] == {"from_env": "CHAT_KEY", "from_file": None}
+    assert text.count("\n") == 1 and json.loads(text)["inputs"]["api_key"] == {"from_env": "CHAT_KEY"}
 
 
 def test_upload_is_atomic_with_modes_and_idempotent(tmp_path):

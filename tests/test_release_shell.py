@@ -250,3 +250,13 @@ def test_lock_status_and_break_over_ssh(sshd, tmp_path):
     assert remote_audit[-1]["action"] == local_audit[-1]["action"] == "lock-break"
     assert remote_audit[-1]["who"] == "ops@here"
     assert D.lock_break(h, settings, config=conf)["broken"] is False
+
+
+def test_an_older_release_is_health_checked_as_it_ran():
+    inv_svc = host_settings("h", {"llmfleet_services": [svc_dict(port=9000, served_name="new-name")]}).services[0]
+    old = host_settings("h", {"llmfleet_services": [svc_dict(health={"min_tokps": 3})]}).services[0]
+    manifest = {"inputs": old.model_dump(mode="json", exclude_unset=True)}
+    s = D.service_for_release(inv_svc, manifest)
+    assert (s.port, s.public_name, s.health.min_tokps) == (8080, "chat", 3)
+    assert "floor_fraction" not in s.health.model_fields_set  # the host's floor settings still apply
+    assert D.service_for_release(inv_svc, None) is inv_svc

@@ -205,16 +205,25 @@ def image_present_script(ref: str) -> str:
 
 
 def service_for_release(service: Service, manifest: dict[str, Any] | None) -> Service:
-    """The inventory's service as an older release ran it: its port and served name come from that
-    release's manifest (a rollback health-checks what the release serves, not what the inventory says now)."""
+    """The inventory's service as an older release ran it: its port, served name and health settings
+    come from that release's manifest (going back health-checks what the release serves, against the
+    floor it was deployed with, not what the inventory or this run's overrides say now)."""
     inputs = (manifest or {}).get("inputs") or {}
-    over = {k: inputs[k] for k in ("port", "served_name") if inputs.get(k) is not None and
-            inputs.get(k) != getattr(service, k)}
-    if not over:
+    if not inputs:
         return service
+    data = service.model_dump(mode="json", exclude_unset=True)
+    for k in ("port", "served_name"):
+        if inputs.get(k) is not None:
+            data[k] = inputs[k]
+        elif k == "served_name":
+            data.pop(k, None)
+    if isinstance(inputs.get("health"), dict):
+        data["health"] = inputs["health"]
+    else:
+        data.pop("health", None)
     try:
-        return apply_overrides(service, over, f"service {service.name}")
-    except UsageError:
+        return Service.model_validate(data)
+    except Exception:  # an old manifest that no longer fits the schema: judge by the inventory
         return service
 
 

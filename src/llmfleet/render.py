@@ -280,8 +280,8 @@ def content_hash(files: dict[str, str]) -> str:
 
 
 def service_inputs(service: Service) -> dict[str, Any]:
-    """The service as the inventory gave it: secret *references* only, never values."""
-    return service.model_dump(mode="json")
+    """The service as the inventory gave it (only the keys it set): secret *references* only, never values."""
+    return service.model_dump(mode="json", exclude_unset=True)
 
 
 def render(
