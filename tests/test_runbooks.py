@@ -21,8 +21,9 @@ REQUIRED = {"fleet-upgrade.md", "rollback.md", "rotate-api-key.md", "driver-upgr
 _INLINE = re.compile(r"`(invoke [^`]+)`")
 
 
-def commands(text: str) -> list[str]:
-    """``invoke ...`` commands: whole lines in fenced blocks, and inline code spans."""
+def commands(text: str, *, fenced_only: bool = False) -> list[str]:
+    """``invoke ...`` commands: whole lines in fenced blocks, and (unless ``fenced_only``) inline code
+    spans, which may be partial (``invoke plan -q gptq-int4`` in a sentence)."""
     out: list[str] = []
     in_fence = False
     for line in text.splitlines():
@@ -32,7 +33,7 @@ def commands(text: str) -> list[str]:
         if in_fence:
             if line.strip().startswith("invoke "):
                 out.append(line.strip())
-        else:
+        elif not fenced_only:
             out.extend(m.group(1) for m in _INLINE.finditer(line))
     return out
 
