@@ -16,7 +16,6 @@ import base64
 import contextlib
 import hashlib
 import os
-import select
 import shlex
 import socket
 import threading
@@ -215,22 +214,44 @@ class Remote:
         stop = threading.Event()
 
         def pump(sock: socket.socket, chan: paramiko.Channel) -> None:
-            try:
-                while not stop.is_set():
-                    r, _, _ = select.select([sock, chan], [], [], 0.2)
-                    if sock in r:
-                        data = sock.recv(65536)
+            # No select() on the channel: Channel.fileno() makes a pipe that paramiko's transport
+            # thread may write to while close() frees its descriptors; with many hosts in one
+            # process the freed number is soon another connection's socket, whose stream then gets
+            # stray bytes. Two loops with timeouts instead; only this thread closes the two ends.
+            sock.settimeout(0.2)
+            chan.settimeout(0.2)
+            done = threading.Event()
+
+            def upstream() -> None:
+                try:
+                    while not stop.is_set() and not done.is_set():
+                        try:
+                            data = sock.recv(65536)
+                        except TimeoutError:
+                            continue
                         if not data:
-                            break
+                            chan.shutdown_write()
+                            return
                         chan.sendall(data)
-                    if chan in r:
+                except (OSError, EOFError, paramiko.SSHException):
+                    done.set()
+
+            up = threading.Thread(target=upstream, daemon=True)
+            up.start()
+            try:
+                while not stop.is_set() and not done.is_set():
+                    try:
                         data = chan.recv(65536)
-                        if not data:
-                            break
-                        sock.sendall(data)
+                    except TimeoutError:
+                        continue
+                    if not data:
+                        break
+                    sock.sendall(data)
             except (OSError, EOFError, paramiko.SSHException):
                 pass
             finally:
+                done.set()
+                up.join()
                 chan.close()
                 sock.close()
 
@@ -257,8 +278,8 @@ class Remote:
             yield local_port
         finally:
             stop.set()
+            acceptor.join(timeout=2)  # before close: a descriptor closed under accept() can be reused
             listener.close()
-            acceptor.join(timeout=2)
 
     def close(self) -> None:
         self._conn.close()
