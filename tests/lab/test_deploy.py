@@ -1,0 +1,293 @@
+"""deploy / rollback end to end in the lab: real sshd, systemd, Docker, llama-server and vLLM (CPU).
+
+The llama.cpp tests share one host (``gpu-v100-02``, brought up here) and run in file order: first
+deploy, no-change redeploy, --check/--diff, changed flags, broken image, speed floor, concurrency,
+interrupted deploys, hostile values, rollback. The vLLM test uses ``gpu-4090-01``.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import httpx
+import pytest
+
+from llmfleet import release as R
+from llmfleet.deploy import DeployOptions, deploy_host, rollback_host
+
+pytestmark = pytest.mark.lab
+
+HOST = "gpu-v100-02"
+VLLM_HOST = "gpu-4090-01"
+UNIT = "llmfleet-tiny.service"
+CONTAINER = "llmfleet-tiny"
+ROOT = "/opt/llmfleet"
+FAST_HEALTH = {"load_timeout_s": 15, "stage_timeout_s": 20, "min_tokps": 2, "max_tokens": 32}
+
+
+class Ctx:
+    def __init__(self, lab, tmp):
+        self.lab = lab
+        self.config = dict(lab.config, audit_log=str(tmp / "audit.jsonl"))
+        self.lines: list[str] = []
+        self.first: str | None = None
+        self.releases: list[str] = []
+
+    def deploy(self, host=HOST, **opts) -> object:
+        self.lines.clear()
+        o = deploy_host(self.lab.inventory_path, host, config=self.config,
+                        options=DeployOptions(**{"who": "tester", **opts}), log=self.lines.append)
+        return o
+
+    def state(self, host=HOST) -> R.ServiceState:
+        out = self.lab.exec(host, ["sh", "-c", R.state_script(ROOT)]).stdout
+        return R.parse_state(out)["tiny" if host == HOST else "tiny-vllm"]
+
+    def started_at(self, host=HOST, container=CONTAINER) -> str:
+        return self.lab.exec(host, ["docker", "inspect", "-f", "{{.State.StartedAt}}", container]).stdout.strip()
+
+    def health_now(self, host=HOST, port=8000) -> int:
+        with self.lab.connect(host) as remote, remote.forward(port) as lp:
+            return httpx.get(f"http://127.0.0.1:{lp}/health", timeout=10, trust_env=False).status_code
+
+    def audit(self, host=HOST) -> list[dict]:
+        text = self.lab.exec(host, ["sh", "-c", f"cat {R.audit_path(ROOT)} 2>/dev/null || true"]).stdout
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="module")
+def ctx(lab, tmp_path_factory):
+    lab.ensure_hosts(HOST)
+    return Ctx(lab, tmp_path_factory.mktemp("deploy"))
+
+
+def test_first_deploy(ctx):
+    o = ctx.deploy(message="first")
+    assert o.result == "deployed", o.reason
+    rid = o.releases["tiny"]
+    assert R.RELEASE_ID_RE.match(rid)
+    st = ctx.state()
+    assert st.current == rid and st.releases[rid].healthy and st.unit == "active"
+    h = o.health["tiny"]
+    assert h["result"] == "healthy" and h["decode_tokps"] > 0 and h["ttft_s"] is not None
+    assert [s["name"] for s in h["stages"]] == ["unit", "container", "health", "models", "completion"]
+    # the secrets file is 0600 in the release folder; the manifest names the digest and who
+    mode = ctx.lab.exec(HOST, ["stat", "-c", "%a", f"{ROOT}/services/tiny/releases/{rid}/service.env"]).stdout.strip()
+    assert mode == "600"
+    m = st.releases[rid].manifest
+    assert m["who"] == "tester" and m["image"]["digest"].startswith("sha256:")
+    # audit on the host and locally
+    last = ctx.audit()[-1]
+    assert (last["action"], last["result"], last["release"], last["message"]) == ("deploy", "deployed", rid, "first")
+    local = [json.loads(x) for x in open(ctx.config["audit_log"]).read().splitlines()]
+    assert local[-1]["release"] == rid
+    ctx.first = rid
+    ctx.releases.append(rid)
+
+
+def test_no_change_redeploy_restarts_nothing(ctx):
+    before = ctx.started_at()
+    o = ctx.deploy()
+    assert o.result == "unchanged", o.reason
+    assert o.releases["tiny"] == ctx.first
+    assert ctx.started_at() == before
+    assert o.round_trips <= 4  # facts, state, audit (and nothing else)
+    assert ctx.audit()[-1]["result"] == "unchanged"
+    assert any("no restart" in line for line in ctx.lines)
+
+
+def test_check_and_diff_change_nothing(ctx):
+    before = ctx.started_at()
+    o = ctx.deploy(check=True, overrides={"engine_args": ["--ctx-size", "256"]})
+    assert o.result == "check" and any("new release" in c for c in o.changes)
+    d = ctx.deploy(diff=True, overrides={"engine_args": ["--ctx-size", "256"]})
+    assert d.result == "check"
+    diff = d.diffs["tiny/compose.yml"]
+    assert '+      - "256"' in diff and "--- current/compose.yml" in diff
+    env = d.diffs.get("tiny/service.env", "")
+    assert "sk-" not in env
+    assert ctx.state().current == ctx.first and ctx.started_at() == before
+
+
+def test_changed_flags_make_a_new_release(ctx):
+    o = ctx.deploy(overrides={"engine_args": ["--ctx-size", "256"]}, message="smaller context")
+    assert o.result == "deployed", o.reason
+    rid = o.releases["tiny"]
+    assert rid != ctx.first
+    st = ctx.state()
+    assert st.current == rid and set(ctx.releases) <= set(st.releases)  # the old one is kept
+    assert "256" in " ".join(st.releases[rid].manifest["engine_args"])
+    ctx.releases.append(rid)
+
+
+def test_broken_image_rolls_back_and_the_old_release_still_answers(ctx):
+    good = ctx.state().current
+    o = ctx.deploy(overrides={"engine_args": ["--ctx-size", "256"], "image": "llamacpp:lab-broken",
+                              "health": FAST_HEALTH})
+    assert o.result == "rolled_back", o.reason
+    assert f"back on release {good}" in o.reason
+    assert "stage health failed" in o.reason and "engine log:" in o.reason
+    st = ctx.state()
+    assert st.current == good and st.unit == "active"
+    failed = [r for r in st.releases.values() if r.manifest and "broken" in r.manifest["image"]["ref"]]
+    assert failed and failed[0].health and failed[0].health["result"] == "unhealthy"
+    assert ctx.health_now() == 200
+    assert ctx.audit()[-1]["result"] == "rolled_back"
+
+
+def test_decode_below_the_floor_is_not_resident_and_rolls_back(ctx):
+    good = ctx.state().current
+    o = ctx.deploy(overrides={"health": dict(FAST_HEALTH, min_tokps=1_000_000)})
+    assert o.result == "rolled_back", o.reason
+    assert "probably not resident" in o.reason and f"back on release {good}" in o.reason
+    assert ctx.state().current == good and ctx.health_now() == 200
+
+
+def test_concurrent_deploy_is_refused_with_the_holders_details(ctx):
+    results: dict[str, object] = {}
+    opts = {"overrides": {"engine_args": ["--ctx-size", "384"]}, "message": "alice's canary", "who": "alice"}
+
+    def first():
+        results["a"] = deploy_host(ctx.lab.inventory_path, HOST, config=ctx.config,
+                                   options=DeployOptions(**opts), log=lambda _: None)
+
+    t = threading.Thread(target=first)
+    t.start()
+    holder = f"{ROOT}/locks/deploy/holder.json"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and t.is_alive():
+        if ctx.lab.exec(HOST, ["test", "-f", holder], check=False).returncode == 0:
+            break
+        time.sleep(0.05)
+    b = ctx.deploy(overrides={"engine_args": ["--ctx-size", "320"]}, who="bob")
+    t.join(timeout=180)
+    a = results["a"]
+    assert a.result == "deployed", a.reason
+    assert b.result == "refused"
+    assert "alice" in b.reason and "alice's canary" in b.reason and "lock.release" in b.reason
+    ctx.releases.append(a.releases["tiny"])
+
+
+def test_an_operators_lock_refuses_and_lock_release_breaks_it(ctx):
+    from llmfleet.deploy import lock_break, lock_status
+
+    holder = R.holder_document(token="x", who="carol", origin="carol@elsewhere", action="deploy",
+                               message="driver upgrade", now=R.datetime.now(R.UTC), pid=1)
+    ctx.lab.exec(HOST, ["sh", "-c", R.lock_acquire_script(ROOT, holder)])
+    o = ctx.deploy(overrides={"engine_args": ["--ctx-size", "320"]})
+    assert o.result == "refused" and "carol" in o.reason and "driver upgrade" in o.reason
+    inv = ctx.lab.inventory()
+    h = inv.hosts[HOST]
+    st = lock_status(h, inv.settings_for(h), config=ctx.config)
+    assert st["held"] and "carol" in st["description"]
+    assert lock_break(h, inv.settings_for(h), config=ctx.config)["broken"]
+    assert ctx.audit()[-1]["action"] == "lock-break"
+
+
+def test_interrupted_deploys_are_completed_by_the_next_one(ctx):
+    import subprocess
+
+    cur = ctx.state().current
+    # 1. a deploy from this machine died holding the lock (its process is gone)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    from llmfleet.deploy import default_who
+
+    stale = R.holder_document(token="y", who="tester", origin=default_who(), action="deploy", message="",
+                              now=R.datetime.now(R.UTC), pid=dead.pid)
+    ctx.lab.exec(HOST, ["sh", "-c", R.lock_acquire_script(ROOT, stale)])
+    # 2. ... after switching but before marking the release healthy
+    ctx.lab.exec(HOST, ["rm", "-f", f"{ROOT}/services/tiny/releases/{cur}/health.json"])
+    before = ctx.started_at()
+    o = ctx.deploy(overrides={"engine_args": ["--ctx-size", "384"]})
+    assert o.result == "deployed", o.reason
+    assert o.releases["tiny"] == cur
+    assert ctx.state().releases[cur].healthy
+    assert ctx.started_at() == before  # verified, not restarted
+    assert any("stale lock" in line for line in ctx.lines)
+    # 3. the unit died: the next deploy restarts the same release
+    ctx.lab.exec(HOST, ["systemctl", "stop", UNIT])
+    o = ctx.deploy(overrides={"engine_args": ["--ctx-size", "384"]})
+    assert o.result == "deployed" and o.releases["tiny"] == cur
+    assert ctx.state().unit == "active"
+
+
+def test_unknown_host_key_is_refused(ctx, tmp_path):
+    conf = dict(ctx.config, known_hosts=str(tmp_path / "empty_known_hosts"))
+    o = deploy_host(ctx.lab.inventory_path, HOST, config=conf, options=DeployOptions(), log=lambda _: None)
+    assert o.result == "refused"
+    assert "unknown host key" in o.reason and "SHA256:" in o.reason and "--accept-new-host-keys" in o.reason
+    assert not (tmp_path / "empty_known_hosts").exists()
+
+
+def test_hostile_values_are_quoted_never_executed(ctx):
+    hostile_dir = "/srv/models/x $(touch /tmp/pwned-a);`touch /tmp/pwned-b`'\"&&touch /tmp/pwned-c"
+    ctx.lab.exec(HOST, ["sh", "-c", 'mkdir -p "$1" && cp "$2" "$1/m.gguf"', "sh", hostile_dir, ctx.lab.gguf_path])
+    name = "tiny$(touch /tmp/pwned-d);'; touch /tmp/pwned-e; echo '${HOME}"
+    o = ctx.deploy(overrides={"model_path": hostile_dir + "/m.gguf", "served_name": name,
+                              "engine_args": ["--ctx-size", "384"]},
+                   message="msg $(touch /tmp/pwned-f) `touch /tmp/pwned-g`")
+    assert o.result == "deployed", o.reason
+    assert ctx.lab.exec(HOST, ["sh", "-c", "ls /tmp/pwned-* 2>/dev/null || true"]).stdout.strip() == ""
+    st = ctx.state()
+    assert st.releases[st.current].manifest["inputs"]["served_name"] == name
+    assert ctx.audit()[-1]["message"].startswith("msg $(touch")
+    ctx.releases.append(o.releases["tiny"])
+
+
+def test_rollback_to_a_named_release_and_to_the_previous_one(ctx):
+    st = ctx.state()
+    cur = st.current
+    healthy = sorted(rid for rid, r in st.releases.items() if r.healthy and rid != cur)
+    assert len(healthy) >= 2, st.releases.keys()
+    named = healthy[0]  # the oldest one still kept (earlier ones were pruned: keep 5)
+    o = rollback_host(ctx.lab.inventory_path, HOST, to=named, config=ctx.config,
+                      options=DeployOptions(who="tester", message="back to a named release"), log=lambda _: None)
+    assert o.result == "rolled_back", o.reason
+    assert o.releases["tiny"] == named
+    assert ctx.state().current == named and ctx.health_now() == 200
+    last = ctx.audit()[-1]
+    assert (last["action"], last["release"], last["result"]) == ("rollback", named, "rolled_back")
+    # without --to: the newest healthy release before the current one (none is older than `named`:
+    # then the newest healthy other one)
+    o2 = rollback_host(ctx.lab.inventory_path, HOST, config=ctx.config, options=DeployOptions(), log=lambda _: None)
+    assert o2.result == "rolled_back", o2.reason
+    assert ctx.state().current == R.rollback_target(st.__class__(
+        name="tiny", current=named, releases=ctx.state().releases))
+    # a release that does not exist is refused with the hint
+    o3 = rollback_host(ctx.lab.inventory_path, HOST, to="20000101T000000Z-0000000000", config=ctx.config,
+                       options=DeployOptions(), log=lambda _: None)
+    assert o3.result == "failed" and "does not exist" in o3.reason and "invoke releases" in o3.reason
+    # the inventory's own inputs deploy again as usual
+    o4 = ctx.deploy()
+    assert o4.result in {"deployed", "unchanged"}, o4.reason
+    assert cur in ctx.state().releases
+
+
+def test_prune_keeps_the_configured_number(ctx):
+    for ctxsize in ("288", "296", "304", "312", "328"):
+        o = ctx.deploy(overrides={"engine_args": ["--ctx-size", ctxsize]})
+        assert o.result == "deployed", o.reason
+    st = ctx.state()
+    assert len(st.releases) <= 5 + 1  # keep 5, plus the rollback target when older
+    assert st.current in st.releases and R.rollback_target(st) in st.releases
+
+
+@pytest.mark.vllm
+def test_vllm_first_deploy_and_no_change_redeploy(lab, ctx):
+    lab.ensure_hosts(VLLM_HOST)
+    o = ctx.deploy(host=VLLM_HOST)
+    assert o.result == "deployed", o.reason + "\n" + "\n".join(ctx.lines[-20:])
+    h = o.health["tiny-vllm"]
+    assert h["result"] == "healthy" and h["tokens"] > 0
+    before = ctx.started_at(VLLM_HOST, "llmfleet-tiny-vllm")
+    again = ctx.deploy(host=VLLM_HOST)
+    assert again.result == "unchanged"
+    assert ctx.started_at(VLLM_HOST, "llmfleet-tiny-vllm") == before
+    # vLLM refuses connections while loading: the checker waited through that, and the compose
+    # file gave it the host's IPC namespace
+    compose = lab.exec(VLLM_HOST, ["cat", f"{ROOT}/services/tiny-vllm/current/compose.yml"]).stdout
+    assert 'ipc: "host"' in compose
+    lab.exec(VLLM_HOST, ["systemctl", "stop", "llmfleet-tiny-vllm.service"], timeout=120)
