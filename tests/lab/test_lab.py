@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
 import time
+from pathlib import Path
 
 import httpx
 import pytest
 
 pytestmark = pytest.mark.lab
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_ssh_as_deploy_with_sudo_and_own_hostname(lab):
@@ -168,3 +171,48 @@ def test_status_and_idle_memory(lab):
     time.sleep(2)
     mem = {r.name: r.mem_mib for r in hosts.status(lab.name)}[fresh]
     assert 0 < mem < 100, f"{fresh}: {mem} MiB idle (budget 100 MiB)"
+
+
+def test_any_inventory_describes_its_lab_through_the_cli(lab, tmp_path):
+    """`lab.up -i PATH` brings up the hosts another inventory describes; status and down by name."""
+    import secrets
+    import subprocess
+    import sys
+
+    from llmfleet.lab.hosts import free_ports
+
+    port = free_ports(1)[0]
+    inv = tmp_path / "inv"
+    inv.mkdir()
+    (inv / "hosts.yml").write_text(
+        "all:\n  hosts:\n    edge-l4-01:\n"
+        f"      ansible_host: 127.0.0.1\n      ansible_port: {port}\n      ansible_user: deploy\n"
+        f"      ansible_ssh_private_key_file: {lab.key_path}\n"
+        "      lab_gpu: NVIDIA L4\n      lab_driver: '550'\n      lab_gpu_count: 4\n")
+    name = f"llmfleet-c{secrets.token_hex(3)}"
+    kh = tmp_path / "known_hosts"
+    env = {**os.environ, "INVOKE_LLMFLEET_SSH_KNOWN_HOSTS": str(kh)}
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "invoke", *args],
+                              capture_output=True, text=True, timeout=120, env=env, cwd=str(ROOT))
+
+    try:
+        up = cli("lab.up", "-i", str(inv), "--name", name, "--json")
+        assert up.returncode == 0, up.stderr
+        assert json.loads(up.stdout)["hosts"] == ["edge-l4-01"]
+        assert f"[127.0.0.1]:{port} ssh-ed25519 " in kh.read_text()
+        out = subprocess.run(["docker", "exec", f"{name}-edge-l4-01", "nvidia-smi", "-L"], capture_output=True,
+                             text=True, timeout=30).stdout
+        assert out.count("NVIDIA L4") == 4
+        st = cli("lab.status", "--name", name, "--json")
+        assert st.returncode == 0, st.stderr
+        rows = json.loads(st.stdout)["hosts"]
+        assert [(r["name"], r["state"], r["port"], r["ssh"]) for r in rows] == [("edge-l4-01", "running", port, True)]
+        bad = cli("lab.up", "-i", str(inv), "--name", name, "--hosts", "nope")
+        assert bad.returncode == 2 and "no host 'nope'" in bad.stderr
+    finally:
+        down = cli("lab.down", "--name", name)
+    assert down.returncode == 0, down.stderr
+    assert f"[127.0.0.1]:{port}" not in kh.read_text()
+    assert cli("lab.status", "--name", name, "--json").stdout.count("edge-l4-01") == 0
