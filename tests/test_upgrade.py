@@ -132,6 +132,18 @@ def test_refused_and_raising_hosts_count_as_failed():
     assert report.aborted  # 2 of 4 = 50% > 40%
 
 
+def test_ctrl_c_stops_after_the_running_deploys_and_still_reports():
+    def deploy(host):
+        if host == "h3":
+            raise KeyboardInterrupt
+        return Outcome(host, "deployed")
+
+    report = run_upgrade(HOSTS, deploy=deploy, serial=[1, 2, "100%"], forks=1)
+    res = results(report)
+    assert report.aborted and report.abort_reason.startswith("interrupted during batch 2")
+    assert (res["h1"], res["h2"], res["h3"], res["h4"]) == ("deployed", "deployed", "interrupted", "skipped")
+
+
 def test_finished_hosts_stay_upgraded_on_abort_without_rollback_flag():
     fleet = FakeFleet(fail=["h4", "h5"])
     report = run_upgrade(HOSTS, deploy=fleet.deploy, serial=[1, 2, 3], max_fail_percentage=10)

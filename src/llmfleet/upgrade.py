@@ -32,7 +32,7 @@ from llmfleet.rollout import batch_aborts, batches
 from llmfleet.services import Service
 
 #: results that count as a failed host in a batch
-FAILED = frozenset({"failed", "rolled_back", "refused", "error"})
+FAILED = frozenset({"failed", "rolled_back", "refused", "error", "interrupted"})
 #: results that leave the host on the new release
 UPGRADED = frozenset({"deployed"})
 #: keys --set may change (service fields; name/engine/port identity stays with the inventory)
@@ -267,7 +267,18 @@ def run_upgrade(
     for i, batch in enumerate(plan):
         label = "canary " if i == 0 and len(serial) > 1 and len(plan) > 1 else ""
         log(f"batch {i + 1}/{len(plan)} {label}({len(batch)} host{'s' if len(batch) != 1 else ''}): {', '.join(batch)}")
-        _run_batch(batch, deploy, forks, results, log, clock, apply_deploy)
+        try:
+            _run_batch(batch, deploy, forks, results, log, clock, apply_deploy)
+        except KeyboardInterrupt:
+            # Ctrl-C: the hosts already deploying have finished (their locks released); stop here
+            for h in batch:
+                if results[h].result == "skipped":
+                    results[h].result = "interrupted"
+                    results[h].reason = "interrupted during its deploy; see `invoke status` and `invoke releases`"
+            report.aborted = True
+            report.abort_reason = f"interrupted during batch {i + 1}; no further batch started"
+            log(f"STOP: {report.abort_reason}")
+            break
         failed = sum(1 for h in batch if results[h].failed)
         if check:
             continue
