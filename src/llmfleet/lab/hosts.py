@@ -35,6 +35,7 @@ from llmfleet.lab.paths import (
     cache_dir,
     registry_port,
 )
+from llmfleet.lab.paths import locked as _locked
 
 LABEL = "org.llmfleet.lab"
 HOST_LABEL = "org.llmfleet.lab.host"
@@ -246,14 +247,16 @@ def _container_state(name: str) -> dict | None:
 def ensure_key(key_path: Path) -> str:
     """The lab's SSH key pair (created once, 0600); returns the public key."""
     pub = key_path.with_suffix(".pub")
-    if not key_path.exists():
-        key_path.parent.mkdir(parents=True, exist_ok=True)
-        proc = subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "llmfleet-lab",
-                               "-f", str(key_path)], capture_output=True, timeout=30)
-        if proc.returncode != 0:
-            raise CheckFailed(f"ssh-keygen failed for {key_path}: {proc.stderr.decode().strip()}")
-    os.chmod(key_path, 0o600)
-    return pub.read_text().strip()
+    with _locked(key_path.with_name(key_path.name + ".lock")):
+        if not key_path.exists() or not pub.exists():
+            key_path.parent.mkdir(parents=True, exist_ok=True)
+            key_path.unlink(missing_ok=True)
+            proc = subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "llmfleet-lab",
+                                   "-f", str(key_path)], capture_output=True, timeout=30, stdin=subprocess.DEVNULL)
+            if proc.returncode != 0:
+                raise CheckFailed(f"ssh-keygen failed for {key_path}: {proc.stderr.decode().strip()}")
+        os.chmod(key_path, 0o600)
+        return pub.read_text().strip()
 
 
 def ensure_network(lab: str) -> str:
@@ -267,15 +270,16 @@ def ensure_registry(log: Log = lambda m: None, image: str | None = None) -> str:
     from llmfleet.lab.images import lab_image
 
     port = registry_port()
-    info = _container_state(REGISTRY_CONTAINER)
-    if info and not info["State"]["Running"]:
-        docker.run(["start", REGISTRY_CONTAINER])
-    elif not info:
-        log(f"starting registry {REGISTRY_CONTAINER} on 127.0.0.1:{port}")
-        docker.run(["run", "-d", "--name", REGISTRY_CONTAINER, "--restart", "unless-stopped",
-                    "--label", f"{LABEL}.registry=1", "-p", f"127.0.0.1:{port}:{REGISTRY_INNER_PORT}",
-                    "--mount", f"type=volume,src={REGISTRY_VOLUME},dst=/var/lib/docker-registry",
-                    image or lab_image("registry")])
+    with _locked(cache_dir() / ".registry.lock"):
+        info = _container_state(REGISTRY_CONTAINER)
+        if info and not info["State"]["Running"]:
+            docker.run(["start", REGISTRY_CONTAINER])
+        elif not info:
+            log(f"starting registry {REGISTRY_CONTAINER} on 127.0.0.1:{port}")
+            docker.run(["run", "-d", "--name", REGISTRY_CONTAINER, "--restart", "unless-stopped",
+                        "--label", f"{LABEL}.registry=1", "-p", f"127.0.0.1:{port}:{REGISTRY_INNER_PORT}",
+                        "--mount", f"type=volume,src={REGISTRY_VOLUME},dst=/var/lib/docker-registry",
+                        image or lab_image("registry")])
     wait_http(f"http://127.0.0.1:{port}/v2/", timeout=30)
     return f"127.0.0.1:{port}"
 
@@ -377,17 +381,21 @@ def lab_models() -> dict[str, Path]:
 
     root = cache_dir() / "models"
     marker = root / ".complete"
-    if not marker.exists():
-        models.generate(root)
-        marker.write_text("1\n")
+    with _locked(cache_dir() / ".models.lock"):
+        if not marker.exists():
+            models.generate(root)
+            marker.write_text("1\n")
     return {models.GGUF_NAME: root / models.GGUF_NAME, models.HF_NAME: root / models.HF_NAME}
 
 
 def container_mode() -> str:
+    forced = os.environ.get("LLMFLEET_LAB_MODE")
+    if forced in engine.SYSTEM_CONTAINER_FLAGS:
+        return forced
     path = cache_dir() / "container-mode"
     try:
         mode = path.read_text().strip()
-        if mode in engine.SYSTEM_CONTAINER_FLAGS and not os.environ.get("LLMFLEET_LAB_MODE"):
+        if mode in engine.SYSTEM_CONTAINER_FLAGS:
             return mode
     except OSError:
         pass

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from llmfleet.errors import CheckFailed, UsageError
 from llmfleet.lab import docker
-from llmfleet.lab.paths import BASE_IMAGE, IMAGE_PREFIX, cache_dir
+from llmfleet.lab.paths import BASE_IMAGE, IMAGE_PREFIX, cache_dir, locked
 
 DOCKERFILES = Path(__file__).resolve().parents[3] / "dockerfiles"
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
@@ -308,7 +308,7 @@ def build_all(keys: list[str] | None = None, quiet: bool = False) -> dict[str, I
     if unknown:
         raise UsageError(f"unknown lab image(s) {', '.join(unknown)}; known: {', '.join(ALL_IMAGES)}")
     result: dict[str, ImageInfo] = {}
-    with Progress(quiet=quiet) as prog:
+    with locked(cache_dir() / ".build.lock"), Progress(quiet=quiet) as prog:
         base = build_base(prog)
         result["base"] = base
         for key in keys:
@@ -321,6 +321,12 @@ def build_all(keys: list[str] | None = None, quiet: bool = False) -> dict[str, I
                 result[key] = build_image(key, prog, result[parent].id, base_ref=result[parent].ref)
             else:
                 result[key] = build_image(key, prog, base.id)
+    with locked(cache_dir() / ".manifest.lock"):
+        _record(result)
+    return result
+
+
+def _record(result: dict[str, ImageInfo]) -> None:
     manifest = load_manifest()
     for k, v in result.items():
         old = manifest.get(k, {})
@@ -334,8 +340,9 @@ def build_all(keys: list[str] | None = None, quiet: bool = False) -> dict[str, I
         manifest[k] = entry
     path = manifest_path()
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(manifest, indent=2) + "\n")
-    return result
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(json.dumps(manifest, indent=2) + "\n")
+    os.replace(tmp, path)
 
 
 def load_manifest() -> dict[str, dict]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from pathlib import Path
@@ -60,3 +61,17 @@ def key_path(name: str) -> Path:
 
 def registry_port() -> int:
     return int(os.environ.get(REGISTRY_PORT_ENV) or DEFAULT_REGISTRY_PORT)
+
+
+@contextlib.contextmanager
+def locked(path: Path):
+    """An exclusive lock file, so two lab runs at once never build or create the same thing twice."""
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
