@@ -201,3 +201,39 @@ def test_hf_model_folder(tmp_path):
     ids = tok.encode("hello world").ids
     assert tok.decode(ids) == "hello world"
     assert max(ids) < cfg["vocab_size"]
+
+
+def test_build_all_starts_the_llama_compile_first_and_builds_llama_images_last(monkeypatch, tmp_path):
+    import threading
+
+    from llmfleet.lab import images
+
+    monkeypatch.setenv("LLMFLEET_CACHE_DIR", str(tmp_path))
+    events: list[str] = []
+    started, base_done, overlapped = threading.Event(), threading.Event(), []
+
+    def fake_binary(prog):
+        events.append("compile-start")
+        started.set()
+        overlapped.append(base_done.wait(5))  # still compiling while the base image is built
+        return tmp_path / "llama-server"
+
+    def fake_base(prog):
+        assert started.wait(5)
+        events.append("base")
+        base_done.set()
+        return images.ImageInfo("base", "b", "sha256:b", True, 0.0)
+
+    def fake_image(key, prog, base_id, timeout=3600, base_ref=images.BASE_IMAGE, binary=None):
+        events.append(f"{key}:{binary.name if binary else '-'}:{base_ref}")
+        return images.ImageInfo(key, f"lab/{key}", f"sha256:{key}", True, 0.0)
+
+    monkeypatch.setattr(images, "llama_server_binary", fake_binary)
+    monkeypatch.setattr(images, "build_base", fake_base)
+    monkeypatch.setattr(images, "build_image", fake_image)
+    images.build_all(["llamacpp-next", "host", "llamacpp", "broken"], quiet=True)
+    assert events[0] == "compile-start" and events[1] == "base" and overlapped == [True]
+    assert events[2:4] == [f"host:-:{images.BASE_IMAGE}", f"broken:-:{images.BASE_IMAGE}"]
+    assert events[4] == f"llamacpp:llama-server:{images.BASE_IMAGE}"
+    assert events[5] == "llamacpp-next:-:lab/llamacpp"
+    assert set(images.load_manifest()) == {"base", "host", "llamacpp", "llamacpp-next", "broken"}

@@ -25,6 +25,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -232,7 +233,7 @@ def _ldd_libs(binary: Path) -> list[str]:
 # -- contexts -----------------------------------------------------------------------------------------
 
 
-def _stage_context(key: str, prog: Progress) -> Path:
+def _stage_context(key: str, prog: Progress, binary: Path | None = None) -> Path:
     ctx = cache_dir() / "build" / key
     if ctx.exists():
         shutil.rmtree(ctx)
@@ -240,7 +241,7 @@ def _stage_context(key: str, prog: Progress) -> Path:
     if key == "host":
         shutil.copy2(Path(__file__).with_name("nvidia_smi_sim.py"), ctx / "nvidia_smi_sim.py")
     elif key == "llamacpp":
-        binary = llama_server_binary(prog)
+        binary = binary or llama_server_binary(prog)
         (ctx / "build-llama-server.sh").unlink()
         rootfs = ctx / "rootfs"
         (rootfs / "usr/bin").mkdir(parents=True)
@@ -267,11 +268,11 @@ def _stage_context(key: str, prog: Progress) -> Path:
 
 
 def build_image(key: str, prog: Progress, base_id: str, timeout: float = 3600, base_ref: str = BASE_IMAGE,
-                ) -> ImageInfo:
+                binary: Path | None = None) -> ImageInfo:
     t0 = time.monotonic()
     if key not in _DIRS:
         raise UsageError(f"unknown lab image {key!r}; known: {', '.join(ALL_IMAGES)}")
-    ctx = _stage_context(key, prog)
+    ctx = _stage_context(key, prog, binary)
     tag = context_hash(ctx, base_id)
     ref = f"{IMAGE_PREFIX}/{key}:{tag}"
     latest = f"{IMAGE_PREFIX}/{key}:latest"
@@ -308,19 +309,28 @@ def build_all(keys: list[str] | None = None, quiet: bool = False) -> dict[str, I
     if unknown:
         raise UsageError(f"unknown lab image(s) {', '.join(unknown)}; known: {', '.join(ALL_IMAGES)}")
     result: dict[str, ImageInfo] = {}
-    with locked(cache_dir() / ".build.lock"), Progress(quiet=quiet) as prog:
+    with locked(cache_dir() / ".build.lock"), Progress(quiet=quiet) as prog, ThreadPoolExecutor(1) as pool:
+        # The llama-server compile is the long pole (minutes on 2 cores): start it first, beside the
+        # debootstrap and apt work of the other images, and wait for it only when its image is built.
+        wants_llama = any(k == "llamacpp" or _PARENT.get(k) == "llamacpp" for k in keys)
+        compile_ = pool.submit(llama_server_binary, prog) if wants_llama else None
         base = build_base(prog)
         result["base"] = base
-        for key in keys:
+
+        def build(key: str) -> ImageInfo:
+            binary = compile_.result() if key == "llamacpp" and compile_ else None
+            return build_image(key, prog, base.id, binary=binary)
+
+        for key in sorted(keys, key=lambda k: k == "llamacpp" or k in _PARENT):  # llama.cpp images last
             if key == "base" or key in result:
                 continue
             parent = _PARENT.get(key)
             if parent:
                 if parent not in result:
-                    result[parent] = build_image(parent, prog, base.id)
+                    result[parent] = build(parent)
                 result[key] = build_image(key, prog, result[parent].id, base_ref=result[parent].ref)
             else:
-                result[key] = build_image(key, prog, base.id)
+                result[key] = build(key)
     with locked(cache_dir() / ".manifest.lock"):
         _record(result)
     return result
