@@ -172,7 +172,9 @@ def run_argv(spec: HostSpec, *, image: str, mode: str, network: str, public_key:
             "--label", f"{PORT_LABEL}={spec.port}",
             "--label", f"{GPU_LABEL}={spec.gpu_count} x {spec.gpu} (driver {spec.driver})",
             "-p", f"127.0.0.1:{spec.port}:22",
-            "--memory", HOST_MEMORY_LIMIT, "--shm-size", "64m",
+            # /dev/shm as on a real host (there: half the RAM); vLLM's compose uses the host's IPC
+            # namespace and needs more than Docker's 64m. tmpfs pages are allocated only when used.
+            "--memory", HOST_MEMORY_LIMIT, "--shm-size", "1g",
             "--mount", f"type=volume,src={spec.volume},dst=/var/lib/docker",
             *engine.SYSTEM_CONTAINER_FLAGS[mode], *engine.COMMON_HOST_FLAGS]
     for k, val in env.items():
