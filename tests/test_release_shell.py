@@ -260,3 +260,16 @@ def test_an_older_release_is_health_checked_as_it_ran():
     assert (s.port, s.public_name, s.health.min_tokps) == (8080, "chat", 3)
     assert "floor_fraction" not in s.health.model_fields_set  # the host's floor settings still apply
     assert D.service_for_release(inv_svc, None) is inv_svc
+
+
+def test_the_engine_log_summary_keeps_the_root_cause():
+    log = "\n".join([
+        "\x1b[2K(EngineCore pid=26) ERROR 11-29 [core.py:1510] EngineCore failed to start.",
+        "Traceback (most recent call last):",
+        '  File "/opt/vllm/core.py", line 144, in __init__',
+        "RuntimeError: Insufficient space in /dev/shm for shared-memory allocation: 160 MiB required, 64 MiB free.",
+    ] + [f"noise {i}" for i in range(50)] + ["llmfleet-x exited with code 1", "Failed with result 'exit-code'."])
+    s = D.summarize_log(log)
+    assert "Insufficient space in /dev/shm" in s and "exited with code 1" in s
+    assert "\x1b" not in s and "File " not in s and "noise 3 " not in s
+    assert D.summarize_log("") == ""

@@ -29,6 +29,7 @@ import difflib
 import getpass
 import json
 import os
+import re
 import secrets as secrets_mod
 import socket
 import stat
@@ -50,7 +51,7 @@ from llmfleet.services import HostSettings, Service
 RESULTS = ("deployed", "unchanged", "rolled_back", "failed", "refused", "check")
 DEFAULT_AUDIT_LOG = "~/.local/state/llmfleet/audit.jsonl"
 PULL_TIMEOUT_S = 1800
-LOG_LINES = 30
+LOG_LINES = 200
 
 Log = Callable[[str], None]
 
@@ -245,6 +246,24 @@ def stale_local_holder(holder: dict[str, Any] | None, origin: str) -> bool:
     return not _pid_alive(holder["pid"])
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+_KEY_LINE = re.compile(r"(Error\b|Exception\b|\bERROR\b|error:|FATAL|[Ff]ailed to|Insufficient|out of memory|"
+                       r"no kernel image|not supported|No such file)")
+
+
+def summarize_log(text: str, key_lines: int = 4, tail: int = 3) -> str:
+    """The engine's root cause and last words on one line: the last lines that name an error (a
+    Python traceback's final ``RuntimeError: ...``, CUDA's "out of memory"), then the last lines."""
+    lines = [_ANSI.sub("", ln).strip() for ln in text.splitlines()]
+    lines = [ln for ln in lines if ln]
+    keys = [ln for ln in lines if _KEY_LINE.search(ln) and not ln.lstrip().startswith(("File ", "^", "Traceback"))]
+    picked: list[str] = []
+    for ln in keys[-key_lines:] + lines[-tail:]:
+        if ln not in picked:
+            picked.append(ln[:300])
+    return " | ".join(picked)
+
+
 def _short(text: str, n: int = 400) -> str:
     text = " ".join(text.split())
     return text if len(text) <= n else text[: n - 3] + "..."
@@ -419,8 +438,7 @@ class _HostRun:
             out = self.run(release.logs_script(paths, LOG_LINES), timeout=30).stdout
         except LlmfleetError as exc:
             return f"(engine log unavailable: {exc})"
-        lines = [ln for ln in out.splitlines() if ln.strip()]
-        return " | ".join(lines[-8:])
+        return summarize_log(out)
 
     def mark(self, paths: Paths, release_id: str, report: health_mod.HealthReport) -> None:
         doc = report.to_dict() | {"release": release_id, "time": _now().isoformat(timespec="seconds"),
