@@ -278,12 +278,14 @@ def test_prune_keeps_the_configured_number(ctx):
 @pytest.mark.vllm
 def test_vllm_first_deploy_and_no_change_redeploy(lab, ctx):
     lab.ensure_hosts(VLLM_HOST)
-    o = ctx.deploy(host=VLLM_HOST)
+    # ~30 s to load on a quiet machine; minutes while the 2 cores are shared with other lab runs
+    slow = {"health": {"load_timeout_s": 900, "stage_timeout_s": 120, "min_tokps": 1, "max_tokens": 16}}
+    o = ctx.deploy(host=VLLM_HOST, overrides=slow)
     assert o.result == "deployed", o.reason + "\n" + "\n".join(ctx.lines[-20:])
     h = o.health["tiny-vllm"]
     assert h["result"] == "healthy" and h["tokens"] > 0
     before = ctx.started_at(VLLM_HOST, "llmfleet-tiny-vllm")
-    again = ctx.deploy(host=VLLM_HOST)
+    again = ctx.deploy(host=VLLM_HOST, overrides=slow)
     assert again.result == "unchanged"
     assert ctx.started_at(VLLM_HOST, "llmfleet-tiny-vllm") == before
     # vLLM refuses connections while loading: the checker waited through that, and the compose
