@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -237,3 +238,36 @@ def test_build_all_starts_the_llama_compile_first_and_builds_llama_images_last(m
     assert events[4] == f"llamacpp:llama-server:{images.BASE_IMAGE}"
     assert events[5] == "llamacpp-next:-:lab/llamacpp"
     assert set(images.load_manifest()) == {"base", "host", "llamacpp", "llamacpp-next", "broken"}
+
+
+@pytest.mark.parametrize("missing,want", [
+    ({"docker"}, "docker.io"),
+    ({"dockerd"}, "docker.io"),
+    ({"debootstrap"}, "debootstrap"),
+    ({"cmake"}, "cmake g++ make"),
+])
+def test_engine_names_what_is_missing_and_how_to_get_it(monkeypatch, missing, want):
+    import shutil
+
+    from llmfleet.errors import CheckFailed
+
+    real = shutil.which
+    monkeypatch.setattr(lab_engine.shutil, "which",
+                        lambda name: None if name in missing else (real(name) or f"/usr/bin/{name}"))
+    with pytest.raises(CheckFailed, match=f"missing: {re.escape(want)}.*lab.setup"):
+        lab_engine.ensure_engine(install=False)
+
+
+def test_engine_without_root_says_the_apt_command(monkeypatch):
+    from llmfleet.errors import CheckFailed
+
+    monkeypatch.setattr(lab_engine, "_is_root", lambda: False)
+    with pytest.raises(CheckFailed, match=r"apt-get install -y docker\.io debootstrap"):
+        lab_engine._apt_install(["docker.io", "debootstrap"], log=lambda m: None)
+
+
+def test_container_mode_can_be_forced(monkeypatch, tmp_path):
+    monkeypatch.setenv("LLMFLEET_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("LLMFLEET_LAB_MODE", "privileged")
+    assert hosts.container_mode() == "privileged"
+    assert not (tmp_path / "container-mode").exists()  # a forced mode is not cached as detected
