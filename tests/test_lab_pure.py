@@ -271,3 +271,18 @@ def test_container_mode_can_be_forced(monkeypatch, tmp_path):
     monkeypatch.setenv("LLMFLEET_LAB_MODE", "privileged")
     assert hosts.container_mode() == "privileged"
     assert not (tmp_path / "container-mode").exists()  # a forced mode is not cached as detected
+
+
+def test_config_hash_tells_a_changed_host_from_the_same_one():
+    spec = hosts.HostSpec(name="h", port=2204, gpu="Tesla T4", driver="535", gpu_count=1, lab="l")
+    kw = dict(image="img:1", mode="restricted", network="l", public_key="ssh-ed25519 AAAA")
+    base = hosts.config_hash(hosts.run_argv(spec, **kw))
+    assert base and base == hosts.config_hash(hosts.run_argv(spec, **kw))
+    changed = [
+        hosts.run_argv(hosts.HostSpec(**{**spec.__dict__, "driver": "470"}), **kw),
+        hosts.run_argv(hosts.HostSpec(**{**spec.__dict__, "gpu_count": 2}), **kw),
+        hosts.run_argv(hosts.HostSpec(**{**spec.__dict__, "port": 2205}), **kw),
+        hosts.run_argv(spec, **{**kw, "image": "img:2"}),
+        hosts.run_argv(spec, **{**kw, "mode": "privileged"}),
+    ]
+    assert len({hosts.config_hash(a) for a in changed} | {base}) == len(changed) + 1

@@ -211,6 +211,17 @@ def test_any_inventory_describes_its_lab_through_the_cli(lab, tmp_path):
         assert [(r["name"], r["state"], r["port"], r["ssh"]) for r in rows] == [("edge-l4-01", "running", port, True)]
         bad = cli("lab.up", "-i", str(inv), "--name", name, "--hosts", "nope")
         assert bad.returncode == 2 and "no host 'nope'" in bad.stderr
+        # the inventory now says another driver: lab.up recreates the host, with new host keys recorded
+        old_keys = kh.read_text()
+        (inv / "hosts.yml").write_text((inv / "hosts.yml").read_text().replace("lab_driver: '550'",
+                                                                               "lab_driver: '470'"))
+        again = cli("lab.up", "-i", str(inv), "--name", name)
+        assert again.returncode == 0, again.stderr
+        assert "recreated" in again.stdout
+        out = subprocess.run(["docker", "exec", f"{name}-edge-l4-01", "nvidia-smi", "--query-gpu=driver_version",
+                              "--format=csv,noheader"], capture_output=True, text=True, timeout=30).stdout
+        assert out.split() == ["470.256.02"] * 4
+        assert kh.read_text() != old_keys and kh.read_text().count(f"[127.0.0.1]:{port} ") == 3
     finally:
         down = cli("lab.down", "--name", name)
     assert down.returncode == 0, down.stderr

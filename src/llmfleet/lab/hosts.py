@@ -12,6 +12,7 @@ exact docker argv and files; ``up``/``down``/``status`` do the Docker I/O.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import socket
@@ -41,6 +42,7 @@ LABEL = "org.llmfleet.lab"
 HOST_LABEL = "org.llmfleet.lab.host"
 PORT_LABEL = "org.llmfleet.lab.ssh-port"
 GPU_LABEL = "org.llmfleet.lab.gpu"
+CONFIG_LABEL = "org.llmfleet.lab.config"
 # Name under which hosts reach the registry on every lab network (the images lock records it).
 REGISTRY_ALIAS = "lab-registry"
 REGISTRY_HOST = f"{REGISTRY_ALIAS}:{REGISTRY_INNER_PORT}"
@@ -180,7 +182,16 @@ def run_argv(spec: HostSpec, *, image: str, mode: str, network: str, public_key:
     for k, val in env.items():
         argv += ["-e", f"{k}={val}"]
     argv.append(image)
-    return argv
+    # Everything above decides what the host is; the hash lets lab.up tell a changed host from a running one.
+    digest = hashlib.sha256(json.dumps(argv).encode()).hexdigest()[:16]
+    return [*argv[:2], "--label", f"{CONFIG_LABEL}={digest}", *argv[2:]]
+
+
+def config_hash(argv: list[str]) -> str | None:
+    for i, a in enumerate(argv[:-1]):
+        if a == "--label" and argv[i + 1].startswith(CONFIG_LABEL + "="):
+            return argv[i + 1].split("=", 1)[1]
+    return None
 
 
 def known_hosts_lines(port: int, pubkeys: str, address: str = "127.0.0.1") -> list[str]:
@@ -408,19 +419,25 @@ def container_mode() -> str:
 
 
 def _start_one(spec: HostSpec, *, image: str, mode: str, network: str, public_key: str) -> str:
+    argv = run_argv(spec, image=image, mode=mode, network=network, public_key=public_key)
     info = _container_state(spec.container)
     if info:
         labels = info["Config"].get("Labels") or {}
-        if labels.get(PORT_LABEL) != str(spec.port) or info["Config"]["Image"] != image:
-            docker.run(["rm", "-f", "-v", spec.container], timeout=60)  # changed: recreate
+        if labels.get(CONFIG_LABEL) != config_hash(argv):
+            # host image, port, card, driver, key or engine settings changed: recreate the host
+            # (new host keys, an empty engine), as a reinstalled machine would come back
+            docker.run(["rm", "-f", "-v", spec.container], timeout=60)
             docker.run(["volume", "rm", "-f", spec.volume], check=False)
-        elif info["State"]["Running"]:
+            docker.run(["volume", "create", "--label", f"{LABEL}={spec.lab}", spec.volume])
+            docker.run(argv, timeout=60)
+            return "recreated (its inventory settings or the host image changed)"
+        if info["State"]["Running"]:
             return "running"
         else:
             docker.run(["start", spec.container], timeout=60)
             return "started"
     docker.run(["volume", "create", "--label", f"{LABEL}={spec.lab}", spec.volume])
-    docker.run(run_argv(spec, image=image, mode=mode, network=network, public_key=public_key), timeout=60)
+    docker.run(argv, timeout=60)
     return "created"
 
 
