@@ -117,16 +117,20 @@ def status(c, name=None, json=False):
 
     lab = paths.lab_name(name)
     rows = lab_hosts.status(lab)
+    others = {k: v for k, v in lab_hosts.all_labs().items() if k != lab}
     if json:
-        print_json({"lab": lab, "hosts": [r.to_dict() for r in rows]})
+        print_json({"lab": lab, "hosts": [r.to_dict() for r in rows], "other_labs": others})
         return
     table = Table(title=f"lab {lab}")
     for col in ("host", "state", "ssh", "ip", "GPUs", "memory MiB"):
-        table.add_column(col)
+        table.add_column(col, no_wrap=col != "GPUs")
     for r in rows:
         ssh = f"127.0.0.1:{r.port}" + ("" if r.ssh else " (down)") if r.port else "-"
         table.add_row(r.name, r.state, ssh, r.ip or "-", r.gpu or "-", f"{r.mem_mib:.0f}" if r.mem_mib is not None else "-")
     console.print(table if rows else f"lab {lab}: no hosts (invoke lab.up)")
+    for other, count in others.items():
+        console.print(f"also on this machine: lab {other} ({count} host(s)); "
+                      f"`invoke lab.status --name {other}`, `invoke lab.down --name {other}`")
 
 
 ns = Collection("lab")

@@ -477,6 +477,15 @@ def up(inventory_path: str, *, lab: str, names: Iterable[str] | None = None, kno
     return result
 
 
+def all_labs() -> dict[str, int]:
+    """Every lab on this engine (tests' labs included) and its number of hosts."""
+    out = docker.out(["ps", "-a", "--filter", f"label={LABEL}", "--format", f'{{{{.Label "{LABEL}"}}}}'])
+    counts: dict[str, int] = {}
+    for name in out.split():
+        counts[name] = counts.get(name, 0) + 1
+    return dict(sorted(counts.items()))
+
+
 def lab_containers(lab: str) -> list[dict]:
     out = docker.out(["ps", "-a", "--filter", f"label={LABEL}={lab}", "--format", "{{json .}}"])
     return [json.loads(line) for line in out.splitlines() if line.strip()]
