@@ -143,6 +143,9 @@ def build_base(prog: Progress, force: bool = False) -> ImageInfo:
         return ImageInfo("base", BASE_IMAGE, docker.image_id(BASE_IMAGE), False, time.monotonic() - t0)
     if not shutil.which("debootstrap"):
         raise CheckFailed("debootstrap not found: run `invoke lab.setup` as root or apt-get install -y debootstrap")
+    if os.geteuid() != 0:
+        raise CheckFailed(f"building the lab base image {BASE_IMAGE} runs debootstrap, which needs root: "
+                          "run `invoke lab.setup` once as root (later runs reuse the image)")
     task = prog.task("base: debootstrap minbase bookworm")
     root = cache_dir() / "rootfs"
     root.mkdir(parents=True, exist_ok=True)
