@@ -335,25 +335,40 @@ def exec_(container: str, argv: list[str], *, timeout: float = 60, check: bool =
     return docker.run(["exec", *flags, container, *argv], timeout=timeout, check=check, input=input)
 
 
+# Runs inside the host: waits (bounded) for the inner engine's socket and `docker info`.
+_ENGINE_WAIT = ("i=0; while [ $i -lt {n} ]; do [ -S /run/docker.sock ] && docker info >/dev/null 2>&1 && exit 0; "
+                "i=$((i+1)); sleep 0.1; done; exit 1")
+
+
+def _stopped(spec: HostSpec) -> None:
+    info = _container_state(spec.container)
+    if not info or not info["State"]["Running"]:
+        logs = docker.run(["logs", "--tail", "5", spec.container], check=False).stderr.decode(errors="replace")
+        raise CheckFailed(f"lab host {spec.name}: container {spec.container} stopped: {logs.strip()[-300:]}")
+
+
 def wait_ready(spec: HostSpec, timeout: float = 60) -> None:
-    """Until sshd answers on the published port and the inner engine answers ``docker info``."""
+    """Until sshd answers on the published port and the inner engine answers ``docker info``.
+
+    Cheap on a busy machine: a socket poll for sshd, then one ``docker exec`` that waits inside the host.
+    """
     deadline = time.monotonic() + timeout
-    ssh_ok = engine_ok = False
-    while time.monotonic() < deadline:
-        info = _container_state(spec.container)
-        if not info or not info["State"]["Running"]:
-            logs = docker.run(["logs", "--tail", "5", spec.container], check=False).stderr.decode(errors="replace")
-            raise CheckFailed(f"lab host {spec.name}: container {spec.container} stopped: {logs.strip()[-300:]}")
-        ssh_ok = ssh_ok or _ssh_banner(spec.port)
-        if ssh_ok and not engine_ok:
-            engine_ok = exec_(spec.container, ["docker", "info", "--format", "{{.ServerVersion}}"],
-                              timeout=10, check=False).returncode == 0
-        if ssh_ok and engine_ok:
-            return
-        time.sleep(0.25)
-    what = "sshd" if not ssh_ok else "the inner Docker engine"
-    raise CheckFailed(f"lab host {spec.name}: {what} not ready within {timeout:.0f}s; "
-                      f"see `docker exec {spec.container} journalctl -b --no-pager | tail`")
+    next_check = time.monotonic() + 2
+    while not _ssh_banner(spec.port, timeout=0.5):
+        if time.monotonic() > deadline:
+            raise CheckFailed(f"lab host {spec.name}: sshd not ready within {timeout:.0f}s; "
+                              f"see `docker exec {spec.container} journalctl -b --no-pager | tail`")
+        if time.monotonic() > next_check:
+            _stopped(spec)
+            next_check = time.monotonic() + 2
+        time.sleep(0.1)
+    left = max(1.0, deadline - time.monotonic())
+    proc = exec_(spec.container, ["sh", "-c", _ENGINE_WAIT.format(n=int(left * 10))], timeout=left * 2 + 10,
+                 check=False)
+    if proc.returncode != 0:
+        _stopped(spec)
+        raise CheckFailed(f"lab host {spec.name}: the inner Docker engine is not ready within {timeout:.0f}s; "
+                          f"see `docker exec {spec.container} journalctl -u docker --no-pager | tail`")
 
 
 def host_pubkeys(spec: HostSpec) -> str:
@@ -380,12 +395,12 @@ def record_host_keys(known_hosts: Path, specs: list[HostSpec], pubkeys: dict[str
 
 def stage_models(container: str, models: dict[str, Path]) -> None:
     """Copy model folders to /srv/models/<name>/ on a host, as a fleet stages model files."""
-    exec_(container, ["mkdir", "-p", HOST_MODELS_DIR])
-    for name, folder in models.items():
-        if exec_(container, ["test", "-d", f"{HOST_MODELS_DIR}/{name}"], check=False).returncode == 0:
-            continue
-        docker.run(["cp", str(folder), f"{container}:{HOST_MODELS_DIR}/{name}"], timeout=120)
-        exec_(container, ["chmod", "-R", "a+rX", f"{HOST_MODELS_DIR}/{name}"])
+    have = exec_(container, ["sh", "-c", 'mkdir -p "$1" && cd "$1" && ls -1', "sh", HOST_MODELS_DIR]).stdout
+    missing = [n for n in models if n not in have.decode().split()]
+    for name in missing:
+        docker.run(["cp", str(models[name]), f"{container}:{HOST_MODELS_DIR}/{name}"], timeout=120)
+    if missing:
+        exec_(container, ["chmod", "-R", "a+rX", *[f"{HOST_MODELS_DIR}/{n}" for n in missing]])
 
 
 def lab_models() -> dict[str, Path]:
