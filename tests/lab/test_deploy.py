@@ -275,6 +275,42 @@ def test_prune_keeps_the_configured_number(ctx):
     assert st.current in st.releases and R.rollback_target(st) in st.releases
 
 
+def test_the_cli_deploy_lock_and_rollback_tasks(ctx):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    exe = str(Path(sys.executable).parent / "llmfleet")
+    env = dict(os.environ, INVOKE_LLMFLEET_SSH_KNOWN_HOSTS=ctx.config["known_hosts"],
+               INVOKE_LLMFLEET_AUDIT_LOG=ctx.config["audit_log"])
+
+    def cli(*argv):
+        return subprocess.run([exe, *argv, "-i", ctx.lab.inventory_path], capture_output=True, text=True,
+                              timeout=600, env=env, cwd=Path(__file__).resolve().parents[2])
+
+    assert ctx.deploy(overrides={"engine_args": ["--ctx-size", "272"]}).result == "deployed"  # something to go back to
+    r = cli("deploy", "--host", HOST, "--json")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads(r.stdout)["result"] in {"deployed", "unchanged"}
+    r = cli("deploy", "--host", HOST, "--check")
+    assert r.returncode == 0 and "no change" in r.stdout
+    holder = R.holder_document(token="z", who="dave", origin="dave@ws", action="deploy", message="hands off",
+                               now=R.datetime.now(R.UTC), pid=1)
+    ctx.lab.exec(HOST, ["sh", "-c", R.lock_acquire_script(ROOT, holder)])
+    r = cli("lock.status", "--host", HOST, "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["holder"]["who"] == "dave"
+    r = cli("rollback", "--host", HOST)
+    assert r.returncode == 1 and "dave" in r.stdout + r.stderr
+    r = cli("lock.release", "--host", HOST)  # no terminal to ask on: refused, lock kept
+    assert r.returncode == 2 and "--yes" in r.stderr
+    r = cli("lock.release", "--host", HOST, "--yes")
+    assert r.returncode == 0 and "broke" in r.stdout
+    r = cli("rollback", "--host", HOST, "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert json.loads(r.stdout)["result"] == "rolled_back"
+
+
 @pytest.mark.vllm
 def test_vllm_first_deploy_and_no_change_redeploy(lab, ctx):
     lab.ensure_hosts(VLLM_HOST)
