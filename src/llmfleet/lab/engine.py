@@ -122,6 +122,7 @@ def ensure_engine(log=lambda msg: None, install: bool = True) -> EngineReport:
         start_dockerd(log)
         started = True
         version = daemon_up() or "?"
+    ensure_kernel_limits(log)
     compose = _compose_v2()
     if not compose or compose.startswith("1."):
         if not install:
@@ -131,6 +132,31 @@ def ensure_engine(log=lambda msg: None, install: bool = True) -> EngineReport:
         compose = _compose_v2() or "?"
     return EngineReport(docker_version=version, compose_version=compose, started_dockerd=started,
                         installed=installed)
+
+
+# Each lab host runs systemd, dbus and containerd, ~7 inotify instances together; the kernel's default
+# of 128 per user stops systemd in the 19th host ("Failed to allocate manager object", exit 1).
+INOTIFY_INSTANCES = Path("/proc/sys/fs/inotify/max_user_instances")
+INOTIFY_WANTED = 8192
+
+
+def ensure_kernel_limits(log) -> None:
+    """Raise fs.inotify.max_user_instances for many lab hosts (root); otherwise say how."""
+    try:
+        current = int(INOTIFY_INSTANCES.read_text().strip())
+    except (OSError, ValueError):
+        return
+    if current >= INOTIFY_WANTED:
+        return
+    if _is_root():
+        try:
+            INOTIFY_INSTANCES.write_text(f"{INOTIFY_WANTED}\n")
+            log(f"raised fs.inotify.max_user_instances {current} -> {INOTIFY_WANTED} (systemd in every lab host)")
+            return
+        except OSError:
+            pass
+    log(f"warning: fs.inotify.max_user_instances is {current}: about {current // 7} lab hosts fit on this "
+        f"machine; as root: sysctl -w fs.inotify.max_user_instances={INOTIFY_WANTED}")
 
 
 def detect_container_mode(image: str = BASE_IMAGE) -> str:

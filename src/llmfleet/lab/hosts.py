@@ -343,8 +343,15 @@ _ENGINE_WAIT = ("i=0; while [ $i -lt {n} ]; do [ -S /run/docker.sock ] && docker
 def _stopped(spec: HostSpec) -> None:
     info = _container_state(spec.container)
     if not info or not info["State"]["Running"]:
-        logs = docker.run(["logs", "--tail", "5", spec.container], check=False).stderr.decode(errors="replace")
-        raise CheckFailed(f"lab host {spec.name}: container {spec.container} stopped: {logs.strip()[-300:]}")
+        st = (info or {}).get("State") or {}
+        proc = docker.run(["logs", "--tail", "5", spec.container], check=False)
+        logs = (proc.stdout + proc.stderr).decode(errors="replace").strip()[-300:]
+        hint = " (out of memory)" if st.get("OOMKilled") else ""
+        if "inotify" in logs or "allocate manager object" in logs:
+            hint = (" (too many inotify instances: as root, "
+                    f"sysctl -w fs.inotify.max_user_instances={engine.INOTIFY_WANTED})")
+        raise CheckFailed(f"lab host {spec.name}: container {spec.container} stopped, exit code "
+                          f"{st.get('ExitCode', '?')}{hint}: {logs or st.get('Error') or 'no output'}")
 
 
 def wait_ready(spec: HostSpec, timeout: float = 60) -> None:
