@@ -286,3 +286,19 @@ def test_config_hash_tells_a_changed_host_from_the_same_one():
         hosts.run_argv(spec, **{**kw, "mode": "privileged"}),
     ]
     assert len({hosts.config_hash(a) for a in changed} | {base}) == len(changed) + 1
+
+
+@pytest.mark.parametrize("root,start,want,said", [
+    (True, "128", "8192", "raised fs.inotify.max_user_instances 128 -> 8192"),
+    (False, "128", "128", "sysctl -w fs.inotify.max_user_instances=8192"),
+    (True, "10000", "10000", None),
+])
+def test_inotify_limit_for_many_hosts(monkeypatch, tmp_path, root, start, want, said):
+    f = tmp_path / "max_user_instances"
+    f.write_text(start + "\n")
+    monkeypatch.setattr(lab_engine, "INOTIFY_INSTANCES", f)
+    monkeypatch.setattr(lab_engine, "_is_root", lambda: root)
+    logs: list[str] = []
+    lab_engine.ensure_kernel_limits(logs.append)
+    assert f.read_text().strip() == want
+    assert (said in logs[0]) if said else logs == []
