@@ -298,6 +298,8 @@ class _Item:
     action: str = "new"  # new | switch | verify | restart | unchanged
     release_id: str | None = None
     changes: list[str] = field(default_factory=list)
+    manifest: dict[str, Any] | None = None
+    health: dict[str, Any] | None = None
 
 
 class _HostRun:
@@ -313,6 +315,7 @@ class _HostRun:
         self.origin = default_who()
         self.remote: Any = None
         self.audit: list[dict[str, Any]] = []
+        self.deferred: list[str] = []
         self.lock_token: str | None = None
 
     # -- plumbing ---------------------------------------------------------------------------------
@@ -366,17 +369,47 @@ class _HostRun:
                                       f"with `invoke lock.status --host {self.host.name}` and break a stale one with "
                                       f"`invoke lock.release --host {self.host.name} --yes`")
 
-    def unlock(self) -> None:
-        if self.lock_token is None or self.remote is None:
+    def defer(self, script: str) -> None:
+        """Run ``script`` in the last round trip, before the audit lines and the unlock."""
+        self.deferred.append(script)
+
+    def finish(self, *, audit: bool = True) -> None:
+        """One round trip at the end: deferred steps (mark healthy, prune), the audit lines, the unlock.
+
+        If it does not arrive (a dropped connection), the release is simply not marked healthy yet and
+        the lock is stale: the next deploy from this machine verifies the release and takes the lock over.
+        """
+        records = self.audit if audit else []
+        if records:
+            local = Path(os.path.expanduser(str(self.config.get("audit_log") or DEFAULT_AUDIT_LOG)))
+            try:
+                local.parent.mkdir(parents=True, exist_ok=True)
+                fd = os.open(local, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+                with os.fdopen(fd, "a", encoding="utf-8") as fh:
+                    for rec in records:
+                        fh.write(json.dumps(rec, separators=(",", ":")) + "\n")
+            except OSError as exc:
+                self.log(f"warning: local audit log {local}: {exc}")
+        parts = [f"(\n{sc}\n)" for sc in self.deferred]
+        parts += [release.audit_append_script(self.settings.root, r) for r in records]
+        token = self.lock_token
+        if token is not None:
+            parts.append(f"(\n{release.lock_release_script(self.settings.root, token)}\n)")
+        self.deferred, self.audit, self.lock_token = [], [], None
+        if not parts or self.remote is None:
             return
         try:
-            res = self.run(release.lock_release_script(self.settings.root, self.lock_token), timeout=30)
-            if "@@released" not in res.stdout and "@@notheld" not in res.stdout:
-                self.log(f"warning: the deploy lock was not ours to release: {_short(res.stdout)}")
+            res = self.run("\n".join(parts), timeout=300)
         except LlmfleetError as exc:
-            self.log(f"warning: could not release the deploy lock ({exc}); the next deploy from this machine "
-                     f"takes it over, others need `invoke lock.release --host {self.host.name} --yes`")
-        self.lock_token = None
+            self.log(f"warning: the final step (mark, prune, audit, unlock) did not complete: {exc}"
+                     + (f"; the next deploy from this machine takes the lock over, others need "
+                        f"`invoke lock.release --host {self.host.name} --yes`" if token else ""))
+            return
+        if token is not None and "@@released" not in res.stdout and "@@notheld" not in res.stdout:
+            self.log(f"warning: the deploy lock was not ours to release: {_short(res.stdout)}")
+        removed = [ln.split(" ", 1)[1] for ln in res.stdout.splitlines() if ln.startswith("@@image-removed ")]
+        if removed:
+            self.log(f"removed {len(removed)} image(s) no kept release uses")
 
     # -- audit ------------------------------------------------------------------------------------
 
@@ -385,26 +418,6 @@ class _HostRun:
         return release.audit_record(now=_now(), who=self.who, host=self.host.name, action=action, service=service,
                                     release=release_id, digest=digest, result=result, detail=detail,
                                     message=self.options.message, **extra)
-
-    def flush_audit(self) -> None:
-        if not self.audit:
-            return
-        local = Path(os.path.expanduser(str(self.config.get("audit_log") or DEFAULT_AUDIT_LOG)))
-        try:
-            local.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(local, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-            with os.fdopen(fd, "a", encoding="utf-8") as fh:
-                for rec in self.audit:
-                    fh.write(json.dumps(rec, separators=(",", ":")) + "\n")
-        except OSError as exc:
-            self.log(f"warning: local audit log {local}: {exc}")
-        if self.remote is not None:
-            script = "\n".join(release.audit_append_script(self.settings.root, r) for r in self.audit)
-            try:
-                self.run(script, timeout=30)
-            except LlmfleetError as exc:
-                self.log(f"warning: could not append to the host's audit log: {exc}")
-        self.audit = []
 
     # -- health -----------------------------------------------------------------------------------
 
@@ -440,10 +453,14 @@ class _HostRun:
             return f"(engine log unavailable: {exc})"
         return summarize_log(out)
 
-    def mark(self, paths: Paths, release_id: str, report: health_mod.HealthReport) -> None:
+    def mark(self, paths: Paths, release_id: str, report: health_mod.HealthReport, *, now: bool = True) -> None:
         doc = report.to_dict() | {"release": release_id, "time": _now().isoformat(timespec="seconds"),
                                   "who": self.who}
-        self.run(release.mark_healthy_script(paths, release_id, doc), timeout=30)
+        script = release.mark_healthy_script(paths, release_id, doc)
+        if now:
+            self.run(script, timeout=30)
+        else:
+            self.defer(script)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -529,9 +546,7 @@ def deploy_host(
         out.result, out.reason = "failed", str(exc)
     finally:
         try:
-            run.unlock()
-            if not options.check:
-                run.flush_audit()
+            run.finish(audit=not options.check)
         finally:
             out.round_trips = getattr(run.remote, "round_trips", 0) or 0
             run.close()
@@ -639,7 +654,13 @@ def _deploy(run: _HostRun, prepared: list[tuple[Service, str | None, images.Imag
         out.result = "deployed"
         out.reason = "; ".join(f"{it.service.name} on {it.release_id}" for it in todo)
     if out.result == "deployed":
-        _prune(run)
+        for it in todo:
+            st = states.setdefault(it.service.name, release.ServiceState(name=it.service.name))
+            info = st.releases.setdefault(it.release_id, release.ReleaseInfo(it.release_id))
+            info.manifest = it.manifest or info.manifest
+            info.health = it.health or {"result": "healthy"}
+            st.current = it.release_id
+        _prune(run, states)
 
 
 def reason_release(reason: str) -> str | None:
@@ -681,6 +702,7 @@ def _switch_and_check(run: _HostRun, it: _Item) -> tuple[str, str, health_mod.He
         if it.action == "new":
             m = release.build_manifest(it.rendered, rid, host=run.host.name, who=run.who, when=_now(),
                                        llmfleet_version=__version__)
+            it.manifest = m
             files, modes = release.release_files(it.rendered, m)
             res = run.run(release.upload_script(paths, rid), stdin=release.pack_release(files, modes), timeout=120)
             if res.rc != 0:
@@ -712,7 +734,8 @@ def _switch_and_check(run: _HostRun, it: _Item) -> tuple[str, str, health_mod.He
     else:
         failure = "" if report.ok else report.message
     if report is not None and report.ok:
-        run.mark(paths, rid, report)
+        run.mark(paths, rid, report, now=False)
+        it.health = report.to_dict()
         run.log(f"{svc.name}: release {rid} healthy ({report.message})")
         run.audit.append(run._record(action="deploy", service=svc.name, release_id=rid, digest=digest,
                                      result="deployed", decode_tokps=report.decode_tokps, ttft_s=report.ttft_s))
@@ -765,12 +788,9 @@ def _go_back(run: _HostRun, it: _Item, previous: str | None, why: str) -> tuple[
                       f"{report.message}; check the host now")
 
 
-def _prune(run: _HostRun) -> None:
-    try:
-        states = run.read_state()
-    except LlmfleetError as exc:
-        run.log(f"warning: prune skipped: {exc}")
-        return
+def _prune(run: _HostRun, states: dict[str, release.ServiceState]) -> None:
+    """Keep the newest ``keep_releases`` per service (plus current and its rollback target); remove
+    images no kept release uses. Decided from the state already read; runs in the final round trip."""
     deleted: dict[str, list[str]] = {}
     for name, st in states.items():
         protect = {st.current, release.rollback_target(st)} if st.current else set(st.releases)
@@ -780,20 +800,13 @@ def _prune(run: _HostRun) -> None:
     refs = release.images_to_prune(states, deleted)
     if not deleted and not refs:
         return
-    # Each service's prune in its own subshell (prune_script exits early when a folder is missing).
-    parts = [f"(\n{release.prune_script(Paths(run.settings.root, name), ids, [])}\n)" for name, ids in deleted.items()]
+    for name, ids in deleted.items():
+        run.defer(release.prune_script(Paths(run.settings.root, name), ids, []))
     for ref in refs:
-        parts.append(f"docker image rm {q(ref)} >/dev/null 2>&1 && echo {q('@@image-removed ' + ref)} || true")
-    script = "\n".join(parts)
-    try:
-        res = run.run(script, timeout=300)
-    except LlmfleetError as exc:
-        run.log(f"warning: prune failed: {exc}")
-        return
-    removed_images = [ln.split(" ", 1)[1] for ln in res.stdout.splitlines() if ln.startswith("@@image-removed ")]
+        run.defer(f"docker image rm {q(ref)} >/dev/null 2>&1 && echo {q('@@image-removed ' + ref)} || true")
     n = sum(len(v) for v in deleted.values())
-    run.log(f"pruned {n} old release(s)" + (f" and {len(removed_images)} image(s)" if removed_images else "")
-            + f"; keeping {run.settings.keep_releases} per service")
+    run.log(f"pruning {n} old release(s) and {len(refs)} unused image(s); keeping {run.settings.keep_releases} "
+            "per service")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -830,8 +843,7 @@ def rollback_host(
         out.result, out.reason = "failed", str(exc)
     finally:
         try:
-            run.unlock()
-            run.flush_audit()
+            run.finish()
         finally:
             out.round_trips = getattr(run.remote, "round_trips", 0) or 0
             run.close()
@@ -892,7 +904,7 @@ def _rollback(run: _HostRun, service: str | None, to: str | None, out: HostOutco
         report = run.health(item, item.plan, what=f"release {target}")
         out.health[name] = report.to_dict()
         if report.ok:
-            run.mark(item.paths, target, report)
+            run.mark(item.paths, target, report, now=False)
             out.releases[name] = target
             out.changes.append(f"{name}: {previous} -> {target}")
             run.audit.append(run._record(action="rollback", service=name, release_id=target,

@@ -354,6 +354,17 @@ class HealthChecker:
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
 
+    def _probe(self, max_age_s: float = 0.0) -> Probe:
+        """The unit/container state; one answered less than ``max_age_s`` ago is reused (one round
+        trip serves the unit and the container stages when both are already fine)."""
+        last = getattr(self, "_last_probe", None)
+        now = self.clock()
+        if last is not None and max_age_s > 0 and now - last[0] <= max_age_s:
+            return last[1]
+        p = self.probe()
+        self._last_probe = (self.clock(), p)
+        return p
+
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
@@ -397,7 +408,7 @@ class HealthChecker:
 
     def _unit(self, _c: Any) -> str:
         def step() -> tuple[bool, str]:
-            p = self.probe()
+            p = self._probe()
             if p.unit == "failed":
                 raise _StageFailed("systemd unit failed (start limit hit or compose exited)")
             return p.unit == "active", f"unit {p.unit}"
@@ -406,9 +417,11 @@ class HealthChecker:
 
     def _container(self, _c: Any) -> str:
         seen_exit = [0]
+        first = [True]
 
         def step() -> tuple[bool, str]:
-            p = self.probe()
+            p = self._probe(max_age_s=2.0 if first[0] else 0.0)
+            first[0] = False
             if p.container == "running":
                 return True, "container running"
             if p.container in {"exited", "dead"}:
