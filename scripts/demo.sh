@@ -16,7 +16,7 @@ invoke lab.setup
 step "lab: hosts"
 invoke lab.up
 step "plan for $HOST"
-invoke plan --host "$HOST" || true   # informative: the deploy's preflight enforces it
+invoke plan --host "$HOST" --gather || true   # informative: the deploy's preflight enforces it
 step "preflight $HOST"
 invoke preflight --host "$HOST"
 step "deploy $HOST"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -16,8 +17,11 @@ from rich.console import Console
 
 from llmfleet.errors import LlmfleetError
 
-console = Console(stderr=False, highlight=False, soft_wrap=True)
-err_console = Console(stderr=True, highlight=False, soft_wrap=True)
+# Piped or logged output (CI, `| tee`) has no terminal width; rich would squeeze tables into 80
+# columns. Use a wide fixed width there unless COLUMNS says otherwise.
+_WIDTH = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160
+console = Console(stderr=False, highlight=False, soft_wrap=True, width=_WIDTH)
+err_console = Console(stderr=True, highlight=False, soft_wrap=True, width=_WIDTH)
 
 
 def cfg(c, key: str, default: Any = None) -> Any:
