@@ -60,8 +60,14 @@ def measure(inv_path: str, host: str, runs: int, known_hosts: Path, audit: Path)
         return {"round_trips": statistics.median(o.round_trips for o in outs), "wall_s": round(wall, 2),
                 "model_load_s": round(load, 2), "wall_minus_load_s": round(wall - load, 2)}
 
+    stages: dict[str, list[float]] = {}
+    for o in changed:
+        for h in o.health.values():
+            for st in h.get("stages", []):
+                stages.setdefault(st["name"], []).append(st["seconds"])
     return {"host": host, "service": svc.name, "engine": svc.engine, "runs": runs,
-            "first_deploy": row([first]), "no_change": row(unchanged), "changed": row(changed)}
+            "first_deploy": row([first]), "no_change": row(unchanged), "changed": row(changed),
+            "changed_health_stages_s": {k: round(statistics.median(v), 2) for k, v in stages.items()}}
 
 
 def main() -> int:
@@ -69,7 +75,23 @@ def main() -> int:
     ap.add_argument("--host", default="gpu-v100-01", help="lab host to bring up and deploy")
     ap.add_argument("--runs", type=int, default=3, help="deploys of each kind (median reported)")
     ap.add_argument("--json", action="store_true", help="print JSON")
+    ap.add_argument("--trace", action="store_true", help="print each SSH round trip of the last changed deploy")
     args = ap.parse_args()
+    trace: list[tuple[str, float]] = []
+    if args.trace:
+        from llmfleet import ssh
+
+        real_run = ssh.Remote.run
+
+        def timed(self, command, **kw):
+            t = time.monotonic()
+            try:
+                return real_run(self, command, **kw)
+            finally:
+                first = (command if isinstance(command, str) else " ".join(command)).strip().splitlines()[0]
+                trace.append((first[:70], time.monotonic() - t))
+
+        ssh.Remote.run = timed
     lab = f"llmfleet-db{secrets.token_hex(3)}"
     with tempfile.TemporaryDirectory() as tmp:
         inv = hosts.generate_inventory(ROOT / "inventory" / "lab", Path(tmp) / "inventory",
@@ -92,6 +114,13 @@ def main() -> int:
         r = res[key]
         print(f"{name:<34} {r['round_trips']:>11.0f} {r['wall_s']:>8.2f} {r['model_load_s']:>13.2f} "
               f"{r['wall_minus_load_s']:>14.2f}")
+    if args.trace:
+        n = int(res["changed"]["round_trips"])
+        print("\nround trips of the last changed deploy:")
+        for cmd, secs in trace[-n:]:
+            print(f"  {secs:6.2f}s  {cmd}")
+    print("\nchanged deploy, health stages (median s): "
+          + ", ".join(f"{k} {v}" for k, v in res["changed_health_stages_s"].items()))
     return 0
 
 
