@@ -137,6 +137,45 @@ def test_broken_image_rolls_back_and_the_old_release_still_answers(ctx):
     assert ctx.audit()[-1]["result"] == "rolled_back"
 
 
+def test_ctrl_c_during_the_health_check_goes_back_to_the_old_release(ctx):
+    import signal
+    import subprocess
+    import sys
+
+    good = ctx.state().current
+    code = (
+        "import json, sys\n"
+        "from llmfleet.deploy import DeployOptions, deploy_host\n"
+        "o = deploy_host(sys.argv[1], sys.argv[2], config=json.loads(sys.argv[3]),\n"
+        "                options=DeployOptions(overrides=json.loads(sys.argv[4]), who='ctrl-c'),\n"
+        "                log=lambda line: print(line, flush=True))\n"
+        "print('RESULT', o.result, flush=True)\n"
+    )
+    over = {"engine_args": ["--ctx-size", "256"], "image": "llamacpp:lab-broken",
+            "health": dict(FAST_HEALTH, load_timeout_s=120)}
+    proc = subprocess.Popen([sys.executable, "-c", code, ctx.lab.inventory_path, HOST, json.dumps(ctx.config),
+                             json.dumps(over)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen: list[str] = []
+    deadline = time.monotonic() + 120
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        seen.append(line)
+        if "health check of release" in line or time.monotonic() > deadline:
+            break
+    time.sleep(1.5)
+    proc.send_signal(signal.SIGINT)
+    rest, _ = proc.communicate(timeout=180)
+    out = "".join(seen) + rest
+    assert "KeyboardInterrupt" in out and "RESULT" not in out, out[-3000:]
+    assert "interrupted; going back to " + good in out
+    st = ctx.state()
+    assert st.current == good and st.unit == "active"
+    assert ctx.health_now() == 200
+    assert ctx.lab.exec(HOST, ["test", "-d", f"{ROOT}/locks/deploy"], check=False).returncode != 0  # unlocked
+    last = ctx.audit()[-1]
+    assert last["result"] == "rolled_back" and "interrupted" in last["detail"]
+
+
 def test_decode_below_the_floor_is_not_resident_and_rolls_back(ctx):
     good = ctx.state().current
     o = ctx.deploy(overrides={"health": dict(FAST_HEALTH, min_tokps=1_000_000)})
