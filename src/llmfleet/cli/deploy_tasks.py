@@ -94,7 +94,7 @@ def deploy(c, host=None, group=None, inventory=None, check=False, diff=False, ac
         data = [o.to_dict() for o in outcomes]
         print_json(data[0] if len(data) == 1 else data)
     else:
-        _summary(outcomes, "deploy --check" if (check or diff) else "deploy")
+        _summary(outcomes, "deploy --diff" if diff else ("deploy --check" if check else "deploy"))
     if not all(o.ok for o in outcomes):
         raise Exit(code=1)
 
