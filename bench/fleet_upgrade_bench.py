@@ -9,8 +9,10 @@ Needs the lab set up once (``invoke lab.setup``). Run from the project root:
 
     .venv/bin/python bench/fleet_upgrade_bench.py [--sizes 1,4,12] [--forks 1,12] [--keep]
 
-Prints a table. Every host shares this machine's CPU cores (llama-server start, health-check
-completions, SSH), so the speed-up from forks is bounded by the cores, not by the SSH latency.
+Prints a table, then the same sizes with ``--check`` (SSH-bound work only, nothing restarted).
+Every lab host shares this machine's CPU cores (llama-server start, health-check completions, SSH),
+so the upgrade's speed-up from forks is bounded by the cores here, not by SSH latency; on a real
+fleet each host brings its own.
 """
 
 from __future__ import annotations
@@ -72,15 +74,15 @@ def make_inventory(dest: Path, count: int) -> tuple[Path, list[str]]:
     return dest, names
 
 
-def one_run(inv: str, hosts: list[str], forks: int, context: int, config: dict) -> dict:
-    options = DeployOptions(who="bench", message=f"bench context={context}")
+def one_run(inv: str, hosts: list[str], forks: int, context: int, config: dict, check: bool = False) -> dict:
+    options = DeployOptions(who="bench", message=f"bench context={context}", check=check)
     changes = {h: HostChange({"context": context}) for h in hosts}
     deploy = deploy_fn(inv, config=config, options=options, changes=changes, log=lambda line: None)
     t0 = time.monotonic()
     report = run_upgrade(hosts, deploy=deploy, serial=[], forks=forks)
     wall = time.monotonic() - t0
     durations = [h.duration_s for h in report.hosts]
-    return {"hosts": len(hosts), "forks": forks, "wall_s": wall, "mean_host_s": sum(durations) / len(durations),
+    return {"kind": "check" if check else "upgrade", "hosts": len(hosts), "forks": forks, "wall_s": wall, "mean_host_s": sum(durations) / len(durations),
             "counts": report.counts(), "reasons": {h.host: h.reason for h in report.hosts if h.failed}}
 
 
@@ -89,6 +91,8 @@ def main() -> int:
     ap.add_argument("--sizes", default="1,4,12", help="host counts to time (comma list)")
     ap.add_argument("--forks", default="1,12", help="fork counts to time (comma list)")
     ap.add_argument("--keep", action="store_true", help="leave the bench hosts running afterwards")
+    ap.add_argument("--no-check", action="store_true", help="skip the --check rows (SSH-bound: facts, preflight, "
+                    "render, diff; no restart)")
     args = ap.parse_args()
     sizes = [int(x) for x in args.sizes.split(",")]
     forks_list = [int(x) for x in args.forks.split(",")]
@@ -122,20 +126,28 @@ def main() -> int:
                 for h, why in r["reasons"].items():
                     print(f"  {h}: {why[:300]}", file=sys.stderr)
                 rows.append(r)
+        if not args.no_check:
+            for n in sizes:
+                for f in forks_list:
+                    r = one_run(str(inv_dir), names[:n], f, context + 64, config, check=True)
+                    print(f"check, {n} host(s), forks {f}: {r['wall_s']:.1f}s {r['counts']}", file=sys.stderr)
+                    rows.append(r)
     finally:
         if not args.keep:
             lab_hosts.down(lab, known_hosts=known_hosts)
             shutil.rmtree(work, ignore_errors=True)
     cores = os.cpu_count()
-    print(f"\nfleet upgrade wall time (one batch, full deploy per host: render, upload, switch, restart, "
-          f"health incl. a streamed completion), {cores} CPU cores")
-    print(f"{'hosts':>5} {'forks':>5} {'wall s':>8} {'s/host':>8} {'mean host s':>12} {'speed-up':>9}  results")
-    base: dict[int, float] = {}
+    print(f"\nfleet upgrade wall time, {cores} CPU cores. upgrade: one batch, the full deploy per host (render, "
+          f"upload, switch, engine restart, health check with a streamed completion); check: upgrade --check "
+          f"(SSH, facts, preflight, render, diff; nothing restarted)")
+    print(f"{'kind':>7} {'hosts':>5} {'forks':>5} {'wall s':>8} {'s/host':>8} {'mean host s':>12} {'speed-up':>9}  results")
+    base: dict[tuple[str, int], float] = {}
     for r in rows:
+        key = (r["kind"], r["hosts"])
         if r["forks"] == min(forks_list):
-            base[r["hosts"]] = r["wall_s"]
-        speed = base.get(r["hosts"], r["wall_s"]) / r["wall_s"] if r["wall_s"] else 0
-        print(f"{r['hosts']:>5} {r['forks']:>5} {r['wall_s']:>8.1f} {r['wall_s'] / r['hosts']:>8.2f} "
+            base[key] = r["wall_s"]
+        speed = base.get(key, r["wall_s"]) / r["wall_s"] if r["wall_s"] else 0
+        print(f"{r['kind']:>7} {r['hosts']:>5} {r['forks']:>5} {r['wall_s']:>8.1f} {r['wall_s'] / r['hosts']:>8.2f} "
               f"{r['mean_host_s']:>12.2f} {speed:>8.1f}x  {r['counts']}")
     return 0
 
