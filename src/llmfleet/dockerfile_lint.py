@@ -22,6 +22,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from llmfleet.images import split_reference
+
 RULES: dict[str, tuple[str, str]] = {
     # id: (profile, summary)
     "DF001": ("fleet", "every base image is pinned by digest (@sha256:..., or @${ARG} with the ARG required)"),
@@ -122,17 +124,6 @@ def _arg_decl(args: str) -> tuple[str, str | None]:
     return name.strip(), (value if eq else None)
 
 
-def _split_ref(ref: str) -> tuple[str, str | None, str | None]:
-    digest = None
-    if "@" in ref:
-        ref, digest = ref.split("@", 1)
-    tag = None
-    last = ref.rsplit("/", 1)[-1]
-    if ":" in last:
-        ref, tag = ref.rsplit(":", 1)
-    return ref, tag, digest
-
-
 def lint(text: str, path: str = "Dockerfile", profile: str = "fleet") -> list[Finding]:
     """Findings for one Dockerfile, sorted by line. ``profile`` is ``fleet`` or ``local``."""
     if profile not in ("fleet", "local"):
@@ -177,7 +168,7 @@ def lint(text: str, path: str = "Dockerfile", profile: str = "fleet") -> list[Fi
             ref, unset = _expand(ref_raw, global_args)
             if ref_raw.lower() == "scratch" or ref.lower() in prior:
                 continue
-            name, tag, digest = _split_ref(ref)
+            name, tag, digest = split_reference(ref)
             digest_raw = ref_raw.split("@", 1)[1] if "@" in ref_raw else None
             required_digest_arg = bool(digest_raw and re.fullmatch(r"\$\{?[A-Za-z_][A-Za-z0-9_]*\}?", digest_raw)
                                        and _VAR_RE.match(digest_raw).group(1) in unset)

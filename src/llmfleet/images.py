@@ -153,7 +153,7 @@ def load_lock(path: str | Path | None = None) -> ImageLock:
     return parse_lock(p.read_text(encoding="utf-8"), path=str(p))
 
 
-def _split_reference(ref: str) -> tuple[str, str | None, str | None]:
+def split_reference(ref: str) -> tuple[str, str | None, str | None]:
     """``repo[:tag][@digest]`` -> (repo, tag, digest)."""
     digest = None
     if "@" in ref:
@@ -240,7 +240,7 @@ def resolve(
             f"{where}: image {image!r} is not in {lock.path} (pinned: {known}); run `invoke images.pin "
             f"{image.replace(':', '=', 1)}` or give a full reference (repo@sha256:..., or repo:tag with --allow-unpinned)"
         )
-    repo, tag, digest = _split_reference(image)
+    repo, tag, digest = split_reference(image)
     if not _REPO_RE.match(repo) or (tag is not None and not _TAG_RE.match(tag)):
         raise UsageError(f"{where}: image {image!r} is neither a key of {lock.path} nor a valid image reference")
     if digest is not None:
@@ -372,7 +372,7 @@ def catalog_archs(rel: Any) -> tuple[str, ...]:
 
 def through_mirror(spec: PinSpec, mirrors: dict[str, str]) -> PinSpec:
     """Resolve a spec at the mirror while the lock keeps the public repository. Pure."""
-    repo, tag, digest = _split_reference(spec.ref)
+    repo, tag, digest = split_reference(spec.ref)
     ref = apply_mirror(repo, mirrors) + (f":{tag}" if tag else "") + (f"@{digest}" if digest else "")
     return PinSpec(key=spec.key, ref=ref, repository=spec.repository or _display_repo(repo), cuda=spec.cuda,
                    archs=spec.archs, source=spec.source)
@@ -380,7 +380,7 @@ def through_mirror(spec: PinSpec, mirrors: dict[str, str]) -> PinSpec:
 
 def pinned(spec: PinSpec, digest: str, *, registry: str, at: str, by: str = "images.pin") -> LockedImage:
     """The lock entry for a resolved spec. Pure."""
-    repo, tag, _ = _split_reference(spec.ref)
+    repo, tag, _ = split_reference(spec.ref)
     return LockedImage(
         key=spec.key,
         repository=spec.repository or _display_repo(repo),
