@@ -161,13 +161,20 @@ class Remote:
             out, err = bytearray(), bytearray()
             deadline = time.monotonic() + limit
             exit_seen: float | None = None
+            # Poll with back-off: a quick command answers within the first 1-2 ms polls; a long one
+            # (an image pull, a health wait) costs at most 50 wake-ups a second, even with many
+            # hosts in parallel.
+            pause = 0.001
             while True:
+                got = False
                 while chan.recv_ready():
                     chunk = chan.recv(65536)
+                    got = True
                     if len(out) < MAX_OUTPUT:
                         out += chunk
                 while chan.recv_stderr_ready():
                     chunk = chan.recv_stderr(65536)
+                    got = True
                     if len(err) < MAX_OUTPUT:
                         err += chunk
                 # The exit status may arrive before the last output (RFC 4254 allows it; a loaded
@@ -180,7 +187,8 @@ class Remote:
                 if time.monotonic() > deadline:
                     chan.close()
                     raise RemoteError(f"host {self.name}: command timed out after {limit:.0f}s: {_short(cmd)}")
-                time.sleep(0.002)
+                pause = 0.001 if got else min(pause * 1.5, 0.02)
+                chan.status_event.wait(pause)
             rc = chan.recv_exit_status()
             chan.close()
         except (paramiko.SSHException, OSError, EOFError) as exc:
