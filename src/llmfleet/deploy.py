@@ -365,6 +365,9 @@ class _HostRun:
                 continue
             if res.rc not in (0, release.LOCK_HELD_RC) and got.holder is None:
                 raise _Refused("failed", f"cannot take the deploy lock: {_short(res.stderr or res.stdout)}")
+            if got.holder is None:  # the answer was cut short: ask who holds it
+                _, got_holder = release.parse_lock_status(self.run(release.lock_status_script(self.settings.root)).stdout)
+                got = release.LockOutcome(False, got_holder, got.raw)
             raise _Refused("refused", f"deploy lock {release.describe_holder(got.holder, _now())}; wait, or inspect "
                                       f"with `invoke lock.status --host {self.host.name}` and break a stale one with "
                                       f"`invoke lock.release --host {self.host.name} --yes`")
