@@ -192,6 +192,8 @@ def decode_floor(service: Any, settings: Any = None, plan: Any = None) -> Floor:
     4. the host's ``llmfleet_health_floor_fraction``, else the default 0.25, times the realistic figure.
 
     A fraction of 0 turns the floor off. No realistic figure (no plan) means no floor, and says so.
+    An absolute floor is for engines that do not run on the card the plan is for: the lab's CPU
+    engines stand in for a simulated card, so the lab inventory declares ``min_tokps`` (docs/deploy.md).
     """
     h = getattr(service, "health", None)
     realistic = realistic_tokps(plan)
