@@ -273,3 +273,13 @@ def test_the_engine_log_summary_keeps_the_root_cause():
     assert "Insufficient space in /dev/shm" in s and "exited with code 1" in s
     assert "\x1b" not in s and "File " not in s and "noise 3 " not in s
     assert D.summarize_log("") == ""
+
+
+def test_an_unreachable_host_is_a_failed_outcome_not_an_exception(tmp_path):
+    inv = make_inventory(tmp_path)  # port 1 on loopback: nothing listens there
+    o = D.deploy_host(str(inv), "h1", config={"known_hosts": str(tmp_path / "kh"), "connect_timeout": 3},
+                      options=D.DeployOptions(), log=lambda _: None)
+    assert o.result == "failed" and "cannot connect" in o.reason and o.round_trips == 0
+    r = D.rollback_host(str(inv), "h1", config={"known_hosts": str(tmp_path / "kh"), "connect_timeout": 3},
+                        options=D.DeployOptions(), log=lambda _: None)
+    assert r.result == "failed" and "cannot connect" in r.reason
