@@ -216,6 +216,7 @@ def test_unknown_host_key_refuses_the_deploy(sshd, tmp_path):
     assert o.result == "refused"
     assert "unknown host key" in o.reason and "SHA256:" in o.reason and "--accept-new-host-keys" in o.reason
     assert not kh.exists() and not (tmp_path / "root").exists()
+    assert json.loads((tmp_path / "a.jsonl").read_text())["result"] == "refused"  # audited locally
 
 
 def test_a_failed_preflight_changes_nothing(sshd, tmp_path):
@@ -226,8 +227,12 @@ def test_a_failed_preflight_changes_nothing(sshd, tmp_path):
                       options=D.DeployOptions(accept_new_host_keys=True), log=log)
     assert o.result == "refused" and o.reason.startswith("preflight failed")
     assert o.preflight and not o.preflight[0]["ok"]
-    assert not (tmp_path / "root").exists()
-    assert o.round_trips == 1  # the facts probe, nothing else
+    # nothing but the audit line: no release, no lock
+    assert sorted(p.name for p in (tmp_path / "root").iterdir()) == ["audit.jsonl"]
+    rec = json.loads((tmp_path / "root" / "audit.jsonl").read_text())
+    assert (rec["action"], rec["result"]) == ("deploy", "refused") and "preflight failed" in rec["detail"]
+    assert json.loads((tmp_path / "a").read_text())["result"] == "refused"
+    assert o.round_trips == 2  # the facts probe and the audit line
 
 
 def test_lock_status_and_break_over_ssh(sshd, tmp_path):

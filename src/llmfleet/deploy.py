@@ -548,6 +548,9 @@ def deploy_host(
     except RemoteError as exc:
         out.result, out.reason = "failed", str(exc)
     finally:
+        if out.result in {"refused", "failed"} and not run.audit and not options.check:
+            run.audit.append(run._record(action="deploy", service=None, release_id=None, digest=None,
+                                         result=out.result, detail=out.reason))
         try:
             run.finish(audit=not options.check)
         finally:
@@ -845,6 +848,9 @@ def rollback_host(
     except RemoteError as exc:
         out.result, out.reason = "failed", str(exc)
     finally:
+        if out.result == "failed" and not run.audit:
+            run.audit.append(run._record(action="rollback", service=service, release_id=to, digest=None,
+                                         result="failed", detail=out.reason))
         try:
             run.finish()
         finally:
