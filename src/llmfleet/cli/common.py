@@ -24,6 +24,9 @@ console = Console(stderr=False, highlight=False, soft_wrap=True, width=_WIDTH)
 err_console = Console(stderr=True, highlight=False, soft_wrap=True, width=_WIDTH)
 
 
+INVENTORY_HELP = "inventory file or folder (default: llmfleet.inventory in invoke.yaml)"
+
+
 def cfg(c, key: str, default: Any = None) -> Any:
     """Read ``llmfleet.<key>`` from Invoke's config (invoke.yaml, env INVOKE_LLMFLEET_*, -f files)."""
     node = c.config.get("llmfleet", {}) or {}

@@ -11,6 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from llmfleet.cli.common import (
+    INVENTORY_HELP,
     cfg,
     console,
     err_console,
@@ -21,7 +22,6 @@ from llmfleet.cli.common import (
 )
 from llmfleet.inventory import load_inventory
 
-INVENTORY_HELP = "inventory file or folder (default: llmfleet.inventory in invoke.yaml)"
 _STYLE = {"deployed": "green", "unchanged": "green", "check": "cyan", "rolled_back": "bold yellow",
           "failed": "bold red", "refused": "bold red"}
 

@@ -9,7 +9,15 @@ from invoke.exceptions import Exit
 from rich.markup import escape
 from rich.table import Table
 
-from llmfleet.cli.common import cfg, console, handles_errors, inventory_path, print_json, ssh_config
+from llmfleet.cli.common import (
+    INVENTORY_HELP,
+    cfg,
+    console,
+    handles_errors,
+    inventory_path,
+    print_json,
+    ssh_config,
+)
 from llmfleet.errors import RemoteError, UsageError
 from llmfleet.inventory import load_inventory, settings_for
 
@@ -35,7 +43,7 @@ def _hosts(c, inventory, host, group):
     help={
         "host": "host name or pattern (Ansible --limit syntax, e.g. 'gpu-v100-*')",
         "group": "inventory group (pattern allowed)",
-        "inventory": "inventory file or folder (default: llmfleet.inventory in invoke.yaml)",
+        "inventory": INVENTORY_HELP,
         "json": "print the facts as JSON (one object per host)",
         "accept_new_host_keys": "record unknown SSH host keys (changed keys are still refused)",
     },
@@ -123,7 +131,7 @@ def _print_facts(f) -> None:
         "host": "host name or pattern (Ansible --limit syntax)",
         "group": "inventory group (pattern allowed)",
         "service": "check only this service (default: every service of the host)",
-        "inventory": "inventory file or folder (default: llmfleet.inventory in invoke.yaml)",
+        "inventory": INVENTORY_HELP,
         "json": "print {host, service, ok, checks: [...]} per service as JSON",
         "allow_unpinned": "judge a floating image tag instead of failing the image check",
         "accept_new_host_keys": "record unknown SSH host keys (changed keys are still refused)",

@@ -7,11 +7,17 @@ from invoke.exceptions import Exit
 from rich.markup import escape
 from rich.table import Table
 
-from llmfleet.cli.common import cfg, console, handles_errors, inventory_path, print_json, ssh_config
+from llmfleet.cli.common import (
+    INVENTORY_HELP,
+    cfg,
+    console,
+    handles_errors,
+    inventory_path,
+    print_json,
+    ssh_config,
+)
 from llmfleet.errors import RemoteError, UsageError
 from llmfleet.inventory import load_inventory, settings_for
-
-INVENTORY_HELP = "inventory file or folder (default: llmfleet.inventory in invoke.yaml)"
 
 
 def _config(c):

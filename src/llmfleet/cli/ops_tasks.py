@@ -16,6 +16,7 @@ from llmfleet import release as rel
 from llmfleet import status as status_mod
 from llmfleet import upgrade as upgrade_mod
 from llmfleet.cli.common import (
+    INVENTORY_HELP,
     cfg,
     console,
     err_console,
@@ -28,7 +29,6 @@ from llmfleet.errors import CheckFailed, UsageError
 from llmfleet.inventory import Host, load_inventory, settings_for
 from llmfleet.rollout import parse_serial
 
-INVENTORY_HELP = "inventory file or folder (default: llmfleet.inventory in invoke.yaml)"
 DEFAULT_FORKS = 10
 DEFAULT_TIMEOUT = 20
 
