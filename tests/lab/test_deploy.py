@@ -370,3 +370,37 @@ def test_vllm_first_deploy_and_no_change_redeploy(lab, ctx):
     compose = lab.exec(VLLM_HOST, ["cat", f"{ROOT}/services/tiny-vllm/current/compose.yml"]).stdout
     assert 'ipc: "host"' in compose
     lab.exec(VLLM_HOST, ["systemctl", "stop", "llmfleet-tiny-vllm.service"], timeout=120)
+
+
+def test_api_key_reaches_only_the_0600_env_file_and_guards_the_api(ctx, monkeypatch):
+    """An API key (from_env on the operator's machine) protects the server, and appears nowhere else:
+    not in the rendered compose file, unit or manifest, the --diff, the deploy log, the audit lines
+    (host and local), the unit's journal, or any process's command line on the host."""
+    import secrets as _secrets
+
+    secret = "sk-lab-" + _secrets.token_hex(12)
+    monkeypatch.setenv("LLMFLEET_TEST_API_KEY", secret)
+    with_key = {"api_key": {"from_env": "LLMFLEET_TEST_API_KEY"}, "engine_args": ["--ctx-size", "416"]}
+    d = ctx.deploy(diff=True, overrides=with_key)
+    assert d.result == "check", d.reason
+    assert any("LLAMA_API_KEY" in text for text in d.diffs.values())  # the change is shown ...
+    assert secret not in json.dumps(d.to_dict())  # ... masked
+    o = ctx.deploy(overrides=with_key, message="with an API key")
+    assert o.result == "deployed", o.reason  # the health check itself authenticated
+    rid = o.releases["tiny"]
+    with ctx.lab.connect(HOST) as remote, remote.forward(8000) as lp:
+        url = f"http://127.0.0.1:{lp}/v1/models"
+        assert httpx.get(url, timeout=10, trust_env=False).status_code == 401
+        ok = httpx.get(url, timeout=10, trust_env=False, headers={"Authorization": f"Bearer {secret}"})
+        assert ok.status_code == 200
+    release_dir = f"{ROOT}/services/tiny/releases/{rid}"
+    found = ctx.lab.exec(HOST, ["grep", "-rlF", secret, ROOT]).stdout.split()
+    assert found == [f"{release_dir}/service.env"]
+    assert ctx.lab.exec(HOST, ["stat", "-c", "%a %U", found[0]]).stdout.split() == ["600", "root"]
+    journal = ctx.lab.exec(HOST, ["journalctl", "--no-pager", "-u", UNIT]).stdout
+    assert journal and secret not in journal
+    cmdlines = ctx.lab.exec(HOST, ["ps", "-eo", "args"]).stdout
+    assert secret not in cmdlines
+    assert secret not in "\n".join(ctx.lines) and secret not in json.dumps(o.to_dict())
+    assert secret not in open(ctx.config["audit_log"]).read()
+    assert secret not in json.dumps(ctx.audit())
