@@ -124,7 +124,9 @@ def _inventory_with_broken_host(fleet, host: str) -> str:
         shutil.rmtree(dest)
     shutil.copytree(fleet.inventory, dest)
     services = yaml.safe_load((dest / "group_vars" / "all.yml").read_text())["llmfleet_services"]
-    services = [dict(s, image="llamacpp:lab-broken") for s in services]
+    # the broken image never answers /health: a short load timeout keeps the wait for it short
+    services = [dict(s, image="llamacpp:lab-broken", health={**(s.get("health") or {}), "load_timeout_s": 15})
+                for s in services]
     (dest / "host_vars").mkdir(exist_ok=True)
     (dest / "host_vars" / f"{host}.yml").write_text(yaml.safe_dump({"llmfleet_services": services}))
     return str(dest)
