@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 from llmfleet import compat
@@ -204,16 +203,13 @@ def release_for(image_ref: Any, catalog: EngineCatalog) -> tuple[EngineRelease |
 
 
 def images_lock_path(hostvars: dict[str, Any], inventory_path: str, configured: str | None) -> str | None:
-    """Which images.lock a host uses: the inventory var ``llmfleet_images_lock`` (relative to the
-    inventory folder), else the configured ``llmfleet.images_lock``, else None (the default)."""
-    var = hostvars.get("llmfleet_images_lock")
-    if var:
-        p = Path(str(var)).expanduser()
-        if not p.is_absolute():
-            base = Path(inventory_path)
-            p = (base if base.is_dir() else base.parent) / p
-        return str(p)
-    return str(Path(configured).expanduser()) if configured else None
+    """Which images.lock a host uses (``llmfleet.images.lock_path_for``), or None for the default
+    one at the repository root."""
+    from llmfleet.images import lock_path_for
+
+    if not hostvars.get("llmfleet_images_lock") and not configured:
+        return None
+    return str(lock_path_for(hostvars, inventory_path, configured))
 
 
 # ------------------------------------------------------------------------------------------------
