@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from pathlib import Path
 
@@ -302,3 +303,49 @@ def test_inotify_limit_for_many_hosts(monkeypatch, tmp_path, root, start, want, 
     lab_engine.ensure_kernel_limits(logs.append)
     assert f.read_text().strip() == want
     assert (said in logs[0]) if said else logs == []
+
+
+def _fake_bin(path: Path, body: str) -> Path:
+    path.write_text("#!/bin/sh\n" + body + "\n")
+    path.chmod(0o755)
+    return path
+
+
+def test_an_engine_that_answers_late_is_not_up_yet_not_an_error(monkeypatch, tmp_path):
+    # a dockerd on its first start accepts on its socket and answers only once initialised
+    from llmfleet.lab import docker as lab_docker
+
+    monkeypatch.setattr(lab_docker, "DOCKER", str(_fake_bin(tmp_path / "docker", "sleep 5")))
+    assert lab_engine.daemon_up(timeout=0.5) is None
+    monkeypatch.setattr(lab_docker, "DOCKER", str(_fake_bin(tmp_path / "docker2", "echo 20.10.24")))
+    assert lab_engine.daemon_up(timeout=5) == "20.10.24"
+
+
+def test_start_dockerd_waits_for_a_slow_first_start(monkeypatch, tmp_path):
+    from llmfleet.lab import docker as lab_docker
+
+    ready = tmp_path / "ready"
+    # the stand-in daemon becomes ready after 2 s; until then the client hangs like a real one does
+    _fake_bin(tmp_path / "dockerd", f"sleep 2; touch {ready}; sleep 5")
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monkeypatch.setattr(lab_docker, "DOCKER", str(_fake_bin(
+        tmp_path / "docker", f"[ -e {ready} ] && echo 20.10.24 && exit 0; sleep 30")))
+    monkeypatch.setattr(lab_engine, "_is_root", lambda: True)
+    monkeypatch.setattr(lab_engine, "DOCKERD_LOG", tmp_path / "dockerd.log")
+    monkeypatch.setattr(lab_engine, "daemon_up", lambda timeout=10, _real=lab_engine.daemon_up: _real(timeout=1))
+    said: list[str] = []
+    lab_engine.start_dockerd(said.append)
+    assert any("dockerd answered after" in m for m in said)
+
+
+def test_start_dockerd_reports_a_daemon_that_exits_with_its_log(monkeypatch, tmp_path):
+    from llmfleet.errors import CheckFailed
+    from llmfleet.lab import docker as lab_docker
+
+    _fake_bin(tmp_path / "dockerd", "echo 'failed to start daemon: pid file found' >&2; exit 1")
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monkeypatch.setattr(lab_docker, "DOCKER", str(_fake_bin(tmp_path / "docker", "exit 1")))
+    monkeypatch.setattr(lab_engine, "_is_root", lambda: True)
+    monkeypatch.setattr(lab_engine, "DOCKERD_LOG", tmp_path / "dockerd.log")
+    with pytest.raises(CheckFailed, match=r"(?s)dockerd exited with code 1.*pid file found"):
+        lab_engine.start_dockerd(lambda m: None)

@@ -21,6 +21,7 @@ from llmfleet.lab import docker
 from llmfleet.lab.paths import BASE_IMAGE
 
 DOCKERD_LOG = Path("/var/log/llmfleet/dockerd.log")
+DOCKERD_START_TIMEOUT = 180.0  # a first start on a busy 2-core machine can take a minute
 TRIXIE_SOURCES = Path("/etc/apt/sources.list.d/llmfleet-trixie.sources")
 TRIXIE_PREF = Path("/etc/apt/preferences.d/llmfleet-trixie-compose")
 LAB_DOCKERFILES = Path(__file__).resolve().parents[3] / "dockerfiles"
@@ -79,9 +80,23 @@ def install_compose_v2(log) -> None:
     _apt_install(["docker-compose/trixie"], log)
 
 
-def daemon_up(timeout: float = 5) -> str | None:
-    proc = docker.run(["version", "--format", "{{.Server.Version}}"], check=False, timeout=timeout)
+def daemon_up(timeout: float = 10) -> str | None:
+    """The engine's version, or None while it does not answer. A dockerd that is still initialising (first
+    start: storage driver, iptables, containerd) accepts on its socket and answers late: that is "not yet",
+    not an error."""
+    try:
+        proc = docker.run(["version", "--format", "{{.Server.Version}}"], check=False, timeout=timeout)
+    except CheckFailed:
+        return None
     return proc.stdout.decode().strip() if proc.returncode == 0 else None
+
+
+def _log_tail(path: Path, lines: int = 5) -> str:
+    try:
+        tail = path.read_text(errors="replace").strip().splitlines()[-lines:]
+    except OSError:
+        return ""
+    return "\n".join("  " + line[:300] for line in tail)
 
 
 def start_dockerd(log) -> None:
@@ -92,13 +107,18 @@ def start_dockerd(log) -> None:
     DOCKERD_LOG.parent.mkdir(parents=True, exist_ok=True)
     log(f"starting dockerd (log: {DOCKERD_LOG})")
     with open(DOCKERD_LOG, "ab") as fh:
-        subprocess.Popen(["dockerd"], stdout=fh, stderr=fh, stdin=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if daemon_up(timeout=3):
+        proc = subprocess.Popen(["dockerd"], stdout=fh, stderr=fh, stdin=subprocess.DEVNULL, start_new_session=True)
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < DOCKERD_START_TIMEOUT:
+        if proc.poll() is not None:
+            raise CheckFailed(f"dockerd exited with code {proc.returncode}; {DOCKERD_LOG} ends:\n"
+                              + _log_tail(DOCKERD_LOG))
+        if daemon_up(timeout=10):
+            log(f"dockerd answered after {time.monotonic() - t0:.0f}s")
             return
         time.sleep(0.5)
-    raise CheckFailed(f"dockerd did not answer within 60s: see {DOCKERD_LOG}")
+    raise CheckFailed(f"dockerd did not answer within {DOCKERD_START_TIMEOUT:.0f}s; {DOCKERD_LOG} ends:\n"
+                      + _log_tail(DOCKERD_LOG))
 
 
 def ensure_engine(log=lambda msg: None, install: bool = True) -> EngineReport:
