@@ -7,6 +7,9 @@
 #   1. `lab.setup` (engine, registry, host and llama.cpp images) beside the unit tests (no lab needed);
 #   2. `lab.setup --vllm` (the vLLM image) beside the llama.cpp lab tests;
 #   3. the vLLM lab tests.
+# The lab tests mostly wait (boots, health checks, timeouts), so they run in parallel: pytest-xdist
+# workers, one test file each at a time (files keep their order), each worker with a lab of its own
+# (LLMFLEET_TEST_LAB_WORKERS, default 3; 0 runs them in this process).
 # Each phase prints its wall time; pytest lists its slowest tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -50,9 +53,12 @@ finish "$pid" .cache/lab-setup.log "lab setup"
 phase "lab setup --vllm: the vLLM CPU image (log: .cache/lab-setup-vllm.log)"
 invoke lab.setup --vllm > .cache/lab-setup-vllm.log 2>&1 &
 pid=$!
-tests "lab tests (llama.cpp)" --durations=15 -m "lab and not vllm" "$@"
+workers=${LLMFLEET_TEST_LAB_WORKERS:-3}
+par=(); [ "$workers" -gt 0 ] && par=(-n "$workers" --dist loadfile)
+tests "lab tests (llama.cpp)" --durations=15 -m "lab and not vllm" "${par[@]}" "$@"
 finish "$pid" .cache/lab-setup-vllm.log "lab setup --vllm"
-tests "lab tests (vLLM)" --durations=5 -m "lab and vllm" "$@"
+par=(); [ "$workers" -gt 0 ] && par=(-n 2 --dist loadfile)
+tests "lab tests (vLLM)" --durations=5 -m "lab and vllm" "${par[@]}" "$@"
 
 phase "done: ${rcs[*]}"
 # every pytest run must pass; its exit 5 (no test ran) is a failure here too

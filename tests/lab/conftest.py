@@ -2,7 +2,8 @@
 
 Each test session brings up its own uniquely named lab (``llmfleet-t<pid>-<rand>``) from a generated
 copy of ``inventory/lab/`` with free loopback ports, so two runs coexist with each other and with the
-default lab. Images must be built once beforehand (``invoke lab.setup``; ``--vllm`` for vLLM tests).
+default lab, and so pytest-xdist workers (``-n 3 --dist loadfile``, as scripts/test.sh runs them) each get
+a lab of their own. Images must be built once beforehand (``invoke lab.setup``; ``--vllm`` for vLLM tests).
 
     def test_x(lab):
         lab.inventory_path          # generated inventory folder (str)

@@ -203,7 +203,7 @@ def llama_server_binary(prog: Progress) -> Path:
     if out.exists():
         return out
     t0 = time.monotonic()
-    task = prog.task(f"llama.cpp: build llama-server ({key}, ~7 min on 2 cores)", total=100)
+    task = prog.task(f"llama.cpp: build llama-server ({key}, ~9 min on 2 cores)", total=100)
     jobs = str(os.cpu_count() or 2)
     proc = subprocess.Popen(["sh", str(script), str(sdist), str(out), jobs], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT)
