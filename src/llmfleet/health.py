@@ -355,13 +355,13 @@ class HealthChecker:
     progress: Callable[[str], None] = lambda line: None
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
+    _last_probe: tuple[float, Probe] | None = field(default=None, init=False, repr=False)
 
     def _probe(self, max_age_s: float = 0.0) -> Probe:
         """The unit/container state; one answered less than ``max_age_s`` ago is reused (one round
         trip serves the unit and the container stages when both are already fine)."""
-        last = getattr(self, "_last_probe", None)
-        now = self.clock()
-        if last is not None and max_age_s > 0 and now - last[0] <= max_age_s:
+        last = self._last_probe
+        if last is not None and max_age_s > 0 and self.clock() - last[0] <= max_age_s:
             return last[1]
         p = self.probe()
         self._last_probe = (self.clock(), p)

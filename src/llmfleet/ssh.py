@@ -188,7 +188,10 @@ class Remote:
                     chan.close()
                     raise RemoteError(f"host {self.name}: command timed out after {limit:.0f}s: {_short(cmd)}")
                 pause = 0.001 if got else min(pause * 1.5, 0.02)
-                chan.status_event.wait(pause)
+                if exit_seen is None:
+                    chan.status_event.wait(pause)  # wakes at once when the exit status arrives
+                else:
+                    time.sleep(pause)  # the event stays set after the exit status: waiting on it would spin
             rc = chan.recv_exit_status()
             chan.close()
         except (paramiko.SSHException, OSError, EOFError) as exc:

@@ -445,22 +445,18 @@ def _start_one(spec: HostSpec, *, image: str, mode: str, network: str, public_ke
     info = _container_state(spec.container)
     if info:
         labels = info["Config"].get("Labels") or {}
-        if labels.get(CONFIG_LABEL) != config_hash(argv):
-            # host image, port, card, driver, key or engine settings changed: recreate the host
-            # (new host keys, an empty engine), as a reinstalled machine would come back
-            docker.run(["rm", "-f", "-v", spec.container], timeout=60)
-            docker.run(["volume", "rm", "-f", spec.volume], check=False)
-            docker.run(["volume", "create", "--label", f"{LABEL}={spec.lab}", spec.volume])
-            docker.run(argv, timeout=60)
-            return "recreated (its inventory settings or the host image changed)"
-        if info["State"]["Running"]:
-            return "running"
-        else:
+        if labels.get(CONFIG_LABEL) == config_hash(argv):
+            if info["State"]["Running"]:
+                return "running"
             docker.run(["start", spec.container], timeout=60)
             return "started"
+        # host image, port, card, driver, key or engine settings changed: recreate the host
+        # (new host keys, an empty engine), as a reinstalled machine would come back
+        docker.run(["rm", "-f", "-v", spec.container], timeout=60)
+        docker.run(["volume", "rm", "-f", spec.volume], check=False)
     docker.run(["volume", "create", "--label", f"{LABEL}={spec.lab}", spec.volume])
     docker.run(argv, timeout=60)
-    return "created"
+    return "recreated (its inventory settings or the host image changed)" if info else "created"
 
 
 def up(inventory_path: str, *, lab: str, names: Iterable[str] | None = None, known_hosts: Path,
