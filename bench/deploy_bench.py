@@ -25,9 +25,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from llmfleet.deploy import DeployOptions, deploy_host  # noqa: E402
-from llmfleet.inventory import load_inventory  # noqa: E402
+from llmfleet.inventory.ansible import load_inventory  # noqa: E402
 from llmfleet.lab import hosts, setup  # noqa: E402
+from llmfleet.release.deploy import DeployOptions, deploy_host  # noqa: E402
 
 
 def load_s(outcome) -> float:
@@ -79,7 +79,7 @@ def main() -> int:
     args = ap.parse_args()
     trace: list[tuple[str, float]] = []
     if args.trace:
-        from llmfleet import ssh
+        from llmfleet.host import ssh
 
         real_run = ssh.Remote.run
 

@@ -31,9 +31,9 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from llmfleet.deploy import DeployOptions  # noqa: E402
+from llmfleet.fleet.upgrade import HostChange, deploy_fn, run_upgrade  # noqa: E402
 from llmfleet.lab import hosts as lab_hosts  # noqa: E402
-from llmfleet.upgrade import HostChange, deploy_fn, run_upgrade  # noqa: E402
+from llmfleet.release.deploy import DeployOptions  # noqa: E402
 
 KEY = ROOT / ".lab" / "id_ed25519"
 LOCK = ROOT / ".lab" / "images.lock"

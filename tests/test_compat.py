@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from llmfleet import compat
 from llmfleet.errors import UsageError
+from llmfleet.knowledge import compat
 
 CAT = compat.load_engine_catalog()
 

@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from llmfleet.dockerfile_lint import RULES, claims, lint, lint_tree, mismatches, parse_arch_list, profile_for
 from llmfleet.errors import UsageError
-from llmfleet.images import all_build_specs, build_argv, load_build_spec
+from llmfleet.images.lint import RULES, claims, lint, lint_tree, mismatches, parse_arch_list, profile_for
+from llmfleet.images.lock import all_build_specs, build_argv, load_build_spec
 
 REPO = Path(__file__).resolve().parents[1]
 DOCKERFILES = REPO / "dockerfiles"
-CATALOG = yaml.safe_load((REPO / "src/llmfleet/catalog/engines.yaml").read_text())["images"]
+CATALOG = yaml.safe_load((REPO / "src/llmfleet/knowledge/catalog/engines.yaml").read_text())["images"]
 D = "sha256:" + "ab" * 32
 
 GOOD = f"""\
@@ -153,7 +153,7 @@ def test_catalog_claims_match_the_dockerfile(spec):
 @pytest.mark.parametrize("spec", all_build_specs(), ids=lambda s: s.name)
 def test_every_build_arg_image_yaml_passes_is_declared_by_the_dockerfile(spec):
     """An arg the Dockerfile does not declare would be ignored by docker build without a word."""
-    from llmfleet.dockerfile_lint import parse
+    from llmfleet.images.lint import parse
 
     instructions, _ = parse((spec.dir / "Dockerfile").read_text())
     declared = {i.args.split("=", 1)[0].strip() for i in instructions if i.cmd == "ARG"}

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from llmfleet.inventory import load_inventory
-from llmfleet.planner import plan_for_service
+from llmfleet.inventory.ansible import load_inventory
+from llmfleet.knowledge.planner import plan_for_service
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "inventory" / "example"
 
@@ -36,9 +36,9 @@ def test_every_example_service_fits_its_card(settings, service):
 
 @pytest.mark.parametrize(("settings", "service"), list(_services()))
 def test_every_example_image_is_locked_catalogued_and_has_kernels_for_the_card(settings, service):
-    from llmfleet.catalog import find_gpu
-    from llmfleet.compat import check_architecture, load_engine_catalog
-    from llmfleet.images import load_lock
+    from llmfleet.images.lock import load_lock
+    from llmfleet.knowledge.catalog import find_gpu
+    from llmfleet.knowledge.compat import check_architecture, load_engine_catalog
 
     assert load_lock().get(service.image) is not None, f"{service.image} is not in images.lock"
     rel = load_engine_catalog().release(service.image)

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from llmfleet.compat import driver_branches
-from llmfleet.facts import (
+from llmfleet.host.facts import (
     QUERY_FIELDS,
     default_gpu_lookup,
     parse_banner,
@@ -18,7 +17,8 @@ from llmfleet.facts import (
     parse_probe,
     parse_proc_driver,
 )
-from llmfleet.probe import MAX_DOCUMENT, probe_script
+from llmfleet.host.probe import MAX_DOCUMENT, probe_script
+from llmfleet.knowledge.compat import driver_branches
 
 DATA = Path(__file__).parent / "data" / "nvidia-smi"
 MARK = "llmfleet-test0123"

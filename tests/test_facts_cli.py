@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from llmfleet.cli.facts_tasks import _print_facts, _print_report
-from llmfleet.facts import Facts, Gpu
-from llmfleet.preflight import Check, Report
+from llmfleet.host.facts import Facts, Gpu
+from llmfleet.knowledge.preflight import Check, Report
 
 
 def test_hostile_host_output_is_printed_literally(capsys):

@@ -10,8 +10,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from llmfleet import health as H
-from llmfleet.services import host_settings
+from llmfleet.inventory.services import host_settings
+from llmfleet.release import health as H
 
 
 def chunk(text: str | None = None, **extra) -> dict:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from llmfleet.errors import UsageError
-from llmfleet.images import (
+from llmfleet.images.lock import (
     ImageLock,
     LockedImage,
     PinSpec,
@@ -20,7 +20,7 @@ from llmfleet.images import (
     resolve,
     verify,
 )
-from llmfleet.registry import RegistryClient
+from llmfleet.images.registry import RegistryClient
 from tests.registry_fixture import delete_manifest, push_image, registry_fixture  # noqa: F401 - fixture
 
 D = "sha256:" + "ab" * 32
@@ -259,7 +259,7 @@ def test_verify_reports_unpinned_and_unreachable_entries():
 
 
 def test_re_pinning_keeps_the_recorded_source_and_drops_a_stale_digest_source(registry, tmp_path):
-    from llmfleet.images import through_mirror
+    from llmfleet.images.lock import through_mirror
 
     lock_path = tmp_path / "images.lock"
     lock_path.write_text(LOCK_TEXT.replace("    source: catalog\n", "    source: catalog\n    digest_source: quoted\n"))

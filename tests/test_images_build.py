@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from llmfleet.images import load_lock
-from llmfleet.registry import RegistryClient
+from llmfleet.images.lock import load_lock
+from llmfleet.images.registry import RegistryClient
 from tests.registry_fixture import registry_fixture  # noqa: F401 - fixture
 
 REPO = Path(__file__).resolve().parents[1]

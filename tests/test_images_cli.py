@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from llmfleet.images import load_lock
+from llmfleet.images.lock import load_lock
 from tests.registry_fixture import delete_manifest, push_image, registry_fixture  # noqa: F401 - fixture
 
 REPO = Path(__file__).resolve().parents[1]

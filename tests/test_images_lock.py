@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from llmfleet.compat import load_engine_catalog
-from llmfleet.images import DEFAULT_LOCK_PATH, catalog_archs, load_lock, parse_lock, render_lock
-from llmfleet.preflight import parse_archs
+from llmfleet.images.lock import DEFAULT_LOCK_PATH, catalog_archs, load_lock, parse_lock, render_lock
+from llmfleet.knowledge.compat import load_engine_catalog
+from llmfleet.knowledge.preflight import parse_archs
 
 REPO = Path(__file__).resolve().parents[1]
 CATALOG = load_engine_catalog()

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from llmfleet.errors import InventoryError, UsageError
-from llmfleet.inventory import expand_host_pattern, load_inventory
+from llmfleet.inventory.ansible import expand_host_pattern, load_inventory
 
 ANSIBLE_INVENTORY = shutil.which("ansible-inventory") or str(Path(sys.executable).parent / "ansible-inventory")
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from llmfleet.errors import UsageError
-from llmfleet.inventory import load_inventory
+from llmfleet.inventory.ansible import load_inventory
 from llmfleet.lab import cards, hosts, setup
 from llmfleet.lab import engine as lab_engine
 

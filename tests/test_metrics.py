@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from llmfleet.metrics import engine_metrics, parse_prometheus
+from llmfleet.fleet.metrics import engine_metrics, parse_prometheus
 
 VLLM_NEW = """
 # HELP vllm:num_requests_running Number of requests in model execution batches.

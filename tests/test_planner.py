@@ -19,7 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from llmfleet.catalog import (
+from llmfleet.errors import UsageError
+from llmfleet.knowledge.catalog import (
     FULL,
     LINEAR,
     SLIDING,
@@ -29,8 +30,14 @@ from llmfleet.catalog import (
     ggml_type_bits,
     load_models,
 )
-from llmfleet.errors import UsageError
-from llmfleet.planner import PlanRequest, compute_weights, decode_ceiling, kv_layout, plan, plan_for_service
+from llmfleet.knowledge.planner import (
+    PlanRequest,
+    compute_weights,
+    decode_ceiling,
+    kv_layout,
+    plan,
+    plan_for_service,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 GB, GIB, KIB = 1e9, 2**30, 1024
@@ -301,7 +308,7 @@ def test_llama_cpp_flags_put_every_layer_on_the_gpu():
 
 @pytest.mark.parametrize("engine", ["vllm", "llamacpp"])
 def test_plan_flags_are_all_known_to_the_engine_role(engine):
-    from llmfleet.render import load_role, merge_engine_args, plan_engine_args, split_flags
+    from llmfleet.release.render import load_role, merge_engine_args, plan_engine_args, split_flags
 
     quant = "q4_k_m" if engine == "llamacpp" else "gptq-int4"
     p = P("qwen2.5-14b-instruct", quant, engine=engine, context=4096, kv_dtype="fp8" if engine == "vllm" else "q8_0")
@@ -435,7 +442,7 @@ def test_hf_multimodal_wrapper_reads_text_config_and_keeps_vision_16bit(tmp_path
     tensors = _tiny_tensors("language_model.model.", layers=6, tied=True)
     tensors["vision_tower.encoder.weight"] = ("F16", (32, 32))
     nbytes = _write_safetensors(tmp_path / "model.safetensors", tensors)
-    from llmfleet.modelinfo import read_model
+    from llmfleet.knowledge.modelinfo import read_model
 
     spec = read_model(tmp_path)
     assert spec.num_layers == 6 and spec.hidden == 64 and spec.tie_embeddings
@@ -459,7 +466,7 @@ def test_hf_hybrid_config_lists_its_layer_types(tmp_path):
 
 
 def find_model_or_spec(path):
-    from llmfleet.modelinfo import read_model
+    from llmfleet.knowledge.modelinfo import read_model
 
     return read_model(path)
 
@@ -544,7 +551,7 @@ def test_gguf_file_brings_its_sizes_quant_and_architecture(tmp_path):
     assert int(_flag(p.engine_args, "-ngl")) == 3
     assert "GGUF tensor table" in p.weights_source
     # the file's real size equals what the catalog's bits per weight compute for these shapes
-    from llmfleet.modelinfo import read_model
+    from llmfleet.knowledge.modelinfo import read_model
 
     spec = read_model(f)
     assert compute_weights(spec, find_quant("q8_0")).total_bytes == pytest.approx(nbytes, rel=0.01)
@@ -577,7 +584,7 @@ def test_a_missing_path_or_a_non_gguf_file_is_an_error(tmp_path):
 
 
 def _service(**kw):
-    from llmfleet.services import Service
+    from llmfleet.inventory.services import Service
 
     base = {"name": "chat", "engine": "vllm", "model": "qwen2.5-32b-instruct", "model_path": "/srv/models/q",
             "image": "vllm:x", "quant": "gptq-int4", "context": 8192, "concurrency": 2}
@@ -592,8 +599,8 @@ def test_plan_for_service_uses_the_service_fields():
 
 
 def test_plan_for_service_takes_real_memory_and_cards_from_facts():
-    from llmfleet.facts import Facts, ModelFile
-    from llmfleet.facts import Gpu as FactGpu
+    from llmfleet.host.facts import Facts, ModelFile
+    from llmfleet.host.facts import Gpu as FactGpu
 
     facts = Facts(host="h", gpus=[FactGpu(index=0, name="Tesla V100-SXM2-32GB", memory_total_mib=32510,
                                           catalog_id="v100-sxm2-32gb")],
@@ -668,8 +675,8 @@ def test_cli_host_from_the_inventory(tmp_path):
 
 
 def test_the_lab_services_plan_from_the_catalog_and_the_hosts_facts():
-    from llmfleet.facts import Facts, ModelFile
-    from llmfleet.facts import Gpu as FactGpu
+    from llmfleet.host.facts import Facts, ModelFile
+    from llmfleet.host.facts import Gpu as FactGpu
 
     gguf = _service(name="tiny", engine="llamacpp", model="tiny-qwen2", quant=None, context=512, concurrency=1,
                     model_path="/srv/models/tiny-qwen2-gguf/tiny-qwen2.gguf")

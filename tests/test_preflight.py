@@ -4,10 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from llmfleet import images
-from llmfleet.facts import Container, Disk, ModelFile
-from llmfleet.preflight import CHECK_IDS, check_host, images_lock_path, parse_archs, release_for, run_checks
-from llmfleet.services import HostSettings, Service
+from llmfleet.host.facts import Container, Disk, ModelFile
+from llmfleet.images import lock as images
+from llmfleet.inventory.services import HostSettings, Service
+from llmfleet.knowledge.preflight import (
+    CHECK_IDS,
+    check_host,
+    images_lock_path,
+    parse_archs,
+    release_for,
+    run_checks,
+)
 from tests.test_facts import _card, body_rc, host_doc, parse, section
 
 DIGEST = "sha256:" + "ab" * 32
@@ -219,7 +226,7 @@ def test_lock_archs_override_the_catalog_and_the_difference_is_said():
         "llamacpp:server-cuda-12.8": images.LockedImage(
             key="llamacpp:server-cuda-12.8", repository="ghcr.io/ggml-org/llama.cpp", digest=DIGEST,
             cuda="12.8.1", archs=("7.0", "8.6", "8.9", "9.0+PTX"))}))
-    from llmfleet.compat import load_engine_catalog
+    from llmfleet.knowledge.compat import load_engine_catalog
 
     rel, notes = release_for(ref, load_engine_catalog())
     assert rel.kernels.sass == ["7.0", "8.6", "8.9", "9.0"] and rel.kernels.ptx == ["9.0"]

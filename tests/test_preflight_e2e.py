@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from llmfleet import facts as facts_mod
-from llmfleet import images
-from llmfleet.inventory import Host, load_inventory, settings_for
-from llmfleet.preflight import preflight_host
-from llmfleet.ssh import connect
+from llmfleet.host import facts as facts_mod
+from llmfleet.host.ssh import connect
+from llmfleet.images import lock as images
+from llmfleet.inventory.ansible import Host, load_inventory, settings_for
+from llmfleet.knowledge.preflight import preflight_host
 
 LLMFLEET = str(Path(sys.executable).parent / "llmfleet")
 
@@ -80,7 +80,7 @@ def test_preflight_host_reports_the_missing_driver(inventory, tmp_path):
 
 def test_unreachable_host_is_a_failed_ssh_check(tmp_path):
     host = Host(name="gone", vars={"ansible_host": "127.0.0.1", "ansible_port": 1, "ansible_user": "root"})
-    from llmfleet.services import HostSettings
+    from llmfleet.inventory.services import HostSettings
 
     found, reports = preflight_host(host, HostSettings(), lock=images.ImageLock(),
                                     config={"known_hosts": str(tmp_path / "kh"), "connect_timeout": 3})

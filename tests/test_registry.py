@@ -10,7 +10,7 @@ import stat
 import pytest
 
 from llmfleet.errors import RemoteError, UsageError
-from llmfleet.registry import DOCKER_HUB, NotFound, RegistryClient, docker_credentials, parse_reference
+from llmfleet.images.registry import DOCKER_HUB, NotFound, RegistryClient, docker_credentials, parse_reference
 from tests.registry_fixture import (  # noqa: F401 - fixtures
     PASSWORD,
     USER,

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from llmfleet import release as R
-from llmfleet.images import ImageLock, LockedImage, resolve
-from llmfleet.render import render
-from llmfleet.services import host_settings
+from llmfleet.images.lock import ImageLock, LockedImage, resolve
+from llmfleet.inventory.services import host_settings
+from llmfleet.release import store as R
+from llmfleet.release.render import render
 
 DIGEST = "sha256:" + "cd" * 32
 LOCK = ImageLock(images={"llamacpp:b1": LockedImage("llamacpp:b1", "reg.lab:5000/llamacpp", DIGEST, "b1")})

@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from llmfleet import deploy as D
-from llmfleet import release as R
 from llmfleet.errors import UsageError
-from llmfleet.images import ImageLock, LockedImage, resolve
-from llmfleet.inventory import load_inventory
-from llmfleet.render import render
-from llmfleet.services import host_settings
+from llmfleet.images.lock import ImageLock, LockedImage, resolve
+from llmfleet.inventory.ansible import load_inventory
+from llmfleet.inventory.services import host_settings
+from llmfleet.release import deploy as D
+from llmfleet.release import store as R
+from llmfleet.release.render import render
 
 DIGEST = "sha256:" + "ef" * 32
 NOW = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)

@@ -12,9 +12,9 @@ import pytest
 import yaml
 
 from llmfleet.errors import UsageError
-from llmfleet.images import ImageLock, LockedImage, resolve
-from llmfleet.render import load_role, mask_env, merge_engine_args, render, split_flags
-from llmfleet.services import host_settings
+from llmfleet.images.lock import ImageLock, LockedImage, resolve
+from llmfleet.inventory.services import host_settings
+from llmfleet.release.render import load_role, mask_env, merge_engine_args, render, split_flags
 
 DIGEST = "sha256:" + "ab" * 32
 LOCK = ImageLock(images={

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from llmfleet.errors import UsageError
-from llmfleet.rollout import batch_aborts, batches, parse_serial
+from llmfleet.fleet.rollout import batch_aborts, batches, parse_serial
 
 HOSTS = [f"h{i:02d}" for i in range(1, 13)]
 

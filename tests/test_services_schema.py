@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from llmfleet.errors import InventoryError
-from llmfleet.inventory import check_all, load_inventory
+from llmfleet.inventory.ansible import check_all, load_inventory
 
 REPO = Path(__file__).resolve().parents[1]
 GOOD = {"name": "qwen", "engine": "vllm", "model": "qwen2.5-7b-instruct", "model_path": "/srv/models/q", "image": "vllm:0.6.6.post1"}

@@ -9,8 +9,8 @@ import time
 import pytest
 
 from llmfleet.errors import RemoteError
-from llmfleet.inventory import Host
-from llmfleet.ssh import HostKeyError, Target, connect
+from llmfleet.host.ssh import HostKeyError, Target, connect
+from llmfleet.inventory.ansible import Host
 
 
 def host_for(sshd, **extra) -> Host:
@@ -149,7 +149,7 @@ def test_target_from_inventory_vars(hostvars, expected):
 
 def test_become_wraps_commands_in_sudo():
     t = Target.from_host(Host(name="h", vars={"ansible_user": "deploy", "ansible_become": True}))
-    from llmfleet.ssh import Remote
+    from llmfleet.host.ssh import Remote
 
     r = Remote(t, conn=None, command_timeout=1)  # type: ignore[arg-type]
     assert r._wrap(["echo", "a b"], sudo=False) == "sudo -n -u root -- sh -c 'echo '\"'\"'a b'\"'\"''"

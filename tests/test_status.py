@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from llmfleet import audit
-from llmfleet import status as st
-from llmfleet.inventory import Host
-from llmfleet.release import audit_record, parse_state
-from llmfleet.services import HostSettings, Service
+from llmfleet.fleet import status as st
+from llmfleet.inventory.ansible import Host
+from llmfleet.inventory.services import HostSettings, Service
+from llmfleet.release import audit
+from llmfleet.release.store import audit_record, parse_state
 
 REPO = Path(__file__).resolve().parents[1]
 R1 = "20261101T100000Z-aaaaaaaaaa"
@@ -97,7 +97,7 @@ def test_rows_for_a_reachable_host():
                                                                                 "decode_tokps": 4.2})}),
         "old": (R1, "inactive", {R1: (manifest(R1, engine="vllm"), None)}),
     }))
-    from llmfleet.metrics import EngineMetrics
+    from llmfleet.fleet.metrics import EngineMetrics
 
     status = st.HostStatus(host="gpu-1", reachable=True, gpus=["Tesla V100-SXM2-32GB"], states=states,
                            metrics={"chat": EngineMetrics(requests_running=2, requests_waiting=0,

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 import pytest
 
 from llmfleet.errors import UsageError
-from llmfleet.services import Service
-from llmfleet.upgrade import HostChange, host_overrides, parse_image, parse_sets, run_upgrade
+from llmfleet.fleet.upgrade import HostChange, host_overrides, parse_image, parse_sets, run_upgrade
+from llmfleet.inventory.services import Service
 
 
 @dataclass

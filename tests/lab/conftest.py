@@ -9,9 +9,9 @@ a lab of their own. Images must be built once beforehand (``invoke lab.setup``; 
         lab.inventory_path          # generated inventory folder (str)
         lab.hosts                   # host names that are up (default: LAB_DEFAULT_HOSTS)
         lab.ensure_hosts("lab-node-01", "lab-node-02")   # bring up more hosts of the lab inventory
-        lab.config                  # ssh config dict for llmfleet.ssh.connect / deploy_host(config=...)
-        lab.inventory()             # llmfleet.inventory.Inventory of the generated inventory
-        lab.connect(host)           # llmfleet.ssh.Remote to the host (deploy user, sudo)
+        lab.config                  # ssh config dict for llmfleet.host.ssh.connect / deploy_host(config=...)
+        lab.inventory()             # llmfleet.inventory.ansible.Inventory of the generated inventory
+        lab.connect(host)           # llmfleet.host.ssh.Remote to the host (deploy user, sudo)
         lab.exec(host, argv)        # run argv in the host container (CompletedProcess, text)
         lab.stop_host(host); lab.start_host(host)
         lab.set_driver_dead(host, True)   # nvidia-smi fails like a dead driver
@@ -34,7 +34,7 @@ from pathlib import Path
 
 import pytest
 
-from llmfleet.inventory import load_inventory
+from llmfleet.inventory.ansible import load_inventory
 from llmfleet.lab import hosts as lab_hosts
 from llmfleet.lab import paths
 
@@ -86,7 +86,7 @@ class Lab:
         return int(self.inventory().hosts[host].vars["ansible_port"])
 
     def connect(self, host: str):
-        from llmfleet import ssh
+        from llmfleet.host import ssh
 
         return ssh.connect(self.inventory().hosts[host], config=self.config)
 

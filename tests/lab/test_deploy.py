@@ -14,8 +14,8 @@ import time
 import httpx
 import pytest
 
-from llmfleet import release as R
-from llmfleet.deploy import DeployOptions, deploy_host, rollback_host
+from llmfleet.release import store as R
+from llmfleet.release.deploy import DeployOptions, deploy_host, rollback_host
 
 pytestmark = pytest.mark.lab
 
@@ -145,7 +145,7 @@ def test_ctrl_c_during_the_health_check_goes_back_to_the_old_release(ctx):
     good = ctx.state().current
     code = (
         "import json, sys\n"
-        "from llmfleet.deploy import DeployOptions, deploy_host\n"
+        "from llmfleet.release.deploy import DeployOptions, deploy_host\n"
         "o = deploy_host(sys.argv[1], sys.argv[2], config=json.loads(sys.argv[3]),\n"
         "                options=DeployOptions(overrides=json.loads(sys.argv[4]), who='ctrl-c'),\n"
         "                log=lambda line: print(line, flush=True))\n"
@@ -210,7 +210,7 @@ def test_concurrent_deploy_is_refused_with_the_holders_details(ctx):
 
 
 def test_an_operators_lock_refuses_and_lock_release_breaks_it(ctx):
-    from llmfleet.deploy import lock_break, lock_status
+    from llmfleet.release.deploy import lock_break, lock_status
 
     holder = R.holder_document(token="x", who="carol", origin="carol@elsewhere", action="deploy",
                                message="driver upgrade", now=R.datetime.now(R.UTC), pid=1)
@@ -232,7 +232,7 @@ def test_interrupted_deploys_are_completed_by_the_next_one(ctx):
     # 1. a deploy from this machine died holding the lock (its process is gone)
     dead = subprocess.Popen(["true"])
     dead.wait()
-    from llmfleet.deploy import default_who
+    from llmfleet.release.deploy import default_who
 
     stale = R.holder_document(token="y", who="tester", origin=default_who(), action="deploy", message="",
                               now=R.datetime.now(R.UTC), pid=dead.pid)

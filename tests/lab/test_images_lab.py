@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from llmfleet.images import load_lock, verify
-from llmfleet.registry import RegistryClient
+from llmfleet.images.lock import load_lock, verify
+from llmfleet.images.registry import RegistryClient
 
 pytestmark = pytest.mark.lab
 ROOT = Path(__file__).resolve().parents[2]

@@ -23,8 +23,8 @@ def test_ssh_as_deploy_with_sudo_and_own_hostname(lab):
         assert r.run("cat /etc/os-release").stdout.count("bookworm") >= 1
     finally:
         r.close()
-    from llmfleet import ssh
-    from llmfleet.inventory import Host
+    from llmfleet.host import ssh
+    from llmfleet.inventory.ansible import Host
 
     h = lab.inventory().hosts["gpu-v100-01"]
     for user, want in (("deploy", "deploy"), ("root", "root")):
@@ -34,8 +34,8 @@ def test_ssh_as_deploy_with_sudo_and_own_hostname(lab):
 
 
 def test_unknown_host_key_is_refused_without_the_recorded_key(lab, tmp_path):
-    from llmfleet import ssh
     from llmfleet.errors import RemoteError
+    from llmfleet.host import ssh
 
     cfg = dict(lab.config, known_hosts=str(tmp_path / "empty_known_hosts"))
     with pytest.raises(RemoteError, match="unknown host key"):
@@ -73,7 +73,7 @@ def test_compose_v2_and_gpu_requests_accepted(lab):
 
 
 def lab_image_for(lab, key: str) -> str:
-    from llmfleet.images import load_lock
+    from llmfleet.images.lock import load_lock
 
     img = load_lock(lab.lock_path).get(key)
     assert img and img.digest, f"{key} not pinned in {lab.lock_path}: run invoke lab.setup"
@@ -81,8 +81,8 @@ def lab_image_for(lab, key: str) -> str:
 
 
 def test_registry_serves_by_digest_and_hosts_pull_by_digest(lab):
-    from llmfleet.images import load_lock
-    from llmfleet.registry import RegistryClient
+    from llmfleet.images.lock import load_lock
+    from llmfleet.images.registry import RegistryClient
 
     img = load_lock(lab.lock_path).get("llamacpp:lab-cpu")
     repo_path = img.repository.split("/", 1)[1]

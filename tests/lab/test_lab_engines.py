@@ -9,7 +9,7 @@ import time
 import httpx
 import pytest
 
-from llmfleet.images import load_lock
+from llmfleet.images.lock import load_lock
 
 pytestmark = pytest.mark.lab
 

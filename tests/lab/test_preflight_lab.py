@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from llmfleet import images
-from llmfleet.inventory import settings_for
-from llmfleet.preflight import images_lock_path, preflight_host
+from llmfleet.images import lock as images
+from llmfleet.inventory.ansible import settings_for
+from llmfleet.knowledge.preflight import images_lock_path, preflight_host
 
 pytestmark = pytest.mark.lab
 LLMFLEET = str(Path(sys.executable).parent / "llmfleet")

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from llmfleet.deploy import DeployOptions, deploy_host
+from llmfleet.release.deploy import DeployOptions, deploy_host
 from tests.test_runbooks import RUNBOOKS, commands
 
 pytestmark = pytest.mark.lab

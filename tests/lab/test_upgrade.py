@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from llmfleet import release as R
+from llmfleet.release import store as R
 from tests.lab.test_status import relaxed_inventory
 
 pytestmark = pytest.mark.lab

@@ -64,6 +64,6 @@ def handles_errors(fn: Callable) -> Callable:
 
 
 def ssh_config(c) -> dict[str, Any]:
-    """The ``llmfleet.ssh`` section of the config, as a plain dict for ``llmfleet.ssh.connect``."""
+    """The ``llmfleet.ssh`` section of the config, as a plain dict for ``llmfleet.host.ssh.connect``."""
     section = cfg(c, "ssh", {}) or {}
     return {k: section.get(k) for k in ("connect_timeout", "command_timeout", "user", "known_hosts", "config_file")}

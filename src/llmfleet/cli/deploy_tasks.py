@@ -20,14 +20,14 @@ from llmfleet.cli.common import (
     print_json,
     ssh_config,
 )
-from llmfleet.inventory import load_inventory
+from llmfleet.inventory.ansible import load_inventory
 
 _STYLE = {"deployed": "green", "unchanged": "green", "check": "cyan", "rolled_back": "bold yellow",
           "failed": "bold red", "refused": "bold red"}
 
 
 def deploy_config(c) -> dict[str, Any]:
-    """What llmfleet.deploy needs from the configuration: SSH settings, audit log, images.lock."""
+    """What llmfleet.release.deploy needs from the configuration: SSH settings, audit log, images.lock."""
     conf = ssh_config(c)
     conf["audit_log"] = cfg(c, "audit_log")
     conf["images_lock"] = cfg(c, "images_lock")
@@ -72,7 +72,7 @@ def deploy(c, host=None, group=None, inventory=None, check=False, diff=False, ac
 
     Exit 0 when every host is deployed or unchanged, 1 otherwise.
     """
-    from llmfleet.deploy import DeployOptions, deploy_host
+    from llmfleet.release.deploy import DeployOptions, deploy_host
 
     inv = load_inventory(inventory_path(c, inventory))
     hosts = inv.select(host=host, group=group)
@@ -116,7 +116,7 @@ def rollback(c, host, service=None, to=None, inventory=None, accept_new_host_key
 
     Exit 0 when the host is healthy on the target release, 1 otherwise (the reason says what still answers).
     """
-    from llmfleet.deploy import DeployOptions, rollback_host
+    from llmfleet.release.deploy import DeployOptions, rollback_host
 
     inv = load_inventory(inventory_path(c, inventory))
     options = DeployOptions(accept_new_host_keys=bool(accept_new_host_keys), message=message or f"rollback {to or ''}".strip())

@@ -19,7 +19,7 @@ from llmfleet.cli.common import (
     ssh_config,
 )
 from llmfleet.errors import RemoteError, UsageError
-from llmfleet.inventory import load_inventory, settings_for
+from llmfleet.inventory.ansible import load_inventory, settings_for
 
 _STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red"}
 # Hosts probed at once (one SSH connection each); results are printed in inventory order.
@@ -51,8 +51,8 @@ def _hosts(c, inventory, host, group):
 @handles_errors
 def facts(c, host=None, group=None, inventory=None, json=False, accept_new_host_keys=False):
     """Gather a host's facts in one SSH round trip: GPUs, driver, CUDA, Docker, toolkit, disk, ports."""
-    from llmfleet import facts as facts_mod
-    from llmfleet import ssh
+    from llmfleet.host import facts as facts_mod
+    from llmfleet.host import ssh
 
     inv, hosts = _hosts(c, inventory, host, group)
     jobs = [(h, settings_for(h)) for h in hosts]  # every host's settings valid before any connection
@@ -144,8 +144,8 @@ def preflight(c, host=None, group=None, service=None, inventory=None, json=False
 
     Exit 1 when any check fails.
     """
-    from llmfleet import images
-    from llmfleet.preflight import images_lock_path, preflight_host
+    from llmfleet.images import lock as images
+    from llmfleet.knowledge.preflight import images_lock_path, preflight_host
 
     inv, hosts = _hosts(c, inventory, host, group)
     selected = []

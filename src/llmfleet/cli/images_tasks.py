@@ -10,9 +10,9 @@ from pathlib import Path
 from invoke import Collection, task
 from rich.table import Table
 
-from llmfleet import images as img
 from llmfleet.cli.common import cfg, console, err_console, handles_errors, inventory_path, print_json
 from llmfleet.errors import CheckFailed, UsageError
+from llmfleet.images import lock as img
 
 LOCK_HELP = "lock file (default: llmfleet.images_lock in invoke.yaml, else images.lock at the repository root)"
 MIRROR_HELP = ("go through the private mirrors in the inventory's llmfleet_image_mirrors (air-gapped fleets); "
@@ -30,7 +30,7 @@ def _split(values: str | None) -> list[str]:
 def _mirrors(c, inventory: str | None, host: str | None, group: str | None) -> dict[str, str]:
     """The union of ``llmfleet_image_mirrors`` over the selected hosts; two hosts mapping one public
     repository to different mirrors is a usage error (say which with --host/--group)."""
-    from llmfleet.inventory import load_inventory, settings_for
+    from llmfleet.inventory.ansible import load_inventory, settings_for
 
     inv = load_inventory(inventory_path(c, inventory))
     hosts = inv.select(host=host, group=group) if (host or group) else list(inv.hosts.values())
@@ -56,13 +56,13 @@ def _dockerfiles(c) -> Path:
 
 
 def _client(insecure: str | None):
-    from llmfleet.registry import RegistryClient
+    from llmfleet.images.registry import RegistryClient
 
     return RegistryClient(insecure=_split(insecure))
 
 
 def _catalog_images() -> dict:
-    from llmfleet.compat import load_engine_catalog
+    from llmfleet.knowledge.compat import load_engine_catalog
 
     return dict(load_engine_catalog().images)
 
@@ -240,7 +240,7 @@ def list_(c, lock=None, json=False):
 @handles_errors
 def lint(c, json=False):
     """Lint every Dockerfile under dockerfiles/ (exit 1 on findings); rules in docs/images.md."""
-    from llmfleet.dockerfile_lint import lint_tree
+    from llmfleet.images.lint import lint_tree
 
     root = _dockerfiles(c)
     findings = lint_tree(root)

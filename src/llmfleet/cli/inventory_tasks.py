@@ -9,7 +9,7 @@ from rich.table import Table
 
 from llmfleet.cli.common import console, handles_errors, inventory_path, print_json
 from llmfleet.errors import UsageError
-from llmfleet.inventory import check_all, load_inventory
+from llmfleet.inventory.ansible import check_all, load_inventory
 
 
 @task(

@@ -19,7 +19,7 @@ def _known_hosts(c) -> Path:
 
 def _key_path(inv_path: str) -> Path:
     """The private key the inventory's lab hosts log in with (created by lab.up when missing)."""
-    from llmfleet.inventory import load_inventory
+    from llmfleet.inventory.ansible import load_inventory
     from llmfleet.lab import hosts, setup
 
     inv = load_inventory(inv_path)

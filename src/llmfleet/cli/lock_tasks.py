@@ -17,7 +17,7 @@ from llmfleet.cli.common import (
     ssh_config,
 )
 from llmfleet.errors import RemoteError, UsageError
-from llmfleet.inventory import load_inventory, settings_for
+from llmfleet.inventory.ansible import load_inventory, settings_for
 
 
 def _config(c):
@@ -38,7 +38,7 @@ def _config(c):
 @handles_errors
 def status(c, host=None, group=None, inventory=None, accept_new_host_keys=False, json=False):
     """Show who holds each host's deploy lock (holder, origin, time, action, message)."""
-    from llmfleet.deploy import lock_status
+    from llmfleet.release.deploy import lock_status
 
     inv = load_inventory(inventory_path(c, inventory))
     rows = []
@@ -77,7 +77,7 @@ def release(c, host, inventory=None, yes=False, accept_new_host_keys=False, json
     """Break a host's deploy lock (a stale one left by a dead deploy); asks first unless --yes. Audited."""
     import sys
 
-    from llmfleet.deploy import lock_break, lock_status
+    from llmfleet.release.deploy import lock_break, lock_status
 
     inv = load_inventory(inventory_path(c, inventory))
     hosts = inv.select(host=host)

@@ -11,10 +11,6 @@ from invoke import task
 from rich.markup import escape
 from rich.table import Table
 
-from llmfleet import audit as audit_mod
-from llmfleet import release as rel
-from llmfleet import status as status_mod
-from llmfleet import upgrade as upgrade_mod
 from llmfleet.cli.common import (
     INVENTORY_HELP,
     cfg,
@@ -26,8 +22,12 @@ from llmfleet.cli.common import (
     ssh_config,
 )
 from llmfleet.errors import CheckFailed, UsageError
-from llmfleet.inventory import Host, load_inventory, settings_for
-from llmfleet.rollout import parse_serial
+from llmfleet.fleet import status as status_mod
+from llmfleet.fleet import upgrade as upgrade_mod
+from llmfleet.fleet.rollout import parse_serial
+from llmfleet.inventory.ansible import Host, load_inventory, settings_for
+from llmfleet.release import audit as audit_mod
+from llmfleet.release import store as rel
 
 DEFAULT_FORKS = 10
 DEFAULT_TIMEOUT = 20
@@ -190,7 +190,7 @@ def audit(c, host=None, group=None, n=50, inventory=None, json=False, timeout=DE
 
 
 def _remote_audit(c, hosts: list[Host], n: int, timeout: float, unreachable: dict[str, str]) -> list[dict]:
-    from llmfleet.ssh import connect
+    from llmfleet.host.ssh import connect
 
     config = status_mod.bounded_config(ssh_config(c), timeout)
     settings = {h.name: settings_for(h) for h in hosts}
@@ -273,7 +273,7 @@ def upgrade(c, group=None, host=None, inventory=None, image=None, set_=None, ser
                          "; ".join(f"{k}: {v}" for k, v in excluded.items()))
 
     from llmfleet.cli.deploy_tasks import deploy_config
-    from llmfleet.deploy import DeployOptions
+    from llmfleet.release.deploy import DeployOptions
 
     config = deploy_config(c)
     _validate(inv, [h for h in hosts if h.name in changes], changes, config, bool(allow_unpinned))
@@ -319,9 +319,9 @@ def _validate(inv: Any, hosts: list[Host], changes: dict[str, upgrade_mod.HostCh
               allow_unpinned: bool) -> None:
     """Before any host is touched: the overrides fit every service's schema and every image key is
     pinned in the lock (a usage error, exit 2, names the first host and service that does not)."""
-    from llmfleet import images
-    from llmfleet.deploy import apply_overrides
-    from llmfleet.preflight import images_lock_path
+    from llmfleet.images import lock as images
+    from llmfleet.knowledge.preflight import images_lock_path
+    from llmfleet.release.deploy import apply_overrides
 
     locks: dict[str | None, Any] = {}
     for h in hosts:

@@ -10,10 +10,10 @@ from invoke import task
 from rich.markup import escape
 from rich.table import Table
 
-from llmfleet.catalog import find_gpu
 from llmfleet.cli.common import console, handles_errors, inventory_path, print_json, ssh_config
 from llmfleet.errors import CheckFailed, UsageError
-from llmfleet.planner import Plan, PlanRequest, plan, plan_for_service
+from llmfleet.knowledge.catalog import find_gpu
+from llmfleet.knowledge.planner import Plan, PlanRequest, plan, plan_for_service
 
 GB = 1e9
 
@@ -39,7 +39,7 @@ def _float(flag: str, value: Any) -> float | None:
 
 
 def _host_settings(c, inventory: str | None, host: str):
-    from llmfleet.inventory import load_inventory, settings_for
+    from llmfleet.inventory.ansible import load_inventory, settings_for
 
     inv = load_inventory(inventory_path(c, inventory))
     if host not in inv.hosts:
@@ -71,9 +71,9 @@ def _gpu_for(c, inventory: str | None, gpu: str | None, host: str | None):
 
 def _gather(c, inventory: str | None, host: str, accept_new_host_keys: bool):
     """The host's facts in one SSH round trip (its cards and the sizes of its services' model files)."""
-    from llmfleet import facts as facts_mod
-    from llmfleet import ssh
-    from llmfleet.inventory import load_inventory, settings_for
+    from llmfleet.host import facts as facts_mod
+    from llmfleet.host import ssh
+    from llmfleet.inventory.ansible import load_inventory, settings_for
 
     inv = load_inventory(inventory_path(c, inventory))
     if host not in inv.hosts:

@@ -1,7 +1,7 @@
 """Simulated GPU config for a lab host: catalog card facts + inventory vars -> nvidia-smi simulator JSON.
 
 Pure: ``gpu_sim_config`` computes the JSON the simulator reads; card facts come from the GPU catalog
-(``llmfleet/catalog/gpus.yaml``). Values the catalog does not hold and only the simulator needs
+(``llmfleet/knowledge/catalog/gpus.yaml``). Values the catalog does not hold and only the simulator needs
 (board power limit, idle draw) are simulation data below.
 """
 
@@ -45,7 +45,7 @@ FALLBACK_CARDS = [
 @lru_cache(maxsize=1)
 def catalog_cards() -> tuple[dict, ...]:
     try:
-        text = resources.files("llmfleet").joinpath("catalog/gpus.yaml").read_text(encoding="utf-8")
+        text = resources.files("llmfleet.knowledge.catalog").joinpath("gpus.yaml").read_text(encoding="utf-8")
     except (FileNotFoundError, OSError):
         return tuple(FALLBACK_CARDS)
     data = yaml.safe_load(text) or {}
@@ -57,7 +57,7 @@ def find_card(name: str, cards: tuple[dict, ...] | list[dict] | None = None) -> 
         if name in card.get("names", []):
             return card
     raise UsageError(
-        f"lab_gpu {name!r} is not in the GPU catalog (llmfleet/catalog/gpus.yaml): "
+        f"lab_gpu {name!r} is not in the GPU catalog (llmfleet/knowledge/catalog/gpus.yaml): "
         "use one of its `names` exactly as nvidia-smi prints it"
     )
 

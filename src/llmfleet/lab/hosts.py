@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from llmfleet.errors import CheckFailed, UsageError
-from llmfleet.inventory import Inventory, load_inventory
+from llmfleet.inventory.ansible import Inventory, load_inventory
 from llmfleet.lab import docker, engine
 from llmfleet.lab.cards import gpu_sim_config
 from llmfleet.lab.nvidia_smi_sim import render_proc_version

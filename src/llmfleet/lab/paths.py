@@ -13,7 +13,7 @@ DEFAULT_LAB_NAME = "llmfleet-lab"
 LAB_NAME_ENV = "LLMFLEET_LAB_NAME"
 DEFAULT_INVENTORY = "inventory/lab"
 
-# llmfleet's own known_hosts file (same default as llmfleet.ssh; config key llmfleet.ssh.known_hosts).
+# llmfleet's own known_hosts file (same default as llmfleet.ssh.known_hosts in invoke.yaml).
 KNOWN_HOSTS_PATH = Path(os.path.expanduser("~/.local/state/llmfleet/known_hosts"))
 STATE_ROOT = Path(os.path.expanduser("~/.local/state/llmfleet/lab"))
 

@@ -1,7 +1,7 @@
 """``invoke lab.setup``: engine, images, registry, models, and the lab's pinned images lock.
 
 The lab's engine images are pushed to the lab registry and pinned by digest into ``.lab/images.lock``
-through the same path as ``images.pin`` (``llmfleet.images.pin`` with a ``RegistryClient`` that asks the
+through the same path as ``images.pin`` (``llmfleet.images.lock.pin`` with a ``RegistryClient`` that asks the
 registry on 127.0.0.1); the lock records the repository as hosts reach it (``lab-registry:5000/...``).
 """
 
@@ -13,8 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from llmfleet import images as image_lock
 from llmfleet.errors import CheckFailed
+from llmfleet.images import lock as image_lock
 from llmfleet.lab import docker, engine, hosts
 from llmfleet.lab import images as lab_images
 from llmfleet.lab.paths import registry_port
@@ -82,7 +82,7 @@ def push(local_ref: str, registry: str, repository: str, tag: str, timeout: floa
 def pin_lab_images(built: dict[str, str], registry: str, lock_path: Path = LOCK_PATH,
                    log: Callable[[str], None] = lambda m: None) -> tuple[dict[str, str], list[str], dict[str, str]]:
     """Push every built lab image and pin it into the lab lock; images not built stay listed unpinned."""
-    from llmfleet.registry import RegistryClient
+    from llmfleet.images.registry import RegistryClient
 
     client = RegistryClient(insecure=[registry])
     specs, pushed, unpinned = [], {}, []

@@ -2,15 +2,15 @@
 
 ``deploy_host`` runs, for one inventory host:
 
-1. connect with strict host keys (``llmfleet.ssh``); gather facts in one round trip and run the
-   preflight (``llmfleet.facts`` / ``llmfleet.preflight``); a FAIL stops here, nothing changed;
-2. render each service's release (``llmfleet.render``) and compare it with the host's releases
-   (``llmfleet.release``): same content as the healthy, running release -> nothing to do;
+1. connect with strict host keys (``llmfleet.host.ssh``); gather facts in one round trip and run the
+   preflight (``llmfleet.host.facts`` / ``llmfleet.knowledge.preflight``); a FAIL stops here, nothing changed;
+2. render each service's release (``llmfleet.release.render``) and compare it with the host's releases
+   (``llmfleet.release.store``): same content as the healthy, running release -> nothing to do;
 3. ``check``/``diff`` stop here (diffs with secrets masked);
 4. take the host's deploy lock (refused with the holder's details when held);
 5. pull every new image by digest while the old release still serves, and verify the digest;
 6. upload the release into ``releases/<id>/`` and atomically point ``current`` at it; restart the unit;
-7. health-check in stages through an SSH-forwarded port (``llmfleet.health``);
+7. health-check in stages through an SSH-forwarded port (``llmfleet.release.health``);
 8. on failure: capture the engine log, point ``current`` back at the previous release, restart and
    health-check it; on success: mark the release healthy and prune old releases and images;
 9. append one audit line per service to the host's audit log and to the local one; release the lock.
@@ -40,13 +40,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from llmfleet import __version__, images, release
-from llmfleet import health as health_mod
+from llmfleet import __version__
 from llmfleet.errors import LlmfleetError, RemoteError, UsageError
-from llmfleet.inventory import Host, Inventory, load_inventory, settings_for
-from llmfleet.release import Paths, q
-from llmfleet.render import COMPOSE_FILE, ENV_FILE, Rendered, render, unit_name
-from llmfleet.services import HostSettings, Service
+from llmfleet.images import lock as images
+from llmfleet.inventory.ansible import Host, Inventory, load_inventory, settings_for
+from llmfleet.inventory.services import HostSettings, Service
+from llmfleet.release import health as health_mod
+from llmfleet.release import store as release
+from llmfleet.release.render import COMPOSE_FILE, ENV_FILE, Rendered, render, unit_name
+from llmfleet.release.store import Paths, q
 
 RESULTS = ("deployed", "unchanged", "rolled_back", "failed", "refused", "check")
 DEFAULT_AUDIT_LOG = "~/.local/state/llmfleet/audit.jsonl"
@@ -324,7 +326,7 @@ class _HostRun:
         return self.remote.run(script, timeout=timeout, stdin=stdin, sudo=True, check=check)
 
     def connect(self) -> None:
-        from llmfleet import ssh
+        from llmfleet.host import ssh
 
         try:
             self.remote = ssh.connect(self.host, config=self.config,
@@ -481,7 +483,7 @@ def _load(inventory: Inventory | str | os.PathLike[str], host_name: str) -> tupl
 def _prepare(inv: Inventory, host: Host, settings: HostSettings, config: dict[str, Any],
              options: DeployOptions) -> list[tuple[Service, str | None, images.ImageRef]]:
     """Services (with overrides), their secrets and pinned images: everything decided before SSH."""
-    from llmfleet.preflight import images_lock_path
+    from llmfleet.knowledge.preflight import images_lock_path
 
     lock = images.load_lock(images_lock_path(host.vars, inv.path, config.get("images_lock")))
     chosen = settings.services
@@ -506,10 +508,10 @@ def _prepare(inv: Inventory, host: Host, settings: HostSettings, config: dict[st
 def _preflight(run: _HostRun, prepared: list[tuple[Service, str | None, images.ImageRef]]) -> tuple[list[Any], list[dict]]:
     """Facts (one round trip) and the preflight's verdict for each service, with the plan it made.
 
-    The single place deploy calls llmfleet.facts / llmfleet.preflight.
+    The single place deploy calls llmfleet.host.facts / llmfleet.knowledge.preflight.
     """
-    from llmfleet import facts as facts_mod
-    from llmfleet import preflight
+    from llmfleet.host import facts as facts_mod
+    from llmfleet.knowledge import preflight
 
     found = facts_mod.gather(run.remote, root=run.settings.root, model_paths=[s.model_path for s, _, _ in prepared])
     plans: list[Any] = []
@@ -947,7 +949,7 @@ def _rollback(run: _HostRun, service: str | None, to: str | None, out: HostOutco
 
 def lock_status(host: Host, settings: HostSettings, *, config: dict[str, Any],
                 accept_new_host_keys: bool = False) -> dict[str, Any]:
-    from llmfleet import ssh
+    from llmfleet.host import ssh
 
     with ssh.connect(host, config=config, accept_new_host_keys=accept_new_host_keys) as remote:
         res = remote.run(release.lock_status_script(settings.root), sudo=True, timeout=30)
@@ -959,7 +961,7 @@ def lock_status(host: Host, settings: HostSettings, *, config: dict[str, Any],
 def lock_break(host: Host, settings: HostSettings, *, config: dict[str, Any], who: str | None = None,
                accept_new_host_keys: bool = False) -> dict[str, Any]:
     """Remove the host's deploy lock whoever holds it; audited on the host and locally."""
-    from llmfleet import ssh
+    from llmfleet.host import ssh
 
     who = who or default_who()
     with ssh.connect(host, config=config, accept_new_host_keys=accept_new_host_keys) as remote:

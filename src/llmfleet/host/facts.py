@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from llmfleet.probe import MAX_DOCUMENT, probe_command, probe_script
+from llmfleet.host.probe import MAX_DOCUMENT, probe_command, probe_script
 
 QUERY_FIELDS = (
     "index",
@@ -781,7 +781,7 @@ def _field(entry: Any, key: str) -> Any:
 
 
 def default_gpu_lookup(name: str) -> Any:
-    from llmfleet.catalog import find_gpu  # the GPU catalog's loader
+    from llmfleet.knowledge.catalog import find_gpu  # the GPU catalog's loader
 
     return find_gpu(name)
 
@@ -793,7 +793,7 @@ def gather(remote: Any, *, root: str = "/opt/llmfleet", model_paths: list[str] |
     Raises ``RemoteError`` only when SSH itself fails; a probe that fails part-way returns the facts
     it found with the failures in ``errors``.
     """
-    from llmfleet.compat import driver_branches  # the engine catalog's driver table
+    from llmfleet.knowledge.compat import driver_branches  # the engine catalog's driver table
 
     mark = "llmfleet-" + secrets.token_hex(8)
     result = remote.run(probe_command(mark, root, list(model_paths)), stdin=probe_script(), timeout=timeout)

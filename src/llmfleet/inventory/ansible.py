@@ -29,7 +29,7 @@ from typing import Any
 import yaml
 
 from llmfleet.errors import InventoryError, UsageError
-from llmfleet.services import HostSettings, host_settings
+from llmfleet.inventory.services import HostSettings, host_settings
 
 VARS_EXTENSIONS = ["", ".yml", ".yaml", ".json"]
 INVENTORY_EXTENSIONS = {".yml", ".yaml", ".json"}

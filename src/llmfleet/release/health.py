@@ -26,7 +26,7 @@ from typing import Any
 
 import httpx
 
-from llmfleet.release import Paths
+from llmfleet.release.store import Paths
 
 # Default decode floor, as a fraction of the planner's realistic batch-1 figure (the low end of its
 # range). Why 0.25 (docs/deploy.md "Decode-speed floor" has the table):
@@ -253,7 +253,7 @@ def models_list_ids(body: Any) -> list[str]:
 
 def probe_script(paths: Paths) -> str:
     """Unit state and container state in one round trip."""
-    from llmfleet.release import q
+    from llmfleet.release.store import q
 
     fmt = "{{.State.Status}} {{.State.ExitCode}} {{.RestartCount}}"
     return "\n".join([

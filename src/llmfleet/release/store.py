@@ -9,7 +9,7 @@ Layout on the host (``root`` defaults to /opt/llmfleet)::
     <root>/audit.jsonl                                   one JSON line per deploy, rollback, lock break
 
 Pure: every function returns data or a POSIX sh script in which each value is ``shlex.quote``-d.
-The shell that runs them (llmfleet.deploy) does the I/O. Scripts print ``@@`` markers that the
+The shell that runs them (llmfleet.release.deploy) does the I/O. Scripts print ``@@`` markers that the
 ``parse_*`` functions read back, so one round trip answers one question.
 """
 
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from llmfleet.render import MANIFEST_FILE, UNIT_DIR, Rendered, project_name, unit_name
+from llmfleet.release.render import MANIFEST_FILE, UNIT_DIR, Rendered, project_name, unit_name
 
 RELEASE_ID_RE = re.compile(r"^\d{8}T\d{6}Z-[0-9a-f]{10}$")
 DEFAULT_KEEP = 5

@@ -2,7 +2,7 @@
 
 Pure functions over the engine-release catalog (``catalog/engines.yaml``) and plain values taken
 from host facts. Each rule returns a ``Verdict`` (pass / warn / fail, a message that says what was
-seen, and the fix); ``llmfleet.preflight`` turns them into named checks.
+seen, and the fix); ``llmfleet.knowledge.preflight`` turns them into named checks.
 """
 
 from __future__ import annotations

@@ -24,10 +24,10 @@ import jinja2
 import yaml
 
 from llmfleet.errors import UsageError
-from llmfleet.images import ImageRef
-from llmfleet.services import HostSettings, Service
+from llmfleet.images.lock import ImageRef
+from llmfleet.inventory.services import HostSettings, Service
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 ROLES_DIR = REPO_ROOT / "roles"
 TEMPLATES_DIR = REPO_ROOT / "templates"
 

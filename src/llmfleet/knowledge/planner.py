@@ -24,7 +24,8 @@ import os
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from llmfleet.catalog import (
+from llmfleet.errors import UsageError
+from llmfleet.knowledge.catalog import (
     FULL,
     LINEAR,
     SLIDING,
@@ -41,7 +42,6 @@ from llmfleet.catalog import (
     load_quants,
     min_context,
 )
-from llmfleet.errors import UsageError
 
 ENGINES = ("vllm", "llamacpp")
 GB = 1e9
@@ -321,7 +321,7 @@ class Plan:
 
     offload_assumption: str = ""
 
-    # The names other modules use (llmfleet.preflight, llmfleet.deploy, llmfleet.health).
+    # The names other modules use (llmfleet.knowledge.preflight, llmfleet.release.deploy, llmfleet.release.health).
     @property
     def weight_bytes(self) -> int:
         return self.weights_bytes
@@ -386,7 +386,7 @@ def _resolve_model(model: str | ModelSpec) -> ModelSpec:
     text = str(model)
     looks_like_path = text.lower().endswith((".gguf", "config.json")) or text.startswith((".", "~", os.sep))
     if looks_like_path or os.path.exists(os.path.expanduser(text)):
-        from llmfleet import modelinfo  # files are read only when a path is given
+        from llmfleet.knowledge import modelinfo  # files are read only when a path is given
 
         return modelinfo.read_model(text)
     return find_model(text)  # a catalog name, alias or Hugging Face id ("Qwen/Qwen2.5-7B-Instruct")
@@ -821,10 +821,10 @@ def plan_for_service(
     facts: Any = None,
     model: ModelSpec | None = None,
 ) -> Plan:
-    """Plan an inventory Service (llmfleet.services.Service) on a card.
+    """Plan an inventory Service (llmfleet.inventory.services.Service) on a card.
 
     ``gpu`` is the card (catalog entry, id or nvidia-smi name); ``gpu_count`` the host's card count,
-    used when the service takes ``gpus: all``. With ``facts`` (llmfleet.facts.Facts) the cards the
+    used when the service takes ``gpus: all``. With ``facts`` (llmfleet.host.facts.Facts) the cards the
     service uses are read from the host: their real memory.total replaces the catalog figure, the
     card is taken from them when ``gpu`` is None, and a GGUF file's real size is compared with the
     plan. ``model`` overrides the catalog lookup of ``service.model`` (e.g. a spec read from files).

@@ -19,8 +19,15 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from llmfleet.catalog import FULL, LINEAR, SLIDING, ModelSpec, find_gguf_quant, layer_types_from_interval
 from llmfleet.errors import UsageError
+from llmfleet.knowledge.catalog import (
+    FULL,
+    LINEAR,
+    SLIDING,
+    ModelSpec,
+    find_gguf_quant,
+    layer_types_from_interval,
+)
 
 _HEADER_CAP = 100 * 1024 * 1024  # a safetensors JSON header larger than this is not a real file
 _VISION_MARKERS = ("vision", "visual", "multi_modal_projector", "mm_projector", "image_newline")

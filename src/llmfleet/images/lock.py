@@ -25,7 +25,7 @@ _KEY_RE = re.compile(r"^(vllm|llamacpp):[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$")
 _REPO_RE = re.compile(r"^[a-z0-9]+(?:[._-][a-z0-9]+)*(?::[0-9]{1,5})?(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*$")
 _TAG_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 
-DEFAULT_LOCK_PATH = Path(__file__).resolve().parents[2] / "images.lock"
+DEFAULT_LOCK_PATH = Path(__file__).resolve().parents[3] / "images.lock"
 
 
 @dataclass(frozen=True)
@@ -266,7 +266,7 @@ def resolve(
 
 LOCK_HEADER = """\
 # images.lock: the exact bytes llmfleet deploys. Written by `invoke images.pin`; checked by
-# `invoke images.verify`. Keys are ENGINE:VERSION as in src/llmfleet/catalog/engines.yaml (a test
+# `invoke images.verify`. Keys are ENGINE:VERSION as in src/llmfleet/knowledge/catalog/engines.yaml (a test
 # keeps the two in step). Each entry: repository, tag (what was resolved), digest (sha256 of the
 # manifest or index the tag pointed at), cuda and archs (compute capabilities with kernels in the
 # image, from the catalog: "7.0" SASS, "8.9+PTX" SASS and PTX, "5.0-virtual" PTX only), source, and
@@ -440,7 +440,7 @@ def pin(specs: list[PinSpec] | dict[str, str], client: Any, lock_path: str | Pat
     ``specs`` may be a plain ``{KEY: "repo:tag"}`` mapping. Nothing is written unless every spec
     resolves. Returns the new entries.
     """
-    from llmfleet.registry import parse_reference
+    from llmfleet.images.registry import parse_reference
 
     if isinstance(specs, dict):
         specs = [PinSpec(key=k, ref=v) for k, v in specs.items()]
@@ -498,7 +498,7 @@ def verify(lock: ImageLock, client: Any, *, mirrors: dict[str, str] | None = Non
 
 def mark_verified(lock: ImageLock, results: list[VerifyResult], *, at: str | None = None) -> ImageLock:
     """The lock with ``verified`` refreshed on entries that resolved. Pure (``at`` given)."""
-    from llmfleet.registry import parse_reference
+    from llmfleet.images.registry import parse_reference
 
     at = at or _now()
     images = dict(lock.images)
@@ -530,7 +530,7 @@ def lock_path_for(hostvars: dict[str, Any] | None, inventory_path: str | None, c
 # ------------------------------------------------------------------------------------------------
 # Building the images upstream does not ship (dockerfiles/NAME/ + image.yaml)
 
-DOCKERFILES_DIR = Path(__file__).resolve().parents[2] / "dockerfiles"
+DOCKERFILES_DIR = Path(__file__).resolve().parents[3] / "dockerfiles"
 _ARG_RE = re.compile(r"^[A-Z][A-Z0-9_]*$")
 
 

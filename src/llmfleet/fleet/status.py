@@ -3,7 +3,7 @@
 One SSH round trip per host reads every service's releases, ``current`` link, unit state and the
 last health check (``release.state_script``), plus the card names from ``nvidia-smi``. Live engine
 metrics come from each service's ``/metrics`` through an SSH-forwarded port (no firewall opening),
-normalised across vLLM and llama.cpp by ``llmfleet.metrics``.
+normalised across vLLM and llama.cpp by ``llmfleet.fleet.metrics``.
 
 Hosts are queried in parallel (a bounded thread pool); every step has a time limit, and a host that
 cannot be reached becomes an ``unreachable`` row with the reason, never a traceback.
@@ -25,12 +25,12 @@ from typing import Any
 
 import httpx
 
-from llmfleet import audit as audit_mod
-from llmfleet import release as rel
 from llmfleet.errors import LlmfleetError
-from llmfleet.inventory import Host, settings_for
-from llmfleet.metrics import EngineMetrics, engine_metrics
-from llmfleet.services import HostSettings, Service
+from llmfleet.fleet.metrics import EngineMetrics, engine_metrics
+from llmfleet.inventory.ansible import Host, settings_for
+from llmfleet.inventory.services import HostSettings, Service
+from llmfleet.release import audit as audit_mod
+from llmfleet.release import store as rel
 
 GPU_MARK = "@@gpu"
 METRICS_TIMEOUT_S = 3.0
@@ -293,7 +293,7 @@ def query_host(
     """Read one host. Never raises for the host's own trouble: returns ``reachable=False`` and why."""
     t0 = time.monotonic()
     if connect is None:
-        from llmfleet.ssh import connect as ssh_connect
+        from llmfleet.host.ssh import connect as ssh_connect
 
         connect = ssh_connect
     root = settings.root if settings else "/opt/llmfleet"

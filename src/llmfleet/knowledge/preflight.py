@@ -1,8 +1,8 @@
 """Preflight: can this service run on this host? Named checks, each PASS, WARN or FAIL with a fix.
 
-Pure core: ``run_checks`` takes the host's settings, the service (``llmfleet.services``), the host's
-facts (``llmfleet.facts``), the capacity plan (``llmfleet.planner``) and the resolved image
-(``llmfleet.images``, judged through ``catalog/engines.yaml``) and returns checks. ``invoke preflight``
+Pure core: ``run_checks`` takes the host's settings, the service (``llmfleet.inventory.services``), the host's
+facts (``llmfleet.host.facts``), the capacity plan (``llmfleet.knowledge.planner``) and the resolved image
+(``llmfleet.images.lock``, judged through ``catalog/engines.yaml``) and returns checks. ``invoke preflight``
 prints them; deploy runs the same checks and stops before any change when one fails. A check never
 raises on odd facts: it says what it saw.
 
@@ -16,11 +16,11 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from llmfleet import compat
-from llmfleet.compat import EngineCatalog, EngineRelease, Kernels, Verdict
 from llmfleet.errors import LlmfleetError, RemoteError, UsageError
-from llmfleet.facts import Facts, Gpu, ModelFile
-from llmfleet.services import HostSettings, Service
+from llmfleet.host.facts import Facts, Gpu, ModelFile
+from llmfleet.inventory.services import HostSettings, Service
+from llmfleet.knowledge import compat
+from llmfleet.knowledge.compat import EngineCatalog, EngineRelease, Kernels, Verdict
 
 Status = Literal["pass", "warn", "fail"]
 
@@ -112,7 +112,7 @@ def _canonical_quant(quant: str | None) -> str | None:
     if not quant:
         return None
     try:
-        from llmfleet.catalog import find_quant
+        from llmfleet.knowledge.catalog import find_quant
 
         return find_quant(quant).name
     except Exception:  # unknown names are judged (and reported) by the quantization rule
@@ -123,7 +123,7 @@ def _bf16(gpu: Gpu | None) -> bool | None:
     if gpu is None or not gpu.name:
         return None
     try:
-        from llmfleet.catalog import find_gpu
+        from llmfleet.knowledge.catalog import find_gpu
 
         return bool(find_gpu(gpu.catalog_id or gpu.name).bf16)
     except Exception:
@@ -203,9 +203,9 @@ def release_for(image_ref: Any, catalog: EngineCatalog) -> tuple[EngineRelease |
 
 
 def images_lock_path(hostvars: dict[str, Any], inventory_path: str, configured: str | None) -> str | None:
-    """Which images.lock a host uses (``llmfleet.images.lock_path_for``), or None for the default
+    """Which images.lock a host uses (``llmfleet.images.lock.lock_path_for``), or None for the default
     one at the repository root."""
-    from llmfleet.images import lock_path_for
+    from llmfleet.images.lock import lock_path_for
 
     if not hostvars.get("llmfleet_images_lock") and not configured:
         return None
@@ -219,8 +219,8 @@ def images_lock_path(hostvars: dict[str, Any], inventory_path: str, configured: 
 def plan_for(service: Service, facts: Facts, settings: HostSettings | None = None) -> tuple[Any, str | None]:
     """(plan, error) for a service on the host's cards: the card the service gets with the least
     memory, its memory as the host reports it, the host's card count."""
-    from llmfleet import planner
-    from llmfleet.catalog import find_gpu
+    from llmfleet.knowledge import planner
+    from llmfleet.knowledge.catalog import find_gpu
 
     gpus, _ = selected_gpus(service, facts)
     card: Any = None
@@ -596,7 +596,7 @@ def check_host(
     catalog: EngineCatalog | None = None,
 ) -> list[Report]:
     """Reports for the given services of a host (default: all of them) from facts already gathered."""
-    from llmfleet import images
+    from llmfleet.images import lock as images
 
     chosen = settings.services if services is None else services
     if not chosen:
@@ -637,8 +637,8 @@ def preflight_host(
 
     Never raises for the host's own failures: an SSH failure becomes a failed ``ssh`` check.
     """
-    from llmfleet import facts as facts_mod
-    from llmfleet import ssh
+    from llmfleet.host import facts as facts_mod
+    from llmfleet.host import ssh
 
     chosen = settings.services if services is None else services
     try:

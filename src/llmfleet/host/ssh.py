@@ -29,7 +29,7 @@ import paramiko
 from fabric import Config, Connection
 
 from llmfleet.errors import RemoteError
-from llmfleet.inventory import Host
+from llmfleet.inventory.ansible import Host
 
 DEFAULT_KNOWN_HOSTS = "~/.local/state/llmfleet/known_hosts"
 EOF_GRACE_S = 2.0  # how long to wait for the end of the output after the exit status

@@ -1,6 +1,6 @@
 """Rolling fleet upgrades: a full deploy per host, in ``serial`` batches, stopped by ``max_fail_percentage``.
 
-Semantics are Ansible's (``llmfleet.rollout``): ``--serial 1,25%,100%`` gives a canary host, then
+Semantics are Ansible's (``llmfleet.fleet.rollout``): ``--serial 1,25%,100%`` gives a canary host, then
 quarter-fleet batches, then the rest; a batch whose failed share is strictly greater than
 ``--max-fail-percentage`` stops the rollout (without it, only a batch where every host failed does).
 Inside a batch, hosts deploy in parallel, at most ``--forks`` at a time; each runs the whole deploy
@@ -12,7 +12,7 @@ later batches are reported as ``skipped``.
 
 ``run_upgrade`` is the orchestration and takes the per-host deploy and rollback as functions, so the
 batch and abort logic is tested without hosts; ``deploy_fn`` / ``rollback_fn`` build the real ones on
-``llmfleet.deploy``. Overrides (``--image ENGINE=VERSION``, ``--set key=value``) are computed here,
+``llmfleet.release.deploy``. Overrides (``--image ENGINE=VERSION``, ``--set key=value``) are computed here,
 per host, and handed to the deploy as service-level sets.
 """
 
@@ -28,8 +28,8 @@ from typing import Any
 import yaml
 
 from llmfleet.errors import UsageError
-from llmfleet.rollout import batch_aborts, batches
-from llmfleet.services import Service
+from llmfleet.fleet.rollout import batch_aborts, batches
+from llmfleet.inventory.services import Service
 
 #: results that count as a failed host in a batch
 FAILED = frozenset({"failed", "rolled_back", "refused", "error", "interrupted"})
@@ -328,15 +328,15 @@ def run_upgrade(
 
 
 # ---------------------------------------------------------------------------------------------
-# The real deploy and rollback (shell: llmfleet.deploy)
+# The real deploy and rollback (shell: llmfleet.release.deploy)
 
 
 def deploy_fn(inventory: Any, *, config: dict[str, Any], options: Any, changes: dict[str, HostChange],
               log: Callable[[str], None]) -> Callable[[str], Any]:
-    """``host -> HostOutcome`` running ``llmfleet.deploy.deploy_host`` with this host's change."""
+    """``host -> HostOutcome`` running ``llmfleet.release.deploy.deploy_host`` with this host's change."""
     import dataclasses
 
-    from llmfleet import deploy as deploy_mod
+    from llmfleet.release import deploy as deploy_mod
 
     def run(host: str) -> Any:
         ch = changes.get(host) or HostChange({})
@@ -350,7 +350,7 @@ def deploy_fn(inventory: Any, *, config: dict[str, Any], options: Any, changes: 
 
 def rollback_fn(inventory: Any, *, config: dict[str, Any], options: Any,
                 log: Callable[[str], None]) -> Callable[[str], Any]:
-    from llmfleet import deploy as deploy_mod
+    from llmfleet.release import deploy as deploy_mod
 
     def run(host: str) -> Any:
         return deploy_mod.rollback_host(inventory, host, config=config, options=options,

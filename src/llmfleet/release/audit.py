@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from llmfleet.errors import UsageError
-from llmfleet.release import audit_path
+from llmfleet.release.store import audit_path
 
 MAX_LINES = 10_000  # the most lines one `audit -n` asks for
 _TAIL_CHUNK = 64 * 1024

@@ -1,0 +1,1 @@
+"""Many hosts: status, rolling upgrades, engine metrics."""
