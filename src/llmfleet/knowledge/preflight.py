@@ -12,14 +12,13 @@ the checks for each service of the host.
 
 from __future__ import annotations
 
-import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from llmfleet.errors import LlmfleetError, RemoteError, UsageError
 from llmfleet.host.facts import Facts, Gpu, ModelFile
 from llmfleet.inventory.services import HostSettings, Service
-from llmfleet.knowledge import compat
+from llmfleet.knowledge import compat, engines
 from llmfleet.knowledge.compat import EngineCatalog, EngineRelease, Kernels, Verdict
 
 Status = Literal["pass", "warn", "fail"]
@@ -141,37 +140,19 @@ def effective_args(service: Service, plan: Any) -> list[str]:
 # The image: images.lock (what is pinned) + catalog/engines.yaml (what it can run)
 
 
-_ARCH_RE = re.compile(r"^(?:sm_|compute_)?(\d{1,2})\.?(\d)(a?)(?:[-+](real|virtual|ptx|sass))?$", re.I)
-
-
 def parse_archs(archs: list[str] | tuple[str, ...]) -> Kernels | None:
-    """Lock ``archs`` -> kernels. ``"7.0"``/``"sm_70"``/``"70-real"`` are SASS, ``"compute_90"``/
-    ``"90-virtual"`` PTX, ``"12.0+PTX"`` both; ``"12.0a"`` SASS for exactly that CC. None if any
-    entry does not parse (the catalog's list is used then)."""
-    sass: list[str] = []
-    ptx: list[str] = []
-    for raw in archs:
-        text = str(raw).strip()
-        m = _ARCH_RE.match(text)
-        if not m:
-            return None
-        cc = f"{int(m.group(1))}.{m.group(2)}" + m.group(3).lower()
-        kind = (m.group(4) or "").lower()
-        if text.lower().startswith("compute_") or kind == "virtual":
-            ptx.append(cc)
-        elif kind == "ptx":
-            sass.append(cc)
-            ptx.append(cc.rstrip("a"))
-        else:
-            sass.append(cc)
-    return Kernels(sass=sass, ptx=ptx)
+    """Lock ``archs`` -> kernels (``compat.parse_archs``: ``"7.0"`` SASS, ``"8.9+PTX"`` both,
+    ``"5.0-virtual"``/``"compute_90"`` PTX, ``"12.0a"`` that exact CC); None if one does not parse."""
+    return compat.parse_archs(archs)
 
 
 def release_for(image_ref: Any, catalog: EngineCatalog) -> tuple[EngineRelease | None, list[str]]:
-    """The catalog release an image is judged by, with the lock's CUDA and archs applied.
+    """The catalog release an image is judged by, with the lock's facts applied on top.
 
     ``image_ref`` is an ``images.ImageRef`` (or a plain key). Found by key, else by upstream
-    repository and tag. Returns (release, notes about lock/catalog disagreements).
+    repository and tag. The lock's CUDA, kernel archs and torch build replace the catalog's; facts
+    the lock records as ``archs_source: inspected`` (read from the image by ``images.inspect``) are
+    preferred and named. Returns (release, notes about lock/catalog disagreements).
     """
     key = image_ref if isinstance(image_ref, str) else getattr(image_ref, "key", "")
     rel = catalog.release(key)
@@ -184,6 +165,8 @@ def release_for(image_ref: Any, catalog: EngineCatalog) -> tuple[EngineRelease |
         return rel, []
     notes: list[str] = []
     update: dict[str, Any] = {}
+    inspected = getattr(image_ref, "archs_source", None) == "inspected"
+    source = "inspected" if inspected else "lock"
     lock_cuda = getattr(image_ref, "cuda", None)
     if lock_cuda and not rel.cpu and lock_cuda != rel.cuda:
         if compat.cuda_major_minor(lock_cuda) is None:
@@ -196,9 +179,30 @@ def release_for(image_ref: Any, catalog: EngineCatalog) -> tuple[EngineRelease |
         kernels = parse_archs(lock_archs)
         if kernels is None:
             notes.append(f"images.lock archs {list(lock_archs)} do not parse; judged by the catalog's kernels")
-        elif sorted(kernels.sass) != sorted(rel.kernels.sass) or sorted(kernels.ptx) != sorted(rel.kernels.ptx):
-            notes.append(f"images.lock archs {list(lock_archs)} differ from the catalog's kernels; judged by the lock")
+        else:
+            if sorted(kernels.sass) != sorted(rel.kernels.sass) or sorted(kernels.ptx) != sorted(rel.kernels.ptx):
+                notes.append(f"images.lock archs {list(lock_archs)} ({'inspected from the image' if inspected else 'recorded'})"
+                             " differ from the catalog's kernels; judged by the lock")
             update["kernels"] = kernels
+            update["facts_source"] = source
+    torch_archs = tuple(getattr(image_ref, "torch_archs", ()) or ())
+    if torch_archs and not rel.cpu:
+        tk = parse_archs(torch_archs)
+        if tk is None:
+            notes.append(f"images.lock torch_archs {list(torch_archs)} do not parse; judged by the catalog's")
+        else:
+            old = rel.torch
+            if old is None or sorted(old.archs) != sorted(torch_archs):
+                notes.append(f"images.lock torch archs {list(torch_archs)} differ from the catalog's; judged by the lock")
+            update["torch"] = compat.TorchBuild(
+                version=str(getattr(image_ref, "torch", None) or (old.version if old else "?")),
+                cuda=getattr(image_ref, "torch_cuda", None) or (old.cuda if old else None),
+                archs=list(torch_archs),
+                confidence="H" if inspected else (old.confidence if old else "M"),
+                sources=["read from the image by `invoke images.inspect` (images.lock)" if inspected
+                         else "images.lock"],
+            )
+            update["facts_source"] = source
     return (rel.model_copy(update=update) if update else rel), notes
 
 
@@ -257,13 +261,19 @@ def run_checks(
     catalog: EngineCatalog | None = None,
     plan_error: str | None = None,
     image_error: str | None = None,
+    today: str | None = None,
 ) -> list[Check]:
     """Every preflight check for one service on one host, in a stable order (``CHECK_IDS``).
 
     ``image_ref`` is what ``images.resolve`` gave for ``service.image`` (None: judge the catalog entry
     of the key itself); ``image_error`` is why it could not be resolved. ``release`` overrides the
-    catalog lookup. ``plan_error`` is why there is no plan.
+    catalog lookup. ``plan_error`` is why there is no plan. ``today`` (``YYYY-MM-DD``) dates the
+    driver branches' end of life; None: today's date.
     """
+    if today is None:
+        import datetime as _dt
+
+        today = _dt.date.today().isoformat()
     host_name = host_settings if isinstance(host_settings, str) else (facts.host or "the host")
     cat = catalog or compat.load_engine_catalog()
     checks: list[Check] = []
@@ -319,8 +329,10 @@ def run_checks(
         else:
             checks.append(_c("cuda-driver", compat.check_cuda_driver(
                 rel, cat, driver=facts.driver_version, cuda_driver=facts.cuda_driver_version, gpu_name=name,
-                cc=cc, data_center=gpu.data_center if gpu else None, toolkit_version=facts.toolkit.version,
-                runtimes=facts.docker.runtimes, env=env)))
+                cc=cc, data_center=gpu.data_center if gpu else None,
+                toolkit_version=facts.toolkit.version or facts.toolkit.cli_version,
+                runtimes=facts.docker.runtimes, env=env, default_runtime=facts.docker.default_runtime,
+                today=today)))
             checks.append(_c("arch", compat.check_architecture(rel, name, cc)))
             if rules is None:
                 checks.append(Check("quant", "fail", f"engine {rel.engine} has no rules in the catalog",
@@ -349,8 +361,12 @@ def run_checks(
 
 
 def _image_desc(rel: EngineRelease) -> str:
-    return (f"{rel.repository}:{rel.tag}, " + ("CPU only" if rel.cpu else f"CUDA {rel.cuda}")
-            + f" (catalog confidence {rel.confidence})")
+    torch = ""
+    if rel.torch is not None and not rel.cpu:
+        torch = f", torch {rel.torch.version}" + (f"+cu{rel.torch.cuda.replace('.', '')}" if rel.torch.cuda else "")
+    facts = {"catalog": "catalog", "lock": "images.lock", "inspected": "inspected from the image"}[rel.facts_source]
+    return (f"{rel.repository}:{rel.tag}, " + ("CPU only" if rel.cpu else f"CUDA {rel.cuda}") + torch
+            + f" (kernels: {facts}; catalog confidence {rel.confidence})")
 
 
 def _gpu_errors(facts: Facts) -> str:
@@ -516,7 +532,7 @@ def _model_files_check(host: str, service: Service, model: ModelFile | None) -> 
         return Check("model-files", "fail", f"{path} on {host} is not readable by the SSH user",
                      f"chmod -R a+rX {path} (the engine container reads it read-only)")
     gguf_path = path.lower().endswith(".gguf")
-    if service.engine == "llamacpp" or gguf_path:
+    if engines.for_engine(service.engine).model_is_file or gguf_path:
         if model.kind != "file":
             return Check("model-files", "fail", f"{path} is a {model.kind}, not a .gguf file",
                          "point model_path at the .gguf file (the first shard of a split model)")
@@ -594,8 +610,10 @@ def check_host(
     services: list[Service] | None = None,
     allow_unpinned: bool = False,
     catalog: EngineCatalog | None = None,
+    today: str | None = None,
 ) -> list[Report]:
-    """Reports for the given services of a host (default: all of them) from facts already gathered."""
+    """Reports for the given services of a host (default: all of them) from facts already gathered
+    (``today``, ``YYYY-MM-DD``, dates the driver branches' end of life; None: today)."""
     from llmfleet.images import lock as images
 
     chosen = settings.services if services is None else services
@@ -612,7 +630,7 @@ def check_host(
             image_error = str(exc).split(": image ", 1)[-1]
         plan, plan_error = plan_for(svc, facts, settings)
         checks = run_checks(host_name, svc, facts, plan, image_ref, catalog=catalog, plan_error=plan_error,
-                            image_error=image_error)
+                            image_error=image_error, today=today)
         reports.append(Report(host_name, svc.name, checks))
     return reports
 
