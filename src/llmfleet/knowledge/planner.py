@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from llmfleet.errors import UsageError
+from llmfleet.knowledge import compat
 from llmfleet.knowledge.catalog import (
     FULL,
     LINEAR,
@@ -33,6 +35,7 @@ from llmfleet.knowledge.catalog import (
     Gpu,
     ModelSpec,
     Quant,
+    default_memory_reserved_mib,
     engine_assumptions,
     find_gpu,
     find_model,
@@ -41,9 +44,14 @@ from llmfleet.knowledge.catalog import (
     kv_dtypes,
     load_quants,
     min_context,
+    speed_assumptions,
 )
+from llmfleet.knowledge.engines import for_engine
 
 ENGINES = ("vllm", "llamacpp")
+# Tokens in context while the health check measures decode speed (a one-line prompt and a short
+# answer, release.health): the floor is computed for this context, not the planned one.
+HEALTH_PROBE_CONTEXT = 512
 GB = 1e9
 GIB = 1024**3
 
@@ -63,6 +71,7 @@ class PlanRequest:
     kv_dtype: str = "auto"
     gpu_memory_utilization: float | None = None
     offload: bool = False
+    image: str | None = None  # engine catalog key of the image that serves (engines.yaml images)
 
 
 # ------------------------------------------------------------------------------------------ weights
@@ -189,7 +198,6 @@ def _layer_small_params(spec: ModelSpec, i: int) -> tuple[int, int]:
     tensors (kept 16/32 bit)."""
     h = spec.hidden
     n = 2 * h
-    active = 0
     kind = spec.layer_types[i]
     if kind == LINEAR:
         kdim = spec.linear_num_key_heads * spec.linear_key_head_dim
@@ -487,6 +495,10 @@ class Plan:
     alternatives: list[dict[str, Any]] = field(default_factory=list)
 
     offload_assumption: str = ""
+    image: str | None = None  # the engine catalog image the flags and KV layout were judged for
+    health_floor_tokps: float | None = None  # the decode floor a deploy applies (release.health)
+    decode_tokps_offload_eighth: tuple[float, float] | None = None  # 1/8 of the layers off the GPU
+    preflight: dict[str, Any] = field(default_factory=dict)  # the preflight's flag verdicts on the card
 
     # The names other modules use (llmfleet.knowledge.preflight, llmfleet.release.deploy, llmfleet.release.health).
     @property
@@ -530,6 +542,8 @@ class Plan:
         d = asdict(self)
         d["decode_tokps_realistic"] = list(self.decode_tokps_realistic)
         d["efficiency"] = list(self.efficiency)
+        if self.decode_tokps_offload_eighth is not None:
+            d["decode_tokps_offload_eighth"] = list(self.decode_tokps_offload_eighth)
         d["assumptions"] = self.assumptions
         return d
 
@@ -545,6 +559,8 @@ class _Resolved:
     kv_flag: str
     weights: Weights
     notes: tuple[str, ...]
+    release: Any = None  # compat.EngineRelease judged against (None: no catalog image runs on the card)
+    image_note: str = ""
 
 
 def _resolve_model(model: str | ModelSpec) -> ModelSpec:
@@ -585,10 +601,19 @@ def _resolve(req: PlanRequest) -> _Resolved:
     gpu = req.gpu if isinstance(req.gpu, Gpu) else find_gpu(str(req.gpu))
     spec = _resolve_model(req.model)
     quant = find_quant(req.quant) if req.quant else None
+    cat = compat.load_engine_catalog()
+    release = cat.release(req.image) if req.image else None
+    if req.image and release is None:
+        raise UsageError(f"unknown image {req.image!r}; known (engines.yaml): {', '.join(cat.images)}")
     if req.engine:
         engine = str(req.engine).lower().replace(".", "").replace("-", "").replace("_", "")
         if engine not in ENGINES:
             raise UsageError(f"unknown engine {req.engine!r}; known: {', '.join(ENGINES)}")
+        if release is not None and release.engine != engine:
+            raise UsageError(f"image {req.image} is a {release.engine} image, not {engine}; drop --engine or pick "
+                             f"a {engine} image")
+    elif release is not None:
+        engine = release.engine
     else:  # GGUF goes to llama.cpp, everything else to vLLM
         gguf_quant = quant.family == "gguf" if quant else spec.origin == "gguf"
         engine = "llamacpp" if gguf_quant else "vllm"
@@ -624,6 +649,15 @@ def _resolve(req: PlanRequest) -> _Resolved:
         )
     weights = _file_weights(spec, computed) if use_files else computed
 
+    image_note = ""
+    if release is None:
+        release = _default_release(cat, engine, gpu)
+        if release is not None:
+            image_note = (f"judged against image {release.key} (no image given: the newest catalog {engine} image "
+                          f"with kernels for compute capability {gpu.compute_capability}); pass --image KEY for another")
+        else:
+            image_note = (f"no catalog {engine} image has kernels for compute capability {gpu.compute_capability}: "
+                          "the engine flags are not checked against a build")
     kv_table = kv_dtypes(engine)
     kv_key = str(req.kv_dtype or "auto").lower()
     if kv_key not in kv_table:
@@ -633,7 +667,89 @@ def _resolve(req: PlanRequest) -> _Resolved:
     if kv_key == "bf16" and not gpu.bf16:
         kv_flag = "f16" if engine == "llamacpp" else "auto"
         notes.append(f"{gpu.name} has no bf16 (CC {gpu.compute_capability}): KV cache in fp16 instead")
-    return _Resolved(spec, quant, gpu, engine, kv_key, float(kv["bytes"]), kv_flag, weights, tuple(notes))
+    return _Resolved(spec, quant, gpu, engine, kv_key, float(kv["bytes"]), kv_flag, weights, tuple(notes),
+                     release, image_note)
+
+
+def _default_release(cat: Any, engine: str, gpu: Gpu) -> Any:
+    """The catalog image a plan without --image is judged against: a GPU image of the engine whose
+    kernels run on the card; builds that keep only the window of sliding-window layers first, then
+    the highest version (a floating tag such as server-cuda counts as newest)."""
+    found = []
+    for pos, rel in enumerate(cat.images.values()):
+        if rel.engine != engine or rel.cpu or compat.kernel_coverage(rel, gpu.compute_capability) is None:
+            continue
+        window = rel.kv_layout is not None and rel.kv_layout.sliding_window == "window"
+        m = re.match(r"v?(\d+(?:\.\d+)+)", rel.version)
+        version = tuple(int(x) for x in m.group(1).split(".")) if m else (1 << 30,)  # a floating tag: newest
+        found.append((window, version, -pos, rel))
+    return max(found, key=lambda f: f[:3])[3] if found else None
+
+
+# ------------------------------------------------------------------------------------------ speed
+
+
+@dataclass(frozen=True)
+class DecodeSpeed:
+    """Batch-1 decode tokens/s by the speed model: (low, high) and what it rests on."""
+
+    low: float
+    high: float
+    efficiency_class: str
+    efficiency: tuple[float, float]
+    per_layer_us: tuple[float, float]
+
+
+def decode_speed(
+    engine: str,
+    bandwidth_gbps: float,
+    memory_type: str,
+    gpu_bytes: float,
+    layers: int,
+    host_bytes: float = 0.0,
+    host_gbps: tuple[float, float] | None = None,
+    legacy: bool = False,
+) -> DecodeSpeed:
+    """time per token = gpu_bytes / (bandwidth x efficiency) + layers x per-layer cost + per-token
+    cost + host_bytes / host bandwidth; the low speed pairs the low efficiency with the high costs.
+    ``legacy``: llama.cpp builds before CUDA graphs (planner.yaml legacy_per_layer_us)."""
+    sp = speed_assumptions(engine)
+    cls, (e_lo, e_hi) = sp.efficiency_for(memory_type)
+    c_lo, c_hi = (sp.legacy_per_layer_us if legacy and sp.legacy_per_layer_us else sp.per_layer_us)
+    p_lo, p_hi = sp.per_token_us
+    bw = bandwidth_gbps * GB
+    h_lo, h_hi = host_gbps or (1.0, 1.0)
+    t_slow = gpu_bytes / (bw * e_lo) + (layers * c_hi + p_hi) * 1e-6 + (host_bytes / (h_lo * GB) if host_bytes else 0.0)
+    t_fast = gpu_bytes / (bw * e_hi) + (layers * c_lo + p_lo) * 1e-6 + (host_bytes / (h_hi * GB) if host_bytes else 0.0)
+    return DecodeSpeed(1.0 / t_slow, 1.0 / t_fast, cls, (e_lo, e_hi), (c_lo, c_hi))
+
+
+def health_floor(engine: str, gpu: Gpu, read_bytes: float, layer_read_bytes: float, layers: int,
+                 offload_gbps: tuple[float, float], gpus: int = 1) -> tuple[float, DecodeSpeed, DecodeSpeed, str]:
+    """(floor tok/s, resident speed, speed with a share of the layers in host memory, why).
+
+    The floor is the fastest the card decodes with ``floor_share_offloaded`` (1/8) of the layers'
+    weights off the GPU (host memory for llama.cpp, PCIe for vLLM): every such offload decodes at or
+    below it. When that is not below the slowest resident prediction, the model cannot tell the two
+    apart on this card: the floor drops to 0.9 x the resident low end and says so."""
+    sp = speed_assumptions(engine)
+    share = sp.floor_share_offloaded
+    per_gpu = read_bytes / gpus
+    resident = decode_speed(engine, gpu.bandwidth_gbps, gpu.memory_type, per_gpu, layers)
+    off_bytes = layer_read_bytes / gpus * share
+    offloaded = decode_speed(engine, gpu.bandwidth_gbps, gpu.memory_type, per_gpu - off_bytes,
+                             layers - int(layers * share) if engine == "llamacpp" else layers,
+                             host_bytes=off_bytes, host_gbps=offload_gbps)
+    if offloaded.high < resident.low:
+        return (offloaded.high, resident, offloaded,
+                f"the fastest decode with {share:.3g} of the layers off the GPU ({offloaded.high:.1f} tok/s): "
+                f"any such offload is slower, every resident run faster ({resident.low:.1f} tok/s at the least)")
+    floor = 0.9 * resident.low
+    return (floor, resident, offloaded,
+            f"0.9 x the slowest resident prediction ({resident.low:.1f} tok/s): on this card a {share:.3g} offload "
+            f"({offloaded.low:.1f}-{offloaded.high:.1f} tok/s) overlaps the resident range, so the floor catches "
+            "larger offloads only; set health.min_tokps from a measured run to catch it")
+
 
 
 def _round_down(n: int, step: int) -> int:
@@ -662,15 +778,20 @@ def _plan(req: PlanRequest, with_suggestions: bool) -> Plan:
     n = req.gpus
     tp = engine == "vllm"
     gmu = req.gpu_memory_utilization or a.gpu_memory_utilization
-    budget_gpu = gpu.memory_bytes * gmu
+    # The engines see the CUDA-visible total: memory.total less what the driver reserves.
+    reserved_mib = gpu.memory_reserved_mib if gpu.memory_reserved_mib is not None else default_memory_reserved_mib()
+    visible = gpu.memory_bytes - reserved_mib * 2**20
+    budget_gpu = visible * gmu
 
     # Basis: per GPU for vLLM tensor parallel, all cards together for llama.cpp's layer split.
     basis_budget = budget_gpu if tp else budget_gpu * n
     fixed = a.fixed_overhead_bytes if tp else a.fixed_overhead_bytes * n
     # llama.cpp keeps the token-embedding table in host memory; vLLM loads everything to the GPU.
-    gpu_weights_total = weights.total_bytes if tp else weights.read_per_token
+    gpu_weights_total = weights.loaded_bytes(engine)
     basis_weights = gpu_weights_total / n if tp else gpu_weights_total
-    layout = kv_layout(spec, r.kv_bytes, tp=n if tp else 1, block_size=a.block_size if tp else 1)
+    kv_info = for_engine(engine).kv_layout(r.release, gpu.compute_capability) if r.release is not None else None
+    swa = kv_info is not None and kv_info.sliding_window == "window"
+    layout = kv_layout(spec, r.kv_bytes, tp=n if tp else 1, block_size=a.block_size if tp else 1, swa_cache=swa)
     grow = 1.0 + a.kv_fraction
 
     def kv_need(ctx: int, k: int) -> float:
@@ -710,14 +831,29 @@ def _plan(req: PlanRequest, with_suggestions: bool) -> Plan:
     useful = req.context is not None or context >= min(min_context(), max_ctx_model)
     context_fits = resident and fits_ctx(context) and useful
 
-    # Decode ceiling at batch 1: weights + the KV of one full-context sequence, read once per token.
+    # Decode at batch 1: weights a token reads + the KV of one full-context sequence, once per token.
     bw = gpu.bandwidth_gbps * GB
     kv_read = per_seq
     read_bytes = (weights.read_per_token / n + kv_read) if tp else (weights.read_per_token + kv_read)
     ceiling = bw / read_bytes
-    eff_lo, eff_hi = a.efficiency_low, a.efficiency_high
-    expected = (ceiling * eff_lo, ceiling * eff_hi)
-    eff_text = f"{eff_lo:.0%}-{eff_hi:.0%} of the bandwidth ceiling ({engine}): " + "; ".join(a.efficiency_sources)
+    layer_read = weights.layer_bytes - weights.inactive_expert_bytes
+    off_gbps = (a.offload_gbps_low, a.offload_gbps_high)
+    # The health probe decodes a short answer to a short prompt: its floor is for that context.
+    probe_read = (weights.read_per_token / n if tp else weights.read_per_token) + layout.per_sequence(
+        min(context, HEALTH_PROBE_CONTEXT))
+    floor, _, eighth, floor_why = health_floor(
+        engine, gpu, probe_read * (n if tp else 1), layer_read, spec.num_layers, off_gbps, gpus=n if tp else 1)
+    resident_speed = decode_speed(engine, gpu.bandwidth_gbps, gpu.memory_type, read_bytes, spec.num_layers)
+    expected = (resident_speed.low, resident_speed.high)
+    sp = speed_assumptions(engine)
+    eff_lo, eff_hi = resident_speed.efficiency
+    eff_text = (
+        f"time per token = bytes read / ({gpu.bandwidth_gbps:.0f} GB/s x {eff_lo:.2f}-{eff_hi:.2f}) + "
+        f"{spec.num_layers} layers x {resident_speed.per_layer_us[0]:.0f}-{resident_speed.per_layer_us[1]:.0f} us"
+        + (f" + {sp.per_token_us[0] / 1000:.1f}-{sp.per_token_us[1] / 1000:.1f} ms per token" if sp.per_token_us[1] else "")
+        + f" ({engine}, memory class {resident_speed.efficiency_class}): "
+        + "; ".join(sp.efficiency_sources.get(resident_speed.efficiency_class, ()) + sp.cost_sources)
+    )
 
     gpu_layers = spec.num_layers
     offload_bytes = 0.0
@@ -729,18 +865,21 @@ def _plan(req: PlanRequest, with_suggestions: bool) -> Plan:
         per_layer = weights.layer_bytes / max(1, spec.num_layers) / (n if tp else 1)
         head = (weights.total_bytes - weights.layer_bytes) / (n if tp else 1)
         if not tp:
-            head = weights.read_per_token - weights.layer_bytes  # output + final norm on the GPU
+            head = weights.loaded_bytes(engine) - weights.layer_bytes  # output + final norm on the GPU
         if room <= 0:
             gpu_layers = 0
             offload_bytes = basis_weights
         else:
             gpu_layers = max(0, min(spec.num_layers, int(max(0.0, room - head) // per_layer)))
             offload_bytes = max(0.0, basis_weights - room)
-        on_gpu = max(0.0, basis_weights - offload_bytes)
-        t_hi = on_gpu / (bw * eff_hi) + offload_bytes / (a.offload_gbps_high * GB) + kv_read / (bw * eff_hi)
-        t_lo = on_gpu / (bw * eff_lo) + offload_bytes / (a.offload_gbps_low * GB) + kv_read / (bw * eff_lo)
-        t_min = on_gpu / bw + offload_bytes / (a.offload_gbps_high * GB) + kv_read / bw
-        resident_ceiling = ceiling
+        # Offloaded weights stream from host memory (llama.cpp) or over PCIe (vLLM) every token; of
+        # MoE experts only the active share is read.
+        host_read = offload_bytes * min(1.0, weights.read_per_token / max(1, weights.loaded_bytes(engine)))
+        gpu_read = max(0.0, read_bytes - host_read)
+        off_speed = decode_speed(engine, gpu.bandwidth_gbps, gpu.memory_type, gpu_read,
+                                 gpu_layers if not tp else spec.num_layers, host_bytes=host_read, host_gbps=off_gbps)
+        t_min = gpu_read / bw + host_read / (a.offload_gbps_high * GB)
+        t_lo, t_hi = 1.0 / off_speed.low, 1.0 / off_speed.high
         ceiling = 1.0 / t_min
         expected = (1.0 / t_lo, 1.0 / t_hi)
         share = offload_bytes / basis_weights if basis_weights else 1.0
@@ -756,7 +895,7 @@ def _plan(req: PlanRequest, with_suggestions: bool) -> Plan:
             fits = context >= 1
             notes.append(
                 f"OFFLOAD: {share:.0%} of the weights ({offload_bytes / GB:.1f} GB) run from {where}; "
-                f"expect {speed} instead of ~{resident_ceiling * eff_lo:.0f}-{resident_ceiling * eff_hi:.0f} tok/s "
+                f"expect {speed} instead of ~{resident_speed.low:.0f}-{resident_speed.high:.0f} tok/s "
                 f"resident (bound by {a.offload_gbps_low:.0f}-{a.offload_gbps_high:.0f} GB/s: "
                 + "; ".join(a.offload_sources)
                 + ")"
@@ -796,10 +935,31 @@ def _plan(req: PlanRequest, with_suggestions: bool) -> Plan:
     )
 
     # Notes on the figures.
-    if spec.count(SLIDING):
+    if r.image_note:
+        notes.append(r.image_note)
+    if spec.count(SLIDING) and swa:
         notes.append(
             f"{spec.count(SLIDING)} of {spec.num_layers} layers use a {spec.sliding_window}-token sliding window: "
-            f"their KV stops growing there (assumes the engine's sliding-window-aware cache)"
+            f"their KV stops growing there ({r.release.key if r.release is not None else 'the build'} keeps only the "
+            f"window: {kv_info.source if kv_info else ''})"
+        )
+    elif spec.count(SLIDING):
+        why = (kv_info.source if kv_info is not None else "the catalog does not say what the build keeps")
+        notes.append(
+            f"{spec.count(SLIDING)} of {spec.num_layers} layers use a {spec.sliding_window}-token sliding window, "
+            f"but {r.release.key if r.release is not None else 'the engine build'} keeps the full context on them "
+            f"too, so their KV grows with the context ({why})"
+        )
+    if spec.is_moe:
+        notes.append(
+            f"mixture of experts: {spec.num_experts} experts per layer, {spec.num_experts_per_tok} used per token; "
+            f"all {weights.params / 1e9:.1f}B parameters sit in memory, {weights.active_params / 1e9:.1f}B are read "
+            f"per token ({weights.read_per_token / GB:.1f} GB)"
+        )
+    if weights.mtp_bytes:
+        notes.append(
+            f"the checkpoint's multi-token-prediction layer ({weights.mtp_bytes / GB:.2f} GB) is not loaded unless "
+            "MTP speculative decoding is turned on (then add it to the weights)"
         )
     if spec.count(LINEAR):
         notes.append(
@@ -821,11 +981,6 @@ def _plan(req: PlanRequest, with_suggestions: bool) -> Plan:
             f"REFUSED: vLLM needs the {spec.heads} attention heads and {spec.kv_heads} KV heads to split evenly "
             f"over {n} GPUs (tensor parallel)"
         )
-    if not tp and r.kv_flag not in ("f16", "bf16", "f32"):
-        notes.append(
-            f"a {r.kv_flag} V cache needs flash attention: llama-server builds that take -fa on|off|auto turn it "
-            "on by themselves (auto); on older builds (a bare -fa switch, e.g. b5000) add -fa to engine_args"
-        )
     if not tp and n > 1:
         notes.append(f"llama.cpp splits layers over {n} GPUs: memory adds up, decode speed does not")
     if tp and n > 1:
@@ -833,7 +988,19 @@ def _plan(req: PlanRequest, with_suggestions: bool) -> Plan:
     if weights.source.startswith("computed") and spec.origin == "catalog" and quant.family == "hf" and quant.group_size:
         notes.append(f"{quant.name}: group size {quant.group_size} assumed (scales and zeros add {quant.group_bits / quant.group_size:.2f} bits/weight)")
 
-    args = _engine_args(req, r, context, k, gmu, gpu_layers, resident, offload_bytes)
+    args, preflight, backend_note = _checked_args(req, r, context, k, gmu, gpu_layers, resident, offload_bytes)
+    if backend_note:
+        notes.append(backend_note)
+    failed = [f"{cid}: {v.message}" + (f" (fix: {v.fix})" if v.fix else "")
+              for cid, v in preflight.items() if v.status == "fail"]
+    if failed:
+        fits = False
+        problems.append(f"REFUSED by the preflight's rules for {r.release.key} on {gpu.name}: " + "; ".join(failed))
+    if resident:
+        notes.append(f"health floor {floor:.1f} tok/s: {floor_why}")
+    else:
+        floor = expected[0] * 0.5
+        notes.append(f"health floor {floor:.1f} tok/s: half the predicted offloaded speed (the plan is not resident)")
     model_kv = kv_layout(spec, r.kv_bytes)  # the whole model, all cards: the figure people compare
     plan = Plan(
         model=spec.name,
@@ -870,8 +1037,12 @@ def _plan(req: PlanRequest, with_suggestions: bool) -> Plan:
         kv_cache_tokens=kv_cache_tokens,
         decode_tokps_ceiling=round(ceiling, 2),
         decode_tokps_realistic=(round(expected[0], 2), round(expected[1], 2)),
-        efficiency=(eff_lo, eff_hi),
+        efficiency=(round(expected[0] / ceiling, 3), round(expected[1] / ceiling, 3)),
         efficiency_assumption=eff_text,
+        image=r.release.key if r.release is not None else None,
+        health_floor_tokps=round(floor, 2),
+        decode_tokps_offload_eighth=(round(eighth.low, 2), round(eighth.high, 2)),
+        preflight={cid: {"status": v.status, "message": v.message, "fix": v.fix} for cid, v in preflight.items()},
         offload_assumption=(
             f"weights off the GPU stream at {a.offload_gbps_low:.0f}-{a.offload_gbps_high:.0f} GB/s: "
             + "; ".join(a.offload_sources)
@@ -884,37 +1055,66 @@ def _plan(req: PlanRequest, with_suggestions: bool) -> Plan:
     return plan
 
 
-def _engine_args(
+def _quantization_flag(r: _Resolved) -> str | None:
+    """vLLM's --quantization value: the method the release itself uses for this quant on this card
+    (its Marlin floors in engines.yaml are the one source), spelled as the flag takes it."""
+    quant = r.quant
+    if r.release is None:
+        return quant.vllm  # no build known: the generic method; vLLM upgrades to Marlin by itself
+    rules = compat.load_engine_catalog().engines["vllm"]
+    method = compat.quant_method_for(r.release, rules, quant.name, [], r.gpu.compute_capability)
+    if method is None:
+        return quant.vllm  # nothing runs on the card: the preflight's rules refuse it below
+    if method == "none":
+        return None
+    inverse = {m: f for f, m in rules.quantization_flag.items() if m != "from-quant"}
+    return inverse.get(method, quant.vllm)
+
+
+def _checked_args(
     req: PlanRequest, r: _Resolved, context: int, k: int, gmu: float, gpu_layers: int, resident: bool, offload: float
-) -> list[str]:
-    gpu, quant, spec = r.gpu, r.quant, r.spec
+) -> tuple[list[str], dict[str, Any], str]:
+    """(engine flags, the preflight's flag verdicts on the card, a note). The flags come from the
+    engine's own knowledge (``llmfleet.knowledge.engines``); they are judged by the same rules the
+    preflight applies (``compat.flag_checks``), and where the default attention backend cannot hold
+    the KV dtype another backend of the release that can is chosen."""
+    know = for_engine(r.engine)
+    rel = r.release
+    cat = compat.load_engine_catalog()
+    rules = cat.engines[r.engine]
+    cc = r.gpu.compute_capability
     if r.engine == "vllm":
-        args: list[str] = []
-        method = quant.vllm_cc80 if (quant.vllm_cc80 and gpu.cc >= (8, 0)) else quant.vllm
-        if method:
-            args += ["--quantization", method]
-        if not gpu.bf16 or quant.name == "fp16":
-            args += ["--dtype", "float16"]
-        args += [
-            "--gpu-memory-utilization", f"{gmu:.2f}",
-            "--max-model-len", str(context),
-            "--max-num-seqs", str(k),
-            "--kv-cache-dtype", r.kv_flag,
-            "--tensor-parallel-size", str(req.gpus),
-        ]  # fmt: skip
-        if not resident and req.offload and offload > 0:
-            args += ["--cpu-offload-gb", str(math.ceil(offload / GIB))]
-        return args
-    # -ngl counts the output layer too: num_layers + 1 puts every layer on the GPU.
-    ngl = spec.num_layers + 1 if resident else gpu_layers
-    args = [
-        "-ngl", str(ngl),
-        "-c", str(context * k),  # the KV context is shared by the slots: each gets c / np
-        "-np", str(k),
-        "-ctk", r.kv_flag,
-        "-ctv", r.kv_flag,
-    ]  # fmt: skip
-    return args
+        select = rel.attention.select if rel is not None and rel.attention is not None else "arg"
+        base: dict[str, Any] = dict(
+            quantization=_quantization_flag(r), float16=not r.gpu.bf16 or r.quant.name == "fp16",
+            gpu_memory_utilization=gmu, context=context, concurrency=k, kv_flag=r.kv_flag, gpus=req.gpus,
+            offload_bytes=offload if (not resident and req.offload) else 0.0, backend_select=select,
+        )
+    else:
+        base = dict(num_layers=r.spec.num_layers, resident=resident, gpu_layers=gpu_layers, context=context,
+                    concurrency=k, kv_flag=r.kv_flag, release=rel, rules=rules)
+    args = know.engine_args(**base)
+    if rel is None:
+        return args, {}, ""
+
+    # A GGUF file of a type the catalog has no name for is still a GGUF file to the engine.
+    qname = r.quant.name if (r.quant.name in rules.quant_methods or r.quant.family != "gguf") else "gguf"
+
+    def judge(a: list[str], env: dict[str, str]) -> dict[str, Any]:
+        return compat.flag_checks(rel, rules, quant=qname, kv_dtype=r.kv_flag, args=a, env=env, cc=cc,
+                                  bf16_native=r.gpu.bf16)
+
+    checks = judge(args, {})
+    if r.engine == "vllm" and checks["kv-dtype"].status == "fail" and rel.attention is not None:
+        for backend in rel.attention.backends:
+            env = {"VLLM_ATTENTION_BACKEND": backend} if select == "env" else {}
+            alt_args = know.engine_args(**base, attention_backend=backend)
+            alt = judge(alt_args, env)
+            if all(v.status == "pass" for v in alt.values()):  # a backend no source confirms is not picked
+                how = f"env VLLM_ATTENTION_BACKEND={backend}" if select == "env" else f"--attention-backend {backend}"
+                return alt_args, alt, (f"{r.kv_flag} KV cache: the default attention backend of {rel.key} on compute "
+                                       f"capability {cc} cannot hold it; planned with {how}")
+    return args, checks, ""
 
 
 def _suggest(req: PlanRequest, plan: Plan, r: _Resolved) -> list[dict[str, Any]]:
@@ -938,6 +1138,9 @@ def _suggest(req: PlanRequest, plan: Plan, r: _Resolved) -> list[dict[str, Any]]
                 "max_concurrency": alt.max_concurrency,
                 "decode_tokps_realistic": list(alt.decode_tokps_realistic),
                 "weights_bytes": alt.weights_bytes,
+                "engine_args": list(alt.engine_args),
+                "image": alt.image,
+                "preflight": {cid: v["status"] for cid, v in alt.preflight.items()},
             }
         )
         return True
@@ -1036,7 +1239,13 @@ def plan_for_service(
             f"service {service.name}: llama.cpp with no quant and the GGUF file's size unknown; set quant ({gguf}) "
             f"on the service, or gather the host's facts (invoke plan --host HOST --gather)"
         )
+    image = getattr(service, "image", None)
+    image_note = None
+    if image and compat.load_engine_catalog().release(str(image)) is None:
+        image_note = f"image {image!r} is not in the engine catalog: judged against the catalog's default instead"
+        image = None
     req = PlanRequest(
+        image=str(image) if image else None,
         model=spec,
         quant=service.quant,
         gpu=card,
@@ -1051,6 +1260,8 @@ def plan_for_service(
     result = plan(req)
     if facts_note:
         result.notes.append(facts_note)
+    if image_note:
+        result.notes.append(image_note)
     if size and result.model_origin == "catalog" and abs(size - result.weights_bytes) > 0.1 * result.weights_bytes:
         result.notes.append(
             f"{service.model_path} on the host holds {size / GB:.1f} GB; the plan assumes {result.weights_bytes / GB:.1f} GB "
