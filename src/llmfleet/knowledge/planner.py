@@ -499,6 +499,7 @@ class Plan:
     health_floor_tokps: float | None = None  # the decode floor a deploy applies (release.health)
     decode_tokps_offload_eighth: tuple[float, float] | None = None  # 1/8 of the layers off the GPU
     preflight: dict[str, Any] = field(default_factory=dict)  # the preflight's flag verdicts on the card
+    engine_env: dict[str, str] = field(default_factory=dict)  # environment the flags need (VLLM_ATTENTION_BACKEND)
 
     # The names other modules use (llmfleet.knowledge.preflight, llmfleet.release.deploy, llmfleet.release.health).
     @property
@@ -715,7 +716,7 @@ def decode_speed(
     ``legacy``: llama.cpp builds before CUDA graphs (planner.yaml legacy_per_layer_us)."""
     sp = speed_assumptions(engine)
     cls, (e_lo, e_hi) = sp.efficiency_for(memory_type)
-    c_lo, c_hi = (sp.legacy_per_layer_us if legacy and sp.legacy_per_layer_us else sp.per_layer_us)
+    c_lo, c_hi = (sp.legacy_per_layer_us if legacy and sp.legacy_per_layer_us else sp.per_layer_for(cls))
     p_lo, p_hi = sp.per_token_us
     bw = bandwidth_gbps * GB
     h_lo, h_hi = host_gbps or (1.0, 1.0)
@@ -988,7 +989,7 @@ def _plan(req: PlanRequest, with_suggestions: bool) -> Plan:
     if weights.source.startswith("computed") and spec.origin == "catalog" and quant.family == "hf" and quant.group_size:
         notes.append(f"{quant.name}: group size {quant.group_size} assumed (scales and zeros add {quant.group_bits / quant.group_size:.2f} bits/weight)")
 
-    args, preflight, backend_note = _checked_args(req, r, context, k, gmu, gpu_layers, resident, offload_bytes)
+    args, engine_env, preflight, backend_note = _checked_args(req, r, context, k, gmu, gpu_layers, resident, offload_bytes)
     if backend_note:
         notes.append(backend_note)
     failed = [f"{cid}: {v.message}" + (f" (fix: {v.fix})" if v.fix else "")
@@ -1001,7 +1002,7 @@ def _plan(req: PlanRequest, with_suggestions: bool) -> Plan:
     else:
         floor = expected[0] * 0.5
         notes.append(f"health floor {floor:.1f} tok/s: half the predicted offloaded speed (the plan is not resident)")
-    model_kv = kv_layout(spec, r.kv_bytes)  # the whole model, all cards: the figure people compare
+    model_kv = kv_layout(spec, r.kv_bytes, swa_cache=swa)  # the whole model, all cards: the figure people compare
     plan = Plan(
         model=spec.name,
         model_origin=spec.origin,
@@ -1043,6 +1044,7 @@ def _plan(req: PlanRequest, with_suggestions: bool) -> Plan:
         health_floor_tokps=round(floor, 2),
         decode_tokps_offload_eighth=(round(eighth.low, 2), round(eighth.high, 2)),
         preflight={cid: {"status": v.status, "message": v.message, "fix": v.fix} for cid, v in preflight.items()},
+        engine_env=engine_env,
         offload_assumption=(
             f"weights off the GPU stream at {a.offload_gbps_low:.0f}-{a.offload_gbps_high:.0f} GB/s: "
             + "; ".join(a.offload_sources)
@@ -1073,8 +1075,8 @@ def _quantization_flag(r: _Resolved) -> str | None:
 
 def _checked_args(
     req: PlanRequest, r: _Resolved, context: int, k: int, gmu: float, gpu_layers: int, resident: bool, offload: float
-) -> tuple[list[str], dict[str, Any], str]:
-    """(engine flags, the preflight's flag verdicts on the card, a note). The flags come from the
+) -> tuple[list[str], dict[str, str], dict[str, Any], str]:
+    """(engine flags, environment they need, the preflight's flag verdicts on the card, a note). The flags come from the
     engine's own knowledge (``llmfleet.knowledge.engines``); they are judged by the same rules the
     preflight applies (``compat.flag_checks``), and where the default attention backend cannot hold
     the KV dtype another backend of the release that can is chosen."""
@@ -1095,7 +1097,7 @@ def _checked_args(
                     concurrency=k, kv_flag=r.kv_flag, release=rel, rules=rules)
     args = know.engine_args(**base)
     if rel is None:
-        return args, {}, ""
+        return args, {}, {}, ""
 
     # A GGUF file of a type the catalog has no name for is still a GGUF file to the engine.
     qname = r.quant.name if (r.quant.name in rules.quant_methods or r.quant.family != "gguf") else "gguf"
@@ -1112,9 +1114,9 @@ def _checked_args(
             alt = judge(alt_args, env)
             if all(v.status == "pass" for v in alt.values()):  # a backend no source confirms is not picked
                 how = f"env VLLM_ATTENTION_BACKEND={backend}" if select == "env" else f"--attention-backend {backend}"
-                return alt_args, alt, (f"{r.kv_flag} KV cache: the default attention backend of {rel.key} on compute "
+                return alt_args, env, alt, (f"{r.kv_flag} KV cache: the default attention backend of {rel.key} on compute "
                                        f"capability {cc} cannot hold it; planned with {how}")
-    return args, checks, ""
+    return args, {}, checks, ""
 
 
 def _suggest(req: PlanRequest, plan: Plan, r: _Resolved) -> list[dict[str, Any]]:
@@ -1139,6 +1141,7 @@ def _suggest(req: PlanRequest, plan: Plan, r: _Resolved) -> list[dict[str, Any]]
                 "decode_tokps_realistic": list(alt.decode_tokps_realistic),
                 "weights_bytes": alt.weights_bytes,
                 "engine_args": list(alt.engine_args),
+                "engine_env": dict(alt.engine_env),
                 "image": alt.image,
                 "preflight": {cid: v["status"] for cid, v in alt.preflight.items()},
             }

@@ -430,6 +430,7 @@ class SpeedAssumptions:
     efficiency: dict[str, tuple[float, float]]
     efficiency_sources: dict[str, tuple[str, ...]]
     per_layer_us: tuple[float, float]
+    per_layer_us_by_class: dict[str, tuple[float, float]]
     per_token_us: tuple[float, float]
     legacy_per_layer_us: tuple[float, float] | None
     cost_sources: tuple[str, ...]
@@ -440,6 +441,9 @@ class SpeedAssumptions:
         """(class used, (low, high)) for a card's memory type."""
         key = memory_type if memory_type in self.efficiency else "default"
         return key, self.efficiency[key]
+
+    def per_layer_for(self, efficiency_class: str) -> tuple[float, float]:
+        return self.per_layer_us_by_class.get(efficiency_class, self.per_layer_us)
 
 
 def _pair(d: dict[str, Any], where: str) -> tuple[float, float]:
@@ -472,6 +476,8 @@ def speed_assumptions(engine: str) -> SpeedAssumptions:
         efficiency=eff,
         efficiency_sources=eff_src,
         per_layer_us=_pair(sp["per_layer_us"], f"engines.{engine}.speed.per_layer_us"),
+        per_layer_us_by_class={str(k): _pair(v, f"engines.{engine}.speed.per_layer_us_by_class.{k}")
+                               for k, v in (sp.get("per_layer_us_by_class") or {}).items()},
         per_token_us=_pair(sp.get("per_token_us") or {"low": 0, "high": 0}, f"engines.{engine}.speed.per_token_us"),
         legacy_per_layer_us=_pair(legacy, f"engines.{engine}.speed.legacy_per_layer_us") if legacy else None,
         cost_sources=tuple(sp.get("cost_sources", ())),
