@@ -318,3 +318,23 @@ def test_failed_unit_stops_at_the_first_stage():
 def test_every_wait_is_bounded_in_time():
     rep = checker("http://127.0.0.1:9", probe=lambda: H.Probe("activating", None, None), stage_timeout_s=1).run()
     assert rep.failed.name == "unit" and "within 1s" in rep.message
+
+
+def test_the_planners_own_floor_is_the_default_and_explicit_settings_still_win():
+    """A plan from the speed model carries health_floor_tokps (its decode with 1/8 of the layers off
+    the GPU); without explicit settings the deploy applies it. H200, Qwen2.5-32B shape Q4_0
+    (decode-measurements.md): all layers on the GPU 81.3-92.7 tok/s, 56 of 64 layers 20.8 tok/s."""
+    from llmfleet.knowledge.planner import PlanRequest, plan
+
+    p = plan(PlanRequest(model="qwen2.5-32b-instruct", quant="q4_0", gpu="h200-141gb", context=4096))
+    svc, hs = _svc_settings()
+    floor = H.decode_floor(svc, hs, p)
+    assert floor.tokps == pytest.approx(p.health_floor_tokps) and "1/8 of the layers" in floor.source
+    for resident in (81.3, 92.7):
+        assert H.judge_speed(resident, floor).ok
+    assert not H.judge_speed(20.8, floor).ok  # the measured one-eighth offload
+    svc, hs = _svc_settings({"floor_fraction": 0.5})
+    assert H.decode_floor(svc, hs, p).tokps == pytest.approx(0.5 * p.decode_tokps_realistic[0])
+    assert H.decode_floor(svc, hs, p.to_dict()).tokps == pytest.approx(0.5 * p.decode_tokps_realistic[0])
+    svc, hs = _svc_settings()
+    assert H.decode_floor(svc, hs, p.to_dict()).tokps == pytest.approx(p.health_floor_tokps)  # JSON plans too

@@ -645,7 +645,7 @@ def test_cli_json_has_the_documented_keys_and_exit_0_when_it_fits():
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
     for key in ("params", "weights_bytes", "kv_bytes_per_token", "overhead_bytes", "fits", "max_context_tokens",
-                "max_concurrency", "decode_tokps_ceiling", "engine_args", "notes"):
+                "max_concurrency", "decode_tokps_ceiling", "engine_args", "notes", "health_floor_tokps", "image"):
         assert key in d, key
     assert d["fits"] is True and d["context"] == 4096 and isinstance(d["weights_bytes"], int)
     assert all(isinstance(a, str) for a in d["engine_args"])

@@ -72,6 +72,10 @@ class PlanRequest:
     gpu_memory_utilization: float | None = None
     offload: bool = False
     image: str | None = None  # engine catalog key of the image that serves (engines.yaml images)
+    # The service's own engine_args / env: they come after the planned flags (later flags win), so
+    # the flag rules judge the two together, as the preflight does.
+    extra_args: tuple[str, ...] = ()
+    extra_env: tuple[tuple[str, str], ...] = ()
 
 
 # ------------------------------------------------------------------------------------------ weights
@@ -531,8 +535,9 @@ class Plan:
             "efficiency": self.efficiency_assumption,
             "kv_cache": (
                 "2 (K and V) x attention layers x KV heads x head_dim x "
-                f"{self.kv_dtype} bytes per value; sliding-window layers stop at their window, "
-                "linear-attention layers keep a fixed state"
+                f"{self.kv_dtype} bytes per value; sliding-window layers stop at their window only where "
+                f"the build ({self.image or 'unknown'}) keeps just the window, linear-attention layers keep a "
+                "fixed state"
             ),
         }
         if self.offload_assumption:
@@ -1103,8 +1108,8 @@ def _checked_args(
     qname = r.quant.name if (r.quant.name in rules.quant_methods or r.quant.family != "gguf") else "gguf"
 
     def judge(a: list[str], env: dict[str, str]) -> dict[str, Any]:
-        return compat.flag_checks(rel, rules, quant=qname, kv_dtype=r.kv_flag, args=a, env=env, cc=cc,
-                                  bf16_native=r.gpu.bf16)
+        return compat.flag_checks(rel, rules, quant=qname, kv_dtype=r.kv_flag, args=a + list(req.extra_args),
+                                  env={**dict(req.extra_env), **env}, cc=cc, bf16_native=r.gpu.bf16)
 
     checks = judge(args, {})
     if r.engine == "vllm" and checks["kv-dtype"].status == "fail" and rel.attention is not None:
@@ -1112,7 +1117,8 @@ def _checked_args(
             env = {"VLLM_ATTENTION_BACKEND": backend} if select == "env" else {}
             alt_args = know.engine_args(**base, attention_backend=backend)
             alt = judge(alt_args, env)
-            if all(v.status == "pass" for v in alt.values()):  # a backend no source confirms is not picked
+            # a backend no source confirms for this KV dtype on this card is not picked
+            if alt["kv-dtype"].status == "pass" and all(v.status != "fail" for v in alt.values()):
                 how = f"env VLLM_ATTENTION_BACKEND={backend}" if select == "env" else f"--attention-backend {backend}"
                 return alt_args, env, alt, (f"{r.kv_flag} KV cache: the default attention backend of {rel.key} on compute "
                                        f"capability {cc} cannot hold it; planned with {how}")
@@ -1259,6 +1265,8 @@ def plan_for_service(
         kv_dtype=service.kv_dtype,
         gpu_memory_utilization=service.gpu_memory_utilization,
         offload=service.offload,
+        extra_args=tuple(str(a) for a in (getattr(service, "engine_args", None) or [])),
+        extra_env=tuple(sorted((str(k), str(v)) for k, v in (getattr(service, "env", None) or {}).items())),
     )
     result = plan(req)
     if facts_note:

@@ -122,7 +122,6 @@ class Quant:
     per_channel_scale: bool = False
     min_compute_capability: str = "0.0"
     vllm: str | None = None
-    vllm_cc80: str | None = None
     gguf_file_type: int | None = None
     base: str | None = None
     rules: tuple[tuple[str, str], ...] = ()
@@ -171,7 +170,6 @@ def load_quants() -> tuple[Quant, ...]:
                 per_channel_scale=bool(e.get("per_channel_scale", False)),
                 min_compute_capability=str(e.get("min_compute_capability", "0.0")),
                 vllm=e.get("vllm"),
-                vllm_cc80=e.get("vllm_cc80"),
                 gguf_file_type=e.get("gguf_file_type"),
                 base=e.get("base"),
                 rules=tuple(sorted((str(k), str(v)) for k, v in (e.get("rules") or {}).items())),
