@@ -122,7 +122,7 @@ def test_kv_bytes_per_token(model, kv_dtype, engine, per_token):
 
 @pytest.mark.parametrize(
     ("quant", "gib", "bpw"),  # llama.cpp tools/quantize/README.md, Llama-3.1-8B
-    [("q4_k_m", 4.58, 4.8944), ("q5_k_m", 5.33, 5.7036), ("q6_k", 6.14, 6.5633), ("q8_0", 7.95, 8.5008),
+    [("q4_k_m", 4.58, 4.8944), ("q4_k_s", 4.36, 4.6672), ("q5_k_m", 5.33, 5.7036), ("q6_k", 6.14, 6.5633), ("q8_0", 7.95, 8.5008),
      ("f16-gguf", 14.96, 16.0005)],
 )
 def test_gguf_sizes_match_llama_cpp_published_figures(quant, gib, bpw):

@@ -385,6 +385,7 @@ def test_every_ranked_alternative_passes_the_preflights_rules_on_the_same_card(m
 
 PURE_Q4_0 = Quant(name="q4_0-pure", family="gguf", bits=4.5, base="q4_0")
 Q5_0 = Quant(name="q5_0", family="gguf", bits=5.5, base="q5_0", rules=(("output", "q6_k"),))
+Q4_1 = Quant(name="q4_1", family="gguf", bits=5.0, base="q4_1", rules=(("output", "q6_k"),))
 
 # Public batch-1 decode figures, all layers on the GPU (docs/planner.md lists them with their links).
 # (card, model, quant, tok/s, tokens in context, build before CUDA graphs, source)
@@ -396,6 +397,8 @@ FIGURES = [
     ("rtx-3090", "llama-2-7b", "f16-gguf", 48.52, 64, True, "llama.cpp PR #4766 (tg128)"),
     ("p40", "llama-2-7b", "q4_0", 56.79, 64, True, "llama.cpp PR #4766 (tg128)"),
     ("p40", "llama-2-7b", Q5_0, 48.30, 64, True, "llama.cpp PR #4766 (tg128)"),
+    ("p40", "llama-2-7b", Q4_1, 55.52, 64, True, "llama.cpp PR #4766 (tg128)"),
+    ("p40", "llama-2-7b", "q4_k_s", 54.23, 64, True, "llama.cpp PR #4766 (tg128)"),
     ("h200-141gb", "qwen2.5-7b-instruct", PURE_Q4_0, 272, 64, False, "decode-measurements.md (fa off)"),
     ("h200-141gb", "qwen2.5-7b-instruct", PURE_Q4_0, 312, 64, False, "decode-measurements.md (fa on)"),
     ("h200-141gb", "qwen2.5-32b-instruct", PURE_Q4_0, 81.3, 64, False, "decode-measurements.md (fa off)"),

@@ -143,8 +143,8 @@ def render_plan(p: Plan, title: str | None = None) -> None:
     name="plan",
     help={
         "model": "catalog name (e.g. qwen2.5-32b-instruct), a Hugging Face model folder, or a .gguf file",
-        "quant": "fp16, bf16, fp8, int8, gptq-int4 (-g32 etc. for a group size), awq-int4, q4_0, q4_k_m, "
-                 "q5_k_m, q6_k, q8_0 (case-insensitive); a .gguf file brings its own",
+        "quant": "fp16, bf16, fp8, int8, gptq-int4 (-g32 etc. for a group size), awq-int4, mxfp4, q4_0, q4_k_s, "
+                 "q4_k_m, q5_k_m, q6_k, q8_0, mxfp4-moe (case-insensitive); a .gguf file brings its own",
         "gpu": "card: catalog id (v100-sxm2-32gb), nvidia-smi name ('Tesla V100-SXM2-32GB') or an inventory host",
         "host": "inventory host: its card (llmfleet_gpu); without --model, plan each of its services",
         "gpus": "GPUs to spread over (vLLM tensor parallel, llama.cpp layer split); default 1",

@@ -269,6 +269,8 @@ class _GgufTypes:
             more = self.quant.rule("attn_v_more_bits")
             if more and _use_more_bits(self.i_wv, self.n_wv):
                 t = more
+            if self.quant.rule("attn_v_first4") and self.i_wv < 4:
+                t = self.quant.rule("attn_v_first4") or t
             if self.is_70b and t in ("q3_k", "q4_k") and self.quant.rule("attn_v_70b"):
                 t = self.quant.rule("attn_v_70b") or t
             if self.moe8 and self.quant.rule("moe8_attn_v"):
@@ -280,6 +282,8 @@ class _GgufTypes:
             more = self.quant.rule("ffn_down_more_bits")
             if more and _use_more_bits(layer, self.spec.num_layers):
                 t = more
+            if self.quant.rule("ffn_down_first_eighth") and layer < self.spec.num_layers // 8:
+                t = self.quant.rule("ffn_down_first_eighth") or t
         elif role == "attn_output" and self.moe8 and self.quant.rule("moe8_attn_output"):
             t = self.quant.rule("moe8_attn_output") or t
         return self._fallback(t, m.rows)
@@ -1158,7 +1162,8 @@ def _suggest(req: PlanRequest, plan: Plan, r: _Resolved) -> list[dict[str, Any]]
     if r.spec.origin == "catalog":
         family = "gguf" if r.engine == "llamacpp" else "hf"
         smaller = sorted(
-            (q for q in load_quants() if q.family == family and q.bits < r.quant.bits and r.gpu.cc >= q.min_cc),
+            (q for q in load_quants() if q.family == family and q.bits < r.quant.bits and r.gpu.cc >= q.min_cc
+             and (r.spec.is_moe or not (q.experts_only or q.rule("experts")))),  # expert-only formats: MoE only
             key=lambda q: -q.bits,
         )
         for q in smaller:
