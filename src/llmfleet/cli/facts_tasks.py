@@ -46,10 +46,11 @@ def _hosts(c, inventory, host, group):
         "inventory": INVENTORY_HELP,
         "json": "print the facts as JSON (one object per host)",
         "accept_new_host_keys": "record unknown SSH host keys (changed keys are still refused)",
+        "out": "also write the JSON to FILE (what `invoke preflight --facts FILE` reads)",
     },
 )
 @handles_errors
-def facts(c, host=None, group=None, inventory=None, json=False, accept_new_host_keys=False):
+def facts(c, host=None, group=None, inventory=None, json=False, accept_new_host_keys=False, out=None):
     """Gather a host's facts in one SSH round trip: GPUs, driver, CUDA, Docker, toolkit, disk, ports."""
     from llmfleet.host import facts as facts_mod
     from llmfleet.host import ssh
@@ -66,20 +67,30 @@ def facts(c, host=None, group=None, inventory=None, json=False, accept_new_host_
         except RemoteError as exc:
             return exc
 
-    out: list[dict] = []
+    rows: list[dict] = []
     failed = False
     for (h, _), found in zip(jobs, _each(probe, jobs), strict=True):
         if isinstance(found, RemoteError):
             failed = True
-            out.append({"host": h.name, "error": str(found)})
+            rows.append({"host": h.name, "error": str(found)})
             if not json:
                 console.print(f"[bold red]{escape(h.name)}[/]: {escape(str(found))}")
             continue
-        out.append(found.model_dump(mode="json"))
+        rows.append(found.model_dump(mode="json"))
         if not json:
             _print_facts(found)
     if json:
-        print_json(out if len(out) != 1 else out[0])
+        print_json(rows if len(rows) != 1 else rows[0])
+    if out:
+        import json as _json
+        from pathlib import Path
+
+        try:
+            Path(out).write_text(_json.dumps(rows if len(rows) != 1 else rows[0], indent=2) + "\n", encoding="utf-8")
+        except OSError as exc:
+            raise UsageError(f"{out}: cannot write the facts: {exc.strerror}") from None
+        if not json:
+            console.print(f"facts written to {escape(str(out))}")
     if failed:
         raise Exit(code=1)
 
