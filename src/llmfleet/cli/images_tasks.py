@@ -190,6 +190,65 @@ def build(c, name, resolve_base=False, build_arg=None, tag=None, dry_run=False, 
 
 
 @task(
+    positional=["key"],
+    help={
+        "key": "the image's ENGINE:VERSION key in the lock (e.g. vllm:0.19.1 or llamacpp:lab-cpu)",
+        "ref": "the local image to run (default: the lock's repository@digest, else repository:tag)",
+        "lock": LOCK_HELP,
+        "pull": "docker pull the image first when it is not here",
+        "no_write": "print what the image carries without writing the lock",
+        "json": "print the inspection as JSON",
+    },
+)
+@handles_errors
+def inspect(c, key, ref=None, lock=None, pull=False, no_write=False, json=False):
+    """Run an image once (no GPU, no network) and record what it carries in images.lock: torch version,
+    its CUDA and arch list, the engine's version and the archs of its compiled kernels
+    (archs_source: inspected, which preflight prefers over the catalog)."""
+    from llmfleet.images import inspect as ins
+
+    path = _lock_path(c, lock)
+    lock_data = img.load_lock(path)
+    entry = lock_data.get(key)
+    if entry is None and not no_write:
+        known = ", ".join(sorted(lock_data.images)) or "none"
+        raise UsageError(f"{path}: no entry {key!r} to record the inspection in (entries: {known}); pin it first "
+                         f"with `invoke images.pin {key.replace(':', '=', 1)}`, or pass --no-write")
+    if not ref:
+        if entry is None:
+            raise UsageError(f"images.inspect {key}: give --ref IMAGE (the key is not in {path})")
+        ref = f"{entry.repository}@{entry.digest}" if entry.digest else f"{entry.repository}:{entry.tag or 'latest'}"
+    if pull:
+        res = subprocess.run(["docker", "image", "inspect", ref], capture_output=True, check=False)
+        if res.returncode != 0 and subprocess.run(["docker", "pull", ref], check=False).returncode != 0:
+            raise CheckFailed(f"images.inspect {key}: docker pull {ref} failed")
+    with console.status(f"inspecting {ref} (no GPU, no network)"):
+        result = ins.inspect_image(key, ref)
+    written = None
+    if not no_write and entry is not None:
+        lock_data = img.merge(lock_data, [ins.apply(entry, result)])
+        img.write_lock(lock_data, path)
+        written = str(path)
+    if json:
+        print_json({**result.to_dict(), "lock": written})
+        return
+    table = Table(title=f"images.inspect {key}", show_header=False)
+    table.add_column("what", style="bold")
+    table.add_column("value", overflow="fold")
+    rows = [("image", ref), ("engine version", result.engine_version or "-"), ("CUDA (image env)", result.cuda or "-"),
+            ("engine kernels", " ".join(result.archs) or "none"), ("read from", ", ".join(result.files) or "-")]
+    if result.engine == "vllm":
+        rows[3:3] = [("torch", f"{result.torch or '-'} (CUDA {result.torch_cuda or 'none'})"),
+                     ("torch archs", " ".join(result.torch_archs) or "none")]
+    rows += [("note", n) for n in result.notes]
+    for what, value in rows:
+        table.add_row(what, value)
+    console.print(table)
+    if written:
+        console.print(f"recorded in {written} (archs_source: inspected)")
+
+
+@task(
     name="list",
     help={"lock": LOCK_HELP, "json": "print the entries as JSON"},
 )
@@ -259,5 +318,6 @@ ns = Collection("images")
 ns.add_task(pin)
 ns.add_task(verify)
 ns.add_task(build)
+ns.add_task(inspect)
 ns.add_task(list_)
 ns.add_task(lint)
