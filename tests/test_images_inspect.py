@@ -220,3 +220,18 @@ def test_the_probe_script_carries_the_fatbin_reader_and_is_valid_python():
     src = ins.vllm_probe_script()
     compile(src, "<probe>", "exec")
     assert "def fatbin_archs" in src and ins.MARK in src
+
+
+def test_recorded_cuobjdump_and_torch_flags_of_a_real_wheel():
+    """Recorded on an H200 host (tests/data/cuobjdump/README.md): the torch 2.11.0+cu130 wheel has no
+    sm_70 and no PTX, which is why vllm:0.20.0 cannot run on a V100."""
+    from pathlib import Path
+
+    data = Path(__file__).parent / "data" / "cuobjdump"
+    sass, ptx = fatbin.parse_cuobjdump((data / "libtorch_cuda.list-elf.txt").read_text())
+    assert sass == ["7.5", "8.0", "8.6", "9.0", "10.0"] and ptx == []
+    version, cuda, *flags = (data / "torch-2.11.0-cu130-arch-flags.txt").read_text().split()
+    assert (version, cuda) == ("2.11.0+cu130", "13.0")
+    archs = ins.torch_archs_from_flags(" ".join(flags))
+    assert archs == tuple(CAT.images["vllm:0.20.0"].torch.archs)
+    assert "7.0" not in archs
