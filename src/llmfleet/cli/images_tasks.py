@@ -80,10 +80,12 @@ def _catalog_images() -> dict:
         "group": "with --registry-mirror: only this group's mirrors (Ansible pattern)",
         "insecure": "registries (host:port, comma-separated) reached over plain HTTP; loopback always is",
         "json": "print the new lock entries as JSON",
+        "inspect": "then pull each pinned digest and read what the image carries (as images.inspect) into the lock",
     },
 )
 @handles_errors
-def pin(c, refs, inventory=None, lock=None, registry_mirror=False, host=None, group=None, insecure=None, json=False):
+def pin(c, refs, inventory=None, lock=None, registry_mirror=False, host=None, group=None, insecure=None, json=False,
+        inspect=False):
     """Resolve image tags to digests against their registry and write them into images.lock."""
     catalog = _catalog_images()
     args = _split(refs)
@@ -95,6 +97,8 @@ def pin(c, refs, inventory=None, lock=None, registry_mirror=False, host=None, gr
         specs = [img.through_mirror(s, mirrors) for s in specs]
     path = _lock_path(c, lock)
     entries = img.pin(specs, _client(insecure), path)
+    if inspect:
+        entries = _inspect_pinned(entries, specs, path, quiet=json)
     if json:
         print_json({"lock": str(path), "pinned": {e.key: img.entry_dict(e) for e in entries}})
         return
@@ -186,7 +190,36 @@ def build(c, name, resolve_base=False, build_arg=None, tag=None, dry_run=False, 
         res = subprocess.run(["docker", "push", ref], check=False)
         if res.returncode != 0:
             raise CheckFailed(f"images.build {name}: docker push {ref} exited {res.returncode}")
-    console.print(f"built {ref}; pin it with `invoke images.pin {spec.catalog_key.replace(':', '=', 1)}`")
+    from llmfleet.images import inspect as ins
+
+    try:
+        result = ins.inspect_image(spec.catalog_key, ref)
+        console.print(f"{ref} carries kernels {' '.join(result.archs) or 'none'}"
+                      + (f"; torch {result.torch} {' '.join(result.torch_archs)}" if result.torch else ""))
+    except CheckFailed as exc:
+        err_console.print(f"could not inspect {ref}: {exc}")
+    console.print(f"built {ref}; pin it with `invoke images.pin {spec.catalog_key.replace(':', '=', 1)} --inspect`")
+
+
+def _inspect_pinned(entries: list, specs: list, path: Path, *, quiet: bool) -> list:
+    """Pull each just-pinned digest from where it was resolved, inspect it, record it in the lock."""
+    from llmfleet.images import inspect as ins
+
+    out = []
+    for e, s in zip(entries, specs, strict=True):
+        repo, _, _ = img.split_reference(s.ref)
+        ref = f"{repo}@{e.digest}"
+        have = subprocess.run(["docker", "image", "inspect", ref], capture_output=True, check=False).returncode == 0
+        if not have and subprocess.run(["docker", "pull", "-q", ref], capture_output=True, check=False).returncode != 0:
+            raise CheckFailed(f"images.pin --inspect: docker pull {ref} failed; the pin is written, the inspection not")
+        result = ins.inspect_image(e.key, ref)
+        e = ins.apply(e, result)
+        img.write_lock(img.merge(img.load_lock(path), [e]), path)
+        if not quiet:
+            console.print(f"inspected {e.key}: kernels {' '.join(e.archs) or 'none'}"
+                          + (f"; torch {e.torch} {' '.join(e.torch_archs)}" if e.torch else ""))
+        out.append(e)
+    return out
 
 
 @task(
@@ -237,7 +270,9 @@ def inspect(c, key, ref=None, lock=None, pull=False, no_write=False, json=False)
     table.add_column("value", overflow="fold")
     rows = [("image", ref), ("engine version", result.engine_version or "-"), ("CUDA (image env)", result.cuda or "-"),
             ("engine kernels", " ".join(result.archs) or "none"), ("read from", ", ".join(result.files) or "-")]
-    if result.engine == "vllm":
+    from llmfleet.knowledge.engines import for_engine
+
+    if for_engine(result.engine).needs_torch_kernels:
         rows[3:3] = [("torch", f"{result.torch or '-'} (CUDA {result.torch_cuda or 'none'})"),
                      ("torch archs", " ".join(result.torch_archs) or "none")]
     rows += [("note", n) for n in result.notes]

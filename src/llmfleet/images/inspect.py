@@ -265,7 +265,9 @@ def inspect_image(key: str, ref: str, *, runner: Runner | None = None, docker: s
                           "(docker pull, or --pull)")
     config = parse_config(out.decode("utf-8", "replace"))
     cuda = image_cuda(config)
-    if engine == "vllm":
+    from llmfleet.knowledge.engines import for_engine
+
+    if for_engine(engine).inspect_method == "python":
         return _inspect_vllm(ctx, key, ref, cuda)
     return _inspect_llamacpp(ctx, key, ref, cuda, config)
 

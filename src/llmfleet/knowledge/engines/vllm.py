@@ -18,6 +18,7 @@ class VllmKnowledge(EngineKnowledge):
     model_is_file = False
     default_quant = "fp16"
     needs_torch_kernels = True
+    inspect_method = "python"
     health_path = "/health"
     metrics: ClassVar[dict[str, tuple[str, ...]]] = {
         "running": ("vllm:num_requests_running",),
