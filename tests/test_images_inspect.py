@@ -235,3 +235,15 @@ def test_recorded_cuobjdump_and_torch_flags_of_a_real_wheel():
     archs = ins.torch_archs_from_flags(" ".join(flags))
     assert archs == tuple(CAT.images["vllm:0.20.0"].torch.archs)
     assert "7.0" not in archs
+
+
+def test_the_volta_build_checks_torch_arch_flags_that_exist_without_a_gpu():
+    """torch.cuda.get_arch_list() returns [] when no GPU is visible (measured: torch 2.11.0+cu130 with
+    CUDA_VISIBLE_DEVICES= gives `False [] 'sm_75 sm_80 sm_86 sm_90 sm_100 sm_120'` for
+    is_available(), get_arch_list(), _cuda_getArchFlags()): a `docker build` has no GPU, so the
+    Dockerfile's sm_70 check must read the compiled flags, as images.inspect does."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "dockerfiles" / "vllm-volta" / "Dockerfile").read_text()
+    assert "get_arch_list()" not in text
+    assert "_cuda_getArchFlags()" in text and "_cuda_getArchFlags" in ins.vllm_probe_script()

@@ -393,7 +393,7 @@ def check_architecture(rel: EngineRelease, gpu_name: str | None, cc: str | None)
                 "warn",
                 f"{rel.key}'s own kernels cover {label} ({_sm(own[1])}), but no source confirms the arch list of "
                 f"the PyTorch build inside it, which must cover {_sm(str(cc))} too ({src})",
-                f"run `invoke images.inspect {rel.key}` to read torch.cuda.get_arch_list() from the image",
+                f"run `invoke images.inspect {rel.key}` to read torch's compiled arch list from the image",
             )
         tcov = kernels_cover(tb.kernels, str(cc))
         tname = f"torch {tb.version}" + (f"+cu{tb.cuda.replace('.', '')}" if tb.cuda else "")
@@ -410,7 +410,7 @@ def check_architecture(rel: EngineRelease, gpu_name: str | None, cc: str | None)
                 "warn",
                 f"{rel.key}: its kernels cover {label}; the arch list of its PyTorch build ({tname}) is unconfirmed "
                 f"(confidence U), so {_sm(str(cc))} in torch is a claim no source confirms",
-                f"run `invoke images.inspect {rel.key}` to read torch.cuda.get_arch_list() from the image",
+                f"run `invoke images.inspect {rel.key}` to read torch's compiled arch list from the image",
             )
         torch_note = f"; its {tname} has {'SASS' if tcov[0] == 'sass' else 'only PTX'} for {_sm(tcov[1])}"
         if tcov[0] == "ptx" and own[0] == "sass":
