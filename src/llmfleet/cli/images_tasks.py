@@ -304,6 +304,9 @@ def list_(c, lock=None, json=False):
             "digest": e.digest if e else None,
             "cuda": e.cuda if e else catalog[key].cuda if key in catalog else None,
             "archs": list(e.archs) if e else [],
+            "torch": e.torch if e else None,
+            "torch_archs": list(e.torch_archs) if e else [],
+            "archs_source": e.archs_source if e else None,
             "verified": e.verified if e else None,
             "in_lock": e is not None,
             "in_catalog": key in catalog,
@@ -325,6 +328,10 @@ def list_(c, lock=None, json=False):
         if r["dockerfile"]:
             notes.append(f"built from dockerfiles/{r['dockerfile']}")
         verified = f"{r['verified']['at']} ({r['verified'].get('registry', '')})" if r["verified"] else "never"
+        if r["torch"]:
+            notes.append(f"torch {r['torch']}: {' '.join(r['torch_archs']) or '-'}")
+        if r["archs_source"] == "inspected":
+            notes.append("inspected from the image")
         table.add_row(r["key"], f"{r['repository']}:{r['tag']}", digest, r["cuda"] or "-",
                       " ".join(r["archs"]) or "-", verified, "; ".join(notes))
     console.print(table)
