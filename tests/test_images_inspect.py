@@ -247,3 +247,39 @@ def test_the_volta_build_checks_torch_arch_flags_that_exist_without_a_gpu():
     text = (Path(__file__).resolve().parents[1] / "dockerfiles" / "vllm-volta" / "Dockerfile").read_text()
     assert "get_arch_list()" not in text
     assert "_cuda_getArchFlags()" in text and "_cuda_getArchFlags" in ins.vllm_probe_script()
+
+
+class _Client:
+    def __init__(self, digest: str):
+        self.digest = digest
+
+    def resolve(self, ref):
+        return self.digest
+
+
+def test_re_pinning_the_same_digest_keeps_what_was_inspected_and_a_new_digest_drops_it(tmp_path):
+    from llmfleet.images.lock import ImageLock, PinSpec, load_lock, pin, write_lock
+
+    d1, d2 = "sha256:" + "1" * 64, "sha256:" + "2" * 64
+    path = tmp_path / "images.lock"
+    inspected = LockedImage("vllm:0.19.1", "docker.io/vllm/vllm-openai", d1, "v0.19.1", "12.9.1", ("7.0", "8.0"),
+                            torch="2.10.0+cu129", torch_cuda="12.9", torch_archs=("7.0", "8.0"),
+                            archs_source="inspected", engine_version="0.19.1")
+    write_lock(ImageLock({inspected.key: inspected}), path)
+    spec = PinSpec(key="vllm:0.19.1", ref="docker.io/vllm/vllm-openai:v0.19.1", cuda="12.9.1", archs=("7.0",),
+                   torch="2.10.0", torch_cuda="12.9", torch_archs=("7.0",))
+    pin([spec], _Client(d1), path)
+    e = load_lock(path).get("vllm:0.19.1")
+    assert (e.archs_source, e.torch, e.engine_version) == ("inspected", "2.10.0+cu129", "0.19.1")
+    pin([spec], _Client(d2), path)  # other bytes: the catalog's facts until inspected again
+    e = load_lock(path).get("vllm:0.19.1")
+    assert (e.archs_source, e.torch, e.archs, e.engine_version) == ("catalog", "2.10.0", ("7.0",), None)
+
+
+def test_a_bad_archs_source_is_a_one_line_error():
+    from llmfleet.errors import UsageError
+
+    text = ("images:\n  vllm:0.19.1:\n    repository: docker.io/vllm/vllm-openai\n    digest: null\n"
+            "    archs_source: guessed\n")
+    with pytest.raises(UsageError, match="archs_source must be catalog or inspected"):
+        parse_lock(text)
