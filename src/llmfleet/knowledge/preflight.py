@@ -166,8 +166,9 @@ def release_for(image_ref: Any, catalog: EngineCatalog) -> tuple[EngineRelease |
         return rel, []
     notes: list[str] = []
     update: dict[str, Any] = {}
-    inspected = getattr(image_ref, "archs_source", None) == "inspected"
-    source = "inspected" if inspected else "lock"
+    archs_source = getattr(image_ref, "archs_source", None)
+    inspected = archs_source == "inspected"
+    source = "inspected" if inspected else ("catalog" if archs_source == "catalog" else "lock")
     lock_cuda = getattr(image_ref, "cuda", None)
     if lock_cuda and not rel.cpu and lock_cuda != rel.cuda:
         if compat.cuda_major_minor(lock_cuda) is None:
