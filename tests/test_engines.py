@@ -24,7 +24,11 @@ def test_every_catalog_engine_has_a_knowledge_module_and_the_interface_says_what
     for name in engines.names():
         k = engines.for_engine(name)
         assert k.name == name and k.label and k.health_path.startswith("/")
-        assert set(k.metrics) == {"running", "waiting", "kv_cache", "generated", "prompt"}
+        # the fields fleet.metrics.EngineMetrics reads, every one named by every engine
+        from dataclasses import fields
+
+        from llmfleet.fleet.metrics import EngineMetrics
+        assert set(k.metrics) == {f.name for f in fields(EngineMetrics)}
     doc = engines.base.__doc__ or ""
     for must in ("catalog/engines.yaml", "roles/<name>", "EngineKnowledge", "kv_layout", "engine_args", "lab image"):
         assert must in doc, must

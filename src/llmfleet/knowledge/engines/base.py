@@ -65,7 +65,7 @@ class EngineKnowledge:
     health_path: ClassVar[str] = "/health"
     ready_status: ClassVar[int] = 200
     metrics_flag: ClassVar[str | None] = None
-    # llmfleet metric -> the engine's Prometheus names, the current name first
+    # llmfleet metric (fleet.metrics.EngineMetrics field) -> the engine's Prometheus names, newest first
     metrics: ClassVar[dict[str, tuple[str, ...]]] = {}
 
     # -------------------------------------------------------------------- kernels and driver
