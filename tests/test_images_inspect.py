@@ -283,3 +283,18 @@ def test_a_bad_archs_source_is_a_one_line_error():
             "    archs_source: guessed\n")
     with pytest.raises(UsageError, match="archs_source must be catalog or inspected"):
         parse_lock(text)
+
+
+def test_inspect_a_key_the_lock_does_not_have_is_a_usage_error(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from llmfleet.images.lock import ImageLock, write_lock
+
+    write_lock(ImageLock({}), tmp_path / "images.lock")
+    res = subprocess.run([sys.executable, "-m", "invoke", "images.inspect", "vllm:0.19.1", "--lock",
+                          str(tmp_path / "images.lock")], cwd=Path(__file__).resolve().parents[1],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "no entry 'vllm:0.19.1'" in res.stderr + res.stdout and "Traceback" not in res.stderr
