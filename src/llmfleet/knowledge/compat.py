@@ -412,7 +412,9 @@ def check_architecture(rel: EngineRelease, gpu_name: str | None, cc: str | None)
                 f"(confidence U), so {_sm(str(cc))} in torch is a claim no source confirms",
                 f"run `invoke images.inspect {rel.key}` to read torch's compiled arch list from the image",
             )
-        torch_note = f"; its {tname} has {'SASS' if tcov[0] == 'sass' else 'only PTX'} for {_sm(tcov[1])}"
+        torch_note = (f"; its {tname} has {'SASS' if tcov[0] == 'sass' else 'only PTX'} for {_sm(tcov[1])}"
+                      + (f" (torch arch list confidence {tb.confidence}: run `invoke images.inspect {rel.key}` "
+                         "to read it from the image)" if tb.confidence != "H" else ""))
         if tcov[0] == "ptx" and own[0] == "sass":
             cov = tcov
     kind, arch = cov
