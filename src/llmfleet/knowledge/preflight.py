@@ -365,7 +365,7 @@ def run_checks(
 def _image_desc(rel: EngineRelease) -> str:
     torch = ""
     if rel.torch is not None and not rel.cpu:
-        torch = f", torch {rel.torch.version}" + (f"+cu{rel.torch.cuda.replace('.', '')}" if rel.torch.cuda else "")
+        torch = ", " + compat.torch_label(rel.torch)
     facts = {"catalog": "catalog", "lock": "images.lock", "inspected": "inspected from the image"}[rel.facts_source]
     return (f"{rel.repository}:{rel.tag}, " + ("CPU only" if rel.cpu else f"CUDA {rel.cuda}") + torch
             + f" (kernels: {facts}; catalog confidence {rel.confidence})")
