@@ -202,6 +202,7 @@ def test_inspecting_a_vllm_image_and_preflight_prefers_the_inspected_facts():
     assert rel.facts_source == "inspected" and rel.torch.confidence == "H"
     v100 = compat.check_architecture(rel, "Tesla V100-SXM2-32GB", "7.0")
     assert v100.status == "fail" and "inspected from the image" in v100.message
+    assert "torch 2.7.1+cu128," in v100.message
     t4 = compat.check_architecture(rel, "Tesla T4", "7.5")
     assert t4.status == "pass" and "inspected from the image" in t4.message
 
