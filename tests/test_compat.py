@@ -85,7 +85,7 @@ def cuda_verdict(image, gpu, drv, host=NO_FWD, env=None, today=BEFORE_R535_EOL):
         ("vllm:0.10.1.1", RTX4090, D550, FWD_OK, "warn", "minor-version", "upgrade the driver"),
         ("vllm:0.20.0", RTX4090, D575, FWD_OK, "fail", "cudaErrorCompatNotSupportedOnDevice (804)", "upgrade the driver"),
         # T4 on R470: another CUDA major, so only forward compatibility can help
-        ("vllm:0.10.1.1", T4, D470, NO_FWD, "fail", "end of life", "CUDA <= 11.4"),
+        ("vllm:0.10.1.1", T4, D470, NO_FWD, "fail", "it is not registered in Docker", "CUDA <= 11.4"),
         ("llamacpp:b5000-cu122", P40, ("470.82.00", "11.4"), NO_FWD, "fail", "supports CUDA 11.4", ">= 535.104.05"),
         # new-feature branches are not supported for forward compatibility (only LTSB and PB are listed)
         ("vllm:0.10.1.1", T4, ("545.23.08", "12.3"), FWD_OK, "warn", "minor-version", ">= 570.124.06"),

@@ -75,6 +75,13 @@ class TorchBuild(_Model):
         return parse_archs(self.archs) or Kernels()
 
 
+def torch_label(tb: TorchBuild) -> str:
+    """``torch 2.7.1+cu128`` (the version as inspected already carries the variant)."""
+    if "+" in tb.version or not tb.cuda:
+        return f"torch {tb.version}"
+    return f"torch {tb.version}+cu{tb.cuda.replace('.', '')}"
+
+
 class KvLayout(_Model):
     """What a build keeps for sliding-window layers: only the window, or the full context."""
 
@@ -393,10 +400,10 @@ def check_architecture(rel: EngineRelease, gpu_name: str | None, cc: str | None)
                 "warn",
                 f"{rel.key}'s own kernels cover {label} ({_sm(own[1])}), but no source confirms the arch list of "
                 f"the PyTorch build inside it, which must cover {_sm(str(cc))} too ({src})",
-                f"run `invoke images.inspect {rel.key}` to read torch.cuda.get_arch_list() from the image",
+                f"run `invoke images.inspect {rel.key}` to read torch's compiled arch list from the image",
             )
         tcov = kernels_cover(tb.kernels, str(cc))
-        tname = f"torch {tb.version}" + (f"+cu{tb.cuda.replace('.', '')}" if tb.cuda else "")
+        tname = torch_label(tb)
         if tcov is None:
             return Verdict(
                 "fail",
@@ -410,9 +417,11 @@ def check_architecture(rel: EngineRelease, gpu_name: str | None, cc: str | None)
                 "warn",
                 f"{rel.key}: its kernels cover {label}; the arch list of its PyTorch build ({tname}) is unconfirmed "
                 f"(confidence U), so {_sm(str(cc))} in torch is a claim no source confirms",
-                f"run `invoke images.inspect {rel.key}` to read torch.cuda.get_arch_list() from the image",
+                f"run `invoke images.inspect {rel.key}` to read torch's compiled arch list from the image",
             )
-        torch_note = f"; its {tname} has {'SASS' if tcov[0] == 'sass' else 'only PTX'} for {_sm(tcov[1])}"
+        torch_note = (f"; its {tname} has {'SASS' if tcov[0] == 'sass' else 'only PTX'} for {_sm(tcov[1])}"
+                      + (f" (torch arch list confidence {tb.confidence}: run `invoke images.inspect {rel.key}` "
+                         "to read it from the image)" if tb.confidence != "H" else ""))
         if tcov[0] == "ptx" and own[0] == "sass":
             cov = tcov
     kind, arch = cov
@@ -678,7 +687,7 @@ def summarize_catalog(cat: EngineCatalog) -> list[dict[str, Any]]:
     return [
         {"image": k, "cuda": r.cuda or "cpu", "min_driver": r.min_driver or "-",
          "sass": r.kernels.sass, "ptx": r.kernels.ptx,
-         "torch": (f"{r.torch.version}+cu{(r.torch.cuda or '').replace('.', '')}" if r.torch else None),
+         "torch": torch_label(r.torch).removeprefix("torch ") if r.torch else None,
          "confidence": r.confidence}
         for k, r in cat.images.items()
     ]

@@ -12,6 +12,7 @@ the checks for each service of the host.
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -165,8 +166,9 @@ def release_for(image_ref: Any, catalog: EngineCatalog) -> tuple[EngineRelease |
         return rel, []
     notes: list[str] = []
     update: dict[str, Any] = {}
-    inspected = getattr(image_ref, "archs_source", None) == "inspected"
-    source = "inspected" if inspected else "lock"
+    archs_source = getattr(image_ref, "archs_source", None)
+    inspected = archs_source == "inspected"
+    source = "inspected" if inspected else ("catalog" if archs_source == "catalog" else "lock")
     lock_cuda = getattr(image_ref, "cuda", None)
     if lock_cuda and not rel.cpu and lock_cuda != rel.cuda:
         if compat.cuda_major_minor(lock_cuda) is None:
@@ -363,7 +365,7 @@ def run_checks(
 def _image_desc(rel: EngineRelease) -> str:
     torch = ""
     if rel.torch is not None and not rel.cpu:
-        torch = f", torch {rel.torch.version}" + (f"+cu{rel.torch.cuda.replace('.', '')}" if rel.torch.cuda else "")
+        torch = ", " + compat.torch_label(rel.torch)
     facts = {"catalog": "catalog", "lock": "images.lock", "inspected": "inspected from the image"}[rel.facts_source]
     return (f"{rel.repository}:{rel.tag}, " + ("CPU only" if rel.cpu else f"CUDA {rel.cuda}") + torch
             + f" (kernels: {facts}; catalog confidence {rel.confidence})")
@@ -665,3 +667,106 @@ def preflight_host(
     except RemoteError as exc:
         return None, unreachable(host.name, str(exc), chosen)
     return found, check_host(host.name, settings, found, lock=lock, services=chosen, allow_unpinned=allow_unpinned)
+
+
+# ------------------------------------------------------------------------------------------------
+# Judging a host without reaching it: facts saved by `invoke facts --json`, plus assumptions
+
+
+# --assume KEY=VALUE: what may be assumed, and what it changes in the facts
+ASSUMABLE = {
+    "driver": "the NVIDIA driver version (the highest CUDA it supports follows from its branch)",
+    "cuda": "the highest CUDA the driver supports (the nvidia-smi banner), e.g. 12.8",
+    "toolkit": "the nvidia-container-toolkit version, e.g. 1.17.8",
+    "default_runtime": "Docker's default runtime, e.g. nvidia or runc",
+}
+
+
+def facts_from_saved(data: Any, host: str, path: str) -> Facts:
+    """The facts of ``host`` from what ``invoke facts --json`` printed (one object, or a list of
+    them). Pure. Raises UsageError naming the file and what is wrong."""
+    entries = data if isinstance(data, list) else [data]
+    if not all(isinstance(e, dict) for e in entries):
+        raise UsageError(f"{path}: expected the JSON that `invoke facts --host {host} --json` prints")
+    match = [e for e in entries if e.get("host") == host]
+    if not match:
+        seen = ", ".join(sorted(str(e.get("host")) for e in entries)) or "none"
+        raise UsageError(f"{path}: no facts for host {host} (hosts in the file: {seen}); save them with "
+                         f"`invoke facts --host {host} --json > {path}`")
+    entry = match[0]
+    if "error" in entry and "gpus" not in entry:
+        raise UsageError(f"{path}: the saved facts of {host} are an error ({str(entry['error'])[:120]}); "
+                         "gather them again where the host is reachable")
+    try:
+        return Facts.model_validate(entry)
+    except Exception as exc:  # pydantic's message, first line: the field that is wrong
+        first = str(exc).splitlines()
+        raise UsageError(f"{path}: facts of {host} do not parse: {' '.join(first[:3])[:200]}") from None
+
+
+def parse_assumptions(items: list[str] | tuple[str, ...]) -> dict[str, str]:
+    """``["driver=550.127.05", ...]`` -> {key: value}. Pure; UsageError for an unknown key or a
+    value that does not parse."""
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = str(item).partition("=")
+        key = key.strip().replace("-", "_")
+        value = value.strip()
+        if not sep or not value:
+            raise UsageError(f"--assume {item!r}: write KEY=VALUE, e.g. driver=550.127.05")
+        if key not in ASSUMABLE:
+            raise UsageError(f"--assume {item!r}: unknown key {key!r}; known: "
+                             + "; ".join(f"{k} ({v})" for k, v in ASSUMABLE.items()))
+        if key in ("driver", "toolkit", "cuda"):
+            v = compat.version_tuple(re.sub(r"[-~+].*$", "", value))
+            if v is None or len(v) < 2:
+                raise UsageError(f"--assume {item!r}: {value!r} is not a version like "
+                                 + {"driver": "550.127.05", "toolkit": "1.17.8", "cuda": "12.8"}[key])
+        out[key] = value
+    return out
+
+
+def apply_assumptions(facts: Facts, assumed: dict[str, str], catalog: EngineCatalog) -> tuple[Facts, list[str]]:
+    """The facts with the assumed values in place, and one line per change. Pure (a copy).
+
+    An assumed driver also sets the CUDA it supports, from its branch (``driver_branches``), unless
+    ``cuda`` is assumed too."""
+    f = facts.model_copy(deep=True)
+    notes: list[str] = []
+    if "driver" in assumed:
+        old = f.driver_version
+        f.driver_version = assumed["driver"]
+        cuda = compat.branch_cuda(assumed["driver"], catalog.driver_branches)
+        f.cuda_driver_version = cuda
+        f.cuda_driver_source = "driver-branch" if cuda else None
+        notes.append(f"driver {old or '?'} -> {assumed['driver']} (CUDA {cuda or '?'} from its branch)")
+    if "cuda" in assumed:
+        notes.append(f"driver CUDA {f.cuda_driver_version or '?'} -> {assumed['cuda']}")
+        f.cuda_driver_version = assumed["cuda"]
+        f.cuda_driver_source = "banner"
+    if "toolkit" in assumed:
+        notes.append(f"nvidia-container-toolkit {f.toolkit.version or '?'} -> {assumed['toolkit']}")
+        f.toolkit.version = assumed["toolkit"]
+    if "default_runtime" in assumed:
+        notes.append(f"Docker default runtime {f.docker.default_runtime or '?'} -> {assumed['default_runtime']}")
+        f.docker.default_runtime = assumed["default_runtime"]
+        if assumed["default_runtime"] not in f.docker.runtimes:
+            f.docker.runtimes = [*f.docker.runtimes, assumed["default_runtime"]]
+    return f, notes
+
+
+def check_saved(host_name: str, settings: HostSettings, facts: Facts, *, lock: Any, source: str,
+                assumed_notes: list[str], services: list[Service] | None = None, allow_unpinned: bool = False,
+                catalog: EngineCatalog | None = None, today: str | None = None) -> list[Report]:
+    """``check_host`` on saved facts, each report with a leading ``offline`` WARN that says the host
+    was not contacted, where the facts came from and what was assumed."""
+    reports = check_host(host_name, settings, facts, lock=lock, services=services, allow_unpinned=allow_unpinned,
+                         catalog=catalog, today=today)
+    said = f"judged without connecting, from facts saved in {source}"
+    if assumed_notes:
+        said += "; assumed: " + "; ".join(assumed_notes)
+    note = Check("offline", "warn", said, f"run `invoke preflight --host {host_name}` against the host itself "
+                                          "before deploying")
+    for r in reports:
+        r.checks.insert(0, note)
+    return reports

@@ -17,7 +17,8 @@ What a new engine (SGLang, TGI, ...) must provide, and nothing else:
    - ``name`` (the catalog/inventory engine name), ``label`` (for people);
    - ``model_is_file`` (a GGUF file, or a model folder), ``default_quant``, ``quant_unknown_note``,
      ``quant_runs_on_any_card`` (True when every quant has a kernel on every CUDA card);
-   - ``needs_torch_kernels`` (True when the image's PyTorch build must cover the card too);
+   - ``needs_torch_kernels`` (True when the image's PyTorch build must cover the card too) and
+     ``inspect_method`` (how ``images.inspect`` reads an image: its Python, or its binaries);
    - ``health_path``, ``ready_status`` and ``metrics`` (Prometheus names per llmfleet metric, newest
      first), ``metrics_flag`` (the flag that turns /metrics on, if any);
    - ``arch_fix(release, cc)``: what to use instead when the image has no kernels for a card;
@@ -58,10 +59,13 @@ class EngineKnowledge:
     quant_unknown_note: ClassVar[str] = ""
     quant_runs_on_any_card: ClassVar[bool] = False
     needs_torch_kernels: ClassVar[bool] = False
+    # how images.inspect reads an image: "python" (run the image's Python: torch and the engine's
+    # extension modules) or "binary" (copy the server binary and its libraries out of the image)
+    inspect_method: ClassVar[str] = "binary"
     health_path: ClassVar[str] = "/health"
     ready_status: ClassVar[int] = 200
     metrics_flag: ClassVar[str | None] = None
-    # llmfleet metric -> the engine's Prometheus names, the current name first
+    # llmfleet metric (fleet.metrics.EngineMetrics field) -> the engine's Prometheus names, newest first
     metrics: ClassVar[dict[str, tuple[str, ...]]] = {}
 
     # -------------------------------------------------------------------- kernels and driver

@@ -23,11 +23,11 @@ class LlamaCppKnowledge(EngineKnowledge):
     health_path = "/health"
     metrics_flag = "--metrics"
     metrics: ClassVar[dict[str, tuple[str, ...]]] = {
-        "running": ("llamacpp:requests_processing",),
-        "waiting": ("llamacpp:requests_deferred",),
-        "kv_cache": ("llamacpp:kv_cache_usage_ratio",),
-        "generated": ("llamacpp:tokens_predicted_total",),
-        "prompt": ("llamacpp:prompt_tokens_total",),
+        "requests_running": ("llamacpp:requests_processing",),
+        "requests_waiting": ("llamacpp:requests_deferred",),
+        "kv_cache_usage": ("llamacpp:kv_cache_usage_ratio",),
+        "generation_tokens_total": ("llamacpp:tokens_predicted_total",),
+        "prompt_tokens_total": ("llamacpp:prompt_tokens_total",),
     }
 
     def arch_fix(self, rel: EngineRelease, cc: str) -> str:

@@ -18,13 +18,14 @@ class VllmKnowledge(EngineKnowledge):
     model_is_file = False
     default_quant = "fp16"
     needs_torch_kernels = True
+    inspect_method = "python"
     health_path = "/health"
     metrics: ClassVar[dict[str, tuple[str, ...]]] = {
-        "running": ("vllm:num_requests_running",),
-        "waiting": ("vllm:num_requests_waiting",),
-        "kv_cache": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
-        "generated": ("vllm:generation_tokens_total",),
-        "prompt": ("vllm:prompt_tokens_total",),
+        "requests_running": ("vllm:num_requests_running",),
+        "requests_waiting": ("vllm:num_requests_waiting",),
+        "kv_cache_usage": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+        "generation_tokens_total": ("vllm:generation_tokens_total",),
+        "prompt_tokens_total": ("vllm:prompt_tokens_total",),
     }
 
     # -------------------------------------------------------------------- kernels and driver
