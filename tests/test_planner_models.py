@@ -154,7 +154,8 @@ def test_a_moe_layout_the_planner_cannot_model_is_refused_in_one_line(tmp_path, 
     assert "\n" not in str(exc.value) and "config.json" in str(exc.value)
 
 
-def test_a_moe_gguf_file_reads_only_its_active_experts_per_token(tmp_path):
+@pytest.mark.parametrize("layout", ["3d", "per-expert"])  # per-expert: the first Mixtral GGUFs (blk.N.ffn_up.E)
+def test_a_moe_gguf_file_reads_only_its_active_experts_per_token(tmp_path, layout):
     from gguf import GGMLQuantizationType as T
     from gguf import GGUFWriter
 
@@ -175,7 +176,11 @@ def test_a_moe_gguf_file_reads_only_its_active_experts_per_token(tmp_path):
         for name, shape in (("ffn_gate_exps", (8, 32, 64)), ("ffn_up_exps", (8, 32, 64)), ("ffn_down_exps", (8, 64, 32))):
             a = np.zeros(shape, dtype=np.float32)
             exps += a.nbytes
-            w.add_tensor(f"blk.{i}.{name}.weight", a, raw_dtype=T.F32)
+            if layout == "3d":
+                w.add_tensor(f"blk.{i}.{name}.weight", a, raw_dtype=T.F32)
+            else:
+                for e in range(8):
+                    w.add_tensor(f"blk.{i}.{name.removesuffix('_exps')}.{e}.weight", a[e], raw_dtype=T.F32)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

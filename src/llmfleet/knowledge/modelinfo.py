@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import struct
 from pathlib import Path
 from typing import Any
@@ -418,12 +419,14 @@ def read_gguf(path: Path) -> ModelSpec:
     # Mixture of experts: routed experts are stored as 3-D *_exps tensors (one per layer and role).
     n_expert = int(key("expert_count") or 0)
     n_used = int(key("expert_used_count") or 0)
-    exps_bytes = sum(int(t.n_bytes) for t in reader.tensors if "_exps." in t.name)
+    # (older files, e.g. the first Mixtral GGUFs, keep one 2-D tensor per expert: blk.N.ffn_up.E.weight)
+    exps_bytes = sum(int(t.n_bytes) for t in reader.tensors
+                     if "_exps." in t.name or re.fullmatch(r"blk\.\d+\.ffn_(gate|up|down)\.\d+\.weight", t.name))
     if n_expert and not (0 < n_used <= n_expert):
         raise UsageError(f"{path}: {arch}.expert_used_count {n_used} / expert_count {n_expert} do not describe a "
                          "mixture of experts")
     if n_expert > 1 and not exps_bytes:
-        raise UsageError(f"{path}: {arch}.expert_count {n_expert} but no *_exps tensors; the planner cannot tell "
+        raise UsageError(f"{path}: {arch}.expert_count {n_expert} but no expert tensors; the planner cannot tell "
                          "which bytes a token reads and refuses rather than size it wrong")
     lin_k_heads = int(key("ssm.group_count") or 0)
     lin_v_heads = int(key("ssm.time_step_rank") or 0)
