@@ -751,9 +751,12 @@ def health_floor(engine: str, gpu: Gpu, read_bytes: float, layer_read_bytes: flo
                              layers - int(layers * share) if engine == "llamacpp" else layers,
                              host_bytes=off_bytes, host_gbps=offload_gbps)
     if offloaded.high < resident.low:
+        thin = resident.low / offloaded.high < 1.1
         return (offloaded.high, resident, offloaded,
                 f"the fastest decode with {share:.3g} of the layers off the GPU ({offloaded.high:.1f} tok/s): "
-                f"any such offload is slower, every resident run faster ({resident.low:.1f} tok/s at the least)")
+                f"any such offload is slower, every resident run faster ({resident.low:.1f} tok/s at the least)"
+                + ("; the margin is under 10 % on this card (slow memory: an offload costs little), so a busy "
+                   "host can fail the gate: set health.min_tokps from a measured run if it does" if thin else ""))
     floor = 0.9 * resident.low
     return (floor, resident, offloaded,
             f"0.9 x the slowest resident prediction ({resident.low:.1f} tok/s): on this card a {share:.3g} offload "
