@@ -126,6 +126,9 @@ def check_host(
             lock = lock_for(host)
         except LlmfleetError as exc:
             err(f"{where}: images.lock: {exc}")
+        else:
+            if lock is None:
+                warn(f"{where}: no images.lock for this host; image keys not checked")
     mirrors = settings.image_mirrors if settings else {}
     src = host.sources.get("llmfleet_services", "inventory")
     for s in services:
@@ -144,11 +147,16 @@ def check_host(
                     quant = None
         if lock is not None:
             try:
-                ref = images.resolve(s.image, lock, mirrors=mirrors, where=at)
+                images.resolve(s.image, lock, mirrors=mirrors, where=at)
             except UsageError as exc:
-                err(str(exc))
+                locked = lock.get(s.image)
+                if locked is not None and locked.digest is None:
+                    warn(f"{at}: image {s.image!r} is in {lock.path} but not pinned to a digest yet; "
+                         f"deploy needs `invoke images.pin` first (or --allow-unpinned)")
+                else:
+                    err(str(exc))
             else:
-                locked = lock.get(s.image) if ref is not None else None
+                locked = lock.get(s.image)
                 if locked is not None and locked.engine != s.engine:
                     err(f"{at}: image {s.image!r} is a {locked.engine} image, but the service's engine is {s.engine}")
         if card is None:
