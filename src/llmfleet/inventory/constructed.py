@@ -11,6 +11,7 @@ fails, as Ansible does; ``strict: true`` makes it an error. Pure.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -18,10 +19,29 @@ from typing import Any
 from llmfleet.errors import InventoryError
 from llmfleet.inventory.ansible import Builder, sort_groups
 from llmfleet.inventory.templating import TemplateError, evaluate_expression
+from llmfleet.inventory.values import UnsafeText
 
 NAMES = ("constructed", "ansible.builtin.constructed")
+_INVALID = re.compile(r"^[\d\W]|[^\w]")
+
+
+def safe_group_name(name: str) -> str:
+    """Constructed group names get invalid characters replaced by ``_`` (ansible-core's
+    ``to_safe_group_name(force=True)``, unlike names written in INI/YAML files)."""
+    return _INVALID.sub("_", name)
 _OPTIONS = {"plugin", "strict", "compose", "groups", "keyed_groups", "leading_separator", "use_vars_plugins",
             "use_extra_vars"}
+
+
+def _untrusted(value: Any) -> Any:
+    """Template results are not trusted templates themselves (ansible-inventory prints them unsafe)."""
+    if isinstance(value, str):
+        return UnsafeText(value)
+    if isinstance(value, list | tuple):
+        return [_untrusted(v) for v in value]
+    if isinstance(value, Mapping):
+        return {k: _untrusted(v) for k, v in value.items()}
+    return value
 
 
 def _host_vars(b: Builder, host: str) -> dict[str, Any]:
@@ -66,7 +86,7 @@ def parse_constructed(b: Builder, path: Path, config: Mapping[str, Any]) -> None
                 if strict:
                     fail(f"could not set {varname} for host {host}: {exc}")
                 continue
-            b.set_variable(host, varname, value, where=f"host {host}, constructed")
+            b.set_variable(host, varname, _untrusted(value), where=f"host {host}, constructed")
         variables = _host_vars(b, host)
         for gname, cond in groups.items():
             try:
@@ -76,7 +96,7 @@ def parse_constructed(b: Builder, path: Path, config: Mapping[str, Any]) -> None
                     fail(f"could not add host {host} to group {gname}: {exc}")
                 continue
             if result:
-                b.add_group(gname)
+                gname = b.add_group(safe_group_name(str(gname)))
                 b.add_child(gname, host)
         for entry in keyed:
             if not entry or not isinstance(entry, Mapping):
@@ -127,8 +147,8 @@ def parse_constructed(b: Builder, path: Path, config: Mapping[str, Any]) -> None
                      "expected a string, a list or a mapping")
             for bare in names:
                 this_sep = "" if prefix == "" and leading is False else sep
-                gname = b.add_group(f"{prefix}{this_sep}{bare}")
+                gname = b.add_group(safe_group_name(f"{prefix}{this_sep}{bare}"))
                 b.add_host(host, gname)
                 if parent:
-                    b.add_group(str(parent))
-                    b.add_child(str(parent), gname)
+                    pname = b.add_group(safe_group_name(str(parent)))
+                    b.add_child(pname, gname)
