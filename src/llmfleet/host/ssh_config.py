@@ -102,7 +102,10 @@ def expand_tokens(value: str, table: dict[str, str]) -> str:
 
 
 def _match_pattern_list(name: str, patterns: list[str], case_insensitive: bool = True) -> bool:
-    """OpenSSH match_pattern_list: a negated match wins and makes the whole list false."""
+    """OpenSSH match_pattern_list: a negated match wins and makes the whole list false.
+
+    ``Match host/originalhost`` compare lowercased (match_hostname); ``Host`` lines and ``Match
+    user`` compare exactly (match_pattern)."""
     if case_insensitive:
         name = name.lower()
     got = False
@@ -111,7 +114,7 @@ def _match_pattern_list(name: str, patterns: list[str], case_insensitive: bool =
         p = pat[1:] if neg else pat
         if case_insensitive:
             p = p.lower()
-        if fnmatch.fnmatchcase(name, p):
+        if fnmatch.fnmatchcase(name, p.replace("[", "[[]")):
             if neg:
                 return False
             got = True
@@ -142,6 +145,8 @@ class _Reader:
             return
         if key in self.options:
             return
+        if key in ("proxyjump", "proxycommand") and ("proxyjump" in self.options or "proxycommand" in self.options):
+            return  # one proxy setting: the first of either wins, as in readconf.c
         if key in ("proxycommand", "localcommand", "remotecommand", "knownhostscommand"):
             self.options[key] = [" ".join(args)]
         elif key in ("globalknownhostsfile", "userknownhostsfile"):
@@ -245,7 +250,7 @@ class _Reader:
             except SshConfigError as exc:
                 raise SshConfigError(f"{where}: {exc}") from None
             if key == "host":
-                active = False if never else _match_pattern_list(self.hostmatch(final), args)
+                active = False if never else _match_pattern_list(self.hostmatch(final), args, case_insensitive=False)
             elif key == "match":
                 m = self.match(args, final, where)
                 active = False if never else m
@@ -293,7 +298,7 @@ def resolve(
             home = pwd.getpwuid(os.getuid()).pw_dir
         except KeyError:
             home = os.path.expanduser("~")
-    host_arg = host.lower()
+    host_arg = host
     cmdline = {k.lower(): list(v) for k, v in (options or {}).items()}
     files: list[tuple[str, bool]]
     if config_file:
@@ -311,7 +316,9 @@ def resolve(
     if "hostname" in r.options:
         r.options["hostname"] = [r.options["hostname"][0].lower()]
     if r.want_final:
-        r.host_arg = r.options.get("hostname", [host_arg])[0]
+        # ssh.c: the final pass matches Host lines against the (lowercased) host name resolved so far
+        r.host_arg = r.options.get("hostname", [host_arg])[0].lower()
+        r.options["hostname"] = [r.host_arg]
         one_pass(r, final=True)
     out = dict(r.options)
     out.setdefault("hostname", [host_arg])

@@ -155,13 +155,13 @@ class Resolver:
     def render(self, text: str, name: str) -> Any:
         top = self._stack[0] if self._stack else name
         try:
-            ast = ENV.parse(text)
-        except jinja2.TemplateSyntaxError as exc:
-            raise TemplateError(f"{self.where(top)}: {name}: bad Jinja in {text!r}: {exc.message}") from None
+            refs = sorted(meta.find_undeclared_variables(ENV.parse(text)))
+        except jinja2.TemplateError as exc:
+            raise TemplateError(f"{self.where(top)}: {name}: cannot render {text!r}: {exc.message}") from None
         context: dict[str, Any] = {}
         whole = _WHOLE.match(text)
         single = whole is not None and "{{" not in whole.group("expr") and "{%" not in text
-        for ref in sorted(meta.find_undeclared_variables(ast)):
+        for ref in refs:
             try:
                 v = self.var(ref)
             except KeyError:
