@@ -283,3 +283,10 @@ def test_path_with_commas_is_a_path_when_it_exists(tmp_path: Path) -> None:
     write_tree(tmp_path, {"this,path,has,commas/hosts": "[web]\nw1\n", "this,path,has,commas/group_vars/all.yml": "a: 1\n"})
     inv = load_inventory(["this,path,has,commas/hosts"], cwd=tmp_path)
     assert inv.hosts["w1"].vars == {"a": 1}
+
+
+def test_a_dictionary_set_twice_is_replaced_not_merged(tmp_path: Path) -> None:
+    # Host.set_variable -> combine_vars(..., hash_behaviour=replace): the later dictionary wins whole.
+    write_tree(tmp_path, {"h.yml": "all:\n  hosts:\n    a: {d: {x: 1, y: 2}}\n  children:\n    g:\n      hosts:\n        a: {d: {z: 3}}\n"})
+    inv = same_as_ansible(tmp_path, ["h.yml"])
+    assert inv.hosts["a"].vars["d"] == {"z": 3}

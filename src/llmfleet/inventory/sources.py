@@ -210,4 +210,10 @@ def load_sources(args: list[str], cwd: Path | None = None) -> Inventory:
         else:
             parse_file(b, path, cwd, explicit=True)
             var_dirs.append(path.parent)
-    return resolve(b, var_dirs, path=", ".join(args), sources=args)
+    # ``path`` is where relative settings (llmfleet_images_lock) are based: the first file or folder
+    # source; a host list alone has none.
+    files = [a for a in args if not is_host_list(a, cwd)]
+    path = files[0] if files else args[0]
+    if cwd is not None and files and not Path(path).is_absolute():
+        path = str(cwd / path)
+    return resolve(b, var_dirs, path=path, sources=args)
