@@ -9,11 +9,13 @@ import functools
 import json
 import os
 import sys
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 from invoke.exceptions import Exit
 from rich.console import Console
+from rich.markup import escape
 
 from llmfleet.errors import LlmfleetError
 
@@ -26,6 +28,19 @@ err_console = Console(stderr=True, highlight=False, soft_wrap=True, width=_WIDTH
 
 INVENTORY_HELP = ("inventory source: file, folder, script or 'h1,h2,' host list; repeat -i to merge several "
                   "(default: llmfleet.inventory in invoke.yaml)")
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None):  # noqa: ANN001
+    from llmfleet.inventory.values import InventoryWarning
+
+    if issubclass(category, InventoryWarning):
+        err_console.print(f"[yellow]warning[/yellow]: {escape(str(message))}")
+    else:
+        _default_show_warning(message, category, filename, lineno, file, line)
+
+
+_default_show_warning = warnings.showwarning
+warnings.showwarning = _show_warning  # inventory warnings print as one "warning:" line on stderr
 
 
 def cfg(c, key: str, default: Any = None) -> Any:

@@ -53,9 +53,7 @@ def inventory(c, inventory=None, list=False, host=None, check=False, limit=None,
     """Show or validate an Ansible inventory (--list, --host NAME, --check)."""
     from llmfleet.inventory.check import check_inventory
 
-    inv = load_inventory(inventory_path(c, inventory))
-    for w in inv.warnings:
-        err_console.print(f"[yellow]warning[/yellow]: {escape(w)}")
+    inv = load_inventory(inventory_path(c, inventory))  # its warnings print on stderr (cli.common)
     if list:
         print_json(inv.to_ansible_list())
         return
@@ -75,7 +73,8 @@ def inventory(c, inventory=None, list=False, host=None, check=False, limit=None,
             "inventory": inv.path,
             "ok": not errors,
             "errors": [f.to_dict() for f in errors],
-            "warnings": [f.to_dict() for f in warnings],
+            "warnings": [{"host": None, "level": "warning", "message": w} for w in inv.warnings]
+                        + [f.to_dict() for f in warnings],
             "hosts": {
                 r.host: [s.model_dump(mode="json", exclude={"api_key"}) | {"api_key": bool(s.api_key)}
                          for s in r.services]

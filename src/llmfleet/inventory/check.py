@@ -98,7 +98,7 @@ def check_host(
     def warn(msg: str) -> None:
         findings.append(Finding(host.name, "warning", msg))
 
-    for w in connection_warnings(host):
+    for w in connection_warnings(host, args_only=True):
         warn(w)
     try:
         hostvars = resolve_namespace(host, inventory)

@@ -52,10 +52,33 @@ def is_connection_var(name: str) -> bool:
     return bool(_CONNECTION_VAR.match(name))
 
 
-def connection_warnings(host: Host) -> list[str]:
-    """One line per connection variable this host sets that llmfleet ignores."""
+def inventory_warnings(hosts: list[Host]) -> list[str]:
+    """Connection variables ignored across an inventory: one line per variable and file, naming the hosts."""
+    by: dict[tuple[str, str], list[str]] = {}
+    order: list[tuple[str, str]] = []
+    for h in hosts:
+        for name in sorted(h.vars):
+            if name in HONOURED or not is_connection_var(name):
+                continue
+            key = (name, h.sources.get(name, "inventory"))
+            if key not in by:
+                by[key] = []
+                order.append(key)
+            by[key].append(h.name)
+    out = []
+    for name, src in order:
+        names = by[(name, src)]
+        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        out.append(f"{src}: {name} is ignored (host {shown}): llmfleet connects with its own SSH client; "
+                   "see docs/inventory.md for the variables it honours")
+    return out
+
+
+def connection_warnings(host: Host, args_only: bool = False) -> list[str]:
+    """One line per connection variable this host sets that llmfleet ignores (with ``args_only``:
+    only the ignored ssh arguments; the variables are reported for the whole inventory at load)."""
     out: list[str] = []
-    for name in sorted(host.vars):
+    for name in sorted(host.vars) if not args_only else []:
         if name in HONOURED or not is_connection_var(name):
             continue
         where = host.sources.get(name)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -40,6 +41,8 @@ from llmfleet.inventory.ansible import (
     resolve,
     split_port,
 )
+from llmfleet.inventory.connection import inventory_warnings
+from llmfleet.inventory.values import InventoryWarning
 
 DEFAULT_IGNORE_EXTS = (".pyc", ".pyo", ".swp", ".bak", "~", ".rpm", ".md", ".txt", ".rst", ".orig", ".cfg", ".retry")
 YAML_EXTS = (".yml", ".yaml", ".json")
@@ -216,4 +219,8 @@ def load_sources(args: list[str], cwd: Path | None = None) -> Inventory:
     path = files[0] if files else args[0]
     if cwd is not None and files and not Path(path).is_absolute():
         path = str(cwd / path)
-    return resolve(b, var_dirs, path=path, sources=args)
+    inv = resolve(b, var_dirs, path=path, sources=args)
+    inv.warnings.extend(inventory_warnings(list(inv.hosts.values())))
+    for w in inv.warnings:
+        warnings.warn(w, InventoryWarning, stacklevel=3)
+    return inv

@@ -12,6 +12,10 @@ from collections.abc import Mapping
 from typing import Any
 
 
+class InventoryWarning(UserWarning):
+    """Something in the inventory llmfleet skips or ignores (shown as a ``warning:`` line by the CLI)."""
+
+
 class UnsafeText(str):
     """A string never templated (``!unsafe``, or a bytes literal in an INI file)."""
 
