@@ -290,3 +290,16 @@ def test_a_dictionary_set_twice_is_replaced_not_merged(tmp_path: Path) -> None:
     write_tree(tmp_path, {"h.yml": "all:\n  hosts:\n    a: {d: {x: 1, y: 2}}\n  children:\n    g:\n      hosts:\n        a: {d: {z: 3}}\n"})
     inv = same_as_ansible(tmp_path, ["h.yml"])
     assert inv.hosts["a"].vars["d"] == {"z": 3}
+
+
+def test_other_inventory_plugins_run_through_ansible_inventory(tmp_path: Path) -> None:
+    # ansible.builtin.generator needs Ansible itself: its --list output is ingested like a script's
+    write_tree(tmp_path, {"gen.yml": """
+        plugin: ansible.builtin.generator
+        hosts:
+          name: "{{ operation }}-{{ application }}"
+        layers:
+          operation: [build, launch]
+          application: [web, api]
+        """})
+    same_as_ansible(tmp_path, ["gen.yml"])

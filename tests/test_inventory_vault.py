@@ -107,3 +107,24 @@ def test_inventory_check_decrypts_with_the_flag(vaulted: Path) -> None:
     assert res.returncode == 2, res.stderr
     assert "service chat: api_key: the vault password does not decrypt it" in res.stderr
     assert "Traceback" not in res.stderr and SECRET not in res.stderr + res.stdout
+
+
+def test_a_vars_file_encrypted_whole_is_decrypted_or_skipped_with_a_warning(tmp_path: Path, monkeypatch) -> None:
+    inv = tmp_path / "inv"
+    (inv / "group_vars" / "all").mkdir(parents=True)
+    (inv / "hosts").write_text("[gpu]\ngpu-1\n")
+    (inv / "group_vars" / "all" / "plain.yml").write_text("plain: 1\n")
+    vault_file = inv / "group_vars" / "all" / "vault.yml"
+    vault_file.write_text("vault_api_key: sk-file-secret\nsite: ams\n")
+    pw = tmp_path / "pw"
+    pw.write_text("file pass\n")
+    subprocess.run([ANSIBLE_VAULT, "encrypt", "--vault-password-file", str(pw), str(vault_file)], check=True,
+                   capture_output=True, timeout=120,
+                   env={"PATH": os.environ.get("PATH", ""), "HOME": str(tmp_path), "ANSIBLE_LOCAL_TEMP": str(tmp_path / ".t")})
+    assert vault_file.read_text().startswith("$ANSIBLE_VAULT;1.1;AES256")
+    monkeypatch.delenv("ANSIBLE_VAULT_PASSWORD_FILE", raising=False)
+    with pytest.warns(UserWarning, match=r"vault.yml: vault-encrypted; its variables are not loaded"):
+        skipped = load_inventory(inv)
+    assert skipped.hosts["gpu-1"].vars == {"plain": 1}
+    opened = load_inventory(inv, vault_password_file=str(pw))
+    assert opened.hosts["gpu-1"].vars == {"plain": 1, "vault_api_key": "sk-file-secret", "site": "ams"}

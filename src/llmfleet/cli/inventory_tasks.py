@@ -53,7 +53,8 @@ def inventory(c, inventory=None, list=False, host=None, check=False, limit=None,
     """Show or validate an Ansible inventory (--list, --host NAME, --check)."""
     from llmfleet.inventory.check import check_inventory
 
-    inv = load_inventory(inventory_path(c, inventory))  # its warnings print on stderr (cli.common)
+    # its warnings print on stderr (cli.common)
+    inv = load_inventory(inventory_path(c, inventory), vault_password_file=vault_password_file)
     if list:
         print_json(inv.to_ansible_list())
         return

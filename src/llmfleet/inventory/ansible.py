@@ -547,11 +547,24 @@ def _dir_vars_files(path: Path) -> list[Path]:
     return out
 
 
-def _vars_from_files(files: list[Path]) -> tuple[dict[str, Any], dict[str, str]]:
+def _vars_from_files(
+    files: list[Path], vault: Any = None, warn: Any = None
+) -> tuple[dict[str, Any], dict[str, str]]:
     data: dict[str, Any] = {}
     sources: dict[str, str] = {}
     for f in files:
-        content = load_yaml(f)
+        text = read_text(f)
+        if text.lstrip().startswith("$ANSIBLE_VAULT;"):
+            # a whole vars file encrypted with ansible-vault (group_vars/all/vault.yml)
+            from llmfleet.inventory.values import VaultValue
+
+            if vault is None or not vault.path:
+                if warn is not None:
+                    warn(f"{f}: vault-encrypted; its variables are not loaded (give --vault-password-file "
+                         "or set ANSIBLE_VAULT_PASSWORD_FILE)")
+                continue
+            text = vault.decrypt(VaultValue(text), str(f))
+        content = load_yaml(f, text)
         if content is None:
             continue
         if not isinstance(content, Mapping):
@@ -566,7 +579,7 @@ def sort_groups(b: Builder, names: Iterable[str]) -> list[str]:
     return sorted(names, key=lambda g: (b.groups[g].depth, b.groups[g].priority, g))
 
 
-def resolve(b: Builder, var_dirs: Sequence[Path], path: str, sources: list[str]) -> Inventory:
+def resolve(b: Builder, var_dirs: Sequence[Path], path: str, sources: list[str], vault: Any = None) -> Inventory:
     """Merge every host's variables (see the module docstring) into an Inventory."""
     b.reconcile()
     hosts: dict[str, Host] = {}
@@ -576,7 +589,7 @@ def resolve(b: Builder, var_dirs: Sequence[Path], path: str, sources: list[str])
         key = (base, kind, name)
         if key not in cache:
             folder = base / kind
-            cache[key] = _vars_from_files(find_vars_files(folder, name)) if folder.is_dir() else ({}, {})
+            cache[key] = _vars_from_files(find_vars_files(folder, name), vault, b.warn) if folder.is_dir() else ({}, {})
         return cache[key]
 
     for hn in b.hosts:
@@ -610,8 +623,13 @@ def load_inventory(
     path: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     *,
     cwd: str | os.PathLike[str] | None = None,
+    vault_password_file: str | None = None,
 ) -> Inventory:
-    """Read one or several ``-i`` sources (files, folders, scripts, host lists) as ansible-inventory does."""
+    """Read one or several ``-i`` sources (files, folders, scripts, host lists) as ansible-inventory does.
+
+    Vars files encrypted whole with ansible-vault are decrypted with the vault password file
+    (``vault_password_file``, else ``ANSIBLE_VAULT_PASSWORD_FILE``); without one they are skipped
+    with a warning."""
     from llmfleet.inventory.sources import load_sources
 
     if isinstance(path, str | os.PathLike):
@@ -620,4 +638,6 @@ def load_inventory(
         args = [os.fspath(p) for p in path]
     if not args:
         raise UsageError("no inventory given: pass -i PATH or set llmfleet.inventory in invoke.yaml")
-    return load_sources(args, cwd=Path(cwd) if cwd is not None else None)
+    from llmfleet.inventory.vault import Vault
+
+    return load_sources(args, cwd=Path(cwd) if cwd is not None else None, vault=Vault(vault_password_file))

@@ -192,7 +192,7 @@ def parse_folder(b: Builder, folder: Path, cwd: Path | None, ignored: re.Pattern
     return parsed
 
 
-def load_sources(args: list[str], cwd: Path | None = None) -> Inventory:
+def load_sources(args: list[str], cwd: Path | None = None, vault=None) -> Inventory:
     """Read every ``-i`` source in order into one inventory, then merge host variables."""
     b = Builder()
     var_dirs: list[Path] = []
@@ -219,7 +219,7 @@ def load_sources(args: list[str], cwd: Path | None = None) -> Inventory:
     path = files[0] if files else args[0]
     if cwd is not None and files and not Path(path).is_absolute():
         path = str(cwd / path)
-    inv = resolve(b, var_dirs, path=path, sources=args)
+    inv = resolve(b, var_dirs, path=path, sources=args, vault=vault)
     inv.warnings.extend(inventory_warnings(list(inv.hosts.values())))
     for w in inv.warnings:
         warnings.warn(w, InventoryWarning, stacklevel=3)
