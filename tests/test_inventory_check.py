@@ -106,3 +106,13 @@ def test_cli_prints_one_line_per_error_and_exits_2(tmp_path: Path) -> None:
     assert len(lines) == 4, res.stderr  # unknown card; model, model_path, image missing
     assert "ansible_become_password is ignored" in res.stderr
     assert "Traceback" not in res.stderr
+
+
+def test_connection_settings_are_checked_and_the_address_is_rendered(tmp_path: Path) -> None:
+    inv = inventory(tmp_path, {"a": {"ansible_host": "{{ net }}.5", "net": "10.0.0", "ansible_port": 2222},
+                               "b": {"ansible_host": "{{ nope }}"}, "c": {"ansible_connection": "winrm"}})
+    reports = {r.host: r for r in check_inventory(load_inventory(inv))}
+    assert reports["a"].address == "10.0.0.5:2222" and reports["a"].ok
+    assert not reports["b"].ok and "ansible_host: 'nope' is undefined" in reports["b"].findings[0].message
+    assert reports["b"].address is None
+    assert "ansible_connection=winrm" in reports["c"].findings[0].message

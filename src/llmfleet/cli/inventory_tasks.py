@@ -88,7 +88,7 @@ def inventory(c, inventory=None, list=False, host=None, check=False, limit=None,
             table.add_column(col)
         for h, r in zip(hosts, reports, strict=True):
             svc = ", ".join(f"{s.name} ({s.engine}, {s.model}, :{s.port})" for s in r.services) or "-"
-            addr = h.address + (f":{h.vars['ansible_port']}" if "ansible_port" in h.vars else "")
+            addr = r.address or "?"
             table.add_row(escape(h.name), escape(addr), escape(", ".join(h.groups) or "ungrouped"), escape(svc))
         console.print(table)
         for f in warnings:

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from llmfleet.errors import LlmfleetError, UsageError
 from llmfleet.inventory.ansible import Host, Inventory
-from llmfleet.inventory.connection import connection_warnings
+from llmfleet.inventory.connection import connection_settings, connection_warnings
 from llmfleet.inventory.services import HostSettings, Service, host_settings_all
 from llmfleet.inventory.templating import TemplateError, resolve_namespace
 
@@ -37,6 +37,7 @@ class HostReport:
     settings: HostSettings | None
     services: list[Service]
     findings: list[Finding]
+    address: str | None = None  # where llmfleet would connect ({{ }} resolved), None when it cannot
 
     @property
     def ok(self) -> bool:
@@ -100,11 +101,17 @@ def check_host(
 
     for w in connection_warnings(host, args_only=True):
         warn(w)
+    address = None
+    try:
+        cs = connection_settings(host)
+        address = cs.address + (f":{cs.port}" if cs.port else "")
+    except LlmfleetError as exc:
+        err(str(exc))
     try:
         hostvars = resolve_namespace(host, inventory)
     except TemplateError as exc:
         err(str(exc))
-        return HostReport(host.name, None, [], findings)
+        return HostReport(host.name, None, [], findings, address)
     settings, services, errors = host_settings_all(host.name, hostvars, host.sources)
     for e in errors:
         err(e)
@@ -176,7 +183,7 @@ def check_host(
                 warn(msg + " (gpus: all: the host's card count decides; planned on one card)")
             else:
                 err(msg)
-    return HostReport(host.name, settings, services, findings)
+    return HostReport(host.name, settings, services, findings, address)
 
 
 def check_inventory(
