@@ -57,8 +57,8 @@ def test_ssh_common_args_are_applied_like_ssh_command_line_options() -> None:
     }))
     assert cs.ssh_options["proxyjump"] == ["bastion"]
     assert cs.ssh_options["identityfile"] == ["/k/a"]
-    assert cs.ssh_options["serveraliveinterval"] == ["30"] and cs.ssh_options["port"] == ["2200"]
-    assert cs.ignored_args == ("-A",)
+    assert cs.ssh_options["port"] == ["2200"] and "serveraliveinterval" not in cs.ssh_options
+    assert cs.ignored_args == ("-o StrictHostKeyChecking=no", "-A", "-o ServerAliveInterval 30")
 
 
 def test_ignored_connection_vars_are_warnings() -> None:

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from llmfleet.errors import LlmfleetError, UsageError
 from llmfleet.inventory.ansible import Host, Inventory
-from llmfleet.inventory.connection import connection_settings, connection_warnings
+from llmfleet.inventory.connection import connection_settings
 from llmfleet.inventory.services import HostSettings, Service, host_settings_all
 from llmfleet.inventory.templating import TemplateError, resolve_namespace
 
@@ -99,8 +99,6 @@ def check_host(
     def warn(msg: str) -> None:
         findings.append(Finding(host.name, "warning", msg))
 
-    for w in connection_warnings(host, args_only=True):
-        warn(w)
     address = None
     try:
         cs = connection_settings(host)

@@ -32,7 +32,8 @@ HONOURED: dict[str, str] = {
     "ansible_become_user": "the user sudo runs commands as (default root)",
     "ansible_become_method": "only sudo is supported; another method is an error",
     "ansible_connection": "ssh, paramiko or smart (all mean SSH here); another plugin is an error",
-    "ansible_ssh_common_args": "-o Key=Value, -J, -i, -p, -l, -F options are applied; others warned about",
+    "ansible_ssh_common_args": "-J, -i, -p, -l, -F and -o HostName/Port/User/IdentityFile/ProxyJump/ProxyCommand "
+                               "are applied; other arguments are warned about",
     "ansible_ssh_extra_args": "as ansible_ssh_common_args",
     "ansible_timeout": "SSH connect timeout in seconds (alias: ansible_ssh_timeout)",
     "ansible_ssh_timeout": "SSH connect timeout in seconds",
@@ -65,20 +66,35 @@ def inventory_warnings(hosts: list[Host]) -> list[str]:
                 by[key] = []
                 order.append(key)
             by[key].append(h.name)
+    args: dict[tuple[str, str, str], list[str]] = {}
+    for h in hosts:
+        for name in ("ansible_ssh_common_args", "ansible_ssh_extra_args"):
+            text = h.vars.get(name)
+            if isinstance(text, str) and "{{" not in text:
+                try:
+                    ignored = parse_ssh_args(text)[2]
+                except InventoryError:
+                    continue  # reported when the host is checked or connected to
+                if ignored:
+                    args.setdefault((name, h.sources.get(name, "inventory"), " ".join(ignored)), []).append(h.name)
+
+    def shown(names: list[str]) -> str:
+        return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
     out = []
     for name, src in order:
-        names = by[(name, src)]
-        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-        out.append(f"{src}: {name} is ignored (host {shown}): llmfleet connects with its own SSH client; "
-                   "see docs/inventory.md for the variables it honours")
+        out.append(f"{src}: {name} is ignored (host {shown(by[(name, src)])}): llmfleet connects with its own "
+                   "SSH client; see docs/inventory.md for the variables it honours")
+    for (name, src, text), names in args.items():
+        out.append(f"{src}: {name}: {text} ignored (host {shown(names)}): llmfleet applies -J, -i, -p, -l, -F "
+                   "and -o HostName/Port/User/IdentityFile/ProxyJump/ProxyCommand")
     return out
 
 
-def connection_warnings(host: Host, args_only: bool = False) -> list[str]:
-    """One line per connection variable this host sets that llmfleet ignores (with ``args_only``:
-    only the ignored ssh arguments; the variables are reported for the whole inventory at load)."""
+def connection_warnings(host: Host) -> list[str]:
+    """One line per connection variable (or ssh argument) this host sets that llmfleet ignores."""
     out: list[str] = []
-    for name in sorted(host.vars) if not args_only else []:
+    for name in sorted(host.vars):
         if name in HONOURED or not is_connection_var(name):
             continue
         where = host.sources.get(name)
@@ -94,7 +110,8 @@ def connection_warnings(host: Host, args_only: bool = False) -> list[str]:
                 out.append(f"host {host.name}: {name}: {exc}")
                 continue
             if ignored:
-                out.append(f"host {host.name}: {name}: {' '.join(ignored)} ignored (llmfleet applies -o, -J, -i, -p, -l, -F)")
+                out.append(f"host {host.name}: {name}: {' '.join(ignored)} ignored (llmfleet applies -J, -i, -p, -l, -F "
+                           "and -o HostName/Port/User/IdentityFile/ProxyJump/ProxyCommand)")
     return out
 
 
@@ -120,6 +137,9 @@ class ConnectionSettings:
     ignored_args: tuple[str, ...] = ()
 
 
+# OpenSSH options llmfleet's SSH client applies; others (StrictHostKeyChecking, ServerAliveInterval,
+# ControlMaster, ...) are reported as ignored
+USED_SSH_OPTIONS = {"hostname", "port", "user", "identityfile", "proxyjump", "proxycommand"}
 _FLAG_OPTION = {"-J": "proxyjump", "-i": "identityfile", "-p": "port", "-l": "user"}
 
 
@@ -147,6 +167,9 @@ def parse_ssh_args(text: str) -> tuple[dict[str, list[str]], str | None, list[st
             if not m:
                 raise InventoryError(f"ssh option -o {val!r} must be Key=Value")
             key, value = m.group(1).lower(), m.group(2).strip().strip('"')
+            if key not in USED_SSH_OPTIONS:
+                ignored.append(f"-o {val}")
+                continue
             if key in ("identityfile", "certificatefile"):
                 opts.setdefault(key, []).append(value)
             else:
