@@ -116,3 +116,15 @@ def test_connection_settings_are_checked_and_the_address_is_rendered(tmp_path: P
     assert not reports["b"].ok and "ansible_host: 'nope' is undefined" in reports["b"].findings[0].message
     assert reports["b"].address is None
     assert "ansible_connection=winrm" in reports["c"].findings[0].message
+
+
+def test_unsafe_values_keep_literal_jinja(tmp_path: Path) -> None:
+    inv = tmp_path / "inv"
+    (inv / "host_vars").mkdir(parents=True)
+    (inv / "hosts.yml").write_text("gpu:\n  hosts:\n    a:\n")
+    (inv / "host_vars" / "a.yml").write_text(
+        "llmfleet_services:\n  - name: s\n    engine: vllm\n    model: m\n    model_path: /m\n    image: vllm:0.9.2\n"
+        "    engine_args: ['--chat-template', !unsafe '{% for m in messages %}{{ m.content }}{% endfor %}']\n")
+    loaded = load_inventory(inv)
+    svc = loaded.settings_for(loaded.hosts["a"]).services[0]
+    assert svc.engine_args[1] == "{% for m in messages %}{{ m.content }}{% endfor %}"
