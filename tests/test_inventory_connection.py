@@ -96,6 +96,12 @@ Match final host *.example
   IdentityFile /keys/final-%n
 Match user deploy
   ForwardAgent yes
+Match exec "test %h = alias5"
+  User execuser
+Match localuser no-such-local-user
+  Port 9
+Match !localuser no-such-local-user originalhost alias5
+  Port 5555
 Host *.example !nomatch.example
   Port 2299
 Host *
@@ -132,7 +138,7 @@ KEYS = ("hostname", "user", "port", "identityfile", "proxyjump", "proxycommand",
 @pytest.mark.skipif(SSH is None, reason="the OpenSSH client (ssh -G) is the reference and is not installed")
 @pytest.mark.parametrize(
     ("host", "opts"),
-    [("alias2", ()), ("ALIAS2", ()), ("alias3", ()), ("alias4", ()), ("other", ()), ("gw", ()),
+    [("alias2", ()), ("ALIAS2", ()), ("alias5", ()), ("alias3", ()), ("alias4", ()), ("other", ()), ("gw", ()),
      ("x.example", ()), ("nomatch.example", ()), ("alias2", ("-o", "User=root", "-p", "2")),
      ("alias4", ("-o", "User=deploy", "-o", "IdentityFile=/keys/cli"))],
 )
