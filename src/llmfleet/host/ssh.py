@@ -20,7 +20,7 @@ import shlex
 import socket
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,8 +30,8 @@ from fabric import Config, Connection
 
 from llmfleet.errors import RemoteError
 from llmfleet.inventory.ansible import Host
+from llmfleet.settings import Settings, SshSettings
 
-DEFAULT_KNOWN_HOSTS = "~/.local/state/llmfleet/known_hosts"
 EOF_GRACE_S = 2.0  # how long to wait for the end of the output after the exit status
 MAX_OUTPUT = 16 * 1024 * 1024  # cap per stream: a hostile host cannot exhaust our memory
 
@@ -42,9 +42,12 @@ class HostKeyError(RemoteError):
 
 @dataclass(frozen=True)
 class Result:
+    """What one remote command answered, with the command that produced it (as sent, before sudo)."""
+
     rc: int
     stdout: str
     stderr: str
+    command: str = ""
 
     @property
     def ok(self) -> bool:
@@ -196,7 +199,8 @@ class Remote:
             chan.close()
         except (paramiko.SSHException, OSError, EOFError) as exc:
             raise RemoteError(f"host {self.name}: SSH command failed: {exc or type(exc).__name__}") from None
-        res = Result(rc=rc, stdout=out.decode("utf-8", "replace"), stderr=err.decode("utf-8", "replace"))
+        res = Result(rc=rc, stdout=out.decode("utf-8", "replace"), stderr=err.decode("utf-8", "replace"),
+                     command=command if isinstance(command, str) else shlex.join(list(command)))
         if check and rc != 0:
             detail = (res.stderr.strip() or res.stdout.strip()).splitlines()[-1:] or [""]
             raise RemoteError(f"host {self.name}: command failed (exit {rc}): {_short(cmd)}: {detail[0][:300]}")
@@ -313,11 +317,11 @@ def _short(cmd: str, n: int = 120) -> str:
     return cmd if len(cmd) <= n else cmd[: n - 3] + "..."
 
 
-def _fabric_config(config: dict[str, Any]) -> Config:
+def _fabric_config(config: SshSettings) -> Config:
     """Fabric config that honours OpenSSH client config (Host aliases, HostName, Port, User,
     IdentityFile, ProxyJump): ~/.ssh/config and /etc/ssh/ssh_config, or the file named by the
     llmfleet.ssh.config_file setting. Inventory ansible_* variables win over it, as in Ansible."""
-    path = config.get("config_file")
+    path = config.config_file
     if path:
         return Config(runtime_ssh_path=os.path.expanduser(str(path)))
     return Config(overrides={"load_ssh_configs": True})
@@ -326,14 +330,14 @@ def _fabric_config(config: dict[str, Any]) -> Config:
 def connect(
     host: Host,
     *,
-    config: dict[str, Any] | None = None,
+    config: SshSettings | Settings | Mapping[str, Any] | None = None,
     accept_new_host_keys: bool = False,
 ) -> Remote:
     """Open an SSH connection to an inventory host (strict host-key checking)."""
-    config = config or {}
-    target = Target.from_host(host, default_user=config.get("user"))
-    known_hosts = Path(os.path.expanduser(config.get("known_hosts") or DEFAULT_KNOWN_HOSTS))
-    connect_timeout = int(config.get("connect_timeout") or 10)
+    ssh = SshSettings.of(config)
+    target = Target.from_host(host, default_user=ssh.user)
+    known_hosts = ssh.known_hosts_path
+    connect_timeout = int(ssh.connect_timeout)
     connect_kwargs: dict[str, Any] = {"banner_timeout": connect_timeout, "auth_timeout": connect_timeout}
     if target.key_file:
         key_path = os.path.expanduser(str(target.key_file))
@@ -346,7 +350,7 @@ def connect(
         target.address,
         user=target.user,
         port=target.port,
-        config=_fabric_config(config),
+        config=_fabric_config(ssh),
         connect_timeout=connect_timeout,
         connect_kwargs=connect_kwargs,
     )
@@ -383,4 +387,4 @@ def connect(
     if transport is not None:
         with contextlib.suppress(OSError):
             transport.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return Remote(target, conn, float(config.get("command_timeout") or 120))
+    return Remote(target, conn, float(ssh.command_timeout))
