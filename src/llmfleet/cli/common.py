@@ -16,6 +16,7 @@ from invoke.exceptions import Exit
 from rich.console import Console
 
 from llmfleet.errors import LlmfleetError
+from llmfleet.settings import Settings
 
 # Piped or logged output (CI, `| tee`) has no terminal width; rich would squeeze tables into 80
 # columns. Use a wide fixed width there unless COLUMNS says otherwise.
@@ -61,6 +62,12 @@ def handles_errors(fn: Callable) -> Callable:
             raise Exit("interrupted", code=130) from None
 
     return wrapper
+
+
+def settings(c) -> Settings:
+    """llmfleet's settings from Invoke's config (invoke.yaml, ~/.invoke.yaml, -f, INVOKE_LLMFLEET_*),
+    built once per task and passed down."""
+    return Settings.of(c.config.get("llmfleet", {}) or {})
 
 
 def ssh_config(c) -> dict[str, Any]:

@@ -9,21 +9,14 @@ from rich.table import Table
 
 from llmfleet.cli.common import (
     INVENTORY_HELP,
-    cfg,
     console,
     handles_errors,
     inventory_path,
     print_json,
-    ssh_config,
+    settings,
 )
 from llmfleet.errors import RemoteError, UsageError
 from llmfleet.inventory.ansible import load_inventory, settings_for
-
-
-def _config(c):
-    conf = ssh_config(c)
-    conf["audit_log"] = cfg(c, "audit_log")
-    return conf
 
 
 @task(
@@ -45,7 +38,7 @@ def status(c, host=None, group=None, inventory=None, accept_new_host_keys=False,
     failed = False
     for h in inv.select(host=host, group=group):
         try:
-            rows.append(lock_status(h, settings_for(h), config=_config(c), accept_new_host_keys=accept_new_host_keys))
+            rows.append(lock_status(h, settings_for(h), config=settings(c), accept_new_host_keys=accept_new_host_keys))
         except RemoteError as exc:
             failed = True
             rows.append({"host": h.name, "held": None, "holder": None, "description": f"unreachable: {exc}"})
@@ -86,7 +79,7 @@ def release(c, host, inventory=None, yes=False, accept_new_host_keys=False, json
     h = hosts[0]
     settings = settings_for(h)
     if not yes:
-        st = lock_status(h, settings, config=_config(c), accept_new_host_keys=accept_new_host_keys)
+        st = lock_status(h, settings, config=settings(c), accept_new_host_keys=accept_new_host_keys)
         if not st["held"]:
             console.print(f"{h.name}: the deploy lock is free")
             return
@@ -96,7 +89,7 @@ def release(c, host, inventory=None, yes=False, accept_new_host_keys=False, json
                        "its protection. [y/N] ")
         if answer.strip().lower() not in {"y", "yes"}:
             raise Exit("not broken", code=1)
-    res = lock_break(h, settings, config=_config(c), accept_new_host_keys=accept_new_host_keys)
+    res = lock_break(h, settings, config=settings(c), accept_new_host_keys=accept_new_host_keys)
     if json:
         print_json(res)
     elif res["broken"]:

@@ -570,8 +570,9 @@ def _port_check(service: Service, facts: Facts) -> Check:
         return Check("port", "fail", f"port {port} is held by container {holders[0].name} ({holders[0].image})",
                      f"stop that container or give service {service.name} another port")
     rel = facts.releases.get(service.name)
-    if rel is not None and rel.current and rel.manifest and rel.manifest.get("port") == port:
-        return Check("port", "warn", f"port {port} is in use; release {rel.release_id} of {service.name} claims it, "
+    current = rel.current_release if rel is not None else None
+    if current is not None and current.manifest and current.manifest.inputs.get("port", Service.model_fields["port"].default) == port:
+        return Check("port", "warn", f"port {port} is in use; release {current.id} of {service.name} claims it, "
                                      "but no container of it publishes the port",
                      f"check `ss -ltnp 'sport = :{port}'` on the host")
     if facts.docker.error and facts.releases.get(service.name):
