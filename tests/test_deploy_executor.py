@@ -107,7 +107,7 @@ class Run:
     def rollback(self, **kw) -> D.HostOutcome:
         self.out.result = D.Result.FAILED
         try:
-            D.run_rollback(self.run, {"chat": None}, kw.get("service"), kw.get("to"), self.out)
+            D.run_rollback(self.run, kw.get("service"), kw.get("to"), self.out)
         except D.Refusal as exc:
             self.out.result, self.out.reason = exc.result, exc.reason
         return self.out
@@ -302,10 +302,17 @@ def test_a_stale_lock_of_a_live_process_is_refused():
 
 
 def test_a_lock_answer_cut_short_asks_who_holds_it():
-    r = Run([state(), acquire(out="", exit=255),
+    r = Run([state(), acquire(out="", exit=0),
              Command(S.lock_status_script(ROOT), out='@@held\n{"who": "bob", "from": "b@x"}\n')])
     o = r.deploy()
-    assert o.result == "failed" and "cannot take the deploy lock" in o.reason
+    assert o.result == "refused" and "held by bob from b@x" in o.reason
+    r.remote.assert_done()
+
+
+def test_a_lock_script_that_fails_is_a_failure_not_a_refusal():
+    r = Run([state(), acquire(out="mkdir: Read-only file system", exit=2)])
+    o = r.deploy()
+    assert o.result == "failed" and "cannot take the deploy lock: mkdir: Read-only file system" in o.reason
 
 
 def test_prune_after_success_in_the_last_round_trip():

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from tests.deploy_fixtures import NOW, R1, rendered
-
 from llmfleet.errors import UsageError
 from llmfleet.knowledge.planner import PlanRequest, PlanSummary, plan, summarize
 from llmfleet.release.manifest import Manifest
 from llmfleet.settings import DEFAULT_AUDIT_LOG, Settings, SshSettings
+from tests.deploy_fixtures import NOW, R1, rendered
 
 
 def test_manifest_round_trips_through_its_text():

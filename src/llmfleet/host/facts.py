@@ -39,7 +39,9 @@ _MAX_GPUS = 64
 _MAX_ENTRIES = 2000
 
 
-class Gpu(BaseModel):
+class GpuFact(BaseModel):
+    """A card as the host reports it (the GPU catalog's entry is ``knowledge.catalog.Gpu``)."""
+
     index: int
     name: str
     uuid: str | None = None
@@ -107,7 +109,7 @@ class ModelFile(BaseModel):
 class Facts(BaseModel):
     host: str
     probe_version: int | None = None
-    gpus: list[Gpu] = Field(default_factory=list)
+    gpus: list[GpuFact] = Field(default_factory=list)
     nvidia_smi: str | None = None  # path, None when missing
     driver_version: str | None = None
     driver_loaded: bool | None = None
@@ -226,13 +228,13 @@ def parse_driver_version(text: str) -> tuple[int, ...] | None:
 
 def parse_gpu_query(
     body: str, errors: list[str], fields: tuple[str, ...] = QUERY_FIELDS
-) -> tuple[list[Gpu], list[str]]:
+) -> tuple[list[GpuFact], list[str]]:
     """``nvidia-smi --query-gpu=... --format=csv[,noheader][,nounits]`` -> (GPUs, driver versions).
 
     A header line (``index, name, ...``) maps columns by name; without one the probe's field order
     is assumed. Units (``143771 MiB``) are accepted.
     """
-    gpus: list[Gpu] = []
+    gpus: list[GpuFact] = []
     drivers: list[str] = []
     lines = [ln for ln in body.splitlines() if ln.strip()]
     cols = list(fields)
@@ -259,7 +261,7 @@ def parse_gpu_query(
                 errors.append(f"nvidia-smi: GPU {idx}: compute_cap {shown(cc)} does not parse")
             cc = None
         gpus.append(
-            Gpu(
+            GpuFact(
                 index=idx,
                 name=name,
                 uuid=row.get("uuid") or None,
@@ -670,7 +672,7 @@ def _parse_gpu_part(facts: Facts, one: Any, gpu_lookup: Any, branches: dict[int,
         else:
             errors.append("nvidia-smi not found on PATH and no NVIDIA driver loaded")
             facts.driver_loaded = False
-    gpus: list[Gpu] = []
+    gpus: list[GpuFact] = []
     drivers: list[str] = []
     source = None
     if q is not None and q.rc == 0:

@@ -206,15 +206,6 @@ class Remote:
             raise RemoteError(f"host {self.name}: command failed (exit {rc}): {_short(cmd)}: {detail[0][:300]}")
         return res
 
-    def put(self, data: bytes, path: str, mode: int = 0o644, *, sudo: bool = False) -> None:
-        """Write a file atomically (temp file + rename), created with its final mode. One round trip."""
-        tmp = f"{path}.llmfleet-tmp"
-        script = (
-            f"umask 077 && cat > {shlex.quote(tmp)} && chmod {mode:o} {shlex.quote(tmp)} "
-            f"&& mv -f {shlex.quote(tmp)} {shlex.quote(path)}"
-        )
-        self.run(script, stdin=data, sudo=sudo, check=True)
-
     # -- port forwarding --------------------------------------------------------------------------
 
     @contextlib.contextmanager

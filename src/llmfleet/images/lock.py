@@ -11,14 +11,18 @@ Pure: parsing and resolution only. Reading the file is the one I/O and is kept i
 
 from __future__ import annotations
 
+import os
 import re
+import tempfile
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from llmfleet.errors import UsageError
+from llmfleet.errors import LlmfleetError, UsageError
+from llmfleet.images.registry import parse_reference, split_reference
 
 DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
 _KEY_RE = re.compile(r"^(vllm|llamacpp):[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$")
@@ -151,18 +155,6 @@ def load_lock(path: str | Path | None = None) -> ImageLock:
     if not p.exists():
         return ImageLock(images={}, path=str(p))
     return parse_lock(p.read_text(encoding="utf-8"), path=str(p))
-
-
-def split_reference(ref: str) -> tuple[str, str | None, str | None]:
-    """``repo[:tag][@digest]`` -> (repo, tag, digest)."""
-    digest = None
-    if "@" in ref:
-        ref, digest = ref.split("@", 1)
-    tag = None
-    last = ref.rsplit("/", 1)[-1]
-    if ":" in last:
-        ref, tag = ref.rsplit(":", 1)
-    return ref, tag, digest
 
 
 def _canonical_repo(repo: str) -> str:
@@ -410,16 +402,11 @@ def merge(lock: ImageLock, entries: list[LockedImage]) -> ImageLock:
 
 
 def _now() -> str:
-    import datetime as _dt
-
-    return _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def write_lock(lock: ImageLock, path: str | Path) -> None:
     """Write atomically (temp file + rename) so a reader never sees half a lock."""
-    import os
-    import tempfile
-
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".images.lock.", dir=str(p.parent))
@@ -440,8 +427,6 @@ def pin(specs: list[PinSpec] | dict[str, str], client: Any, lock_path: str | Pat
     ``specs`` may be a plain ``{KEY: "repo:tag"}`` mapping. Nothing is written unless every spec
     resolves. Returns the new entries.
     """
-    from llmfleet.images.registry import parse_reference
-
     if isinstance(specs, dict):
         specs = [PinSpec(key=k, ref=v) for k, v in specs.items()]
     for spec in specs:
@@ -475,8 +460,6 @@ class VerifyResult:
 
 def verify(lock: ImageLock, client: Any, *, mirrors: dict[str, str] | None = None) -> list[VerifyResult]:
     """Ask the registry (the mirror, when one applies) whether every pinned digest still resolves."""
-    from llmfleet.errors import LlmfleetError
-
     results = []
     for key in sorted(lock.images):
         img = lock.images[key]
@@ -498,8 +481,6 @@ def verify(lock: ImageLock, client: Any, *, mirrors: dict[str, str] | None = Non
 
 def mark_verified(lock: ImageLock, results: list[VerifyResult], *, at: str | None = None) -> ImageLock:
     """The lock with ``verified`` refreshed on entries that resolved. Pure (``at`` given)."""
-    from llmfleet.images.registry import parse_reference
-
     at = at or _now()
     images = dict(lock.images)
     for r in results:

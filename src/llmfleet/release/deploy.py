@@ -40,7 +40,7 @@ from llmfleet.errors import LlmfleetError, RemoteError, UsageError
 from llmfleet.host import facts as facts_mod
 from llmfleet.host import ssh
 from llmfleet.images import lock as images
-from llmfleet.images.registry import parse_reference
+from llmfleet.images.registry import split_reference
 from llmfleet.inventory.ansible import Host, Inventory, load_inventory, settings_for
 from llmfleet.inventory.services import HostSettings, Service
 from llmfleet.knowledge import preflight
@@ -204,9 +204,8 @@ def now_utc() -> datetime:
 
 def image_of(ref: str) -> images.ImageRef:
     """An older release's image, from the reference its manifest recorded."""
-    parsed = parse_reference(ref)
-    repo = ref.split("@", 1)[0] if parsed.digest else ref.rsplit(":", 1)[0]
-    return images.ImageRef(key=ref, repository=repo, digest=parsed.digest, tag=parsed.tag, pinned=bool(parsed.digest),
+    repo, tag, digest = split_reference(ref)
+    return images.ImageRef(key=ref, repository=repo, digest=digest, tag=tag, pinned=digest is not None,
                            upstream_repository=repo)
 
 
@@ -761,22 +760,22 @@ def rollback_host(
     names = [s.name for s in host_settings.services]
     if service is not None and service not in names:
         raise UsageError(f"{inv.path}: host {host_name} has no service {service!r} (services: {', '.join(names) or 'none'})")
-    keys = {s.name: resolve_secret(s.api_key, f"host {host_name}: service {s.name}")
-            for s in host_settings.services if service in (None, s.name)}
     out = HostOutcome(host=host_name, result=Result.FAILED)
     _run_host(host, host_settings, out, "rollback", settings=settings, options=options, log=log,
-              body=lambda run: run_rollback(run, keys, service, to, out))
+              body=lambda run: run_rollback(run, service, to, out))
     if out.result == Result.FAILED and not out.reason:
         out.reason = "rollback failed"
     return out
 
 
-def run_rollback(run: HostRun, keys: dict[str, str | None], service: str | None, to: str | None,
-                 out: HostOutcome) -> None:
+def run_rollback(run: HostRun, service: str | None, to: str | None, out: HostOutcome) -> None:
+    """The rollback after connecting: decide each service's target, then switch, check, go back on failure."""
     states = run.read_state()
     inv_services = {s.name: s for s in run.host_settings.services}
     steps = decide.decide_rollback(states, [n for n in inv_services if service in (None, n)], host=run.host,
                                    service=service, to=to)
+    keys = {st.service: resolve_secret(inv_services[st.service].api_key, f"host {run.host}: service {st.service}")
+            for st in steps}
     run.lock("rollback")
     for step in steps:
         paths, st = Paths(run.root, step.service), states[step.service]

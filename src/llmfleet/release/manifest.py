@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from llmfleet.images.registry import split_reference
 from llmfleet.knowledge.planner import PlanSummary
 from llmfleet.release.render import Rendered
 
@@ -102,8 +103,7 @@ class Manifest:
         d = self.image.get("digest")
         if isinstance(d, str) and d:
             return d
-        ref = self.image_ref
-        return ref.rsplit("@", 1)[1] if ref and "@" in ref else None
+        return split_reference(self.image_ref)[2] if self.image_ref else None
 
     def plan_summary(self) -> PlanSummary | None:
         return PlanSummary.from_dict(self.plan) if self.plan else None
