@@ -64,7 +64,7 @@ def handles_errors(fn: Callable) -> Callable:
     return wrapper
 
 
-def settings(c) -> Settings:
+def load_settings(c) -> Settings:
     """llmfleet's settings from Invoke's config (invoke.yaml, ~/.invoke.yaml, -f, INVOKE_LLMFLEET_*),
     built once per task and passed down."""
     return Settings.of(c.config.get("llmfleet", {}) or {})

@@ -12,8 +12,8 @@ from llmfleet.cli.common import (
     console,
     handles_errors,
     inventory_path,
+    load_settings,
     print_json,
-    settings,
 )
 from llmfleet.errors import RemoteError, UsageError
 from llmfleet.inventory.ansible import load_inventory, settings_for
@@ -38,7 +38,7 @@ def status(c, host=None, group=None, inventory=None, accept_new_host_keys=False,
     failed = False
     for h in inv.select(host=host, group=group):
         try:
-            rows.append(lock_status(h, settings_for(h), config=settings(c), accept_new_host_keys=accept_new_host_keys))
+            rows.append(lock_status(h, settings_for(h), config=load_settings(c), accept_new_host_keys=accept_new_host_keys))
         except RemoteError as exc:
             failed = True
             rows.append({"host": h.name, "held": None, "holder": None, "description": f"unreachable: {exc}"})
@@ -79,7 +79,7 @@ def release(c, host, inventory=None, yes=False, accept_new_host_keys=False, json
     h = hosts[0]
     settings = settings_for(h)
     if not yes:
-        st = lock_status(h, settings, config=settings(c), accept_new_host_keys=accept_new_host_keys)
+        st = lock_status(h, settings, config=load_settings(c), accept_new_host_keys=accept_new_host_keys)
         if not st["held"]:
             console.print(f"{h.name}: the deploy lock is free")
             return
@@ -89,7 +89,7 @@ def release(c, host, inventory=None, yes=False, accept_new_host_keys=False, json
                        "its protection. [y/N] ")
         if answer.strip().lower() not in {"y", "yes"}:
             raise Exit("not broken", code=1)
-    res = lock_break(h, settings, config=settings(c), accept_new_host_keys=accept_new_host_keys)
+    res = lock_break(h, settings, config=load_settings(c), accept_new_host_keys=accept_new_host_keys)
     if json:
         print_json(res)
     elif res["broken"]:

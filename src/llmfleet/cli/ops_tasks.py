@@ -17,8 +17,8 @@ from llmfleet.cli.common import (
     err_console,
     handles_errors,
     inventory_path,
+    load_settings,
     print_json,
-    settings,
 )
 from llmfleet.errors import CheckFailed, UsageError
 from llmfleet.fleet import status as status_mod
@@ -78,7 +78,7 @@ def status(c, host=None, group=None, inventory=None, json=False, forks=DEFAULT_F
     forks = int(_positive("forks", forks))
     timeout = _positive("timeout", timeout)
     _inv, hosts = _select(c, inventory, host, group)
-    results = status_mod.query_hosts(hosts, config=settings(c), forks=forks, timeout=timeout,
+    results = status_mod.query_hosts(hosts, config=load_settings(c), forks=forks, timeout=timeout,
                                      metrics=not no_metrics)
     rows = [r for st, settings in results for r in status_mod.host_rows(st, settings)]
     unreachable = sorted({st.host for st, _ in results if not st.reachable})
@@ -127,7 +127,7 @@ def releases(c, host=None, inventory=None, json=False, timeout=DEFAULT_TIMEOUT):
         raise UsageError("releases: choose the host with --host NAME")
     timeout = _positive("timeout", timeout)
     _inv, hosts = _select(c, inventory, host, None)
-    results = status_mod.query_hosts(hosts, config=settings(c), forks=DEFAULT_FORKS, timeout=timeout,
+    results = status_mod.query_hosts(hosts, config=load_settings(c), forks=DEFAULT_FORKS, timeout=timeout,
                                      metrics=False)
     rows = [r for st, _ in results if st.reachable for r in status_mod.release_rows(st.host, st.states)]
     unreachable = {st.host: st.error for st, _ in results if not st.reachable}
@@ -173,7 +173,7 @@ def audit(c, host=None, group=None, n=50, inventory=None, json=False, timeout=DE
         records = _remote_audit(c, hosts, n, timeout, unreachable)
         source = ", ".join(h.name for h in hosts)
     else:
-        path = settings(c).audit_log
+        path = load_settings(c).audit_log
         records = audit_mod.read_local(path, n)
         source = f"local log {path}"
     if json:
@@ -192,7 +192,7 @@ def audit(c, host=None, group=None, n=50, inventory=None, json=False, timeout=DE
 def _remote_audit(c, hosts: list[Host], n: int, timeout: float, unreachable: dict[str, str]) -> list[dict]:
     from llmfleet.host.ssh import connect  # lazy: paramiko only for the tasks that connect
 
-    config = settings(c).ssh.bounded(timeout)
+    config = load_settings(c).ssh.bounded(timeout)
     roots = {h.name: settings_for(h).root for h in hosts}
 
     def one(h: Host) -> list[dict]:
@@ -270,7 +270,7 @@ def upgrade(c, group=None, host=None, inventory=None, image=None, set_=None, ser
 
     from llmfleet.release.deploy import DeployOptions
 
-    config = settings(c)
+    config = load_settings(c)
     who = _who()
     msg = message or f"upgrade --group {group}" + "".join(f" --image {v}" for v in images.values())
     options = DeployOptions(check=bool(check), accept_new_host_keys=bool(accept_new_host_keys),
