@@ -16,6 +16,7 @@ import pytest
 from llmfleet.errors import RemoteError
 from llmfleet.images.lock import resolve
 from llmfleet.release import deploy as D
+from llmfleet.release import executor as E
 from llmfleet.release import store as S
 from llmfleet.release.health import HealthReport, StageResult
 from llmfleet.release.render import render
@@ -70,7 +71,7 @@ def switch(rid: str, out: str = "@@switched", exit: int = 0) -> Command:
 
 
 UPLOAD = Command(S.upload_script(PATHS, NEW_ID), out="@@uploaded")
-ENGINE_LOG = Command(S.logs_script(PATHS, D.LOG_LINES), out="RuntimeError: CUDA out of memory\nexited")
+ENGINE_LOG = Command(S.logs_script(PATHS, E.LOG_LINES), out="RuntimeError: CUDA out of memory\nexited")
 
 
 class Run:
@@ -83,8 +84,8 @@ class Run:
         self.checked: list[tuple[str, int, float | None]] = []
         self.lines: list[str] = []
         settings = Settings.of({"audit_log": str(tmp / "audit.jsonl")} if tmp else {"audit_log": "/dev/null"})
-        self.run = D.HostRun("h1", HS, self.remote, settings=settings, options=D.DeployOptions(),
-                             log=self.lines.append, health_fn=self._health, now=lambda: NOW, token=lambda: TOKEN,
+        self.run = E.HostRun("h1", HS, self.remote, settings=settings, log=self.lines.append,
+                             health_fn=self._health, now=lambda: NOW, token=lambda: TOKEN,
                              alive=lambda pid: alive, origin=ORIGIN, pid=PID)
         self.out = D.HostOutcome("h1", D.Result.UNCHANGED)
 
@@ -99,7 +100,7 @@ class Run:
     def deploy(self) -> D.HostOutcome:
         ready = D.PreparedHost(None, None, HS, (D.Prepared(SVC, None, resolve(SVC.image, LOCK)),))  # type: ignore[arg-type]
         try:
-            D.run_deploy(self.run, ready, self.out, plans=[None])
+            D.run_deploy(self.run, ready, self.out, D.DeployOptions(), plans=[None])
         except D.Refusal as exc:
             self.out.result, self.out.reason = exc.result, exc.reason
         return self.out

@@ -19,6 +19,7 @@ from llmfleet.inventory.ansible import load_inventory
 from llmfleet.inventory.services import host_settings
 from llmfleet.release import decide as Dc
 from llmfleet.release import deploy as D
+from llmfleet.release import executor as E
 from llmfleet.release import store as R
 from llmfleet.release.manifest import Manifest
 from llmfleet.release.render import render
@@ -161,8 +162,8 @@ def test_unified_diff_of_a_new_file_and_a_change():
 def test_a_process_that_ended_is_not_alive():
     dead = subprocess.Popen(["true"])
     dead.wait()
-    assert not D.pid_alive(dead.pid)
-    assert D.pid_alive(os.getpid())
+    assert not E.pid_alive(dead.pid)
+    assert E.pid_alive(os.getpid())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -226,31 +227,31 @@ def test_lock_status_and_break_over_ssh(sshd, tmp_path):
     h = inv.hosts["h1"]
     settings = inv.settings_for(h)
     conf = {"known_hosts": str(tmp_path / "kh"), "audit_log": str(tmp_path / "local.jsonl")}
-    st = D.lock_status(h, settings, config=conf, accept_new_host_keys=True)
+    st = E.lock_status(h, settings, config=conf, accept_new_host_keys=True)
     assert st["held"] is False and st["description"] == "free"
     holder = R.holder_document(token="t", who="alice", origin="alice@ws", action="deploy", message="canary",
                                now=datetime.now(UTC), pid=1)
     subprocess.run(["sh", "-c", R.lock_acquire_script(settings.root, holder)], check=True, timeout=10)
-    st = D.lock_status(h, settings, config=conf)
+    st = E.lock_status(h, settings, config=conf)
     assert st["held"] and "alice" in st["description"] and "canary" in st["description"]
-    br = D.lock_break(h, settings, config=conf, who="ops@here")
+    br = E.lock_break(h, settings, config=conf, who="ops@here")
     assert br["broken"] and br["holder"]["who"] == "alice"
-    assert D.lock_status(h, settings, config=conf)["held"] is False
+    assert E.lock_status(h, settings, config=conf)["held"] is False
     remote_audit = [json.loads(x) for x in Path(R.audit_path(settings.root)).read_text().splitlines()]
     local_audit = [json.loads(x) for x in (tmp_path / "local.jsonl").read_text().splitlines()]
     assert remote_audit[-1]["action"] == local_audit[-1]["action"] == "lock-break"
     assert remote_audit[-1]["who"] == "ops@here"
-    assert D.lock_break(h, settings, config=conf)["broken"] is False
+    assert E.lock_break(h, settings, config=conf)["broken"] is False
 
 
 def test_an_older_release_is_health_checked_as_it_ran():
     inv_svc = host_settings("h", {"llmfleet_services": [svc_dict(port=9000, served_name="new-name")]}).services[0]
     old = host_settings("h", {"llmfleet_services": [svc_dict(health={"min_tokps": 3})]}).services[0]
     manifest = Manifest(release="r", service="chat", inputs=old.model_dump(mode="json", exclude_unset=True))
-    s = D.service_for_release(inv_svc, manifest)
+    s = E.service_for_release(inv_svc, manifest)
     assert (s.port, s.public_name, s.health.min_tokps) == (8080, "chat", 3)
     assert "floor_fraction" not in s.health.model_fields_set  # the host's floor settings still apply
-    assert D.service_for_release(inv_svc, None) is inv_svc
+    assert E.service_for_release(inv_svc, None) is inv_svc
 
 
 def test_the_engine_log_summary_keeps_the_root_cause():
@@ -260,10 +261,10 @@ def test_the_engine_log_summary_keeps_the_root_cause():
         '  File "/opt/vllm/core.py", line 144, in __init__',
         "RuntimeError: Insufficient space in /dev/shm for shared-memory allocation: 160 MiB required, 64 MiB free.",
     ] + [f"noise {i}" for i in range(50)] + ["llmfleet-x exited with code 1", "Failed with result 'exit-code'."])
-    s = D.summarize_log(log)
+    s = E.summarize_log(log)
     assert "Insufficient space in /dev/shm" in s and "exited with code 1" in s
     assert "\x1b" not in s and "File " not in s and "noise 3 " not in s
-    assert D.summarize_log("") == ""
+    assert E.summarize_log("") == ""
 
 
 def test_an_unreachable_host_is_a_failed_outcome_not_an_exception(tmp_path):

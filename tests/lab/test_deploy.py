@@ -211,8 +211,6 @@ def test_concurrent_deploy_is_refused_with_the_holders_details(ctx):
 
 
 def test_an_operators_lock_refuses_and_lock_release_breaks_it(ctx):
-    from llmfleet.release.deploy import lock_break, lock_status
-
     holder = R.holder_document(token="x", who="carol", origin="carol@elsewhere", action="deploy",
                                message="driver upgrade", now=R.datetime.now(R.UTC), pid=1)
     ctx.lab.exec(HOST, ["sh", "-c", R.lock_acquire_script(ROOT, holder)])
@@ -233,7 +231,7 @@ def test_interrupted_deploys_are_completed_by_the_next_one(ctx):
     # 1. a deploy from this machine died holding the lock (its process is gone)
     dead = subprocess.Popen(["true"])
     dead.wait()
-    from llmfleet.release.deploy import default_who
+    from llmfleet.release.executor import default_who
 
     stale = R.holder_document(token="y", who="tester", origin=default_who(), action="deploy", message="",
                               now=R.datetime.now(R.UTC), pid=dead.pid)

@@ -31,7 +31,7 @@ from llmfleet.inventory.ansible import load_inventory, settings_for
 @handles_errors
 def status(c, host=None, group=None, inventory=None, accept_new_host_keys=False, json=False):
     """Show who holds each host's deploy lock (holder, origin, time, action, message)."""
-    from llmfleet.release.deploy import lock_status
+    from llmfleet.release.executor import lock_status
 
     inv = load_inventory(inventory_path(c, inventory))
     rows = []
@@ -70,7 +70,7 @@ def release(c, host, inventory=None, yes=False, accept_new_host_keys=False, json
     """Break a host's deploy lock (a stale one left by a dead deploy); asks first unless --yes. Audited."""
     import sys
 
-    from llmfleet.release.deploy import lock_break, lock_status
+    from llmfleet.release.executor import lock_break, lock_status
 
     inv = load_inventory(inventory_path(c, inventory))
     hosts = inv.select(host=host)

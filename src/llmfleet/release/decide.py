@@ -9,6 +9,7 @@ out; nothing here touches a host, and every decision is tested from fixtures (te
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -37,6 +38,44 @@ class Result(StrEnum):
     FAILED = "failed"
     REFUSED = "refused"
     CHECK = "check"
+
+
+OK_RESULTS = frozenset({Result.DEPLOYED, Result.UNCHANGED, Result.CHECK})
+
+
+@dataclass
+class ServiceOutcome:
+    """What a run did to one service. ``release``: the release it tried; ``current``: the release
+    current when the run ended (None: the unit was stopped, or unknown)."""
+
+    service: str
+    result: Result
+    release: str | None = None
+    current: str | None = None
+    previous: str | None = None
+    reason: str = ""
+
+
+@dataclass
+class HostOutcome:
+    host: str
+    result: Result
+    releases: dict[str, str] = field(default_factory=dict)  # service -> current release after the run
+    duration_s: float = 0.0
+    reason: str = ""
+    changes: list[str] = field(default_factory=list)
+    diffs: dict[str, str] = field(default_factory=dict)
+    preflight: list[dict[str, Any]] = field(default_factory=list)
+    health: dict[str, Any] = field(default_factory=dict)
+    services: dict[str, ServiceOutcome] = field(default_factory=dict)
+    round_trips: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.result in OK_RESULTS
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
 
 
 class Refusal(Exception):
