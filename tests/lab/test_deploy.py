@@ -17,6 +17,7 @@ import pytest
 from llmfleet.release import decide as Dc
 from llmfleet.release import store as R
 from llmfleet.release.deploy import DeployOptions, deploy_host, rollback_host
+from llmfleet.release.executor import lock_break, lock_status
 
 pytestmark = pytest.mark.lab
 
