@@ -234,16 +234,13 @@ class HostRun:
             audit.append_local(self.settings.audit_log_path, records)
         except OSError as exc:
             self.log(f"warning: local audit log {self.settings.audit_log}: {exc}")
-        parts = [f"(\n{sc}\n)" for sc in self.deferred]
-        parts += [store.audit_append_script(self.root, r) for r in records]
         token = self.lock_token
-        if token is not None:
-            parts.append(f"(\n{store.lock_release_script(self.root, token)}\n)")
+        script = store.final_script(self.root, self.deferred, records, token)
         self.deferred, self.audit, self.lock_token = [], [], None
-        if not parts or self.remote is None:
+        if not script or self.remote is None:
             return
         try:
-            res = self.run("\n".join(parts), timeout=300)
+            res = self.run(script, timeout=300)
         except LlmfleetError as exc:
             self.log(f"warning: the final step (mark, prune, audit, unlock) did not complete: {exc}"
                      + (f"; the next deploy from this machine takes the lock over, others need "

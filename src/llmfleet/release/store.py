@@ -596,3 +596,17 @@ def audit_append_script(root: str, record: dict[str, Any]) -> str:
         f"printf '%s\\n' {q(line)} >> {q(audit_path(root))}",
         f"chmod 0640 {q(audit_path(root))} 2>/dev/null || true",
     ])
+
+
+# ---------------------------------------------------------------------------------------------
+# The last round trip of a run
+
+
+def final_script(root: str, steps: list[str], records: list[dict[str, Any]], token: str | None) -> str:
+    """Deferred steps (health marks, prune; each in its own subshell, so one that fails or exits
+    does not stop the rest), then the audit lines, then the unlock when the run holds the lock."""
+    parts = [f"(\n{sc}\n)" for sc in steps]
+    parts += [audit_append_script(root, r) for r in records]
+    if token is not None:
+        parts.append(f"(\n{lock_release_script(root, token)}\n)")
+    return "\n".join(parts)
