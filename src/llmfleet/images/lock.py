@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 
 from llmfleet.errors import LlmfleetError, UsageError
-from llmfleet.images.registry import parse_reference, split_reference
+from llmfleet.images.registry import explicit_registry, parse_reference, split_reference
 
 DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
 _KEY_RE = re.compile(r"^(vllm|llamacpp):[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$")
@@ -159,8 +159,7 @@ def load_lock(path: str | Path | None = None) -> ImageLock:
 
 def _canonical_repo(repo: str) -> str:
     """Docker's implicit registry and library prefix, so mirror keys match either spelling."""
-    first = repo.split("/", 1)[0]
-    if "." in first or ":" in first or first == "localhost":
+    if explicit_registry(repo):
         return repo
     if "/" not in repo:
         return f"docker.io/library/{repo}"
@@ -366,7 +365,7 @@ def through_mirror(spec: PinSpec, mirrors: dict[str, str]) -> PinSpec:
     """Resolve a spec at the mirror while the lock keeps the public repository. Pure."""
     repo, tag, digest = split_reference(spec.ref)
     ref = apply_mirror(repo, mirrors) + (f":{tag}" if tag else "") + (f"@{digest}" if digest else "")
-    return PinSpec(key=spec.key, ref=ref, repository=spec.repository or _display_repo(repo), cuda=spec.cuda,
+    return PinSpec(key=spec.key, ref=ref, repository=spec.repository or _canonical_repo(repo), cuda=spec.cuda,
                    archs=spec.archs, source=spec.source)
 
 
@@ -375,7 +374,7 @@ def pinned(spec: PinSpec, digest: str, *, registry: str, at: str, by: str = "ima
     repo, tag, _ = split_reference(spec.ref)
     return LockedImage(
         key=spec.key,
-        repository=spec.repository or _display_repo(repo),
+        repository=spec.repository or _canonical_repo(repo),
         digest=digest,
         tag=tag or "latest",
         cuda=spec.cuda,
@@ -383,14 +382,6 @@ def pinned(spec: PinSpec, digest: str, *, registry: str, at: str, by: str = "ima
         source=spec.source,
         verified={"at": at, "registry": registry, "by": by},
     )
-
-
-def _display_repo(repo: str) -> str:
-    """``vllm/vllm-openai`` -> ``docker.io/vllm/vllm-openai`` (explicit registry in the lock)."""
-    first = repo.split("/", 1)[0]
-    if "." in first or ":" in first or first == "localhost":
-        return repo
-    return _canonical_repo(repo)
 
 
 def merge(lock: ImageLock, entries: list[LockedImage]) -> ImageLock:

@@ -69,6 +69,15 @@ def split_reference(ref: str) -> tuple[str, str | None, str | None]:
     return ref, tag, digest
 
 
+def explicit_registry(repository: str) -> str | None:
+    """The registry a repository names in its first component (``host.domain``, ``host:port``,
+    ``localhost``), else None (Docker Hub's implicit one)."""
+    first, sep, _ = repository.partition("/")
+    if sep and ("." in first or ":" in first or first == "localhost"):
+        return first
+    return None
+
+
 def parse_reference(ref: str) -> Reference:
     """``vllm/vllm-openai:v0.6.6`` → Docker Hub ``vllm/vllm-openai`` tag ``v0.6.6``; digests kept."""
     text = ref.strip()
@@ -80,7 +89,7 @@ def parse_reference(ref: str) -> Reference:
     if tag is not None and not _TAG.match(tag):
         raise UsageError(f"image reference {ref!r}: bad tag {tag!r}")
     parts = text.split("/")
-    if len(parts) > 1 and ("." in parts[0] or ":" in parts[0] or parts[0] == "localhost"):
+    if explicit_registry(text):
         registry, path = parts[0], parts[1:]
     else:
         registry, path = DOCKER_HUB, parts
