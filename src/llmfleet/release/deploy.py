@@ -1,4 +1,4 @@
-"""Deploy and roll back the services of one host: the thin executor of ``llmfleet.release.decide``.
+"""Deploy and roll back the services of one host: ``decide``'s decisions carried out by ``executor``.
 
 ``deploy_host`` for one inventory host:
 
@@ -31,7 +31,6 @@ from llmfleet import __version__
 from llmfleet.errors import LlmfleetError, RemoteError, UsageError
 from llmfleet.host import facts as facts_mod
 from llmfleet.images import lock as images
-from llmfleet.images.registry import split_reference
 from llmfleet.inventory.ansible import Host, Inventory, load_inventory, settings_for
 from llmfleet.inventory.services import HostSettings, Service
 from llmfleet.knowledge import preflight
@@ -90,13 +89,6 @@ def unified_diff(old: str | None, new: str, name: str) -> str:
         (old or "").splitlines(keepends=True), new.splitlines(keepends=True),
         fromfile=f"current/{name}" if old is not None else "/dev/null", tofile=f"new/{name}",
     ))
-
-
-def image_of(ref: str) -> images.ImageRef:
-    """An older release's image, from the reference its manifest recorded."""
-    repo, tag, digest = split_reference(ref)
-    return images.ImageRef(key=ref, repository=repo, digest=digest, tag=tag, pinned=digest is not None,
-                           upstream_repository=repo)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -433,7 +425,6 @@ def run_rollback(run: HostRun, service: str | None, to: str | None, out: HostOut
     for step in steps:
         paths, st = Paths(run.root, step.service), states[step.service]
         svc = service_for_release(inv_services[step.service], step.manifest)
-        image = image_of(step.image_ref)
         if not store.parse_image_present(run.run(store.image_present_script(step.image_ref), timeout=30).stdout):
             raise Refusal(Result.FAILED, f"service {step.service}: the image of release {step.target} "
                                          f"({step.image_ref}) is no longer on the host; redeploy that version instead")
@@ -453,7 +444,7 @@ def run_rollback(run: HostRun, service: str | None, to: str | None, out: HostOut
             out.services[step.service] = ServiceOutcome(step.service, Result.ROLLED_BACK, step.target, step.target,
                                                         step.previous)
             out.changes.append(f"{step.service}: {step.previous} -> {step.target}")
-            run.record(action="rollback", service=step.service, release_id=step.target, digest=image.digest,
+            run.record(action="rollback", service=step.service, release_id=step.target, digest=step.manifest.digest,
                        result=Result.ROLLED_BACK, detail=f"from {step.previous}")
             continue
         logs = run.engine_log(paths)
@@ -468,7 +459,7 @@ def run_rollback(run: HostRun, service: str | None, to: str | None, out: HostOut
         out.services[step.service] = ServiceOutcome(step.service, Result.FAILED, step.target, back.current,
                                                     step.previous, out.reason)
         run.log(out.reason)
-        run.record(action="rollback", service=step.service, release_id=step.target, digest=image.digest,
+        run.record(action="rollback", service=step.service, release_id=step.target, digest=step.manifest.digest,
                    result=Result.FAILED, detail=f"{report.message}; {back.sentence(still=True)}")
         return
     out.result = Result.ROLLED_BACK
