@@ -1,5 +1,6 @@
-"""A service's API key, read on the operator's machine from where the inventory says (never from the
-inventory itself): an environment variable, or a file only its owner can read."""
+"""A service's API key, read on the operator's machine from where the inventory says (never a plain
+value in the inventory): an environment variable, a file only its owner can read, or an ansible-vault
+encrypted value decrypted with the vault password file."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 
 from llmfleet.errors import UsageError
 from llmfleet.inventory.services import SecretRef
+from llmfleet.inventory.vault import Vault
 
 
 def resolve_secret(ref: SecretRef | None, where: str) -> str | None:
@@ -16,6 +18,8 @@ def resolve_secret(ref: SecretRef | None, where: str) -> str | None:
     others can read, is a usage error naming ``where`` and the fix."""
     if ref is None:
         return None
+    if ref.vault is not None:  # ansible-vault value: decrypted with the vault password file
+        return Vault().decrypt(ref.vault, f"{where}: api_key").strip()
     if ref.from_env is not None:
         value = os.environ.get(ref.from_env)
         if not value:
