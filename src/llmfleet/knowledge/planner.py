@@ -1292,3 +1292,75 @@ def plan_for_service(
 def decode_ceiling(bandwidth_gbps: float, bytes_per_token: float) -> float:
     """Batch-1 decode ceiling in tokens/s: memory bandwidth over the bytes read per token."""
     return bandwidth_gbps * GB / bytes_per_token
+
+
+# ------------------------------------------------------------------------------------------ summary
+
+
+@dataclass(frozen=True)
+class PlanSummary:
+    """What a deploy, its health check and status need from a plan: the engine flags, the shape of
+    the deployment and the decode figures the health check's floor is measured against.
+
+    Built from a ``Plan`` (``summarize``) or read back from a release's manifest (``from_dict``,
+    which holds the whole plan as ``Plan.to_dict`` wrote it; unknown or mistyped keys are left empty).
+    """
+
+    engine: str = ""
+    model: str = ""
+    quant: str = ""
+    gpu: str = ""
+    gpus: int = 1
+    context: int | None = None
+    concurrency: int | None = None
+    fits: bool | None = None
+    resident: bool | None = None
+    engine_args: tuple[str, ...] = ()
+    decode_tokps_ceiling: float | None = None
+    decode_tokps_realistic: tuple[float, float] | None = None  # (low, high), batch 1
+
+    @classmethod
+    def from_dict(cls, data: Any) -> PlanSummary | None:
+        if not isinstance(data, dict):
+            return None
+
+        def num(key: str) -> float | None:
+            v = data.get(key)
+            return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+        def whole(key: str) -> int | None:
+            v = data.get(key)
+            return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+        def text(key: str) -> str:
+            v = data.get(key)
+            return v if isinstance(v, str) else ""
+
+        def flag(key: str) -> bool | None:
+            v = data.get(key)
+            return v if isinstance(v, bool) else None
+
+        rng = data.get("decode_tokps_realistic")
+        realistic = None
+        if isinstance(rng, list | tuple) and len(rng) == 2 and all(isinstance(x, int | float) for x in rng):
+            realistic = (float(rng[0]), float(rng[1]))
+        args = data.get("engine_args")
+        return cls(
+            engine=text("engine"), model=text("model"), quant=text("quant"), gpu=text("gpu"),
+            gpus=whole("gpus") or 1, context=whole("context"), concurrency=whole("concurrency"),
+            fits=flag("fits"), resident=flag("resident"),
+            engine_args=tuple(str(a) for a in args) if isinstance(args, list | tuple) else (),
+            decode_tokps_ceiling=num("decode_tokps_ceiling"), decode_tokps_realistic=realistic,
+        )
+
+
+def summarize(plan: Plan | PlanSummary | None) -> PlanSummary | None:
+    """The summary of a plan (a summary is returned as it is; no plan, no summary)."""
+    if plan is None or isinstance(plan, PlanSummary):
+        return plan
+    return PlanSummary(
+        engine=plan.engine, model=plan.model, quant=plan.quant, gpu=plan.gpu, gpus=plan.gpus,
+        context=plan.context, concurrency=plan.concurrency, fits=plan.fits, resident=plan.resident,
+        engine_args=tuple(plan.engine_args), decode_tokps_ceiling=plan.decode_tokps_ceiling,
+        decode_tokps_realistic=tuple(plan.decode_tokps_realistic),  # type: ignore[arg-type]
+    )

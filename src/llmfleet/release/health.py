@@ -26,7 +26,7 @@ from typing import Any
 
 import httpx
 
-from llmfleet.release.store import Paths
+from llmfleet.release.store import UnitProbe
 
 # The default decode floor comes from the planner's speed model (``health_floor_tokps`` of the
 # plan): the fastest the card decodes with one eighth of the layers off the GPU, so any such
@@ -261,38 +261,6 @@ def models_list_ids(body: Any) -> list[str]:
     return ids
 
 
-def probe_script(paths: Paths) -> str:
-    """Unit state and container state in one round trip."""
-    from llmfleet.release.store import q
-
-    fmt = "{{.State.Status}} {{.State.ExitCode}} {{.RestartCount}}"
-    return "\n".join([
-        f"echo \"@@unit $(systemctl is-active {q(paths.unit)} 2>/dev/null)\"",
-        f"echo \"@@container $(docker inspect --format {q(fmt)} {q(paths.container)} 2>/dev/null)\"",
-    ])
-
-
-@dataclass(frozen=True)
-class Probe:
-    unit: str
-    container: str | None
-    exit_code: int | None
-
-
-def parse_probe(stdout: str) -> Probe:
-    unit, container, code = "unknown", None, None
-    for line in stdout.splitlines():
-        if line.startswith("@@unit"):
-            unit = line[6:].strip() or "unknown"
-        elif line.startswith("@@container"):
-            parts = line[11:].split()
-            if parts:
-                container = parts[0]
-                if len(parts) > 1 and parts[1].lstrip("-").isdigit():
-                    code = int(parts[1])
-    return Probe(unit, container, code)
-
-
 # ---------------------------------------------------------------------------------------------
 # The checker (I/O through injected callables and httpx)
 
@@ -350,7 +318,7 @@ class HealthChecker:
     local URL of the engine. ``progress`` gets one line per stage and per notable wait.
     """
 
-    probe: Callable[[], Probe]
+    probe: Callable[[], UnitProbe]
     base_url: str
     served_name: str
     api_key: str | None = None
@@ -365,9 +333,9 @@ class HealthChecker:
     progress: Callable[[str], None] = lambda line: None
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
-    _last_probe: tuple[float, Probe] | None = field(default=None, init=False, repr=False)
+    _last_probe: tuple[float, UnitProbe] | None = field(default=None, init=False, repr=False)
 
-    def _probe(self, max_age_s: float = 0.0) -> Probe:
+    def _probe(self, max_age_s: float = 0.0) -> UnitProbe:
         """The unit/container state; one answered less than ``max_age_s`` ago is reused (one round
         trip serves the unit and the container stages when both are already fine)."""
         last = self._last_probe
