@@ -4,22 +4,23 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
-from invoke import task
 from invoke.exceptions import Exit
-from rich.markup import escape
-from rich.table import Table
 
 from llmfleet.cli.common import (
     INVENTORY_HELP,
     cfg,
     console,
-    handles_errors,
-    inventory_path,
+    escape,
+    host_document,
     print_json,
+    select_hosts,
     ssh_config,
+    unreachable_entry,
 )
+from llmfleet.cli.flags import fleet_task
 from llmfleet.errors import RemoteError, UsageError
-from llmfleet.inventory.ansible import load_inventory, settings_for
+
+VERBOSE_HELP = "print each remote command (secrets masked) with its exit status and duration"
 
 _STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red"}
 # Hosts probed at once (one SSH connection each); results are printed in inventory order.
@@ -34,27 +35,23 @@ def _each(fn, items: list) -> list:
         return list(pool.map(fn, items))
 
 
-def _hosts(c, inventory, host, group):
-    inv = load_inventory(inventory_path(c, inventory))
-    return inv, inv.select(host=host, group=group)
-
-
-@task(
+@fleet_task(
     help={
         "host": "host name or pattern (Ansible --limit syntax, e.g. 'gpu-v100-*')",
         "group": "inventory group (pattern allowed)",
         "inventory": INVENTORY_HELP,
-        "json": "print the facts as JSON (one object per host)",
+        "json": 'print {"hosts": [facts per host], "unreachable": [{"host", "error"}]}',
         "accept_new_host_keys": "record unknown SSH host keys (changed keys are still refused)",
+        "verbose": VERBOSE_HELP,
     },
 )
-@handles_errors
-def facts(c, host=None, group=None, inventory=None, json=False, accept_new_host_keys=False):
+def facts(c, host=None, group=None, inventory=None, json=False, accept_new_host_keys=False, verbose=False):
     """Gather a host's facts in one SSH round trip: GPUs, driver, CUDA, Docker, toolkit, disk, ports."""
     from llmfleet.host import facts as facts_mod
     from llmfleet.host import ssh
+    from llmfleet.inventory.ansible import settings_for
 
-    inv, hosts = _hosts(c, inventory, host, group)
+    inv, hosts = select_hosts(c, inventory, host, group)
     jobs = [(h, settings_for(h)) for h in hosts]  # every host's settings valid before any connection
 
     def probe(job):
@@ -67,11 +64,10 @@ def facts(c, host=None, group=None, inventory=None, json=False, accept_new_host_
             return exc
 
     out: list[dict] = []
-    failed = False
+    unreachable: list[dict[str, str]] = []
     for (h, _), found in zip(jobs, _each(probe, jobs), strict=True):
         if isinstance(found, RemoteError):
-            failed = True
-            out.append({"host": h.name, "error": str(found)})
+            unreachable.append(unreachable_entry(h.name, str(found)))
             if not json:
                 console.print(f"[bold red]{escape(h.name)}[/]: {escape(str(found))}")
             continue
@@ -79,8 +75,8 @@ def facts(c, host=None, group=None, inventory=None, json=False, accept_new_host_
         if not json:
             _print_facts(found)
     if json:
-        print_json(out if len(out) != 1 else out[0])
-    if failed:
+        print_json(host_document("hosts", out, unreachable))
+    if unreachable:
         raise Exit(code=1)
 
 
@@ -118,6 +114,8 @@ def facts_rows(f) -> list[tuple[str, str]]:
 
 
 def _print_facts(f) -> None:
+    from rich.table import Table
+
     t = Table(title=escape(f"facts {f.host}"), show_header=False)
     t.add_column("what", style="bold")
     t.add_column("value", overflow="fold")
@@ -126,28 +124,29 @@ def _print_facts(f) -> None:
     console.print(t)
 
 
-@task(
+@fleet_task(
     help={
         "host": "host name or pattern (Ansible --limit syntax)",
         "group": "inventory group (pattern allowed)",
         "service": "check only this service (default: every service of the host)",
         "inventory": INVENTORY_HELP,
-        "json": "print {host, service, ok, checks: [...]} per service as JSON",
+        "json": 'print {"reports": [{host, service, ok, checks} per service], "unreachable": [{"host", "error"}]}',
         "allow_unpinned": "judge a floating image tag instead of failing the image check",
         "accept_new_host_keys": "record unknown SSH host keys (changed keys are still refused)",
+        "verbose": VERBOSE_HELP,
     },
 )
-@handles_errors
 def preflight(c, host=None, group=None, service=None, inventory=None, json=False, allow_unpinned=False,
-              accept_new_host_keys=False):
+              accept_new_host_keys=False, verbose=False):
     """Check that each service can run on its host (image vs driver and card, plan, runtime, disk, port).
 
     Exit 1 when any check fails.
     """
     from llmfleet.images import lock as images
+    from llmfleet.inventory.ansible import settings_for
     from llmfleet.knowledge.preflight import images_lock_path, preflight_host
 
-    inv, hosts = _hosts(c, inventory, host, group)
+    inv, hosts = select_hosts(c, inventory, host, group)
     selected = []
     for h in hosts:
         settings = settings_for(h)
@@ -166,18 +165,20 @@ def preflight(c, host=None, group=None, service=None, inventory=None, json=False
 
     def check(job):
         h, settings, svcs, lock = job
-        return preflight_host(h, settings, lock=lock, config=ssh_config(c), services=svcs,
-                              accept_new_host_keys=accept_new_host_keys, allow_unpinned=allow_unpinned)[1]
+        return h, preflight_host(h, settings, lock=lock, config=ssh_config(c), services=svcs,
+                                 accept_new_host_keys=accept_new_host_keys, allow_unpinned=allow_unpinned)
 
     reports = []
-    for host_reports in _each(check, selected):
+    unreachable: list[dict[str, str]] = []
+    for h, (found, host_reports) in _each(check, selected):
         reports.extend(host_reports)
+        if found is None:  # never reached: each service reports one failed ssh check
+            unreachable.append(unreachable_entry(h.name, host_reports[0].checks[0].message if host_reports else ""))
         if not json:
             for r in host_reports:
                 _print_report(r)
     if json:
-        data = [r.to_dict() for r in reports]
-        print_json(data[0] if len(data) == 1 else data)
+        print_json(host_document("reports", [r.to_dict() for r in reports], unreachable))
     if not all(r.ok for r in reports):
         if not json:
             bad = sorted({f"{r.host}/{r.service}" if r.service else r.host for r in reports if not r.ok})
@@ -186,6 +187,8 @@ def preflight(c, host=None, group=None, service=None, inventory=None, json=False
 
 
 def _print_report(r) -> None:
+    from rich.table import Table
+
     title = f"preflight {r.host}" + (f" / {r.service}" if r.service else "")
     t = Table(title=escape(title))
     for col in ("check", "status", "message", "fix"):

@@ -7,20 +7,39 @@ import shlex
 import subprocess
 from pathlib import Path
 
-from invoke import Collection, task
-from rich.table import Table
+from invoke import Collection
 
-from llmfleet.cli.common import cfg, console, err_console, handles_errors, inventory_path, print_json
+from llmfleet.cli.common import cfg, console, err_console, inventory_path, print_json
+from llmfleet.cli.flags import fleet_task
 from llmfleet.errors import CheckFailed, UsageError
 from llmfleet.images import lock as img
 
-LOCK_HELP = "lock file (default: llmfleet.images_lock in invoke.yaml, else images.lock at the repository root)"
+LOCK_HELP = ("lock file (default: llmfleet.images_lock in invoke.yaml, else images.lock in the working directory, "
+             "else the one shipped with llmfleet)")
 MIRROR_HELP = ("go through the private mirrors in the inventory's llmfleet_image_mirrors (air-gapped fleets); "
                "the lock keeps the public repository, the digest is the same")
 
 
 def _lock_path(c, lock: str | None) -> Path:
+    """The lock to read: --lock, the configured one, ./images.lock, else the packaged default."""
     return Path(lock).expanduser() if lock else img.lock_path_for(None, None, cfg(c, "images_lock"))
+
+
+def _writable_lock(path: Path) -> Path:
+    """Where a change to ``path`` goes: never into the installed package. A project without a lock of
+    its own gets ./images.lock, started from the packaged one (comments and entries kept)."""
+    if path.resolve() != Path(str(img.PACKAGED_LOCK)).resolve() or _in_checkout():
+        return path
+    own = Path(img.PROJECT_LOCK)
+    if not own.exists():
+        own.write_text(img.packaged_lock_text(), encoding="utf-8")
+        err_console.print(f"created {own} from the images.lock shipped with llmfleet")
+    return own
+
+
+def _in_checkout() -> bool:
+    """llmfleet runs from its own source tree (an editable install): the packaged lock is the project's."""
+    return (Path(__file__).resolve().parents[3] / "pyproject.toml").is_file()
 
 
 def _split(values: str | None) -> list[str]:
@@ -67,7 +86,7 @@ def _catalog_images() -> dict:
     return dict(load_engine_catalog().images)
 
 
-@task(
+@fleet_task(
     positional=["refs"],
     help={
         "refs": "ENGINE=VERSION[,ENGINE=VERSION...] from catalog/engines.yaml (e.g. vllm=0.10.1.1), or `all` "
@@ -82,7 +101,6 @@ def _catalog_images() -> dict:
         "json": "print the new lock entries as JSON",
     },
 )
-@handles_errors
 def pin(c, refs, inventory=None, lock=None, registry_mirror=False, host=None, group=None, insecure=None, json=False):
     """Resolve image tags to digests against their registry and write them into images.lock."""
     catalog = _catalog_images()
@@ -93,7 +111,7 @@ def pin(c, refs, inventory=None, lock=None, registry_mirror=False, host=None, gr
     if registry_mirror:
         mirrors = _mirrors(c, inventory, host, group)
         specs = [img.through_mirror(s, mirrors) for s in specs]
-    path = _lock_path(c, lock)
+    path = _writable_lock(_lock_path(c, lock))
     entries = img.pin(specs, _client(insecure), path)
     if json:
         print_json({"lock": str(path), "pinned": {e.key: img.entry_dict(e) for e in entries}})
@@ -103,7 +121,7 @@ def pin(c, refs, inventory=None, lock=None, registry_mirror=False, host=None, gr
     console.print(f"wrote {path}")
 
 
-@task(
+@fleet_task(
     help={
         "lock": LOCK_HELP,
         "registry_mirror": MIRROR_HELP,
@@ -115,7 +133,6 @@ def pin(c, refs, inventory=None, lock=None, registry_mirror=False, host=None, gr
         "json": "print the results as JSON",
     },
 )
-@handles_errors
 def verify(c, inventory=None, lock=None, registry_mirror=False, host=None, group=None, insecure=None,
            record=False, json=False):
     """Check that every pinned digest still resolves in its registry (exit 1 if one does not)."""
@@ -127,10 +144,12 @@ def verify(c, inventory=None, lock=None, registry_mirror=False, host=None, group
     results = img.verify(lock_data, _client(insecure), mirrors=mirrors)
     failed = [r for r in results if r.status in ("missing", "error")]
     if record:
-        img.write_lock(img.mark_verified(lock_data, results), path)
+        img.write_lock(img.mark_verified(lock_data, results), _writable_lock(path))
     if json:
         print_json({"lock": str(path), "ok": not failed, "results": [r.to_dict() for r in results]})
     else:
+        from rich.table import Table
+
         table = Table(title=f"images.verify {path}")
         for col in ("image", "reference", "status", "detail"):
             table.add_column(col, overflow="fold")
@@ -143,7 +162,7 @@ def verify(c, inventory=None, lock=None, registry_mirror=False, host=None, group
                           + ", ".join(f"{r.key} ({r.status})" for r in failed))
 
 
-@task(
+@fleet_task(
     positional=["name"],
     iterable=["build_arg"],
     help={
@@ -157,7 +176,6 @@ def verify(c, inventory=None, lock=None, registry_mirror=False, host=None, group
         "push": "push the built image to its repository afterwards (then `invoke images.pin` it)",
     },
 )
-@handles_errors
 def build(c, name, resolve_base=False, build_arg=None, tag=None, dry_run=False, push=False):
     """Build one of the engine images in dockerfiles/ with its base pinned by digest."""
     spec = img.load_build_spec(name, _dockerfiles(c))
@@ -189,11 +207,10 @@ def build(c, name, resolve_base=False, build_arg=None, tag=None, dry_run=False, 
     console.print(f"built {ref}; pin it with `invoke images.pin {spec.catalog_key.replace(':', '=', 1)}`")
 
 
-@task(
+@fleet_task(
     name="list",
     help={"lock": LOCK_HELP, "json": "print the entries as JSON"},
 )
-@handles_errors
 def list_(c, lock=None, json=False):
     """Show the pinned images with their CUDA, architectures and when a registry last confirmed them."""
     path = _lock_path(c, lock)
@@ -218,6 +235,8 @@ def list_(c, lock=None, json=False):
     if json:
         print_json({"lock": str(path), "images": rows})
         return
+    from rich.table import Table
+
     table = Table(title=f"images {path}")
     for col in ("image", "repository:tag", "digest", "cuda", "archs", "verified", "notes"):
         table.add_column(col, overflow="fold")
@@ -236,8 +255,7 @@ def list_(c, lock=None, json=False):
     console.print(table)
 
 
-@task(help={"json": "print the findings as JSON"})
-@handles_errors
+@fleet_task(help={"json": "print the findings as JSON"})
 def lint(c, json=False):
     """Lint every Dockerfile under dockerfiles/ (exit 1 on findings); rules in docs/images.md."""
     from llmfleet.images.lint import lint_tree

@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import builtins
 
-from invoke import task
-from rich.table import Table
-
-from llmfleet.cli.common import console, handles_errors, inventory_path, print_json
+from llmfleet.cli.common import console, inventory_path, print_json
+from llmfleet.cli.flags import fleet_task
 from llmfleet.errors import UsageError
-from llmfleet.inventory.ansible import check_all, load_inventory
 
 
-@task(
+@fleet_task(
     help={
         "inventory": "inventory file or folder (default: llmfleet.inventory in invoke.yaml, 'inventory/lab/')",
         "list": "print every group and host as JSON, like `ansible-inventory --list`",
@@ -22,9 +19,12 @@ from llmfleet.inventory.ansible import check_all, load_inventory
         "json": "with --check: print a JSON summary",
     },
 )
-@handles_errors
 def inventory(c, inventory=None, list=False, host=None, check=False, limit=None, json=False):  # noqa: A002
     """Show or validate an Ansible-format inventory (--list, --host NAME, --check)."""
+    from rich.table import Table
+
+    from llmfleet.inventory.ansible import check_all, load_inventory
+
     inv = load_inventory(inventory_path(c, inventory))
     if list:
         print_json(inv.to_ansible_list())

@@ -47,7 +47,7 @@ from llmfleet.inventory.ansible import Host, Inventory, load_inventory, settings
 from llmfleet.inventory.services import HostSettings, Service
 from llmfleet.release import health as health_mod
 from llmfleet.release import store as release
-from llmfleet.release.render import COMPOSE_FILE, ENV_FILE, Rendered, render, unit_name
+from llmfleet.release.render import COMPOSE_FILE, ENV_FILE, Rendered, render, search_paths, unit_name
 from llmfleet.release.store import Paths, q
 
 RESULTS = ("deployed", "unchanged", "rolled_back", "failed", "refused", "check")
@@ -578,7 +578,8 @@ def _deploy(run: _HostRun, prepared: list[tuple[Service, str | None, images.Imag
     now = _now()
     for (svc, key, ref), plan in zip(prepared, plans, strict=True):
         item = _Item(service=svc, api_key=key, image=ref, plan=plan)
-        item.rendered = render(svc, settings, ref, plan, api_key=key)
+        item.rendered = render(svc, settings, ref, plan, api_key=key,
+                               **search_paths(run.host.vars, run.inv.path, run.config))
         item.paths = Paths(settings.root, svc.name)
         st = states.get(svc.name)
         item.state = st
