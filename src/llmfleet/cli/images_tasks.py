@@ -12,7 +12,18 @@ from invoke import Collection
 from llmfleet.cli.common import cfg, console, err_console, inventory_path, print_json
 from llmfleet.cli.flags import fleet_task
 from llmfleet.errors import CheckFailed, UsageError
-from llmfleet.images import lock as img
+
+
+class _Lazy:
+    """``llmfleet.images.lock`` imported on first use (yaml and friends: not needed by `invoke --list`)."""
+
+    def __getattr__(self, name: str):
+        from llmfleet.images import lock
+
+        return getattr(lock, name)
+
+
+img = _Lazy()
 
 LOCK_HELP = ("lock file (default: llmfleet.images_lock in invoke.yaml, else images.lock in the working directory, "
              "else the one shipped with llmfleet)")
