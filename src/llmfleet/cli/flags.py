@@ -151,7 +151,13 @@ class FleetTask(Task):
         return opts
 
     def get_arguments(self, ignore_unknown_help: bool | None = None) -> list[Argument]:
-        args = super().get_arguments(ignore_unknown_help)
+        # Invoke pops each help entry as it uses it: keep ours, so the task can be parsed again (a
+        # second Program in one process, the docs checker, completion).
+        kept = dict(self.help)
+        try:
+            args = super().get_arguments(ignore_unknown_help)
+        finally:
+            self.help = kept
         for arg in args:
             number = self.numbers.get(arg.attr_name or arg.name)
             if number is not None:

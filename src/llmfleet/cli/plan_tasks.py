@@ -137,11 +137,12 @@ def render_plan(p: Plan, title: str | None = None) -> None:
         "gather": "with --host: gather the host's facts over SSH first (its real cards, memory and model files)",
         "accept_new_host_keys": "with --gather: record unknown SSH host keys (changed keys are still refused)",
         "json": "print the plan as JSON (bytes are bytes)",
+        "verbose": "with --gather: print each remote command (secrets masked) with its exit status and duration",
     },
 )
 def plan_task(c, model=None, quant=None, gpu=None, host=None, gpus=None, context=None, concurrency=None,
               kv_dtype=None, engine=None, gpu_memory_utilization=None, offload=False, inventory=None, json=False,
-              gather=False, accept_new_host_keys=False):
+              gather=False, accept_new_host_keys=False, verbose=False):
     """Capacity plan: does a model fit a card, the engine flags, max context/concurrency, decode speed."""
     from llmfleet.knowledge.catalog import find_gpu
     from llmfleet.knowledge.planner import PlanRequest, plan, plan_for_service
