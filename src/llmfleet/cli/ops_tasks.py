@@ -230,7 +230,7 @@ def _remote_audit(c, hosts: list[Any], n: int, timeout: float, unreachable: list
         "pause": "seconds to wait between batches (default 0)",
         "rollback_on_abort": "on abort, roll the already upgraded hosts back to their previous release",
         "check": "show the batches and each host's changes; touch nothing",
-        "json": "print the summary as JSON (one object: batches, hosts, counts)",
+        "json": 'print the summary as JSON (one object: batches, hosts, counts, "unreachable": [{"host", "error"}])',
         "inventory": INVENTORY_HELP,
         "message": "a note kept in each release's manifest and the audit log",
         "accept_new_host_keys": "record unknown SSH host keys (as OpenSSH accept-new); changed keys still refused",
@@ -283,7 +283,17 @@ def upgrade(c, group=None, host=None, inventory=None, image=None, set_=None, ser
     log = log_line
     for name, why in excluded.items():
         log(f"{name}: not part of this upgrade: {why}")
-    deploy = upgrade_mod.deploy_fn(inv, config=config, options=options, changes=changes, log=log)
+    deploy_one = upgrade_mod.deploy_fn(inv, config=config, options=options, changes=changes, log=log)
+    unreachable: list[dict[str, str]] = []
+
+    def deploy(name: str) -> Any:
+        from llmfleet.cli.deploy_tasks import never_reached
+
+        outcome = deploy_one(name)
+        if never_reached(outcome):
+            unreachable.append(unreachable_entry(outcome.host, outcome.reason))
+        return outcome
+
     rollback = upgrade_mod.rollback_fn(inv, config=config, options=options, log=log) if rollback_on_abort else None
     report = upgrade_mod.run_upgrade(
         names, deploy=deploy, serial=serial_list, max_fail_percentage=mfp, forks=forks, pause=pause,
@@ -301,7 +311,7 @@ def upgrade(c, group=None, host=None, inventory=None, image=None, set_=None, ser
         except OSError as exc:
             log(f"warning: local audit log not written: {exc}")
     if json:
-        print_json(report.to_dict())
+        print_json(report.to_dict() | {"unreachable": unreachable})
     else:
         _print_upgrade(report)
     if not report.ok:
