@@ -11,6 +11,7 @@ install among them, are not read), so ``import llmfleet`` can only find the whee
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -61,8 +62,14 @@ def _run(argv: list[str], **kw) -> subprocess.CompletedProcess:
 
 
 def build_and_install(tmp: Path) -> InstalledWheel:
+    # Build from a copy of what the wheel is made of: two builds at once (pytest-xdist workers) never
+    # share setuptools' build/ folder, and the checkout is left as it was.
+    source = tmp / "source"
+    shutil.copytree(REPO / "src", source / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(REPO / name, source / name)
     dist = tmp / "dist"
-    _run([sys.executable, "-m", "build", "--wheel", "--outdir", str(dist), str(REPO)], timeout=600)
+    _run([sys.executable, "-m", "build", "--wheel", "--outdir", str(dist), str(source)], timeout=600)
     (wheel,) = dist.glob("llmfleet-*.whl")
     venv = tmp / "venv"
     _run([sys.executable, "-m", "venv", str(venv)], timeout=300)
