@@ -109,6 +109,21 @@ def test_stop_and_start(proj):
     assert actions == [("stop", "stopped"), ("start", "started")]
 
 
+def test_rollback_of_a_group(proj):
+    first = proj.json("releases", "--host", HOST)["releases"]
+    (current,) = [r["release"] for r in first if r["current"]]
+    services = yaml.safe_load((proj.dir / "inventory" / "group_vars" / "all.yml").read_text())["llmfleet_services"]
+    services[0]["engine_args"] = ["--ctx-size", "272"]  # a new release to go back from
+    hv = proj.dir / "inventory" / "host_vars"
+    hv.mkdir(exist_ok=True)
+    (hv / f"{HOST}.yml").write_text(yaml.safe_dump({"llmfleet_services": services}))
+    doc = proj.json("deploy", "--group", "p40", "-f", "2")
+    assert doc["hosts"][0]["result"] == "deployed", doc["hosts"][0]["reason"]
+    doc = proj.json("rollback", "--group", "p40")
+    (o,) = doc["hosts"]
+    assert (o["host"], o["result"], o["releases"]) == (HOST, "rolled_back", {"tiny": current}), o["reason"]
+
+
 def test_a_service_dropped_from_the_inventory_is_an_orphan_and_remove_cleans_it(proj):
     hv = proj.dir / "inventory" / "host_vars"
     hv.mkdir(exist_ok=True)
