@@ -104,7 +104,8 @@ def test_stop_and_start(proj):
     assert row["unit"] != "active"
     doc = proj.json("start", "--host", HOST, "--service", "tiny")
     assert doc["hosts"][0]["result"] == "started", doc
-    assert proj.unit_state() in ("active", "activating")
+    assert doc["hosts"][0]["health"]["tiny"], doc  # the deploy's staged health check passed
+    assert proj.unit_state() == "active"
     actions = [(r["action"], r["result"]) for r in proj.host_audit()[-2:]]
     assert actions == [("stop", "stopped"), ("start", "started")]
 

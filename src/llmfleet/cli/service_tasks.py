@@ -247,7 +247,7 @@ def stop(c, host=None, group=None, service=None, inventory=None, message="", for
 @fleet_task(numbers={"forks": POSITIVE}, help=_OP_HELP | {"service": "the service to start"})
 def start(c, host=None, group=None, service=None, inventory=None, message="", forks=DEFAULT_FORKS,
           accept_new_host_keys=False, verbose=False, json=False):
-    """Start a stopped service on its current release (unit enabled again; `status` shows its health). Audited."""
+    """Start a stopped service on its current release (unit enabled again) and health-check it. Audited."""
     _service_op(c, "start", host=host, group=group, service=service, orphans=False, inventory=inventory,
                 message=message, forks=forks, json=json, accept_new_host_keys=accept_new_host_keys)
 

@@ -66,6 +66,7 @@ class ServiceOpResult:
     result: str  # stopped | started | removed | absent | failed | refused | unchanged
     services: dict[str, str] = field(default_factory=dict)  # service -> unit state, "removed", "absent"
     images_removed: list[str] = field(default_factory=list)
+    health: dict[str, str] = field(default_factory=dict)  # start: the health check's verdict per service
     reason: str = ""
     unreachable: bool = False
     duration_s: float = 0.0
@@ -155,6 +156,14 @@ def service_op(host: Any, settings: Any, action: str, services: Sequence[str] | 
                     state = store.parse_unit_state(res.stdout)
                     result = "started" if state in ("active", "activating") else "failed"
                     detail = f"unit {state}" + ("" if res.ok else f": {(res.stderr or res.stdout).strip()[-300:]}")
+                    svc = next((x for x in settings.services if x.name == name), None)
+                    if result == "started" and svc is not None:
+                        healthy, why = _health(remote, settings, svc, paths, states[name], log)
+                        out.health[name] = why
+                        if healthy is False:
+                            result, detail = "failed", f"unit {state} but the engine is not healthy: {why}"
+                        else:
+                            detail = f"unit {state}; {why}"
             else:
                 deleted = {name: list(states[name].releases)}
                 keep = {k: v for k, v in states.items() if k == name or k not in names}
@@ -189,6 +198,35 @@ def service_op(host: Any, settings: Any, action: str, services: Sequence[str] | 
         _finish(remote, root, token, records, config, log)
         out.duration_s = round(time.monotonic() - t0, 3)
     return out
+
+
+def _health(remote: Any, settings: Any, svc: Any, paths: Paths, state: store.ServiceState,
+            log: Log) -> tuple[bool | None, str]:
+    """The deploy's staged health check of the current release after a start: (healthy, why); healthy is
+    None when it could not be judged here (the API key is not readable on this machine)."""
+    from llmfleet.release import health as health_mod
+    from llmfleet.release.deploy import resolve_secret, service_for_release
+
+    info = state.current_release
+    manifest = info.manifest if info else None
+    svc = service_for_release(svc, manifest)
+    try:
+        key = resolve_secret(svc, f"host {remote.name}: service {svc.name}")
+    except UsageError as exc:
+        return None, f"health not checked: {exc}"
+    plan = (manifest or {}).get("plan")
+
+    def probe() -> Any:
+        return health_mod.parse_probe(remote.run(health_mod.probe_script(paths), sudo=True, timeout=30).stdout)
+
+    with remote.forward(svc.port) as local_port:
+        report = health_mod.HealthChecker(
+            probe=probe, base_url=f"http://127.0.0.1:{local_port}", served_name=svc.public_name, api_key=key,
+            load_timeout_s=svc.health.load_timeout_s, stage_timeout_s=svc.health.stage_timeout_s,
+            max_tokens=svc.health.max_tokens, floor=health_mod.decode_floor(svc, settings, plan),
+            realistic=health_mod.realistic_tokps(plan), progress=lambda line: log(f"{svc.name}:{line}"),
+        ).run()
+    return report.ok, report.message
 
 
 class _Held(Exception):
