@@ -10,29 +10,19 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-# field -> names by engine, newest first
-NAMES: dict[str, dict[str, tuple[str, ...]]] = {
-    "requests_running": {
-        "vllm": ("vllm:num_requests_running",),
-        "llamacpp": ("llamacpp:requests_processing",),
-    },
-    "requests_waiting": {
-        "vllm": ("vllm:num_requests_waiting",),
-        "llamacpp": ("llamacpp:requests_deferred",),
-    },
-    "kv_cache_usage": {  # 0..1
-        "vllm": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
-        "llamacpp": ("llamacpp:kv_cache_usage_ratio",),
-    },
-    "generation_tokens_total": {
-        "vllm": ("vllm:generation_tokens_total",),
-        "llamacpp": ("llamacpp:tokens_predicted_total",),
-    },
-    "prompt_tokens_total": {
-        "vllm": ("vllm:prompt_tokens_total",),
-        "llamacpp": ("llamacpp:prompt_tokens_total",),
-    },
-}
+
+# field -> names by engine, newest first (each engine's module in llmfleet.knowledge.engines holds its own)
+def _names() -> dict[str, dict[str, tuple[str, ...]]]:
+    from llmfleet.knowledge import engines
+
+    out: dict[str, dict[str, tuple[str, ...]]] = {}
+    for name in engines.names():
+        for field, metric_names in engines.for_engine(name).metrics.items():
+            out.setdefault(field, {})[name] = metric_names
+    return out
+
+
+NAMES: dict[str, dict[str, tuple[str, ...]]] = _names()
 
 # How a field combines several series of one name (labels such as model_name, or vLLM's engine label:
 # one series per engine core when it runs data parallel). Counts and token counters add up; the
