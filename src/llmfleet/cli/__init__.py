@@ -14,6 +14,7 @@ from llmfleet.cli import flags
 flags.install()  # usage errors: one line, exit 2 (also under Invoke's own `invoke` program)
 
 from llmfleet.cli import (  # noqa: E402 - after install(): the task modules declare FleetTasks
+    common,
     deploy_tasks,
     facts_tasks,
     images_tasks,
@@ -67,3 +68,5 @@ ns.add_task(service_tasks.start)
 ns.add_task(service_tasks.remove)
 ns.add_collection(Collection("lock", lock_tasks.status, lock_tasks.release))
 ns.add_collection(lab_tasks.ns)
+
+common.repeatable_inventory(ns)
