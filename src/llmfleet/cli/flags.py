@@ -253,9 +253,14 @@ def install() -> None:
     @functools.wraps(help_for)
     def help_with_metavar(self: ParserContext, flag: str) -> tuple[str, str]:
         names, text = help_for(self, flag)
-        metavar = getattr(self.flags.get(flag), "metavar", None)
+        arg = self.flags.get(flag)
+        metavar = getattr(arg, "metavar", None)
         if metavar:
             names = re.sub(r"(?<=[ =\[])(INT|STRING)\b", metavar, names)
+        elif getattr(arg, "kind", None) is list:  # a repeatable flag takes a value too: say so
+            value = "SOURCE" if arg.name == "inventory" else "VALUE"
+            names = ", ".join(f"{n} {value}" if len(n.lstrip("-")) == 1 else f"{n}={value}"
+                              for n in names.split(", "))
         return names, text
 
     ParserContext.help_for = help_with_metavar
