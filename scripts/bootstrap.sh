@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up llmfleet on a fresh Debian 12 machine (run as root, or with sudo available):
-# system packages, then a virtualenv in .venv with llmfleet and its development tools.
+# system packages, then a virtualenv in .venv with llmfleet, the lab's extras (numpy, safetensors,
+# tokenizers: the lab's tiny models) and the development tools.
 # Idempotent: a second run installs nothing new. Sourced by scripts/demo.sh and scripts/test.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,7 +32,7 @@ stamp=.venv/.llmfleet-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   echo "bootstrap: installing llmfleet into .venv"
   .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
-  .venv/bin/python -m pip install -q -e '.[dev]' 2>&1 | grep -v -E '^(WARNING: Location|  )' || true
-  .venv/bin/python -c 'import llmfleet, invoke, fabric' 
+  .venv/bin/python -m pip install -q -e '.[dev,lab]' 2>&1 | grep -v -E '^(WARNING: Location|  )' || true
+  .venv/bin/python -c 'import llmfleet, invoke, fabric, prometheus_client, numpy' 
   touch "$stamp"
 fi

@@ -58,3 +58,21 @@ def test_env_var_overrides_the_default_inventory(tmp_path):
     )
     assert res.returncode == 0, res.stderr
     assert "env-host" in res.stdout
+
+
+def test_listing_the_tasks_imports_no_heavy_module():
+    """Task modules import rich, pydantic, httpx, jinja2, paramiko (and the like) inside task bodies:
+    `invoke --list` and shell completion never pay for them."""
+    heavy = ("rich", "pydantic", "httpx", "jinja2", "paramiko", "fabric", "prometheus_client", "numpy", "gguf")
+    code = ("import sys, llmfleet.cli; "
+            f"print(','.join(m for m in {heavy!r} if m in sys.modules))")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == ""
+
+
+def test_shell_completion_offers_the_chosen_flags():
+    res = subprocess.run([sys.executable, "-m", "invoke", "--complete", "--", "invoke", "deploy", "--"], cwd=REPO,
+                         capture_output=True, text=True, timeout=60)
+    flags = set(res.stdout.split())
+    assert {"--limit", "--host", "--forks", "--check", "--diff", "--verbose", "--inventory"} <= flags

@@ -7,18 +7,31 @@ from pathlib import Path
 
 import pytest
 
-from llmfleet.images.lock import DEFAULT_LOCK_PATH, catalog_archs, load_lock, parse_lock, render_lock
+from llmfleet.images.lock import (
+    PACKAGED_LOCK,
+    catalog_archs,
+    default_lock_path,
+    load_lock,
+    parse_lock,
+    render_lock,
+)
 from llmfleet.knowledge.compat import load_engine_catalog
 from llmfleet.knowledge.preflight import parse_archs
 
 REPO = Path(__file__).resolve().parents[1]
 CATALOG = load_engine_catalog()
-LOCK = load_lock(REPO / "images.lock")
+SHIPPED = REPO / "src" / "llmfleet" / "images" / "images.lock"
+LOCK = load_lock(SHIPPED)
 GPU_KEYS = {k for k, r in CATALOG.images.items() if not r.cpu}
 
 
-def test_the_default_lock_is_the_one_at_the_repository_root():
-    assert DEFAULT_LOCK_PATH == REPO / "images.lock"
+def test_the_default_lock_is_the_project_one_else_the_shipped_one(tmp_path, monkeypatch):
+    assert Path(str(PACKAGED_LOCK)) == SHIPPED
+    monkeypatch.chdir(tmp_path)
+    assert default_lock_path() == SHIPPED  # a folder without its own images.lock
+    (tmp_path / "images.lock").write_text("version: 1\nimages: {}\n")
+    assert default_lock_path() == Path("images.lock")
+    assert load_lock(None).images == {}
 
 
 def test_every_gpu_image_in_the_catalog_is_in_the_lock():
@@ -57,7 +70,7 @@ def test_a_digest_says_where_it_came_from(key):
 
 
 def test_the_file_is_in_the_form_images_pin_writes():
-    text = (REPO / "images.lock").read_text()
+    text = SHIPPED.read_text()
     assert render_lock(parse_lock(text)) == text, "images.lock was edited by hand into another layout"
 
 

@@ -51,3 +51,28 @@ def test_engine_metrics(engine, text, expected):
 def test_labels_are_summed_and_garbage_ignored():
     text = 'a{x="1"} 1\na{x="2"} 2.5\nnot a metric line\nb NaN\nc +Inf\n' + "junk " * 1000
     assert parse_prometheus(text) == {"a": 3.5, "c": float("inf")}
+
+
+def test_a_label_value_holding_a_brace_or_an_escaped_quote_is_read():
+    # A served model name is free text and lands in the model_name label; the exposition format
+    # allows any character in a quoted label value (prometheus_client's parser reads it).
+    text = ('vllm:num_requests_running{model_name="qwen}32b"} 3\n'
+            'vllm:num_requests_running{model_name="say \\"hi\\"",engine="1"} 1\n')
+    assert parse_prometheus(text) == {"vllm:num_requests_running": 4.0}
+    assert engine_metrics("vllm", text).requests_running == 4.0
+
+
+def test_kv_cache_usage_is_never_added_across_engines():
+    # vLLM V1 exports one series per engine core (label engine="0", "1", ...) when it runs data
+    # parallel (vllm/v1/metrics/loggers.py labels every gauge with engine). Requests add up; the
+    # KV-cache share is per engine's cache: the fullest engine's share, never 0.625 + 0.75.
+    text = """
+vllm:num_requests_running{engine="0",model_name="m"} 2
+vllm:num_requests_running{engine="1",model_name="m"} 3
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.625
+vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.75
+vllm:generation_tokens_total{engine="0",model_name="m"} 10
+vllm:generation_tokens_total{engine="1",model_name="m"} 5
+"""
+    m = engine_metrics("vllm", text)
+    assert (m.requests_running, m.kv_cache_usage, m.generation_tokens_total) == (5.0, 0.75, 15.0)

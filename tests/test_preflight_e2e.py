@@ -99,7 +99,9 @@ def _cli(inventory: Path, tmp_path: Path, *args: str) -> subprocess.CompletedPro
 def test_cli_preflight_json_and_exit_code(inventory, tmp_path):
     res = _cli(inventory, tmp_path, "preflight", "--host", "test-host", "--json", "--accept-new-host-keys")
     assert res.returncode == 1, res.stderr
-    data = json.loads(res.stdout)
+    doc = json.loads(res.stdout)
+    assert doc["unreachable"] == []
+    (data,) = doc["reports"]  # one shape whatever the number of hosts
     assert (data["host"], data["service"], data["ok"]) == ("test-host", "tiny", False)
     statuses = {c["id"]: c["status"] for c in data["checks"]}
     assert statuses["gpu"] == "fail" and statuses["model-files"] == "pass"
@@ -117,7 +119,9 @@ def test_cli_preflight_table_and_unknown_service(inventory, tmp_path):
 def test_cli_facts_json(inventory, tmp_path):
     res = _cli(inventory, tmp_path, "facts", "--host", "test-host", "--json", "--accept-new-host-keys")
     assert res.returncode == 0, res.stderr
-    data = json.loads(res.stdout)
+    doc = json.loads(res.stdout)
+    assert doc["unreachable"] == []
+    (data,) = doc["hosts"]
     assert data["host"] == "test-host" and data["gpus"] == []
     assert any("nvidia-smi not found" in e for e in data["errors"])
     res = _cli(inventory, tmp_path, "facts", "--host", "test-host")
@@ -132,7 +136,9 @@ def test_cli_preflight_group_checks_hosts_in_parallel_and_keeps_order(inventory,
     (inventory / "hosts.yml").write_text(yaml.safe_dump(data, sort_keys=False))
     res = _cli(inventory, tmp_path, "preflight", "--group", "fleet", "--json", "--accept-new-host-keys")
     assert res.returncode == 1, res.stderr
-    got = json.loads(res.stdout)
+    doc = json.loads(res.stdout)
+    got = doc["reports"]
     assert [r["host"] for r in got] == ["b-host", "a-host", "gone-host"]
+    assert [u["host"] for u in doc["unreachable"]] == ["gone-host"] and doc["unreachable"][0]["error"]
     assert [c["id"] for c in got[2]["checks"]] == ["ssh"] and got[2]["checks"][0]["status"] == "fail"
     assert {c["id"] for c in got[0]["checks"]} >= {"gpu", "plan", "port"}

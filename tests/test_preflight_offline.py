@@ -26,6 +26,9 @@ def test_saved_facts_round_trip_through_json():
     saved = json.loads(json.dumps(f.model_dump(mode="json")))
     back = facts_from_saved([{"host": "other", "error": "unreachable"}, saved], f.host, "f.json")
     assert back == f
+    # what `invoke facts --json` prints now: one document whatever the number of hosts
+    doc = {"hosts": [saved], "unreachable": [{"host": "other", "error": "cannot connect"}]}
+    assert facts_from_saved(doc, f.host, "f.json") == f
 
 
 @pytest.mark.parametrize(
@@ -33,6 +36,7 @@ def test_saved_facts_round_trip_through_json():
     [
         ({"host": "a", "gpus": []}, "b", "no facts for host b (hosts in the file: a)"),
         ({"host": "b", "error": "ssh: connection refused"}, "b", "are an error"),
+        ({"hosts": [], "unreachable": [{"host": "b", "error": "cannot connect"}]}, "b", "are an error"),
         ([1, 2], "b", "expected the JSON"),
         ({"host": "b", "gpus": "many"}, "b", "do not parse"),
     ],
@@ -91,13 +95,15 @@ def test_preflight_from_saved_facts_and_an_assumed_driver_upgrade(tmp_path):
     hosts, facts = _setup(tmp_path)
     res = inv("preflight", "-i", str(hosts), "--host", "gpu-v100-07", "--facts", str(facts), "--json")
     assert res.returncode == 1, res.stderr
-    checks = {c["id"]: c for c in json.loads(res.stdout)["checks"]}
+    (report,) = json.loads(res.stdout)["reports"]
+    checks = {c["id"]: c for c in report["checks"]}
     assert checks["offline"]["status"] == "warn" and str(facts) in checks["offline"]["message"]
     assert checks["cuda-driver"]["status"] == "fail" and "PTX JIT" in checks["cuda-driver"]["message"]
 
     res = inv("preflight", "-i", str(hosts), "--host", "gpu-v100-07", "--facts", str(facts),
               "--assume", "driver=570.133.07", "--json")
-    checks = {c["id"]: c for c in json.loads(res.stdout)["checks"]}
+    (report,) = json.loads(res.stdout)["reports"]
+    checks = {c["id"]: c for c in report["checks"]}
     assert "driver 535.183.06 -> 570.133.07" in checks["offline"]["message"]
     assert checks["cuda-driver"]["status"] == "pass", checks["cuda-driver"]
     assert res.returncode == (0 if all(c["status"] != "fail" for c in checks.values()) else 1)

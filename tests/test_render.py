@@ -268,3 +268,70 @@ def test_content_hash_tracks_every_input():
 
 def test_mask_env_masks_every_assignment():
     assert mask_env("# c\nA='x'\nB='y'\n") == "# c\nA='********'\nB='********'\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# Where roles and templates come from: inventory, then configuration, then the package
+
+
+def _role_copy(dest, engine="vllm", marker="# site role\n"):
+    from llmfleet.release.render import PACKAGE_ROLES
+
+    (dest / engine / "templates").mkdir(parents=True)
+    src = PACKAGE_ROLES / engine
+    (dest / engine / "defaults.yml").write_text(src.joinpath("defaults.yml").read_text())
+    tpl = src.joinpath("templates", "compose.yml.j2").read_text()
+    (dest / engine / "templates" / "compose.yml.j2").write_text(marker + tpl)
+
+
+def test_search_paths_order_inventory_then_configuration(tmp_path):
+    from llmfleet.release.render import search_paths
+
+    inv = tmp_path / "inv"
+    inv.mkdir()
+    got = search_paths({"llmfleet_roles_path": "../site-roles", "llmfleet_templates_path": ["/abs/t"]}, str(inv),
+                       {"roles_path": "/etc/llmfleet/roles", "templates_path": None})
+    assert got == {"roles_dir": [str(inv / "../site-roles"), "/etc/llmfleet/roles"], "templates_dir": ["/abs/t"]}
+    # an inventory file: relative to its folder
+    assert search_paths({"llmfleet_roles_path": "r"}, str(inv / "hosts.yml"), None)["roles_dir"] == [str(inv / "r")]
+    assert search_paths({}, str(inv), {}) == {"roles_dir": [], "templates_dir": []}
+
+
+def test_the_first_folder_with_the_role_wins_and_others_fall_through(tmp_path):
+    first, second = tmp_path / "first", tmp_path / "second"
+    _role_copy(first, "vllm", "# first\n")
+    _role_copy(second, "vllm", "# second\n")
+    _role_copy(second, "llamacpp", "# second llamacpp\n")
+    hs = _settings()
+    s = hs.services[0]
+    img = resolve(s.image, LOCK, mirrors=hs.image_mirrors)
+    r = render(s, hs, img, roles_dir=[str(first), str(second)])
+    assert r.files["compose.yml"].startswith("# first\n")
+    hs = _settings(engine="llamacpp", image="llamacpp:b5000-cu122", model_path="/srv/models/q.gguf")
+    s = hs.services[0]
+    r = render(s, hs, resolve(s.image, LOCK), roles_dir=[str(first), str(second)])
+    assert r.files["compose.yml"].startswith("# second llamacpp\n")  # first has no llamacpp role
+    packaged = _render(engine="llamacpp", image="llamacpp:b5000-cu122", model_path="/srv/models/q.gguf")
+    assert not packaged.files["compose.yml"].startswith("# second")
+
+
+def test_a_template_override_replaces_only_that_file(tmp_path):
+    from llmfleet.release.render import PACKAGE_TEMPLATES
+
+    (tmp_path / "service.env.j2").write_text("# site env\n" + PACKAGE_TEMPLATES.joinpath("service.env.j2").read_text())
+    hs = _settings()
+    s = hs.services[0]
+    r = render(s, hs, resolve(s.image, LOCK), templates_dir=str(tmp_path))
+    assert r.files["service.env"].startswith("# site env\n")
+    assert r.files["llmfleet-chat.service"] == _render().files["llmfleet-chat.service"]
+
+
+def test_an_unknown_engine_names_where_it_looked_and_what_is_there(tmp_path):
+    from llmfleet.release.render import load_role
+
+    with pytest.raises(UsageError) as err:
+        load_role("tgi", [str(tmp_path)])
+    msg = str(err.value)
+    assert "no role for engine 'tgi'" in msg and str(tmp_path) in msg and "roles there: llamacpp, vllm" in msg
+    # the packaged roles load: an installed llmfleet never says "no role for vllm; known: vllm"
+    assert load_role("vllm").engine == "vllm" and load_role("llamacpp").engine == "llamacpp"

@@ -55,6 +55,10 @@ SCRIPTS = {
     "final": lambda: S.final_script(ROOT, [S.mark_healthy_script(PATHS, R2, {"result": "healthy"}),
                                            S.prune_script(PATHS, [R1])], [RECORD], "t0k3n"),
     "status": lambda: status.status_script(ROOT),
+    "service_stop": lambda: S.service_stop_script(PATHS),
+    "service_start": lambda: S.service_start_script(PATHS),
+    "service_remove": lambda: S.service_remove_script(PATHS, [REF]),
+    "service_logs_follow": lambda: S.service_logs_script(PATHS, 100, follow=True, seconds=30),
     "host_probe_command": lambda: shlex.join(probe.probe_command("llmfleet-0123abcd", ROOT, ["/srv/models/m it's.gguf"])),
     "host_probe_stdin": lambda: probe.probe_sh().decode(),
 }
@@ -79,11 +83,13 @@ def test_every_script_builder_of_the_release_store_has_a_golden_file():
     pinned = {"state_script", "upload_script", "pull_script", "image_present_script", "switch_script", "stop_script",
               "logs_script", "mark_healthy_script", "unit_probe_script", "current_files_script", "prune_script",
               "image_remove_script", "lock_acquire_script", "lock_release_script", "lock_status_script",
-              "lock_break_script", "audit_append_script", "final_script"}
+              "lock_break_script", "audit_append_script", "final_script", "service_stop_script",
+              "service_start_script", "service_remove_script", "service_logs_script"}
     assert set(builders) <= pinned, f"a new script builder needs a golden file: {sorted(set(builders) - pinned)}"
 
 
-@pytest.mark.parametrize("name", ["state", "upload", "switch", "lock_acquire", "audit_append", "status", "final"])
+@pytest.mark.parametrize("name", ["state", "upload", "switch", "lock_acquire", "audit_append", "status", "final",
+                                  "service_remove", "service_logs_follow"])
 def test_golden_scripts_parse_as_posix_sh(name):
     res = subprocess.run(["sh", "-n", str(GOLDEN / f"{name}.sh")], capture_output=True, text=True, timeout=10)
     assert res.returncode == 0, res.stderr

@@ -84,6 +84,8 @@ class Settings:
     audit_log: str = DEFAULT_AUDIT_LOG  # the local audit log
     images_lock: str | None = None  # None: images.lock at the repository root (or the inventory's own)
     pull_timeout: float = DEFAULT_PULL_TIMEOUT_S  # seconds one image pull may take
+    roles_path: Any = None  # folder(s) searched for engine roles before the packaged ones
+    templates_path: Any = None  # folder(s) searched for templates before the packaged ones
 
     @classmethod
     def of(cls, data: Settings | Mapping[str, Any] | None) -> Settings:
@@ -96,7 +98,14 @@ class Settings:
             audit_log=_text("audit_log", d.get("audit_log")) or DEFAULT_AUDIT_LOG,
             images_lock=_text("images_lock", d.get("images_lock")),
             pull_timeout=_number("pull_timeout", d.get("pull_timeout"), DEFAULT_PULL_TIMEOUT_S),
+            roles_path=d.get("roles_path"),
+            templates_path=d.get("templates_path"),
         )
+
+    @property
+    def search_config(self) -> dict[str, Any]:
+        """The configuration keys ``render.search_paths`` reads."""
+        return {"roles_path": self.roles_path, "templates_path": self.templates_path}
 
     def bounded(self, timeout: float) -> Settings:
         return replace(self, ssh=self.ssh.bounded(timeout))

@@ -333,14 +333,14 @@ def test_the_cli_deploy_lock_and_rollback_tasks(ctx):
     assert ctx.deploy(overrides={"engine_args": ["--ctx-size", "272"]}).result == "deployed"  # something to go back to
     r = cli("deploy", "--host", HOST, "--json")
     assert r.returncode == 0, r.stderr[-2000:]
-    assert json.loads(r.stdout)["result"] in {"deployed", "unchanged"}
+    assert [o["result"] for o in json.loads(r.stdout)["hosts"]] in (["deployed"], ["unchanged"])
     r = cli("deploy", "--host", HOST, "--check")
     assert r.returncode == 0 and "no change" in r.stdout
     holder = R.holder_document(token="z", who="dave", origin="dave@ws", action="deploy", message="hands off",
                                now=R.datetime.now(R.UTC), pid=1)
     ctx.lab.exec(HOST, ["sh", "-c", R.lock_acquire_script(ROOT, holder)])
     r = cli("lock.status", "--host", HOST, "--json")
-    assert r.returncode == 0 and json.loads(r.stdout)["holder"]["who"] == "dave"
+    assert r.returncode == 0 and json.loads(r.stdout)["hosts"][0]["holder"]["who"] == "dave"
     r = cli("rollback", "--host", HOST)
     assert r.returncode == 1 and "dave" in r.stdout + r.stderr
     r = cli("lock.release", "--host", HOST)  # no terminal to ask on: refused, lock kept
@@ -349,7 +349,7 @@ def test_the_cli_deploy_lock_and_rollback_tasks(ctx):
     assert r.returncode == 0 and "broke" in r.stdout
     r = cli("rollback", "--host", HOST, "--json")
     assert r.returncode == 0, r.stdout + r.stderr
-    assert json.loads(r.stdout)["result"] == "rolled_back"
+    assert json.loads(r.stdout)["hosts"][0]["result"] == "rolled_back"
 
 
 @pytest.mark.vllm

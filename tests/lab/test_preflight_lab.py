@@ -72,7 +72,9 @@ def test_cli_preflight_on_the_lab(lab, tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stdout + res.stderr
     data = json.loads(res.stdout)
-    assert (data["host"], data["service"], data["ok"]) == ("gpu-v100-01", "tiny", True)
+    assert data["unreachable"] == []
+    (report,) = data["reports"]
+    assert (report["host"], report["service"], report["ok"]) == ("gpu-v100-01", "tiny", True)
     res = subprocess.run([LLMFLEET, "facts", "--host", "gpu-v100-01"], cwd=tmp_path, capture_output=True,
                          text=True, timeout=120)
     assert res.returncode == 0 and "Tesla V100-SXM2-32GB" in res.stdout and "CC 7.0 (driver)" in res.stdout

@@ -78,7 +78,7 @@ def test_status_with_one_host_down(lab, deployed):
         assert res.stderr.strip().splitlines()[-1] == f"error: 1 of 3 host(s) unreachable: {DOWN}"
         doc = json.loads(res.stdout)
         rows = {r["host"]: r for r in doc["rows"]}
-        assert doc["unreachable"] == [DOWN]
+        assert [u["host"] for u in doc["unreachable"]] == [DOWN] and "cannot connect" in doc["unreachable"][0]["error"]
         assert rows[DOWN]["unit"] == "unreachable" and "cannot connect" in rows[DOWN]["note"]
         for h in HOSTS[:2]:
             r = rows[h]

@@ -1,13 +1,19 @@
 """The Invoke collection behind both ``invoke`` (via tasks.py) and the ``llmfleet`` console script.
 
-Each task module registers its tasks here; keep task bodies thin and put logic in the package.
+Each task module registers its tasks here; keep task bodies thin and put logic in the package. Task
+modules import only Invoke and llmfleet's light modules at their top: rich, pydantic, httpx, jinja2
+and paramiko are imported inside the task bodies, so `invoke --list` starts fast.
 """
 
 from __future__ import annotations
 
 from invoke import Collection
 
-from llmfleet.cli import (
+from llmfleet.cli import flags
+
+flags.install()  # usage errors: one line, exit 2 (also under Invoke's own `invoke` program)
+
+from llmfleet.cli import (  # noqa: E402 - after install(): the task modules declare FleetTasks
     common,
     deploy_tasks,
     facts_tasks,
@@ -17,6 +23,7 @@ from llmfleet.cli import (
     lock_tasks,
     ops_tasks,
     plan_tasks,
+    service_tasks,
 )
 
 ns = Collection()
@@ -32,8 +39,13 @@ ns.configure(
                 "config_file": None,
             },
             "audit_log": "~/.local/state/llmfleet/audit.jsonl",
-            "images_lock": None,  # None: images.lock at the repository root
+            # None: images.lock in the working directory, else the one shipped with llmfleet
+            "images_lock": None,
             "dockerfiles": None,  # None: dockerfiles/ in the repository (images.build, images.lint)
+            # Folders searched before the packaged roles/templates (after the inventory's
+            # llmfleet_roles_path / llmfleet_templates_path); docs/deploy.md
+            "roles_path": None,
+            "templates_path": None,
         }
     }
 )
@@ -42,6 +54,7 @@ ns.add_task(inventory_tasks.inventory)
 ns.add_task(facts_tasks.facts)
 ns.add_task(facts_tasks.preflight)
 ns.add_task(plan_tasks.plan_task)
+ns.add_task(service_tasks.render)
 ns.add_task(ops_tasks.status)
 ns.add_task(ops_tasks.releases)
 ns.add_task(ops_tasks.audit)
@@ -49,6 +62,10 @@ ns.add_task(ops_tasks.upgrade)
 ns.add_collection(images_tasks.ns)
 ns.add_task(deploy_tasks.deploy)
 ns.add_task(deploy_tasks.rollback)
+ns.add_task(service_tasks.logs)
+ns.add_task(service_tasks.stop)
+ns.add_task(service_tasks.start)
+ns.add_task(service_tasks.remove)
 ns.add_collection(Collection("lock", lock_tasks.status, lock_tasks.release))
 ns.add_collection(lab_tasks.ns)
 

@@ -14,17 +14,33 @@ from collections.abc import Callable
 from typing import Any
 
 from invoke.exceptions import Exit
-from rich.console import Console
-from rich.markup import escape
 
 from llmfleet.errors import LlmfleetError
 from llmfleet.settings import Settings
 
-# Piped or logged output (CI, `| tee`) has no terminal width; rich would squeeze tables into 80
-# columns. Use a wide fixed width there unless COLUMNS says otherwise.
-_WIDTH = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160
-console = Console(stderr=False, highlight=False, soft_wrap=True, width=_WIDTH)
-err_console = Console(stderr=True, highlight=False, soft_wrap=True, width=_WIDTH)
+
+class _LazyConsole:
+    """A rich Console made on first use (importing rich costs start-up time `invoke --list` need not pay).
+
+    Piped or logged output (CI, `| tee`) has no terminal width; rich would squeeze tables into 80
+    columns. A wide fixed width is used there unless COLUMNS says otherwise."""
+
+    def __init__(self, stderr: bool) -> None:
+        self._stderr = stderr
+        self._console: Any = None
+
+    def __getattr__(self, name: str) -> Any:
+        if self._console is None:
+            from rich.console import Console
+
+            stream = sys.stderr if self._stderr else sys.stdout
+            width = None if stream.isatty() or os.environ.get("COLUMNS") else 160
+            self._console = Console(stderr=self._stderr, highlight=False, soft_wrap=True, width=width)
+        return getattr(self._console, name)
+
+
+console: Any = _LazyConsole(stderr=False)
+err_console: Any = _LazyConsole(stderr=True)
 
 
 INVENTORY_HELP = ("inventory source: file, folder, script or 'h1,h2,' host list; repeat -i to merge several "
@@ -107,3 +123,62 @@ def ssh_config(c) -> dict[str, Any]:
     """The ``llmfleet.ssh`` section of the config, as a plain dict for ``llmfleet.host.ssh.connect``."""
     section = cfg(c, "ssh", {}) or {}
     return {k: section.get(k) for k in ("connect_timeout", "command_timeout", "user", "known_hosts", "config_file")}
+
+
+def escape(text: Any) -> str:
+    """Rich markup escaping (rich imported on first use)."""
+    from rich.markup import escape as _escape
+
+    return _escape(str(text))
+
+
+def new_table(*columns: str, **kwargs: Any) -> Any:
+    """A rich Table with these columns (rich imported on first use)."""
+    from rich.table import Table
+
+    table = Table(**kwargs)
+    for col in columns:
+        table.add_column(col)
+    return table
+
+
+def print_trace(event: Any) -> None:
+    """``-v``: one remote command (already masked), its exit status and duration, on stderr."""
+    rc = "no exit status" if event.rc is None else f"rc={event.rc}"
+    head = f"{event.host}: [{event.seconds:.2f}s {rc}]"
+    body = event.command.strip("\n")
+    if "\n" in body:
+        body = "\n" + "\n".join("    " + line for line in body.splitlines())
+    err_console.print(f"[dim]{escape(head)} {escape(body)}[/dim]")
+
+
+# ---------------------------------------------------------------------------------------------
+# JSON shapes shared by every task that reaches hosts: one object per task, whatever the number of
+# hosts; an unreachable host is {"host": NAME, "error": WHY} in the "unreachable" list.
+
+
+def unreachable_entry(host: str, error: str) -> dict[str, str]:
+    return {"host": host, "error": error}
+
+
+def host_document(key: str, items: list[Any], unreachable: list[dict[str, str]]) -> dict[str, Any]:
+    return {key: items, "unreachable": unreachable}
+
+
+def load_inv(c, inventory: Any) -> Any:
+    """The inventory named by -i (or the configured default); loaded on demand (pydantic, yaml)."""
+    from llmfleet.inventory.ansible import load_inventory
+
+    return load_inventory(inventory_path(c, inventory))
+
+
+def select_hosts(c, inventory: Any, host: str | None, group: str | None) -> tuple[Any, list[Any]]:
+    inv = load_inv(c, inventory)
+    return inv, inv.select(host=host, group=group)
+
+
+def log_line(line: str) -> None:
+    """A timestamped progress line on stderr (stdout stays for the result)."""
+    from datetime import UTC, datetime
+
+    err_console.print(f"{datetime.now(UTC):%H:%M:%S} {escape(line)}")

@@ -2,23 +2,24 @@
 
 from __future__ import annotations
 
-from invoke import task
 from invoke.exceptions import Exit
-from rich.markup import escape
-from rich.table import Table
 
 from llmfleet.cli.common import (
     INVENTORY_HELP,
     cfg,
     console,
-    handles_errors,
-    inventory_path,
+    escape,
+    host_document,
     print_json,
+    select_hosts,
     ssh_config,
+    unreachable_entry,
 )
+from llmfleet.cli.flags import fleet_task
 from llmfleet.errors import RemoteError, UsageError
 from llmfleet.host.group import run_on_hosts
-from llmfleet.inventory.ansible import load_inventory, settings_for
+
+VERBOSE_HELP = "print each remote command (secrets masked) with its exit status and duration"
 
 _STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red"}
 # Hosts probed at once (one SSH connection each); results are printed in inventory order.
@@ -35,28 +36,25 @@ def _each(fn, items: list) -> list:
     return out
 
 
-def _hosts(c, inventory, host, group):
-    inv = load_inventory(inventory_path(c, inventory))
-    return inv, inv.select(host=host, group=group)
-
-
-@task(
+@fleet_task(
     help={
         "host": "host name or pattern (Ansible --limit syntax, e.g. 'gpu-v100-*')",
         "group": "inventory group (pattern allowed)",
         "inventory": INVENTORY_HELP,
-        "json": "print the facts as JSON (one object per host)",
+        "json": 'print {"hosts": [facts per host], "unreachable": [{"host", "error"}]}',
         "accept_new_host_keys": "record unknown SSH host keys (changed keys are still refused)",
         "out": "also write the JSON to FILE (what `invoke preflight --facts FILE` reads)",
+        "verbose": VERBOSE_HELP,
     },
 )
-@handles_errors
-def facts(c, host=None, group=None, inventory=None, json=False, accept_new_host_keys=False, out=None):
+def facts(c, host=None, group=None, inventory=None, json=False, accept_new_host_keys=False, out=None,
+          verbose=False):
     """Gather a host's facts in one SSH round trip: GPUs, driver, CUDA, Docker, toolkit, disk, ports."""
     from llmfleet.host import facts as facts_mod
     from llmfleet.host import ssh
+    from llmfleet.inventory.ansible import settings_for
 
-    inv, hosts = _hosts(c, inventory, host, group)
+    inv, hosts = select_hosts(c, inventory, host, group)
     jobs = [(h, settings_for(h)) for h in hosts]  # every host's settings valid before any connection
 
     def probe(job):
@@ -69,11 +67,10 @@ def facts(c, host=None, group=None, inventory=None, json=False, accept_new_host_
             return exc
 
     rows: list[dict] = []
-    failed = False
+    unreachable: list[dict[str, str]] = []
     for (h, _), found in zip(jobs, _each(probe, jobs), strict=True):
         if isinstance(found, RemoteError):
-            failed = True
-            rows.append({"host": h.name, "error": str(found)})
+            unreachable.append(unreachable_entry(h.name, str(found)))
             if not json:
                 console.print(f"[bold red]{escape(h.name)}[/]: {escape(str(found))}")
             continue
@@ -81,18 +78,19 @@ def facts(c, host=None, group=None, inventory=None, json=False, accept_new_host_
         if not json:
             _print_facts(found)
     if json:
-        print_json(rows if len(rows) != 1 else rows[0])
+        print_json(host_document("hosts", rows, unreachable))
     if out:
         import json as _json
         from pathlib import Path
 
         try:
-            Path(out).write_text(_json.dumps(rows if len(rows) != 1 else rows[0], indent=2) + "\n", encoding="utf-8")
+            Path(out).write_text(_json.dumps(host_document("hosts", rows, unreachable), indent=2) + "\n",
+                                 encoding="utf-8")
         except OSError as exc:
             raise UsageError(f"{out}: cannot write the facts: {exc.strerror}") from None
         if not json:
             console.print(f"facts written to {escape(str(out))}")
-    if failed:
+    if unreachable:
         raise Exit(code=1)
 
 
@@ -130,6 +128,8 @@ def facts_rows(f) -> list[tuple[str, str]]:
 
 
 def _print_facts(f) -> None:
+    from rich.table import Table
+
     t = Table(title=escape(f"facts {f.host}"), show_header=False)
     t.add_column("what", style="bold")
     t.add_column("value", overflow="fold")
@@ -138,25 +138,25 @@ def _print_facts(f) -> None:
     console.print(t)
 
 
-@task(
+@fleet_task(
     help={
         "host": "host name or pattern (Ansible --limit syntax)",
         "group": "inventory group (pattern allowed)",
         "service": "check only this service (default: every service of the host)",
         "inventory": INVENTORY_HELP,
-        "json": "print {host, service, ok, checks: [...]} per service as JSON",
+        "json": 'print {"reports": [{host, service, ok, checks} per service], "unreachable": [{"host", "error"}]}',
         "allow_unpinned": "judge a floating image tag instead of failing the image check",
         "accept_new_host_keys": "record unknown SSH host keys (changed keys are still refused)",
         "facts": "judge from facts saved with `invoke facts --host H --json > FILE`, without connecting "
                  "(needs --host naming one host)",
         "assume": "with --facts: assume KEY=VALUE instead of what was saved (repeatable): driver=550.127.05, "
                   "cuda=12.8, toolkit=1.17.8, default_runtime=nvidia",
+        "verbose": VERBOSE_HELP,
     },
     iterable=["assume"],
 )
-@handles_errors
 def preflight(c, host=None, group=None, service=None, inventory=None, json=False, allow_unpinned=False,
-              accept_new_host_keys=False, facts=None, assume=None):
+              accept_new_host_keys=False, facts=None, assume=None, verbose=False):
     """Check that each service can run on its host (image vs driver and card, plan, runtime, disk, port).
 
     With --facts FILE the host is not contacted: the checks run on saved facts, with --assume values
@@ -164,6 +164,7 @@ def preflight(c, host=None, group=None, service=None, inventory=None, json=False
     fails.
     """
     from llmfleet.images import lock as images
+    from llmfleet.inventory.ansible import settings_for
     from llmfleet.knowledge.preflight import images_lock_path, preflight_host
 
     if assume and not facts:
@@ -171,7 +172,7 @@ def preflight(c, host=None, group=None, service=None, inventory=None, json=False
                          "judges what the host has)")
     if facts:
         return _preflight_saved(c, host, group, service, inventory, json, allow_unpinned, facts, assume or [])
-    inv, hosts = _hosts(c, inventory, host, group)
+    inv, hosts = select_hosts(c, inventory, host, group)
     selected = []
     for h in hosts:
         settings = settings_for(h)
@@ -190,18 +191,20 @@ def preflight(c, host=None, group=None, service=None, inventory=None, json=False
 
     def check(job):
         h, settings, svcs, lock = job
-        return preflight_host(h, settings, lock=lock, config=ssh_config(c), services=svcs,
-                              accept_new_host_keys=accept_new_host_keys, allow_unpinned=allow_unpinned)[1]
+        return h, preflight_host(h, settings, lock=lock, config=ssh_config(c), services=svcs,
+                                 accept_new_host_keys=accept_new_host_keys, allow_unpinned=allow_unpinned)
 
     reports = []
-    for host_reports in _each(check, selected):
+    unreachable: list[dict[str, str]] = []
+    for h, (found, host_reports) in _each(check, selected):
         reports.extend(host_reports)
+        if found is None:  # never reached: each service reports one failed ssh check
+            unreachable.append(unreachable_entry(h.name, host_reports[0].checks[0].message if host_reports else ""))
         if not json:
             for r in host_reports:
                 _print_report(r)
     if json:
-        data = [r.to_dict() for r in reports]
-        print_json(data[0] if len(data) == 1 else data)
+        print_json(host_document("reports", [r.to_dict() for r in reports], unreachable))
     if not all(r.ok for r in reports):
         if not json:
             bad = sorted({f"{r.host}/{r.service}" if r.service else r.host for r in reports if not r.ok})
@@ -215,6 +218,7 @@ def _preflight_saved(c, host, group, service, inventory, json, allow_unpinned, f
     from pathlib import Path
 
     from llmfleet.images import lock as images
+    from llmfleet.inventory.ansible import settings_for
     from llmfleet.knowledge import compat
     from llmfleet.knowledge.preflight import (
         apply_assumptions,
@@ -227,7 +231,7 @@ def _preflight_saved(c, host, group, service, inventory, json, allow_unpinned, f
     if group or not host:
         raise UsageError("--facts judges one host: give --host NAME (the host the facts were saved from)")
     assumed = parse_assumptions(assume)
-    inv, hosts = _hosts(c, inventory, host, None)
+    inv, hosts = select_hosts(c, inventory, host, None)
     if len(hosts) != 1:
         raise UsageError(f"{inv.path}: --facts needs --host to name exactly one host; {host!r} matches {len(hosts)}")
     h = hosts[0]
@@ -251,8 +255,7 @@ def _preflight_saved(c, host, group, service, inventory, json, allow_unpinned, f
     reports = check_saved(h.name, settings, found, lock=lock, source=str(p), assumed_notes=notes, services=svcs,
                           allow_unpinned=allow_unpinned)
     if json:
-        data_out = [r.to_dict() for r in reports]
-        print_json(data_out[0] if len(data_out) == 1 else data_out)
+        print_json(host_document("reports", [r.to_dict() for r in reports], []))
     else:
         for r in reports:
             _print_report(r)
@@ -264,6 +267,8 @@ def _preflight_saved(c, host, group, service, inventory, json, allow_unpinned, f
 
 
 def _print_report(r) -> None:
+    from rich.table import Table
+
     title = f"preflight {r.host}" + (f" / {r.service}" if r.service else "")
     t = Table(title=escape(title))
     for col in ("check", "status", "message", "fix"):

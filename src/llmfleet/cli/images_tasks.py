@@ -7,20 +7,50 @@ import shlex
 import subprocess
 from pathlib import Path
 
-from invoke import Collection, task
-from rich.table import Table
+from invoke import Collection
 
-from llmfleet.cli.common import cfg, console, err_console, handles_errors, inventory_path, print_json
+from llmfleet.cli.common import cfg, console, err_console, inventory_path, print_json
+from llmfleet.cli.flags import fleet_task
 from llmfleet.errors import CheckFailed, UsageError
-from llmfleet.images import lock as img
 
-LOCK_HELP = "lock file (default: llmfleet.images_lock in invoke.yaml, else images.lock at the repository root)"
+
+class _Lazy:
+    """``llmfleet.images.lock`` imported on first use (yaml and friends: not needed by `invoke --list`)."""
+
+    def __getattr__(self, name: str):
+        from llmfleet.images import lock
+
+        return getattr(lock, name)
+
+
+img = _Lazy()
+
+LOCK_HELP = ("lock file (default: llmfleet.images_lock in invoke.yaml, else images.lock in the working directory, "
+             "else the one shipped with llmfleet)")
 MIRROR_HELP = ("go through the private mirrors in the inventory's llmfleet_image_mirrors (air-gapped fleets); "
                "the lock keeps the public repository, the digest is the same")
 
 
 def _lock_path(c, lock: str | None) -> Path:
+    """The lock to read: --lock, the configured one, ./images.lock, else the packaged default."""
     return Path(lock).expanduser() if lock else img.lock_path_for(None, None, cfg(c, "images_lock"))
+
+
+def _writable_lock(path: Path) -> Path:
+    """Where a change to ``path`` goes: never into the installed package. A project without a lock of
+    its own gets ./images.lock, started from the packaged one (comments and entries kept)."""
+    if path.resolve() != Path(str(img.PACKAGED_LOCK)).resolve() or _in_checkout():
+        return path
+    own = Path(img.PROJECT_LOCK)
+    if not own.exists():
+        own.write_text(img.packaged_lock_text(), encoding="utf-8")
+        err_console.print(f"created {own} from the images.lock shipped with llmfleet")
+    return own
+
+
+def _in_checkout() -> bool:
+    """llmfleet runs from its own source tree (an editable install): the packaged lock is the project's."""
+    return (Path(__file__).resolve().parents[3] / "pyproject.toml").is_file()
 
 
 def _split(values: str | None) -> list[str]:
@@ -67,7 +97,7 @@ def _catalog_images() -> dict:
     return dict(load_engine_catalog().images)
 
 
-@task(
+@fleet_task(
     positional=["refs"],
     help={
         "refs": "ENGINE=VERSION[,ENGINE=VERSION...] from catalog/engines.yaml (e.g. vllm=0.10.1.1), or `all` "
@@ -83,7 +113,6 @@ def _catalog_images() -> dict:
         "inspect": "then pull each pinned digest and read what the image carries (as images.inspect) into the lock",
     },
 )
-@handles_errors
 def pin(c, refs, inventory=None, lock=None, registry_mirror=False, host=None, group=None, insecure=None, json=False,
         inspect=False):
     """Resolve image tags to digests against their registry and write them into images.lock."""
@@ -95,7 +124,7 @@ def pin(c, refs, inventory=None, lock=None, registry_mirror=False, host=None, gr
     if registry_mirror:
         mirrors = _mirrors(c, inventory, host, group)
         specs = [img.through_mirror(s, mirrors) for s in specs]
-    path = _lock_path(c, lock)
+    path = _writable_lock(_lock_path(c, lock))
     entries = img.pin(specs, _client(insecure), path)
     if inspect:
         entries = _inspect_pinned(entries, specs, path, quiet=json)
@@ -107,7 +136,7 @@ def pin(c, refs, inventory=None, lock=None, registry_mirror=False, host=None, gr
     console.print(f"wrote {path}")
 
 
-@task(
+@fleet_task(
     help={
         "lock": LOCK_HELP,
         "registry_mirror": MIRROR_HELP,
@@ -119,7 +148,6 @@ def pin(c, refs, inventory=None, lock=None, registry_mirror=False, host=None, gr
         "json": "print the results as JSON",
     },
 )
-@handles_errors
 def verify(c, inventory=None, lock=None, registry_mirror=False, host=None, group=None, insecure=None,
            record=False, json=False):
     """Check that every pinned digest still resolves in its registry (exit 1 if one does not)."""
@@ -131,10 +159,12 @@ def verify(c, inventory=None, lock=None, registry_mirror=False, host=None, group
     results = img.verify(lock_data, _client(insecure), mirrors=mirrors)
     failed = [r for r in results if r.status in ("missing", "error")]
     if record:
-        img.write_lock(img.mark_verified(lock_data, results), path)
+        img.write_lock(img.mark_verified(lock_data, results), _writable_lock(path))
     if json:
         print_json({"lock": str(path), "ok": not failed, "results": [r.to_dict() for r in results]})
     else:
+        from rich.table import Table
+
         table = Table(title=f"images.verify {path}")
         for col in ("image", "reference", "status", "detail"):
             table.add_column(col, overflow="fold")
@@ -147,7 +177,7 @@ def verify(c, inventory=None, lock=None, registry_mirror=False, host=None, group
                           + ", ".join(f"{r.key} ({r.status})" for r in failed))
 
 
-@task(
+@fleet_task(
     positional=["name"],
     iterable=["build_arg"],
     help={
@@ -161,7 +191,6 @@ def verify(c, inventory=None, lock=None, registry_mirror=False, host=None, group
         "push": "push the built image to its repository afterwards (then `invoke images.pin` it)",
     },
 )
-@handles_errors
 def build(c, name, resolve_base=False, build_arg=None, tag=None, dry_run=False, push=False):
     """Build one of the engine images in dockerfiles/ with its base pinned by digest."""
     spec = img.load_build_spec(name, _dockerfiles(c))
@@ -204,10 +233,11 @@ def build(c, name, resolve_base=False, build_arg=None, tag=None, dry_run=False, 
 def _inspect_pinned(entries: list, specs: list, path: Path, *, quiet: bool) -> list:
     """Pull each just-pinned digest from where it was resolved, inspect it, record it in the lock."""
     from llmfleet.images import inspect as ins
+    from llmfleet.images.registry import split_reference
 
     out = []
     for e, s in zip(entries, specs, strict=True):
-        repo, _, _ = img.split_reference(s.ref)
+        repo, _, _ = split_reference(s.ref)
         ref = f"{repo}@{e.digest}"
         have = subprocess.run(["docker", "image", "inspect", ref], capture_output=True, check=False).returncode == 0
         if not have and subprocess.run(["docker", "pull", "-q", ref], capture_output=True, check=False).returncode != 0:
@@ -222,7 +252,7 @@ def _inspect_pinned(entries: list, specs: list, path: Path, *, quiet: bool) -> l
     return out
 
 
-@task(
+@fleet_task(
     positional=["key"],
     help={
         "key": "the image's ENGINE:VERSION key in the lock (e.g. vllm:0.19.1 or llamacpp:lab-cpu)",
@@ -233,7 +263,6 @@ def _inspect_pinned(entries: list, specs: list, path: Path, *, quiet: bool) -> l
         "json": "print the inspection as JSON",
     },
 )
-@handles_errors
 def inspect(c, key, ref=None, lock=None, pull=False, no_write=False, json=False):
     """Run an image once (no GPU, no network) and record what it carries in images.lock: torch version,
     its CUDA and arch list, the engine's version and the archs of its compiled kernels
@@ -260,11 +289,14 @@ def inspect(c, key, ref=None, lock=None, pull=False, no_write=False, json=False)
     written = None
     if not no_write and entry is not None:
         lock_data = img.merge(lock_data, [ins.apply(entry, result)])
+        path = _writable_lock(path)
         img.write_lock(lock_data, path)
         written = str(path)
     if json:
         print_json({**result.to_dict(), "lock": written})
         return
+    from rich.table import Table
+
     table = Table(title=f"images.inspect {key}", show_header=False)
     table.add_column("what", style="bold")
     table.add_column("value", overflow="fold")
@@ -283,11 +315,10 @@ def inspect(c, key, ref=None, lock=None, pull=False, no_write=False, json=False)
         console.print(f"recorded in {written} (archs_source: inspected)")
 
 
-@task(
+@fleet_task(
     name="list",
     help={"lock": LOCK_HELP, "json": "print the entries as JSON"},
 )
-@handles_errors
 def list_(c, lock=None, json=False):
     """Show the pinned images with their CUDA, architectures and when a registry last confirmed them."""
     path = _lock_path(c, lock)
@@ -315,6 +346,8 @@ def list_(c, lock=None, json=False):
     if json:
         print_json({"lock": str(path), "images": rows})
         return
+    from rich.table import Table
+
     table = Table(title=f"images {path}")
     for col in ("image", "repository:tag", "digest", "cuda", "archs", "verified", "notes"):
         table.add_column(col, overflow="fold")
@@ -337,8 +370,7 @@ def list_(c, lock=None, json=False):
     console.print(table)
 
 
-@task(help={"json": "print the findings as JSON"})
-@handles_errors
+@fleet_task(help={"json": "print the findings as JSON"})
 def lint(c, json=False):
     """Lint every Dockerfile under dockerfiles/ (exit 1 on findings); rules in docs/images.md."""
     from llmfleet.images.lint import lint_tree

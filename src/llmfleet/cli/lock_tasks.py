@@ -2,78 +2,79 @@
 
 from __future__ import annotations
 
-from invoke import task
 from invoke.exceptions import Exit
-from rich.markup import escape
-from rich.table import Table
 
 from llmfleet.cli.common import (
     INVENTORY_HELP,
     console,
-    handles_errors,
-    inventory_path,
+    escape,
+    host_document,
     load_settings,
+    new_table,
     print_json,
+    select_hosts,
+    unreachable_entry,
 )
+from llmfleet.cli.flags import fleet_task
 from llmfleet.errors import RemoteError, UsageError
-from llmfleet.inventory.ansible import load_inventory, settings_for
+
+VERBOSE_HELP = "print each remote command (secrets masked) with its exit status and duration"
 
 
-@task(
+@fleet_task(
     help={
         "host": "host name or pattern (Ansible --limit syntax)",
         "group": "inventory group (pattern allowed)",
         "inventory": INVENTORY_HELP,
         "accept_new_host_keys": "record unknown SSH host keys (changed keys are refused)",
-        "json": "print {host, held, holder} per host as JSON",
+        "verbose": VERBOSE_HELP,
+        "json": 'print {"hosts": [{host, held, holder, description}], "unreachable": [{"host", "error"}]}',
     },
 )
-@handles_errors
-def status(c, host=None, group=None, inventory=None, accept_new_host_keys=False, json=False):
+def status(c, host=None, group=None, inventory=None, accept_new_host_keys=False, verbose=False, json=False):
     """Show who holds each host's deploy lock (holder, origin, time, action, message)."""
+    from llmfleet.inventory.ansible import settings_for
     from llmfleet.release.executor import lock_status
 
-    inv = load_inventory(inventory_path(c, inventory))
+    _inv, hosts = select_hosts(c, inventory, host, group)
     rows = []
-    failed = False
-    for h in inv.select(host=host, group=group):
+    unreachable: list[dict[str, str]] = []
+    for h in hosts:
         try:
             rows.append(lock_status(h, settings_for(h), config=load_settings(c), accept_new_host_keys=accept_new_host_keys))
         except RemoteError as exc:
-            failed = True
+            unreachable.append(unreachable_entry(h.name, str(exc)))
             rows.append({"host": h.name, "held": None, "holder": None, "description": f"unreachable: {exc}"})
     if json:
-        print_json(rows[0] if len(rows) == 1 else rows)
+        print_json(host_document("hosts", rows, unreachable))
     else:
-        t = Table(title="deploy locks")
-        for col in ("host", "lock", "holder"):
-            t.add_column(col, overflow="fold")
+        t = new_table("host", "lock", "holder", title="deploy locks")
         for r in rows:
             state = {True: "[bold yellow]held[/]", False: "[green]free[/]", None: "[red]?[/]"}[r["held"]]
             t.add_row(r["host"], state, escape(r["description"]))
         console.print(t)
-    if failed:
+    if unreachable:
         raise Exit(code=1)
 
 
-@task(
+@fleet_task(
     help={
         "host": "the host whose lock to break (one name)",
         "inventory": INVENTORY_HELP,
         "yes": "break it without asking (required when not on a terminal)",
         "accept_new_host_keys": "record unknown SSH host keys (changed keys are refused)",
-        "json": "print the result as JSON",
+        "verbose": VERBOSE_HELP,
+        "json": 'print {"hosts": [{host, was_held, broken, holder, description}], "unreachable": []}',
     },
 )
-@handles_errors
-def release(c, host, inventory=None, yes=False, accept_new_host_keys=False, json=False):
+def release(c, host, inventory=None, yes=False, accept_new_host_keys=False, verbose=False, json=False):
     """Break a host's deploy lock (a stale one left by a dead deploy); asks first unless --yes. Audited."""
     import sys
 
+    from llmfleet.inventory.ansible import settings_for
     from llmfleet.release.executor import lock_break, lock_status
 
-    inv = load_inventory(inventory_path(c, inventory))
-    hosts = inv.select(host=host)
+    inv, hosts = select_hosts(c, inventory, host, None)
     if len(hosts) != 1:
         raise UsageError(f"lock.release takes one host; {host!r} matches {len(hosts)}")
     h = hosts[0]
@@ -91,7 +92,7 @@ def release(c, host, inventory=None, yes=False, accept_new_host_keys=False, json
             raise Exit("not broken", code=1)
     res = lock_break(h, settings, config=load_settings(c), accept_new_host_keys=accept_new_host_keys)
     if json:
-        print_json(res)
+        print_json(host_document("hosts", [res], []))
     elif res["broken"]:
         console.print(f"{h.name}: broke the deploy lock ({escape(res['description'])})")
     else:

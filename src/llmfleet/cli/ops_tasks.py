@@ -2,93 +2,69 @@
 
 from __future__ import annotations
 
-import getpass
-import socket
-from datetime import UTC, datetime
 from typing import Any
-
-from invoke import task
-from rich.markup import escape
-from rich.table import Table
 
 from llmfleet.cli.common import (
     INVENTORY_HELP,
     console,
-    err_console,
-    handles_errors,
-    inventory_path,
+    escape,
+    host_document,
     load_settings,
+    log_line,
+    new_table,
     print_json,
+    select_hosts,
+    unreachable_entry,
 )
+from llmfleet.cli.flags import LINES, PERCENT, POSITIVE, SECONDS, SECONDS_OR_ZERO, fleet_task
 from llmfleet.errors import CheckFailed, UsageError
-from llmfleet.fleet import status as status_mod
-from llmfleet.fleet import upgrade as upgrade_mod
-from llmfleet.fleet.rollout import parse_serial
 from llmfleet.host.group import run_on_hosts
-from llmfleet.inventory.ansible import Host, load_inventory, settings_for
-from llmfleet.release import audit as audit_mod
-from llmfleet.release import store as rel
 
 DEFAULT_FORKS = 10
 DEFAULT_TIMEOUT = 20
+VERBOSE_HELP = "print each remote command (secrets masked) with its exit status and duration"
 
-
-def _select(c, inventory: str | None, host: str | None, group: str | None) -> tuple[Any, list[Host]]:
-    inv = load_inventory(inventory_path(c, inventory))
-    return inv, inv.select(host=host, group=group)
-
-
-def _positive(name: str, value: Any, *, allow_zero: bool = False) -> float:
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise UsageError(f"--{name}: {value!r} is not a number") from None
-    if v < 0 or (v == 0 and not allow_zero):
-        raise UsageError(f"--{name}: {value!r} must be {'0 or more' if allow_zero else 'more than 0'}")
-    return v
-
-
-def _who() -> str:
-    try:
-        user = getpass.getuser()
-    except (OSError, KeyError):
-        user = "unknown"
-    return f"{user}@{socket.gethostname()}"
 
 
 # ---------------------------------------------------------------------------------------------
 # status
 
 
-@task(
+@fleet_task(
+    numbers={"forks": POSITIVE, "timeout": SECONDS},
     help={
         "host": "hosts to query (Ansible pattern, e.g. 'gpu-v100-*')",
         "group": "groups to query (Ansible pattern)",
         "inventory": INVENTORY_HELP,
-        "json": "print JSON (one object per service row) instead of a table",
+        "json": 'print {"rows": [one per service], "orphans": [...], "unreachable": [{"host", "error"}]}',
         "forks": f"hosts queried at once (default {DEFAULT_FORKS})",
         "timeout": f"seconds allowed per host for SSH connect and each command (default {DEFAULT_TIMEOUT})",
         "no_metrics": "skip the live /metrics read (faster; release, unit and health only)",
+        "verbose": VERBOSE_HELP,
     },
 )
-@handles_errors
 def status(c, host=None, group=None, inventory=None, json=False, forks=DEFAULT_FORKS, timeout=DEFAULT_TIMEOUT,
-           no_metrics=False):
-    """Per service: card, release, image digest, unit, health, tok/s and live engine metrics."""
-    forks = int(_positive("forks", forks))
-    timeout = _positive("timeout", timeout)
-    _inv, hosts = _select(c, inventory, host, group)
+           no_metrics=False, verbose=False):
+    """Per service: card, release, image digest, unit, health, tok/s, live metrics; services no longer in the inventory."""
+    from llmfleet.fleet import status as status_mod
+
+    _inv, hosts = select_hosts(c, inventory, host, group)
     results = status_mod.query_hosts(hosts, config=load_settings(c), forks=forks, timeout=timeout,
                                      metrics=not no_metrics)
     rows = [r for st, settings in results for r in status_mod.host_rows(st, settings)]
-    unreachable = sorted({st.host for st, _ in results if not st.reachable})
+    unreachable = [unreachable_entry(st.host, st.error or "no answer") for st, _ in results if not st.reachable]
+    orphans = [
+        {"host": st.host, "service": name, "release": st.states[name].current, "unit": st.states[name].unit}
+        for st, settings in results if st.reachable
+        for name in sorted(st.states) if name not in {s.name for s in (settings.services if settings else [])}
+    ]
     if json:
-        print_json({"rows": [r.to_dict() for r in rows], "unreachable": unreachable})
+        print_json({"rows": [r.to_dict() for r in rows], "orphans": orphans, "unreachable": unreachable})
     else:
-        table = Table(title="fleet status", show_lines=False)
-        for col in ("host", "card", "service", "release", "digest", "unit", "health", "tok/s",
-                    "run", "wait", "KV", "gen tok", "note"):
-            table.add_column(col, justify="right" if col in ("tok/s", "run", "wait", "KV", "gen tok") else "left")
+        table = new_table("host", "card", "service", "release", "digest", "unit", "health", title="fleet status")
+        for col in ("tok/s", "run", "wait", "KV", "gen tok"):
+            table.add_column(col, justify="right")
+        table.add_column("note")
         for r in rows:
             unit = r.unit
             if unit == "unreachable":
@@ -102,41 +78,47 @@ def status(c, host=None, group=None, inventory=None, json=False, forks=DEFAULT_F
                 status_mod.fmt_tokps(r.tokps), run_, wait_, kv, gen, escape(r.note),
             )
         console.print(table)
+        for o in orphans:
+            console.print(f"[yellow]orphan[/yellow]: {o['host']}/{escape(o['service'])} runs there but is no longer in "
+                          f"the inventory; remove it with `invoke remove --host {o['host']} --service {o['service']}`")
         if unreachable:
-            console.print(f"[red]{len(unreachable)} host(s) unreachable[/red]: {', '.join(unreachable)}")
+            console.print(f"[red]{len(unreachable)} host(s) unreachable[/red]: "
+                          + ", ".join(u["host"] for u in unreachable))
     if unreachable:
-        raise CheckFailed(f"{len(unreachable)} of {len(results)} host(s) unreachable: {', '.join(unreachable)}")
+        raise CheckFailed(f"{len(unreachable)} of {len(results)} host(s) unreachable: "
+                          + ", ".join(u["host"] for u in unreachable))
 
 
 # ---------------------------------------------------------------------------------------------
 # releases
 
 
-@task(
+@fleet_task(
+    numbers={"timeout": SECONDS},
     help={
         "host": "host (or Ansible pattern) whose kept releases to list",
         "inventory": INVENTORY_HELP,
-        "json": "print JSON instead of a table",
+        "json": 'print {"releases": [...], "unreachable": [{"host", "error"}]}',
         "timeout": f"seconds allowed for SSH connect and the command (default {DEFAULT_TIMEOUT})",
+        "verbose": VERBOSE_HELP,
     },
 )
-@handles_errors
-def releases(c, host=None, inventory=None, json=False, timeout=DEFAULT_TIMEOUT):
+def releases(c, host=None, inventory=None, json=False, timeout=DEFAULT_TIMEOUT, verbose=False):
     """List the releases kept on a host: id, time, image digest, health, who (current one marked)."""
+    from llmfleet.fleet import status as status_mod
+
     if not host:
         raise UsageError("releases: choose the host with --host NAME")
-    timeout = _positive("timeout", timeout)
-    _inv, hosts = _select(c, inventory, host, None)
+    _inv, hosts = select_hosts(c, inventory, host, None)
     results = status_mod.query_hosts(hosts, config=load_settings(c), forks=DEFAULT_FORKS, timeout=timeout,
                                      metrics=False)
     rows = [r for st, _ in results if st.reachable for r in status_mod.release_rows(st.host, st.states)]
-    unreachable = {st.host: st.error for st, _ in results if not st.reachable}
+    unreachable = [unreachable_entry(st.host, st.error or "no answer") for st, _ in results if not st.reachable]
     if json:
-        print_json({"releases": [r.to_dict() for r in rows], "unreachable": unreachable})
+        print_json(host_document("releases", [r.to_dict() for r in rows], unreachable))
     else:
-        table = Table(title=f"releases on {host}")
-        for col in ("host", "service", "release", "time", "digest", "health", "tok/s", "who", "message"):
-            table.add_column(col)
+        table = new_table("host", "service", "release", "time", "digest", "health", "tok/s", "who", "message",
+                          title=f"releases on {host}")
         for r in rows:
             rid = f"[bold]{r.release}[/bold] (current)" if r.current else r.release
             table.add_row(r.host, r.service, rid, r.time, status_mod.short_digest(r.digest), r.health,
@@ -145,31 +127,32 @@ def releases(c, host=None, inventory=None, json=False, timeout=DEFAULT_TIMEOUT):
         if not rows and not unreachable:
             console.print("no releases on the selected host(s)")
     if unreachable:
-        raise CheckFailed("; ".join(f"{h}: unreachable: {e}" for h, e in unreachable.items()))
+        raise CheckFailed("; ".join(f"{u['host']}: unreachable: {u['error']}" for u in unreachable))
 
 
 # ---------------------------------------------------------------------------------------------
 # audit
 
 
-@task(
+@fleet_task(
+    numbers={"n": LINES, "timeout": SECONDS},
     help={
         "host": "read the audit log on these hosts (Ansible pattern); without it, the local log",
         "group": "read the audit log on the hosts of these groups",
         "n": "how many of the latest records to show (default 50)",
         "inventory": INVENTORY_HELP,
-        "json": "print JSON records instead of a table",
+        "json": 'print {"records": [...], "unreachable": [{"host", "error"}]}',
         "timeout": f"seconds allowed per host (default {DEFAULT_TIMEOUT})",
+        "verbose": VERBOSE_HELP,
     },
 )
-@handles_errors
-def audit(c, host=None, group=None, n=50, inventory=None, json=False, timeout=DEFAULT_TIMEOUT):
-    """Show the audit trail: deploys, rollbacks, lock breaks, upgrades (from hosts or the local log)."""
-    n = audit_mod.check_count(n)
-    unreachable: dict[str, str] = {}
+def audit(c, host=None, group=None, n=50, inventory=None, json=False, timeout=DEFAULT_TIMEOUT, verbose=False):
+    """Show the audit trail: deploys, rollbacks, stops, removals, lock breaks, upgrades (hosts or the local log)."""
+    from llmfleet.release import audit as audit_mod
+
+    unreachable: list[dict[str, str]] = []
     if host or group:
-        timeout = _positive("timeout", timeout)
-        _inv, hosts = _select(c, inventory, host, group)
+        _inv, hosts = select_hosts(c, inventory, host, group)
         records = _remote_audit(c, hosts, n, timeout, unreachable)
         source = ", ".join(h.name for h in hosts)
     else:
@@ -177,25 +160,26 @@ def audit(c, host=None, group=None, n=50, inventory=None, json=False, timeout=DE
         records = audit_mod.read_local(path, n)
         source = f"local log {path}"
     if json:
-        print_json({"records": records, "unreachable": unreachable})
+        print_json(host_document("records", records, unreachable))
     else:
-        table = Table(title=f"audit: {source}")
-        for col in audit_mod.COLUMNS:
-            table.add_column("digest" if col == "image_digest" else col)
+        table = new_table(*("digest" if col == "image_digest" else col for col in audit_mod.COLUMNS),
+                          title=f"audit: {source}")
         for rec in records:
             table.add_row(*(escape(x) for x in audit_mod.row(rec)))
         console.print(table)
     if unreachable:
-        raise CheckFailed("; ".join(f"{h}: unreachable: {e}" for h, e in unreachable.items()))
+        raise CheckFailed("; ".join(f"{u['host']}: unreachable: {u['error']}" for u in unreachable))
 
 
-def _remote_audit(c, hosts: list[Host], n: int, timeout: float, unreachable: dict[str, str]) -> list[dict]:
-    from llmfleet.host.ssh import connect  # lazy: paramiko only for the tasks that connect
+def _remote_audit(c, hosts: list[Any], n: int, timeout: float, unreachable: list[dict[str, str]]) -> list[dict]:
+    from llmfleet.host.ssh import connect
+    from llmfleet.inventory.ansible import settings_for
+    from llmfleet.release import audit as audit_mod
 
     config = load_settings(c).ssh.bounded(timeout)
     roots = {h.name: settings_for(h).root for h in hosts}
 
-    def one(h: Host) -> list[dict]:
+    def one(h: Any) -> list[dict]:
         with connect(h, config=config) as remote:
             res = remote.run(audit_mod.tail_script(roots[h.name], n), sudo=True, check=True)
         recs = audit_mod.parse_lines(res.stdout)
@@ -207,8 +191,8 @@ def _remote_audit(c, hosts: list[Host], n: int, timeout: float, unreachable: dic
     for r in run_on_hosts(one, hosts, forks=DEFAULT_FORKS, timeout=timeout * 2 + 5):
         if r.ok:
             out.extend(r.value or [])
-        else:
-            unreachable[r.host.name] = (r.error or "").split(": ", 1)[-1]
+        else:  # the host's own words (RemoteError: ...), without the exception's class name
+            unreachable.append(unreachable_entry(r.host.name, (r.error or "").split(": ", 1)[-1]))
     return audit_mod.merged(out, n)
 
 
@@ -216,8 +200,9 @@ def _remote_audit(c, hosts: list[Host], n: int, timeout: float, unreachable: dic
 # upgrade
 
 
-@task(
+@fleet_task(
     iterable=["image", "set_"],
+    numbers={"forks": POSITIVE, "pause": SECONDS_OR_ZERO, "max_fail_percentage": PERCENT},
     help={
         "group": "hosts to upgrade (Ansible group pattern), e.g. lab_fleet",
         "host": "further limit to these hosts (Ansible pattern)",
@@ -231,18 +216,27 @@ def _remote_audit(c, hosts: list[Host], n: int, timeout: float, unreachable: dic
         "pause": "seconds to wait between batches (default 0)",
         "rollback_on_abort": "on abort, roll the already upgraded hosts back to their previous release",
         "check": "show the batches and each host's changes; touch nothing",
-        "json": "print the summary as JSON",
+        "json": 'print the summary as JSON (one object: batches, hosts, counts, "unreachable": [{"host", "error"}])',
         "inventory": INVENTORY_HELP,
         "message": "a note kept in each release's manifest and the audit log",
         "accept_new_host_keys": "record unknown SSH host keys (as OpenSSH accept-new); changed keys still refused",
         "allow_unpinned": "allow images that images.lock does not pin (not for production)",
+        "verbose": VERBOSE_HELP,
     },
 )
-@handles_errors
 def upgrade(c, group=None, host=None, inventory=None, image=None, set_=None, serial=None, max_fail_percentage=None,
             forks=5, pause=0.0, rollback_on_abort=False, check=False, json=False, message="",
-            accept_new_host_keys=False, allow_unpinned=False):
+            accept_new_host_keys=False, allow_unpinned=False, verbose=False):
     """Rolling upgrade of a group: full deploy per host in serial batches, abort on max-fail-percentage."""
+    from datetime import UTC, datetime
+
+    from llmfleet.fleet import upgrade as upgrade_mod
+    from llmfleet.fleet.rollout import parse_serial
+    from llmfleet.inventory.ansible import settings_for
+    from llmfleet.release import audit as audit_mod
+    from llmfleet.release import store as rel
+    from llmfleet.release.deploy import DeployOptions
+
     if not group:
         raise UsageError("upgrade: choose the hosts with --group NAME (and optionally --host PATTERN)")
     images = upgrade_mod.parse_image(image or [])
@@ -250,12 +244,9 @@ def upgrade(c, group=None, host=None, inventory=None, image=None, set_=None, ser
     if "image" in sets and images:
         raise UsageError("give the image either with --image ENGINE=VERSION or with --set image=..., not both")
     serial_list = parse_serial(serial)
-    mfp = None if max_fail_percentage in (None, "") else _positive("max-fail-percentage", max_fail_percentage,
-                                                                    allow_zero=True)
-    forks = int(_positive("forks", forks))
-    pause = _positive("pause", pause, allow_zero=True)
-    inv, hosts = _select(c, inventory, host, group)
-    changes: dict[str, upgrade_mod.HostChange] = {}
+    mfp = max_fail_percentage
+    inv, hosts = select_hosts(c, inventory, host, group)
+    changes: dict[str, Any] = {}
     excluded: dict[str, str] = {}
     for h in hosts:
         got = upgrade_mod.host_overrides(settings_for(h).services, images, sets)
@@ -268,22 +259,30 @@ def upgrade(c, group=None, host=None, inventory=None, image=None, set_=None, ser
         raise UsageError("upgrade: no selected host runs the engine to upgrade: " +
                          "; ".join(f"{k}: {v}" for k, v in excluded.items()))
 
-    from llmfleet.release.deploy import DeployOptions
-
     config = load_settings(c)
-    who = _who()
+    from llmfleet.release.executor import default_who
+
+    who = default_who()
     msg = message or f"upgrade --group {group}" + "".join(f" --image {v}" for v in images.values())
     options = DeployOptions(check=bool(check), accept_new_host_keys=bool(accept_new_host_keys),
                             allow_unpinned=bool(allow_unpinned), message=msg, who=who)
     # every host's deploy prepared (overrides, secrets, pinned images) before any host is touched
     prepared = upgrade_mod.prepare(inv, names, changes, config=config, options=options)
-
-    def log(line: str) -> None:
-        err_console.print(f"{datetime.now(UTC):%H:%M:%S} {escape(line)}")
-
+    log = log_line
     for name, why in excluded.items():
         log(f"{name}: not part of this upgrade: {why}")
-    deploy = upgrade_mod.deploy_fn(inv, config=config, options=options, changes=changes, log=log, prepared=prepared)
+    deploy_one = upgrade_mod.deploy_fn(inv, config=config, options=options, changes=changes, log=log,
+                                       prepared=prepared)
+    unreachable: list[dict[str, str]] = []
+
+    def deploy(name: str) -> Any:
+        from llmfleet.cli.deploy_tasks import never_reached
+
+        outcome = deploy_one(name)
+        if never_reached(outcome):
+            unreachable.append(unreachable_entry(outcome.host, outcome.reason))
+        return outcome
+
     rollback = upgrade_mod.rollback_fn(inv, config=config, options=options, log=log) if rollback_on_abort else None
     report = upgrade_mod.run_upgrade(
         names, deploy=deploy, serial=serial_list, max_fail_percentage=mfp, forks=forks, pause=pause,
@@ -301,7 +300,7 @@ def upgrade(c, group=None, host=None, inventory=None, image=None, set_=None, ser
         except OSError as exc:
             log(f"warning: local audit log not written: {exc}")
     if json:
-        print_json(report.to_dict())
+        print_json(report.to_dict() | {"unreachable": unreachable})
     else:
         _print_upgrade(report)
     if not report.ok:
@@ -321,11 +320,10 @@ def _changes_text(changes: Any) -> str:
     return str(changes)
 
 
-def _print_upgrade(report: upgrade_mod.UpgradeReport) -> None:
+def _print_upgrade(report: Any) -> None:
     title = "upgrade check (nothing changed)" if report.check else "upgrade summary"
-    table = Table(title=title)
-    for col in ("host", "batch", "result", "release", "duration", "changes" if report.check else "reason"):
-        table.add_column(col)
+    table = new_table("host", "batch", "result", "release", "duration", "changes" if report.check else "reason",
+                      title=title)
     colours = {"deployed": "green", "unchanged": "green", "check": "cyan", "skipped": "yellow"}
     for h in report.hosts:
         colour = colours.get(h.result, "red")

@@ -4,38 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 import shlex
-from typing import Any
+from typing import TYPE_CHECKING
 
-from invoke import task
-from rich.markup import escape
-from rich.table import Table
-
-from llmfleet.cli.common import console, handles_errors, inventory_path, print_json, ssh_config
+from llmfleet.cli.common import console, escape, inventory_path, print_json, ssh_config
+from llmfleet.cli.flags import FRACTION, POSITIVE, TOKENS, fleet_task
 from llmfleet.errors import CheckFailed, UsageError
-from llmfleet.knowledge.catalog import find_gpu
-from llmfleet.knowledge.planner import Plan, PlanRequest, plan, plan_for_service
+
+if TYPE_CHECKING:
+    from llmfleet.knowledge.planner import Plan
 
 GB = 1e9
-
-
-def _int(flag: str, value: Any) -> int | None:
-    if value is None or value == "":
-        return None
-    text = str(value).replace("_", "").strip().lower()
-    scale = 1024 if text.endswith("k") else 1
-    try:
-        return int(text.removesuffix("k")) * scale
-    except ValueError:
-        raise UsageError(f"--{flag} takes a whole number (e.g. 4096 or 32k), got {value!r}") from None
-
-
-def _float(flag: str, value: Any) -> float | None:
-    if value is None or value == "":
-        return None
-    try:
-        return float(value)
-    except ValueError:
-        raise UsageError(f"--{flag} takes a number such as 0.9, got {value!r}") from None
 
 
 def _host_settings(c, inventory: str | None, host: str):
@@ -49,6 +27,8 @@ def _host_settings(c, inventory: str | None, host: str):
 
 def _gpu_for(c, inventory: str | None, gpu: str | None, host: str | None):
     """A catalog card from --gpu (id, nvidia-smi name or inventory host) or from --host's llmfleet_gpu."""
+    from llmfleet.knowledge.catalog import find_gpu
+
     if gpu:
         try:
             return find_gpu(gpu), None
@@ -89,6 +69,8 @@ def _b(n: int | float) -> str:
 
 
 def render_plan(p: Plan, title: str | None = None) -> None:
+    from rich.table import Table
+
     verdict = "[green]FITS[/green]" if p.fits else "[red]DOES NOT FIT[/red]"
     t = Table(title=title or f"{p.model} ({p.quant}) on {p.gpus} x {p.gpu_name}, {p.engine}: {verdict}",
               show_header=False, title_justify="left")
@@ -139,8 +121,9 @@ def render_plan(p: Plan, title: str | None = None) -> None:
         console.print(f"  [dim]{escape(name)}: {escape(text)}[/dim]")
 
 
-@task(
+@fleet_task(
     name="plan",
+    numbers={"gpus": POSITIVE, "context": TOKENS, "concurrency": POSITIVE, "gpu_memory_utilization": FRACTION},
     help={
         "model": "catalog name (e.g. qwen2.5-32b-instruct), a Hugging Face model folder, or a .gguf file",
         "quant": "fp16, bf16, fp8, int8, gptq-int4 (-g32 etc. for a group size), awq-int4, mxfp4, q4_0, q4_k_s, "
@@ -160,13 +143,16 @@ def render_plan(p: Plan, title: str | None = None) -> None:
         "gather": "with --host: gather the host's facts over SSH first (its real cards, memory and model files)",
         "accept_new_host_keys": "with --gather: record unknown SSH host keys (changed keys are still refused)",
         "json": "print the plan as JSON (bytes are bytes)",
+        "verbose": "with --gather: print each remote command (secrets masked) with its exit status and duration",
     },
 )
-@handles_errors
 def plan_task(c, model=None, quant=None, gpu=None, host=None, gpus=None, context=None, concurrency=None,
               kv_dtype=None, engine=None, gpu_memory_utilization=None, offload=False, inventory=None, json=False,
-              gather=False, accept_new_host_keys=False, image=None):
+              gather=False, accept_new_host_keys=False, image=None, verbose=False):
     """Capacity plan: does a model fit a card, the engine flags, max context/concurrency, decode speed."""
+    from llmfleet.knowledge.catalog import find_gpu
+    from llmfleet.knowledge.planner import PlanRequest, plan, plan_for_service
+
     facts = None
     if gather:
         if not host:
@@ -176,10 +162,7 @@ def plan_task(c, model=None, quant=None, gpu=None, host=None, gpus=None, context
         card, settings = None, _host_settings(c, inventory, host)
     else:
         card, settings = _gpu_for(c, inventory, gpu, host)
-    n_gpus = _int("gpus", gpus)
-    ctx = _int("context", context)
-    conc = _int("concurrency", concurrency)
-    gmu = _float("gpu-memory-utilization", gpu_memory_utilization)
+    n_gpus, ctx, conc, gmu = gpus, context, concurrency, gpu_memory_utilization
     if model is None:
         if settings is None or not host:
             raise UsageError("give --model (catalog name, model folder or .gguf file), or --host to plan its services")

@@ -8,7 +8,6 @@ so each field lists every name it is known by, newest first, and is ``None`` whe
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import asdict, dataclass
 
 
@@ -25,9 +24,17 @@ def _names() -> dict[str, dict[str, tuple[str, ...]]]:
 
 NAMES: dict[str, dict[str, tuple[str, ...]]] = _names()
 
-_LINE = re.compile(
-    r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>[-+]?(?:[0-9.]+(?:[eE][-+]?\d+)?|NaN|[+-]?Inf))(?:\s+\d+)?$"
-)
+# How a field combines several series of one name (labels such as model_name, or vLLM's engine label:
+# one series per engine core when it runs data parallel). Counts and token counters add up; the
+# KV-cache usage is a share of one engine's cache, so several engines give the fullest one's share
+# (adding 0.6 and 0.7 would claim a 130 % full cache).
+COMBINE: dict[str, str] = {
+    "requests_running": "sum",
+    "requests_waiting": "sum",
+    "kv_cache_usage": "max",
+    "generation_tokens_total": "sum",
+    "prompt_tokens_total": "sum",
+}
 MAX_LINES = 100_000
 
 
@@ -43,32 +50,54 @@ class EngineMetrics:
         return asdict(self)
 
 
-def parse_prometheus(text: str) -> dict[str, float]:
-    """Sum samples per metric name (labels such as model_name or engine are summed over)."""
+Sample = tuple[str, dict[str, str], float]
+
+
+def samples(text: str) -> list[Sample]:
+    """Every sample (name, labels, value) of a Prometheus text exposition, read with
+    ``prometheus_client``'s parser (label values may hold any character, ``}`` and escaped quotes
+    included). A line the parser refuses is skipped, not the whole page; NaN values are dropped."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    lines = text.splitlines()[:MAX_LINES]
+    body = "\n".join(lines) + "\n"
+    try:
+        found = [(s.name, dict(s.labels), float(s.value))
+                 for fam in text_string_to_metric_families(body) for s in fam.samples]
+    except (ValueError, TypeError, IndexError, KeyError):
+        found = []
+        for line in lines:  # the page has a bad line somewhere: read line by line, skip the bad ones
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            try:
+                for fam in text_string_to_metric_families(line + "\n"):
+                    found.extend((s.name, dict(s.labels), float(s.value)) for s in fam.samples)
+            except (ValueError, TypeError, IndexError, KeyError):
+                continue
+    return [(n, labels, v) for n, labels, v in found if not math.isnan(v)]
+
+
+def parse_prometheus(text: str, combine: dict[str, str] | None = None) -> dict[str, float]:
+    """One value per metric name over its series: summed, or the largest for names ``combine``
+    maps to ``"max"``."""
+    how = combine or {}
     out: dict[str, float] = {}
-    for i, line in enumerate(text.splitlines()):
-        if i >= MAX_LINES:
-            break
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        m = _LINE.match(line)
-        if not m:
-            continue
-        try:
-            value = float(m.group("value"))
-        except ValueError:
-            continue
-        if math.isnan(value):
-            continue
-        name = m.group("name")
-        out[name] = out.get(name, 0.0) + value
+    for name, _labels, value in samples(text):
+        if name not in out:
+            out[name] = value
+        elif how.get(name) == "max":
+            out[name] = max(out[name], value)
+        else:
+            out[name] += value
     return out
 
 
 def engine_metrics(engine: str, text: str) -> EngineMetrics:
-    samples = parse_prometheus(text)
+    combine = {n: COMBINE[field] for field, by_engine in NAMES.items() for names in by_engine.values()
+               for n in names}
+    values_by_name = parse_prometheus(text, combine)
     values: dict[str, float | None] = {}
     for field, by_engine in NAMES.items():
-        values[field] = next((samples[n] for n in by_engine.get(engine, ()) if n in samples), None)
+        values[field] = next((values_by_name[n] for n in by_engine.get(engine, ()) if n in values_by_name), None)
     return EngineMetrics(**values)

@@ -20,7 +20,7 @@ import shlex
 import socket
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,7 @@ import paramiko
 from fabric import Config, Connection
 
 from llmfleet.errors import RemoteError
+from llmfleet.host import trace
 from llmfleet.inventory.ansible import Host
 from llmfleet.settings import Settings, SshSettings
 
@@ -142,7 +143,32 @@ class Remote:
         sudo: bool = False,
         check: bool = False,
     ) -> Result:
-        """Run one command (a list is shlex-joined). One round trip."""
+        """Run one command (a list is shlex-joined). One round trip; traced under ``-v``."""
+        if trace.active():
+            t0, rc = time.monotonic(), None
+            try:
+                res = self._run(command, timeout=timeout, stdin=stdin, sudo=sudo, check=False)
+                rc = res.rc
+            finally:
+                trace.emit(self.name, self._wrap(command, sudo), rc, time.monotonic() - t0)
+            if check and res.rc != 0:
+                self._raise_failed(self._wrap(command, sudo), res)
+            return res
+        return self._run(command, timeout=timeout, stdin=stdin, sudo=sudo, check=check)
+
+    def _raise_failed(self, cmd: str, res: Result) -> None:
+        detail = (res.stderr.strip() or res.stdout.strip()).splitlines()[-1:] or [""]
+        raise RemoteError(f"host {self.name}: command failed (exit {res.rc}): {_short(cmd)}: {detail[0][:300]}")
+
+    def _run(
+        self,
+        command: str | Sequence[str],
+        *,
+        timeout: float | None = None,
+        stdin: bytes | None = None,
+        sudo: bool = False,
+        check: bool = False,
+    ) -> Result:
         cmd = self._wrap(command, sudo)
         limit = timeout if timeout is not None else self.command_timeout
         transport = self._conn.client.get_transport()
@@ -197,9 +223,51 @@ class Remote:
         res = Result(rc=rc, stdout=out.decode("utf-8", "replace"), stderr=err.decode("utf-8", "replace"),
                      command=command if isinstance(command, str) else shlex.join(list(command)))
         if check and rc != 0:
-            detail = (res.stderr.strip() or res.stdout.strip()).splitlines()[-1:] or [""]
-            raise RemoteError(f"host {self.name}: command failed (exit {rc}): {_short(cmd)}: {detail[0][:300]}")
+            self._raise_failed(cmd, res)
         return res
+
+    def stream(self, command: str | Sequence[str], on_line: Callable[[str], None], *, timeout: float,
+               sudo: bool = False) -> int | None:
+        """Run a command and hand its output (stdout and stderr merged) to ``on_line`` line by line as
+        it arrives, for at most ``timeout`` seconds (``logs -f``). Returns the exit status, or None when
+        the time ran out or the caller interrupted it (the channel is closed; so is the command)."""
+        cmd = self._wrap(command, sudo)
+        transport = self._conn.client.get_transport()
+        if transport is None or not transport.is_active():
+            raise RemoteError(f"host {self.name}: SSH connection is closed")
+        self.round_trips += 1
+        t0 = time.monotonic()
+        rc: int | None = None
+        buf = b""
+        try:
+            chan = transport.open_session(timeout=min(timeout, 30))
+            chan.set_combine_stderr(True)
+            chan.settimeout(0.5)
+            chan.exec_command(cmd)
+            chan.shutdown_write()
+            deadline = t0 + timeout
+            try:
+                while time.monotonic() < deadline:
+                    try:
+                        chunk = chan.recv(65536)
+                    except TimeoutError:
+                        continue
+                    if not chunk:
+                        rc = chan.recv_exit_status()
+                        break
+                    buf += chunk
+                    *lines, buf = buf.split(b"\n")
+                    for line in lines:
+                        on_line(line.decode("utf-8", "replace"))
+            finally:
+                if buf:
+                    on_line(buf.decode("utf-8", "replace"))
+                chan.close()
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            raise RemoteError(f"host {self.name}: SSH command failed: {exc or type(exc).__name__}") from None
+        finally:
+            trace.emit(self.name, cmd, rc, time.monotonic() - t0)
+        return rc
 
     # -- port forwarding --------------------------------------------------------------------------
 

@@ -1,6 +1,6 @@
 """Pinned engine images: read ``images.lock`` and turn a service's image key into exact bytes.
 
-``images.lock`` (YAML, at the repository root) maps ``"ENGINE:VERSION"`` keys to the repository, the
+``images.lock`` (YAML; the project's in the working directory, else the one shipped in this package) maps ``"ENGINE:VERSION"`` keys to the repository, the
 digest, the CUDA version, the compute capabilities the image carries kernels for, and where it came
 from. A deploy pulls ``repository@digest`` and never a floating tag, unless the operator passes
 ``--allow-unpinned``. Mirrors (``llmfleet_image_mirrors``) swap the repository for a private one; the
@@ -16,6 +16,7 @@ import re
 import tempfile
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,10 @@ _KEY_RE = re.compile(r"^(vllm|llamacpp):[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$")
 _REPO_RE = re.compile(r"^[a-z0-9]+(?:[._-][a-z0-9]+)*(?::[0-9]{1,5})?(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*$")
 _TAG_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 
-DEFAULT_LOCK_PATH = Path(__file__).resolve().parents[3] / "images.lock"
+# The lock shipped with llmfleet (package data): what a project without its own images.lock deploys.
+PACKAGED_LOCK = resources.files("llmfleet.images") / "images.lock"
+# The project's own lock: images.lock in the working directory (written by images.pin).
+PROJECT_LOCK = "images.lock"
 
 
 @dataclass(frozen=True)
@@ -181,10 +185,23 @@ def parse_lock(text: str, path: str = "images.lock") -> ImageLock:
 
 def load_lock(path: str | Path | None = None) -> ImageLock:
     """Read images.lock; a missing file is an empty lock (every image then needs --allow-unpinned)."""
-    p = Path(path) if path else DEFAULT_LOCK_PATH
-    if not p.exists():
+    p = Path(path) if path else default_lock_path()
+    if not p.is_file():
         return ImageLock(images={}, path=str(p))
     return parse_lock(p.read_text(encoding="utf-8"), path=str(p))
+
+
+def default_lock_path() -> Path:
+    """The lock a host uses when neither the inventory nor the configuration names one: images.lock
+    in the working directory (the project's, written by ``images.pin``), else the packaged one."""
+    own = Path(PROJECT_LOCK)
+    if own.is_file():
+        return own
+    return Path(str(PACKAGED_LOCK))
+
+
+def packaged_lock_text() -> str:
+    return PACKAGED_LOCK.read_text(encoding="utf-8")
 
 
 def _canonical_repo(repo: str) -> str:
@@ -545,7 +562,7 @@ def mark_verified(lock: ImageLock, results: list[VerifyResult], *, at: str | Non
 def lock_path_for(hostvars: dict[str, Any] | None, inventory_path: str | None, configured: str | None) -> Path:
     """Which lock a host uses: the inventory var ``llmfleet_images_lock`` (relative to the inventory
     folder), else the configured ``llmfleet.images_lock`` (relative to the working directory), else
-    ``images.lock`` at the repository root."""
+    ``default_lock_path()`` (images.lock in the working directory, else the one shipped with llmfleet)."""
     var = (hostvars or {}).get("llmfleet_images_lock")
     if var and inventory_path:
         p = Path(str(var)).expanduser()
@@ -553,7 +570,7 @@ def lock_path_for(hostvars: dict[str, Any] | None, inventory_path: str | None, c
             base = Path(inventory_path)
             p = (base if base.is_dir() else base.parent) / p
         return p
-    return Path(configured).expanduser() if configured else DEFAULT_LOCK_PATH
+    return Path(configured).expanduser() if configured else default_lock_path()
 
 
 # ------------------------------------------------------------------------------------------------

@@ -141,6 +141,9 @@ class HostSettings(_Strict):
     image_mirrors: dict[str, str] = Field(default_factory=dict)
     # images.lock to resolve image keys with, relative to the inventory folder (the lab pins its own).
     images_lock: Annotated[str, Field(min_length=1, max_length=1024)] | None = None
+    # Roles / templates that override the packaged ones (folders, relative to the inventory folder).
+    roles_path: str | list[str] | None = None
+    templates_path: str | list[str] | None = None
     health_floor_fraction: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
     health_min_tokps: Annotated[float, Field(gt=0.0, le=1_000_000.0)] | None = None
 

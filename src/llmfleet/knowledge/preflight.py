@@ -684,8 +684,10 @@ ASSUMABLE = {
 
 
 def facts_from_saved(data: Any, host: str, path: str) -> Facts:
-    """The facts of ``host`` from what ``invoke facts --json`` printed (one object, or a list of
-    them). Pure. Raises UsageError naming the file and what is wrong."""
+    """The facts of ``host`` from what ``invoke facts --json`` printed (``{"hosts": [...], "unreachable":
+    [...]}``; also one object, or a list of them). Pure. Raises UsageError naming the file and what is wrong."""
+    if isinstance(data, dict) and isinstance(data.get("hosts"), list):  # {"hosts": [...], "unreachable": [...]}
+        data = data["hosts"] + [u for u in data.get("unreachable") or [] if isinstance(u, dict)]
     entries = data if isinstance(data, list) else [data]
     if not all(isinstance(e, dict) for e in entries):
         raise UsageError(f"{path}: expected the JSON that `invoke facts --host {host} --json` prints")

@@ -1,11 +1,19 @@
-"""Thin wrapper over the docker CLI: argv lists only (no shell), every call bounded in time."""
+"""Thin wrapper over the docker CLI: argv lists only (no shell), every call bounded in time.
+
+The lab talks to its local Docker engine through the CLI, not the Python SDK: it needs the CLI anyway
+(BuildKit builds, ``exec -i`` with stdin, ``cp``, ``push`` with the credential helpers, compose), and
+one client means one API-version negotiation. What is read back is JSON (``inspect``, ``--format
+'{{json .}}'``), parsed with ``json``, never columns of text (docs/lab.md).
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from llmfleet.errors import CheckFailed
 
@@ -53,6 +61,70 @@ def inspect(kind: str, name: str) -> dict | None:
         return None
     data = json.loads(proc.stdout or b"[]")
     return data[0] if data else None
+
+
+def inspect_many(kind: str, names: Sequence[str]) -> list[dict]:
+    """``docker KIND inspect`` of several objects at once (one call); objects gone meanwhile are skipped."""
+    if not names:
+        return []
+    proc = run([kind, "inspect", *names], check=False, timeout=60)
+    try:
+        data = json.loads(proc.stdout or b"[]")
+    except ValueError:
+        data = []
+    return [d for d in data if isinstance(d, dict)]
+
+
+@dataclass(frozen=True)
+class Container:
+    name: str
+    state: str  # running, exited, created, ...
+    labels: dict[str, str]
+    info: dict  # the whole ``docker container inspect`` document
+
+
+def containers(label: str) -> list[Container]:
+    """Every container (running or not) with this label (``key`` or ``key=value``), from ``inspect``:
+    labels come as a JSON object, so a label value may hold any character."""
+    ids = out(["ps", "-aq", "--filter", f"label={label}"]).split()
+    found = []
+    for d in inspect_many("container", ids):
+        cfg = d.get("Config") or {}
+        found.append(Container(name=str(d.get("Name", "")).lstrip("/"), state=str((d.get("State") or {}).get("Status", "")),
+                               labels=dict(cfg.get("Labels") or {}), info=d))
+    return sorted(found, key=lambda c: c.name)
+
+
+_UNITS = {"b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4,
+          "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4}
+_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*$")
+
+
+def parse_size(text: str) -> int | None:
+    """``"12.5MiB"`` -> bytes (Docker prints sizes with go-units: B, kB/MB/GB decimal, KiB/MiB/GiB binary);
+    None when it is not a size."""
+    m = _SIZE.match(text or "")
+    if not m:
+        return None
+    factor = _UNITS.get((m.group(2) or "b").lower())
+    return None if factor is None else int(float(m.group(1)) * factor)
+
+
+def memory_usage(names: Sequence[str]) -> dict[str, int]:
+    """Memory in use per running container, in bytes (``docker stats --no-stream``, JSON lines)."""
+    if not names:
+        return {}
+    text = out(["stats", "--no-stream", "--format", "{{json .}}", *names], timeout=60)
+    usage: dict[str, int] = {}
+    for line in text.splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        size = parse_size(str(row.get("MemUsage", "")).split("/")[0])
+        if size is not None and row.get("Name"):
+            usage[str(row["Name"])] = size
+    return usage
 
 
 def stream(args: Sequence[str], on_line: Callable[[str], None], *, timeout: float, env: dict | None = None,

@@ -497,16 +497,15 @@ def up(inventory_path: str, *, lab: str, names: Iterable[str] | None = None, kno
 
 def all_labs() -> dict[str, int]:
     """Every lab on this engine (tests' labs included) and its number of hosts."""
-    out = docker.out(["ps", "-a", "--filter", f"label={LABEL}", "--format", f'{{{{.Label "{LABEL}"}}}}'])
     counts: dict[str, int] = {}
-    for name in out.split():
+    for cont in docker.containers(LABEL):
+        name = cont.labels.get(LABEL, "")
         counts[name] = counts.get(name, 0) + 1
     return dict(sorted(counts.items()))
 
 
-def lab_containers(lab: str) -> list[dict]:
-    out = docker.out(["ps", "-a", "--filter", f"label={LABEL}={lab}", "--format", "{{json .}}"])
-    return [json.loads(line) for line in out.splitlines() if line.strip()]
+def lab_containers(lab: str) -> list[docker.Container]:
+    return docker.containers(f"{LABEL}={lab}")
 
 
 def down(lab: str, *, names: Iterable[str] | None = None, known_hosts: Path | None = None,
@@ -517,12 +516,11 @@ def down(lab: str, *, names: Iterable[str] | None = None, known_hosts: Path | No
     gone = []
     ports = []
     for row in rows:
-        labels = dict(kv.split("=", 1) for kv in row.get("Labels", "").split(",") if "=" in kv)
-        host = labels.get(HOST_LABEL, row["Names"])
+        host = row.labels.get(HOST_LABEL, row.name)
         if wanted and host not in wanted:
             continue
-        ports.append(labels.get(PORT_LABEL))
-        gone.append(row["Names"])
+        ports.append(row.labels.get(PORT_LABEL))
+        gone.append(row.name)
     if gone:
         docker.run(["rm", "-f", "-v", *gone], timeout=120)
         docker.run(["volume", "rm", "-f", *[f"{c}-docker" for c in gone]], check=False, timeout=60)
@@ -545,18 +543,7 @@ def down(lab: str, *, names: Iterable[str] | None = None, known_hosts: Path | No
 
 
 def _mem_mib(containers: list[str]) -> dict[str, float]:
-    if not containers:
-        return {}
-    out = docker.out(["stats", "--no-stream", "--format", "{{.Name}} {{.MemUsage}}", *containers], timeout=60)
-    res = {}
-    for line in out.splitlines():
-        name, usage = line.split(" ", 1)
-        val = usage.split("/")[0].strip()
-        num = float("".join(ch for ch in val if ch.isdigit() or ch == "."))
-        unit = val.lstrip("0123456789.").strip()
-        factor = {"B": 1 / 1048576, "KiB": 1 / 1024, "MiB": 1, "GiB": 1024}.get(unit, 1)
-        res[name] = round(num * factor, 1)
-    return res
+    return {name: round(size / 1048576, 1) for name, size in docker.memory_usage(containers).items()}
 
 
 def status(lab: str, *, memory: bool = True) -> list[HostState]:
@@ -564,16 +551,14 @@ def status(lab: str, *, memory: bool = True) -> list[HostState]:
     states = []
     running = []
     for row in rows:
-        labels = dict(kv.split("=", 1) for kv in row.get("Labels", "").split(",") if "=" in kv)
-        info = _container_state(row["Names"]) or {}
-        nets = (info.get("NetworkSettings") or {}).get("Networks") or {}
-        port = labels.get(PORT_LABEL)
-        st = HostState(name=labels.get(HOST_LABEL, row["Names"]), container=row["Names"], state=row["State"],
+        nets = (row.info.get("NetworkSettings") or {}).get("Networks") or {}
+        port = row.labels.get(PORT_LABEL)
+        st = HostState(name=row.labels.get(HOST_LABEL, row.name), container=row.name, state=row.state,
                        port=int(port) if port and port.isdigit() else None,
                        ip=(nets.get(lab) or {}).get("IPAddress") or None,
-                       gpu=((info.get("Config") or {}).get("Labels") or {}).get(GPU_LABEL))
-        if row["State"] == "running":
-            running.append(row["Names"])
+                       gpu=row.labels.get(GPU_LABEL))
+        if row.state == "running":
+            running.append(row.name)
             st.ssh = _ssh_banner(st.port) if st.port else False
         states.append(st)
     mem = _mem_mib(running) if memory else {}

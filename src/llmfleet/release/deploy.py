@@ -46,7 +46,7 @@ from llmfleet.release.executor import (
     short,
 )
 from llmfleet.release.manifest import Manifest
-from llmfleet.release.render import ENV_FILE, Rendered, render
+from llmfleet.release.render import ENV_FILE, Rendered, render, search_paths
 from llmfleet.release.secret import resolve_secret
 from llmfleet.release.store import Paths
 from llmfleet.settings import Settings
@@ -222,8 +222,11 @@ def run_deploy(run: HostRun, ready: PreparedHost, out: HostOutcome, options: Dep
         plans = _preflight(run, ready, out)
     states = run.read_state()
     items: list[_Item] = []
+    # roles and templates: the inventory's and the configuration's overrides, then the packaged ones
+    search = search_paths(ready.host.vars if ready.host else None,
+                          ready.inventory.path if ready.inventory else None, run.settings.search_config)
     for p, plan in zip(ready.services, plans, strict=True):
-        rendered = render(p.service, ready.settings, p.image, plan, api_key=p.api_key)
+        rendered = render(p.service, ready.settings, p.image, plan, api_key=p.api_key, **search)
         st = states.get(p.service.name)
         items.append(_Item(p, summarize(plan), rendered, Paths(run.root, p.service.name), st,
                            decide.decide_service(st, rendered, run.now())))

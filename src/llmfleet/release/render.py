@@ -15,9 +15,13 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
+from importlib import resources
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +32,10 @@ from llmfleet.errors import UsageError
 from llmfleet.images.lock import ImageRef
 from llmfleet.inventory.services import HostSettings, Service
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
-ROLES_DIR = REPO_ROOT / "roles"
-TEMPLATES_DIR = REPO_ROOT / "templates"
+# The roles and templates shipped inside the package (read with importlib.resources, so an installed
+# wheel renders exactly what a checkout renders). Overrides are searched first: see search_paths().
+PACKAGE_ROLES = resources.files("llmfleet.release") / "roles"
+PACKAGE_TEMPLATES = resources.files("llmfleet.release") / "templates"
 
 DOCKER = "/usr/bin/docker"
 UNIT_DIR = "/etc/systemd/system"
@@ -78,14 +83,51 @@ class Role:
         return None
 
 
-@lru_cache(maxsize=8)
-def load_role(engine: str, roles_dir: str | None = None) -> Role:
-    base = Path(roles_dir) if roles_dir else ROLES_DIR
-    path = base / engine / "defaults.yml"
-    if not path.is_file():
-        raise UsageError(f"{path}: no role for engine {engine!r}; known: vllm, llamacpp")
-    d = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    template = (base / engine / "templates" / "compose.yml.j2").read_text(encoding="utf-8")
+Dirs = str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | None
+
+
+def _dirs(dirs: Dirs) -> tuple[str, ...]:
+    if dirs is None:
+        return ()
+    if isinstance(dirs, str | os.PathLike):
+        return (os.fspath(dirs),)
+    return tuple(os.fspath(d) for d in dirs)
+
+
+def _role_roots(dirs: tuple[str, ...]) -> list[Traversable]:
+    return [*(Path(d).expanduser() for d in dirs), PACKAGE_ROLES]
+
+
+def known_roles(dirs: Dirs = None) -> list[str]:
+    """Engines with a role (``<engine>/defaults.yml``) in the override folders or the package."""
+    names: set[str] = set()
+    for root in _role_roots(_dirs(dirs)):
+        if root.is_dir():
+            names.update(d.name for d in root.iterdir() if d.joinpath("defaults.yml").is_file())
+    return sorted(names)
+
+
+def load_role(engine: str, roles_dir: Dirs = None) -> Role:
+    """The role for ``engine``: from the first override folder that has ``<engine>/defaults.yml``,
+    else the one shipped with llmfleet. A role is taken whole (its compose template beside it)."""
+    return _load_role(engine, _dirs(roles_dir))
+
+
+@lru_cache(maxsize=16)
+def _load_role(engine: str, dirs: tuple[str, ...]) -> Role:
+    base = next((r / engine for r in _role_roots(dirs) if (r / engine / "defaults.yml").is_file()), None)
+    if base is None:
+        found = known_roles(dirs)
+        where = ", ".join(dirs + ("the roles shipped with llmfleet",))
+        if not found:
+            raise UsageError(f"no role for engine {engine!r}: no role at all in {where} (a broken install? "
+                             "reinstall llmfleet)")
+        raise UsageError(f"no role for engine {engine!r} in {where}; roles there: {', '.join(found)}")
+    d = yaml.safe_load(base.joinpath("defaults.yml").read_text(encoding="utf-8")) or {}
+    tpl = base / "templates" / "compose.yml.j2"
+    if not tpl.is_file():
+        raise UsageError(f"{base}: role {engine!r} has no templates/compose.yml.j2")
+    template = tpl.read_text(encoding="utf-8")
     return Role(
         engine=d["engine"],
         model_target=d["model_target"],
@@ -99,6 +141,49 @@ def load_role(engine: str, roles_dir: str | None = None) -> Role:
         flags=tuple(Flag(tuple(f["names"]), bool(f["value"]), f.get("doc", "")) for f in d.get("flags", [])),
         template=template,
     )
+
+
+def template_text(name: str, templates_dir: Dirs = None) -> str:
+    """A unit/env template: from the first override folder that has it, else the packaged one."""
+    for root in [*(Path(d).expanduser() for d in _dirs(templates_dir)), PACKAGE_TEMPLATES]:
+        if (root / name).is_file():
+            return (root / name).read_text(encoding="utf-8")
+    raise UsageError(f"template {name} not found in {', '.join(_dirs(templates_dir) + ('the package',))}")
+
+
+def _resolve(var: Any, inventory_path: str | None) -> list[str]:
+    if not var:
+        return []
+    items = [var] if isinstance(var, str) else list(var)
+    out = []
+    for item in items:
+        p = Path(str(item)).expanduser()
+        if not p.is_absolute() and inventory_path:
+            base = Path(inventory_path)
+            p = (base if base.is_dir() else base.parent) / p
+        out.append(str(p))
+    return out
+
+
+def search_paths(hostvars: dict[str, Any] | None, inventory_path: str | None,
+                 config: dict[str, Any] | None) -> dict[str, list[str]]:
+    """Where a host's roles and templates come from, first hit wins:
+
+    1. the inventory variables ``llmfleet_roles_path`` / ``llmfleet_templates_path`` (a folder or a
+       list, relative to the inventory folder);
+    2. the configuration ``llmfleet.roles_path`` / ``llmfleet.templates_path`` (invoke.yaml; relative
+       to the working directory);
+    3. the roles and templates shipped with llmfleet.
+
+    Returns ``render()``'s ``roles_dir`` / ``templates_dir`` keyword arguments.
+    """
+    hv = hostvars or {}
+    conf = config or {}
+    return {
+        "roles_dir": _resolve(hv.get("llmfleet_roles_path"), inventory_path) + _resolve(conf.get("roles_path"), None),
+        "templates_dir": (_resolve(hv.get("llmfleet_templates_path"), inventory_path)
+                          + _resolve(conf.get("templates_path"), None)),
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -213,9 +298,8 @@ def yaml_str(value: Any) -> str:
     return json.dumps(str(value).replace("$", "$$"))
 
 
-def _env(loader_dir: Path) -> jinja2.Environment:
+def _env() -> jinja2.Environment:
     env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(loader_dir)),
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
@@ -291,8 +375,8 @@ def render(
     *,
     api_key: str | None = None,
     bind_address: str = "0.0.0.0",
-    roles_dir: str | None = None,
-    templates_dir: str | None = None,
+    roles_dir: Dirs = None,
+    templates_dir: Dirs = None,
 ) -> Rendered:
     role = load_role(service.engine, roles_dir)
     if service.api_key is not None and api_key is None:
@@ -340,8 +424,8 @@ def render(
     compose.filters["q"] = yaml_str
     compose_text = compose.from_string(role.template).render(**ctx)
 
-    tenv = _env(Path(templates_dir) if templates_dir else TEMPLATES_DIR)
-    unit_text = tenv.get_template("llmfleet-service.unit.j2").render(
+    tenv = _env()
+    unit_text = tenv.from_string(template_text("llmfleet-service.unit.j2", templates_dir)).render(
         service_name=service.name,
         engine=service.engine,
         unit_path=f"{UNIT_DIR}/{unit_name(service)}",
@@ -354,7 +438,7 @@ def render(
         timeout_start=service.health.load_timeout_s + 120,
     )
     secrets = {role.api_key_env: api_key} if api_key is not None else {}
-    env_text = tenv.get_template("service.env.j2").render(service_name=service.name, secrets=secrets)
+    env_text = tenv.from_string(template_text("service.env.j2", templates_dir)).render(service_name=service.name, secrets=secrets)
 
     unit_file = unit_name(service)
     files = {COMPOSE_FILE: compose_text, unit_file: unit_text, ENV_FILE: env_text}

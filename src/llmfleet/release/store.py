@@ -610,3 +610,97 @@ def final_script(root: str, steps: list[str], records: list[dict[str, Any]], tok
     if token is not None:
         parts.append(f"(\n{lock_release_script(root, token)}\n)")
     return "\n".join(parts)
+
+
+# ---------------------------------------------------------------------------------------------
+# Day-2 operations on one service: stop, start, remove, logs (release.service_ops runs them)
+
+SERVICE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+SERVICE_LABEL = "io.llmfleet.service"  # set on every engine container by the compose templates
+MAX_LOG_LINES = 10_000
+
+
+def _unit_state_line(paths: Paths) -> str:
+    return f'echo "@@unit $(systemctl is-active {q(paths.unit)} 2>/dev/null)"'
+
+
+def parse_unit_state(stdout: str) -> str:
+    """The ``@@unit`` answer of a day-2 script (``active``, ``inactive``, ``failed``, ...)."""
+    for line in stdout.splitlines():
+        if line.startswith("@@unit"):
+            return line[6:].strip() or "unknown"
+    return "unknown"
+
+
+def service_stop_script(paths: Paths) -> str:
+    """Stop the unit and keep it from starting at boot; the releases and ``current`` stay."""
+    return "\n".join([
+        f"[ -d {q(paths.service_dir)} ] || {{ echo '@@absent'; exit 0; }}",
+        f"systemctl stop {q(paths.unit)} >/dev/null 2>&1 || true",
+        f"systemctl disable {q(paths.unit)} >/dev/null 2>&1 || true",
+        _unit_state_line(paths),
+        "echo '@@stopped'",
+    ])
+
+
+def service_start_script(paths: Paths) -> str:
+    """Start the current release's unit again (after ``stop``) and enable it at boot."""
+    return "\n".join([
+        f"[ -f {q(paths.current + '/compose.yml')} ] || {{ echo '@@nocurrent'; exit 0; }}",
+        f"[ -f {q(paths.unit_path)} ] || install -m 0644 {q(paths.current + '/' + paths.unit)} {q(paths.unit_path)}",
+        "systemctl daemon-reload",
+        f"systemctl reset-failed {q(paths.unit)} >/dev/null 2>&1 || true",
+        f"systemctl enable {q(paths.unit)} >/dev/null 2>&1 || true",
+        f"systemctl start {q(paths.unit)}",
+        _unit_state_line(paths),
+        "echo '@@started'",
+    ])
+
+
+def service_remove_script(paths: Paths, image_refs: list[str]) -> str:
+    """Remove a service from the host: unit (stopped, disabled, file deleted), its containers, its
+    releases folder, and the images ``image_refs`` (those no other service's release uses)."""
+    sdir, unit = q(paths.service_dir), q(paths.unit)
+    label = q(f"label={SERVICE_LABEL}={paths.service}")
+    lines = [
+        f"systemctl stop {unit} >/dev/null 2>&1 || true",
+        f"systemctl disable {unit} >/dev/null 2>&1 || true",
+        f"if [ -f {q(paths.current + '/compose.yml')} ]; then",
+        f"  (cd {q(paths.current)} && {DOCKER} compose -p {q(paths.container)} -f compose.yml down --remove-orphans"
+        " --timeout 30) >/dev/null 2>&1 || true",
+        "fi",
+        f"ids=$({DOCKER} ps -aq --filter {label} 2>/dev/null)",
+        f'[ -z "$ids" ] || {DOCKER} rm -f $ids >/dev/null 2>&1 || true',
+        f"{DOCKER} rm -f {q(paths.container)} >/dev/null 2>&1 || true",
+        f"rm -f -- {q(paths.unit_path)}",
+        "systemctl daemon-reload",
+        f"systemctl reset-failed {unit} >/dev/null 2>&1 || true",
+        f"rm -rf -- {sdir}",
+    ]
+    for ref in image_refs:
+        lines.append(f"{DOCKER} image rm {q(ref)} >/dev/null 2>&1 && echo {q('@@image-removed ' + ref)} || true")
+    lines += [
+        f"left=$({DOCKER} ps -aq --filter {label} 2>/dev/null)",
+        f'if [ -e {sdir} ] || [ -e {q(paths.unit_path)} ] || [ -n "$left" ]; then echo \'@@left\'; exit 1; fi',
+        "echo '@@removed'",
+    ]
+    return "\n".join(lines)
+
+
+def service_logs_script(paths: Paths, lines: int, *, follow: bool = False, seconds: float | None = None) -> str:
+    """The engine's log: the unit's journal, else the container's own log (a service started outside
+    systemd); ``follow`` keeps printing new lines, for at most ``seconds`` (``timeout`` on the host)."""
+    n = int(lines)
+    if not 1 <= n <= MAX_LOG_LINES:
+        raise ValueError(f"lines must be 1 to {MAX_LOG_LINES}, got {n}")
+    unit, container = q(paths.unit), q(paths.container)
+    if not follow:
+        return logs_script(paths, n)
+    bound = f"timeout {max(1, int(seconds))} " if seconds else ""
+    return "\n".join([
+        f"if journalctl -u {unit} -n 1 --no-pager -o cat 2>/dev/null | grep -q .; then",
+        f"  exec {bound}journalctl -u {unit} -n {n} -f --no-pager -o cat",
+        "else",
+        f"  exec {bound}{DOCKER} logs -f --tail {n} {container} 2>&1",
+        "fi",
+    ])

@@ -1,0 +1,267 @@
+"""The task surface's flags: chosen short flags, numbers checked while parsing, usage errors as exit 2.
+
+Every task is declared with ``fleet_task`` (Invoke's ``@task`` with ``FleetTask``):
+
+- short flags are chosen, never generated (Invoke would give every flag the first free letter):
+  Ansible's letters where Ansible has them (``SHORT``), ``-h`` stays help, and a safety override
+  (``--allow-unpinned``, ``--accept-new-host-keys``, ``--yes``) has no short flag;
+- ``--host`` is also ``--limit`` / ``-l`` (an Ansible ``--limit`` pattern), except in a task with
+  its own ``limit`` flag;
+- every numeric flag declares what it accepts (``Number``); a bad value is refused while the command
+  line is parsed, before the task body runs: one line, exit 2, nothing contacted;
+- ``-v`` (``verbose``) prints each remote command, secrets masked, with its duration.
+
+Invoke's own Program exits 1 on a parse error (unknown flag, missing value); ``install()`` makes
+both ``invoke`` (tasks.py) and the ``llmfleet`` console script exit 2 with one line instead.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from invoke import Program, Task
+from invoke import task as invoke_task
+from invoke.exceptions import Exit, ParseError
+from invoke.parser import Argument, ParserContext
+
+# Parameter name -> its short flag. Ansible's letters: -i inventory, -l limit, -f forks, -C check,
+# -D diff, -v verbose, -T timeout; -n a number of lines/records, as tail and journalctl.
+SHORT: dict[str, str] = {
+    "inventory": "i",
+    "forks": "f",
+    "check": "C",
+    "diff": "D",
+    "verbose": "v",
+    "timeout": "T",
+    "follow": "f",  # as tail -f and journalctl -f (no task has both --forks and --follow)
+}
+# Never a short flag: each changes what llmfleet is willing to do.
+SAFETY_OVERRIDES = frozenset({"allow_unpinned", "accept_new_host_keys", "yes"})
+
+
+@dataclass(frozen=True)
+class Number:
+    """What a numeric flag accepts; ``parse`` turns the text into the value or refuses it."""
+
+    kind: type  # int or float
+    low: float | None = None
+    low_open: bool = False  # True: the value must be more than ``low``
+    high: float | None = None
+    k_suffix: bool = False  # 32k = 32768 (token counts)
+    metavar: str = "N"
+
+    def describe(self) -> str:
+        what = "a whole number" if self.kind is int else "a number"
+        if self.low is not None and self.high is not None:
+            rng = f"{'more than ' if self.low_open else ''}{_fmt(self.low)} to {_fmt(self.high)}"
+        elif self.low is not None:
+            rng = f"more than {_fmt(self.low)}" if self.low_open else f"{_fmt(self.low)} or more"
+        else:
+            rng = ""
+        return f"{what}{', ' + rng if rng else ''}" + (" (e.g. 8192 or 8k)" if self.k_suffix else "")
+
+    def parse(self, flag: str, raw: Any) -> int | float:
+        text = str(raw).strip().replace("_", "")
+        scale = 1
+        if self.k_suffix and text.lower().endswith("k"):
+            text, scale = text[:-1], 1024
+        try:
+            value: int | float = int(text) * scale if self.kind is int else float(text) * scale
+        except ValueError:
+            raise ParseError(f"{flag}: {raw!r} is not {self.describe()}") from None
+        if value != value or value in (float("inf"), float("-inf")):  # NaN, inf
+            raise ParseError(f"{flag}: {raw!r} is not {self.describe()}")
+        too_low = self.low is not None and (value <= self.low if self.low_open else value < self.low)
+        too_high = self.high is not None and value > self.high
+        if too_low or too_high:
+            raise ParseError(f"{flag}: {raw!r} is out of range; give {self.describe()}")
+        return value
+
+    def bad_values(self) -> list[str]:
+        """Values this flag must refuse (for the table-driven test of every numeric flag)."""
+        out = ["abc", "", "1e999" if self.kind is float else "1.5", "nan" if self.kind is float else "0x10"]
+        if self.low is not None:
+            out.append(_fmt(self.low) if self.low_open else _fmt(self.low - 1))
+            out.append("-1")
+        if self.high is not None:
+            out.append(_fmt(self.high + 1))
+        return out
+
+
+def _fmt(v: float) -> str:
+    return str(int(v)) if float(v).is_integer() else str(v)
+
+
+POSITIVE = Number(int, low=1, metavar="N")  # forks, counts of GPUs or sequences
+LINES = Number(int, low=1, high=10_000, metavar="N")  # -n: lines or records
+SECONDS = Number(float, low=0, low_open=True, metavar="SECONDS")  # timeouts
+SECONDS_OR_ZERO = Number(float, low=0, metavar="SECONDS")  # pauses
+PERCENT = Number(float, low=0, high=100, metavar="PERCENT")
+FRACTION = Number(float, low=0, low_open=True, high=1, metavar="FRACTION")
+TOKENS = Number(int, low=1, k_suffix=True, metavar="TOKENS")
+
+
+class NumberArgument(Argument):
+    """An Invoke argument whose value is checked by a ``Number`` as it is parsed."""
+
+    number: Number
+    metavar: str
+
+    def set_value(self, value: Any, cast: bool = True) -> None:
+        if not cast or value is None:
+            return super().set_value(value, cast=cast)
+        self.raw_value = value
+        name = self.name.replace("_", "-")
+        self._value = self.number.parse(f"-{name}" if len(name) == 1 else f"--{name}", value)
+
+
+class FleetTask(Task):
+    """Invoke's Task with chosen short flags and parse-time number checks (see the module docstring)."""
+
+    def __init__(self, body: Callable, *, numbers: dict[str, Number] | None = None, **kwargs: Any) -> None:
+        kwargs["auto_shortflags"] = False
+        super().__init__(body, **kwargs)
+        self.numbers = dict(numbers or {})
+        params = inspect.signature(body).parameters
+        for name, p in params.items():
+            d = p.default
+            if isinstance(d, int | float) and not isinstance(d, bool) and name not in self.numbers:
+                raise TypeError(f"task {body.__name__}: numeric flag {name!r} needs a Number in numbers=")
+        unknown = set(self.numbers) - set(params)
+        if unknown:
+            raise TypeError(f"task {body.__name__}: numbers= names no parameter: {sorted(unknown)}")
+
+    def arg_opts(self, name: str, default: Any, taken_names: set[str]) -> dict[str, Any]:
+        opts = super().arg_opts(name, default, taken_names)
+        names = list(opts["names"])
+        short = SHORT.get(name)
+        if short and short not in taken_names and name not in SAFETY_OVERRIDES:
+            names.append(short)
+        if name == "host" and "limit" not in taken_names:
+            names += ["limit", "l"]
+        opts["names"] = names
+        number = self.numbers.get(name)
+        if number is not None:
+            opts["kind"] = int if number.kind is int else str
+        return opts
+
+    def get_arguments(self, ignore_unknown_help: bool | None = None) -> list[Argument]:
+        # Invoke pops each help entry as it uses it: keep ours, so the task can be parsed again (a
+        # second Program in one process, the docs checker, completion).
+        kept = dict(self.help)
+        try:
+            args = super().get_arguments(ignore_unknown_help)
+        finally:
+            self.help = kept
+        for arg in args:
+            number = self.numbers.get(arg.attr_name or arg.name)
+            if number is not None:
+                arg.__class__ = NumberArgument
+                arg.number = number
+                arg.metavar = number.metavar
+        return args
+
+
+def fleet_task(*, numbers: dict[str, Number] | None = None, **kwargs: Any) -> Callable[[Callable], FleetTask]:
+    """``@fleet_task(help=..., numbers=...)``: an Invoke task with llmfleet's flag rules, its errors
+    turned into one line and an exit code, and ``-v`` tracing when the task has ``verbose``."""
+
+    def deco(fn: Callable) -> FleetTask:
+        from llmfleet.cli.common import handles_errors
+
+        return invoke_task(klass=FleetTask, numbers=numbers, **kwargs)(handles_errors(_traced(fn)))
+
+    return deco
+
+
+def _traced(fn: Callable) -> Callable:
+    if "verbose" not in inspect.signature(fn).parameters:
+        return fn
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kw: Any) -> Any:
+        if not kw.get("verbose"):
+            return fn(*args, **kw)
+        from llmfleet.cli.common import print_trace
+        from llmfleet.host import trace
+
+        with trace.tracing(print_trace):
+            return fn(*args, **kw)
+
+    return wrapper
+
+
+# ---------------------------------------------------------------------------------------------
+# Usage errors: one line, exit 2 (for Invoke's own Program too)
+
+_NO_IDEA = re.compile(r"^No idea what '(.*)' is!$")
+_NEEDS = re.compile(r"^Flag <\w+: (\S+?)(?: \(.*?\))? .*> needed value and was not given one!$")
+_NO_VALUE = re.compile(r"^Flag <\w+: (\S+?)(?: \(.*?\))? .*> doesn't take any value!$")
+
+
+def usage_line(exc: ParseError) -> str:
+    """Invoke's parse error as one line that names the task and the flag."""
+    msg = str(exc).strip()
+    ctx = getattr(exc, "context", None)
+    task = getattr(ctx, "name", None)
+    where = f"{task}: " if task else ""
+    if m := _NO_IDEA.match(msg):
+        what = m.group(1)
+        if what.startswith("-"):
+            return f"error: {where}no flag {what} (`invoke --help {task or 'TASK'}` lists the flags)"
+        if task:
+            return f"error: {what!r} is neither a task nor a flag of {task} (`invoke --help {task}`)"
+        return f"error: no task {what!r} (`invoke --list` shows the tasks)"
+    if m := _NEEDS.match(msg):
+        return f"error: {where}{_flag(m.group(1))} needs a value"
+    if m := _NO_VALUE.match(msg):
+        return f"error: {where}{_flag(m.group(1))} takes no value"
+    first = msg.splitlines()[0] if msg else "bad command line"
+    return f"error: {where}{first}"
+
+
+def _flag(name: str) -> str:
+    name = name.replace("_", "-")
+    return f"-{name}" if len(name) == 1 else f"--{name}"
+
+
+def install() -> None:
+    """Exit 2 with one line on any command-line error, and show each number flag's metavar in help."""
+    if getattr(Program, "_llmfleet_flags", False):
+        return
+
+    def exit_2(method: Callable) -> Callable:
+        @functools.wraps(method)
+        def wrapper(self: Program, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return method(self, *args, **kwargs)
+            except ParseError as exc:
+                raise Exit(usage_line(exc), code=2) from None
+
+        return wrapper
+
+    Program.parse_tasks = exit_2(Program.parse_tasks)
+    Program.parse_cleanup = exit_2(Program.parse_cleanup)
+
+    help_for = ParserContext.help_for
+
+    @functools.wraps(help_for)
+    def help_with_metavar(self: ParserContext, flag: str) -> tuple[str, str]:
+        names, text = help_for(self, flag)
+        arg = self.flags.get(flag)
+        metavar = getattr(arg, "metavar", None)
+        if metavar:
+            names = re.sub(r"(?<=[ =\[])(INT|STRING)\b", metavar, names)
+        elif getattr(arg, "kind", None) is list:  # a repeatable flag takes a value too: say so
+            value = "SOURCE" if arg.name == "inventory" else "VALUE"
+            names = ", ".join(f"{n} {value}" if len(n.lstrip("-")) == 1 else f"{n}={value}"
+                              for n in names.split(", "))
+        return names, text
+
+    ParserContext.help_for = help_with_metavar
+    Program._llmfleet_flags = True
