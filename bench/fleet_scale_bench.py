@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import secrets
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -127,9 +126,9 @@ def write_fleet(work: Path, ports: list[int], key_type: str, key_b64: str, host_
     return inv, cfg
 
 
-def measure(argv: list[str], timeout: float) -> dict:
+def measure(argv: list[str], timeout: float, src: Path = ROOT / "src") -> dict:
     """Run the controller as a process; wall, CPU, max RSS from wait4, peak fds/threads sampled from /proc."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), COLUMNS="160")
+    env = dict(os.environ, PYTHONPATH=str(src), COLUMNS="160")
     code = "import sys; from llmfleet.cli.main import program; program.run(['llmfleet', *sys.argv[1:]])"
     t0 = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-c", code, *argv], cwd=ROOT, env=env,
@@ -179,7 +178,8 @@ def measure(argv: list[str], timeout: float) -> dict:
             "rc": proc.returncode, "failed_hosts": failed}
 
 
-def run(sizes: list[int], forks_list: list[int], commands: list[str], latency: float, repeat: int) -> None:
+def run(sizes: list[int], forks_list: list[int], commands: list[str], latency: float, repeat: int,
+        sources: dict[str, Path]) -> None:
     from llmfleet.lab.simfleet import Recording
 
     if not RECORDING.exists():
@@ -211,19 +211,20 @@ def run(sizes: list[int], forks_list: list[int], commands: list[str], latency: f
             inv1, _ = write_fleet(work, info["ports"][:1], info["key_type"], info["key"], rec.host_vars)
             write_fleet(work, info["ports"], info["key_type"], info["key"], rec.host_vars)  # known_hosts: all
             for cmd in commands:
-                one = measure(["-f", str(cfg), *argv_for[cmd](inv1, 1)], timeout=120)
-                for forks in forks_list:
-                    runs = [measure(["-f", str(cfg), *argv_for[cmd](inv, forks)], timeout=1800)
-                            for _ in range(repeat)]
-                    walls = [r["wall_s"] for r in runs]
-                    best = sorted(runs, key=lambda r: r["wall_s"])[len(runs) // 2]
-                    per_host_ms = (best["cpu_s"] - one["cpu_s"]) / max(1, n - 1) * 1000
-                    row = {"command": cmd, "hosts": n, "forks": forks, **best,
-                           "wall_spread_s": [min(walls), max(walls)],
-                           "cpu_per_host_ms": round(per_host_ms, 1), "one_host_cpu_s": one["cpu_s"],
-                           "hosts_per_min": round(n / best["wall_s"] * 60), "load": load()}
-                    results.append(row)
-                    print(json.dumps(row), flush=True)
+                for side, src in sources.items():
+                    one = measure(["-f", str(cfg), *argv_for[cmd](inv1, 1)], timeout=120, src=src)
+                    for forks in forks_list:
+                        runs = [measure(["-f", str(cfg), *argv_for[cmd](inv, forks)], timeout=1800, src=src)
+                                for _ in range(repeat)]
+                        walls = [r["wall_s"] for r in runs]
+                        best = sorted(runs, key=lambda r: r["wall_s"])[len(runs) // 2]
+                        per_host_ms = (best["cpu_s"] - one["cpu_s"]) / max(1, n - 1) * 1000
+                        row = {"side": side, "command": cmd, "hosts": n, "forks": forks, **best,
+                               "wall_spread_s": [min(walls), max(walls)],
+                               "cpu_per_host_ms": round(per_host_ms, 1), "one_host_cpu_s": one["cpu_s"],
+                               "hosts_per_min": round(n / best["wall_s"] * 60), "load": load()}
+                        results.append(row)
+                        print(json.dumps(row), flush=True)
         finally:
             server.stdin.close()
             try:
@@ -233,9 +234,9 @@ def run(sizes: list[int], forks_list: list[int], commands: list[str], latency: f
                 server.kill()
                 tail = ""
             print(f"server ({n} hosts): {tail.strip()}", flush=True)
-    print("\ncommand        hosts forks  wall_s (spread)     hosts/min  cpu_s  cpu/host_ms  maxrss_MiB  fds  thr  failed")
+    print("\nside    command        hosts forks  wall_s (spread)     hosts/min  cpu_s  cpu/host_ms  maxrss_MiB  fds  thr  failed")
     for r in results:
-        print(f"{r['command']:<14} {r['hosts']:>5} {r['forks']:>5}  {r['wall_s']:>6} "
+        print(f"{r['side']:<7} {r['command']:<14} {r['hosts']:>5} {r['forks']:>5}  {r['wall_s']:>6} "
               f"({r['wall_spread_s'][0]}-{r['wall_spread_s'][1]})".ljust(44)
               + f"{r['hosts_per_min']:>9}  {r['cpu_s']:>5}  {r['cpu_per_host_ms']:>11}  {r['maxrss_mib']:>10}  "
               f"{r['peak_fds']:>3}  {r['peak_threads']:>3}  {r['failed_hosts']}")
@@ -254,12 +255,16 @@ def main() -> None:
     m.add_argument("--commands", default="status,upgrade-check")
     m.add_argument("--latency", type=float, default=1.0, help="scale of the recorded command times (0: none)")
     m.add_argument("--repeat", type=int, default=1)
+    m.add_argument("--src", default=f"this={ROOT / 'src'}",
+                   help="NAME=PATH,...: controller sources to compare, run side by side in one run "
+                        "(e.g. before=/tmp/base/src,after=src from `git archive`)")
     a = p.parse_args()
     if a.cmd == "record":
         record(Path(a.out))
     else:
         run([int(x) for x in a.hosts.split(",")], [int(x) for x in a.forks.split(",")],
-            [c.strip() for c in a.commands.split(",")], a.latency, max(1, a.repeat))
+            [c.strip() for c in a.commands.split(",")], a.latency, max(1, a.repeat),
+            {k: Path(v).resolve() for k, v in (x.split("=", 1) for x in a.src.split(","))})
 
 
 if __name__ == "__main__":

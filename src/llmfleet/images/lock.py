@@ -150,7 +150,16 @@ def load_lock(path: str | Path | None = None) -> ImageLock:
     p = Path(path) if path else DEFAULT_LOCK_PATH
     if not p.exists():
         return ImageLock(images={}, path=str(p))
-    return parse_lock(p.read_text(encoding="utf-8"), path=str(p))
+    # Parsed once per file content for the process (a fleet run reads the same lock for every host).
+    text = p.read_text(encoding="utf-8")
+    cached = _LOCK_CACHE.get(str(p))
+    if cached is None or cached[0] != text:
+        cached = (text, parse_lock(text, path=str(p)))
+        _LOCK_CACHE[str(p)] = cached
+    return ImageLock(images=dict(cached[1].images), path=cached[1].path)
+
+
+_LOCK_CACHE: dict[str, tuple[str, ImageLock]] = {}
 
 
 def split_reference(ref: str) -> tuple[str, str | None, str | None]:

@@ -214,7 +214,10 @@ def yaml_str(value: Any) -> str:
     return json.dumps(str(value).replace("$", "$$"))
 
 
+@lru_cache(maxsize=8)
 def _env(loader_dir: Path) -> jinja2.Environment:
+    """One environment per template folder for the process: Jinja keeps its compiled templates (a
+    compile costs more than the whole render; a fleet run renders once per host)."""
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(loader_dir)),
         undefined=jinja2.StrictUndefined,
@@ -225,6 +228,17 @@ def _env(loader_dir: Path) -> jinja2.Environment:
     )
     env.filters["q"] = yaml_str
     return env
+
+
+@lru_cache(maxsize=32)
+def _compose_template(text: str) -> jinja2.Template:
+    """A role's compose template, compiled once per process (keyed by its text)."""
+    compose = jinja2.Environment(
+        undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
+        autoescape=False,  # noqa: S701
+    )
+    compose.filters["q"] = yaml_str
+    return compose.from_string(text)
 
 
 @dataclass(frozen=True)
@@ -334,12 +348,7 @@ def render(
         "shm_size": role.shm_size,
         "gpu_request": gpu_request,
     }
-    compose = jinja2.Environment(
-        undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
-        autoescape=False,  # noqa: S701
-    )
-    compose.filters["q"] = yaml_str
-    compose_text = compose.from_string(role.template).render(**ctx)
+    compose_text = _compose_template(role.template).render(**ctx)
 
     tenv = _env(Path(templates_dir) if templates_dir else TEMPLATES_DIR)
     unit_text = tenv.get_template("llmfleet-service.unit.j2").render(
