@@ -164,18 +164,25 @@ def measure(argv: list[str], timeout: float, src: Path = ROOT / "src") -> dict:
     rest = proc.stdout.read() or b""
     out += rest
     proc.returncode = os.waitstatus_to_exitcode(status)
-    failed = None
+    failed: int | None = None
+    results: dict[str, int] = {}
     try:
         doc = json.loads(out.decode())
         if "rows" in doc:
             failed = len(doc.get("unreachable", []))
         elif "hosts" in doc:
-            failed = sum(1 for h in doc["hosts"] if h.get("result") in {"failed", "refused"})
+            for h in doc["hosts"]:
+                results[h.get("result")] = results.get(h.get("result"), 0) + 1
+            failed = sum(n for r, n in results.items() if r not in {"check", "unchanged", "deployed"})
     except (ValueError, AttributeError):
         pass
+    if proc.returncode != 0:  # kept for a look: which hosts failed and why
+        keep = Path(tempfile.mkstemp(prefix="llmfleet-controller-", suffix=".json")[1])
+        keep.write_bytes(bytes(out))
+        results["output"] = str(keep)  # type: ignore[assignment]
     return {"wall_s": round(wall, 2), "cpu_s": round(ru.ru_utime + ru.ru_stime, 2),
             "maxrss_mib": round(ru.ru_maxrss / 1024, 1), "peak_fds": peak_fd, "peak_threads": peak_thr,
-            "rc": proc.returncode, "failed_hosts": failed}
+            "rc": proc.returncode, "failed_hosts": failed, "results": results}
 
 
 def run(sizes: list[int], forks_list: list[int], commands: list[str], latency: float, repeat: int,
