@@ -419,7 +419,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--latency", type=float, default=1.0, help="scale of recorded command times (0: none)")
     p.add_argument("--max-seconds", type=float, default=3600)
     a = p.parse_args(argv)
+    import logging
     import resource
+
+    # A client that closes its connection without a goodbye is a reset here: normal, not worth a line.
+    logging.getLogger("paramiko").setLevel(logging.CRITICAL)
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     want = min(hard, max(soft, a.hosts + 4 * MAX_CONNECTIONS + 256))
