@@ -40,9 +40,8 @@ def test_on_a_terminal_the_line_is_rewritten_in_place_and_ends_with_a_newline():
 
 
 def test_an_upgrade_reports_each_batch_on_the_line_and_each_host_as_it_finishes():
-    from tests.test_upgrade import HOSTS, FakeFleet
-
     from llmfleet.fleet.upgrade import run_upgrade
+    from tests.test_upgrade import HOSTS, FakeFleet
 
     out: list[str] = []
     finished: list[tuple[str, str]] = []
