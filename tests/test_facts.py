@@ -14,10 +14,10 @@ from llmfleet.host.facts import (
     default_gpu_lookup,
     parse_banner,
     parse_gpu_query,
-    parse_probe,
+    parse_probe_document,
     parse_proc_driver,
 )
-from llmfleet.host.probe import MAX_DOCUMENT, probe_script
+from llmfleet.host.probe import MAX_DOCUMENT, probe_sh
 from llmfleet.knowledge.compat import driver_branches
 
 DATA = Path(__file__).parent / "data" / "nvidia-smi"
@@ -65,7 +65,7 @@ def host_doc(*gpu_sections: str, docker: str | None = DOCKER_OK, docker_rc: int 
 
 
 def parse(text: str, **kw):
-    return parse_probe(text, MARK, "h1", gpu_lookup=default_gpu_lookup, driver_branches=driver_branches(), **kw)
+    return parse_probe_document(text, MARK, "h1", gpu_lookup=default_gpu_lookup, driver_branches=driver_branches(), **kw)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -312,7 +312,7 @@ def test_probe_script_r470_fallback_and_refused_docker(fake_r470_host, tmp_path)
     b, model = fake_r470_host
     env = {"PATH": f"{b}:/usr/bin:/bin", "HOME": str(tmp_path)}
     res = subprocess.run(["sh", "-s", "--", MARK, str(tmp_path / "root"), str(model), str(tmp_path / "missing")],
-                         input=probe_script(), capture_output=True, env=env, timeout=60)
+                         input=probe_sh(), capture_output=True, env=env, timeout=60)
     assert res.returncode == 0, res.stderr
     f = parse(res.stdout.decode())
     assert [(g.name, g.compute_capability, g.compute_capability_source) for g in f.gpus] == [
@@ -330,7 +330,7 @@ def test_probe_script_r470_fallback_and_refused_docker(fake_r470_host, tmp_path)
 
 def test_probe_script_quotes_hostile_model_paths(tmp_path):
     evil = str(tmp_path / "m; touch PWNED; $(touch PWNED2)")
-    res = subprocess.run(["sh", "-s", "--", MARK, str(tmp_path), evil], input=probe_script(), capture_output=True,
+    res = subprocess.run(["sh", "-s", "--", MARK, str(tmp_path), evil], input=probe_sh(), capture_output=True,
                          env={"PATH": "/usr/bin:/bin"}, cwd=tmp_path, timeout=60)
     f = parse(res.stdout.decode())
     assert [m.kind for m in f.models] == ["missing"] and f.models[0].path == evil
@@ -338,6 +338,6 @@ def test_probe_script_quotes_hostile_model_paths(tmp_path):
 
 
 def test_query_fields_match_the_probe_script():
-    script = probe_script().decode()
+    script = probe_sh().decode()
     assert "--query-gpu=" + ",".join(QUERY_FIELDS) in script
     assert "--query-gpu=" + ",".join(QUERY_FIELDS[:-1]) + " " in script

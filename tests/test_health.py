@@ -12,6 +12,7 @@ import pytest
 
 from llmfleet.inventory.services import host_settings
 from llmfleet.release import health as H
+from llmfleet.release.store import UnitProbe
 
 
 def chunk(text: str | None = None, **extra) -> dict:
@@ -145,19 +146,6 @@ def test_default_floor_separates_the_field_reports_resident_and_offloaded_runs()
     assert not H.judge_speed(24.0 / 4.5, floor).ok
 
 
-@pytest.mark.parametrize(
-    ("stdout", "unit", "container", "code"),
-    [
-        ("@@unit active\n@@container running 0 0\n", "active", "running", 0),
-        ("@@unit failed\n@@container exited 137 2\n", "failed", "exited", 137),
-        ("@@unit \n@@container \n", "unknown", None, None),
-        ("", "unknown", None, None),
-    ],
-)
-def test_parse_probe(stdout, unit, container, code):
-    p = H.parse_probe(stdout)
-    assert (p.unit, p.container, p.exit_code) == (unit, container, code)
-
 
 def test_models_list_ids():
     body = {"data": [{"id": "a"}, {"id": "b", "aliases": ["c"]}, "junk", {"x": 1}]}
@@ -251,7 +239,7 @@ NO_FLOOR = H.Floor(None, "none")
 def checker(url: str, *, probe=None, floor=NO_FLOOR, **kw) -> H.HealthChecker:
     lines: list[str] = []
     c = H.HealthChecker(
-        probe=probe or (lambda: H.Probe("active", "running", 0)),
+        probe=probe or (lambda: UnitProbe("active", "running", 0)),
         base_url=url, served_name=kw.pop("served_name", "tiny"), floor=floor,
         load_timeout_s=kw.pop("load_timeout_s", 10), stage_timeout_s=kw.pop("stage_timeout_s", 10),
         max_tokens=kw.pop("max_tokens", 16), poll_interval_s=0.05, probe_every_s=0.2,
@@ -302,7 +290,7 @@ def test_completion_error_status_is_reported(engine_factory):
 
 def test_engine_that_dies_while_loading_fails_fast(engine_factory):
     # nothing listens on this port; the container has exited
-    probe = iter([H.Probe("active", "running", 0)] * 2 + [H.Probe("activating", "exited", 1)] * 50)
+    probe = iter([UnitProbe("active", "running", 0)] * 2 + [UnitProbe("activating", "exited", 1)] * 50)
     t0 = time.monotonic()
     rep = checker("http://127.0.0.1:9", probe=lambda: next(probe), load_timeout_s=30).run()
     assert not rep.ok and rep.failed.name == "health"
@@ -311,10 +299,30 @@ def test_engine_that_dies_while_loading_fails_fast(engine_factory):
 
 
 def test_failed_unit_stops_at_the_first_stage():
-    rep = checker("http://127.0.0.1:9", probe=lambda: H.Probe("failed", None, None)).run()
+    rep = checker("http://127.0.0.1:9", probe=lambda: UnitProbe("failed", None, None)).run()
     assert rep.failed.name == "unit" and "failed" in rep.message
 
 
 def test_every_wait_is_bounded_in_time():
-    rep = checker("http://127.0.0.1:9", probe=lambda: H.Probe("activating", None, None), stage_timeout_s=1).run()
+    rep = checker("http://127.0.0.1:9", probe=lambda: UnitProbe("activating", None, None), stage_timeout_s=1).run()
     assert rep.failed.name == "unit" and "within 1s" in rep.message
+
+
+def test_the_planners_own_floor_is_the_default_and_explicit_settings_still_win():
+    """A plan from the speed model carries health_floor_tokps (its decode with 1/8 of the layers off
+    the GPU); without explicit settings the deploy applies it. H200, Qwen2.5-32B shape Q4_0
+    (decode-measurements.md): all layers on the GPU 81.3-92.7 tok/s, 56 of 64 layers 20.8 tok/s."""
+    from llmfleet.knowledge.planner import PlanRequest, plan
+
+    p = plan(PlanRequest(model="qwen2.5-32b-instruct", quant="q4_0", gpu="h200-141gb", context=4096))
+    svc, hs = _svc_settings()
+    floor = H.decode_floor(svc, hs, p)
+    assert floor.tokps == pytest.approx(p.health_floor_tokps) and "1/8 of the layers" in floor.source
+    for resident in (81.3, 92.7):
+        assert H.judge_speed(resident, floor).ok
+    assert not H.judge_speed(20.8, floor).ok  # the measured one-eighth offload
+    svc, hs = _svc_settings({"floor_fraction": 0.5})
+    assert H.decode_floor(svc, hs, p).tokps == pytest.approx(0.5 * p.decode_tokps_realistic[0])
+    assert H.decode_floor(svc, hs, p.to_dict()).tokps == pytest.approx(0.5 * p.decode_tokps_realistic[0])
+    svc, hs = _svc_settings()
+    assert H.decode_floor(svc, hs, p.to_dict()).tokps == pytest.approx(p.health_floor_tokps)  # JSON plans too

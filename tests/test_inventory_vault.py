@@ -15,7 +15,7 @@ import pytest
 
 from llmfleet.inventory.ansible import check_all, load_inventory
 from llmfleet.inventory.vault import Vault, VaultError, decrypt
-from llmfleet.release.deploy import resolve_secret
+from llmfleet.release.secret import resolve_secret
 
 ANSIBLE_VAULT = shutil.which("ansible-vault") or str(Path(sys.executable).parent / "ansible-vault")
 ANSIBLE_INVENTORY = shutil.which("ansible-inventory") or str(Path(sys.executable).parent / "ansible-inventory")
@@ -61,7 +61,7 @@ def test_api_key_from_a_vaulted_variable_is_decrypted_with_the_password_file(vau
     assert svc.api_key is not None and svc.api_key.vault is not None
     assert SECRET not in repr(svc) and SECRET not in svc.model_dump_json()
     monkeypatch.setenv("ANSIBLE_VAULT_PASSWORD_FILE", str(vaulted.parent / "pw-correct_horse"))
-    assert resolve_secret(svc, "host gpu-1: service chat") == SECRET
+    assert resolve_secret(svc.api_key, "host gpu-1: service chat") == SECRET
 
 
 def test_without_a_password_file_the_error_names_the_variable(vaulted: Path, monkeypatch) -> None:
@@ -69,7 +69,7 @@ def test_without_a_password_file_the_error_names_the_variable(vaulted: Path, mon
     svc = check_all(load_inventory(vaulted))["gpu-1"].services[0]
     with pytest.raises(VaultError, match=r"host gpu-1: service chat: api_key is vault-encrypted; give "
                                          r"--vault-password-file PATH or set ANSIBLE_VAULT_PASSWORD_FILE"):
-        resolve_secret(svc, "host gpu-1: service chat")
+        resolve_secret(svc.api_key, "host gpu-1: service chat")
 
 
 def test_wrong_password_is_one_clear_error(tmp_path: Path) -> None:

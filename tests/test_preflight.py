@@ -97,7 +97,10 @@ def by_id(report) -> dict[str, object]:
         ("p40-470", svc(), "gpu", "warn", "memory already in use", "stop what holds the GPU memory"),
         ("p40-470", svc(engine="vllm", image="vllm:0.19.1"), "arch", "fail", "no kernels", "llama.cpp"),
         ("rtx4090-550", svc(engine="vllm", quant="fp8", image="vllm:0.19.1"), "quant", "pass", "fp8_w8a8", ""),
-        ("rtx4090-550", svc(engine="vllm", kv_dtype="fp8"), "kv-dtype", "fail", "FLASH_ATTN", "FLASHINFER"),
+        # An explicit FLASH_ATTN cannot hold fp8 on Ada; without one the plan picks a backend that can.
+        ("rtx4090-550", svc(engine="vllm", kv_dtype="fp8", engine_args=["--attention-backend", "FLASH_ATTN"]),
+         "kv-dtype", "fail", "FLASH_ATTN", "FLASHINFER"),
+        ("rtx4090-550", svc(engine="vllm", kv_dtype="fp8"), "kv-dtype", "pass", "TRITON_ATTN", ""),
         ("rtx4090-550", svc(image="llamacpp:server-cuda-12.8", engine_args=["-fa"]), "attention", "fail",
          "takes -fa on|off|auto", "-fa on"),
         # the plan

@@ -52,7 +52,8 @@ def test_gather_is_one_round_trip_and_names_what_is_missing(sshd, tmp_path, mode
     with connect(host, config={"known_hosts": str(tmp_path / "kh")}, accept_new_host_keys=True) as remote:
         f = facts_mod.gather(remote, root=str(tmp_path / "root"), model_paths=[str(model_file), "/nonexistent/m"])
         assert remote.round_trips == 1
-    assert f.host == "test-host" and f.probe_version == 1 and f.kernel
+    assert f.host == "test-host" and f.probe_version == 2 and f.kernel
+    assert f.releases == {} and not any("release state" in e for e in f.errors)  # no services yet: none
     assert f.gpus == [] and "nvidia-smi not found on PATH and no NVIDIA driver loaded" in f.errors
     models = {m.path: m for m in f.models}
     assert models[str(model_file)].magic == "GGUF" and models[str(model_file)].size_bytes == 4096

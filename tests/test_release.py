@@ -17,7 +17,9 @@ import pytest
 
 from llmfleet.images.lock import ImageLock, LockedImage, resolve
 from llmfleet.inventory.services import host_settings
+from llmfleet.release import decide as Dc
 from llmfleet.release import store as R
+from llmfleet.release.manifest import Manifest
 from llmfleet.release.render import render
 
 DIGEST = "sha256:" + "cd" * 32
@@ -40,7 +42,7 @@ def rendered(**svc):
 
 
 def upload(root: Path, r, rid: str) -> subprocess.CompletedProcess:
-    m = R.build_manifest(r, rid, host="h1", who="ops", when=NOW, llmfleet_version="0")
+    m = Manifest.build(r, rid, host="h1", who="ops", when=NOW, llmfleet_version="0")
     files, modes = R.release_files(r, m)
     return sh(R.upload_script(R.Paths(str(root), r.service), rid), R.pack_release(files, modes))
 
@@ -76,11 +78,12 @@ def test_paths_refuse_anything_but_a_release_id(bad):
 
 def test_manifest_never_holds_the_secret():
     r = rendered(api_key={"from_env": "CHAT_KEY"})
-    m = R.build_manifest(r, "20261129T120000Z-0123456789", host="h1", who="ops", when=NOW, llmfleet_version="0")
-    text = R.manifest_text(m)
+    m = Manifest.build(r, "20261129T120000Z-0123456789", host="h1", who="ops", when=NOW, llmfleet_version="0")
+    text = m.to_text()
     assert "sk-secret-123" not in text
-    assert "service.env" not in m["files"]  # not even its hash
-    assert m["image"]["digest"] == DIGEST and m["content_hash"] == r.content_hash
+    assert "service.env" not in m.files  # not even its hash
+    assert m.digest == DIGEST and m.content_hash == r.content_hash
+    assert Manifest.parse(text) == m  # one writer, one reader
     assert text.count("\n") == 1 and json.loads(text)["inputs"]["api_key"] == {"from_env": "CHAT_KEY"}
 
 
@@ -105,7 +108,7 @@ def test_interrupted_upload_is_never_visible_under_its_id(tmp_path):
     r = rendered()
     rid = "20261129T120000Z-0123456789"
     # a truncated tar (the connection dropped mid-upload)
-    m = R.build_manifest(r, rid, host="h1", who="ops", when=NOW, llmfleet_version="0")
+    m = Manifest.build(r, rid, host="h1", who="ops", when=NOW, llmfleet_version="0")
     data = R.pack_release(*R.release_files(r, m))
     p = sh(R.upload_script(R.Paths(str(tmp_path), "chat"), rid), data[: len(data) // 3])
     assert p.returncode != 0
@@ -134,10 +137,10 @@ def test_state_script_reads_back_releases_current_and_health(tmp_path):
     assert s.current == ids[1]
     assert sorted(s.releases) == ids
     assert s.releases[ids[0]].healthy and not s.releases[ids[1]].healthy
-    assert s.releases[ids[1]].manifest["content_hash"] == r.content_hash
+    assert s.releases[ids[1]].manifest.content_hash == r.content_hash
     assert s.releases[ids[1]].image_ref == f"reg.lab:5000/llamacpp@{DIGEST}"
-    assert R.find_release_with_content(s, r.content_hash) == ids[1]
-    assert R.find_release_with_content(s, "0" * 64) is None
+    assert Dc.find_release_with_content(s, r.content_hash) == ids[1]
+    assert Dc.find_release_with_content(s, "0" * 64) is None
     # no systemctl here: unit state is reported, not a crash
     assert s.unit in {"unknown", "inactive"}
 
@@ -168,7 +171,7 @@ A, B, C, D = (f"20261129T1{i}0000Z-aaaaaaaaaa" for i in range(4))
     ],
 )
 def test_rollback_target(releases, current, exclude, expected):
-    assert R.rollback_target(_state(releases, current), exclude=exclude) == expected
+    assert Dc.rollback_target(_state(releases, current), exclude=exclude) == expected
 
 
 # ---------------------------------------------------------------------------------------------
@@ -185,18 +188,18 @@ def test_rollback_target(releases, current, exclude, expected):
     ],
 )
 def test_releases_to_prune(ids, keep, protect, expected):
-    assert R.releases_to_prune(ids, keep=keep, protect=protect) == expected
+    assert Dc.releases_to_prune(ids, keep=keep, protect=protect) == expected
 
 
 def test_images_to_prune_keeps_images_any_kept_release_uses():
     def info(rid, ref):
-        return R.ReleaseInfo(rid, {"image": {"ref": ref}})
+        return R.ReleaseInfo(rid, Manifest(release=rid, service="a", image={"ref": ref}))
 
     st = {
         "a": R.ServiceState("a", A, releases={A: info(A, "img@1"), B: info(B, "img@2"), C: info(C, "img@3")}),
         "b": R.ServiceState("b", D, releases={D: info(D, "img@2")}),
     }
-    assert R.images_to_prune(st, {"a": [B, C]}) == ["img@3"]
+    assert Dc.images_to_prune(st, {"a": [B, C]}) == ["img@3"]
 
 
 def test_prune_script_removes_releases_and_leftovers(tmp_path):
@@ -204,7 +207,7 @@ def test_prune_script_removes_releases_and_leftovers(tmp_path):
     for rid in (A, B):
         upload(tmp_path, r, rid)
     (tmp_path / "services/chat/releases/.tmp-x").mkdir()
-    p = sh(R.prune_script(R.Paths(str(tmp_path), "chat"), [A], []))
+    p = sh(R.prune_script(R.Paths(str(tmp_path), "chat"), [A]))
     assert p.returncode == 0 and b"@@pruned" in p.stdout
     assert sorted(os.listdir(tmp_path / "services/chat/releases")) == [B]
 
@@ -304,5 +307,54 @@ def test_hostile_values_in_scripts_are_never_executed(tmp_path):
     sh(R.lock_acquire_script(str(tmp_path), _holder(hostile, hostile)))
     sh(R.mark_healthy_script(R.Paths(str(tmp_path), "chat"), A, {"note": hostile}))
     sh(R.pull_script(f"reg/x@{DIGEST}; touch {canary}"))
+    sh(R.image_present_script(f"x'; touch {canary}; '"))
+    sh(R.image_remove_script([f"$(touch {canary})"]))
+    sh(R.state_script(f"{tmp_path}/$(touch {canary})"))
+    sh(R.lock_release_script(str(tmp_path), hostile))
     assert not canary.exists()
     assert json.loads(Path(R.audit_path(str(tmp_path))).read_text())["who"] == hostile
+
+
+def test_the_state_reader_skips_hostile_names_on_the_host(tmp_path):
+    canary = tmp_path / "pwned"
+    evil = tmp_path / "services" / f"$(touch {canary})" / "releases"
+    evil.mkdir(parents=True)
+    good = tmp_path / "services/chat/releases"
+    (good / A).mkdir(parents=True)
+    (good / A / "manifest.json").write_text('{"release": "x"}\n@@service fake\n')
+    (good / "20261129T100000Z-aaaaaaaaaa\n@@release x").mkdir()
+    out = sh(R.state_script(str(tmp_path))).stdout.decode()
+    assert not canary.exists()
+    st = R.parse_state(out)
+    assert set(st) == {"chat"} and set(st["chat"].releases) == {A}
+    assert st["chat"].releases[A].manifest is None  # two lines of text are not a JSON object
+    assert R.state_complete(out)
+
+
+@pytest.mark.parametrize(
+    ("stdout", "unit", "container", "code"),
+    [
+        ("@@unit active\n@@container running 0 0\n", "active", "running", 0),
+        ("@@unit failed\n@@container exited 137 2\n", "failed", "exited", 137),
+        ("@@unit \n@@container \n", "unknown", None, None),
+        ("", "unknown", None, None),
+    ],
+)
+def test_parse_unit_probe(stdout, unit, container, code):
+    assert R.parse_unit_probe(stdout) == R.UnitProbe(unit, container, code)
+
+
+def test_unit_probe_without_systemd_or_docker_answers_unknown():
+    out = sh(R.unit_probe_script(R.Paths("/opt/llmfleet", "chat"))).stdout.decode()
+    p = R.parse_unit_probe(out)
+    assert p.container is None and p.unit in {"unknown", "inactive"}
+
+
+def test_lock_release_only_releases_our_own_lock(tmp_path):
+    root = str(tmp_path)
+    assert R.parse_lock_release(sh(R.lock_release_script(root, "t1")).stdout.decode())  # not held: nothing to do
+    sh(R.lock_acquire_script(root, _holder("t1")))
+    theirs = sh(R.lock_release_script(root, "t2"))
+    assert theirs.returncode == R.LOCK_HELD_RC and not R.parse_lock_release(theirs.stdout.decode())
+    assert R.parse_lock_release(sh(R.lock_release_script(root, "t1")).stdout.decode())
+    assert not Path(R.lock_dir(root)).exists()

@@ -17,9 +17,13 @@ from llmfleet.errors import UsageError
 from llmfleet.images.lock import ImageLock, LockedImage, resolve
 from llmfleet.inventory.ansible import load_inventory
 from llmfleet.inventory.services import host_settings
+from llmfleet.release import decide as Dc
 from llmfleet.release import deploy as D
+from llmfleet.release import executor as E
 from llmfleet.release import store as R
+from llmfleet.release.manifest import Manifest
 from llmfleet.release.render import render
+from llmfleet.release.secret import resolve_secret
 
 DIGEST = "sha256:" + "ef" * 32
 NOW = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
@@ -89,17 +93,17 @@ def test_resolve_secret(tmp_path, monkeypatch):
     s_env = host_settings("h", {"llmfleet_services": [svc_dict(api_key={"from_env": "T_KEY"})]}).services[0]
     monkeypatch.delenv("T_KEY", raising=False)
     with pytest.raises(UsageError, match="T_KEY is not set"):
-        D.resolve_secret(s_env, "w")
+        resolve_secret(s_env.api_key, "w")
     monkeypatch.setenv("T_KEY", "k-1")
-    assert D.resolve_secret(s_env, "w") == "k-1"
+    assert resolve_secret(s_env.api_key, "w") == "k-1"
     f = tmp_path / "key"
     f.write_text("k-2\n")
     os.chmod(f, 0o644)
     s_file = host_settings("h", {"llmfleet_services": [svc_dict(api_key={"from_file": str(f)})]}).services[0]
     with pytest.raises(UsageError, match="chmod 600"):
-        D.resolve_secret(s_file, "w")
+        resolve_secret(s_file.api_key, "w")
     os.chmod(f, 0o600)
-    assert D.resolve_secret(s_file, "w") == "k-2"
+    assert resolve_secret(s_file.api_key, "w") == "k-2"
 
 
 def _rendered(**svc):
@@ -113,9 +117,8 @@ def _rendered(**svc):
                   api_key="sek" if s.api_key else None)
 
 
-def _info(r) -> R.ReleaseInfo:
-    m = R.build_manifest(r, "20261129T120000Z-0123456789", host="h", who="w", when=NOW, llmfleet_version="0")
-    return R.ReleaseInfo("20261129T120000Z-0123456789", m)
+def _manifest(r) -> Manifest:
+    return Manifest.build(r, "20261129T120000Z-0123456789", host="h", who="w", when=NOW, llmfleet_version="0")
 
 
 @pytest.mark.parametrize(
@@ -127,9 +130,9 @@ def _info(r) -> R.ReleaseInfo:
     ],
 )
 def test_describe_change(new, says):
-    old = _info(_rendered())
-    assert any(says in line for line in D.describe_change(old, _rendered(**new)))
-    assert D.describe_change(None, _rendered())[0].startswith("new service")
+    old = _manifest(_rendered())
+    assert any(says in line for line in Dc.describe_change(old, _rendered(**new)))
+    assert Dc.describe_change(None, _rendered())[0].startswith("new service")
 
 
 def test_fetch_current_masks_the_env_file_on_the_host(tmp_path):
@@ -139,11 +142,11 @@ def test_fetch_current_masks_the_env_file_on_the_host(tmp_path):
     (rel / "compose.yml").write_text("name: x\n")
     (rel / "service.env").write_text("# comment\nLLAMA_API_KEY='sk-very-secret'\n")
     os.symlink("releases/20261129T120000Z-0123456789", sdir / "current")
-    out = subprocess.run(["sh", "-c", D.fetch_current_script(str(tmp_path), ["chat", "other"])],
+    out = subprocess.run(["sh", "-c", R.current_files_script(str(tmp_path), ["chat", "other"])],
                          capture_output=True, text=True, timeout=20)
     assert out.returncode == 0
     assert "sk-very-secret" not in out.stdout
-    files, env_hash = D.parse_current_files(out.stdout)
+    files, env_hash = R.parse_current_files(out.stdout)
     assert files["chat"]["compose.yml"] == "name: x\n"
     assert files["chat"]["service.env"] == "# comment\nLLAMA_API_KEY='********'\n"
     assert len(env_hash["chat"]) == 64 and "other" not in files
@@ -156,27 +159,11 @@ def test_unified_diff_of_a_new_file_and_a_change():
     assert D.unified_diff("a\n", "a\n", "x") == ""
 
 
-def test_stale_lock_is_only_taken_over_from_the_same_machine_and_a_dead_process():
-    me = D.default_who()
+def test_a_process_that_ended_is_not_alive():
     dead = subprocess.Popen(["true"])
     dead.wait()
-    assert D.stale_local_holder({"from": me, "pid": dead.pid}, me)
-    assert not D.stale_local_holder({"from": me, "pid": os.getpid()}, me)      # still running
-    assert not D.stale_local_holder({"from": "bob@elsewhere", "pid": dead.pid}, me)
-    assert not D.stale_local_holder({"from": me}, me)
-    assert not D.stale_local_holder(None, me)
-
-
-@pytest.mark.parametrize(
-    ("reason", "rid"),
-    [
-        ("x failed; the host is back on release 20261129T120000Z-0123456789 (healthy)", "20261129T120000Z-0123456789"),
-        ("no earlier release to go back to", None),
-        ("back on release nonsense", None),
-    ],
-)
-def test_reason_release(reason, rid):
-    assert D.reason_release(reason) == rid
+    assert not E.pid_alive(dead.pid)
+    assert E.pid_alive(os.getpid())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -240,31 +227,31 @@ def test_lock_status_and_break_over_ssh(sshd, tmp_path):
     h = inv.hosts["h1"]
     settings = inv.settings_for(h)
     conf = {"known_hosts": str(tmp_path / "kh"), "audit_log": str(tmp_path / "local.jsonl")}
-    st = D.lock_status(h, settings, config=conf, accept_new_host_keys=True)
+    st = E.lock_status(h, settings, config=conf, accept_new_host_keys=True)
     assert st["held"] is False and st["description"] == "free"
     holder = R.holder_document(token="t", who="alice", origin="alice@ws", action="deploy", message="canary",
                                now=datetime.now(UTC), pid=1)
     subprocess.run(["sh", "-c", R.lock_acquire_script(settings.root, holder)], check=True, timeout=10)
-    st = D.lock_status(h, settings, config=conf)
+    st = E.lock_status(h, settings, config=conf)
     assert st["held"] and "alice" in st["description"] and "canary" in st["description"]
-    br = D.lock_break(h, settings, config=conf, who="ops@here")
+    br = E.lock_break(h, settings, config=conf, who="ops@here")
     assert br["broken"] and br["holder"]["who"] == "alice"
-    assert D.lock_status(h, settings, config=conf)["held"] is False
+    assert E.lock_status(h, settings, config=conf)["held"] is False
     remote_audit = [json.loads(x) for x in Path(R.audit_path(settings.root)).read_text().splitlines()]
     local_audit = [json.loads(x) for x in (tmp_path / "local.jsonl").read_text().splitlines()]
     assert remote_audit[-1]["action"] == local_audit[-1]["action"] == "lock-break"
     assert remote_audit[-1]["who"] == "ops@here"
-    assert D.lock_break(h, settings, config=conf)["broken"] is False
+    assert E.lock_break(h, settings, config=conf)["broken"] is False
 
 
 def test_an_older_release_is_health_checked_as_it_ran():
     inv_svc = host_settings("h", {"llmfleet_services": [svc_dict(port=9000, served_name="new-name")]}).services[0]
     old = host_settings("h", {"llmfleet_services": [svc_dict(health={"min_tokps": 3})]}).services[0]
-    manifest = {"inputs": old.model_dump(mode="json", exclude_unset=True)}
-    s = D.service_for_release(inv_svc, manifest)
+    manifest = Manifest(release="r", service="chat", inputs=old.model_dump(mode="json", exclude_unset=True))
+    s = E.service_for_release(inv_svc, manifest)
     assert (s.port, s.public_name, s.health.min_tokps) == (8080, "chat", 3)
     assert "floor_fraction" not in s.health.model_fields_set  # the host's floor settings still apply
-    assert D.service_for_release(inv_svc, None) is inv_svc
+    assert E.service_for_release(inv_svc, None) is inv_svc
 
 
 def test_the_engine_log_summary_keeps_the_root_cause():
@@ -274,10 +261,10 @@ def test_the_engine_log_summary_keeps_the_root_cause():
         '  File "/opt/vllm/core.py", line 144, in __init__',
         "RuntimeError: Insufficient space in /dev/shm for shared-memory allocation: 160 MiB required, 64 MiB free.",
     ] + [f"noise {i}" for i in range(50)] + ["llmfleet-x exited with code 1", "Failed with result 'exit-code'."])
-    s = D.summarize_log(log)
+    s = E.summarize_log(log)
     assert "Insufficient space in /dev/shm" in s and "exited with code 1" in s
     assert "\x1b" not in s and "File " not in s and "noise 3 " not in s
-    assert D.summarize_log("") == ""
+    assert E.summarize_log("") == ""
 
 
 def test_an_unreachable_host_is_a_failed_outcome_not_an_exception(tmp_path):

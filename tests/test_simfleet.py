@@ -117,10 +117,10 @@ def test_a_key_the_fleet_does_not_know_is_refused(tmp_path, client_key):
 def test_the_recorded_lab_host_probe_parses_as_the_lab_host(tmp_path, client_key):
     """The committed recording is a real lab host's answer to the current probe (re-record when it changes)."""
     from llmfleet.host import facts
-    from llmfleet.host.probe import probe_script
+    from llmfleet.host.probe import probe_sh
 
     rec = Recording.load(RECORDING)
-    probe_sha = hashlib.sha256(probe_script()).hexdigest()
+    probe_sha = hashlib.sha256(probe_sh()).hexdigest()
     if not any(e.stdin_sha256 == probe_sha for e in rec.entries.values()):
         pytest.skip(f"{RECORDING.name} predates the current probe script: "
                     "run `python bench/fleet_scale_bench.py record`")

@@ -115,12 +115,10 @@ def test_argv_lists_are_quoted_not_interpreted(remote, tmp_path):
     assert not marker.exists()
 
 
-def test_put_is_atomic_and_sets_mode(remote, tmp_path):
-    target = tmp_path / "secret.env"
-    remote.put(b"KEY=value\n", str(target), mode=0o600)
-    assert target.read_bytes() == b"KEY=value\n"
-    assert stat.S_IMODE(os.stat(target).st_mode) == 0o600
-    assert not (tmp_path / "secret.env.llmfleet-tmp").exists()
+def test_a_result_carries_the_command_that_produced_it(remote):
+    res = remote.run("echo hi; exit 3")
+    assert (res.rc, res.stdout, res.command) == (3, "hi\n", "echo hi; exit 3")
+    assert remote.run(["printf", "%s", "a b"]).command == "printf %s 'a b'"
 
 
 def test_command_timeout_is_enforced(remote):
@@ -133,7 +131,7 @@ def test_command_timeout_is_enforced(remote):
 def test_round_trips_are_counted(remote):
     before = remote.round_trips
     remote.run("true")
-    remote.put(b"x", "/tmp/llmfleet-rt-test")
+    remote.run(["true"])
     assert remote.round_trips == before + 2
 
 

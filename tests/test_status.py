@@ -9,16 +9,19 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from llmfleet.fleet import status as st
+from llmfleet.host.group import run_on_hosts
 from llmfleet.inventory.ansible import Host
 from llmfleet.inventory.services import HostSettings, Service
 from llmfleet.release import audit
 from llmfleet.release.store import audit_record, parse_state
+from llmfleet.settings import SshSettings
 
 REPO = Path(__file__).resolve().parents[1]
 R1 = "20261101T100000Z-aaaaaaaaaa"
@@ -72,23 +75,23 @@ def test_card_label(names, inv_gpu, expected):
     assert st.card_label(names, inv_gpu) == expected
 
 
-def test_parse_gpus_reads_only_after_the_marker():
+def test_parse_card_names_reads_only_after_the_marker():
     out = state_output({}) + "@@gpu\nTesla T4\nTesla T4\n"
-    assert st.parse_gpus(out) == ["Tesla T4", "Tesla T4"]
-    assert st.parse_gpus("@@end\n") == []
+    assert st.parse_card_names(out) == ["Tesla T4", "Tesla T4"]
+    assert st.parse_card_names("@@end\n") == []
 
 
-def test_probe_script_reports_cards_on_a_host_with_no_services_yet(tmp_path):
+def test_status_script_reports_cards_on_a_host_with_no_services_yet(tmp_path):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     fake = bin_dir / "nvidia-smi"
     fake.write_text("#!/bin/sh\necho 'Tesla T4'\necho 'Tesla T4'\n")
     fake.chmod(0o755)
-    out = subprocess.run(["sh", "-c", st.probe_script(str(tmp_path / "no-root"))], capture_output=True, text=True,
+    out = subprocess.run(["sh", "-c", st.status_script(str(tmp_path / "no-root"))], capture_output=True, text=True,
                          env={"PATH": f"{bin_dir}:/usr/bin:/bin"}, timeout=30)
     assert out.returncode == 0
     assert parse_state(out.stdout) == {}
-    assert st.parse_gpus(out.stdout) == ["Tesla T4", "Tesla T4"]
+    assert st.parse_card_names(out.stdout) == ["Tesla T4", "Tesla T4"]
 
 
 def test_rows_for_a_reachable_host():
@@ -151,9 +154,7 @@ def test_release_rows_newest_first_with_current_marked():
     assert rows[0].time == "2026-11-03T10:00:00+00:00"
 
 
-def test_parallel_map_keeps_order_and_bounds_time():
-    import time
-
+def test_run_on_hosts_keeps_order_and_bounds_time():
     def fn(x):
         if x == "slow":
             time.sleep(3)
@@ -162,15 +163,23 @@ def test_parallel_map_keeps_order_and_bounds_time():
         return x.upper()
 
     t0 = time.monotonic()
-    out = st.parallel_map(fn, ["a", "slow", "bad", "b"], forks=4, timeout=0.5, on_error=lambda it, why: (it, why))
+    out = run_on_hosts(fn, ["a", "slow", "bad", "b"], forks=4, timeout=0.5)
     assert time.monotonic() - t0 < 2
-    assert out == ["A", ("slow", "no answer within 0s"), ("bad", "ValueError: boom"), "B"]
+    assert [(r.host, r.value, r.error) for r in out] == [
+        ("a", "A", None), ("slow", None, "no answer within 0s"), ("bad", None, "ValueError: boom"), ("b", "B", None)]
+    assert [r.host for r in out.failed] == ["slow", "bad"]
+    assert isinstance(out[2].exception, ValueError)
 
 
-def test_bounded_config_caps_timeouts():
-    assert st.bounded_config({"connect_timeout": 10, "command_timeout": 120, "user": "x"}, 5) == {
-        "connect_timeout": 5, "command_timeout": 5, "user": "x"}
-    assert st.bounded_config({}, 60)["command_timeout"] == 60
+def test_run_on_hosts_in_one_worker_runs_in_the_callers_thread():
+    seen = run_on_hosts(lambda h: threading.current_thread() is threading.main_thread(), ["a", "b"], forks=1)
+    assert list(seen.values()) == [True, True]
+
+
+def test_ssh_settings_bounded_caps_timeouts():
+    ssh = SshSettings.of({"connect_timeout": 10, "command_timeout": 120, "user": "x"}).bounded(5)
+    assert (ssh.connect_timeout, ssh.command_timeout, ssh.user) == (5, 5, "x")
+    assert SshSettings.of({}).bounded(60).command_timeout == 60
 
 
 # ---------------------------------------------------------------------------------------------

@@ -14,8 +14,10 @@ import time
 import httpx
 import pytest
 
+from llmfleet.release import decide as Dc
 from llmfleet.release import store as R
 from llmfleet.release.deploy import DeployOptions, deploy_host, rollback_host
+from llmfleet.release.executor import lock_break, lock_status
 
 pytestmark = pytest.mark.lab
 
@@ -77,7 +79,7 @@ def test_first_deploy(ctx):
     mode = ctx.lab.exec(HOST, ["stat", "-c", "%a", f"{ROOT}/services/tiny/releases/{rid}/service.env"]).stdout.strip()
     assert mode == "600"
     m = st.releases[rid].manifest
-    assert m["who"] == "tester" and m["image"]["digest"].startswith("sha256:")
+    assert m.who == "tester" and m.digest.startswith("sha256:") and m.release == rid
     # audit on the host and locally
     last = ctx.audit()[-1]
     assert (last["action"], last["result"], last["release"], last["message"]) == ("deploy", "deployed", rid, "first")
@@ -118,7 +120,7 @@ def test_changed_flags_make_a_new_release(ctx):
     assert rid != ctx.first
     st = ctx.state()
     assert st.current == rid and set(ctx.releases) <= set(st.releases)  # the old one is kept
-    assert "256" in " ".join(st.releases[rid].manifest["engine_args"])
+    assert "256" in " ".join(st.releases[rid].manifest.engine_args)
     ctx.releases.append(rid)
 
 
@@ -131,7 +133,7 @@ def test_broken_image_rolls_back_and_the_old_release_still_answers(ctx):
     assert "stage health failed" in o.reason and "engine log:" in o.reason
     st = ctx.state()
     assert st.current == good and st.unit == "active"
-    failed = [r for r in st.releases.values() if r.manifest and "broken" in r.manifest["image"]["ref"]]
+    failed = [r for r in st.releases.values() if r.manifest and "broken" in r.manifest.image_ref]
     assert failed and failed[0].health and failed[0].health["result"] == "unhealthy"
     assert ctx.health_now() == 200
     assert ctx.audit()[-1]["result"] == "rolled_back"
@@ -210,8 +212,6 @@ def test_concurrent_deploy_is_refused_with_the_holders_details(ctx):
 
 
 def test_an_operators_lock_refuses_and_lock_release_breaks_it(ctx):
-    from llmfleet.release.deploy import lock_break, lock_status
-
     holder = R.holder_document(token="x", who="carol", origin="carol@elsewhere", action="deploy",
                                message="driver upgrade", now=R.datetime.now(R.UTC), pid=1)
     ctx.lab.exec(HOST, ["sh", "-c", R.lock_acquire_script(ROOT, holder)])
@@ -232,7 +232,7 @@ def test_interrupted_deploys_are_completed_by_the_next_one(ctx):
     # 1. a deploy from this machine died holding the lock (its process is gone)
     dead = subprocess.Popen(["true"])
     dead.wait()
-    from llmfleet.release.deploy import default_who
+    from llmfleet.release.executor import default_who
 
     stale = R.holder_document(token="y", who="tester", origin=default_who(), action="deploy", message="",
                               now=R.datetime.now(R.UTC), pid=dead.pid)
@@ -271,7 +271,7 @@ def test_hostile_values_are_quoted_never_executed(ctx):
     assert o.result == "deployed", o.reason
     assert ctx.lab.exec(HOST, ["sh", "-c", "ls /tmp/pwned-* 2>/dev/null || true"]).stdout.strip() == ""
     st = ctx.state()
-    assert st.releases[st.current].manifest["inputs"]["served_name"] == name
+    assert st.releases[st.current].manifest.inputs["served_name"] == name
     assert ctx.audit()[-1]["message"].startswith("msg $(touch")
     ctx.releases.append(o.releases["tiny"])
 
@@ -295,7 +295,7 @@ def test_rollback_to_a_named_release_and_to_the_previous_one(ctx):
     # then the newest healthy other one)
     o2 = rollback_host(ctx.lab.inventory_path, HOST, config=ctx.config, options=DeployOptions(), log=lambda _: None)
     assert o2.result == "rolled_back", o2.reason
-    assert ctx.state().current == R.rollback_target(st.__class__(
+    assert ctx.state().current == Dc.rollback_target(st.__class__(
         name="tiny", current=named, releases=ctx.state().releases))
     # a release that does not exist is refused with the hint
     o3 = rollback_host(ctx.lab.inventory_path, HOST, to="20000101T000000Z-0000000000", config=ctx.config,
@@ -313,7 +313,7 @@ def test_prune_keeps_the_configured_number(ctx):
         assert o.result == "deployed", o.reason
     st = ctx.state()
     assert len(st.releases) <= 5 + 1  # keep 5, plus the rollback target when older
-    assert st.current in st.releases and R.rollback_target(st) in st.releases
+    assert st.current in st.releases and Dc.rollback_target(st) in st.releases
 
 
 def test_the_cli_deploy_lock_and_rollback_tasks(ctx):

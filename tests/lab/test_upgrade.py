@@ -108,7 +108,7 @@ def test_image_upgrade_of_every_host_then_a_rerun_is_unchanged(fleet):
     for h in FLEET:
         assert by_host(doc)[h]["result"] == "deployed"
         assert after[h] != before[h]
-        assert fleet.state(h).current_release.manifest["image"]["key"] == "llamacpp:lab-cpu-next"
+        assert fleet.state(h).current_release.manifest.image["key"] == "llamacpp:lab-cpu-next"
         assert by_host(doc)[h]["releases"] == {"tiny": after[h]}
     # resume / idempotence: the same command again changes nothing and restarts nothing
     rc, doc, err = fleet.upgrade("--image", "llamacpp=lab-cpu-next", "--serial", "1,100%", "--forks", "6")

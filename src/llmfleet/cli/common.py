@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from llmfleet.errors import LlmfleetError
+from llmfleet.settings import Settings
 
 # Piped or logged output (CI, `| tee`) has no terminal width; rich would squeeze tables into 80
 # columns. Use a wide fixed width there unless COLUMNS says otherwise.
@@ -94,6 +95,12 @@ def handles_errors(fn: Callable) -> Callable:
             raise Exit("interrupted", code=130) from None
 
     return wrapper
+
+
+def load_settings(c) -> Settings:
+    """llmfleet's settings from Invoke's config (invoke.yaml, ~/.invoke.yaml, -f, INVOKE_LLMFLEET_*),
+    built once per task and passed down."""
+    return Settings.of(c.config.get("llmfleet", {}) or {})
 
 
 def ssh_config(c) -> dict[str, Any]:

@@ -12,27 +12,17 @@ from rich.table import Table
 
 from llmfleet.cli.common import (
     INVENTORY_HELP,
-    cfg,
     console,
     err_console,
     handles_errors,
     inventory_path,
+    load_settings,
     print_json,
-    ssh_config,
 )
 from llmfleet.inventory.ansible import load_inventory
 
 _STYLE = {"deployed": "green", "unchanged": "green", "check": "cyan", "rolled_back": "bold yellow",
           "failed": "bold red", "refused": "bold red"}
-
-
-def deploy_config(c) -> dict[str, Any]:
-    """What llmfleet.release.deploy needs from the configuration: SSH settings, audit log, images.lock."""
-    conf = ssh_config(c)
-    conf["audit_log"] = cfg(c, "audit_log")
-    conf["images_lock"] = cfg(c, "images_lock")
-    conf["pull_timeout"] = cfg(c, "pull_timeout")
-    return conf
 
 
 def _log(line: str) -> None:
@@ -79,7 +69,7 @@ def deploy(c, host=None, group=None, inventory=None, check=False, diff=False, ac
     options = DeployOptions(check=bool(check), diff=bool(diff), accept_new_host_keys=bool(accept_new_host_keys),
                             allow_unpinned=bool(allow_unpinned), message=message or "",
                             services=[service] if service else None)
-    conf = deploy_config(c)
+    conf = load_settings(c)
     outcomes = []
     for h in hosts:
         o = deploy_host(inv, h.name, config=conf, options=options, log=lambda line, n=h.name: _log(f"{n}: {line}"))
@@ -120,7 +110,7 @@ def rollback(c, host, service=None, to=None, inventory=None, accept_new_host_key
 
     inv = load_inventory(inventory_path(c, inventory))
     options = DeployOptions(accept_new_host_keys=bool(accept_new_host_keys), message=message or f"rollback {to or ''}".strip())
-    o = rollback_host(inv, host, service=service, to=to, config=deploy_config(c), options=options,
+    o = rollback_host(inv, host, service=service, to=to, config=load_settings(c), options=options,
                       log=lambda line: _log(f"{host}: {line}"))
     if json:
         print_json(o.to_dict())

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-
 from invoke import task
 from invoke.exceptions import Exit
 from rich.markup import escape
@@ -19,6 +17,7 @@ from llmfleet.cli.common import (
     ssh_config,
 )
 from llmfleet.errors import RemoteError, UsageError
+from llmfleet.host.group import run_on_hosts
 from llmfleet.inventory.ansible import load_inventory, settings_for
 
 _STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red"}
@@ -27,11 +26,13 @@ PARALLEL_HOSTS = 8
 
 
 def _each(fn, items: list) -> list:
-    """fn over items on a few threads, results in the items' order."""
-    if len(items) <= 1:
-        return [fn(i) for i in items]
-    with ThreadPoolExecutor(max_workers=min(PARALLEL_HOSTS, len(items))) as pool:
-        return list(pool.map(fn, items))
+    """fn over items on a few hosts at once, results in the items' order (an exception is raised as it was)."""
+    out = []
+    for r in run_on_hosts(fn, items, forks=PARALLEL_HOSTS):
+        if r.exception is not None:
+            raise r.exception
+        out.append(r.value)
+    return out
 
 
 def _hosts(c, inventory, host, group):
@@ -120,7 +121,7 @@ def facts_rows(f) -> list[tuple[str, str]]:
                      f"({disk.mount or '?'})"))
     rows.append(("RAM", f"{f.ram_total_mib or '?'} MiB, {f.ram_available_mib or '?'} MiB available"))
     rows.append(("kernel", f"{f.kernel or '?'} {f.machine or ''}; systemd {'yes' if f.systemd else 'no'}"))
-    rows.append(("releases", ", ".join(f"{r.service}={r.release_id or '-'}" for r in f.releases.values()) or "-"))
+    rows.append(("releases", ", ".join(f"{r.name}={r.current or '-'}" for r in f.releases.values()) or "-"))
     rows.append(("ports", " ".join(map(str, f.ports)) or "-"))
     for m in f.models:
         rows.append(("model", f"{m.path}: {m.kind}" + (f", {m.size_bytes} bytes" if m.size_bytes is not None else "")))

@@ -9,21 +9,14 @@ from rich.table import Table
 
 from llmfleet.cli.common import (
     INVENTORY_HELP,
-    cfg,
     console,
     handles_errors,
     inventory_path,
+    load_settings,
     print_json,
-    ssh_config,
 )
 from llmfleet.errors import RemoteError, UsageError
 from llmfleet.inventory.ansible import load_inventory, settings_for
-
-
-def _config(c):
-    conf = ssh_config(c)
-    conf["audit_log"] = cfg(c, "audit_log")
-    return conf
 
 
 @task(
@@ -38,14 +31,14 @@ def _config(c):
 @handles_errors
 def status(c, host=None, group=None, inventory=None, accept_new_host_keys=False, json=False):
     """Show who holds each host's deploy lock (holder, origin, time, action, message)."""
-    from llmfleet.release.deploy import lock_status
+    from llmfleet.release.executor import lock_status
 
     inv = load_inventory(inventory_path(c, inventory))
     rows = []
     failed = False
     for h in inv.select(host=host, group=group):
         try:
-            rows.append(lock_status(h, settings_for(h), config=_config(c), accept_new_host_keys=accept_new_host_keys))
+            rows.append(lock_status(h, settings_for(h), config=load_settings(c), accept_new_host_keys=accept_new_host_keys))
         except RemoteError as exc:
             failed = True
             rows.append({"host": h.name, "held": None, "holder": None, "description": f"unreachable: {exc}"})
@@ -77,7 +70,7 @@ def release(c, host, inventory=None, yes=False, accept_new_host_keys=False, json
     """Break a host's deploy lock (a stale one left by a dead deploy); asks first unless --yes. Audited."""
     import sys
 
-    from llmfleet.release.deploy import lock_break, lock_status
+    from llmfleet.release.executor import lock_break, lock_status
 
     inv = load_inventory(inventory_path(c, inventory))
     hosts = inv.select(host=host)
@@ -86,7 +79,7 @@ def release(c, host, inventory=None, yes=False, accept_new_host_keys=False, json
     h = hosts[0]
     settings = settings_for(h)
     if not yes:
-        st = lock_status(h, settings, config=_config(c), accept_new_host_keys=accept_new_host_keys)
+        st = lock_status(h, settings, config=load_settings(c), accept_new_host_keys=accept_new_host_keys)
         if not st["held"]:
             console.print(f"{h.name}: the deploy lock is free")
             return
@@ -96,7 +89,7 @@ def release(c, host, inventory=None, yes=False, accept_new_host_keys=False, json
                        "its protection. [y/N] ")
         if answer.strip().lower() not in {"y", "yes"}:
             raise Exit("not broken", code=1)
-    res = lock_break(h, settings, config=_config(c), accept_new_host_keys=accept_new_host_keys)
+    res = lock_break(h, settings, config=load_settings(c), accept_new_host_keys=accept_new_host_keys)
     if json:
         print_json(res)
     elif res["broken"]:

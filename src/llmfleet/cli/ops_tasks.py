@@ -13,18 +13,18 @@ from rich.table import Table
 
 from llmfleet.cli.common import (
     INVENTORY_HELP,
-    cfg,
     console,
     err_console,
     handles_errors,
     inventory_path,
+    load_settings,
     print_json,
-    ssh_config,
 )
 from llmfleet.errors import CheckFailed, UsageError
 from llmfleet.fleet import status as status_mod
 from llmfleet.fleet import upgrade as upgrade_mod
 from llmfleet.fleet.rollout import parse_serial
+from llmfleet.host.group import run_on_hosts
 from llmfleet.inventory.ansible import Host, load_inventory, settings_for
 from llmfleet.release import audit as audit_mod
 from llmfleet.release import store as rel
@@ -78,7 +78,7 @@ def status(c, host=None, group=None, inventory=None, json=False, forks=DEFAULT_F
     forks = int(_positive("forks", forks))
     timeout = _positive("timeout", timeout)
     _inv, hosts = _select(c, inventory, host, group)
-    results = status_mod.query_hosts(hosts, config=ssh_config(c), forks=forks, timeout=timeout,
+    results = status_mod.query_hosts(hosts, config=load_settings(c), forks=forks, timeout=timeout,
                                      metrics=not no_metrics)
     rows = [r for st, settings in results for r in status_mod.host_rows(st, settings)]
     unreachable = sorted({st.host for st, _ in results if not st.reachable})
@@ -127,7 +127,7 @@ def releases(c, host=None, inventory=None, json=False, timeout=DEFAULT_TIMEOUT):
         raise UsageError("releases: choose the host with --host NAME")
     timeout = _positive("timeout", timeout)
     _inv, hosts = _select(c, inventory, host, None)
-    results = status_mod.query_hosts(hosts, config=ssh_config(c), forks=DEFAULT_FORKS, timeout=timeout,
+    results = status_mod.query_hosts(hosts, config=load_settings(c), forks=DEFAULT_FORKS, timeout=timeout,
                                      metrics=False)
     rows = [r for st, _ in results if st.reachable for r in status_mod.release_rows(st.host, st.states)]
     unreachable = {st.host: st.error for st, _ in results if not st.reachable}
@@ -173,7 +173,7 @@ def audit(c, host=None, group=None, n=50, inventory=None, json=False, timeout=DE
         records = _remote_audit(c, hosts, n, timeout, unreachable)
         source = ", ".join(h.name for h in hosts)
     else:
-        path = cfg(c, "audit_log", "~/.local/state/llmfleet/audit.jsonl")
+        path = load_settings(c).audit_log
         records = audit_mod.read_local(path, n)
         source = f"local log {path}"
     if json:
@@ -190,29 +190,25 @@ def audit(c, host=None, group=None, n=50, inventory=None, json=False, timeout=DE
 
 
 def _remote_audit(c, hosts: list[Host], n: int, timeout: float, unreachable: dict[str, str]) -> list[dict]:
-    from llmfleet.host.ssh import connect
+    from llmfleet.host.ssh import connect  # lazy: paramiko only for the tasks that connect
 
-    config = status_mod.bounded_config(ssh_config(c), timeout)
-    settings = {h.name: settings_for(h) for h in hosts}
+    config = load_settings(c).ssh.bounded(timeout)
+    roots = {h.name: settings_for(h).root for h in hosts}
 
-    def one(h: Host) -> tuple[str, list[dict] | str]:
-        try:
-            with connect(h, config=config) as remote:
-                res = remote.run(audit_mod.tail_script(settings[h.name].root, n), sudo=True, check=True)
-        except Exception as exc:  # noqa: BLE001 - reported per host
-            return h.name, str(exc)
+    def one(h: Host) -> list[dict]:
+        with connect(h, config=config) as remote:
+            res = remote.run(audit_mod.tail_script(roots[h.name], n), sudo=True, check=True)
         recs = audit_mod.parse_lines(res.stdout)
         for r in recs:
             r.setdefault("host", h.name)
-        return h.name, recs
+        return recs
 
     out: list[dict] = []
-    for name, got in status_mod.parallel_map(one, hosts, forks=DEFAULT_FORKS, timeout=timeout * 2 + 5,
-                                             on_error=lambda h, why: (h.name, why)):
-        if isinstance(got, str):
-            unreachable[name] = got
+    for r in run_on_hosts(one, hosts, forks=DEFAULT_FORKS, timeout=timeout * 2 + 5):
+        if r.ok:
+            out.extend(r.value or [])
         else:
-            out.extend(got)
+            unreachable[r.host.name] = (r.error or "").split(": ", 1)[-1]
     return audit_mod.merged(out, n)
 
 
@@ -272,22 +268,22 @@ def upgrade(c, group=None, host=None, inventory=None, image=None, set_=None, ser
         raise UsageError("upgrade: no selected host runs the engine to upgrade: " +
                          "; ".join(f"{k}: {v}" for k, v in excluded.items()))
 
-    from llmfleet.cli.deploy_tasks import deploy_config
     from llmfleet.release.deploy import DeployOptions
 
-    config = deploy_config(c)
-    _validate(inv, [h for h in hosts if h.name in changes], changes, config, bool(allow_unpinned))
+    config = load_settings(c)
     who = _who()
     msg = message or f"upgrade --group {group}" + "".join(f" --image {v}" for v in images.values())
     options = DeployOptions(check=bool(check), accept_new_host_keys=bool(accept_new_host_keys),
                             allow_unpinned=bool(allow_unpinned), message=msg, who=who)
+    # every host's deploy prepared (overrides, secrets, pinned images) before any host is touched
+    prepared = upgrade_mod.prepare(inv, names, changes, config=config, options=options)
 
     def log(line: str) -> None:
         err_console.print(f"{datetime.now(UTC):%H:%M:%S} {escape(line)}")
 
     for name, why in excluded.items():
         log(f"{name}: not part of this upgrade: {why}")
-    deploy = upgrade_mod.deploy_fn(inv, config=config, options=options, changes=changes, log=log)
+    deploy = upgrade_mod.deploy_fn(inv, config=config, options=options, changes=changes, log=log, prepared=prepared)
     rollback = upgrade_mod.rollback_fn(inv, config=config, options=options, log=log) if rollback_on_abort else None
     report = upgrade_mod.run_upgrade(
         names, deploy=deploy, serial=serial_list, max_fail_percentage=mfp, forks=forks, pause=pause,
@@ -301,7 +297,7 @@ def upgrade(c, group=None, host=None, inventory=None, image=None, set_=None, ser
             detail=(report.abort_reason or msg), counts=report.counts(),
         )
         try:
-            audit_mod.append_local(cfg(c, "audit_log", "~/.local/state/llmfleet/audit.jsonl"), record)
+            audit_mod.append_local(config.audit_log, record)
         except OSError as exc:
             log(f"warning: local audit log not written: {exc}")
     if json:
@@ -313,30 +309,6 @@ def upgrade(c, group=None, host=None, inventory=None, image=None, set_=None, ser
             raise CheckFailed(f"upgrade aborted: {report.abort_reason}")
         failed = [h.host for h in report.hosts if h.failed]
         raise CheckFailed(f"upgrade finished with {len(failed)} failed host(s): {', '.join(failed)}")
-
-
-def _validate(inv: Any, hosts: list[Host], changes: dict[str, upgrade_mod.HostChange], config: dict[str, Any],
-              allow_unpinned: bool) -> None:
-    """Before any host is touched: the overrides fit every service's schema and every image key is
-    pinned in the lock (a usage error, exit 2, names the first host and service that does not)."""
-    from llmfleet.images import lock as images
-    from llmfleet.knowledge.preflight import images_lock_path
-    from llmfleet.release.deploy import apply_overrides
-
-    locks: dict[str | None, Any] = {}
-    for h in hosts:
-        ch = changes[h.name]
-        settings = settings_for(h)
-        path = images_lock_path(h.vars, inv.path, config.get("images_lock"))
-        if path not in locks:
-            locks[path] = images.load_lock(path)
-        for svc in settings.services:
-            if ch.services and svc.name not in ch.services:
-                continue
-            where = f"host {h.name}: service {svc.name}"
-            svc = apply_overrides(svc, ch.overrides, where)
-            images.resolve(svc.image, locks[path], mirrors=dict(settings.image_mirrors),
-                           allow_unpinned=allow_unpinned, where=where)
 
 
 def _changes_text(changes: Any) -> str:

@@ -113,7 +113,11 @@ def render_plan(p: Plan, title: str | None = None) -> None:
         ("max concurrency", f"{p.max_concurrency:,} sequences at {p.context:,} tokens"),
         ("decode ceiling", f"{p.decode_tokps_ceiling:,.1f} tok/s at batch 1 (bandwidth / bytes read per token)"),
         ("decode realistic", f"{p.decode_tokps_realistic[0]:,.1f}-{p.decode_tokps_realistic[1]:,.1f} tok/s "
-                             f"({p.efficiency[0]:.0%}-{p.efficiency[1]:.0%} of the ceiling)"),
+                             f"({p.efficiency[0]:.0%}-{p.efficiency[1]:.0%} of the ceiling; speed model below)"),
+        ("health floor", (f"{p.health_floor_tokps:,.1f} tok/s (1/8 of the layers off the GPU: "
+                          f"{p.decode_tokps_offload_eighth[0]:,.1f}-{p.decode_tokps_offload_eighth[1]:,.1f} tok/s)")
+         if p.health_floor_tokps is not None and p.decode_tokps_offload_eighth else "none"),
+        ("image", p.image or "none in the catalog runs on this card"),
         ("engine flags", shlex.join(p.engine_args)),
     ]
     for k, v in rows:
@@ -139,8 +143,8 @@ def render_plan(p: Plan, title: str | None = None) -> None:
     name="plan",
     help={
         "model": "catalog name (e.g. qwen2.5-32b-instruct), a Hugging Face model folder, or a .gguf file",
-        "quant": "fp16, bf16, fp8, int8, gptq-int4 (-g32 etc. for a group size), awq-int4, q4_0, q4_k_m, "
-                 "q5_k_m, q6_k, q8_0 (case-insensitive); a .gguf file brings its own",
+        "quant": "fp16, bf16, fp8, int8, gptq-int4 (-g32 etc. for a group size), awq-int4, mxfp4, q4_0, q4_k_s, "
+                 "q4_k_m, q5_k_m, q6_k, q8_0, mxfp4-moe (case-insensitive); a .gguf file brings its own",
         "gpu": "card: catalog id (v100-sxm2-32gb), nvidia-smi name ('Tesla V100-SXM2-32GB') or an inventory host",
         "host": "inventory host: its card (llmfleet_gpu); without --model, plan each of its services",
         "gpus": "GPUs to spread over (vLLM tensor parallel, llama.cpp layer split); default 1",
@@ -150,6 +154,8 @@ def render_plan(p: Plan, title: str | None = None) -> None:
         "engine": "vllm or llamacpp (default: llamacpp for GGUF, vllm otherwise)",
         "gpu_memory_utilization": "share of card memory the plan may use (vLLM's flag; default 0.90 vLLM, 0.95 llama.cpp)",
         "offload": "accept weights off the GPU (slow: shows the predicted PCIe/CPU-bound speed)",
+        "image": "engine catalog image that serves (e.g. llamacpp:b5000-cu122): its KV layout and flag rules; "
+                 "default: a service's image, else the newest catalog image with kernels for the card",
         "inventory": "inventory for --host / --gpu HOST (default: llmfleet.inventory in invoke.yaml)",
         "gather": "with --host: gather the host's facts over SSH first (its real cards, memory and model files)",
         "accept_new_host_keys": "with --gather: record unknown SSH host keys (changed keys are still refused)",
@@ -159,7 +165,7 @@ def render_plan(p: Plan, title: str | None = None) -> None:
 @handles_errors
 def plan_task(c, model=None, quant=None, gpu=None, host=None, gpus=None, context=None, concurrency=None,
               kv_dtype=None, engine=None, gpu_memory_utilization=None, offload=False, inventory=None, json=False,
-              gather=False, accept_new_host_keys=False):
+              gather=False, accept_new_host_keys=False, image=None):
     """Capacity plan: does a model fit a card, the engine flags, max context/concurrency, decode speed."""
     facts = None
     if gather:
@@ -183,7 +189,7 @@ def plan_task(c, model=None, quant=None, gpu=None, host=None, gpus=None, context
         for svc in settings.services:
             overrides = {k: v for k, v in {
                 "quant": quant, "context": ctx, "concurrency": conc, "kv_dtype": kv_dtype, "engine": engine,
-                "gpu_memory_utilization": gmu, "offload": True if offload else None,
+                "gpu_memory_utilization": gmu, "offload": True if offload else None, "image": image,
                 "gpus": list(range(n_gpus)) if n_gpus else None}.items() if v is not None}
             svc = svc.model_copy(update=overrides)
             plans[svc.name] = plan_for_service(svc, card, n_gpus or 1, facts=facts)
@@ -206,6 +212,7 @@ def plan_task(c, model=None, quant=None, gpu=None, host=None, gpus=None, context
     req = PlanRequest(
         model=model, quant=quant, gpu=card, gpus=n_gpus or 1, context=ctx, concurrency=conc or 1,
         engine=engine, kv_dtype=kv_dtype or "auto", gpu_memory_utilization=gmu, offload=bool(offload),
+        image=image or None,
     )
     p = plan(req)
     if json:

@@ -1,7 +1,7 @@
 """Fleet status: what each host runs, whether it is healthy, and what its engines are doing now.
 
 One SSH round trip per host reads every service's releases, ``current`` link, unit state and the
-last health check (``release.state_script``), plus the card names from ``nvidia-smi``. Live engine
+last health check (``store.state_script``), plus the card names from ``nvidia-smi``. Live engine
 metrics come from each service's ``/metrics`` through an SSH-forwarded port (no firewall opening),
 normalised across vLLM and llama.cpp by ``llmfleet.fleet.metrics``.
 
@@ -14,23 +14,23 @@ shell (``query_host``, ``query_hosts``) does the SSH and HTTP.
 
 from __future__ import annotations
 
-import os
-import stat
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import httpx
 
 from llmfleet.errors import LlmfleetError
 from llmfleet.fleet.metrics import EngineMetrics, engine_metrics
+from llmfleet.host import ssh
+from llmfleet.host.group import run_on_hosts
 from llmfleet.inventory.ansible import Host, settings_for
 from llmfleet.inventory.services import HostSettings, Service
 from llmfleet.release import audit as audit_mod
 from llmfleet.release import store as rel
+from llmfleet.release.secret import secret_if_readable
+from llmfleet.settings import Settings, SshSettings
 
 GPU_MARK = "@@gpu"
 METRICS_TIMEOUT_S = 3.0
@@ -41,22 +41,22 @@ MAX_METRICS_BYTES = 4 * 1024 * 1024
 # Pure
 
 
-def probe_script(root: str) -> str:
-    """Release state of every service, then the card names (one round trip)."""
+def status_script(root: str) -> str:
+    """Release state of every service (the release store's reader), then the card names: one round trip."""
     return "\n".join([
-        "(",  # a subshell: the state script exits early on a host with no services yet
         rel.state_script(root),
-        ")",
         f"echo '{GPU_MARK}'",
         "nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 64 || true",
     ])
 
 
-def parse_gpus(stdout: str) -> list[str]:
-    if GPU_MARK not in stdout:
+def parse_card_names(stdout: str) -> list[str]:
+    """The card names ``status_script`` printed after its marker."""
+    lines = stdout.splitlines()
+    if GPU_MARK not in lines:
         return []
-    tail = stdout.split(GPU_MARK, 1)[1]
-    return [ln.strip() for ln in tail.splitlines() if ln.strip() and not ln.startswith("@@")]
+    tail = lines[lines.index(GPU_MARK) + 1:]
+    return [ln.strip() for ln in tail if ln.strip() and not ln.startswith("@@")]
 
 
 def card_label(gpu_names: Sequence[str], inventory_gpu: str | None = None) -> str:
@@ -75,13 +75,7 @@ def short_digest(digest: str | None) -> str:
 
 
 def _digest(info: rel.ReleaseInfo | None) -> str | None:
-    if info is None or not info.manifest:
-        return None
-    image = info.manifest.get("image") or {}
-    d = image.get("digest")
-    if not d and isinstance(image.get("ref"), str) and "@" in image["ref"]:
-        d = image["ref"].rsplit("@", 1)[1]
-    return d
+    return info.manifest.digest if info is not None and info.manifest else None
 
 
 def health_label(info: rel.ReleaseInfo | None) -> str:
@@ -151,7 +145,7 @@ def host_rows(status: HostStatus, settings: HostSettings | None) -> list[Service
     for name in names + extra:
         st = status.states.get(name)
         info = st.current_release if st else None
-        engine = engines.get(name) or ((info.manifest or {}).get("engine") if info else None)
+        engine = engines.get(name) or (info.manifest.engine if info and info.manifest else None) or None
         row = ServiceRow(host=status.host, service=name, engine=engine, card=card)
         if st is None:
             row.unit = "not deployed"
@@ -201,12 +195,12 @@ def release_rows(host: str, states: dict[str, rel.ServiceState]) -> list[Release
         st = states[name]
         for rid in sorted(st.releases, reverse=True):
             info = st.releases[rid]
-            m = info.manifest or {}
+            m = info.manifest
             out.append(ReleaseRow(
                 host=host, service=name, release=rid,
                 time=rel.release_time(rid).isoformat(timespec="seconds"),
                 current=(rid == st.current), digest=_digest(info), health=health_label(info),
-                tokps=health_tokps(info), who=m.get("who"), message=m.get("message") or None,
+                tokps=health_tokps(info), who=(m.who or None) if m else None, message=(m.message or None) if m else None,
             ))
     return out
 
@@ -236,31 +230,10 @@ def fmt_metrics(m: dict[str, float | None] | None) -> tuple[str, str, str, str]:
 # Shell
 
 
-def resolve_api_key(service: Service) -> str | None:
-    """The service's API key from the operator's environment or key file, when it is there.
-
-    Status only needs it to read ``/metrics`` from engines that guard it (llama.cpp does); a key that
-    cannot be read here just means no live metrics, never an error.
-    """
-    ref = service.api_key
-    if ref is None:
-        return None
-    if ref.from_env:
-        return os.environ.get(ref.from_env) or None
-    path = Path(os.path.expanduser(str(ref.from_file)))
-    try:
-        if stat.S_IMODE(path.stat().st_mode) & 0o077:
-            return None
-        text = path.read_text().strip()
-    except OSError:
-        return None
-    return text or None
-
-
 def fetch_metrics(remote: Any, service: Service, timeout: float = METRICS_TIMEOUT_S) -> EngineMetrics | str:
     """``GET /metrics`` of one service through a forwarded port; a reason string when it fails."""
     headers = {}
-    key = resolve_api_key(service)
+    key = secret_if_readable(service.api_key)  # a key not readable here only means no live metrics
     if key:
         headers["Authorization"] = f"Bearer {key}"
     try:
@@ -285,29 +258,26 @@ def fetch_metrics(remote: Any, service: Service, timeout: float = METRICS_TIMEOU
 def query_host(
     host: Host,
     *,
-    config: dict[str, Any],
+    config: SshSettings | Settings | dict[str, Any] | None = None,
     settings: HostSettings | None = None,
     metrics: bool = True,
     connect: Callable[..., Any] | None = None,
 ) -> HostStatus:
     """Read one host. Never raises for the host's own trouble: returns ``reachable=False`` and why."""
     t0 = time.monotonic()
-    if connect is None:
-        from llmfleet.host.ssh import connect as ssh_connect
-
-        connect = ssh_connect
+    connect = connect or ssh.connect
     root = settings.root if settings else "/opt/llmfleet"
     try:
-        remote = connect(host, config=config)
+        remote = connect(host, config=SshSettings.of(config))
     except LlmfleetError as exc:
         return HostStatus(host=host.name, reachable=False, error=str(exc), seconds=time.monotonic() - t0)
     try:
-        res = remote.run(probe_script(root), sudo=True)
-        if not res.ok and "@@end" not in res.stdout:
+        res = remote.run(status_script(root), sudo=True)
+        if not rel.state_complete(res.stdout):
             detail = (res.stderr.strip() or res.stdout.strip()).splitlines()[-1:] or [f"exit {res.rc}"]
             return HostStatus(host=host.name, reachable=False, error=f"state probe failed: {detail[0][:200]}",
                               seconds=time.monotonic() - t0)
-        status = HostStatus(host=host.name, reachable=True, gpus=parse_gpus(res.stdout),
+        status = HostStatus(host=host.name, reachable=True, gpus=parse_card_names(res.stdout),
                             states=rel.parse_state(res.stdout))
         if metrics and settings:
             for svc in settings.services:
@@ -326,64 +296,24 @@ def query_host(
     return status
 
 
-def bounded_config(config: dict[str, Any], timeout: float) -> dict[str, Any]:
-    """The SSH config with connect and command timeouts no longer than ``timeout``."""
-    out = dict(config or {})
-    for key, default in (("connect_timeout", 10), ("command_timeout", 120)):
-        out[key] = max(1, int(min(float(out.get(key) or default), timeout)))
-    return out
-
-
-def parallel_map(
-    fn: Callable[[Any], Any],
-    items: Sequence[Any],
-    *,
-    forks: int,
-    timeout: float,
-    on_error: Callable[[Any, str], Any],
-) -> list[Any]:
-    """``fn`` over items in a pool of ``forks`` threads, results in the items' order.
-
-    An item still running after ``timeout`` seconds gets ``on_error(item, why)`` (its thread is left
-    to end on its own time limits); so does one whose ``fn`` raised.
-    """
-    if not items:
-        return []
-    pool = ThreadPoolExecutor(max_workers=max(1, min(int(forks), len(items))), thread_name_prefix="llmfleet")
-    futures = [pool.submit(fn, it) for it in items]
-    done, _ = wait(futures, timeout=timeout)
-    results = []
-    for it, fut in zip(items, futures, strict=True):
-        if fut not in done:
-            results.append(on_error(it, f"no answer within {timeout:.0f}s"))
-            continue
-        try:
-            results.append(fut.result())
-        except Exception as exc:  # noqa: BLE001 - one host's bug must not hide the others
-            results.append(on_error(it, f"{type(exc).__name__}: {exc}"))
-    pool.shutdown(wait=False, cancel_futures=True)
-    return results
-
-
 def query_hosts(
     hosts: Sequence[Host],
     *,
-    config: dict[str, Any],
+    config: SshSettings | Settings | dict[str, Any] | None = None,
     forks: int = 10,
     timeout: float = 20.0,
     metrics: bool = True,
     connect: Callable[..., Any] | None = None,
 ) -> list[tuple[HostStatus, HostSettings | None]]:
     """Query hosts in parallel, each bounded by ``timeout`` seconds; results in the given order."""
-    cfg = bounded_config(config, timeout)
+    ssh_settings = SshSettings.of(config).bounded(timeout)
     settings = {h.name: settings_for(h) for h in hosts}  # schema errors are usage errors: before any SSH
 
     def one(h: Host) -> HostStatus:
-        return query_host(h, config=cfg, settings=settings[h.name], metrics=metrics, connect=connect)
-
-    def failed(h: Host, why: str) -> HostStatus:
-        return HostStatus(host=h.name, reachable=False, error=why)
+        return query_host(h, config=ssh_settings, settings=settings[h.name], metrics=metrics, connect=connect)
 
     # the pool's own bound: connect + probe + metrics reads, plus slack
-    statuses = parallel_map(one, list(hosts), forks=forks, timeout=timeout * 2 + 5, on_error=failed)
+    results = run_on_hosts(one, list(hosts), forks=forks, timeout=timeout * 2 + 5)
+    statuses = [r.value if r.ok and r.value is not None else HostStatus(host=r.host.name, reachable=False, error=r.error or "")
+                for r in results]
     return [(s, settings[s.host]) for s in statuses]

@@ -18,10 +18,10 @@ per host, and handed to the deploy as service-level sets.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -29,7 +29,11 @@ import yaml
 
 from llmfleet.errors import UsageError
 from llmfleet.fleet.rollout import batch_aborts, batches
+from llmfleet.host.group import run_on_hosts
+from llmfleet.inventory.ansible import Inventory
 from llmfleet.inventory.services import Service
+from llmfleet.release.deploy import DeployOptions, PreparedHost, deploy_host, prepare_host, rollback_host
+from llmfleet.settings import Settings
 
 #: results that count as a failed host in a batch
 FAILED = frozenset({"failed", "rolled_back", "refused", "error", "interrupted"})
@@ -216,20 +220,14 @@ def _run_batch(
                 results[h].duration_s = clock() - t0
                 log(f"{h}: error: {results[h].reason}")
                 return
-            apply(results[h], outcome, t0)
+            apply(results[h], outcome, t0)  # as each host ends: a Ctrl-C later keeps what finished
         finally:
             if progress is not None:
                 progress.host_done(results[h].result, results[h].failed)
             if on_host is not None:
                 on_host(results[h])
 
-    workers = max(1, min(int(forks), len(hosts)))
-    if workers == 1:
-        for h in hosts:
-            one(h)
-        return
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="llmfleet-upgrade") as pool:
-        list(pool.map(one, hosts))
+    run_on_hosts(one, hosts, forks=forks, thread_name="llmfleet-upgrade")
 
 
 def run_upgrade(
@@ -350,29 +348,39 @@ def run_upgrade(
 # The real deploy and rollback (shell: llmfleet.release.deploy)
 
 
-def deploy_fn(inventory: Any, *, config: dict[str, Any], options: Any, changes: dict[str, HostChange],
-              log: Callable[[str], None]) -> Callable[[str], Any]:
-    """``host -> HostOutcome`` running ``llmfleet.release.deploy.deploy_host`` with this host's change."""
-    import dataclasses
+def prepare(inventory: Inventory, hosts: Sequence[str], changes: dict[str, HostChange], *, config: Settings,
+            options: DeployOptions) -> dict[str, PreparedHost]:
+    """Every host's deploy prepared before any host is touched, by the deploy's own preparation: the
+    overrides fit each service's schema, secrets resolve, every image is pinned. The first that does
+    not is a usage error naming its host and service; the deploys then take what was prepared here."""
+    locks: dict[str, Any] = {}
+    out: dict[str, PreparedHost] = {}
+    for host in hosts:
+        ch = changes.get(host) or HostChange({})
+        out[host] = prepare_host(inventory, host, config, _host_options(options, ch), lock_cache=locks)
+    return out
 
-    from llmfleet.release import deploy as deploy_mod
+
+def _host_options(options: DeployOptions, change: HostChange) -> DeployOptions:
+    return dataclasses.replace(options, overrides=dict(change.overrides),
+                               services=list(change.services) if change.services else None)
+
+
+def deploy_fn(inventory: Inventory, *, config: Settings, options: DeployOptions, changes: dict[str, HostChange],
+              log: Callable[[str], None], prepared: dict[str, PreparedHost] | None = None) -> Callable[[str], Any]:
+    """``host -> HostOutcome`` running ``llmfleet.release.deploy.deploy_host`` with this host's change."""
 
     def run(host: str) -> Any:
-        ch = changes.get(host) or HostChange({})
-        opts = dataclasses.replace(options, overrides=dict(ch.overrides),
-                                   services=list(ch.services) if ch.services else None)
-        return deploy_mod.deploy_host(inventory, host, config=config, options=opts,
-                                      log=lambda line: log(f"{host}: {line}"))
+        opts = _host_options(options, changes.get(host) or HostChange({}))
+        return deploy_host(inventory, host, config=config, options=opts, log=lambda line: log(f"{host}: {line}"),
+                           prepared=(prepared or {}).get(host))
 
     return run
 
 
-def rollback_fn(inventory: Any, *, config: dict[str, Any], options: Any,
+def rollback_fn(inventory: Inventory, *, config: Settings, options: DeployOptions,
                 log: Callable[[str], None]) -> Callable[[str], Any]:
-    from llmfleet.release import deploy as deploy_mod
-
     def run(host: str) -> Any:
-        return deploy_mod.rollback_host(inventory, host, config=config, options=options,
-                                        log=lambda line: log(f"{host}: {line}"))
+        return rollback_host(inventory, host, config=config, options=options, log=lambda line: log(f"{host}: {line}"))
 
     return run

@@ -1,6 +1,6 @@
 """Host facts: parse the probe document into a typed ``Facts`` object.
 
-Pure parsers (``parse_probe`` and the per-section helpers) plus ``gather``, the thin I/O part that
+Pure parsers (``parse_probe_document`` and the per-section helpers) plus ``gather``, the thin I/O part that
 runs the probe over one SSH round trip. Anything unexpected in the document (garbage from
 nvidia-smi, a driver string that does not parse, a section cut short) becomes a line in
 ``Facts.errors`` naming what was seen; parsing never raises on host output.
@@ -15,7 +15,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from llmfleet.host.probe import MAX_DOCUMENT, probe_command, probe_script
+from llmfleet.host.probe import MAX_DOCUMENT, probe_command, probe_sh
+from llmfleet.knowledge.catalog import find_gpu
+from llmfleet.knowledge.compat import branch_cuda, driver_branches
+from llmfleet.release.store import ServiceState, parse_state, state_complete
 
 QUERY_FIELDS = (
     "index",
@@ -29,12 +32,16 @@ QUERY_FIELDS = (
     "compute_cap",
 )
 SECTION_CAP = 65536
+# Sections the probe lets grow past 4 x SECTION_CAP (its STATECAP): every kept release's manifest.
+SECTION_CAPS = {"release_state": 1024 * 1024}
 _SHOWN = 120  # characters of a bad value quoted back in an error
 _MAX_GPUS = 64
 _MAX_ENTRIES = 2000
 
 
-class Gpu(BaseModel):
+class GpuFact(BaseModel):
+    """A card as the host reports it (the GPU catalog's entry is ``knowledge.catalog.Gpu``)."""
+
     index: int
     name: str
     uuid: str | None = None
@@ -90,13 +97,6 @@ class Disk(BaseModel):
     free_mib: int | None = None
 
 
-class Release(BaseModel):
-    service: str
-    current: str | None = None  # symlink target of <root>/services/<service>/current
-    release_id: str | None = None
-    manifest: dict[str, Any] | None = None
-
-
 class ModelFile(BaseModel):
     path: str
     kind: Literal["dir", "file", "other", "missing", "unknown"] = "unknown"
@@ -109,7 +109,7 @@ class ModelFile(BaseModel):
 class Facts(BaseModel):
     host: str
     probe_version: int | None = None
-    gpus: list[Gpu] = Field(default_factory=list)
+    gpus: list[GpuFact] = Field(default_factory=list)
     nvidia_smi: str | None = None  # path, None when missing
     driver_version: str | None = None
     driver_loaded: bool | None = None
@@ -128,7 +128,7 @@ class Facts(BaseModel):
     machine: str | None = None
     systemd: bool | None = None
     root: str | None = None
-    releases: dict[str, Release] = Field(default_factory=dict)
+    releases: dict[str, ServiceState] = Field(default_factory=dict)  # the release state reader's model
     ports: list[int] = Field(default_factory=list)  # listening TCP ports
     models: list[ModelFile] = Field(default_factory=list)
     errors: list[str] = Field(default_factory=list)
@@ -228,13 +228,13 @@ def parse_driver_version(text: str) -> tuple[int, ...] | None:
 
 def parse_gpu_query(
     body: str, errors: list[str], fields: tuple[str, ...] = QUERY_FIELDS
-) -> tuple[list[Gpu], list[str]]:
+) -> tuple[list[GpuFact], list[str]]:
     """``nvidia-smi --query-gpu=... --format=csv[,noheader][,nounits]`` -> (GPUs, driver versions).
 
     A header line (``index, name, ...``) maps columns by name; without one the probe's field order
     is assumed. Units (``143771 MiB``) are accepted.
     """
-    gpus: list[Gpu] = []
+    gpus: list[GpuFact] = []
     drivers: list[str] = []
     lines = [ln for ln in body.splitlines() if ln.strip()]
     cols = list(fields)
@@ -261,7 +261,7 @@ def parse_gpu_query(
                 errors.append(f"nvidia-smi: GPU {idx}: compute_cap {shown(cc)} does not parse")
             cc = None
         gpus.append(
-            Gpu(
+            GpuFact(
                 index=idx,
                 name=name,
                 uuid=row.get("uuid") or None,
@@ -485,30 +485,6 @@ def parse_proc_net_tcp(body: str) -> list[int]:
     return sorted(ports)
 
 
-def parse_release(service: str, body: str, errors: list[str]) -> Release:
-    head, sep, manifest_text = body.partition("\nmanifest:\n")
-    if not sep and body.startswith("manifest:\n"):
-        head, manifest_text = "", body[len("manifest:\n"):]
-    kv = _kv_lines(head)
-    current = kv.get("current") or None
-    rel = Release(service=service, current=current)
-    if current and current != "(not a symlink)":
-        rel.release_id = current.rstrip("/").rsplit("/", 1)[-1][:128] or None
-    if manifest_text.strip():
-        try:
-            data = json.loads(manifest_text)
-            if isinstance(data, dict):
-                rel.manifest = data
-                rid = data.get("release") or data.get("release_id") or data.get("id")
-                if isinstance(rid, str) and rid:
-                    rel.release_id = rid[:128]
-            else:
-                errors.append(f"release {service}: manifest.json is not an object")
-        except ValueError:
-            errors.append(f"release {service}: manifest.json does not parse: {shown(manifest_text.strip())}")
-    return rel
-
-
 def parse_model(body: str) -> ModelFile:
     lines = body.splitlines()
     head = lines[: lines.index("entries:")] if "entries:" in lines else lines
@@ -556,16 +532,7 @@ def parse_toolkit_version(body: str) -> str | None:
 # Whole document
 
 
-def driver_branch_cuda(driver: str, branches: dict[int, str]) -> str | None:
-    """Highest CUDA a driver supports, from its branch (the driver's major number)."""
-    parsed = parse_driver_version(driver)
-    if parsed is None:
-        return None
-    known = [b for b in sorted(branches) if b <= parsed[0]]  # a branch between rows takes the lower
-    return branches[known[-1]] if known else None
-
-
-def parse_probe(
+def parse_probe_document(
     text: str,
     mark: str,
     host: str,
@@ -593,9 +560,10 @@ def parse_probe(
     by: dict[str, list[Section]] = {}
     for s in sections:
         by.setdefault(s.name, []).append(s)
-        if s.complete and len(s.body) > SECTION_CAP * 4 + 16:
+        cap = SECTION_CAPS.get(s.name, SECTION_CAP * 4)
+        if s.complete and len(s.body) > cap + 16:
             errors.append(f"section {s.name}: {len(s.body)} bytes, over the cap; cut")
-            s.body = s.body[: SECTION_CAP * 4]
+            s.body = s.body[:cap]
 
     def one(name: str) -> Section | None:
         got = by.get(name)
@@ -678,9 +646,11 @@ def parse_probe(
     elif ss:
         errors.append(f"ss failed (exit {ss.rc}): {shown(ss.body.strip() or '(no output)')}")
 
-    for s in by.get("release", [])[:100]:
-        if re.fullmatch(r"[A-Za-z0-9_-]{1,64}", s.arg):
-            facts.releases[s.arg] = parse_release(s.arg, s.body, errors)
+    rs = one("release_state")
+    if rs is not None:
+        facts.releases = parse_state(rs.body)
+        if not state_complete(rs.body):
+            errors.append("release state cut short; releases are partial")
     for s in by.get("model", [])[:100]:
         mf = parse_model(s.body)
         if mf.path:
@@ -702,7 +672,7 @@ def _parse_gpu_part(facts: Facts, one: Any, gpu_lookup: Any, branches: dict[int,
         else:
             errors.append("nvidia-smi not found on PATH and no NVIDIA driver loaded")
             facts.driver_loaded = False
-    gpus: list[Gpu] = []
+    gpus: list[GpuFact] = []
     drivers: list[str] = []
     source = None
     if q is not None and q.rc == 0:
@@ -738,7 +708,7 @@ def _parse_gpu_part(facts: Facts, one: Any, gpu_lookup: Any, branches: dict[int,
         facts.cuda_driver_version = banner_info["cuda"]
         facts.cuda_driver_source = "banner"
     elif facts.driver_version:
-        cuda = driver_branch_cuda(facts.driver_version, branches)
+        cuda = branch_cuda(facts.driver_version, branches)
         if cuda:
             facts.cuda_driver_version = cuda
             facts.cuda_driver_source = "driver-branch"
@@ -781,8 +751,6 @@ def _field(entry: Any, key: str) -> Any:
 
 
 def default_gpu_lookup(name: str) -> Any:
-    from llmfleet.knowledge.catalog import find_gpu  # the GPU catalog's loader
-
     return find_gpu(name)
 
 
@@ -793,12 +761,10 @@ def gather(remote: Any, *, root: str = "/opt/llmfleet", model_paths: list[str] |
     Raises ``RemoteError`` only when SSH itself fails; a probe that fails part-way returns the facts
     it found with the failures in ``errors``.
     """
-    from llmfleet.knowledge.compat import driver_branches  # the engine catalog's driver table
-
     mark = "llmfleet-" + secrets.token_hex(8)
-    result = remote.run(probe_command(mark, root, list(model_paths)), stdin=probe_script(), timeout=timeout)
+    result = remote.run(probe_command(mark, root, list(model_paths)), stdin=probe_sh(), timeout=timeout)
     stdout = result.stdout if isinstance(result.stdout, str) else result.stdout.decode("utf-8", "replace")
     stderr = result.stderr if isinstance(result.stderr, str) else result.stderr.decode("utf-8", "replace")
     host = getattr(remote, "name", "") or ""
-    return parse_probe(stdout, mark, host, rc=result.rc, stderr=stderr,
+    return parse_probe_document(stdout, mark, host, rc=result.rc, stderr=stderr,
                        gpu_lookup=default_gpu_lookup, driver_branches=driver_branches())

@@ -20,7 +20,7 @@ import shlex
 import socket
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,8 +30,8 @@ from fabric import Config, Connection
 
 from llmfleet.errors import RemoteError
 from llmfleet.inventory.ansible import Host
+from llmfleet.settings import Settings, SshSettings
 
-DEFAULT_KNOWN_HOSTS = "~/.local/state/llmfleet/known_hosts"
 EOF_GRACE_S = 2.0  # how long to wait for the end of the output after the exit status
 # Longest pause between polls of a silent command (the exit status wakes the wait at once; output
 # waits at most this long in paramiko's buffer). Each wake-up costs CPU under the GIL: with 100 hosts
@@ -46,9 +46,12 @@ class HostKeyError(RemoteError):
 
 @dataclass(frozen=True)
 class Result:
+    """What one remote command answered, with the command that produced it (as sent, before sudo)."""
+
     rc: int
     stdout: str
     stderr: str
+    command: str = ""
 
     @property
     def ok(self) -> bool:
@@ -195,20 +198,12 @@ class Remote:
             chan.close()
         except (paramiko.SSHException, OSError, EOFError) as exc:
             raise RemoteError(f"host {self.name}: SSH command failed: {exc or type(exc).__name__}") from None
-        res = Result(rc=rc, stdout=out.decode("utf-8", "replace"), stderr=err.decode("utf-8", "replace"))
+        res = Result(rc=rc, stdout=out.decode("utf-8", "replace"), stderr=err.decode("utf-8", "replace"),
+                     command=command if isinstance(command, str) else shlex.join(list(command)))
         if check and rc != 0:
             detail = (res.stderr.strip() or res.stdout.strip()).splitlines()[-1:] or [""]
             raise RemoteError(f"host {self.name}: command failed (exit {rc}): {_short(cmd)}: {detail[0][:300]}")
         return res
-
-    def put(self, data: bytes, path: str, mode: int = 0o644, *, sudo: bool = False) -> None:
-        """Write a file atomically (temp file + rename), created with its final mode. One round trip."""
-        tmp = f"{path}.llmfleet-tmp"
-        script = (
-            f"umask 077 && cat > {shlex.quote(tmp)} && chmod {mode:o} {shlex.quote(tmp)} "
-            f"&& mv -f {shlex.quote(tmp)} {shlex.quote(path)}"
-        )
-        self.run(script, stdin=data, sudo=sudo, check=True)
 
     # -- port forwarding --------------------------------------------------------------------------
 
@@ -364,7 +359,7 @@ def add_known_keys(client: paramiko.SSHClient, path: Path, name: str) -> None:
             keys.add(h, entry.key.get_name(), entry.key)
 
 
-def _fabric_config(config: dict[str, Any], target: Target | None = None) -> Config:
+def _fabric_config(config: SshSettings, target: Target | None = None) -> Config:
     """Fabric config carrying the OpenSSH client config resolved for this target as ``ssh -G`` would
     (llmfleet.host.ssh_config: Include, Match, first value wins): ~/.ssh/config and
     /etc/ssh/ssh_config, or the file named by the llmfleet.ssh.config_file setting (or by -F in
@@ -372,7 +367,7 @@ def _fabric_config(config: dict[str, Any], target: Target | None = None) -> Conf
     become ssh's command-line options."""
     from llmfleet.host import ssh_config
 
-    path = (target.config_file if target else None) or config.get("config_file")
+    path = (target.config_file if target else None) or config.config_file
     if target is None:
         if path:
             return Config(runtime_ssh_path=os.path.expanduser(str(path)))
@@ -419,14 +414,14 @@ def _ssh_block(alias: str, r: Any) -> tuple[str, list[str]]:
 def connect(
     host: Host,
     *,
-    config: dict[str, Any] | None = None,
+    config: SshSettings | Settings | Mapping[str, Any] | None = None,
     accept_new_host_keys: bool = False,
 ) -> Remote:
     """Open an SSH connection to an inventory host (strict host-key checking)."""
-    config = config or {}
-    target = Target.from_host(host, default_user=config.get("user"))
-    known_hosts = Path(os.path.expanduser(config.get("known_hosts") or DEFAULT_KNOWN_HOSTS))
-    connect_timeout = int(target.timeout or config.get("connect_timeout") or 10)
+    ssh = SshSettings.of(config)
+    target = Target.from_host(host, default_user=ssh.user)
+    known_hosts = ssh.known_hosts_path
+    connect_timeout = int(target.timeout or ssh.connect_timeout)
     connect_kwargs: dict[str, Any] = {"banner_timeout": connect_timeout, "auth_timeout": connect_timeout}
     if target.key_file:
         key_path = os.path.expanduser(str(target.key_file))
@@ -439,7 +434,7 @@ def connect(
         target.address,
         user=target.user,
         port=target.port,
-        config=_fabric_config(config, target),
+        config=_fabric_config(ssh, target),
         connect_timeout=connect_timeout,
         connect_kwargs=connect_kwargs,
     )
@@ -477,4 +472,4 @@ def connect(
     if transport is not None:
         with contextlib.suppress(OSError):
             transport.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return Remote(target, conn, float(config.get("command_timeout") or 120))
+    return Remote(target, conn, float(ssh.command_timeout))

@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from llmfleet.images.lock import split_reference
+from llmfleet.images.registry import split_reference
 
 RULES: dict[str, tuple[str, str]] = {
     # id: (profile, summary)

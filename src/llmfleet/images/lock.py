@@ -11,14 +11,18 @@ Pure: parsing and resolution only. Reading the file is the one I/O and is kept i
 
 from __future__ import annotations
 
+import os
 import re
+import tempfile
 from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from llmfleet.errors import UsageError
+from llmfleet.errors import LlmfleetError, UsageError
+from llmfleet.images.registry import explicit_registry, parse_reference, split_reference
 
 DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
 _KEY_RE = re.compile(r"^(vllm|llamacpp):[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$")
@@ -192,22 +196,9 @@ def load_lock(path: str | Path | None = None) -> ImageLock:
 _LOCK_CACHE: dict[str, tuple[str, ImageLock]] = {}
 
 
-def split_reference(ref: str) -> tuple[str, str | None, str | None]:
-    """``repo[:tag][@digest]`` -> (repo, tag, digest)."""
-    digest = None
-    if "@" in ref:
-        ref, digest = ref.split("@", 1)
-    tag = None
-    last = ref.rsplit("/", 1)[-1]
-    if ":" in last:
-        ref, tag = ref.rsplit(":", 1)
-    return ref, tag, digest
-
-
 def _canonical_repo(repo: str) -> str:
     """Docker's implicit registry and library prefix, so mirror keys match either spelling."""
-    first = repo.split("/", 1)[0]
-    if "." in first or ":" in first or first == "localhost":
+    if explicit_registry(repo):
         return repo
     if "/" not in repo:
         return f"docker.io/library/{repo}"
@@ -436,7 +427,7 @@ def through_mirror(spec: PinSpec, mirrors: dict[str, str]) -> PinSpec:
     """Resolve a spec at the mirror while the lock keeps the public repository. Pure."""
     repo, tag, digest = split_reference(spec.ref)
     ref = apply_mirror(repo, mirrors) + (f":{tag}" if tag else "") + (f"@{digest}" if digest else "")
-    return replace(spec, ref=ref, repository=spec.repository or _display_repo(repo))
+    return replace(spec, ref=ref, repository=spec.repository or _canonical_repo(repo))
 
 
 def pinned(spec: PinSpec, digest: str, *, registry: str, at: str, by: str = "images.pin") -> LockedImage:
@@ -444,7 +435,7 @@ def pinned(spec: PinSpec, digest: str, *, registry: str, at: str, by: str = "ima
     repo, tag, _ = split_reference(spec.ref)
     return LockedImage(
         key=spec.key,
-        repository=spec.repository or _display_repo(repo),
+        repository=spec.repository or _canonical_repo(repo),
         digest=digest,
         tag=tag or "latest",
         cuda=spec.cuda,
@@ -458,14 +449,6 @@ def pinned(spec: PinSpec, digest: str, *, registry: str, at: str, by: str = "ima
     )
 
 
-def _display_repo(repo: str) -> str:
-    """``vllm/vllm-openai`` -> ``docker.io/vllm/vllm-openai`` (explicit registry in the lock)."""
-    first = repo.split("/", 1)[0]
-    if "." in first or ":" in first or first == "localhost":
-        return repo
-    return _canonical_repo(repo)
-
-
 def merge(lock: ImageLock, entries: list[LockedImage]) -> ImageLock:
     """The lock with ``entries`` added or replaced; other entries untouched. Pure."""
     images = dict(lock.images)
@@ -475,16 +458,11 @@ def merge(lock: ImageLock, entries: list[LockedImage]) -> ImageLock:
 
 
 def _now() -> str:
-    import datetime as _dt
-
-    return _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def write_lock(lock: ImageLock, path: str | Path) -> None:
     """Write atomically (temp file + rename) so a reader never sees half a lock."""
-    import os
-    import tempfile
-
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".images.lock.", dir=str(p.parent))
@@ -505,8 +483,6 @@ def pin(specs: list[PinSpec] | dict[str, str], client: Any, lock_path: str | Pat
     ``specs`` may be a plain ``{KEY: "repo:tag"}`` mapping. Nothing is written unless every spec
     resolves. Returns the new entries.
     """
-    from llmfleet.images.registry import parse_reference
-
     if isinstance(specs, dict):
         specs = [PinSpec(key=k, ref=v) for k, v in specs.items()]
     for spec in specs:
@@ -544,8 +520,6 @@ class VerifyResult:
 
 def verify(lock: ImageLock, client: Any, *, mirrors: dict[str, str] | None = None) -> list[VerifyResult]:
     """Ask the registry (the mirror, when one applies) whether every pinned digest still resolves."""
-    from llmfleet.errors import LlmfleetError
-
     results = []
     for key in sorted(lock.images):
         img = lock.images[key]
@@ -567,8 +541,6 @@ def verify(lock: ImageLock, client: Any, *, mirrors: dict[str, str] | None = Non
 
 def mark_verified(lock: ImageLock, results: list[VerifyResult], *, at: str | None = None) -> ImageLock:
     """The lock with ``verified`` refreshed on entries that resolved. Pure (``at`` given)."""
-    from llmfleet.images.registry import parse_reference
-
     at = at or _now()
     images = dict(lock.images)
     for r in results:

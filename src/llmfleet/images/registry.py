@@ -56,24 +56,40 @@ class Reference:
         return f"{self.name}:{self.tag or 'latest'}"
 
 
+def split_reference(ref: str) -> tuple[str, str | None, str | None]:
+    """``repo[:tag][@digest]`` -> (repo, tag, digest), by syntax alone (no check, no registry):
+    the one place a reference is taken apart; ``parse_reference`` checks and resolves what it gives."""
+    digest = None
+    if "@" in ref:
+        ref, digest = ref.split("@", 1)
+    tag = None
+    last = ref.rsplit("/", 1)[-1]
+    if ":" in last:
+        ref, tag = ref.rsplit(":", 1)
+    return ref, tag, digest
+
+
+def explicit_registry(repository: str) -> str | None:
+    """The registry a repository names in its first component (``host.domain``, ``host:port``,
+    ``localhost``), else None (Docker Hub's implicit one)."""
+    first, sep, _ = repository.partition("/")
+    if sep and ("." in first or ":" in first or first == "localhost"):
+        return first
+    return None
+
+
 def parse_reference(ref: str) -> Reference:
     """``vllm/vllm-openai:v0.6.6`` → Docker Hub ``vllm/vllm-openai`` tag ``v0.6.6``; digests kept."""
     text = ref.strip()
     if not text or any(c.isspace() for c in text):
         raise UsageError(f"image reference {ref!r} is empty or has spaces")
-    digest = None
-    if "@" in text:
-        text, digest = text.split("@", 1)
-        if not _DIGEST.match(digest):
-            raise UsageError(f"image reference {ref!r}: digest must be sha256:<64 hex>")
-    tag = None
-    last = text.rsplit("/", 1)[-1]
-    if ":" in last:
-        text, tag = text.rsplit(":", 1)
-        if not _TAG.match(tag):
-            raise UsageError(f"image reference {ref!r}: bad tag {tag!r}")
+    text, tag, digest = split_reference(text)
+    if digest is not None and not _DIGEST.match(digest):
+        raise UsageError(f"image reference {ref!r}: digest must be sha256:<64 hex>")
+    if tag is not None and not _TAG.match(tag):
+        raise UsageError(f"image reference {ref!r}: bad tag {tag!r}")
     parts = text.split("/")
-    if len(parts) > 1 and ("." in parts[0] or ":" in parts[0] or parts[0] == "localhost"):
+    if explicit_registry(text):
         registry, path = parts[0], parts[1:]
     else:
         registry, path = DOCKER_HUB, parts

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import struct
 from pathlib import Path
 from typing import Any
@@ -117,6 +118,8 @@ def _hf_quant(cfg: dict[str, Any], top: dict[str, Any], where: str) -> tuple[str
         return "awq-int4", group
     if method in ("fp8", "fbgemm_fp8"):
         return "fp8", None
+    if method == "mxfp4":
+        return "mxfp4", None
     if method == "compressed-tensors":
         text = json.dumps(q).lower()
         if '"type": "float"' in text and '"num_bits": 8' in text:
@@ -173,6 +176,73 @@ def _tensor_sizes(folder: Path) -> tuple[dict[str, tuple[int, int, str]], int | 
     return {}, None, ""
 
 
+# Mixture-of-experts config keys by architecture (transformers' configuration_*.py):
+# (experts, experts per token, expert FFN width, shared-expert width key, shared experts count key,
+#  dense-first-layers key, expert biases)
+_MOE_KEYS: dict[str, tuple[str, str, str, str | None, str | None, str | None, bool]] = {
+    "qwen2_moe": ("num_experts", "num_experts_per_tok", "moe_intermediate_size",
+                  "shared_expert_intermediate_size", None, None, False),
+    "qwen3_moe": ("num_experts", "num_experts_per_tok", "moe_intermediate_size", None, None, None, False),
+    "mixtral": ("num_local_experts", "num_experts_per_tok", "intermediate_size", None, None, None, False),
+    "deepseek_v2": ("n_routed_experts", "num_experts_per_tok", "moe_intermediate_size", None, "n_shared_experts",
+                    "first_k_dense_replace", False),
+    "deepseek_v3": ("n_routed_experts", "num_experts_per_tok", "moe_intermediate_size", None, "n_shared_experts",
+                    "first_k_dense_replace", False),
+    "gpt_oss": ("num_local_experts", "num_experts_per_tok", "intermediate_size", None, None, None, True),
+}
+_MOE_HINTS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_intermediate_size", "num_experts_per_tok",
+              "expert_interval", "moe_layer_freq", "decoder_sparse_step", "mlp_only_layers")
+
+
+def _hf_moe(cfg: dict[str, Any], model_type: str, n: int, where: str) -> dict[str, Any]:
+    """MoE fields of a ModelSpec from config.json; a MoE layout the planner does not know is refused
+    (sized as dense it would be wrong by up to 10x)."""
+    keys = _MOE_KEYS.get(model_type)
+    hinted = [k for k in _MOE_HINTS if cfg.get(k) not in (None, 0, [], 1) or (k == "num_experts" and cfg.get(k))]
+    if keys is None:
+        if any(cfg.get(k) for k in ("num_experts", "num_local_experts", "n_routed_experts")):
+            raise UsageError(
+                f"{where}: model_type {model_type!r} is a mixture of experts ({', '.join(hinted)}) whose layout the "
+                f"planner does not know (it knows {', '.join(sorted(_MOE_KEYS))}); it cannot size it without "
+                "being wrong, so it refuses"
+            )
+        return {}
+    e_key, k_key, ff_key, shared_key, n_shared_key, dense_key, bias = keys
+    experts = _cfg_int(cfg, where, e_key)
+    per_tok = _cfg_int(cfg, where, k_key)
+    ff = _cfg_int(cfg, where, ff_key)
+    shared = int(cfg.get(shared_key) or 0) if shared_key else 0
+    if n_shared_key:
+        shared = int(cfg.get(n_shared_key) or 0) * ff
+    first = int(cfg.get(dense_key) or 0) if dense_key else 0
+    sparse_step = int(cfg.get("decoder_sparse_step") or 1)
+    mlp_only = cfg.get("mlp_only_layers") or []
+    if sparse_step != 1 or mlp_only or cfg.get("moe_layer_freq") not in (None, 1):
+        raise UsageError(
+            f"{where}: MoE layers on only some layers (decoder_sparse_step {sparse_step}, mlp_only_layers "
+            f"{mlp_only}, moe_layer_freq {cfg.get('moe_layer_freq')}) are not modelled; the planner refuses rather "
+            "than size it wrong"
+        )
+    if not 0 < per_tok <= experts or first >= n:
+        raise UsageError(f"{where}: {k_key} {per_tok} / {e_key} {experts} / {dense_key} {first} do not describe a "
+                         "mixture of experts")
+    return {"num_experts": experts, "num_experts_per_tok": per_tok, "moe_intermediate": ff,
+            "shared_intermediate": shared, "moe_first_layer": first, "moe_bias": bias}
+
+
+def _hf_mla(cfg: dict[str, Any], model_type: str, where: str) -> dict[str, Any]:
+    """DeepSeek multi-head latent attention fields (kv_lora_rank present)."""
+    if not cfg.get("kv_lora_rank"):
+        return {}
+    return {
+        "mla_kv_lora_rank": _cfg_int(cfg, where, "kv_lora_rank"),
+        "mla_q_lora_rank": int(cfg.get("q_lora_rank") or 0),
+        "mla_qk_nope_head_dim": _cfg_int(cfg, where, "qk_nope_head_dim"),
+        "mla_qk_rope_head_dim": _cfg_int(cfg, where, "qk_rope_head_dim"),
+        "mla_v_head_dim": _cfg_int(cfg, where, "v_head_dim"),
+    }
+
+
 def read_hf_folder(folder: Path) -> ModelSpec:
     cfg_path = folder / "config.json"
     if not cfg_path.is_file():
@@ -193,7 +263,11 @@ def read_hf_folder(folder: Path) -> ModelSpec:
     head_dim = _cfg_int(cfg, where, "head_dim", default=hidden // heads)
     intermediate = _cfg_int(cfg, where, "intermediate_size", "ffn_dim", "n_inner", default=4 * hidden)
     vocab = _cfg_int(cfg, where, "vocab_size")
-    tie = bool(cfg.get("tie_word_embeddings", top.get("tie_word_embeddings", False)))
+    # transformers' PretrainedConfig defaults tie_word_embeddings to True: a config without the key
+    # (Gemma's) ties lm_head to the embeddings.
+    tie = bool(cfg.get("tie_word_embeddings", top.get("tie_word_embeddings", True)))
+    moe = _hf_moe(cfg, model_type, n, where)
+    mla = _hf_mla(cfg, model_type, where)
     max_ctx = _cfg_int(cfg, where, "max_position_embeddings", "n_positions", "max_sequence_length", default=4096)
     layer_types = _hf_layer_types(cfg, n, model_type, where)
     window = cfg.get("sliding_window") if SLIDING in layer_types else None
@@ -216,6 +290,8 @@ def read_hf_folder(folder: Path) -> ModelSpec:
             embed = None
     elif index_total is not None:
         total = index_total
+    if mla:
+        head_dim = mla["mla_qk_nope_head_dim"] + mla["mla_qk_rope_head_dim"]
     return ModelSpec(
         name=folder.name,
         num_layers=n,
@@ -236,6 +312,12 @@ def read_hf_folder(folder: Path) -> ModelSpec:
         linear_value_head_dim=int(cfg.get("linear_value_head_dim") or 0),
         linear_conv_kernel_dim=int(cfg.get("linear_conv_kernel_dim") or 0),
         vision_params=float(vision_elems),
+        mtp_layers=int(cfg.get("num_nextn_predict_layers") or cfg.get("mtp_num_hidden_layers") or 0),
+        attention_bias=bool(cfg.get("attention_bias", False)) and model_type == "gpt_oss",
+        fused_qkv=model_type == "phi3",
+        fused_gate_up=model_type == "phi3",
+        **moe,
+        **mla,
         model_type=model_type,
         sources=(f"{cfg_path}" + (f"; sizes from {size_source}" if size_source else "; no weight files: sizes computed"),),
         origin="hf",
@@ -334,6 +416,18 @@ def read_gguf(path: Path) -> ModelSpec:
     total = sum(int(t.n_bytes) for t in reader.tensors)
     params = sum(int(t.n_elements) for t in reader.tensors)
     name = _field(reader, "general.name") or path.stem
+    # Mixture of experts: routed experts are stored as 3-D *_exps tensors (one per layer and role).
+    n_expert = int(key("expert_count") or 0)
+    n_used = int(key("expert_used_count") or 0)
+    # (older files, e.g. the first Mixtral GGUFs, keep one 2-D tensor per expert: blk.N.ffn_up.E.weight)
+    exps_bytes = sum(int(t.n_bytes) for t in reader.tensors
+                     if "_exps." in t.name or re.fullmatch(r"blk\.\d+\.ffn_(gate|up|down)\.\d+\.weight", t.name))
+    if n_expert and not (0 < n_used <= n_expert):
+        raise UsageError(f"{path}: {arch}.expert_used_count {n_used} / expert_count {n_expert} do not describe a "
+                         "mixture of experts")
+    if n_expert > 1 and not exps_bytes:
+        raise UsageError(f"{path}: {arch}.expert_count {n_expert} but no expert tensors; the planner cannot tell "
+                         "which bytes a token reads and refuses rather than size it wrong")
     lin_k_heads = int(key("ssm.group_count") or 0)
     lin_v_heads = int(key("ssm.time_step_rank") or 0)
     inner = int(key("ssm.inner_size") or 0)
@@ -364,6 +458,10 @@ def read_gguf(path: Path) -> ModelSpec:
         file_embed_bytes=int(emb.n_bytes) if emb is not None else 0,
         file_output_bytes=int(out.n_bytes) if out is not None else 0,
         file_quant=quant_name,
+        num_experts=n_expert if n_expert > 1 else 0,
+        num_experts_per_tok=n_used if n_expert > 1 else 0,
+        moe_intermediate=int(key("expert_feed_forward_length") or intermediate) if n_expert > 1 else 0,
+        file_expert_bytes=exps_bytes if n_expert > 1 else None,
     )
 
 

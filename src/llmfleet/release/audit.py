@@ -75,13 +75,17 @@ def read_local(path: str | os.PathLike[str], n: int) -> list[dict[str, Any]]:
     return parse_lines("\n".join(lines[-n:]))
 
 
-def append_local(path: str | os.PathLike[str], record: dict[str, Any]) -> None:
-    """Append one record to the local audit log (created 0600, its folder 0700)."""
+def append_local(path: str | os.PathLike[str], records: dict[str, Any] | Iterable[dict[str, Any]]) -> None:
+    """Append records to the local audit log: the one writer of that file. Created 0600 (its folder
+    0700), so a shared workstation's other users cannot read who deployed what."""
+    recs = [records] if isinstance(records, dict) else list(records)
+    if not recs:
+        return
     p = Path(os.path.expanduser(str(path)))
     p.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    with os.fdopen(fd, "a") as fh:
-        fh.write(json.dumps(record, separators=(",", ":"), default=str) + "\n")
+    with os.fdopen(fd, "a", encoding="utf-8") as fh:
+        fh.write("".join(json.dumps(r, separators=(",", ":"), default=str) + "\n" for r in recs))
 
 
 def merged(records: Iterable[dict[str, Any]], n: int) -> list[dict[str, Any]]:

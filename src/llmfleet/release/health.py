@@ -26,19 +26,14 @@ from typing import Any
 
 import httpx
 
-from llmfleet.release.store import Paths
+from llmfleet.release.store import UnitProbe
 
-# Default decode floor, as a fraction of the planner's realistic batch-1 figure (the low end of its
-# range). Why 0.25 (docs/deploy.md "Decode-speed floor" has the table):
-# - the field report (a 27B model on a 32 GB V100): with half the weights in CPU memory it decoded
-#   4 tok/s; all layers on the GPU with llama.cpp gave 24 tok/s, with vLLM 42-64; the card's ceiling is
-#   900 GB/s / 14 GB = 64 tok/s. Offloaded = 0.06 x the ceiling and 0.17 x the resident llama.cpp run;
-# - measured on an H200 (reference decode-measurements.md): leaving only 8 of 64 layers in CPU memory
-#   already cuts decode 4.5x (0.22 x resident), half of them 13x (0.08 x);
-# - resident runs land at or above the low end of the planner's realistic range by construction (the
-#   range is the measured efficiency band).
-# A floor at 0.25 x the low end is below every resident run by 4x (room for a busy host or a short
-# probe) and above every offloaded one, including the mildest (1/8 of the layers, 0.22x).
+# The default decode floor comes from the planner's speed model (``health_floor_tokps`` of the
+# plan): the fastest the card decodes with one eighth of the layers off the GPU, so any such
+# offload lands below it and every resident run above it (docs/planner.md "Health floor" has the
+# table per card). Without that figure (an old plan dict) the floor falls back to a fraction of the
+# realistic low end: 0.25, below every resident run of the H200 and field measurements and above
+# their offloaded ones (1/8 of the layers off the GPU: 0.22x of resident; decode-measurements.md).
 DEFAULT_FLOOR_FRACTION = 0.25
 MAX_POLLS = 10_000
 PROMPT = "Count from one to one hundred, separated by spaces."
@@ -147,18 +142,18 @@ def stream_stats(t_start: float, events: list[tuple[float, dict[str, Any]]], t_e
     )
 
 
+def _plan_value(plan: Any, name: str) -> Any:
+    return plan.get(name) if isinstance(plan, dict) else getattr(plan, name, None)
+
+
 def realistic_tokps(plan: Any) -> float | None:
-    """The planner's realistic batch-1 decode figure (the low end when it gives a range)."""
+    """The planner's realistic batch-1 decode figure (the low end of its speed model's range)."""
     if plan is None:
         return None
-
-    def get(name: str) -> Any:
-        return plan.get(name) if isinstance(plan, dict) else getattr(plan, name, None)
-
     for name in ("decode_tokps_realistic", "decode_tokps_expected", "decode_tokps_realistic_range",
                  "decode_tokps_range"):
-        v = get(name)
-        if isinstance(v, int | float) and v > 0:
+        v = _plan_value(plan, name)
+        if isinstance(v, int | float) and not isinstance(v, bool) and v > 0:
             return float(v)
         if isinstance(v, list | tuple) and v and all(isinstance(x, int | float) for x in v):
             low = float(min(v))
@@ -169,6 +164,15 @@ def realistic_tokps(plan: Any) -> float | None:
                 if isinstance(v.get(k), int | float) and v[k] > 0:
                     return float(v[k])
     return None
+
+
+def model_floor_tokps(plan: Any) -> float | None:
+    """The planner's own health floor (``health_floor_tokps``): its speed model's decode with one
+    eighth of the layers off the GPU. None when the plan has none."""
+    if plan is None:
+        return None
+    v = _plan_value(plan, "health_floor_tokps")
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) and v > 0 else None
 
 
 @dataclass(frozen=True)
@@ -189,7 +193,9 @@ def decode_floor(service: Any, settings: Any = None, plan: Any = None) -> Floor:
     1. the service's ``health.min_tokps`` (an absolute figure);
     2. the service's ``health.floor_fraction`` when set explicitly, times the planner's realistic figure;
     3. the host's ``llmfleet_health_min_tokps``;
-    4. the host's ``llmfleet_health_floor_fraction``, else the default 0.25, times the realistic figure.
+    4. the host's ``llmfleet_health_floor_fraction`` times the realistic figure;
+    5. the planner's ``health_floor_tokps`` (its speed model with 1/8 of the layers off the GPU);
+    6. the default 0.25 times the realistic figure (a plan without its own floor).
 
     A fraction of 0 turns the floor off. No realistic figure (no plan) means no floor, and says so.
     An absolute floor is for engines that do not run on the card the plan is for: the lab's CPU
@@ -209,6 +215,10 @@ def decode_floor(service: Any, settings: Any = None, plan: Any = None) -> Floor:
     elif settings is not None and getattr(settings, "health_floor_fraction", None) is not None:
         fraction, who = float(settings.health_floor_fraction), "the host's llmfleet_health_floor_fraction"
     if fraction is None:
+        own = model_floor_tokps(plan)
+        if own is not None:
+            return Floor(own, f"the planner's floor {own:.1f} tok/s: its speed model's decode with 1/8 of the layers "
+                              "off the GPU (docs/planner.md)")
         fraction = DEFAULT_FLOOR_FRACTION
     if fraction <= 0:
         return Floor(None, f"decode floor disabled ({who} is 0)")
@@ -249,38 +259,6 @@ def models_list_ids(body: Any) -> list[str]:
         if isinstance(m, dict) and isinstance(m.get("aliases"), list):
             ids.extend(a for a in m["aliases"] if isinstance(a, str))
     return ids
-
-
-def probe_script(paths: Paths) -> str:
-    """Unit state and container state in one round trip."""
-    from llmfleet.release.store import q
-
-    fmt = "{{.State.Status}} {{.State.ExitCode}} {{.RestartCount}}"
-    return "\n".join([
-        f"echo \"@@unit $(systemctl is-active {q(paths.unit)} 2>/dev/null)\"",
-        f"echo \"@@container $(docker inspect --format {q(fmt)} {q(paths.container)} 2>/dev/null)\"",
-    ])
-
-
-@dataclass(frozen=True)
-class Probe:
-    unit: str
-    container: str | None
-    exit_code: int | None
-
-
-def parse_probe(stdout: str) -> Probe:
-    unit, container, code = "unknown", None, None
-    for line in stdout.splitlines():
-        if line.startswith("@@unit"):
-            unit = line[6:].strip() or "unknown"
-        elif line.startswith("@@container"):
-            parts = line[11:].split()
-            if parts:
-                container = parts[0]
-                if len(parts) > 1 and parts[1].lstrip("-").isdigit():
-                    code = int(parts[1])
-    return Probe(unit, container, code)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -340,7 +318,7 @@ class HealthChecker:
     local URL of the engine. ``progress`` gets one line per stage and per notable wait.
     """
 
-    probe: Callable[[], Probe]
+    probe: Callable[[], UnitProbe]
     base_url: str
     served_name: str
     api_key: str | None = None
@@ -355,9 +333,9 @@ class HealthChecker:
     progress: Callable[[str], None] = lambda line: None
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
-    _last_probe: tuple[float, Probe] | None = field(default=None, init=False, repr=False)
+    _last_probe: tuple[float, UnitProbe] | None = field(default=None, init=False, repr=False)
 
-    def _probe(self, max_age_s: float = 0.0) -> Probe:
+    def _probe(self, max_age_s: float = 0.0) -> UnitProbe:
         """The unit/container state; one answered less than ``max_age_s`` ago is reused (one round
         trip serves the unit and the container stages when both are already fine)."""
         last = self._last_probe

@@ -12,6 +12,7 @@ served name, API key) cannot be overridden. The preflight judges the result, not
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import re
@@ -197,8 +198,6 @@ def plan_summary(plan: Any) -> dict[str, Any] | None:
     elif hasattr(plan, "model_dump"):
         data = plan.model_dump(mode="json")
     elif hasattr(plan, "__dataclass_fields__"):
-        import dataclasses
-
         data = dataclasses.asdict(plan)
     else:
         data = {"engine_args": plan_engine_args(plan)}

@@ -1,4 +1,5 @@
-"""Releases on a host and the exact remote commands that create, switch, prune and lock them.
+"""Releases on a host: their layout, the state model, and every remote script that reads or changes
+them, each beside the parser of its output (a "fact" in pyinfra's sense: command + parse).
 
 Layout on the host (``root`` defaults to /opt/llmfleet)::
 
@@ -8,13 +9,14 @@ Layout on the host (``root`` defaults to /opt/llmfleet)::
     <root>/locks/deploy/holder.json                      the host's deploy lock (atomic mkdir)
     <root>/audit.jsonl                                   one JSON line per deploy, rollback, lock break
 
-Pure: every function returns data or a POSIX sh script in which each value is ``shlex.quote``-d.
-The shell that runs them (llmfleet.release.deploy) does the I/O. Scripts print ``@@`` markers that the
-``parse_*`` functions read back, so one round trip answers one question.
+Pure: every builder returns a POSIX sh script in which each value is ``shlex.quote``-d; the shell
+that runs them (``llmfleet.release.deploy``) does the I/O. Scripts print ``@@`` markers that only the
+``parse_*`` function next to the builder reads. tests/golden/scripts/ holds the exact text of each.
 """
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 import re
@@ -24,12 +26,24 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from llmfleet.release.render import MANIFEST_FILE, UNIT_DIR, Rendered, project_name, unit_name
+from llmfleet.release.manifest import Manifest
+from llmfleet.release.render import (
+    COMPOSE_FILE,
+    ENV_FILE,
+    MANIFEST_FILE,
+    UNIT_DIR,
+    Rendered,
+    project_name,
+    unit_name,
+)
 
 RELEASE_ID_RE = re.compile(r"^\d{8}T\d{6}Z-[0-9a-f]{10}$")
 DEFAULT_KEEP = 5
 LOCK_HELD_RC = 3
 DOCKER = "docker"
+MAX_MANIFEST = 65536  # bytes of one manifest.json the state reader returns
+MAX_HEALTH = 16384  # bytes of one health.json
+MAX_HOLDER = 4096  # bytes of the lock's holder.json
 q = shlex.quote
 
 
@@ -91,55 +105,115 @@ def audit_path(root: str) -> str:
     return f"{root.rstrip('/')}/audit.jsonl"
 
 
+def _loads(text: str) -> dict[str, Any] | None:
+    try:
+        v = json.loads(text)
+    except ValueError:
+        return None
+    return v if isinstance(v, dict) else None
+
+
 # ---------------------------------------------------------------------------------------------
-# Manifest and upload
+# State of a host's releases: one reader (also run inside the host probe), one model
 
 
-def build_manifest(
-    rendered: Rendered,
-    release_id: str,
-    *,
-    host: str,
-    who: str,
-    when: datetime,
-    llmfleet_version: str,
-) -> dict[str, Any]:
-    """What the release is and where it came from. Secret values never appear; the env file's
-    hash is left out too (a short key could be guessed from it)."""
-    import hashlib
+@dataclass
+class ReleaseInfo:
+    id: str
+    manifest: Manifest | None = None
+    health: dict[str, Any] | None = None
 
-    file_hashes = {
-        name: hashlib.sha256(text.encode()).hexdigest()
-        for name, text in sorted(rendered.files.items())
-        if name not in rendered.secret_files
-    }
-    return {
-        "release": release_id,
-        "service": rendered.service,
-        "engine": rendered.engine,
-        "host": host,
-        "who": who,
-        "time": when.astimezone(UTC).isoformat(timespec="seconds"),
-        "content_hash": rendered.content_hash,
-        "image": rendered.image.to_dict(),
-        "engine_args": list(rendered.engine_args),
-        "inputs": rendered.inputs,
-        "plan": rendered.plan,
-        "files": file_hashes,
-        "llmfleet": llmfleet_version,
-    }
+    @property
+    def healthy(self) -> bool:
+        return bool(self.health and self.health.get("result") == "healthy")
+
+    @property
+    def image_ref(self) -> str | None:
+        return self.manifest.image_ref if self.manifest else None
 
 
-def manifest_text(manifest: dict[str, Any]) -> str:
-    """One line of JSON, so that the state probe can return many manifests line by line."""
-    return json.dumps(manifest, sort_keys=True, separators=(",", ":")) + "\n"
+@dataclass
+class ServiceState:
+    name: str
+    current: str | None = None
+    unit: str = "unknown"
+    releases: dict[str, ReleaseInfo] = field(default_factory=dict)
+
+    @property
+    def current_release(self) -> ReleaseInfo | None:
+        return self.releases.get(self.current) if self.current else None
 
 
-def release_files(rendered: Rendered, manifest: dict[str, Any]) -> tuple[dict[str, str], dict[str, int]]:
+# A shell function, so that the host probe (llmfleet.host.probe) runs the very same reader as a
+# section of its document. Names that are not a service or release id are skipped on the host.
+STATE_READER = f"""llmfleet_release_state() {{
+  base="$1/services"
+  if [ -d "$base" ]; then
+    for s in "$base"/*/; do
+      [ -d "$s" ] || continue
+      name=$(basename "$s")
+      case "$name" in *[!A-Za-z0-9_-]*|"") continue ;; esac
+      echo "@@service $name"
+      echo "@@current $(readlink "$s/current" 2>/dev/null | tr -d '\\n')"
+      echo "@@unit $(systemctl is-active "llmfleet-$name.service" 2>/dev/null)"
+      for d in "$s"releases/*/; do
+        [ -d "$d" ] || continue
+        rid=$(basename "$d")
+        case "$rid" in *[!0-9A-Za-z-]*|"") continue ;; esac
+        echo "@@release $rid"
+        if [ -f "$d/{MANIFEST_FILE}" ]; then echo "@@manifest $(head -c {MAX_MANIFEST} "$d/{MANIFEST_FILE}" | tr -d '\\n')"; fi
+        if [ -f "$d/health.json" ]; then echo "@@health $(head -c {MAX_HEALTH} "$d/health.json" | tr -d '\\n')"; fi
+      done
+    done
+  fi
+  echo '@@end'
+}}"""
+
+
+def state_script(root: str) -> str:
+    """Every service's current release, unit state and kept releases with manifest and health."""
+    return f"{STATE_READER}\nllmfleet_release_state {q(root.rstrip('/') or '/')}"
+
+
+def state_complete(stdout: str) -> bool:
+    """The reader ran to its end (a state cut short must not be taken for the whole)."""
+    return "@@end" in stdout.splitlines()
+
+
+def parse_state(stdout: str) -> dict[str, ServiceState]:
+    services: dict[str, ServiceState] = {}
+    cur: ServiceState | None = None
+    rel: ReleaseInfo | None = None
+    for line in stdout.splitlines():
+        if line.startswith("@@service "):
+            cur = services.setdefault(line[10:].strip(), ServiceState(name=line[10:].strip()))
+            rel = None
+        elif cur is None:
+            continue
+        elif line.startswith("@@current"):
+            target = line[9:].strip()
+            cur.current = target.rstrip("/").rsplit("/", 1)[-1] if target else None
+        elif line.startswith("@@unit"):
+            cur.unit = line[6:].strip() or "unknown"
+        elif line.startswith("@@release "):
+            rid = line[10:].strip()
+            rel = cur.releases.setdefault(rid, ReleaseInfo(id=rid)) if RELEASE_ID_RE.match(rid) else None
+        elif line.startswith("@@manifest ") and rel is not None:
+            rel.manifest = Manifest.parse(line[11:])
+        elif line.startswith("@@health ") and rel is not None:
+            rel.health = _loads(line[9:])
+    return services
+
+
+# ---------------------------------------------------------------------------------------------
+# Upload
+
+
+def release_files(rendered: Rendered, manifest: Manifest) -> tuple[dict[str, str], dict[str, int]]:
     """The rendered files plus the manifest, with their modes: what goes into ``releases/<id>/``."""
     files = dict(rendered.files)
     modes = dict(rendered.modes)
-    files[MANIFEST_FILE] = manifest_text(manifest)
+    files[MANIFEST_FILE] = manifest.to_text()
     modes[MANIFEST_FILE] = 0o644
     return files, modes
 
@@ -173,10 +247,15 @@ def upload_script(paths: Paths, release_id: str) -> str:
         f"rm -rf -- {q(tmp)}",
         f"mkdir -m 0750 {q(tmp)}",
         f"tar -x --no-same-owner -f - -C {q(tmp)}",
-        f"chmod 0600 {q(tmp)}/service.env",
+        f"chmod 0600 {q(tmp)}/{ENV_FILE}",
         f"mv -T {q(tmp)} {q(final)}",
         "echo '@@uploaded'",
     ])
+
+
+def parse_upload(rc: int, stdout: str) -> bool:
+    """The release is in place (uploaded now, or there already)."""
+    return rc == 0 and any(ln in ("@@uploaded", "@@exists") for ln in stdout.splitlines())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -198,11 +277,12 @@ def pull_script(ref: str) -> str:
 
 def parse_pull(stdout: str) -> tuple[bool, list[str]]:
     """(pulled now?, repo digests) from ``pull_script`` output."""
-    pulled = "@@pulled" in stdout
+    lines = stdout.splitlines()
+    pulled = "@@pulled" in lines
     digests: list[str] = []
-    if "@@digests" in stdout:
-        tail = stdout.split("@@digests", 1)[1]
-        digests = [ln.strip() for ln in tail.splitlines() if "@sha256:" in ln]
+    if "@@digests" in lines:
+        tail = lines[lines.index("@@digests") + 1:]
+        digests = [ln.strip() for ln in tail if "@sha256:" in ln]
     return pulled, digests
 
 
@@ -212,31 +292,42 @@ def digest_verified(repo_digests: list[str], digest: str | None) -> bool:
     return any(d.rsplit("@", 1)[-1] == digest for d in repo_digests)
 
 
+def image_present_script(ref: str) -> str:
+    return f"docker image inspect {q(ref)} >/dev/null 2>&1 && echo '@@present' || echo '@@absent'"
+
+
+def parse_image_present(stdout: str) -> bool:
+    return "@@present" in stdout.splitlines()
+
+
 # ---------------------------------------------------------------------------------------------
-# Switch, restart, stop, rollback
+# Switch, stop, engine log, health mark
 
 
-def switch_script(paths: Paths, release_id: str, *, restart: bool = True) -> str:
+def switch_script(paths: Paths, release_id: str) -> str:
     """Point ``current`` at the release atomically, install its unit, reload systemd, restart.
 
     ``systemctl restart`` stops the old container (freeing its GPU memory) before the new one starts.
     """
     rel = f"releases/{_check_id(release_id)}"
-    lines = [
+    return "\n".join([
         "set -e",
         f"cd {q(paths.service_dir)}",
-        f"test -f {q(rel + '/compose.yml')}",
+        f"test -f {q(rel + '/' + COMPOSE_FILE)}",
         f"ln -sfn {q(rel)} .current.tmp",
         "mv -T .current.tmp current",
         f"install -m 0644 {q(rel + '/' + paths.unit)} {q(paths.unit_path)}",
         "systemctl daemon-reload",
         f"systemctl reset-failed {q(paths.unit)} >/dev/null 2>&1 || true",
         f"systemctl enable {q(paths.unit)} >/dev/null 2>&1 || true",
-    ]
-    if restart:
-        lines.append(f"systemctl restart {q(paths.unit)}")
-    lines.append("echo '@@switched'")
-    return "\n".join(lines)
+        f"systemctl restart {q(paths.unit)}",
+        "echo '@@switched'",
+    ])
+
+
+def parse_switch(rc: int, stdout: str) -> bool:
+    """``current`` points at the release and its unit was restarted."""
+    return rc == 0 and "@@switched" in stdout.splitlines()
 
 
 def stop_script(paths: Paths, *, forget_current: bool = False) -> str:
@@ -246,14 +337,6 @@ def stop_script(paths: Paths, *, forget_current: bool = False) -> str:
         lines.append(f"rm -f -- {q(paths.current)}")
     lines.append("echo '@@stopped'")
     return "\n".join(lines)
-
-
-def restart_script(paths: Paths) -> str:
-    return "\n".join([
-        f"systemctl reset-failed {q(paths.unit)} >/dev/null 2>&1 || true",
-        f"systemctl restart {q(paths.unit)}",
-        "echo '@@restarted'",
-    ])
 
 
 def logs_script(paths: Paths, lines: int = 40) -> str:
@@ -271,155 +354,96 @@ def mark_healthy_script(paths: Paths, release_id: str, health: dict[str, Any]) -
     return f"printf '%s\\n' {q(text)} > {q(paths.release(release_id) + '/health.json')} && echo '@@marked'"
 
 
-# ---------------------------------------------------------------------------------------------
-# State of a host's releases (one round trip for every service)
+@dataclass(frozen=True)
+class UnitProbe:
+    """The unit's and the container's state, as one health-check round trip saw them."""
+
+    unit: str
+    container: str | None
+    exit_code: int | None
 
 
-@dataclass
-class ReleaseInfo:
-    id: str
-    manifest: dict[str, Any] | None = None
-    health: dict[str, Any] | None = None
-
-    @property
-    def healthy(self) -> bool:
-        return bool(self.health and self.health.get("result") == "healthy")
-
-    @property
-    def image_ref(self) -> str | None:
-        if not self.manifest:
-            return None
-        return (self.manifest.get("image") or {}).get("ref")
-
-
-@dataclass
-class ServiceState:
-    name: str
-    current: str | None = None
-    unit: str = "unknown"
-    releases: dict[str, ReleaseInfo] = field(default_factory=dict)
-
-    @property
-    def current_release(self) -> ReleaseInfo | None:
-        return self.releases.get(self.current) if self.current else None
-
-
-def state_script(root: str) -> str:
-    base = f"{root.rstrip('/')}/services"
+def unit_probe_script(paths: Paths) -> str:
+    """Unit state and container state in one round trip."""
+    fmt = "{{.State.Status}} {{.State.ExitCode}} {{.RestartCount}}"
     return "\n".join([
-        f"[ -d {q(base)} ] || {{ echo '@@none'; exit 0; }}",
-        f"for s in {q(base)}/*/; do",
-        '  [ -d "$s" ] || continue',
-        '  name=$(basename "$s")',
-        '  echo "@@service $name"',
-        '  echo "@@current $(readlink "$s/current" 2>/dev/null)"',
-        '  echo "@@unit $(systemctl is-active "llmfleet-$name.service" 2>/dev/null)"',
-        '  for d in "$s"releases/*/; do',
-        '    [ -d "$d" ] || continue',
-        '    echo "@@release $(basename "$d")"',
-        '    if [ -f "$d/manifest.json" ]; then echo "@@manifest $(head -c 200000 "$d/manifest.json" | tr -d "\\n")"; fi',
-        '    if [ -f "$d/health.json" ]; then echo "@@health $(head -c 20000 "$d/health.json" | tr -d "\\n")"; fi',
-        "  done",
-        "done",
-        "echo '@@end'",
+        f"echo \"@@unit $(systemctl is-active {q(paths.unit)} 2>/dev/null)\"",
+        f"echo \"@@container $(docker inspect --format {q(fmt)} {q(paths.container)} 2>/dev/null)\"",
     ])
 
 
-def _loads(text: str) -> dict[str, Any] | None:
-    try:
-        v = json.loads(text)
-    except ValueError:
-        return None
-    return v if isinstance(v, dict) else None
-
-
-def parse_state(stdout: str) -> dict[str, ServiceState]:
-    services: dict[str, ServiceState] = {}
-    cur: ServiceState | None = None
-    rel: ReleaseInfo | None = None
+def parse_unit_probe(stdout: str) -> UnitProbe:
+    unit, container, code = "unknown", None, None
     for line in stdout.splitlines():
-        if line.startswith("@@service "):
-            cur = services.setdefault(line[10:].strip(), ServiceState(name=line[10:].strip()))
-            rel = None
-        elif cur is None:
-            continue
-        elif line.startswith("@@current"):
-            target = line[9:].strip()
-            cur.current = target.rstrip("/").rsplit("/", 1)[-1] if target else None
-        elif line.startswith("@@unit"):
-            cur.unit = line[6:].strip() or "unknown"
-        elif line.startswith("@@release "):
-            rid = line[10:].strip()
-            if RELEASE_ID_RE.match(rid):
-                rel = cur.releases.setdefault(rid, ReleaseInfo(id=rid))
-            else:
-                rel = None
-        elif line.startswith("@@manifest ") and rel is not None:
-            rel.manifest = _loads(line[11:])
-        elif line.startswith("@@health ") and rel is not None:
-            rel.health = _loads(line[9:])
-    return services
+        if line.startswith("@@unit"):
+            unit = line[6:].strip() or "unknown"
+        elif line.startswith("@@container"):
+            parts = line[11:].split()
+            if parts:
+                container = parts[0]
+                if len(parts) > 1 and parts[1].lstrip("-").isdigit():
+                    code = int(parts[1])
+    return UnitProbe(unit, container, code)
 
 
-def find_release_with_content(state: ServiceState | None, content_hash: str) -> str | None:
-    """An existing release holding exactly this content (the newest, if several)."""
-    if state is None:
-        return None
-    for rid in sorted(state.releases, reverse=True):
-        m = state.releases[rid].manifest
-        if m and m.get("content_hash") == content_hash:
-            return rid
-    return None
+# ---------------------------------------------------------------------------------------------
+# The current release's files (deploy --diff)
+
+_MASK_SED = "/^[[:space:]]*#/!s/^\\([^=]*\\)=.*/\\1='********'/"
 
 
-def rollback_target(state: ServiceState, *, exclude: str | None = None) -> str | None:
-    """The newest healthy release older than the current one (or than ``exclude``)."""
-    pivot = exclude or state.current
-    candidates = [
-        rid for rid, r in state.releases.items()
-        if r.healthy and rid != pivot and (pivot is None or rid < pivot)
-    ]
-    if not candidates:
-        candidates = [rid for rid, r in state.releases.items() if r.healthy and rid != pivot]
-    return max(candidates) if candidates else None
+def current_files_script(root: str, services: list[str]) -> str:
+    """The current release's files per service, base64 on one marker line each; the env file masked
+    on the host (its values never leave it), plus its hash to tell a changed secret."""
+    lines = []
+    for svc in services:
+        cur = f"{root.rstrip('/')}/services/{svc}/current"
+        for name in (COMPOSE_FILE, unit_name(svc)):
+            lines.append(f"[ -f {q(cur + '/' + name)} ] && echo \"@@file {svc} {name} $(base64 -w0 < {q(cur + '/' + name)})\"")
+        env = q(cur + "/" + ENV_FILE)
+        lines.append(f"[ -f {env} ] && echo \"@@file {svc} {ENV_FILE} $(sed {q(_MASK_SED)} {env} | base64 -w0)\"")
+        lines.append(f"[ -f {env} ] && echo \"@@envhash {svc} $(sha256sum < {env} | cut -c1-64)\"")
+    lines.append("true")
+    return "\n".join(lines)
+
+
+def parse_current_files(stdout: str) -> tuple[dict[str, dict[str, str]], dict[str, str]]:
+    """(service -> file name -> text, service -> sha256 of its env file)."""
+    files: dict[str, dict[str, str]] = {}
+    env_hash: dict[str, str] = {}
+    for line in stdout.splitlines():
+        parts = line.split(" ", 3)
+        if line.startswith("@@file ") and len(parts) >= 3:
+            data = parts[3] if len(parts) == 4 else ""
+            try:
+                files.setdefault(parts[1], {})[parts[2]] = base64.b64decode(data).decode("utf-8", "replace")
+            except ValueError:
+                continue
+        elif line.startswith("@@envhash ") and len(parts) >= 3:
+            env_hash[parts[1]] = parts[2].strip()
+    return files, env_hash
 
 
 # ---------------------------------------------------------------------------------------------
 # Pruning
 
 
-def releases_to_prune(
-    release_ids: list[str], *, keep: int = DEFAULT_KEEP, protect: set[str] | None = None
-) -> list[str]:
-    """Everything but the newest ``keep`` releases and the protected ones (current, rollback target)."""
-    protect = {p for p in (protect or set()) if p}
-    ordered = sorted(release_ids, reverse=True)
-    kept = set(ordered[:keep]) | protect
-    return sorted(r for r in ordered if r not in kept)
-
-
-def images_to_prune(states: dict[str, ServiceState], deleted: dict[str, list[str]]) -> list[str]:
-    """Image refs used only by releases being deleted, across every service on the host."""
-    doomed: set[str] = set()
-    in_use: set[str] = set()
-    for name, st in states.items():
-        gone = set(deleted.get(name, []))
-        for rid, info in st.releases.items():
-            ref = info.image_ref
-            if not ref:
-                continue
-            (doomed if rid in gone else in_use).add(ref)
-    return sorted(doomed - in_use)
-
-
-def prune_script(paths: Paths, release_ids: list[str], image_refs: list[str]) -> str:
+def prune_script(paths: Paths, release_ids: list[str] | tuple[str, ...]) -> str:
+    """Delete these releases of one service and any upload left half-way."""
     lines = [f"cd {q(paths.releases)} || exit 0", "rm -rf -- .tmp-*"]
-    for rid in release_ids:
-        lines.append(f"rm -rf -- {q(_check_id(rid))}")
-    for ref in image_refs:
-        lines.append(f"{DOCKER} image rm {q(ref)} >/dev/null 2>&1 && echo {q('@@image-removed ' + ref)} || true")
+    lines += [f"rm -rf -- {q(_check_id(rid))}" for rid in release_ids]
     lines.append("echo '@@pruned'")
     return "\n".join(lines)
+
+
+def image_remove_script(refs: list[str] | tuple[str, ...]) -> str:
+    """Remove images no kept release uses; one ``@@image-removed REF`` line for each removed."""
+    lines = [f"{DOCKER} image rm {q(ref)} >/dev/null 2>&1 && echo {q('@@image-removed ' + ref)} || true" for ref in refs]
+    return "\n".join(lines or ["true"])
+
+
+def parse_removed_images(stdout: str) -> list[str]:
+    return [ln.split(" ", 1)[1] for ln in stdout.splitlines() if ln.startswith("@@image-removed ")]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -455,22 +479,25 @@ def lock_acquire_script(root: str, holder: dict[str, Any]) -> str:
         f"  printf '%s\\n' {q(text)} > {q(d + '/holder.json')} && echo '@@acquired'",
         "else",
         "  echo '@@held'",
-        f"  head -c 4096 {q(d + '/holder.json')} 2>/dev/null",
+        f"  head -c {MAX_HOLDER} {q(d + '/holder.json')} 2>/dev/null",
         f"  exit {LOCK_HELD_RC}",
         "fi",
     ])
 
 
+def _holder_after(marker: str, stdout: str) -> dict[str, Any] | None:
+    lines = stdout.splitlines()
+    if marker not in lines:
+        return None
+    tail = [ln for ln in lines[lines.index(marker) + 1:] if ln.strip() and not ln.startswith("@@")]
+    holder = _loads(tail[0]) if tail else None
+    return holder or {"note": "lock directory exists without a readable holder (a deploy died while taking it)"}
+
+
 def parse_lock_acquire(rc: int, stdout: str) -> LockOutcome:
-    if rc == 0 and "@@acquired" in stdout:
+    if rc == 0 and "@@acquired" in stdout.splitlines():
         return LockOutcome(True, None, stdout)
-    holder = None
-    if "@@held" in stdout:
-        tail = stdout.split("@@held", 1)[1].strip()
-        holder = _loads(tail.splitlines()[0]) if tail else None
-        if holder is None:
-            holder = {"note": "lock directory exists without a readable holder (a deploy died while taking it)"}
-    return LockOutcome(False, holder, stdout)
+    return LockOutcome(False, _holder_after("@@held", stdout), stdout)
 
 
 def lock_release_script(root: str, token: str) -> str:
@@ -481,38 +508,50 @@ def lock_release_script(root: str, token: str) -> str:
         f"if grep -qF {q(token)} {holder} 2>/dev/null; then",
         f"  rm -f -- {holder} && rmdir -- {q(d)} && echo '@@released'",
         "else",
-        f"  echo '@@notours'; head -c 4096 {holder} 2>/dev/null; exit {LOCK_HELD_RC}",
+        f"  echo '@@notours'; head -c {MAX_HOLDER} {holder} 2>/dev/null; exit {LOCK_HELD_RC}",
         "fi",
     ])
+
+
+def parse_lock_release(stdout: str) -> bool:
+    """The lock is no longer ours to hold: released now, or not held at all."""
+    lines = stdout.splitlines()
+    return "@@released" in lines or "@@notheld" in lines
 
 
 def lock_status_script(root: str) -> str:
     d = lock_dir(root)
     return "\n".join([
-        f"if [ -d {q(d)} ]; then echo '@@held'; head -c 4096 {q(d + '/holder.json')} 2>/dev/null; echo;",
+        f"if [ -d {q(d)} ]; then echo '@@held'; head -c {MAX_HOLDER} {q(d + '/holder.json')} 2>/dev/null; echo;",
         "else echo '@@free'; fi",
     ])
 
 
 def parse_lock_status(stdout: str) -> tuple[bool, dict[str, Any] | None]:
-    if "@@held" not in stdout:
-        return False, None
-    return True, parse_lock_acquire(LOCK_HELD_RC, stdout).holder
+    """(held?, holder) from ``lock_status_script`` or ``lock_break_script`` output."""
+    holder = _holder_after("@@held", stdout)
+    return holder is not None, holder
 
 
 def lock_break_script(root: str) -> str:
     d = lock_dir(root)
     return "\n".join([
-        f"if [ -d {q(d)} ]; then echo '@@held'; head -c 4096 {q(d + '/holder.json')} 2>/dev/null; echo;",
+        f"if [ -d {q(d)} ]; then echo '@@held'; head -c {MAX_HOLDER} {q(d + '/holder.json')} 2>/dev/null; echo;",
         f"  rm -rf -- {q(d)} && echo '@@broken'; else echo '@@free'; fi",
     ])
+
+
+def parse_lock_break(stdout: str) -> tuple[bool, bool, dict[str, Any] | None]:
+    """(was held?, broken now?, holder)."""
+    held, holder = parse_lock_status(stdout)
+    return held, "@@broken" in stdout.splitlines(), holder
 
 
 def describe_holder(holder: dict[str, Any] | None, now: datetime | None = None) -> str:
     if not holder:
         return "unknown holder"
     if "note" in holder and "who" not in holder:
-        return holder["note"]
+        return str(holder["note"])
     age = ""
     if now is not None and holder.get("time"):
         try:
@@ -529,7 +568,7 @@ def describe_holder(holder: dict[str, Any] | None, now: datetime | None = None) 
 
 
 # ---------------------------------------------------------------------------------------------
-# Audit
+# Audit lines on the host (llmfleet.release.audit reads them back and keeps the local log)
 
 
 def audit_record(*, now: datetime, who: str, host: str, action: str, service: str | None, release: str | None,
@@ -542,7 +581,7 @@ def audit_record(*, now: datetime, who: str, host: str, action: str, service: st
         "service": service,
         "release": release,
         "image_digest": digest,
-        "result": result,
+        "result": str(result),
     }
     if detail:
         rec["detail"] = detail[:500]
@@ -551,9 +590,23 @@ def audit_record(*, now: datetime, who: str, host: str, action: str, service: st
 
 
 def audit_append_script(root: str, record: dict[str, Any]) -> str:
-    line = json.dumps(record, sort_keys=False, separators=(",", ":"))
+    line = json.dumps(record, sort_keys=False, separators=(",", ":"), default=str)
     return "\n".join([
         f"mkdir -p {q(root)}",
         f"printf '%s\\n' {q(line)} >> {q(audit_path(root))}",
         f"chmod 0640 {q(audit_path(root))} 2>/dev/null || true",
     ])
+
+
+# ---------------------------------------------------------------------------------------------
+# The last round trip of a run
+
+
+def final_script(root: str, steps: list[str], records: list[dict[str, Any]], token: str | None) -> str:
+    """Deferred steps (health marks, prune; each in its own subshell, so one that fails or exits
+    does not stop the rest), then the audit lines, then the unlock when the run holds the lock."""
+    parts = [f"(\n{sc}\n)" for sc in steps]
+    parts += [audit_append_script(root, r) for r in records]
+    if token is not None:
+        parts.append(f"(\n{lock_release_script(root, token)}\n)")
+    return "\n".join(parts)

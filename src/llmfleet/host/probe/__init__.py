@@ -1,6 +1,6 @@
 """The host probe: one POSIX sh script that gathers every host fact in one SSH round trip.
 
-``probe_command`` builds the exact remote command (argv, quoted by the SSH layer); ``probe_script``
+``probe_command`` builds the exact remote command (argv, quoted by the SSH layer); ``probe_sh``
 is the script sent on stdin. Parsing lives in :mod:`llmfleet.host.facts`.
 """
 
@@ -8,12 +8,17 @@ from __future__ import annotations
 
 from importlib import resources
 
+from llmfleet.release.store import STATE_READER
+
 # Largest probe document we parse; the script caps each section well below this.
 MAX_DOCUMENT = 8 * 1024 * 1024
 
 
-def probe_script() -> bytes:
-    return resources.files("llmfleet.host.probe").joinpath("probe.sh").read_bytes()
+def probe_sh() -> bytes:
+    """The script sent on stdin: the release state reader (``store.STATE_READER``, a shell function
+    the probe runs as its ``release_state`` section), then probe.sh."""
+    probe = resources.files("llmfleet.host.probe").joinpath("probe.sh").read_bytes()
+    return STATE_READER.encode() + b"\n" + probe
 
 
 def probe_command(mark: str, root: str, model_paths: list[str] | tuple[str, ...] = ()) -> list[str]:

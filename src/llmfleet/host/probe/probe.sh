@@ -17,7 +17,7 @@
 #
 # POSIX sh only (dash, busybox ash, bash): no arrays, no pipefail, no local.
 
-PROBE_VERSION=1
+PROBE_VERSION=2
 
 probe_main() {
     MARK=${1:-llmfleet-probe}
@@ -26,6 +26,7 @@ probe_main() {
     CAP=65536
     FN=no
     BIGCAP=262144
+    STATECAP=1048576
     PATH=$PATH:/usr/sbin:/sbin:/usr/bin:/bin:/usr/local/bin:/usr/local/sbin
     export PATH
     LC_ALL=C
@@ -103,14 +104,12 @@ probe_main() {
         fsection proc_net_tcp "" 5 cat_proc_net_tcp
     fi
 
-    # llmfleet releases: ROOT/services/<name>/current -> releases/<id>
-    if [ -d "$ROOT/services" ]; then
-        for d in "$ROOT"/services/*; do
-            [ -d "$d" ] || continue
-            name=${d##*/}
-            case "$name" in *[!A-Za-z0-9_-]*|"") continue ;; esac
-            fsection release "$name" 5 show_release "$d"
-        done
+    # llmfleet releases: every service's current release, unit and kept releases with their
+    # manifests; llmfleet_release_state is the release store's own reader, sent before this script.
+    if command -v llmfleet_release_state >/dev/null 2>&1; then
+        CAP_SAVE=$CAP; CAP=$STATECAP
+        fsection release_state "" 10 llmfleet_release_state "$ROOT"
+        CAP=$CAP_SAVE
     fi
 
     # Model files the planned services need.
@@ -229,22 +228,6 @@ df_for() {
     [ -n "$p" ] || p=/
     echo "path=$p"
     df -Pk "$p"
-}
-
-show_release() {
-    d=$1
-    if [ -L "$d/current" ]; then
-        echo "current=$(readlink "$d/current" 2>/dev/null)"
-    elif [ -e "$d/current" ]; then
-        echo "current=(not a symlink)"
-    else
-        echo "current="
-    fi
-    if [ -f "$d/current/manifest.json" ]; then
-        echo "manifest:"
-        head -c 60000 "$d/current/manifest.json"
-    fi
-    return 0
 }
 
 show_model() {

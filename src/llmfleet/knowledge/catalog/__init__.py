@@ -50,6 +50,11 @@ class Gpu:
     sources: tuple[str, ...] = ()
     memory_gb: float | None = None
     memory_mib_recorded: bool = False
+    # Memory the driver keeps for itself: the CUDA-visible total (what torch.cuda.mem_get_info and
+    # so vLLM's --gpu-memory-utilization see) is memory.total minus this. None: the planner's default.
+    memory_reserved_mib: int | None = None
+    # gddr / hbm2 / hbm3: the memory class the speed model's efficiency is measured per.
+    memory_type: str = ""
 
     @property
     def name(self) -> str:
@@ -84,6 +89,9 @@ def load_gpus() -> tuple[Gpu, ...]:
                 sources=tuple(entry.get("sources", ())),
                 memory_gb=entry.get("memory_gb"),
                 memory_mib_recorded=bool(entry.get("memory_mib_recorded", False)),
+                memory_reserved_mib=(int(entry["memory_reserved_mib"])
+                                     if entry.get("memory_reserved_mib") is not None else None),
+                memory_type=str(entry.get("memory_type", "")),
             )
         )
     return tuple(out)
@@ -114,11 +122,11 @@ class Quant:
     per_channel_scale: bool = False
     min_compute_capability: str = "0.0"
     vllm: str | None = None
-    vllm_cc80: str | None = None
     gguf_file_type: int | None = None
     base: str | None = None
     rules: tuple[tuple[str, str], ...] = ()
     needs_bf16_for_dtype: bool = False
+    experts_only: bool = False  # only the routed experts are quantized; the rest stays 16 bit (MXFP4)
     sources: tuple[str, ...] = ()
 
     @property
@@ -162,11 +170,11 @@ def load_quants() -> tuple[Quant, ...]:
                 per_channel_scale=bool(e.get("per_channel_scale", False)),
                 min_compute_capability=str(e.get("min_compute_capability", "0.0")),
                 vllm=e.get("vllm"),
-                vllm_cc80=e.get("vllm_cc80"),
                 gguf_file_type=e.get("gguf_file_type"),
                 base=e.get("base"),
                 rules=tuple(sorted((str(k), str(v)) for k, v in (e.get("rules") or {}).items())),
                 needs_bf16_for_dtype=bool(e.get("needs_bf16_for_dtype", False)),
+                experts_only=bool(e.get("experts_only", False)),
                 sources=tuple(e.get("sources", ())),
             )
         )
@@ -240,6 +248,28 @@ class ModelSpec:
     linear_value_head_dim: int = 0
     linear_conv_kernel_dim: int = 0
     vision_params: float = 0.0
+    # Mixture of experts (0 experts: dense). Layers i < moe_first_layer keep a dense MLP of
+    # ``intermediate``; the others have ``num_experts`` routed experts of ``moe_intermediate`` each
+    # (``num_experts_per_tok`` of them read per token) plus shared experts of ``shared_intermediate``
+    # in total (read for every token).
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate: int = 0
+    shared_intermediate: int = 0
+    moe_first_layer: int = 0
+    moe_bias: bool = False  # experts carry biases (gpt-oss)
+    # Multi-head latent attention (DeepSeek-V2/V3): q_lora_rank 0 = a plain q_proj.
+    mla_kv_lora_rank: int = 0
+    mla_q_lora_rank: int = 0
+    mla_qk_nope_head_dim: int = 0
+    mla_qk_rope_head_dim: int = 0
+    mla_v_head_dim: int = 0
+    attention_bias: bool = False  # q/k/v/o biases (gpt-oss; Qwen2's q/k/v biases are ignored, as before)
+    mtp_layers: int = 0  # multi-token-prediction layers shipped with the checkpoint (loaded, not read per token)
+    linear_state_bytes: float = 2.0  # bytes per value of a linear-attention layer's recurrent state
+    fused_qkv: bool = False  # GGUF stores attn_qkv as one tensor (Phi-3)
+    fused_gate_up: bool = False  # GGUF stores gate and up as one ffn_up tensor (Phi-3)
+    active_params_published: float | None = None
     params_published: float | None = None
     model_type: str = ""
     hf_id: str | None = None
@@ -254,6 +284,7 @@ class ModelSpec:
     file_output_bytes: int | None = None  # lm_head / output.weight (0 when tied)
     file_quant: str | None = None  # quant name detected from the files
     file_group_size: int | None = None
+    file_expert_bytes: int | None = None  # routed-expert tensors (GGUF *_exps), all experts
 
     def __post_init__(self) -> None:
         if not self.layer_types:
@@ -269,6 +300,17 @@ class ModelSpec:
     def count(self, kind: str) -> int:
         return sum(1 for t in self.layer_types if t == kind)
 
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def is_mla(self) -> bool:
+        return self.mla_kv_lora_rank > 0
+
+    def is_moe_layer(self, i: int) -> bool:
+        return self.num_experts > 0 and i >= self.moe_first_layer
+
 
 def layer_types_from_interval(num_layers: int, interval: int | None, other: str | None) -> tuple[str, ...]:
     """Layer i is full attention when (i + 1) % interval == 0, else ``other``."""
@@ -281,7 +323,10 @@ _MODEL_KEYS = {
     "num_layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate", "vocab", "tie_embeddings",
     "max_context", "sliding_window", "attn_output_gate", "linear_num_key_heads", "linear_num_value_heads",
     "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim", "vision_params",
-    "params_published", "model_type", "hf_id",
+    "params_published", "model_type", "hf_id", "num_experts", "num_experts_per_tok", "moe_intermediate",
+    "shared_intermediate", "moe_first_layer", "moe_bias", "mla_kv_lora_rank", "mla_q_lora_rank",
+    "mla_qk_nope_head_dim", "mla_qk_rope_head_dim", "mla_v_head_dim", "attention_bias", "mtp_layers",
+    "linear_state_bytes", "fused_qkv", "fused_gate_up", "active_params_published",
 }  # fmt: skip
 
 
@@ -350,7 +395,8 @@ def engine_assumptions(engine: str) -> EngineAssumptions:
     if engine not in engines:
         raise UsageError(f"unknown engine {engine!r}; known: {', '.join(engines)}")
     e = engines[engine]
-    ov, eff, off = e["overhead"], e["efficiency"], e["offload_gbps"]
+    ov, off = e["overhead"], e["offload_gbps"]
+    eff = e.get("efficiency") or (e.get("speed") or {}).get("efficiency", {}).get("default", {"low": 0, "high": 0})
     return EngineAssumptions(
         engine=engine,
         gpu_memory_utilization=float(e["gpu_memory_utilization"]),
@@ -369,6 +415,80 @@ def engine_assumptions(engine: str) -> EngineAssumptions:
     )
 
 
+@dataclass(frozen=True)
+class SpeedAssumptions:
+    """The batch-1 decode speed model of one engine (planner.yaml ``speed``):
+
+        time per token = bytes read / (bandwidth x efficiency) + layers x per-layer cost + per-token cost
+
+    ``efficiency`` is per memory class of the card (gpus.yaml memory_type); ``default`` covers classes
+    without measurements. Each pair is (low, high); the low efficiency goes with the high cost."""
+
+    engine: str
+    efficiency: dict[str, tuple[float, float]]
+    efficiency_sources: dict[str, tuple[str, ...]]
+    per_layer_us: tuple[float, float]
+    per_layer_us_by_class: dict[str, tuple[float, float]]
+    per_token_us: tuple[float, float]
+    legacy_per_layer_us: tuple[float, float] | None
+    cost_sources: tuple[str, ...]
+    floor_share_offloaded: float
+    floor_sources: tuple[str, ...]
+
+    def efficiency_for(self, memory_type: str) -> tuple[str, tuple[float, float]]:
+        """(class used, (low, high)) for a card's memory type."""
+        key = memory_type if memory_type in self.efficiency else "default"
+        return key, self.efficiency[key]
+
+    def per_layer_for(self, efficiency_class: str) -> tuple[float, float]:
+        return self.per_layer_us_by_class.get(efficiency_class, self.per_layer_us)
+
+
+def _pair(d: dict[str, Any], where: str) -> tuple[float, float]:
+    try:
+        lo, hi = float(d["low"]), float(d["high"])
+    except (KeyError, TypeError, ValueError):
+        raise UsageError(f"catalog planner.yaml {where}: needs numbers low and high") from None
+    if lo > hi:
+        raise UsageError(f"catalog planner.yaml {where}: low {lo} is above high {hi}")
+    return lo, hi
+
+
+def speed_assumptions(engine: str) -> SpeedAssumptions:
+    engines = _planner_data().get("engines", {})
+    if engine not in engines:
+        raise UsageError(f"unknown engine {engine!r}; known: {', '.join(engines)}")
+    sp = engines[engine].get("speed")
+    if not isinstance(sp, dict):
+        raise UsageError(f"catalog planner.yaml engines.{engine}: no speed model")
+    eff: dict[str, tuple[float, float]] = {}
+    eff_src: dict[str, tuple[str, ...]] = {}
+    for cls, d in (sp.get("efficiency") or {}).items():
+        eff[str(cls)] = _pair(d, f"engines.{engine}.speed.efficiency.{cls}")
+        eff_src[str(cls)] = tuple(d.get("sources", ()))
+    if "default" not in eff:
+        raise UsageError(f"catalog planner.yaml engines.{engine}.speed.efficiency: needs a default class")
+    legacy = sp.get("legacy_per_layer_us")
+    return SpeedAssumptions(
+        engine=engine,
+        efficiency=eff,
+        efficiency_sources=eff_src,
+        per_layer_us=_pair(sp["per_layer_us"], f"engines.{engine}.speed.per_layer_us"),
+        per_layer_us_by_class={str(k): _pair(v, f"engines.{engine}.speed.per_layer_us_by_class.{k}")
+                               for k, v in (sp.get("per_layer_us_by_class") or {}).items()},
+        per_token_us=_pair(sp.get("per_token_us") or {"low": 0, "high": 0}, f"engines.{engine}.speed.per_token_us"),
+        legacy_per_layer_us=_pair(legacy, f"engines.{engine}.speed.legacy_per_layer_us") if legacy else None,
+        cost_sources=tuple(sp.get("cost_sources", ())),
+        floor_share_offloaded=float(sp.get("floor_share_offloaded", 0.125)),
+        floor_sources=tuple(sp.get("floor_sources", ())),
+    )
+
+
+def default_memory_reserved_mib() -> int:
+    """Driver-reserved memory for cards without their own figure (planner.yaml)."""
+    return int(_planner_data().get("memory_reserved_mib_default", 512))
+
+
 def min_context() -> int:
     return int(_planner_data().get("min_context", 1024))
 
@@ -376,5 +496,6 @@ def min_context() -> int:
 __all__ = [
     "FULL", "LINEAR", "SLIDING", "EngineAssumptions", "Gpu", "ModelSpec", "Quant", "engine_assumptions",
     "find_gguf_quant", "find_gpu", "find_model", "find_quant", "ggml_type_bits", "kv_dtypes",
-    "layer_types_from_interval", "load_gpus", "load_models", "load_quants", "min_context",
+    "layer_types_from_interval", "load_gpus", "load_models", "load_quants", "min_context", "SpeedAssumptions",
+    "speed_assumptions", "default_memory_reserved_mib",
 ]  # fmt: skip

@@ -1,0 +1,370 @@
+"""Deploy and rollback decisions: pure functions over the host's release state.
+
+State in (``store.ServiceState`` per service, as one round trip read it), decisions out: what to do
+with each service (a new release, a switch to an older one with the same content, a health check of
+a release a deploy left unverified, a restart), where to go back on failure, which release a rollback
+goes to, what to prune, whether a lock may be taken over. ``llmfleet.release.deploy`` carries them
+out; nothing here touches a host, and every decision is tested from fixtures (tests/test_deploy_decide.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from llmfleet.release.manifest import Manifest, file_hashes
+from llmfleet.release.render import ENV_FILE, Rendered
+from llmfleet.release.store import DEFAULT_KEEP, RELEASE_ID_RE, ReleaseInfo, ServiceState, new_release_id
+
+
+class Action(StrEnum):
+    NEW = "new"  # upload a new release, switch to it, health-check it
+    SWITCH = "switch"  # an existing release holds this content: switch to it, health-check it
+    VERIFY = "verify"  # current and running, never marked healthy (an interrupted deploy): health-check it
+    RESTART = "restart"  # current but its unit is not active: restart it, health-check it
+    UNCHANGED = "unchanged"  # current, healthy and running: nothing to do
+
+
+class Result(StrEnum):
+    """How a run ended, for a host or one of its services."""
+
+    DEPLOYED = "deployed"
+    UNCHANGED = "unchanged"
+    ROLLED_BACK = "rolled_back"
+    FAILED = "failed"
+    REFUSED = "refused"
+    CHECK = "check"
+
+
+OK_RESULTS = frozenset({Result.DEPLOYED, Result.UNCHANGED, Result.CHECK})
+
+
+@dataclass
+class ServiceOutcome:
+    """What a run did to one service. ``release``: the release it tried; ``current``: the release
+    current when the run ended (None: the unit was stopped, or unknown)."""
+
+    service: str
+    result: Result
+    release: str | None = None
+    current: str | None = None
+    previous: str | None = None
+    reason: str = ""
+
+
+@dataclass
+class HostOutcome:
+    host: str
+    result: Result
+    releases: dict[str, str] = field(default_factory=dict)  # service -> current release after the run
+    duration_s: float = 0.0
+    reason: str = ""
+    changes: list[str] = field(default_factory=list)
+    diffs: dict[str, str] = field(default_factory=dict)
+    preflight: list[dict[str, Any]] = field(default_factory=list)
+    health: dict[str, Any] = field(default_factory=dict)
+    services: dict[str, ServiceOutcome] = field(default_factory=dict)
+    round_trips: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.result in OK_RESULTS
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+class Refusal(Exception):
+    """A decision that stops the run before anything changes: ``result`` is ``refused`` or ``failed``."""
+
+    def __init__(self, result: Result | str, reason: str) -> None:
+        super().__init__(reason)
+        self.result = Result(result)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class ServiceStep:
+    """What the deploy does with one service."""
+
+    service: str
+    action: Action
+    release_id: str
+    previous: str | None = None  # where to go back when this step fails (None: stop the unit)
+    changes: tuple[str, ...] = ()
+
+    @property
+    def pulls(self) -> bool:
+        """The image must be on the host before anything switches."""
+        return self.action in (Action.NEW, Action.SWITCH)
+
+    @property
+    def switches(self) -> bool:
+        return self.action in (Action.NEW, Action.SWITCH, Action.RESTART)
+
+
+@dataclass(frozen=True)
+class DeployPlan:
+    steps: tuple[ServiceStep, ...]
+
+    @property
+    def todo(self) -> tuple[ServiceStep, ...]:
+        return tuple(s for s in self.steps if s.action != Action.UNCHANGED)
+
+    def step(self, service: str) -> ServiceStep:
+        return next(s for s in self.steps if s.service == service)
+
+
+# ---------------------------------------------------------------------------------------------
+# Releases
+
+
+def find_release_with_content(state: ServiceState | None, content_hash: str) -> str | None:
+    """An existing release holding exactly this content (the newest, if several)."""
+    if state is None:
+        return None
+    for rid in sorted(state.releases, reverse=True):
+        m = state.releases[rid].manifest
+        if m is not None and m.content_hash == content_hash:
+            return rid
+    return None
+
+
+def rollback_target(state: ServiceState, *, exclude: str | None = None) -> str | None:
+    """The newest healthy release older than the current one (or than ``exclude``); failing that, the
+    newest healthy one other than it."""
+    pivot = exclude or state.current
+    healthy = [rid for rid, r in state.releases.items() if r.healthy and rid != pivot]
+    older = [rid for rid in healthy if pivot is None or rid < pivot]
+    candidates = older or healthy
+    return max(candidates) if candidates else None
+
+
+def go_back_target(state: ServiceState | None, release_id: str) -> str | None:
+    """Where a failed step on ``release_id`` goes back to: the current release when it is another
+    one that still exists, else the newest healthy release other than ``release_id``."""
+    if state is None:
+        return None
+    if state.current and state.current != release_id and state.current in state.releases:
+        return state.current
+    return rollback_target(state, exclude=release_id)
+
+
+def describe_change(current: Manifest | None, rendered: Rendered) -> list[str]:
+    """What differs between the running release and the one rendered now (no secret values)."""
+    if current is None:
+        return [f"new service: image {rendered.image.pull_ref}, args {' '.join(rendered.engine_args)}"]
+    out: list[str] = []
+    if current.image_ref != rendered.image.pull_ref:
+        out.append(f"image {current.image_ref} -> {rendered.image.pull_ref}")
+    old_args = list(current.engine_args)
+    if old_args != list(rendered.engine_args):
+        removed = [a for a in old_args if a not in rendered.engine_args]
+        added = [a for a in rendered.engine_args if a not in old_args]
+        out.append(f"engine args: -[{' '.join(removed)}] +[{' '.join(added)}]")
+    if not out:
+        changed = [n for n, h in file_hashes(rendered).items() if current.files.get(n) != h]
+        if changed:
+            out.append(f"{changed[0]} changed")
+    if not out:
+        out.append(f"{ENV_FILE} changed (secret values; not shown)")
+    return out
+
+
+def decide_service(state: ServiceState | None, rendered: Rendered, now: datetime) -> ServiceStep:
+    """One service: reuse a release with the same content when there is one, else a new release."""
+    name = rendered.service
+    existing = find_release_with_content(state, rendered.content_hash)
+    current = state.current_release if state else None
+    current_manifest = current.manifest if current else None
+    if existing is not None and state is not None and state.current == existing:
+        back = go_back_target(state, existing)
+        if state.releases[existing].healthy and state.unit == "active":
+            return ServiceStep(name, Action.UNCHANGED, existing, back)
+        if state.unit == "active":
+            return ServiceStep(name, Action.VERIFY, existing, back, (
+                f"release {existing} is current but was never marked healthy (an interrupted deploy): "
+                "health-check it",))
+        return ServiceStep(name, Action.RESTART, existing, back, (
+            f"release {existing} is current but its unit is {state.unit}: restart and health-check it",))
+    if existing is not None:
+        return ServiceStep(name, Action.SWITCH, existing, go_back_target(state, existing), (
+            f"switch to existing release {existing}", *describe_change(current_manifest, rendered)))
+    rid = new_release_id(rendered.content_hash, now)
+    return ServiceStep(name, Action.NEW, rid, go_back_target(state, rid), (
+        f"new release {rid}", *describe_change(current_manifest, rendered)))
+
+
+def decide(states: Mapping[str, ServiceState], rendered: list[Rendered], now: datetime) -> DeployPlan:
+    """Every service of the deploy, in the given order."""
+    return DeployPlan(tuple(decide_service(states.get(r.service), r, now) for r in rendered))
+
+
+# ---------------------------------------------------------------------------------------------
+# After a deploy: the state it leaves, and what to prune
+
+
+@dataclass(frozen=True)
+class PrunePlan:
+    releases: dict[str, tuple[str, ...]] = field(default_factory=dict)  # service -> release ids to delete
+    images: tuple[str, ...] = ()  # image refs no kept release uses
+
+    @property
+    def empty(self) -> bool:
+        return not self.releases and not self.images
+
+
+def releases_to_prune(release_ids: list[str], *, keep: int = DEFAULT_KEEP, protect: set[str] | None = None) -> list[str]:
+    """Everything but the newest ``keep`` releases and the protected ones (current, rollback target)."""
+    protect = {p for p in (protect or set()) if p}
+    ordered = sorted(release_ids, reverse=True)
+    kept = set(ordered[:keep]) | protect
+    return sorted(r for r in ordered if r not in kept)
+
+
+def images_to_prune(states: Mapping[str, ServiceState], deleted: Mapping[str, tuple[str, ...] | list[str]]) -> list[str]:
+    """Image refs used only by releases being deleted, across every service on the host."""
+    doomed: set[str] = set()
+    in_use: set[str] = set()
+    for name, st in states.items():
+        gone = set(deleted.get(name, ()))
+        for rid, info in st.releases.items():
+            ref = info.image_ref
+            if ref:
+                (doomed if rid in gone else in_use).add(ref)
+    return sorted(doomed - in_use)
+
+
+def prune_plan(states: Mapping[str, ServiceState], keep: int) -> PrunePlan:
+    """Keep the newest ``keep`` releases per service plus current and its rollback target; a service
+    with no current release keeps everything. Images go when only deleted releases used them."""
+    deleted: dict[str, tuple[str, ...]] = {}
+    for name, st in states.items():
+        protect = {st.current, rollback_target(st)} if st.current else set(st.releases)
+        gone = releases_to_prune(list(st.releases), keep=keep, protect={p for p in protect if p})
+        if gone:
+            deleted[name] = tuple(gone)
+    return PrunePlan(deleted, tuple(images_to_prune(states, deleted)))
+
+
+def state_after(states: Mapping[str, ServiceState], deployed: Mapping[str, tuple[str, Manifest | None, dict[str, Any] | None]]) -> dict[str, ServiceState]:
+    """The host's state once the deployed releases (service -> (release, manifest, health)) are
+    current and healthy. A copy: the state read from the host is left as it was."""
+    out = {n: ServiceState(st.name, st.current, st.unit, dict(st.releases)) for n, st in states.items()}
+    for name, (rid, manifest, health) in deployed.items():
+        st = out.setdefault(name, ServiceState(name=name))
+        old = st.releases.get(rid)
+        st.releases[rid] = ReleaseInfo(rid, manifest or (old.manifest if old else None), health or {"result": "healthy"})
+        st.current = rid
+        st.unit = "active"
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Going back after a failure, and rollback
+
+
+@dataclass(frozen=True)
+class GoBack:
+    """How going back to the previous release ended: a kind, the release it concerns, the error.
+    ``sentence`` says it for people; nothing reads a release id back out of that sentence."""
+
+    HEALTHY = "healthy"  # the previous release is current again and healthy
+    UNHEALTHY = "unhealthy"  # current again, but its health check failed
+    SWITCH_FAILED = "switch-failed"  # pointing current back failed
+    ERROR = "error"  # the connection or a command failed on the way
+    STOPPED = "stopped"  # nothing to go back to: the unit was stopped
+    STOP_FAILED = "stop-failed"  # nothing to go back to, and stopping the unit failed
+    NOTHING = "nothing"  # nothing to go back to (a rollback whose target was current already)
+
+    kind: str
+    release: str | None
+    detail: str = ""
+
+    @property
+    def result(self) -> Result:
+        return Result.ROLLED_BACK if self.kind == self.HEALTHY else Result.FAILED
+
+    @property
+    def current(self) -> str | None:
+        """The release current now, when it is known."""
+        return self.release if self.kind in (self.HEALTHY, self.UNHEALTHY) else None
+
+    def sentence(self, *, still: bool = False) -> str:
+        r, d = self.release, self.detail
+        return {
+            self.HEALTHY: f"the host is {'still' if still else 'back'} on release {r} (healthy)",
+            self.UNHEALTHY: f"ROLLBACK FAILED: previous release {r} is current again but unhealthy: {d}; "
+                            "check the host now",
+            self.SWITCH_FAILED: f"ROLLBACK FAILED: switching back to {r} failed: {d}; check the host now",
+            self.ERROR: f"ROLLBACK FAILED: {d}; the host may be serving nothing; check it now",
+            self.STOPPED: "no earlier release to go back to; the service was stopped",
+            self.STOP_FAILED: f"no earlier release to go back to, and stopping the unit failed: {d}",
+            self.NOTHING: "nothing else to go back to",
+        }[self.kind]
+
+
+@dataclass(frozen=True)
+class RollbackStep:
+    service: str
+    target: str
+    previous: str | None  # the release current before the rollback
+    manifest: Manifest
+
+    @property
+    def image_ref(self) -> str:
+        return self.manifest.image_ref or ""
+
+
+def decide_rollback(states: Mapping[str, ServiceState], services: list[str], *, host: str,
+                    service: str | None = None, to: str | None = None) -> list[RollbackStep]:
+    """Which release each service goes back to. ``services``: the inventory's services of the host.
+    Raises ``Refusal`` (result ``failed``) with the reason when a rollback cannot be done."""
+    candidates = [service] if service else [n for n in services if n in states]
+    if to is not None and not service:
+        candidates = [n for n in candidates if to in states[n].releases]
+        if not candidates:
+            raise Refusal("failed", f"release {to} does not exist on {host}; see `invoke releases --host {host}`")
+    if not candidates:
+        raise Refusal("failed", f"{host} has no deployed llmfleet service to roll back")
+    steps: list[RollbackStep] = []
+    for name in candidates:
+        st = states.get(name)
+        if st is None or not st.releases:
+            raise Refusal("failed", f"service {name} has no releases on {host}")
+        target = to or rollback_target(st)
+        if target is None:
+            raise Refusal("failed", f"service {name}: no healthy release other than the current one "
+                                    f"({st.current}) to roll back to")
+        if target not in st.releases:
+            raise Refusal("failed", f"service {name}: release {target} does not exist on {host} (pruned?); "
+                                    "see `invoke releases`")
+        manifest = st.releases[target].manifest
+        if manifest is None or not manifest.image_ref:
+            raise Refusal("failed", f"service {name}: release {target} has no readable manifest")
+        steps.append(RollbackStep(name, target, st.current, manifest))
+    return steps
+
+
+# ---------------------------------------------------------------------------------------------
+# The deploy lock
+
+
+def may_take_over(holder: Mapping[str, Any] | None, origin: str, alive: Callable[[int], bool]) -> bool:
+    """A lock left by a deploy from this very machine whose process is gone (Ctrl-C'd, killed, or its
+    SSH connection dropped before it could unlock): safe to take over. Anything else is refused."""
+    if not holder or holder.get("from") != origin:
+        return False
+    try:
+        pid = int(holder.get("pid"))  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return False
+    return not alive(pid)
+
+
+def is_release_id(text: str) -> bool:
+    return bool(RELEASE_ID_RE.match(text))

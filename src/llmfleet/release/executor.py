@@ -1,0 +1,381 @@
+"""The shell around one host's run: its connection, the steps' remote calls, the lock, the audit
+lines and the last round trip.
+
+``HostRun`` sends only what ``llmfleet.release.store`` builds and reads answers only through its
+parsers; what to do comes from ``llmfleet.release.decide``. The health check, the clock, the lock
+token and the liveness test of a lock holder's process are injected, so that the deploy runs against
+a scripted remote in tests (tests/test_deploy_executor.py). ``lock_status`` / ``lock_break`` are the
+``lock.*`` tasks' remote side.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import re
+import secrets
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from llmfleet.errors import LlmfleetError, RemoteError
+from llmfleet.host import ssh
+from llmfleet.inventory.ansible import Host
+from llmfleet.inventory.services import HostSettings, Service
+from llmfleet.knowledge.planner import PlanSummary
+from llmfleet.release import audit, decide, health, store
+from llmfleet.release.decide import GoBack, HostOutcome, Refusal, Result
+from llmfleet.release.manifest import Manifest
+from llmfleet.release.store import Paths
+from llmfleet.settings import Settings
+
+LOG_LINES = 200
+
+Log = Callable[[str], None]
+
+
+def default_who() -> str:
+    try:
+        user = getpass.getuser()
+    except Exception:  # noqa: BLE001 - no user name (a container without passwd entry)
+        user = str(os.getuid())
+    return f"{user}@{socket.gethostname()}"
+
+
+def service_for_release(service: Service, manifest: Manifest | None) -> Service:
+    """The inventory's service as an older release ran it: its port, served name and health settings
+    come from that release's manifest (going back health-checks what the release serves, against the
+    floor it was deployed with, not what the inventory or this run's overrides say now)."""
+    inputs = manifest.inputs if manifest else {}
+    if not inputs:
+        return service
+    data = service.model_dump(mode="json", exclude_unset=True)
+    for k in ("port", "served_name"):
+        if inputs.get(k) is not None:
+            data[k] = inputs[k]
+        elif k == "served_name":
+            data.pop(k, None)
+    if isinstance(inputs.get("health"), dict):
+        data["health"] = inputs["health"]
+    else:
+        data.pop("health", None)
+    try:
+        return Service.model_validate(data)
+    except Exception:  # noqa: BLE001 - an old manifest that no longer fits the schema: judge by the inventory
+        return service
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except (ProcessLookupError, ValueError, TypeError):
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+_KEY_LINE = re.compile(r"(Error\b|Exception\b|\bERROR\b|error:|FATAL|[Ff]ailed to|Insufficient|out of memory|"
+                       r"no kernel image|not supported|No such file)")
+
+
+def summarize_log(text: str, key_lines: int = 4, tail: int = 3) -> str:
+    """The engine's root cause and last words on one line: the last lines that name an error (a
+    Python traceback's final ``RuntimeError: ...``, CUDA's "out of memory"), then the last lines."""
+    lines = [_ANSI.sub("", ln).strip() for ln in text.splitlines()]
+    lines = [ln for ln in lines if ln]
+    keys = [ln for ln in lines if _KEY_LINE.search(ln) and not ln.lstrip().startswith(("File ", "^", "Traceback"))]
+    picked: list[str] = []
+    for ln in keys[-key_lines:] + lines[-tail:]:
+        if ln not in picked:
+            picked.append(ln[:300])
+    return " | ".join(picked)
+
+
+def short(text: str, n: int = 400) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
+def now_utc() -> datetime:
+    return datetime.now(UTC)
+
+
+
+
+# ---------------------------------------------------------------------------------------------
+# The executor
+
+
+@dataclass(frozen=True)
+class HealthTarget:
+    """What one health check is asked about."""
+
+    service: Service
+    api_key: str | None
+    paths: Paths
+    release_id: str
+    plan: PlanSummary | None
+
+
+HealthFn = Callable[["HostRun", HealthTarget], health.HealthReport]
+
+
+def http_health(run: HostRun, target: HealthTarget) -> health.HealthReport:
+    """The staged health check over HTTP through an SSH-forwarded port (llmfleet.release.health)."""
+    svc = target.service
+
+    def probe() -> store.UnitProbe:
+        return store.parse_unit_probe(run.run(store.unit_probe_script(target.paths), timeout=30).stdout)
+
+    with run.remote.forward(svc.port) as local_port:
+        return health.HealthChecker(
+            probe=probe,
+            base_url=f"http://127.0.0.1:{local_port}",
+            served_name=svc.public_name,
+            api_key=target.api_key,
+            load_timeout_s=svc.health.load_timeout_s,
+            stage_timeout_s=svc.health.stage_timeout_s,
+            max_tokens=svc.health.max_tokens,
+            floor=health.decode_floor(svc, run.host_settings, target.plan),
+            realistic=health.realistic_tokps(target.plan),
+            progress=lambda line: run.log(f"{svc.name}:{line}"),
+        ).run()
+
+
+class HostRun:
+    """The shell around one host's run. Everything it sends is built by ``llmfleet.release.store``;
+    what it decides comes from ``llmfleet.release.decide``. ``health``, ``now``, ``token`` and
+    ``alive`` are injected so that the executor runs against a scripted remote in tests."""
+
+    def __init__(self, host_name: str, host_settings: HostSettings, remote: Any, *, settings: Settings, log: Log,
+                 who: str | None = None, message: str = "", health_fn: HealthFn = http_health,
+                 now: Callable[[], datetime] = now_utc, token: Callable[[], str] = lambda: secrets.token_hex(16),
+                 alive: Callable[[int], bool] = pid_alive, origin: str | None = None, pid: int | None = None) -> None:
+        self.host = host_name
+        self.host_settings = host_settings
+        self.root = host_settings.root
+        self.remote = remote
+        self.settings = settings
+        self.message = message
+        self.log = log
+        self.health_fn = health_fn
+        self.now = now
+        self.token = token
+        self.alive = alive
+        self.origin = origin or default_who()
+        self.who = who or self.origin
+        self.pid = os.getpid() if pid is None else pid
+        self.audit: list[dict[str, Any]] = []
+        self.deferred: list[str] = []
+        self.lock_token: str | None = None
+
+    def run(self, script: str, *, timeout: float | None = None, stdin: bytes | None = None,
+            check: bool = False) -> ssh.Result:
+        return self.remote.run(script, timeout=timeout, stdin=stdin, sudo=True, check=check)
+
+    def read_state(self) -> dict[str, store.ServiceState]:
+        res = self.run(store.state_script(self.root), check=True)
+        if not store.state_complete(res.stdout):
+            raise RemoteError(f"host {self.host}: the release state came back cut short: {short(res.stdout, 200)}")
+        return store.parse_state(res.stdout)
+
+    def record(self, *, action: str, service: str | None, release_id: str | None, digest: str | None,
+               result: str, detail: str = "", **extra: Any) -> None:
+        self.audit.append(store.audit_record(now=self.now(), who=self.who, host=self.host, action=action,
+                                             service=service, release=release_id, digest=digest, result=result,
+                                             detail=detail, message=self.message, **extra))
+
+    # -- lock -------------------------------------------------------------------------------------
+
+    def lock(self, action: str) -> None:
+        token = self.token()
+        holder = store.holder_document(token=token, who=self.who, origin=self.origin, action=action,
+                                       message=self.message, now=self.now(), pid=self.pid)
+        for attempt in range(2):
+            res = self.run(store.lock_acquire_script(self.root, holder))
+            got = store.parse_lock_acquire(res.rc, res.stdout)
+            if got.acquired:
+                self.lock_token = token
+                return
+            if attempt == 0 and decide.may_take_over(got.holder, self.origin, self.alive):
+                self.log(f"taking over a stale lock left by this machine: {store.describe_holder(got.holder, self.now())}")
+                self.run(store.lock_break_script(self.root))
+                self.record(action="lock-break", service=None, release_id=None, digest=None, result="stale",
+                            detail=store.describe_holder(got.holder))
+                continue
+            if got.holder is None and res.rc not in (0, store.LOCK_HELD_RC):
+                raise Refusal(Result.FAILED, f"cannot take the deploy lock: {short(res.stderr or res.stdout)}")
+            holder_now = got.holder
+            if holder_now is None:  # the answer was cut short: ask who holds it
+                _, holder_now = store.parse_lock_status(self.run(store.lock_status_script(self.root)).stdout)
+            raise Refusal(Result.REFUSED, f"deploy lock {store.describe_holder(holder_now, self.now())}; wait, or "
+                                          f"inspect with `invoke lock.status --host {self.host}` and break a stale one "
+                                          f"with `invoke lock.release --host {self.host} --yes`")
+
+    # -- the last round trip ----------------------------------------------------------------------
+
+    def defer(self, script: str) -> None:
+        """Run ``script`` in the last round trip, before the audit lines and the unlock."""
+        self.deferred.append(script)
+
+    def finish(self, *, write_audit: bool = True) -> None:
+        """One round trip at the end: deferred steps (marks, prune), the audit lines, the unlock.
+
+        If it does not arrive (a dropped connection), the release is simply not marked healthy yet and
+        the lock is stale: the next deploy from this machine verifies the release and takes the lock over.
+        """
+        records = self.audit if write_audit else []
+        try:
+            audit.append_local(self.settings.audit_log_path, records)
+        except OSError as exc:
+            self.log(f"warning: local audit log {self.settings.audit_log}: {exc}")
+        token = self.lock_token
+        script = store.final_script(self.root, self.deferred, records, token)
+        self.deferred, self.audit, self.lock_token = [], [], None
+        if not script or self.remote is None:
+            return
+        try:
+            res = self.run(script, timeout=300)
+        except LlmfleetError as exc:
+            self.log(f"warning: the final step (mark, prune, audit, unlock) did not complete: {exc}"
+                     + (f"; the next deploy from this machine takes the lock over, others need "
+                        f"`invoke lock.release --host {self.host} --yes`" if token else ""))
+            return
+        if token is not None and not store.parse_lock_release(res.stdout):
+            self.log(f"warning: the deploy lock was not ours to release: {short(res.stdout)}")
+        removed = store.parse_removed_images(res.stdout)
+        if removed:
+            self.log(f"removed {len(removed)} image(s) no kept release uses")
+
+    # -- steps ------------------------------------------------------------------------------------
+
+    def check_health(self, target: HealthTarget, what: str) -> health.HealthReport:
+        self.log(f"{target.service.name}: health check of {what} (port {target.service.port} through SSH)")
+        return self.health_fn(self, target)
+
+    def engine_log(self, paths: Paths) -> str:
+        try:
+            out = self.run(store.logs_script(paths, LOG_LINES), timeout=30).stdout
+        except LlmfleetError as exc:
+            return f"(engine log unavailable: {exc})"
+        return summarize_log(out)
+
+    def mark(self, paths: Paths, release_id: str, report: health.HealthReport, *, now: bool = True) -> None:
+        doc = report.to_dict() | {"release": release_id, "time": self.now().isoformat(timespec="seconds"),
+                                  "who": self.who}
+        script = store.mark_healthy_script(paths, release_id, doc)
+        if now:
+            self.run(script, timeout=30)
+        else:
+            self.defer(script)
+
+    def switch(self, paths: Paths, release_id: str) -> ssh.Result:
+        return self.run(store.switch_script(paths, release_id), timeout=180)
+
+    def go_back(self, paths: Paths, service: Service, api_key: str | None, previous: str | None,
+                state: store.ServiceState | None) -> GoBack:
+        """Point ``current`` back at ``previous``, restart and health-check it (no previous: stop the unit)."""
+        if previous is None:
+            try:
+                self.run(store.stop_script(paths, forget_current=True), timeout=120)
+            except LlmfleetError as exc:
+                return GoBack(GoBack.STOP_FAILED, None, str(exc))
+            return GoBack(GoBack.STOPPED, None)
+        try:
+            res = self.switch(paths, previous)
+            if not store.parse_switch(res.rc, res.stdout):
+                return GoBack(GoBack.SWITCH_FAILED, previous, short(res.stderr or res.stdout, 200))
+            info = state.releases.get(previous) if state else None
+            manifest = info.manifest if info else None
+            target = HealthTarget(service_for_release(service, manifest), api_key, paths, previous,
+                                  manifest.plan_summary() if manifest else None)
+            report = self.check_health(target, f"previous release {previous}")
+        except LlmfleetError as exc:
+            return GoBack(GoBack.ERROR, previous, str(exc))
+        if not report.ok:
+            return GoBack(GoBack.UNHEALTHY, previous, report.message)
+        try:
+            self.mark(paths, previous, report)
+        except LlmfleetError:
+            pass
+        return GoBack(GoBack.HEALTHY, previous)
+
+
+def connect(host: Host, settings: Settings, accept_new_host_keys: bool) -> Any:
+    """The host's connection; a host-key problem refuses, any other SSH failure fails."""
+    try:
+        return ssh.connect(host, config=settings.ssh, accept_new_host_keys=accept_new_host_keys)
+    except ssh.HostKeyError as exc:
+        raise Refusal(Result.REFUSED, str(exc)) from None
+    except RemoteError as exc:
+        raise Refusal(Result.FAILED, str(exc)) from None
+
+
+def run_on_host(host: Host, host_settings: HostSettings, out: HostOutcome, action: str, *, settings: Settings,
+                log: Log, body: Callable[[HostRun], None], who: str | None = None, message: str = "",
+                check: bool = False, accept_new_host_keys: bool = False) -> None:
+    """Connect, run ``body``, and always: turn a refusal into the outcome, write the audit (not for
+    ``check``), unlock, close. The outcome's ``round_trips`` and ``duration_s`` are filled in."""
+    t0 = time.monotonic()
+    run = HostRun(host.name, host_settings, None, settings=settings, log=log, who=who, message=message)
+    try:
+        run.remote = connect(host, settings, accept_new_host_keys)
+        body(run)
+    except Refusal as exc:
+        out.result, out.reason = Result(exc.result), exc.reason
+    except RemoteError as exc:
+        out.result, out.reason = Result.FAILED, str(exc)
+    finally:
+        if out.result in {Result.REFUSED, Result.FAILED} and not run.audit and not check:
+            run.record(action=action, service=None, release_id=None, digest=None, result=out.result,
+                       detail=out.reason)
+        try:
+            run.finish(write_audit=not check)
+        finally:
+            out.round_trips = getattr(run.remote, "round_trips", 0) or 0
+            if run.remote is not None:
+                try:
+                    run.remote.close()
+                except Exception:  # noqa: BLE001,S110 - closing a dead connection must not hide the outcome
+                    pass
+            out.duration_s = round(time.monotonic() - t0, 3)
+
+
+# ---------------------------------------------------------------------------------------------
+# lock inspection and breaking (lock.status / lock.release)
+
+
+def lock_status(host: Host, host_settings: HostSettings, *, config: Settings | dict[str, Any] | None = None,
+                accept_new_host_keys: bool = False) -> dict[str, Any]:
+    with ssh.connect(host, config=Settings.of(config).ssh, accept_new_host_keys=accept_new_host_keys) as remote:
+        res = remote.run(store.lock_status_script(host_settings.root), sudo=True, timeout=30)
+    held, holder = store.parse_lock_status(res.stdout)
+    return {"host": host.name, "held": held, "holder": holder,
+            "description": store.describe_holder(holder, now_utc()) if held else "free"}
+
+
+def lock_break(host: Host, host_settings: HostSettings, *, config: Settings | dict[str, Any] | None = None,
+               who: str | None = None, accept_new_host_keys: bool = False) -> dict[str, Any]:
+    """Remove the host's deploy lock whoever holds it; audited on the host and locally."""
+    settings = Settings.of(config)
+    who = who or default_who()
+    with ssh.connect(host, config=settings.ssh, accept_new_host_keys=accept_new_host_keys) as remote:
+        res = remote.run(store.lock_break_script(host_settings.root), sudo=True, timeout=30)
+        held, broken, holder = store.parse_lock_break(res.stdout)
+        if broken:
+            rec = store.audit_record(now=now_utc(), who=who, host=host.name, action="lock-break", service=None,
+                                     release=None, digest=None, result="broken",
+                                     detail=store.describe_holder(holder))
+            remote.run(store.audit_append_script(host_settings.root, rec), sudo=True, timeout=30)
+            try:
+                audit.append_local(settings.audit_log_path, rec)
+            except OSError:
+                pass
+    return {"host": host.name, "was_held": held, "broken": broken, "holder": holder,
+            "description": store.describe_holder(holder, now_utc()) if held else "free"}
+

@@ -1,0 +1,8 @@
+mkdir -p /opt/llmfleet/locks || exit 2
+if mkdir /opt/llmfleet/locks/deploy 2>/dev/null; then
+  printf '%s\n' '{"action":"deploy","from":"alice@ws1","message":"it'"'"'s a canary","pid":4242,"time":"2026-11-29T12:00:00+00:00","token":"t0k3n","who":"alice"}' > /opt/llmfleet/locks/deploy/holder.json && echo '@@acquired'
+else
+  echo '@@held'
+  head -c 4096 /opt/llmfleet/locks/deploy/holder.json 2>/dev/null
+  exit 3
+fi

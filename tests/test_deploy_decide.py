@@ -1,0 +1,228 @@
+"""The deploy's decisions, table-driven: a host's release state in, the steps out (in the manner of
+pyinfra's operation tests, pyinfra-dev/pyinfra tests/operations/*/*.json: facts in, commands out).
+
+These are the cases that the lab covers only end to end: interrupted deploys, rollback targets,
+pruning and lock takeover. Release ids R1 < R2 < ... are ordered by time, like real ones.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from llmfleet.release import decide as D
+from llmfleet.release.decide import Action
+from tests.deploy_fixtures import NOW, R1, R2, R3, R4, R5, R6, R7, rendered, svc_state
+
+NEW = rendered()
+H = NEW.content_hash
+OTHER = "f" * 64
+NEW_ID = f"20261129T120000Z-{H[:10]}"
+
+
+# ---------------------------------------------------------------------------------------------
+# decide_service: what to do with one service
+
+
+@pytest.mark.parametrize(
+    ("case", "state", "action", "release", "previous"),
+    [
+        ("first deploy", None, Action.NEW, NEW_ID, None),
+        ("same content, current, healthy, running", svc_state({R1: (OTHER, True), R2: (H, True)}, R2),
+         Action.UNCHANGED, R2, R1),
+        ("new content on a healthy host goes back to the current release",
+         svc_state({R1: (OTHER, True), R2: (OTHER, True)}, R2), Action.NEW, NEW_ID, R2),
+        ("interrupted after the switch: current, running, never marked healthy",
+         svc_state({R1: (OTHER, True), R2: (H, False)}, R2), Action.VERIFY, R2, R1),
+        ("current but the unit failed: restart it", svc_state({R1: (OTHER, True), R2: (H, True)}, R2, "failed"),
+         Action.RESTART, R2, R1),
+        ("current, unmarked and the unit is down: restart it", svc_state({R2: (H, False)}, R2, "inactive"),
+         Action.RESTART, R2, None),
+        ("an older release holds this content: switch to it", svc_state({R1: (H, True), R2: (OTHER, True)}, R2),
+         Action.SWITCH, R1, R2),
+        ("the newest of two releases with this content is reused",
+         svc_state({R1: (H, True), R2: (H, True), R3: (OTHER, True)}, R3), Action.SWITCH, R2, R3),
+        ("interrupted before the switch: the uploaded release is reused",
+         svc_state({R1: (OTHER, True), R2: (H, False)}, R1), Action.SWITCH, R2, R1),
+        ("current points at a release that is gone: back to the newest healthy one",
+         svc_state({R1: (OTHER, True), R2: (OTHER, False)}, R5), Action.NEW, NEW_ID, R1),
+        ("no current and no healthy release: nothing to go back to",
+         svc_state({R1: (OTHER, False)}, None), Action.NEW, NEW_ID, None),
+        ("an unreadable manifest never matches", svc_state({R1: (None, True)}, R1), Action.NEW, NEW_ID, R1),
+        ("the unhealthy current release is still where a failure goes back to",
+         svc_state({R1: (OTHER, True), R2: (OTHER, False)}, R2), Action.NEW, NEW_ID, R2),
+    ],
+)
+def test_decide_service(case, state, action, release, previous):
+    step = D.decide_service(state, NEW, NOW)
+    assert (step.action, step.release_id, step.previous) == (action, release, previous), case
+
+
+def test_steps_say_what_changes_without_secret_values():
+    st = svc_state({R1: (OTHER, True)}, R1)
+    step = D.decide_service(st, rendered(api_key={"from_env": "K"}), NOW)
+    assert step.changes[0].startswith("new release ")
+    assert any("image reg.lab:5000/llamacpp@sha256:abab" in c and "@sha256:cdcd" in c for c in step.changes)
+    assert not any("sk-secret" in c for c in step.changes)
+    assert D.decide_service(None, NEW, NOW).changes[1].startswith("new service: image reg.lab:5000/llamacpp@")
+
+
+@pytest.mark.parametrize(
+    ("action", "pulls", "switches"),
+    [(Action.NEW, True, True), (Action.SWITCH, True, True), (Action.RESTART, False, True),
+     (Action.VERIFY, False, False), (Action.UNCHANGED, False, False)],
+)
+def test_which_steps_pull_and_switch(action, pulls, switches):
+    step = D.ServiceStep("chat", action, R1)
+    assert (step.pulls, step.switches) == (pulls, switches)
+
+
+def test_decide_keeps_the_services_order_and_lists_what_to_do():
+    other = rendered(name="other", port=9090)
+    plan = D.decide({"chat": svc_state({R1: (H, True)}, R1)}, [NEW, other], NOW)
+    assert [s.service for s in plan.steps] == ["chat", "other"]
+    assert [s.service for s in plan.todo] == ["other"]
+
+
+# ---------------------------------------------------------------------------------------------
+# rollback targets
+
+
+@pytest.mark.parametrize(
+    ("releases", "current", "exclude", "expected"),
+    [
+        ({R1: True, R2: True, R3: True}, R3, None, R2),
+        ({R1: True, R2: False, R3: True}, R3, None, R1),  # an unhealthy release is never a target
+        ({R1: True, R2: True, R3: True}, R1, None, R3),  # after a rollback: the newest healthy other one
+        ({R1: True, R2: True}, R2, R2, R1),
+        ({R1: True, R2: True, R3: False}, R2, R3, R2),  # a failed new release goes back past itself
+        ({R1: False}, R1, None, None),
+        ({}, None, None, None),
+    ],
+)
+def test_rollback_target(releases, current, exclude, expected):
+    st = svc_state({r: (OTHER, h) for r, h in releases.items()}, current)
+    assert D.rollback_target(st, exclude=exclude) == expected
+
+
+STATES = {
+    "chat": svc_state({R1: (OTHER, True), R2: (OTHER, True), R3: (OTHER, True)}, R3),
+    "embed": svc_state({R1: (OTHER, True), R4: (OTHER, True)}, R4, name="embed"),
+}
+
+
+@pytest.mark.parametrize(
+    ("kw", "expected"),
+    [
+        ({}, [("chat", R2, R3), ("embed", R1, R4)]),
+        ({"service": "chat"}, [("chat", R2, R3)]),
+        ({"service": "chat", "to": R1}, [("chat", R1, R3)]),
+        ({"to": R1}, [("chat", R1, R3), ("embed", R1, R4)]),
+        ({"to": R2}, [("chat", R2, R3)]),  # only the services that have it
+        ({"service": "chat", "to": R3}, [("chat", R3, R3)]),  # the current one: restart and check it
+    ],
+)
+def test_decide_rollback(kw, expected):
+    steps = D.decide_rollback(STATES, ["chat", "embed"], host="h1", **kw)
+    assert [(s.service, s.target, s.previous) for s in steps] == expected
+    assert all(s.image_ref for s in steps)
+
+
+@pytest.mark.parametrize(
+    ("states", "kw", "says"),
+    [
+        (STATES, {"to": R7}, f"release {R7} does not exist on h1"),
+        (STATES, {"service": "chat", "to": R7}, f"release {R7} does not exist on h1 (pruned?)"),
+        ({}, {}, "h1 has no deployed llmfleet service"),
+        ({}, {"service": "chat"}, "service chat has no releases on h1"),
+        ({"chat": svc_state({R1: (OTHER, False), R2: (OTHER, True)}, R2)}, {}, "no healthy release other than"),
+        ({"chat": svc_state({R1: (None, True), R2: (OTHER, True)}, R2)}, {}, f"release {R1} has no readable manifest"),
+    ],
+)
+def test_rollback_refusals(states, kw, says):
+    with pytest.raises(D.Refusal) as err:
+        D.decide_rollback(states, ["chat", "embed"], host="h1", **kw)
+    assert err.value.result == "failed" and says in err.value.reason
+
+
+# ---------------------------------------------------------------------------------------------
+# pruning
+
+
+@pytest.mark.parametrize(
+    ("ids", "keep", "protect", "expected"),
+    [
+        ([R1, R2, R3, R4, R5, R6], 5, set(), [R1]),
+        ([R1, R2, R3], 5, set(), []),
+        ([R1, R2, R3, R4], 2, {R1}, [R2]),
+        ([R3, R1, R2], 1, {None}, [R1, R2]),
+    ],
+)
+def test_releases_to_prune(ids, keep, protect, expected):
+    assert D.releases_to_prune(ids, keep=keep, protect=protect) == expected
+
+
+def test_prune_keeps_current_and_its_rollback_target_and_shared_images():
+    img = {R1: "img@1", R2: "img@2", R3: "img@3", R4: "img@4", R5: "img@2"}
+    chat = svc_state({R1: (OTHER, True), R2: (OTHER, False), R3: (OTHER, False), R4: (OTHER, False),
+                      R5: (OTHER, False)}, R5, refs=img)
+    plan = D.prune_plan({"chat": chat}, keep=2)
+    # keep R5 (current), R4 (newest two) and R1 (the only healthy release: the rollback target)
+    assert plan.releases == {"chat": (R2, R3)}
+    assert plan.images == ("img@3",)  # img@2 is still used by R5
+
+
+def test_prune_leaves_a_service_without_current_alone():
+    st = svc_state({r: (OTHER, True) for r in (R1, R2, R3, R4)}, None)
+    assert D.prune_plan({"chat": st}, keep=1).empty
+
+
+def test_prune_after_a_deploy_counts_the_new_release():
+    st = svc_state({r: (OTHER, True) for r in (R1, R2, R3)}, R3)
+    after = D.state_after({"chat": st}, {"chat": (R4, None, {"result": "healthy"})})
+    assert st.current == R3 and R4 not in st.releases  # the state read from the host is untouched
+    assert after["chat"].current == R4
+    assert D.prune_plan(after, keep=2).releases == {"chat": (R1, R2)}
+
+
+# ---------------------------------------------------------------------------------------------
+# lock takeover
+
+
+@pytest.mark.parametrize(
+    ("holder", "alive", "take"),
+    [
+        ({"from": "me@ws", "pid": 42}, False, True),
+        ({"from": "me@ws", "pid": 42}, True, False),  # that deploy still runs
+        ({"from": "bob@elsewhere", "pid": 42}, False, False),  # another machine: never
+        ({"from": "me@ws"}, False, False),  # no pid to check
+        ({"from": "me@ws", "pid": "x"}, False, False),
+        ({"note": "lock directory exists without a readable holder"}, False, False),
+        (None, False, False),
+    ],
+)
+def test_lock_takeover(holder, alive, take):
+    assert D.may_take_over(holder, "me@ws", lambda pid: alive) is take
+
+
+# ---------------------------------------------------------------------------------------------
+# going back
+
+
+@pytest.mark.parametrize(
+    ("kind", "result", "current", "says"),
+    [
+        (D.GoBack.HEALTHY, "rolled_back", R1, f"the host is back on release {R1} (healthy)"),
+        (D.GoBack.UNHEALTHY, "failed", R1, f"previous release {R1} is current again but unhealthy: why"),
+        (D.GoBack.SWITCH_FAILED, "failed", None, f"switching back to {R1} failed: why"),
+        (D.GoBack.ERROR, "failed", None, "ROLLBACK FAILED: why; the host may be serving nothing"),
+    ],
+)
+def test_go_back_outcomes_carry_the_release_as_a_field(kind, result, current, says):
+    back = D.GoBack(kind, R1, "why")
+    assert (back.result, back.current) == (result, current)
+    assert says in back.sentence()
+
+
+def test_go_back_sentence_for_a_rollback_says_still():
+    assert D.GoBack(D.GoBack.HEALTHY, R1).sentence(still=True) == f"the host is still on release {R1} (healthy)"
+    assert D.GoBack(D.GoBack.STOPPED, None).current is None

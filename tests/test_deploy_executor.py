@@ -1,0 +1,395 @@
+"""The deploy executor against a scripted remote (tests/fake_remote.py, in the style of
+fabric.testing's ``Session``/``Command``): each test lists the round trips a host sees, with the
+exact script (built by the same builders) and the host's answer, and checks the outcome, the
+health marks, the audit lines and the unlock. No SSH, no Docker: these run in a second.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import tarfile
+from io import BytesIO
+
+import pytest
+
+from llmfleet.errors import RemoteError
+from llmfleet.images.lock import resolve
+from llmfleet.release import deploy as D
+from llmfleet.release import executor as E
+from llmfleet.release import store as S
+from llmfleet.release.health import HealthReport, StageResult
+from llmfleet.release.render import render
+from llmfleet.settings import Settings
+from tests.deploy_fixtures import LOCK, NOW, R1, R2, R3, R4, R5, R6, ROOT, host, svc_state
+from tests.fake_remote import Command, FakeRemote
+
+TOKEN = "t" * 32
+ORIGIN = "me@ws"
+PID = 4242
+PATHS = S.Paths(ROOT, "chat")
+REF = resolve("llamacpp:b1", LOCK).pull_ref
+HS = host(health={"min_tokps": 1})
+SVC = HS.services[0]
+NEW = render(SVC, HS, resolve(SVC.image, LOCK), None)
+NEW_ID = S.new_release_id(NEW.content_hash, NOW)
+OTHER = "f" * 64
+
+HEALTHY = HealthReport(ok=True, stages=[StageResult("completion", True, 0.5, "ok")], decode_tokps=50.0)
+UNHEALTHY = HealthReport(ok=False, stages=[StageResult("health", False, 15.0, "/health 200 not reached")])
+
+
+def state_text(*states: S.ServiceState) -> str:
+    """What the host's state reader prints for these services."""
+    lines = []
+    for st in states:
+        lines += [f"@@service {st.name}", f"@@current {'releases/' + st.current if st.current else ''}",
+                  f"@@unit {st.unit}"]
+        for rid, info in sorted(st.releases.items()):
+            lines.append(f"@@release {rid}")
+            if info.manifest:
+                lines.append("@@manifest " + info.manifest.to_text().strip())
+            if info.health:
+                lines.append('@@health {"result": "healthy"}')
+    return "\n".join(lines + ["@@end"])
+
+
+def holder(action: str = "deploy") -> dict:
+    return S.holder_document(token=TOKEN, who=ORIGIN, origin=ORIGIN, action=action, message="", now=NOW, pid=PID)
+
+
+def acquire(out: str = "@@acquired", exit: int = 0, action: str = "deploy") -> Command:
+    return Command(S.lock_acquire_script(ROOT, holder(action)), out=out, exit=exit)
+
+
+def pull(out: str = f"@@pulled\n@@digests\n{REF}\n", exit: int = 0) -> Command:
+    return Command(S.pull_script(REF), out=out, exit=exit)
+
+
+def switch(rid: str, out: str = "@@switched", exit: int = 0) -> Command:
+    return Command(S.switch_script(PATHS, rid), out=out, exit=exit)
+
+
+UPLOAD = Command(S.upload_script(PATHS, NEW_ID), out="@@uploaded")
+ENGINE_LOG = Command(S.logs_script(PATHS, E.LOG_LINES), out="RuntimeError: CUDA out of memory\nexited")
+
+
+class Run:
+    """One executor run: the scripted remote, the health answers, the log lines, the outcome."""
+
+    def __init__(self, commands: list[Command], health: dict[str, list[HealthReport]] | None = None,
+                 alive: bool = True, tmp=None) -> None:
+        self.remote = FakeRemote(commands)
+        self.health = {k: list(v) for k, v in (health or {}).items()}
+        self.checked: list[tuple[str, int, float | None]] = []
+        self.lines: list[str] = []
+        settings = Settings.of({"audit_log": str(tmp / "audit.jsonl")} if tmp else {"audit_log": "/dev/null"})
+        self.run = E.HostRun("h1", HS, self.remote, settings=settings, log=self.lines.append,
+                             health_fn=self._health, now=lambda: NOW, token=lambda: TOKEN,
+                             alive=lambda pid: alive, origin=ORIGIN, pid=PID)
+        self.out = D.HostOutcome("h1", D.Result.UNCHANGED)
+
+    def _health(self, run, target) -> HealthReport:
+        self.checked.append((target.release_id, target.service.port,
+                             target.plan.decode_tokps_ceiling if target.plan else None))
+        answer = self.health[target.release_id].pop(0)
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
+
+    def deploy(self) -> D.HostOutcome:
+        ready = D.PreparedHost(None, None, HS, (D.Prepared(SVC, None, resolve(SVC.image, LOCK)),))  # type: ignore[arg-type]
+        try:
+            D.run_deploy(self.run, ready, self.out, D.DeployOptions(), plans=[None])
+        except D.Refusal as exc:
+            self.out.result, self.out.reason = exc.result, exc.reason
+        return self.out
+
+    def rollback(self, **kw) -> D.HostOutcome:
+        self.out.result = D.Result.FAILED
+        try:
+            D.run_rollback(self.run, kw.get("service"), kw.get("to"), self.out)
+        except D.Refusal as exc:
+            self.out.result, self.out.reason = exc.result, exc.reason
+        return self.out
+
+    def finish(self, out: str = "@@released") -> str:
+        """The last round trip: returns its text."""
+        self.remote.expected.append(Command(None, out=out))
+        self.run.finish()
+        self.remote.assert_done()
+        return self.remote.sent[-1]
+
+
+def state(*states: S.ServiceState) -> Command:
+    return Command(S.state_script(ROOT), out=state_text(*states))
+
+
+def audit_results(text: str) -> list[tuple[str, str]]:
+    recs = []
+    for line in text.splitlines():
+        if line.startswith("printf '%s\\n' ") and "audit.jsonl" in line:
+            recs.append(json.loads(shlex.split(line)[2]))
+    return [(r["action"], r["result"]) for r in recs]
+
+
+# ---------------------------------------------------------------------------------------------
+# deploy
+
+
+def test_first_deploy_uploads_switches_checks_marks_and_unlocks():
+    r = Run([state(), acquire(), pull(), UPLOAD, switch(NEW_ID)], {NEW_ID: [HEALTHY]})
+    o = r.deploy()
+    assert o.result == "deployed" and o.releases == {"chat": NEW_ID}
+    assert o.services["chat"] == D.ServiceOutcome("chat", D.Result.DEPLOYED, NEW_ID, NEW_ID, None)
+    with tarfile.open(fileobj=BytesIO(UPLOAD.sent_stdin)) as tar:
+        names = sorted(tar.getnames())
+        manifest = tar.extractfile("manifest.json").read().decode()
+    assert names == ["compose.yml", "llmfleet-chat.service", "manifest.json", "service.env"]
+    assert f'"release":"{NEW_ID}"' in manifest and f'"content_hash":"{NEW.content_hash}"' in manifest
+    last = r.finish()
+    assert f"{PATHS.release(NEW_ID)}/health.json" in last  # marked healthy in the last round trip
+    assert audit_results(last) == [("deploy", "deployed")]
+    assert S.lock_release_script(ROOT, TOKEN) in last
+    assert r.remote.round_trips == 6
+
+
+def test_no_change_restarts_nothing_and_takes_no_lock():
+    st = svc_state({R1: (NEW.content_hash, True)}, R1)
+    r = Run([state(st)])
+    o = r.deploy()
+    assert o.result == "unchanged" and o.releases == {"chat": R1}
+    assert any("no restart" in ln for ln in r.lines)
+    last = r.finish(out="")
+    assert audit_results(last) == [("deploy", "unchanged")] and "locks/deploy" not in last
+
+
+def test_unhealthy_release_rolls_back_to_the_previous_one_by_field():
+    st = svc_state({R1: (OTHER, True)}, R1)
+    r = Run([state(st), acquire(), pull(), UPLOAD, switch(NEW_ID), ENGINE_LOG,
+             Command(None, out="@@marked"), switch(R1), Command(None, out="@@marked")],
+            {NEW_ID: [UNHEALTHY], R1: [HEALTHY]})
+    o = r.deploy()
+    assert o.result == "rolled_back"
+    assert o.releases == {"chat": R1}
+    assert o.services["chat"].current == R1 and o.services["chat"].release == NEW_ID
+    assert f"back on release {R1}" in o.reason and "CUDA out of memory" in o.reason
+    assert "unhealthy" in r.remote.sent[6] and NEW_ID in r.remote.sent[6]  # marked unhealthy at once
+    assert R1 in r.remote.sent[8] and "healthy" in r.remote.sent[8]
+    assert audit_results(r.finish()) == [("deploy", "rolled_back")]
+
+
+def test_going_back_checks_the_old_release_as_it_was_deployed():
+    old = svc_state({R1: (OTHER, True)}, R1)
+    old.releases[R1].manifest = S.Manifest.parse({
+        **old.releases[R1].manifest.to_dict(), "inputs": {"port": 7000}, "plan": {"decode_tokps_ceiling": 99.0}})
+    r = Run([state(old), acquire(), pull(), UPLOAD, switch(NEW_ID), ENGINE_LOG, Command(None), switch(R1),
+             Command(None)], {NEW_ID: [UNHEALTHY], R1: [HEALTHY]})
+    r.deploy()
+    assert r.checked == [(NEW_ID, 8080, None), (R1, 7000, 99.0)]
+
+
+def test_previous_release_unhealthy_too_is_a_failed_rollback():
+    st = svc_state({R1: (OTHER, True)}, R1)
+    r = Run([state(st), acquire(), pull(), UPLOAD, switch(NEW_ID), ENGINE_LOG, Command(None), switch(R1)],
+            {NEW_ID: [UNHEALTHY], R1: [UNHEALTHY]})
+    o = r.deploy()
+    assert o.result == "failed" and "ROLLBACK FAILED" in o.reason and o.releases == {"chat": R1}
+
+
+def test_switch_back_failing_is_reported_with_the_release():
+    st = svc_state({R1: (OTHER, True)}, R1)
+    r = Run([state(st), acquire(), pull(), UPLOAD, switch(NEW_ID), ENGINE_LOG, Command(None),
+             switch(R1, out="install: cannot stat", exit=1)], {NEW_ID: [UNHEALTHY]})
+    o = r.deploy()
+    assert o.result == "failed" and f"switching back to {R1} failed: install: cannot stat" in o.reason
+    assert o.releases == {"chat": R1}  # not known to have moved: the one current before
+
+
+def test_failed_first_deploy_stops_the_unit():
+    r = Run([state(), acquire(), pull(), UPLOAD, switch(NEW_ID), ENGINE_LOG, Command(None),
+             Command(S.stop_script(PATHS, forget_current=True), out="@@stopped")], {NEW_ID: [UNHEALTHY]})
+    o = r.deploy()
+    assert o.result == "failed" and "the service was stopped" in o.reason
+    assert audit_results(r.finish()) == [("deploy", "failed")]
+
+
+def test_a_failed_pull_changes_nothing():
+    r = Run([state(svc_state({R1: (OTHER, True)}, R1)), acquire(), pull(out="denied", exit=4)])
+    o = r.deploy()
+    assert o.result == "failed" and "pull of" in o.reason and "nothing was changed" in o.reason
+    assert not any("switch" in s or "tar -x" in s for s in r.remote.sent)
+    assert S.lock_release_script(ROOT, TOKEN) in r.finish()
+
+
+def test_a_digest_the_engine_does_not_report_is_refused():
+    r = Run([state(), acquire(), pull(out="@@digests\nreg.lab:5000/llamacpp@sha256:" + "00" * 32 + "\n")])
+    o = r.deploy()
+    assert o.result == "failed" and "refusing to run it" in o.reason
+
+
+def test_a_failed_upload_switches_nothing():
+    r = Run([state(), acquire(), pull(), Command(UPLOAD.cmd, out="tar: short read", exit=2)])
+    o = r.deploy()
+    assert o.result == "failed" and "nothing was switched" in o.reason and "tar: short read" in o.reason
+    assert audit_results(r.finish()) == [("deploy", "failed")]
+
+
+def test_a_failed_switch_goes_back():
+    st = svc_state({R1: (OTHER, True)}, R1)
+    r = Run([state(st), acquire(), pull(), UPLOAD, switch(NEW_ID, out="Job failed", exit=1), ENGINE_LOG,
+             switch(R1), Command(None)], {R1: [HEALTHY]})
+    o = r.deploy()
+    assert o.result == "rolled_back" and f"switch to {NEW_ID} failed: Job failed" in o.reason
+
+
+def test_interrupted_deploy_is_verified_not_redeployed():
+    """Current and running but never marked healthy: health-check it, mark it; no pull, no switch."""
+    st = svc_state({R1: (OTHER, True), R2: (NEW.content_hash, False)}, R2)
+    r = Run([state(st), acquire()], {R2: [HEALTHY]})
+    o = r.deploy()
+    assert o.result == "deployed" and o.releases == {"chat": R2}
+    assert f"{PATHS.release(R2)}/health.json" in r.finish()
+
+
+def test_current_release_with_a_failed_unit_is_restarted():
+    st = svc_state({R2: (NEW.content_hash, True)}, R2, unit="failed")
+    r = Run([state(st), acquire(), switch(R2)], {R2: [HEALTHY]})
+    assert r.deploy().result == "deployed"
+
+
+def test_an_older_release_with_this_content_is_switched_to_not_uploaded():
+    st = svc_state({R1: (NEW.content_hash, True), R2: (OTHER, True)}, R2)
+    r = Run([state(st), acquire(), pull(out=f"@@digests\n{REF}\n"), switch(R1)], {R1: [HEALTHY]})
+    o = r.deploy()
+    assert o.result == "deployed" and o.releases == {"chat": R1}
+    assert any("image present" in ln for ln in r.lines)
+
+
+def test_ctrl_c_during_the_health_check_goes_back_and_is_audited():
+    st = svc_state({R1: (OTHER, True)}, R1)
+    r = Run([state(st), acquire(), pull(), UPLOAD, switch(NEW_ID), switch(R1), Command(None)],
+            {NEW_ID: [KeyboardInterrupt()], R1: [HEALTHY]})
+    with pytest.raises(KeyboardInterrupt):
+        r.deploy()
+    assert any("interrupted; going back to" in ln for ln in r.lines)
+    last = r.finish()
+    assert audit_results(last) == [("deploy", "rolled_back")] and "interrupted" in last
+
+
+def test_lock_held_by_someone_else_refuses_with_their_details():
+    other = {"who": "alice", "from": "alice@ws", "pid": 1, "action": "deploy", "message": "canary",
+             "time": "2026-11-29T11:50:00+00:00"}
+    r = Run([state(), acquire(out="@@held\n" + json.dumps(other), exit=S.LOCK_HELD_RC)])
+    o = r.deploy()
+    assert o.result == "refused" and "alice" in o.reason and "canary" in o.reason and "lock.release" in o.reason
+    assert "(10 min 0 s ago)" in o.reason
+
+
+def test_a_stale_lock_from_this_machine_is_taken_over():
+    mine = {"who": ORIGIN, "from": ORIGIN, "pid": 999, "action": "deploy", "time": "2026-11-29T11:00:00+00:00"}
+    r = Run([state(), acquire(out="@@held\n" + json.dumps(mine), exit=S.LOCK_HELD_RC),
+             Command(S.lock_break_script(ROOT), out="@@held\n@@broken"), acquire(), pull(), UPLOAD, switch(NEW_ID)],
+            {NEW_ID: [HEALTHY]}, alive=False)
+    assert r.deploy().result == "deployed"
+    assert any("stale lock" in ln for ln in r.lines)
+    assert audit_results(r.finish()) == [("lock-break", "stale"), ("deploy", "deployed")]
+
+
+def test_a_stale_lock_of_a_live_process_is_refused():
+    mine = {"who": ORIGIN, "from": ORIGIN, "pid": 999, "action": "deploy", "time": "2026-11-29T11:00:00+00:00"}
+    r = Run([state(), acquire(out="@@held\n" + json.dumps(mine), exit=S.LOCK_HELD_RC)], alive=True)
+    assert r.deploy().result == "refused"
+
+
+def test_a_lock_answer_cut_short_asks_who_holds_it():
+    r = Run([state(), acquire(out="", exit=0),
+             Command(S.lock_status_script(ROOT), out='@@held\n{"who": "bob", "from": "b@x"}\n')])
+    o = r.deploy()
+    assert o.result == "refused" and "held by bob from b@x" in o.reason
+    r.remote.assert_done()
+
+
+def test_a_lock_script_that_fails_is_a_failure_not_a_refusal():
+    r = Run([state(), acquire(out="mkdir: Read-only file system", exit=2)])
+    o = r.deploy()
+    assert o.result == "failed" and "cannot take the deploy lock: mkdir: Read-only file system" in o.reason
+
+
+def test_prune_after_success_in_the_last_round_trip():
+    refs = {R1: "img@1", R2: "img@2", R3: "img@3", R4: "img@4", R5: "img@5", R6: REF}
+    st = svc_state({r: (OTHER, True) for r in (R1, R2, R3, R4, R5, R6)}, R6, refs=refs)
+    r = Run([state(st), acquire(), pull(), UPLOAD, switch(NEW_ID)], {NEW_ID: [HEALTHY]})
+    assert r.deploy().result == "deployed"
+    last = r.finish(out="@@image-removed img@1\n@@image-removed img@2\n@@released")
+    assert S.prune_script(PATHS, (R1, R2)) in last
+    assert S.image_remove_script(("img@1", "img@2")) in last
+    assert any("removed 2 image(s)" in ln for ln in r.lines)
+
+
+def test_a_dropped_connection_at_the_end_is_a_warning_not_a_failure(tmp_path):
+    r = Run([state(), acquire(), pull(), UPLOAD, switch(NEW_ID)], {NEW_ID: [HEALTHY]}, tmp=tmp_path)
+    assert r.deploy().result == "deployed"
+    r.remote.expected.append(Command(None, raises=RemoteError("host h1: SSH connection is closed")))
+    r.run.finish()
+    assert any("did not complete" in ln and "takes the lock over" in ln for ln in r.lines)
+    assert (tmp_path / "audit.jsonl").stat().st_mode & 0o777 == 0o600  # the local line is written first
+
+
+def test_a_state_cut_short_is_an_error_not_an_empty_host():
+    r = Run([Command(S.state_script(ROOT), out="@@service chat\n@@current releases/" + R1)])
+    with pytest.raises(RemoteError, match="cut short"):
+        r.deploy()
+
+
+# ---------------------------------------------------------------------------------------------
+# rollback
+
+
+def rollback_state() -> S.ServiceState:
+    return svc_state({R1: (OTHER, True), R2: (OTHER, True), R3: (OTHER, True)}, R3, refs={R2: REF, R1: REF, R3: REF})
+
+
+def present(out: str = "@@present") -> Command:
+    return Command(S.image_present_script(REF), out=out)
+
+
+def test_rollback_to_the_previous_healthy_release():
+    r = Run([state(rollback_state()), acquire(action="rollback"), present(), switch(R2)], {R2: [HEALTHY]})
+    o = r.rollback()
+    assert o.result == "rolled_back" and o.releases == {"chat": R2} and o.changes == [f"chat: {R3} -> {R2}"]
+    assert audit_results(r.finish()) == [("rollback", "rolled_back")]
+
+
+def test_rollback_to_a_named_release():
+    r = Run([state(rollback_state()), acquire(action="rollback"), present(), switch(R1)], {R1: [HEALTHY]})
+    assert r.rollback(to=R1).releases == {"chat": R1}
+
+
+def test_rollback_refuses_when_the_image_is_gone():
+    r = Run([state(rollback_state()), acquire(action="rollback"), present(out="@@absent")])
+    o = r.rollback()
+    assert o.result == "failed" and "no longer on the host" in o.reason
+
+
+def test_rollback_to_a_release_that_does_not_exist_takes_no_lock():
+    r = Run([state(rollback_state())])
+    o = r.rollback(to=R5)
+    assert o.result == "failed" and "does not exist" in o.reason
+    r.remote.assert_done()
+
+
+def test_unhealthy_rollback_target_goes_back_and_says_still():
+    r = Run([state(rollback_state()), acquire(action="rollback"), present(), switch(R2), ENGINE_LOG, switch(R3),
+             Command(None)], {R2: [UNHEALTHY], R3: [HEALTHY]})
+    o = r.rollback()
+    assert o.result == "failed" and f"the host is still on release {R3} (healthy)" in o.reason
+    assert o.releases == {"chat": R3} and o.services["chat"].current == R3
+
+
+def test_rollback_of_the_current_release_restarts_it():
+    st = svc_state({R4: (OTHER, True)}, R4, refs={R4: REF})
+    r = Run([state(st), acquire(action="rollback"), present(), switch(R4), ENGINE_LOG], {R4: [UNHEALTHY]})
+    o = r.rollback(to=R4)
+    assert o.result == "failed" and "nothing else to go back to" in o.reason
+    assert any("already current" in ln for ln in r.lines)

@@ -1,0 +1,89 @@
+"""Every remote script llmfleet sends, pinned to its exact text (as Kamal tests its commands by exact
+strings, basecamp/kamal test/commands/lock_test.rb): a change to what goes over SSH shows up here as
+a diff to review. Inputs are fixed; each golden file is in tests/golden/scripts/.
+
+After an intended change: ``LLMFLEET_UPDATE_GOLDEN=1 pytest tests/test_scripts_golden.py`` rewrites
+the files; review them with ``git diff tests/golden``. What the scripts do is tested by running them
+in a real ``sh`` (tests/test_release.py, tests/test_status.py, tests/test_facts.py).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from llmfleet.fleet import status
+from llmfleet.host import probe
+from llmfleet.release import audit
+from llmfleet.release import store as S
+
+GOLDEN = Path(__file__).parent / "golden" / "scripts"
+NOW = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
+ROOT = "/opt/llmfleet"
+PATHS = S.Paths(ROOT, "chat")
+R1, R2 = "20261129T110000Z-0123456789", "20261129T120000Z-abcdef0123"
+REF = "reg.lab:5000/llamacpp@sha256:" + "cd" * 32
+HOLDER = S.holder_document(token="t0k3n", who="alice", origin="alice@ws1", action="deploy", message="it's a canary",
+                           now=NOW, pid=4242)
+RECORD = S.audit_record(now=NOW, who="alice", host="h1", action="deploy", service="chat", release=R2,
+                        digest="sha256:" + "cd" * 32, result="deployed", detail="it's ok", message="canary")
+
+SCRIPTS = {
+    "state": lambda: S.state_script(ROOT),
+    "upload": lambda: S.upload_script(PATHS, R2),
+    "pull": lambda: S.pull_script(REF),
+    "image_present": lambda: S.image_present_script(REF),
+    "switch": lambda: S.switch_script(PATHS, R2),
+    "stop": lambda: S.stop_script(PATHS, forget_current=True),
+    "engine_log": lambda: S.logs_script(PATHS, 200),
+    "mark_healthy": lambda: S.mark_healthy_script(PATHS, R2, {"result": "healthy", "decode_tokps": 42.5}),
+    "unit_probe": lambda: S.unit_probe_script(PATHS),
+    "current_files": lambda: S.current_files_script(ROOT, ["chat", "embed"]),
+    "prune": lambda: S.prune_script(PATHS, [R1]),
+    "image_remove": lambda: S.image_remove_script([REF]),
+    "lock_acquire": lambda: S.lock_acquire_script(ROOT, HOLDER),
+    "lock_release": lambda: S.lock_release_script(ROOT, "t0k3n"),
+    "lock_status": lambda: S.lock_status_script(ROOT),
+    "lock_break": lambda: S.lock_break_script(ROOT),
+    "audit_append": lambda: S.audit_append_script(ROOT, RECORD),
+    "audit_tail": lambda: audit.tail_script(ROOT, 50),
+    "final": lambda: S.final_script(ROOT, [S.mark_healthy_script(PATHS, R2, {"result": "healthy"}),
+                                           S.prune_script(PATHS, [R1])], [RECORD], "t0k3n"),
+    "status": lambda: status.status_script(ROOT),
+    "host_probe_command": lambda: shlex.join(probe.probe_command("llmfleet-0123abcd", ROOT, ["/srv/models/m it's.gguf"])),
+    "host_probe_stdin": lambda: probe.probe_sh().decode(),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SCRIPTS))
+def test_script_text_is_exactly_the_golden_file(name):
+    text = SCRIPTS[name]()
+    path = GOLDEN / f"{name}.sh"
+    if os.environ.get("LLMFLEET_UPDATE_GOLDEN"):
+        path.write_text(text if text.endswith("\n") else text + "\n", encoding="utf-8")
+    assert path.exists(), f"no golden file for {name}; run with LLMFLEET_UPDATE_GOLDEN=1 and review it"
+    assert text.rstrip("\n") == path.read_text(encoding="utf-8").rstrip("\n")
+
+
+def test_every_golden_file_belongs_to_a_script():
+    assert sorted(p.stem for p in GOLDEN.glob("*.sh")) == sorted(SCRIPTS)
+
+
+def test_every_script_builder_of_the_release_store_has_a_golden_file():
+    builders = sorted(n for n in dir(S) if n.endswith("_script") and callable(getattr(S, n)))
+    pinned = {"state_script", "upload_script", "pull_script", "image_present_script", "switch_script", "stop_script",
+              "logs_script", "mark_healthy_script", "unit_probe_script", "current_files_script", "prune_script",
+              "image_remove_script", "lock_acquire_script", "lock_release_script", "lock_status_script",
+              "lock_break_script", "audit_append_script", "final_script"}
+    assert set(builders) <= pinned, f"a new script builder needs a golden file: {sorted(set(builders) - pinned)}"
+
+
+@pytest.mark.parametrize("name", ["state", "upload", "switch", "lock_acquire", "audit_append", "status", "final"])
+def test_golden_scripts_parse_as_posix_sh(name):
+    res = subprocess.run(["sh", "-n", str(GOLDEN / f"{name}.sh")], capture_output=True, text=True, timeout=10)
+    assert res.returncode == 0, res.stderr
