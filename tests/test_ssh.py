@@ -63,6 +63,43 @@ def test_changed_host_key_is_refused_even_with_accept_new(sshd, tmp_path):
         connect(host_for(sshd), config={"known_hosts": str(kh)}, accept_new_host_keys=True)
 
 
+def _host_line(sshd, name: str) -> str:
+    return f"{name} " + " ".join(sshd.host_pub.read_text().split()[:2]) + "\n"
+
+
+def test_a_large_known_hosts_file_finds_the_hosts_key_among_many(sshd, tmp_path):
+    import paramiko
+
+    kh = tmp_path / "kh"
+    other = paramiko.Ed25519Key.from_private_key_file(str(sshd.client_key))  # any other ed25519 key
+    filler = "".join(f"[127.0.0.1]:{20000 + i} ssh-ed25519 {other.get_base64()}\n" for i in range(1500))
+    kh.write_text(filler + _host_line(sshd, f"[127.0.0.1]:{sshd.port}"))
+    for _ in range(2):  # the second connection reads the parsed file from memory: same answer
+        with connect(host_for(sshd), config={"known_hosts": str(kh)}) as r:
+            assert r.run(["echo", "ok"]).stdout == "ok\n"
+
+
+def test_a_hashed_known_hosts_entry_is_honoured(sshd, tmp_path):
+    import paramiko
+
+    kh = tmp_path / "kh"
+    name = f"[127.0.0.1]:{sshd.port}"
+    kh.write_text(_host_line(sshd, paramiko.HostKeys.hash_host(name)))
+    with connect(host_for(sshd), config={"known_hosts": str(kh)}) as r:
+        assert r.run(["true"]).rc == 0
+
+
+def test_a_rewritten_known_hosts_file_is_read_again(sshd, tmp_path):
+    kh = tmp_path / "kh"
+    kh.write_text(_host_line(sshd, f"[127.0.0.1]:{sshd.port}"))
+    connect(host_for(sshd), config={"known_hosts": str(kh)}).close()
+    other = tmp_path / "other"
+    os.system(f"ssh-keygen -q -t ed25519 -N '' -f {other}")  # noqa: S605 (fixed test command)
+    kh.write_text(f"[127.0.0.1]:{sshd.port} " + " ".join(other.with_suffix(".pub").read_text().split()[:2]) + "\n")
+    with pytest.raises(HostKeyError, match="HOST KEY CHANGED"):
+        connect(host_for(sshd), config={"known_hosts": str(kh)})
+
+
 def test_run_returns_exit_code_and_both_streams(remote):
     res = remote.run("echo out; echo err >&2; exit 3")
     assert (res.rc, res.stdout, res.stderr) == (3, "out\n", "err\n")

@@ -17,7 +17,6 @@ from llmfleet.cli.common import (
 )
 from llmfleet.cli.flags import fleet_task
 from llmfleet.errors import RemoteError, UsageError
-from llmfleet.host.group import run_on_hosts
 
 VERBOSE_HELP = "print each remote command (secrets masked) with its exit status and duration"
 
@@ -28,6 +27,8 @@ PARALLEL_HOSTS = 8
 
 def _each(fn, items: list) -> list:
     """fn over items on a few hosts at once, results in the items' order (an exception is raised as it was)."""
+    from llmfleet.host.group import run_on_hosts
+
     out = []
     for r in run_on_hosts(fn, items, forks=PARALLEL_HOSTS):
         if r.exception is not None:

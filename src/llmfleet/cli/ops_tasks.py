@@ -18,7 +18,6 @@ from llmfleet.cli.common import (
 )
 from llmfleet.cli.flags import LINES, PERCENT, POSITIVE, SECONDS, SECONDS_OR_ZERO, fleet_task
 from llmfleet.errors import CheckFailed, UsageError
-from llmfleet.host.group import run_on_hosts
 
 DEFAULT_FORKS = 10
 DEFAULT_TIMEOUT = 20
@@ -172,6 +171,7 @@ def audit(c, host=None, group=None, n=50, inventory=None, json=False, timeout=DE
 
 
 def _remote_audit(c, hosts: list[Any], n: int, timeout: float, unreachable: list[dict[str, str]]) -> list[dict]:
+    from llmfleet.host.group import run_on_hosts
     from llmfleet.host.ssh import connect
     from llmfleet.inventory.ansible import settings_for
     from llmfleet.release import audit as audit_mod
@@ -217,6 +217,8 @@ def _remote_audit(c, hosts: list[Any], n: int, timeout: float, unreachable: list
         "rollback_on_abort": "on abort, roll the already upgraded hosts back to their previous release",
         "check": "show the batches and each host's changes; touch nothing",
         "json": 'print the summary as JSON (one object: batches, hosts, counts, "unreachable": [{"host", "error"}])',
+        "json_lines": "print one JSON line per host as it finishes (its result), then one line with the summary "
+                      "(for large fleets: a live progress line per batch on stderr instead of every host's steps)",
         "inventory": INVENTORY_HELP,
         "message": "a note kept in each release's manifest and the audit log",
         "accept_new_host_keys": "record unknown SSH host keys (as OpenSSH accept-new); changed keys still refused",
@@ -226,7 +228,7 @@ def _remote_audit(c, hosts: list[Any], n: int, timeout: float, unreachable: list
 )
 def upgrade(c, group=None, host=None, inventory=None, image=None, set_=None, serial=None, max_fail_percentage=None,
             forks=5, pause=0.0, rollback_on_abort=False, check=False, json=False, message="",
-            accept_new_host_keys=False, allow_unpinned=False, verbose=False):
+            accept_new_host_keys=False, allow_unpinned=False, verbose=False, json_lines=False):
     """Rolling upgrade of a group: full deploy per host in serial batches, abort on max-fail-percentage."""
     from datetime import UTC, datetime
 
@@ -271,7 +273,11 @@ def upgrade(c, group=None, host=None, inventory=None, image=None, set_=None, ser
     log = log_line
     for name, why in excluded.items():
         log(f"{name}: not part of this upgrade: {why}")
-    deploy_one = upgrade_mod.deploy_fn(inv, config=config, options=options, changes=changes, log=log,
+    # --json-lines: a live line per batch on stderr stands for the hosts' steps (-v shows them too)
+    host_log = log if (verbose or not json_lines) else (lambda line: None)
+    run_log = log if (verbose or not json_lines) else (
+        lambda line: log(line) if line.startswith(("ABORT", "STOP", "rolling back", "pausing")) else None)
+    deploy_one = upgrade_mod.deploy_fn(inv, config=config, options=options, changes=changes, log=host_log,
                                        prepared=prepared)
     unreachable: list[dict[str, str]] = []
 
@@ -284,9 +290,26 @@ def upgrade(c, group=None, host=None, inventory=None, image=None, set_=None, ser
         return outcome
 
     rollback = upgrade_mod.rollback_fn(inv, config=config, options=options, log=log) if rollback_on_abort else None
+    progress, on_host = None, None
+    if json_lines:
+        import json as json_mod
+        import sys
+        import threading
+
+        from llmfleet.fleet.progress import LiveLine
+
+        progress = LiveLine(sys.stderr.write, terminal=sys.stderr.isatty())
+        out_lock = threading.Lock()
+
+        def on_host(res: Any) -> None:
+            with out_lock:
+                sys.stdout.write(json_mod.dumps(res.to_dict(), separators=(",", ":"), default=str) + "\n")
+                sys.stdout.flush()
+
     report = upgrade_mod.run_upgrade(
         names, deploy=deploy, serial=serial_list, max_fail_percentage=mfp, forks=forks, pause=pause,
-        rollback_on_abort=bool(rollback_on_abort), rollback=rollback, check=bool(check), log=log,
+        rollback_on_abort=bool(rollback_on_abort), rollback=rollback, check=bool(check), log=run_log,
+        progress=progress, on_host=on_host,
     )
     report.excluded = excluded
     if not check:
@@ -299,7 +322,13 @@ def upgrade(c, group=None, host=None, inventory=None, image=None, set_=None, ser
             audit_mod.append_local(config.audit_log, record)
         except OSError as exc:
             log(f"warning: local audit log not written: {exc}")
-    if json:
+    if json_lines:
+        import json as json_mod
+
+        summary = {k: v for k, v in report.to_dict().items() if k != "hosts"}
+        print(json_mod.dumps(summary | {"summary": True, "unreachable": unreachable}, separators=(",", ":")),
+              flush=True)
+    elif json:
         print_json(report.to_dict() | {"unreachable": unreachable})
     else:
         _print_upgrade(report)

@@ -204,18 +204,28 @@ def _run_batch(
     log: Callable[[str], None],
     clock: Callable[[], float],
     apply: Callable[[HostResult, Any, float], None],
+    progress: Any = None,
+    on_host: Callable[[HostResult], None] | None = None,
 ) -> None:
     def one(h: str) -> None:
         t0 = clock()
+        if progress is not None:
+            progress.host_started()
         try:
-            outcome = fn(h)
-        except Exception as exc:  # noqa: BLE001 - a bug on one host must not lose the batch
-            results[h].result = "error"
-            results[h].reason = f"{type(exc).__name__}: {exc}"[:500]
-            results[h].duration_s = clock() - t0
-            log(f"{h}: error: {results[h].reason}")
-            return
-        apply(results[h], outcome, t0)  # as each host ends: a Ctrl-C later keeps what finished
+            try:
+                outcome = fn(h)
+            except Exception as exc:  # noqa: BLE001 - a bug on one host must not lose the batch
+                results[h].result = "error"
+                results[h].reason = f"{type(exc).__name__}: {exc}"[:500]
+                results[h].duration_s = clock() - t0
+                log(f"{h}: error: {results[h].reason}")
+                return
+            apply(results[h], outcome, t0)  # as each host ends: a Ctrl-C later keeps what finished
+        finally:
+            if progress is not None:
+                progress.host_done(results[h].result, results[h].failed)
+            if on_host is not None:
+                on_host(results[h])
 
     run_on_hosts(one, hosts, forks=forks, thread_name="llmfleet-upgrade")
 
@@ -235,6 +245,8 @@ def run_upgrade(
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
     stop: threading.Event | None = None,
+    progress: Any = None,
+    on_host: Callable[[HostResult], None] | None = None,
 ) -> UpgradeReport:
     """Deploy ``hosts`` batch by batch. ``deploy(host)`` returns a HostOutcome-like object (``result``,
     ``releases``, ``duration_s``, ``reason``, ``changes``) and should not raise; if it does, the
@@ -242,6 +254,8 @@ def run_upgrade(
 
     ``check``: every host is asked for its changes (``deploy`` is expected to be a check-mode deploy),
     all batches run and nothing aborts. ``stop`` (an Event) ends the rollout after the current batch.
+    ``progress`` (a :class:`llmfleet.fleet.progress.LiveLine`) gets each batch's start and end and each
+    host's start and result; ``on_host`` is called with each host's result as it finishes.
     """
     if rollback_on_abort and rollback is None and not check:
         raise UsageError("rollback_on_abort needs a rollback function")
@@ -265,8 +279,10 @@ def run_upgrade(
     for i, batch in enumerate(plan):
         label = "canary " if i == 0 and len(serial) > 1 and len(plan) > 1 else ""
         log(f"batch {i + 1}/{len(plan)} {label}({len(batch)} host{'s' if len(batch) != 1 else ''}): {', '.join(batch)}")
+        if progress is not None:
+            progress.begin(i + 1, len(plan), len(batch))
         try:
-            _run_batch(batch, deploy, forks, results, log, clock, apply_deploy)
+            _run_batch(batch, deploy, forks, results, log, clock, apply_deploy, progress, on_host)
         except KeyboardInterrupt:
             # Ctrl-C: the hosts already deploying have finished (their locks released); stop here
             for h in batch:
@@ -277,6 +293,9 @@ def run_upgrade(
             report.abort_reason = f"interrupted during batch {i + 1}; no further batch started"
             log(f"STOP: {report.abort_reason}")
             break
+        finally:
+            if progress is not None:
+                progress.end()
         failed = sum(1 for h in batch if results[h].failed)
         if check:
             continue

@@ -188,7 +188,16 @@ def load_lock(path: str | Path | None = None) -> ImageLock:
     p = Path(path) if path else default_lock_path()
     if not p.is_file():
         return ImageLock(images={}, path=str(p))
-    return parse_lock(p.read_text(encoding="utf-8"), path=str(p))
+    # Parsed once per file content for the process (a fleet run reads the same lock for every host).
+    text = p.read_text(encoding="utf-8")
+    cached = _LOCK_CACHE.get(str(p))
+    if cached is None or cached[0] != text:
+        cached = (text, parse_lock(text, path=str(p)))
+        _LOCK_CACHE[str(p)] = cached
+    return ImageLock(images=dict(cached[1].images), path=cached[1].path)
+
+
+_LOCK_CACHE: dict[str, tuple[str, ImageLock]] = {}
 
 
 def default_lock_path() -> Path:

@@ -132,6 +132,10 @@ def ensure_engine(log=lambda msg: None, install: bool = True) -> EngineReport:
         want.append("debootstrap")
     if not shutil.which("cmake") or not shutil.which("g++"):
         want += ["cmake", "g++", "make"]
+    # Optional, for the llama-server compile: a compiler cache kept across runs, and ninja's done/total
+    # steps. Installed along with anything else missing; without them the compile still works.
+    if want:
+        want += [pkg for tool, pkg in (("ccache", "ccache"), ("ninja", "ninja-build")) if not shutil.which(tool)]
     if want:
         if not install:
             raise CheckFailed(f"missing: {' '.join(want)}; run `invoke lab.setup` as root or apt-get install them")

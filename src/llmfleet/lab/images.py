@@ -23,6 +23,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -47,6 +48,8 @@ DEFAULT_IMAGES = ["base", "registry", "host", "llamacpp", "llamacpp-next", "brok
 ALL_IMAGES = [*DEFAULT_IMAGES, "vllm-cpu"]
 _DIRS = {"registry": "lab-registry", "host": "lab-host", "llamacpp": "lab-llamacpp",
          "llamacpp-next": "lab-llamacpp-next", "broken": "lab-broken", "vllm-cpu": "lab-vllm-cpu"}
+# Lab images that need only the base, built at once (docker builds of their own).
+PARALLEL_BUILDS = 3
 # Images built FROM another lab image instead of the debootstrap base.
 _PARENT = {"llamacpp-next": "llamacpp"}
 
@@ -63,15 +66,62 @@ class ImageInfo:
 Log = Callable[[str], None]
 
 
-class Progress:
-    """Rich progress for long steps; a no-op sink when quiet."""
+class LineProgress:
+    """Progress as plain lines, for output that is not a terminal (CI logs, ``| tee``): a line when a
+    step starts, then at most one every ``every_s`` seconds per step (done/total when known), and one
+    when it ends. Rich's live bars print nothing until the end there."""
 
-    def __init__(self, quiet: bool = False) -> None:
+    def __init__(self, write: Callable[[str], None], every_s: float = 15.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.write = write
+        self.every_s = every_s
+        self.clock = clock
+        self._tasks: dict[int, dict] = {}
+        self._lock = threading.Lock()
+
+    def add_task(self, description: str, total: float | None = None, detail: str = "") -> int:
+        with self._lock:
+            tid = len(self._tasks)
+            now = self.clock()
+            self._tasks[tid] = {"description": description, "total": total, "completed": 0, "detail": detail,
+                                "t0": now, "shown": now, "done": False}
+        self.write(f"{description} ...")
+        return tid
+
+    def update(self, tid: int, **kw) -> None:
+        with self._lock:
+            t = self._tasks[tid]
+            t.update({k: v for k, v in kw.items() if k in {"description", "total", "completed", "detail"}})
+            now = self.clock()
+            finished = t["total"] is not None and t["completed"] >= t["total"] and not t["done"]
+            if not finished and now - t["shown"] < self.every_s:
+                return
+            t["shown"] = now
+            t["done"] = t["done"] or finished
+            line = self.format(t, now)
+        self.write(line)
+
+    @staticmethod
+    def format(t: dict, now: float) -> str:
+        total, done = t["total"], t["completed"]
+        count = f" {int(done)}/{int(total)}" if total not in (None, 0) and total != 100 else (
+            f" {int(done)}%" if total == 100 else "")
+        state = "done" if t["done"] else (t["detail"] or "")[-80:]
+        return f"{t['description']}:{count} {state} [{now - t['t0']:.0f}s]".rstrip()
+
+
+class Progress:
+    """Rich progress for long steps on a terminal, plain lines otherwise; a no-op sink when quiet."""
+
+    def __init__(self, quiet: bool = False, plain: bool | None = None) -> None:
         self.quiet = quiet
+        self.plain = (not sys.stdout.isatty()) if plain is None else plain
         self._progress = None
 
     def __enter__(self):
-        if not self.quiet:
+        if not self.quiet and self.plain:
+            self._progress = LineProgress(lambda line: print(line, flush=True))
+        elif not self.quiet:
             from rich.progress import BarColumn, SpinnerColumn, TextColumn, TimeElapsedColumn
             from rich.progress import Progress as RichProgress
 
@@ -82,7 +132,7 @@ class Progress:
         return self
 
     def __exit__(self, *exc):
-        if self._progress:
+        if self._progress and not isinstance(self._progress, LineProgress):
             self._progress.__exit__(*exc)
 
     def task(self, description: str, total: float | None = None):
@@ -97,7 +147,9 @@ class Progress:
             self._progress.update(task, **kw)
 
     def log(self, msg: str) -> None:
-        if self._progress:
+        if isinstance(self._progress, LineProgress):
+            print(msg, flush=True)
+        elif self._progress:
             self._progress.console.print(msg)
 
 
@@ -193,6 +245,33 @@ def parse_build_step(line: str) -> tuple[int, int] | None:
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
+NINJA_RE = re.compile(r"^\[(\d+)/(\d+)\]")
+
+
+def parse_compile_progress(line: str) -> tuple[int, int] | None:
+    """(done, total) from one line of a CMake build: ninja's ``[12/203]`` or make's ``[ 45%]`` (total 100)."""
+    m = NINJA_RE.match(line)
+    if m:
+        return int(m.group(1)), int(m.group(2))
+    m = PCT_RE.match(line)
+    return (int(m.group(1)), 100) if m else None
+
+
+def compile_env(cache: Path, *, ccache: str | None, ninja: str | None) -> dict[str, str]:
+    """Environment of the llama-server build: ccache kept in ``cache``/ccache across runs (keyed on
+    content; build paths made relative so a fresh temporary build folder still hits), and ninja (exact
+    done/total steps) when installed. Given to CMake through its environment variables, so the build
+    script, and with it the cached binary's key, stays the same."""
+    env: dict[str, str] = {"TMPDIR": str(cache / "tmp")}
+    if ccache:
+        env |= {"CMAKE_C_COMPILER_LAUNCHER": ccache, "CMAKE_CXX_COMPILER_LAUNCHER": ccache,
+                "CCACHE_DIR": str(cache / "ccache"), "CCACHE_BASEDIR": str(cache / "tmp"),
+                "CCACHE_NOHASHDIR": "1", "CCACHE_MAXSIZE": "2G"}
+    if ninja:
+        env["CMAKE_GENERATOR"] = "Ninja"
+    return env
+
+
 # -- base ---------------------------------------------------------------------------------------------
 
 
@@ -263,20 +342,23 @@ def llama_server_binary(prog: Progress) -> Path:
     if out.exists():
         return out
     t0 = time.monotonic()
-    task = prog.task(f"llama.cpp: build llama-server ({key}, ~9 min on 2 cores)", total=100)
+    env = compile_env(cache_dir(), ccache=shutil.which("ccache"), ninja=shutil.which("ninja"))
+    Path(env["TMPDIR"]).mkdir(parents=True, exist_ok=True)
+    cached = " with ccache" if "CCACHE_DIR" in env else ""
+    task = prog.task(f"llama.cpp: build llama-server ({key}{cached}, ~9 min on 2 cores cold)", total=None)
     jobs = str(os.cpu_count() or 2)
     proc = subprocess.Popen(["sh", str(script), str(sdist), str(out), jobs], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT)
+                            stderr=subprocess.STDOUT, env={**os.environ, **env})
     assert proc.stdout is not None
     tail: list[str] = []
     for raw in proc.stdout:
         line = raw.decode(errors="replace").rstrip()
         tail = (tail + [line])[-20:]
-        m = PCT_RE.match(line)
-        prog.update(task, detail=line, **({"completed": int(m.group(1))} if m else {}))
+        step = parse_compile_progress(line)
+        prog.update(task, detail=line, **({"completed": step[0], "total": step[1]} if step else {}))
     if proc.wait(timeout=3600) != 0 or not out.exists():
         raise CheckFailed("llama-server build failed:\n" + "\n".join(tail))
-    prog.update(task, completed=100)
+    prog.update(task, completed=1, total=1, detail="done")
     (out.parent / "build-seconds").write_text(f"{time.monotonic() - t0:.0f}\n")
     return out
 
@@ -386,8 +468,14 @@ def build_all(keys: list[str] | None = None, quiet: bool = False) -> dict[str, I
             binary = compile_.result() if key == "llamacpp" and compile_ else None
             return build_image(key, prog, base.id, binary=binary)
 
-        for key in sorted(keys, key=lambda k: k == "llamacpp" or k in _PARENT):  # llama.cpp images last
-            if key == "base" or key in result:
+        # Images that need only the base are built at once (their apt and layer work overlaps, and
+        # overlaps the compile); the llama.cpp images follow the compile.
+        plain = [k for k in keys if k != "base" and k != "llamacpp" and k not in _PARENT]
+        with ThreadPoolExecutor(max(1, min(PARALLEL_BUILDS, len(plain)))) as builders:
+            for key, info in zip(plain, builders.map(build, plain), strict=True):
+                result[key] = info
+        for key in [k for k in keys if k == "llamacpp" or k in _PARENT]:
+            if key in result:
                 continue
             parent = _PARENT.get(key)
             if parent:

@@ -299,6 +299,7 @@ def yaml_str(value: Any) -> str:
 
 
 def _env() -> jinja2.Environment:
+    """The environment llmfleet renders with (StrictUndefined, the ``q`` filter for YAML strings)."""
     env = jinja2.Environment(
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
@@ -308,6 +309,13 @@ def _env() -> jinja2.Environment:
     )
     env.filters["q"] = yaml_str
     return env
+
+
+@lru_cache(maxsize=32)
+def _template(text: str) -> jinja2.Template:
+    """A template (a role's compose file, the unit, the env file), compiled once per process and keyed
+    by its text: a compile costs more than the whole render, and a fleet run renders once per host."""
+    return _env().from_string(text)
 
 
 @dataclass(frozen=True)
@@ -417,15 +425,9 @@ def render(
         "shm_size": role.shm_size,
         "gpu_request": gpu_request,
     }
-    compose = jinja2.Environment(
-        undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
-        autoescape=False,  # noqa: S701
-    )
-    compose.filters["q"] = yaml_str
-    compose_text = compose.from_string(role.template).render(**ctx)
+    compose_text = _template(role.template).render(**ctx)
 
-    tenv = _env()
-    unit_text = tenv.from_string(template_text("llmfleet-service.unit.j2", templates_dir)).render(
+    unit_text = _template(template_text("llmfleet-service.unit.j2", templates_dir)).render(
         service_name=service.name,
         engine=service.engine,
         unit_path=f"{UNIT_DIR}/{unit_name(service)}",
@@ -438,7 +440,7 @@ def render(
         timeout_start=service.health.load_timeout_s + 120,
     )
     secrets = {role.api_key_env: api_key} if api_key is not None else {}
-    env_text = tenv.from_string(template_text("service.env.j2", templates_dir)).render(service_name=service.name, secrets=secrets)
+    env_text = _template(template_text("service.env.j2", templates_dir)).render(service_name=service.name, secrets=secrets)
 
     unit_file = unit_name(service)
     files = {COMPOSE_FILE: compose_text, unit_file: unit_text, ENV_FILE: env_text}
