@@ -92,7 +92,7 @@ def test_preflight_from_facts_saved_on_the_lab_host(lab, tmp_path):
     assert res.returncode == 0, res.stdout + res.stderr
     live = subprocess.run([LLMFLEET, "preflight", "--host", "gpu-v100-01", "--json"], cwd=tmp_path,
                           capture_output=True, text=True, timeout=120)
-    live_checks = {c["id"]: c["status"] for c in json.loads(live.stdout)["checks"]}
+    live_checks = {c["id"]: c["status"] for c in json.loads(live.stdout)["reports"][0]["checks"]}
     lab.stop_host("gpu-v100-01")  # the offline preflight must not need the host
     try:
         res = subprocess.run([LLMFLEET, "preflight", "--host", "gpu-v100-01", "--facts", str(saved), "--assume",
@@ -101,7 +101,7 @@ def test_preflight_from_facts_saved_on_the_lab_host(lab, tmp_path):
     finally:
         lab.start_host("gpu-v100-01")
     assert res.returncode == live.returncode, res.stdout + res.stderr
-    data = json.loads(res.stdout)
+    data = json.loads(res.stdout)["reports"][0]
     checks = {c["id"]: c for c in data["checks"]}
     assert checks["offline"]["status"] == "warn" and "driver 535.183.01 -> 570.133.07" in checks["offline"]["message"]
     # the lab serves a CPU image: the assumed driver changes no verdict, the saved facts give the rest

@@ -22,7 +22,7 @@ from typing import Any
 
 from llmfleet.errors import LlmfleetError, RemoteError, UsageError
 from llmfleet.host.group import run_on_hosts
-from llmfleet.release import store
+from llmfleet.release import decide, store
 from llmfleet.release.store import Paths
 from llmfleet.settings import Settings
 
@@ -168,7 +168,7 @@ def service_op(host: Any, settings: Any, action: str, services: Sequence[str] | 
             else:
                 deleted = {name: list(states[name].releases)}
                 keep = {k: v for k, v in states.items() if k == name or k not in names}
-                refs = store.images_to_prune(keep, deleted)
+                refs = decide.images_to_prune(keep, deleted)
                 res = remote.run(store.service_remove_script(paths, refs), sudo=True, timeout=300)
                 out.images_removed += store.parse_removed_images(res.stdout)
                 state = "removed" if "@@removed" in res.stdout else "left behind"
@@ -216,10 +216,10 @@ def _health(remote: Any, settings: Any, svc: Any, paths: Paths, state: store.Ser
         key = resolve_secret(svc.api_key, f"host {remote.name}: service {svc.name}")
     except UsageError as exc:
         return None, f"health not checked: {exc}"
-    plan = (manifest or {}).get("plan")
+    plan = manifest.plan_summary() if manifest else None
 
     def probe() -> Any:
-        return health_mod.parse_probe(remote.run(health_mod.probe_script(paths), sudo=True, timeout=30).stdout)
+        return store.parse_unit_probe(remote.run(store.unit_probe_script(paths), sudo=True, timeout=30).stdout)
 
     with remote.forward(svc.port) as local_port:
         report = health_mod.HealthChecker(
