@@ -119,12 +119,6 @@ def load_settings(c) -> Settings:
     return Settings.of(c.config.get("llmfleet", {}) or {})
 
 
-def ssh_config(c) -> dict[str, Any]:
-    """The ``llmfleet.ssh`` section of the config, as a plain dict for ``llmfleet.host.ssh.connect``."""
-    section = cfg(c, "ssh", {}) or {}
-    return {k: section.get(k) for k in ("connect_timeout", "command_timeout", "user", "known_hosts", "config_file")}
-
-
 def escape(text: Any) -> str:
     """Rich markup escaping (rich imported on first use)."""
     from rich.markup import escape as _escape

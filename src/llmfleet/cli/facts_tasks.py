@@ -10,9 +10,9 @@ from llmfleet.cli.common import (
     console,
     escape,
     host_document,
+    load_settings,
     print_json,
     select_hosts,
-    ssh_config,
     unreachable_entry,
 )
 from llmfleet.cli.flags import fleet_task
@@ -61,7 +61,7 @@ def facts(c, host=None, group=None, inventory=None, json=False, accept_new_host_
     def probe(job):
         h, settings = job
         try:
-            with ssh.connect(h, config=ssh_config(c), accept_new_host_keys=accept_new_host_keys) as remote:
+            with ssh.connect(h, config=load_settings(c), accept_new_host_keys=accept_new_host_keys) as remote:
                 return facts_mod.gather(remote, root=settings.root,
                                         model_paths=[s.model_path for s in settings.services])
         except RemoteError as exc:
@@ -192,7 +192,7 @@ def preflight(c, host=None, group=None, service=None, inventory=None, json=False
 
     def check(job):
         h, settings, svcs, lock = job
-        return h, preflight_host(h, settings, lock=lock, config=ssh_config(c), services=svcs,
+        return h, preflight_host(h, settings, lock=lock, config=load_settings(c), services=svcs,
                                  accept_new_host_keys=accept_new_host_keys, allow_unpinned=allow_unpinned)
 
     reports = []

@@ -7,14 +7,16 @@ from pathlib import Path
 
 from invoke import Collection
 
-from llmfleet.cli.common import console, inventory_path, new_table, print_json, ssh_config
+from llmfleet.cli.common import console, inventory_path, new_table, print_json
 from llmfleet.cli.flags import fleet_task
 from llmfleet.errors import UsageError
 from llmfleet.lab import paths
 
 
 def _known_hosts(c) -> Path:
-    return Path(os.path.expanduser(ssh_config(c).get("known_hosts") or str(paths.KNOWN_HOSTS_PATH)))
+    from llmfleet.cli.common import load_settings
+
+    return load_settings(c).ssh.known_hosts_path
 
 
 def _key_path(inv_path: str) -> Path:

@@ -6,7 +6,7 @@ import dataclasses
 import shlex
 from typing import TYPE_CHECKING
 
-from llmfleet.cli.common import console, escape, inventory_path, print_json, ssh_config
+from llmfleet.cli.common import console, escape, inventory_path, load_settings, print_json
 from llmfleet.cli.flags import FRACTION, POSITIVE, TOKENS, fleet_task
 from llmfleet.errors import CheckFailed, UsageError
 
@@ -60,7 +60,7 @@ def _gather(c, inventory: str | None, host: str, accept_new_host_keys: bool):
         raise UsageError(f"{inv.path}: no host {host!r}; hosts: {', '.join(inv.hosts) or 'none'}")
     h = inv.hosts[host]
     settings = settings_for(h)
-    with ssh.connect(h, config=ssh_config(c), accept_new_host_keys=accept_new_host_keys) as remote:
+    with ssh.connect(h, config=load_settings(c), accept_new_host_keys=accept_new_host_keys) as remote:
         return facts_mod.gather(remote, root=settings.root, model_paths=[s.model_path for s in settings.services])
 
 

@@ -19,7 +19,6 @@ from llmfleet.cli.common import (
     new_table,
     print_json,
     select_hosts,
-    ssh_config,
     unreachable_entry,
 )
 from llmfleet.cli.deploy_tasks import VERBOSE_HELP
@@ -175,7 +174,7 @@ def logs(c, host=None, service=None, n=100, follow=False, timeout=None, inventor
         sys.stdout.flush()
 
     rc = service_ops.logs(h, settings_for(h), service, lines=n, follow=bool(follow), seconds=seconds,
-                          config=ssh_config(c), on_line=show, accept_new_host_keys=accept_new_host_keys)
+                          config=load_settings(c), on_line=show, accept_new_host_keys=accept_new_host_keys)
     if follow and rc is None:
         log_line(f"{h.name}: stopped following after {seconds:.0f}s")
 

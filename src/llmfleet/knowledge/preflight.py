@@ -649,7 +649,7 @@ def preflight_host(
     settings: HostSettings,
     *,
     lock: Any,
-    config: dict[str, Any] | None = None,
+    config: Any = None,  # Settings, SshSettings or the ssh section as a dict (host.ssh.connect)
     services: list[Service] | None = None,
     accept_new_host_keys: bool = False,
     allow_unpinned: bool = False,
