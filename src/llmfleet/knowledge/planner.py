@@ -111,9 +111,8 @@ class Weights:
     def loaded_bytes(self, engine: str) -> int:
         """Bytes the engine keeps in GPU memory: vLLM loads everything but the MTP layers; llama.cpp
         keeps an untied token-embedding table in host memory (its vision tower is a separate file)."""
-        if engine == "vllm":
-            return self.total_bytes - self.mtp_bytes
-        return self.total_bytes - (0 if self.tied else self.embed_bytes) - self.mtp_bytes
+        on_gpu = for_engine(engine).embedding_on_gpu
+        return self.total_bytes - (0 if self.tied or on_gpu else self.embed_bytes) - self.mtp_bytes
 
     @property
     def active_params_without_input_embedding(self) -> int:
@@ -643,10 +642,11 @@ def _resolve(req: PlanRequest) -> _Resolved:
     if spec.file_group_size and quant.group_size and quant.name == spec.file_quant and not explicit_group:
         quant = quant.with_group_size(spec.file_group_size)
 
-    if engine == "llamacpp" and quant.family != "gguf":
-        gguf = ", ".join(q.name for q in load_quants() if q.family == "gguf")
-        raise UsageError(f"llama.cpp serves GGUF files, not {quant.name}; pick one of: {gguf}")
-    if engine == "vllm" and quant.family == "gguf":
+    know = for_engine(engine)
+    if know.serves_only_quant_family and quant.family != know.quant_family:
+        names = ", ".join(q.name for q in load_quants() if q.family == know.quant_family)
+        raise UsageError(f"{know.label} serves {know.quant_family.upper()} files, not {quant.name}; pick one of: {names}")
+    if know.quant_family != "gguf" and quant.family == "gguf":
         notes.append("vLLM's GGUF support is experimental and slower than llama.cpp (engines-gpus-drivers.md s2.4)")
 
     computed = compute_weights(spec, quant)
@@ -675,7 +675,7 @@ def _resolve(req: PlanRequest) -> _Resolved:
     kv = kv_table[kv_key]
     kv_flag = str(kv["flag"])
     if kv_key == "bf16" and not gpu.bf16:
-        kv_flag = "f16" if engine == "llamacpp" else "auto"
+        kv_flag = for_engine(engine).kv_flag_without_bf16
         notes.append(f"{gpu.name} has no bf16 (CC {gpu.compute_capability}): KV cache in fp16 instead")
     return _Resolved(spec, quant, gpu, engine, kv_key, float(kv["bytes"]), kv_flag, weights, tuple(notes),
                      release, image_note)
@@ -748,7 +748,7 @@ def health_floor(engine: str, gpu: Gpu, read_bytes: float, layer_read_bytes: flo
     resident = decode_speed(engine, gpu.bandwidth_gbps, gpu.memory_type, per_gpu, layers)
     off_bytes = layer_read_bytes / gpus * share
     offloaded = decode_speed(engine, gpu.bandwidth_gbps, gpu.memory_type, per_gpu - off_bytes,
-                             layers - int(layers * share) if engine == "llamacpp" else layers,
+                             layers - int(layers * share) if for_engine(engine).offload_moves_layers else layers,
                              host_bytes=off_bytes, host_gbps=offload_gbps)
     if offloaded.high < resident.low:
         thin = resident.low / offloaded.high < 1.1
@@ -789,7 +789,7 @@ def _plan(req: PlanRequest, with_suggestions: bool) -> Plan:
     notes = list(r.notes)
     problems: list[str] = []  # why it does not fit: shown first
     n = req.gpus
-    tp = engine == "vllm"
+    tp = for_engine(engine).tensor_parallel
     gmu = req.gpu_memory_utilization or a.gpu_memory_utilization
     # The engines see the CUDA-visible total: memory.total less what the driver reserves.
     reserved_mib = gpu.memory_reserved_mib if gpu.memory_reserved_mib is not None else default_memory_reserved_mib()
@@ -1163,7 +1163,7 @@ def _suggest(req: PlanRequest, plan: Plan, r: _Resolved) -> list[dict[str, Any]]
 
     # 1. A smaller quantization of the same family (catalog models; files are what they are).
     if r.spec.origin == "catalog":
-        family = "gguf" if r.engine == "llamacpp" else "hf"
+        family = for_engine(r.engine).quant_family
         smaller = sorted(
             (q for q in load_quants() if q.family == family and q.bits < r.quant.bits and r.gpu.cc >= q.min_cc
              and (r.spec.is_moe or not (q.experts_only or q.rule("experts")))),  # expert-only formats: MoE only
@@ -1173,7 +1173,7 @@ def _suggest(req: PlanRequest, plan: Plan, r: _Resolved) -> list[dict[str, Any]]
             if attempt({"quant": q.name}, f"{q.name} weights fit with the asked context", f"--quant {q.name}"):
                 break
     # 2. A smaller KV cache dtype.
-    small_kv = "fp8" if r.engine == "vllm" else "q8_0"
+    small_kv = for_engine(r.engine).small_kv_dtype
     if r.kv_bytes > 1.5 and plan.resident:
         attempt({"kv_dtype": small_kv}, f"{small_kv} KV cache halves KV memory", f"--kv-dtype {small_kv}")
     # 3. A shorter context, 4. fewer sequences.
@@ -1238,7 +1238,8 @@ def plan_for_service(
     mf = facts.model(service.model_path) if facts is not None and hasattr(facts, "model") else None
     size = getattr(mf, "size_bytes", None) if mf is not None and getattr(mf, "kind", "") == "file" else None
     spec: str | ModelSpec = model if model is not None else service.model
-    if service.engine == "llamacpp" and not service.quant and size and getattr(mf, "magic", "GGUF") == "GGUF":
+    from_file = for_engine(service.engine).sizes_from_host_file
+    if from_file and not service.quant and size and getattr(mf, "magic", "GGUF") == "GGUF":
         # No quant named: the GGUF file on the host is what it is; take its real size.
         base = spec if isinstance(spec, ModelSpec) else _resolve_model(spec)
         spec = replace(base, origin="gguf", path=f"{service.model_path} (size from the host's facts)",
@@ -1246,7 +1247,7 @@ def plan_for_service(
                        file_output_bytes=None, file_params=None)
         size = None  # nothing to compare: the plan uses it
     elif (
-        service.engine == "llamacpp"
+        from_file
         and not service.quant
         and not (isinstance(spec, ModelSpec) and spec.file_quant)
         and not (isinstance(spec, str) and spec.lower().endswith(".gguf"))

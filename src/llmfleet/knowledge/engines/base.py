@@ -27,7 +27,15 @@ What a new engine (SGLang, TGI, ...) must provide, and nothing else:
    - ``minor_version_verdict``: an engine-specific judgement under CUDA minor-version
      compatibility, or None for the generic rule;
    - ``kv_layout(release, cc)``: what the build keeps for sliding-window layers;
-   - ``engine_args(...)``: the flags for a plan (the planner calls it instead of branching).
+   - ``engine_args(...)``: the flags for a plan (the planner calls it instead of branching);
+   - for the planner: ``tensor_parallel`` (True: weights and KV shard over the cards; False: the
+     cards' memory adds up, layers split), ``quant_family`` (``hf`` or ``gguf``: the family of the
+     smaller quantizations it ranks), ``serves_only_quant_family`` (refuse other families),
+     ``kv_flag_without_bf16`` (the KV dtype flag on a card without bf16), ``small_kv_dtype`` (the
+     8-bit KV cache it suggests), ``embedding_on_gpu`` (False: an untied token-embedding table stays
+     in host memory), ``offload_moves_layers`` (True: offloaded layers run off the GPU, so the
+     per-layer cost counts the resident layers only), ``sizes_from_host_file`` (True: a service that
+     names no quant is planned with the size of its model file on the host).
 4. The engine name in the few closed lists that validate input: ``compat.EngineRelease.engine``,
    ``inventory.services.Service.engine``, the ``images.lock`` key pattern (``images.lock._KEY_RE``).
 5. A lab image (``dockerfiles/lab-<name>``, ``lab/images.py``) so the end-to-end tests run it.
@@ -67,6 +75,15 @@ class EngineKnowledge:
     metrics_flag: ClassVar[str | None] = None
     # llmfleet metric (fleet.metrics.EngineMetrics field) -> the engine's Prometheus names, newest first
     metrics: ClassVar[dict[str, tuple[str, ...]]] = {}
+    # planner facts (see the module docstring)
+    tensor_parallel: ClassVar[bool] = False
+    quant_family: ClassVar[str] = "hf"
+    serves_only_quant_family: ClassVar[bool] = False
+    kv_flag_without_bf16: ClassVar[str] = "auto"
+    small_kv_dtype: ClassVar[str] = "fp8"
+    embedding_on_gpu: ClassVar[bool] = True
+    offload_moves_layers: ClassVar[bool] = False
+    sizes_from_host_file: ClassVar[bool] = False
 
     # -------------------------------------------------------------------- kernels and driver
     def arch_fix(self, rel: EngineRelease, cc: str) -> str:

@@ -14,6 +14,14 @@ _FA_VALUES = ("on", "off", "auto", "1", "0", "true", "false")
 
 class LlamaCppKnowledge(EngineKnowledge):
     name = "llamacpp"
+    tensor_parallel = False  # --split-mode layer: whole layers per card
+    quant_family = "gguf"
+    serves_only_quant_family = True  # it reads GGUF files only
+    kv_flag_without_bf16 = "f16"
+    small_kv_dtype = "q8_0"
+    embedding_on_gpu = False  # llama-model.cpp keeps the input layer on the CPU
+    offload_moves_layers = True  # -ngl: layers left off the GPU run on the CPU
+    sizes_from_host_file = True
     label = "llama.cpp"
     model_is_file = True
     default_quant = "gguf"

@@ -14,6 +14,11 @@ _GIB = 1024**3
 
 class VllmKnowledge(EngineKnowledge):
     name = "vllm"
+    tensor_parallel = True  # --tensor-parallel-size shards weights and KV heads over the cards
+    quant_family = "hf"
+    kv_flag_without_bf16 = "auto"
+    small_kv_dtype = "fp8"
+    embedding_on_gpu = True
     label = "vLLM"
     model_is_file = False
     default_quant = "fp16"
