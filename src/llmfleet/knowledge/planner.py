@@ -632,9 +632,9 @@ def _resolve(req: PlanRequest) -> _Resolved:
         pass
     elif spec.file_quant:
         quant = _quant_named(spec.file_quant)
-    elif engine == "vllm":
-        quant = find_quant("bf16")
-        notes.append("no --quant given: planning the model's 16-bit weights (bf16)")
+    elif for_engine(engine).plan_default_quant:
+        quant = find_quant(for_engine(engine).plan_default_quant)
+        notes.append(f"no --quant given: planning the model's 16-bit weights ({quant.name})")
     else:
         gguf = ", ".join(q.name for q in load_quants() if q.family == "gguf")
         raise UsageError(f"llama.cpp serves GGUF files: give --quant ({gguf}) or a .gguf file as --model")
@@ -1069,22 +1069,6 @@ def _plan(req: PlanRequest, with_suggestions: bool) -> Plan:
     return plan
 
 
-def _quantization_flag(r: _Resolved) -> str | None:
-    """vLLM's --quantization value: the method the release itself uses for this quant on this card
-    (its Marlin floors in engines.yaml are the one source), spelled as the flag takes it."""
-    quant = r.quant
-    if r.release is None:
-        return quant.vllm  # no build known: the generic method; vLLM upgrades to Marlin by itself
-    rules = compat.load_engine_catalog().engines["vllm"]
-    method = compat.quant_method_for(r.release, rules, quant.name, [], r.gpu.compute_capability)
-    if method is None:
-        return quant.vllm  # nothing runs on the card: the preflight's rules refuse it below
-    if method == "none":
-        return None
-    inverse = {m: f for f, m in rules.quantization_flag.items() if m != "from-quant"}
-    return inverse.get(method, quant.vllm)
-
-
 def _checked_args(
     req: PlanRequest, r: _Resolved, context: int, k: int, gmu: float, gpu_layers: int, resident: bool, offload: float
 ) -> tuple[list[str], dict[str, str], dict[str, Any], str]:
@@ -1097,16 +1081,14 @@ def _checked_args(
     cat = compat.load_engine_catalog()
     rules = cat.engines[r.engine]
     cc = r.gpu.compute_capability
-    if r.engine == "vllm":
-        select = rel.attention.select if rel is not None and rel.attention is not None else "arg"
-        base: dict[str, Any] = dict(
-            quantization=_quantization_flag(r), float16=not r.gpu.bf16 or r.quant.name == "fp16",
-            gpu_memory_utilization=gmu, context=context, concurrency=k, kv_flag=r.kv_flag, gpus=req.gpus,
-            offload_bytes=offload if (not resident and req.offload) else 0.0, backend_select=select,
-        )
-    else:
-        base = dict(num_layers=r.spec.num_layers, resident=resident, gpu_layers=gpu_layers, context=context,
-                    concurrency=k, kv_flag=r.kv_flag, release=rel, rules=rules)
+    select = rel.attention.select if rel is not None and rel.attention is not None else "arg"
+    # Every engine gets the whole plan and takes the fields it needs.
+    base: dict[str, Any] = dict(
+        quantization=know.quantization_flag(rel, rules, r.quant, cc), float16=not r.gpu.bf16 or r.quant.name == "fp16",
+        gpu_memory_utilization=gmu, context=context, concurrency=k, kv_flag=r.kv_flag, gpus=req.gpus,
+        offload_bytes=offload if (not resident and req.offload) else 0.0, backend_select=select,
+        num_layers=r.spec.num_layers, resident=resident, gpu_layers=gpu_layers, release=rel, rules=rules,
+    )
     args = know.engine_args(**base)
     if rel is None:
         return args, {}, {}, ""
@@ -1119,14 +1101,15 @@ def _checked_args(
                                   env={**dict(req.extra_env), **env}, cc=cc, bf16_native=r.gpu.bf16)
 
     checks = judge(args, {})
-    if r.engine == "vllm" and checks["kv-dtype"].status == "fail" and rel.attention is not None:
+    var = know.attention_backend_env
+    if var and checks["kv-dtype"].status == "fail" and rel.attention is not None:
         for backend in rel.attention.backends:
-            env = {"VLLM_ATTENTION_BACKEND": backend} if select == "env" else {}
+            env = {var: backend} if select == "env" else {}
             alt_args = know.engine_args(**base, attention_backend=backend)
             alt = judge(alt_args, env)
             # a backend no source confirms for this KV dtype on this card is not picked
             if alt["kv-dtype"].status == "pass" and all(v.status != "fail" for v in alt.values()):
-                how = f"env VLLM_ATTENTION_BACKEND={backend}" if select == "env" else f"--attention-backend {backend}"
+                how = f"env {var}={backend}" if select == "env" else f"--attention-backend {backend}"
                 return alt_args, env, alt, (f"{r.kv_flag} KV cache: the default attention backend of {rel.key} on compute "
                                        f"capability {cc} cannot hold it; planned with {how}")
     return args, {}, checks, ""

@@ -35,7 +35,12 @@ What a new engine (SGLang, TGI, ...) must provide, and nothing else:
      8-bit KV cache it suggests), ``embedding_on_gpu`` (False: an untied token-embedding table stays
      in host memory), ``offload_moves_layers`` (True: offloaded layers run off the GPU, so the
      per-layer cost counts the resident layers only), ``sizes_from_host_file`` (True: a service that
-     names no quant is planned with the size of its model file on the host).
+     names no quant is planned with the size of its model file on the host), ``plan_default_quant``
+     (what a plan without --quant sizes; None: the plan needs a quant or a model file),
+     ``attention_backend_env`` (the variable that picks an attention backend, if the engine has
+     several: the planner then tries the release's other backends when the KV dtype fails on the
+     default one), ``quantization_flag(release, rules, quant, cc)`` (the quantization flag value
+     the release uses for a quant on the card, None for no flag).
 4. The engine name in the few closed lists that validate input: ``compat.EngineRelease.engine``,
    ``inventory.services.Service.engine``, the ``images.lock`` key pattern (``images.lock._KEY_RE``).
 5. A lab image (``dockerfiles/lab-<name>``, ``lab/images.py``) so the end-to-end tests run it.
@@ -84,6 +89,8 @@ class EngineKnowledge:
     embedding_on_gpu: ClassVar[bool] = True
     offload_moves_layers: ClassVar[bool] = False
     sizes_from_host_file: ClassVar[bool] = False
+    plan_default_quant: ClassVar[str | None] = None
+    attention_backend_env: ClassVar[str | None] = None
 
     # -------------------------------------------------------------------- kernels and driver
     def arch_fix(self, rel: EngineRelease, cc: str) -> str:
@@ -117,6 +124,11 @@ class EngineKnowledge:
             return None
         kl = rel.kv_layout
         return KvLayoutInfo(kl.sliding_window, kl.confidence, kl.source)
+
+    def quantization_flag(self, rel: EngineRelease | None, rules: EngineRules, quant: Any, cc: str) -> str | None:
+        """The value of the engine's quantization flag for ``quant`` (a catalog ``Quant``) on the card;
+        None when the engine takes no such flag."""
+        return None
 
     def engine_args(self, **plan: Any) -> list[str]:
         raise NotImplementedError

@@ -19,6 +19,8 @@ class VllmKnowledge(EngineKnowledge):
     kv_flag_without_bf16 = "auto"
     small_kv_dtype = "fp8"
     embedding_on_gpu = True
+    plan_default_quant = "bf16"  # a plan without --quant sizes the model's 16-bit weights
+    attention_backend_env = "VLLM_ATTENTION_BACKEND"
     label = "vLLM"
     model_is_file = False
     default_quant = "fp16"
@@ -169,6 +171,19 @@ class VllmKnowledge(EngineKnowledge):
             return KvLayoutInfo("full", "M", f"the V0 engine of {rel.key} (V1 needs {rel.v1_min_cc}) has no hybrid "
                                              "KV allocator: every layer keeps the full context (vllm RFC #11382)")
         return base
+
+    def quantization_flag(self, rel: EngineRelease | None, rules: EngineRules, quant: Any, cc: str) -> str | None:
+        """--quantization: the method the release itself uses for this quant on this card (its Marlin
+        floors in engines.yaml are the one source), spelled as the flag takes it."""
+        if rel is None:
+            return quant.vllm  # no build known: the generic method; vLLM upgrades to Marlin by itself
+        method = compat.quant_method_for(rel, rules, quant.name, [], cc)
+        if method is None:
+            return quant.vllm  # nothing runs on the card: the preflight's rules refuse it
+        if method == "none":
+            return None
+        inverse = {m: f for f, m in rules.quantization_flag.items() if m != "from-quant"}
+        return inverse.get(method, quant.vllm)
 
     def engine_args(self, *, quantization: str | None, float16: bool, gpu_memory_utilization: float,
                     context: int, concurrency: int, kv_flag: str, gpus: int, offload_bytes: float = 0.0,
