@@ -518,7 +518,8 @@ def _preflight(run: _HostRun, prepared: list[tuple[Service, str | None, images.I
     reports: list[dict] = []
     for svc, _, ref in prepared:
         plan, plan_error = preflight.plan_for(svc, found, run.settings)
-        checks = preflight.run_checks(run.host.name, svc, found, plan, ref, plan_error=plan_error)
+        checks = preflight.run_checks(run.host.name, svc, found, plan, ref, plan_error=plan_error,
+                                      settings=run.settings)
         plans.append(plan)
         reports.append({"service": svc.name, "ok": preflight.ok(checks), "checks": [c.to_dict() for c in checks]})
     return plans, reports
