@@ -50,14 +50,14 @@ def timeout_s(service: Service, settings: HostSettings) -> int:
     return int(service.health.load_timeout_s + 4 * service.health.stage_timeout_s + 120)
 
 
-def compose_check_script(paths: store.Paths, release_id: str, files: list[str]) -> str:
-    """``docker compose config -q`` over the release's compose files (merged overrides included)."""
+def compose_check_script(paths: store.Paths, release_id: str) -> str:
+    """``docker compose config -q`` over the release's compose files (its overrides merged in)."""
     rel = paths.release(release_id)
-    fs = [f for f in (COMPOSE_FILE, COMPOSE_OVERRIDE_FILE) if f in files]
-    args = " ".join(f"-f {_q(f)}" for f in fs)
     return "\n".join([
         f"cd {_q(rel)} || exit {ARM_FAILED_RC}",
-        f"if ! out=$(docker compose -p {_q(paths.container)} {args} config -q 2>&1); then",
+        f"set -- -f {COMPOSE_FILE}",
+        f"[ -f {COMPOSE_OVERRIDE_FILE} ] && set -- \"$@\" -f {COMPOSE_OVERRIDE_FILE}",
+        f"if ! out=$(docker compose -p {_q(paths.container)} \"$@\" config -q 2>&1); then",
         '  printf \'@@compose-invalid %s\\n\' "$(printf \'%s\' "$out" | tr \'\\n\' \' \' | head -c 600)"',
         f"  exit {ARM_FAILED_RC}",
         "fi",
@@ -104,7 +104,7 @@ rm -f {TAKEN}
 
 
 def arm_script(paths: store.Paths, *, release_id: str, previous: str | None, token: str, action: str,
-               timeout: int, files: list[str]) -> str:
+               timeout: int) -> str:
     """Check the compose files, write the revert script and the token, start the timer.
 
     Prints ``@@armed``; exits ``ARM_FAILED_RC`` with ``@@compose-invalid`` or ``@@arm-failed`` and
@@ -117,7 +117,7 @@ def arm_script(paths: store.Paths, *, release_id: str, previous: str | None, tok
                            timeout=timeout)
     return "\n".join([
         "(",
-        compose_check_script(paths, release_id, files),
+        compose_check_script(paths, release_id),
         f") || exit {ARM_FAILED_RC}",
         f"cd {_q(sdir)} || exit {ARM_FAILED_RC}",
         f"systemctl stop {_q(unit + '.timer')} >/dev/null 2>&1 || true",

@@ -707,6 +707,7 @@ def _switch_and_check(run: _HostRun, it: _Item) -> tuple[str, str, health_mod.He
         previous = None
     digest = it.image.digest
     switched = False
+    token: str | None = None  # commit confirmed: the host reverts unless this is confirmed
     try:
         if it.action == "new":
             m = release.build_manifest(it.rendered, rid, host=run.host.name, who=run.who, when=_now(),
@@ -718,6 +719,7 @@ def _switch_and_check(run: _HostRun, it: _Item) -> tuple[str, str, health_mod.He
                 raise RemoteError(f"upload of release {rid} failed: {_short(res.stderr or res.stdout, 300)}")
             run.log(f"{svc.name}: uploaded release {rid}")
         if it.action in {"new", "switch", "restart"}:
+            token = _arm(run, it, rid, previous, "deploy")
             res = run.run(release.switch_script(paths, rid), timeout=180)
             switched = True
             if res.rc != 0 or "@@switched" not in res.stdout:
@@ -729,6 +731,7 @@ def _switch_and_check(run: _HostRun, it: _Item) -> tuple[str, str, health_mod.He
     except KeyboardInterrupt:
         if switched:
             run.log(f"{svc.name}: interrupted; going back to {previous or 'nothing (stopping the unit)'}")
+            _disarm(run, it, token)
             result, back = _go_back(run, it, previous, "interrupted")
             run.audit.append(run._record(action="deploy", service=svc.name, release_id=rid, digest=digest,
                                          result=result, detail=f"interrupted; {back}"))
@@ -742,6 +745,8 @@ def _switch_and_check(run: _HostRun, it: _Item) -> tuple[str, str, health_mod.He
         failure = str(exc)
     else:
         failure = "" if report.ok else report.message
+    if report is not None and report.ok and not _confirm(run, it, token):
+        failure, report = f"healthy, but the host timer reverted it first ({_HOST_TIMER})", None
     if report is not None and report.ok:
         run.mark(paths, rid, report, now=False)
         it.health = report.to_dict()
@@ -755,6 +760,7 @@ def _switch_and_check(run: _HostRun, it: _Item) -> tuple[str, str, health_mod.He
             run.mark(paths, rid, report)  # recorded unhealthy: never chosen as a rollback target
         except LlmfleetError:
             pass
+    _disarm(run, it, token)
     result, back = _go_back(run, it, previous, failure)
     reason = f"{svc.name}: release {rid} failed: {failure}; engine log: {logs or '(empty)'}; {back}"
     run.log(f"{svc.name}: FAILED: {failure}")
@@ -816,6 +822,56 @@ def _prune(run: _HostRun, states: dict[str, release.ServiceState]) -> None:
     n = sum(len(v) for v in deleted.values())
     run.log(f"pruning {n} old release(s) and {len(refs)} unused image(s); keeping {run.settings.keep_releases} "
             "per service")
+
+
+# ---------------------------------------------------------------------------------------------
+# Commit confirmed (llmfleet.release.confirm): arm a host-side revert before a switch, confirm it
+# after a passed health check (which also starts the host-side watchdog), disarm it before going
+# back ourselves. A controller that vanishes in between leaves the host timer to revert.
+
+_HOST_TIMER = "confirm_timeout_s too short for this service's load?"
+
+
+def _arm(run: _HostRun, it: _Item, release_id: str, previous: str | None, action: str) -> str:
+    from llmfleet.release import confirm
+
+    assert it.paths is not None
+    token = secrets_mod.token_hex(16)
+    timeout = confirm.timeout_s(it.service, run.settings)
+    res = run.run(confirm.arm_script(it.paths, release_id=release_id, previous=previous, token=token,
+                                     action=action, timeout=timeout), timeout=120)
+    armed = confirm.parse_arm(res.rc, res.stdout)
+    if not armed.armed:
+        raise RemoteError(f"{it.service.name}: {armed.reason}")
+    run.log(f"{it.service.name}: host reverts to {previous or 'nothing'} in {timeout} s unless confirmed")
+    return token
+
+
+def _confirm(run: _HostRun, it: _Item, token: str | None) -> bool:
+    """Confirm the switch and start the watchdog; False when the host timer had already reverted."""
+    from llmfleet.release import confirm, watchdog
+
+    assert it.paths is not None
+    if token is None:  # nothing was armed (a verify of the current release): start its watchdog
+        run.run(watchdog.install_snippet(it.paths.service_dir, it.service.name), timeout=60)
+        return True
+    res = run.run(confirm.confirm_script(it.paths, token=token), timeout=60)
+    if confirm.parse_confirm(res.stdout):
+        return True
+    run.log(f"{it.service.name}: the confirmation came too late: the host timer reverted the switch")
+    return False
+
+
+def _disarm(run: _HostRun, it: _Item, token: str | None) -> None:
+    """Stop the host timer before going back ourselves; if this fails the timer still reverts."""
+    from llmfleet.release import confirm
+
+    if token is None or it.paths is None:
+        return
+    try:
+        run.run(confirm.confirm_script(it.paths, token=token, watchdog_on=False), timeout=60)
+    except LlmfleetError:
+        pass
 
 
 # ---------------------------------------------------------------------------------------------
@@ -909,11 +965,18 @@ def _rollback(run: _HostRun, service: str | None, to: str | None, out: HostOutco
         if item.state.current == target:
             run.log(f"{name}: release {target} is already current; restarting and checking it")
         previous = item.state.current
+        try:
+            token = _arm(run, item, target, previous if previous != target else None, "rollback")
+        except RemoteError as exc:
+            raise _Refused("failed", f"{name}: {exc}") from None
         res = run.run(release.switch_script(item.paths, target), timeout=180)
         if res.rc != 0:
             raise _Refused("failed", f"{name}: switch to {target} failed: {_short(res.stderr or res.stdout, 300)}")
         run.log(f"{name}: current -> {target}, unit restarted")
         report = run.health(item, item.plan, what=f"release {target}")
+        if report.ok and not _confirm(run, item, token):
+            raise _Refused("failed", f"{name}: release {target} was healthy, but the host timer reverted it to "
+                                     f"{previous or 'nothing'} first ({_HOST_TIMER})")
         out.health[name] = report.to_dict()
         if report.ok:
             run.mark(item.paths, target, report, now=False)
@@ -923,6 +986,7 @@ def _rollback(run: _HostRun, service: str | None, to: str | None, out: HostOutco
                                          digest=item.image.digest, result="rolled_back", detail=f"from {previous}"))
             continue
         logs = run.engine_log(item.paths)
+        _disarm(run, item, token)
         back_item = dataclasses.replace(item, plan=None)
         if previous and previous != target:
             info = item.state.releases.get(previous)

@@ -195,10 +195,10 @@ def status_script(root: str) -> str:
         f"for s in {_q(base)}/*/; do",
         '  [ -d "$s" ] || continue',
         '  name=$(basename "$s")',
-        f'  r=$(cat "$s{STATE}.restarts" 2>/dev/null | wc -l)',
+        f'  r=$(cat "${{s}}{STATE}.restarts" 2>/dev/null | wc -l)',
         '  n=$(systemctl show -p NRestarts --value "llmfleet-$name.service" 2>/dev/null)',
         '  t=$(systemctl is-active "llmfleet-$name-watchdog.timer" 2>/dev/null)',
-        f'  last=$(head -c 2000 "$s{STATE}.last" 2>/dev/null | tr -d "\\n")',
+        f'  last=$(head -c 2000 "${{s}}{STATE}.last" 2>/dev/null | tr -d "\\n")',
         f'  echo "{MARK} $name ${{r:-0}} ${{n:-0}} ${{t:-unknown}} $last"',
         "done",
     ])
