@@ -302,7 +302,6 @@ def test_watchdog_restarts_after_n_failures_then_gives_up_at_its_bound(tmp_path)
 
 
 @pytest.mark.parametrize(("setup", "extra"), [
-    ("mkdir -p {root}/locks/deploy", {}),         # a deploy holds the lock
     ("touch {sdir}/.confirm-pending", {}),        # a switch awaits its confirmation
     ("true", {"FAKE_ACTIVE": "failed"}),          # the unit gave up (start limit): not the watchdog's
 ])
@@ -360,3 +359,17 @@ def test_status_rows_carry_restarts_and_the_last_watchdog_action():
     assert row.supervision["watchdog_restarts"] == 1 and row.supervision["unit_restarts"] == 2
     assert "restarts since deploy: 3 (watchdog 1)" in row.note
     assert "last watchdog action: restarted at 2026-12-01T05:00:00+00:00" in row.note
+
+
+def test_watchdog_does_not_wait_for_a_stale_deploy_lock(tmp_path):
+    """A lock left by a killed controller must not switch supervision off."""
+    root, sdir = _wd(tmp_path, failures=1)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, body in FAKES.items():
+        (bin_dir / name).write_text("#!/bin/sh\n" + body)
+        (bin_dir / name).chmod(0o755)
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", FAKE_LOG=str(tmp_path / "calls.log"))
+    (root / "locks" / "deploy").mkdir(parents=True)
+    sh(f"sh {sdir}/current/watchdog.sh", env, FAKE_CURL_RC="7")
+    assert "systemctl restart llmfleet-chat.service" in calls(tmp_path)

@@ -99,7 +99,7 @@ now=$(date -u +%Y-%m-%dT%H:%M:%S+00:00)
 host=$(hostname 2>/dev/null | tr -cd 'A-Za-z0-9._-')
 printf '{{"time":"%s","who":"host timer","host":"%s","action":"%s","service":"%s","release":"%s","image_digest":null,"result":"%s","detail":"%s"}}\\n' \\
   "$now" "$host" {_q(action)} {_q(paths.service)} {_q(target)} "$result" "$detail" >> {_q(root + '/audit.jsonl')}
-rm -f {TAKEN}
+rm -f {TAKEN} {REVERT_SCRIPT}
 """
 
 

@@ -6,9 +6,11 @@ uninstall snippets the confirm step and the host-timer revert run, and the statu
 with its parser. Values are baked into the script as single-quoted shell words (``shlex.quote``);
 service names and the llmfleet root are already restricted by the inventory schema.
 
-The script does nothing while a deploy or rollback holds the host's lock, while a switch awaits its
-confirmation (the revert timer owns the unit then), while the unit is not active (stopped, or failed
-after systemd's start limit), or while the engine is younger than its load budget. The probe goes
+The script does nothing while a switch awaits its confirmation (the revert timer owns the unit then),
+while the unit is not active (stopped, or failed after systemd's start limit), or while the engine is
+younger than its load budget (a deploy's restart, or its own). It does not wait for the deploy lock:
+a lock left by a vanished controller would otherwise turn the watchdog off until someone breaks it,
+and a deploy in progress only restarts engines, which makes them young. The probe goes
 from the host to the published port (curl), so it works for images without a shell or curl; where
 the host has no curl it reads Docker's healthcheck status instead.
 """
@@ -59,7 +61,6 @@ SERVICE={_q(service.name)}
 UNIT={_q(f"llmfleet-{service.name}.service")}
 CONTAINER={_q(f"llmfleet-{service.name}")}
 SERVICE_DIR={_q(sdir)}
-LOCK={_q(settings.root.rstrip('/') + '/locks/deploy')}
 AUDIT={_q(settings.root.rstrip('/') + '/audit.jsonl')}
 URL={_q(url)}
 FAILURES={int(wd.failures)}
@@ -78,7 +79,6 @@ audit() {{  # action result detail
   printf '%s\\n' "$line" > "$STATE.last"
 }}
 
-[ -d "$LOCK" ] && exit 0
 [ -e "$SERVICE_DIR/.confirm-pending" ] && exit 0
 [ "$(systemctl is-active "$UNIT" 2>/dev/null)" = active ] || exit 0
 started=$(systemctl show -p ExecMainStartTimestampMonotonic --value "$UNIT" 2>/dev/null)
