@@ -71,6 +71,7 @@ def main() -> int:
                           "not_injected": list(F.NOT_DONE), "total_s": total}, indent=2))
         return 0 if served == len(results) else 1
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     t = Table(title=f"faults on lab host {args.host} ({total} s in all)")
@@ -78,14 +79,16 @@ def main() -> int:
                 "next deploy", "ok"):
         t.add_column(col, overflow="fold")
     for r in results:
-        t.add_row(r.fault, r.injected_at, r.outcome + (f" [{r.detail}]" if r.detail and not r.ok else ""),
+        t.add_row(escape(r.fault), escape(r.injected_at),
+                  escape(r.outcome + (f" ({r.detail})" if r.detail and (not r.ok or r.extra.get("found") is not None)
+                                      else "")),
                   r.serving or "NOTHING", "-" if r.time_to_serving_s is None else f"{r.time_to_serving_s:.1f}",
-                  r.data_lost, {True: "converged", False: "DID NOT converge", None: "-"}[r.converged],
+                  escape(r.data_lost), {True: "converged", False: "DID NOT converge", None: "-"}[r.converged],
                   "yes" if r.ok else "NO")
-    console = Console()
+    console = Console(width=None if sys.stdout.isatty() else 200)
     console.print(t)
     console.print(f"{served} of {len(results)} faults ended served, nothing lost, next deploy converged.")
-    console.print("Not injected here: " + "; ".join(F.NOT_DONE))
+    console.print(escape("Not injected here: " + "; ".join(F.NOT_DONE)))
     return 0 if served == len(results) else 1
 
 

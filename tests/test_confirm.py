@@ -373,3 +373,52 @@ def test_watchdog_does_not_wait_for_a_stale_deploy_lock(tmp_path):
     (root / "locks" / "deploy").mkdir(parents=True)
     sh(f"sh {sdir}/current/watchdog.sh", env, FAKE_CURL_RC="7")
     assert "systemctl restart llmfleet-chat.service" in calls(tmp_path)
+
+
+# ---------------------------------------------------------------------------------------------
+# the deploy's three hooks, against a host that answers what a real one would
+
+
+class _FakeRun:
+    def __init__(self, settings, *answers):
+        self.settings = settings
+        self.answers = list(answers)
+        self.scripts: list[str] = []
+        self.lines: list[str] = []
+        self.log = self.lines.append
+
+    def run(self, script, *, timeout=None, stdin=None, check=False):
+        from types import SimpleNamespace
+
+        self.scripts.append(script)
+        rc, out = self.answers.pop(0)
+        return SimpleNamespace(rc=rc, stdout=out, stderr="")
+
+
+def _item(settings):
+    from llmfleet.release.deploy import _Item
+
+    svc = settings.services[0]
+    return _Item(service=svc, api_key=None, image=None, plan=None, paths=R.Paths(settings.root, svc.name))
+
+
+def _hs():
+    return host_settings("h", {"llmfleet_confirm_timeout_s": 60, "llmfleet_services": [
+        {"name": "chat", "engine": "llamacpp", "model": "m", "model_path": "/m.gguf", "image": "i:1"}]})
+
+
+def test_deploy_hooks_arm_confirm_and_report_a_late_confirmation():
+    from llmfleet.errors import RemoteError
+    from llmfleet.release import deploy as D
+
+    hs = _hs()
+    run = _FakeRun(hs, (0, "@@compose-valid\n@@armed 60\n"), (0, "@@confirmed\n@@watchdog-on\n"))
+    token = D._arm(run, _item(hs), NEW, OLD, "deploy")
+    assert "--on-active=60" in run.scripts[0] and token in run.scripts[0]
+    assert D._confirm(run, _item(hs), token) is True and token in run.scripts[1]
+    assert "host reverts to " + OLD + " in 60 s" in run.lines[0]
+    late = _FakeRun(hs, (0, "@@too-late\n"))
+    assert D._confirm(late, _item(hs), token) is False
+    bad = _FakeRun(hs, (5, "@@compose-invalid services.engine.foo: not allowed\n"))
+    with pytest.raises(RemoteError, match="docker compose config rejected the release"):
+        D._arm(bad, _item(hs), NEW, OLD, "deploy")

@@ -144,14 +144,18 @@ class FaultBench:
             raise RuntimeError("baseline deploy did not leave the host serving")
         return got
 
-    def converge(self) -> bool:
+    def converge(self) -> tuple[bool, str]:
         o = self.deploy()
-        return o.result in {"deployed", "unchanged"} and self.serving() is not None
+        ok = o.result in {"deployed", "unchanged"} and self.serving() is not None
+        return ok, f"{o.result}: {o.reason[:200]}"
 
     def finish(self, r: FaultResult, before: dict[str, Any], *, expect: str | None) -> FaultResult:
         r.serving = r.serving or self.serving()
         r.data_lost = self.lost(before)
-        r.converged = self.converge()
+        r.converged, said = self.converge()
+        if not r.converged:
+            r.extra["next_deploy"] = said
+            r.detail = "; ".join(x for x in (r.detail, f"next deploy: {said}") if x)
         r.ok = bool(r.serving) and (expect is None or r.serving == expect) and r.data_lost == "none" and r.converged
         return r
 
@@ -304,22 +308,18 @@ class FaultBench:
         o = self.deploy(api_key={"from_env": KEY_ENV})
         r = FaultResult("secrets scan", "after a deploy with an API key", outcome=f"{o.result}")
         r.time_to_serving_s = self.wait_serving(t0, 30)
-        scan = self.exec(
-            f"k={key}; "
-            "for f in $(grep -rl \"$k\" /opt /etc /var/log /tmp /root /home /run /var/lib/docker/containers 2>/dev/null); do "
-            "  echo \"FILE $(stat -c %a \"$f\") $f\"; done; "
-            "journalctl --no-pager 2>/dev/null | grep -c \"$k\" | sed 's/^/JOURNAL /'; "
-            "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null | grep -q \"$k\" && echo ARGV $p; done; "
-            "docker logs llmfleet-tiny 2>&1 | grep -c \"$k\" | sed 's/^/DOCKERLOG /'; "
-            "true", timeout=120).stdout
+        # The key reaches the scan through the environment of `docker exec`, never its argv.
+        scan = subprocess.run(["docker", "exec", "-e", f"K={key}", self.container, "sh", "-c", SCAN],
+                              capture_output=True, text=True, timeout=180).stdout
         found = []
         for ln in scan.splitlines():
             parts = ln.split()
-            if ln.startswith("FILE ") and len(parts) >= 3:
-                mode, path = parts[1], parts[2]
-                if mode == "600" and (path.endswith("/service.env") or path.endswith("/config.v2.json")):
-                    continue
-                found.append(f"{path} (mode {mode})")
+            if ln.startswith("FILE ") and len(parts) >= 4:
+                mode, others, path = parts[1], parts[2], parts[3]
+                named = any(w in path for w in ("audit", "compose", ".log", "journal", "manifest", ".service"))
+                if others == "private" and not named:
+                    continue  # root-only (the 0600 env file; Docker's and containerd's own state)
+                found.append(f"{path} (mode {mode}, {others})")
             elif ln.startswith(("JOURNAL ", "DOCKERLOG ")) and parts[-1] != "0":
                 found.append(f"{parts[0].lower()}: {parts[-1]} lines")
             elif ln.startswith("ARGV "):
@@ -334,6 +334,19 @@ class FaultBench:
         os.environ.pop(KEY_ENV, None)
         return res
 
+
+# Every file holding the key (and whether a non-root user can read it), the journal, the engine's
+# Docker log, and every process's argv; the scan's own shell has the key only in its environment.
+SCAN = r"""
+for f in $(grep -rlF "$K" /opt /etc /var/log /tmp /root /home /run /var/lib/docker/containers 2>/dev/null); do
+  if runuser -u nobody -- test -r "$f" 2>/dev/null; then o=readable-by-others; else o=private; fi
+  echo "FILE $(stat -c %a "$f") $o $f"
+done
+echo "JOURNAL $(journalctl --no-pager 2>/dev/null | grep -cF "$K")"
+for p in /proc/[0-9]*; do tr '\0' ' ' < "$p/cmdline" 2>/dev/null | grep -qF "$K" && echo "ARGV $p"; done
+echo "DOCKERLOG $(docker logs llmfleet-tiny 2>&1 | grep -cF "$K")"
+true
+"""
 
 FAULTS = ("controller_killed_mid_health", "hung_engine", "two_controllers", "registry_unreachable",
           "unknown_digest", "port_taken", "secrets_scan")

@@ -965,8 +965,8 @@ def _rollback(run: _HostRun, service: str | None, to: str | None, out: HostOutco
         if item.state.current == target:
             run.log(f"{name}: release {target} is already current; restarting and checking it")
         previous = item.state.current
-        try:
-            token = _arm(run, item, target, previous if previous != target else None, "rollback")
+        try:  # restarting the current release: nothing to revert to
+            token = _arm(run, item, target, previous, "rollback") if previous != target else None
         except RemoteError as exc:
             raise _Refused("failed", f"{name}: {exc}") from None
         res = run.run(release.switch_script(item.paths, target), timeout=180)
