@@ -72,3 +72,19 @@ def test_the_api_key_is_nowhere_but_the_0600_env_file(bench):
     r = bench.secrets_scan([bench.local_audit])
     assert r.extra["found"] == [], r.detail
     _check(r)
+
+
+def test_missing_model_file_is_refused(bench):
+    _check(bench.model_missing())
+
+
+def test_truncated_model_file_goes_back(bench):
+    _check(bench.model_truncated())
+
+
+def test_engine_crash_loop_goes_back(bench):
+    _check(bench.crash_loop())
+
+
+def test_hostile_values_run_nothing(bench):
+    _check(bench.hostile_values())
