@@ -37,6 +37,7 @@ BROKEN = "llamacpp:lab-broken"
 CONFIRM_TIMEOUT_S = 30
 WATCHDOG = {"interval_s": 5, "failures": 2, "max_restarts_per_hour": 3, "probe_timeout_s": 2}
 KEY_ENV = "LLMFLEET_FAULT_KEY"
+KEEP_RELEASES = 5  # inventory/lab: llmfleet_keep_releases
 
 
 @dataclass
@@ -123,14 +124,19 @@ class FaultBench:
         return lines
 
     def snapshot(self) -> dict[str, Any]:
-        return {"releases": set(self.state().releases), "audit": self.audit()}
+        st = self.state()
+        return {"releases": set(st.releases), "current": st.current, "audit": self.audit()}
 
     def lost(self, before: dict[str, Any]) -> str:
+        """What a fault took away: the release that served before it, releases beyond what pruning
+        removes (the newest ``keep_releases`` stay), audit lines rewritten."""
         now = self.snapshot()
         gone = sorted(before["releases"] - now["releases"])
         problems = []
-        if gone:
-            problems.append(f"releases gone: {', '.join(gone)}")
+        if before["current"] and before["current"] in gone:
+            problems.append(f"the serving release {before['current']} is gone")
+        if len(now["releases"]) < min(len(before["releases"]), KEEP_RELEASES):
+            problems.append(f"releases gone beyond pruning: {', '.join(gone)}")
         if now["audit"][: len(before["audit"])] != before["audit"]:
             problems.append("audit log rewritten")
         return "; ".join(problems) or "none"
