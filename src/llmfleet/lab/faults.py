@@ -133,7 +133,8 @@ class FaultBench:
         now = self.snapshot()
         gone = sorted(before["releases"] - now["releases"])
         problems = []
-        if before["current"] and before["current"] in gone:
+        # a newer release serving now may have pruned the old one (keep_releases): that is policy
+        if before["current"] and before["current"] in gone and not (now["current"] or "") > before["current"]:
             problems.append(f"the serving release {before['current']} is gone")
         if len(now["releases"]) < min(len(before["releases"]), KEEP_RELEASES):
             problems.append(f"releases gone beyond pruning: {', '.join(gone)}")
