@@ -43,7 +43,7 @@ def test_controller_killed_mid_health_check_is_reverted_by_the_host_timer(bench)
     # back on the previous release within the revert timeout, plus stopping the new engine (the lab's
     # broken image ignores SIGTERM: the unit's 30 s stop timeout) and loading the old one
     assert r.time_to_serving_s is not None
-    assert r.time_to_serving_s <= F.CONFIRM_TIMEOUT_S + 30 + F.HEALTH["load_timeout_s"]
+    assert r.time_to_serving_s <= F.CONFIRM_TIMEOUT_S + 30 + 30  # stop timeout; load and a busy lab
 
 
 def test_hung_engine_is_restarted_by_the_host_alone(bench):
