@@ -8,6 +8,7 @@ from __future__ import annotations
 from invoke import Collection
 
 from llmfleet.cli import (
+    common,
     deploy_tasks,
     facts_tasks,
     images_tasks,
@@ -50,3 +51,5 @@ ns.add_task(deploy_tasks.deploy)
 ns.add_task(deploy_tasks.rollback)
 ns.add_collection(Collection("lock", lock_tasks.status, lock_tasks.release))
 ns.add_collection(lab_tasks.ns)
+
+common.repeatable_inventory(ns)
