@@ -19,7 +19,8 @@ import pytest
 
 from llmfleet.fleet import status
 from llmfleet.host import probe
-from llmfleet.release import audit
+from llmfleet.inventory.services import host_settings
+from llmfleet.release import audit, confirm, watchdog
 from llmfleet.release import store as S
 
 GOLDEN = Path(__file__).parent / "golden" / "scripts"
@@ -30,6 +31,10 @@ R1, R2 = "20261129T110000Z-0123456789", "20261129T120000Z-abcdef0123"
 REF = "reg.lab:5000/llamacpp@sha256:" + "cd" * 32
 HOLDER = S.holder_document(token="t0k3n", who="alice", origin="alice@ws1", action="deploy", message="it's a canary",
                            now=NOW, pid=4242)
+CONFIRM_TOKEN = "0123abcd" * 4
+HS = host_settings("h1", {"llmfleet_root": ROOT, "llmfleet_services": [
+    {"name": "chat", "engine": "llamacpp", "model": "m", "model_path": "/srv/models/m.gguf", "image": "llamacpp:b1",
+     "port": 8080}]})
 RECORD = S.audit_record(now=NOW, who="alice", host="h1", action="deploy", service="chat", release=R2,
                         digest="sha256:" + "cd" * 32, result="deployed", detail="it's ok", message="canary")
 
@@ -57,6 +62,15 @@ SCRIPTS = {
     "status": lambda: status.status_script(ROOT),
     "host_probe_command": lambda: shlex.join(probe.probe_command("llmfleet-0123abcd", ROOT, ["/srv/models/m it's.gguf"])),
     "host_probe_stdin": lambda: probe.probe_sh().decode(),
+    "confirm_arm": lambda: confirm.arm_script(PATHS, release_id=R2, previous=R1, token=CONFIRM_TOKEN, action="deploy",
+                                              timeout=900),
+    "confirm_arm_first": lambda: confirm.arm_script(PATHS, release_id=R2, previous=None, token=CONFIRM_TOKEN,
+                                                    action="rollback", timeout=60),
+    "confirm_confirm": lambda: confirm.confirm_script(PATHS, token=CONFIRM_TOKEN),
+    "confirm_disarm": lambda: confirm.confirm_script(PATHS, token=CONFIRM_TOKEN, watchdog_on=False),
+    "watchdog_install": lambda: watchdog.install_snippet(PATHS.service_dir, "chat"),
+    "watchdog_status": lambda: watchdog.status_script(ROOT),
+    "watchdog_sh": lambda: watchdog.script_text(HS.services[0], HS, bind_address="127.0.0.1"),
 }
 
 
@@ -83,7 +97,9 @@ def test_every_script_builder_of_the_release_store_has_a_golden_file():
     assert set(builders) <= pinned, f"a new script builder needs a golden file: {sorted(set(builders) - pinned)}"
 
 
-@pytest.mark.parametrize("name", ["state", "upload", "switch", "lock_acquire", "audit_append", "status", "final"])
+@pytest.mark.parametrize("name", ["state", "upload", "switch", "lock_acquire", "audit_append", "status", "final",
+                                  "confirm_arm", "confirm_arm_first", "confirm_confirm", "watchdog_install",
+                                  "watchdog_sh"])
 def test_golden_scripts_parse_as_posix_sh(name):
     res = subprocess.run(["sh", "-n", str(GOLDEN / f"{name}.sh")], capture_output=True, text=True, timeout=10)
     assert res.returncode == 0, res.stderr
