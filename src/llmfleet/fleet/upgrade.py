@@ -332,8 +332,12 @@ def run_upgrade(
 
 
 def deploy_fn(inventory: Any, *, config: dict[str, Any], options: Any, changes: dict[str, HostChange],
-              log: Callable[[str], None]) -> Callable[[str], Any]:
-    """``host -> HostOutcome`` running ``llmfleet.release.deploy.deploy_host`` with this host's change."""
+              log: Callable[[str], None], bench_gate: float | None = None,
+              bench_dir: str | None = None) -> Callable[[str], Any]:
+    """``host -> HostOutcome`` running ``llmfleet.release.deploy.deploy_host`` with this host's change.
+
+    ``bench_gate``: wrapped by ``llmfleet.fleet.bench_gate`` (a host whose new release decodes more than
+    that percentage slower than the replaced one is rolled back and counts as failed)."""
     import dataclasses
 
     from llmfleet.release import deploy as deploy_mod
@@ -345,6 +349,11 @@ def deploy_fn(inventory: Any, *, config: dict[str, Any], options: Any, changes: 
         return deploy_mod.deploy_host(inventory, host, config=config, options=opts,
                                       log=lambda line: log(f"{host}: {line}"))
 
+    if bench_gate is not None and not getattr(options, "check", False):
+        from llmfleet.fleet import bench_gate as gate_mod
+
+        return gate_mod.gated(run, inventory, pct=bench_gate, config=config, options=options, log=log,
+                              services={h: ch.services for h, ch in changes.items()}, bench_dir=bench_dir)
     return run
 
 
