@@ -116,6 +116,10 @@ def test_level_samples_count_only_inside_its_window_and_cards_add_up():
     assert lv.gpu_memory_used_mib_max == 4600 and lv.gpu_memory_total_mib == 65536 and lv.gpu_samples == 2
     assert lv.kv_cache_usage_max == 0.35 and lv.requests_waiting_max == 3 and lv.requests_running_max == 2
     assert lv.metrics_samples == 2
+    # a level shorter than the sampling period: the last GPU reading before its end, no stale metrics
+    short = B.aggregate_level(2, 128, 64, [req(2.0, 0.1, 50.0, end=2.3)], gpu, metrics)
+    assert short.gpu_memory_used_mib_max == 4600 and short.gpu_samples == 1
+    assert short.kv_cache_usage_max is None and short.metrics_samples == 0
 
 
 def test_an_empty_or_failed_level_has_no_speed():

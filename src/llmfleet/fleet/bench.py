@@ -269,7 +269,8 @@ def aggregate_level(
     window: tuple[float, float] | None = None,
 ) -> Level:
     """One level's figures. GPU and metrics samples count when they fall in ``window`` (default: the
-    level's first request sent -> last answer ended). GPU memory is summed over the cards of one
+    level's first request sent -> last answer ended); a level shorter than the sampling period takes
+    the last GPU reading before its end. GPU memory is summed over the cards of one
     reading (the service's cards; a host's other users count too: nvidia-smi cannot tell them apart)."""
     lv = Level(concurrency=int(concurrency), prompt_tokens_asked=int(prompt_tokens_asked), max_tokens=int(max_tokens))
     lv.requests = len(results)
@@ -301,6 +302,11 @@ def aggregate_level(
         for s in gpu:
             if lo <= s.t <= hi:
                 by_time.setdefault(s.t, []).append(s)
+        if not by_time:  # a level shorter than the sampling period: the last reading before its end
+            before = [s.t for s in gpu if s.t <= hi]
+            if before:
+                last = max(before)
+                by_time[last] = [s for s in gpu if s.t == last]
         if by_time:
             totals = [sum(s.memory_used_mib for s in group) for group in by_time.values()]
             lv.gpu_memory_used_mib_max = max(totals)
