@@ -25,8 +25,15 @@ D570 = ("570.133.07", "12.8")
 D575 = ("575.57.08", "12.9")
 D580 = ("580.159.04", "13.0")
 
-FWD_OK = {"toolkit_version": "1.17.5", "runtimes": ["nvidia", "runc"]}
-NO_FWD = {"toolkit_version": "1.17.5", "runtimes": ["runc"]}
+# Forward compatibility needs a toolkit that loads the image's compat libcuda: 1.17.5-1.17.6 only
+# when the nvidia runtime runs the container (nvidia-container-toolkit PR #1055), 1.17.7+ with
+# --gpus too (cuda-compat-mode=ldconfig, PR #1082), before 1.17.4 by mounting it (PR #906).
+FWD_OK = {"toolkit_version": "1.17.5", "runtimes": ["nvidia", "runc"], "default_runtime": "nvidia"}
+NO_FWD = {"toolkit_version": "1.17.5", "runtimes": ["runc"], "default_runtime": "runc"}
+# Dates: R535 is an LTS branch until June 2026 (NVIDIA data-center drivers, "Supported Drivers and
+# CUDA Toolkit Versions", 615 edition); after that NVIDIA no longer supports forward compat on it.
+BEFORE_R535_EOL = "2026-01-15"
+AFTER_R535_EOL = "2026-12-01"
 
 
 def rel(key: str) -> compat.EngineRelease:
@@ -35,10 +42,10 @@ def rel(key: str) -> compat.EngineRelease:
     return r
 
 
-def cuda_verdict(image, gpu, drv, host=NO_FWD, env=None):
+def cuda_verdict(image, gpu, drv, host=NO_FWD, env=None, today=BEFORE_R535_EOL):
     name, cc, dc = gpu
     return compat.check_cuda_driver(rel(image), CAT, driver=drv[0], cuda_driver=drv[1], gpu_name=name, cc=cc,
-                                    data_center=dc, env=env, **host)
+                                    data_center=dc, env=env, today=today, **host)
 
 
 @pytest.mark.parametrize(
@@ -50,22 +57,41 @@ def cuda_verdict(image, gpu, drv, host=NO_FWD, env=None):
         ("llamacpp:b5000-cu122", P40, D535, NO_FWD, "pass", "native", ""),
         # right branch, older point release than the toolkit lists
         ("vllm:0.10.1.1", A100, ("570.26", "12.8"), NO_FWD, "warn", "lists driver >= 570.124.06", "within its branch"),
-        # CUDA 12.8 image on a 535 driver: minor-version compatibility only
+        # CUDA 12.8 image on a 535 driver: minor-version compatibility only; PTX-only cards cannot JIT
         ("llamacpp:server-cuda-12.8", V100, D535, NO_FWD, "fail", "does not cover PTX JIT",
          "upgrade the driver to >= 570.124.06"),
-        ("vllm:0.10.1.1", V100, D535, NO_FWD, "fail", "JIT-compiles Triton kernels", "upgrade the driver to >= 570.124.06"),
+        # vLLM with SASS for the card: Triton compiles with its bundled ptxas (triton#5385), so the
+        # minor-version rule is a WARN, not the FAIL it used to be
+        ("vllm:0.10.1.1", A100, D535, NO_FWD, "warn", "Triton's own ptxas", "upgrade the driver to >= 570.124.06"),
         ("llamacpp:server-cuda-12.8", RTX4090, D550, NO_FWD, "warn", "minor-version compatibility", ">= 570.124.06"),
-        # ... unless forward compatibility applies: data-center card, compat package, nvidia runtime, toolkit
+        # ... unless forward compatibility applies: data-center card, listed branch, compat package, toolkit
         ("llamacpp:server-cuda-12.8", V100, D535, FWD_OK, "warn", "forward compatibility", ">= 570.124.06"),
-        ("vllm:0.10.1.1", V100, D535, FWD_OK, "warn", "forward compatibility", ">= 570.124.06"),
-        ("vllm:0.10.1.1", V100, D535, {"toolkit_version": "1.14.3", "runtimes": ["nvidia"]}, "fail",
-         "nvidia-container-toolkit >= 1.17.5 (seen 1.14.3)", "upgrade the driver"),
-        # forward compatibility never for GeForce cards
-        ("vllm:0.10.1.1", RTX4090, D550, FWD_OK, "fail", "not a data-center GPU", "upgrade the driver"),
+        ("vllm:0.10.1.1", A100, D535, FWD_OK, "warn", "branch R535 LTSB until 2026-06", ">= 570.124.06"),
+        # toolkit 1.17.4 loads no compat library from the container (PR #877)
+        ("llamacpp:server-cuda-12.8", V100, D535, {"toolkit_version": "1.17.4", "runtimes": ["nvidia"],
+                                                   "default_runtime": "nvidia"}, "fail",
+         "does not load a container's compat libraries", "upgrade the driver"),
+        # before 1.17.4 libnvidia-container mounted the compat libs itself (PR #906): works with --gpus
+        ("llamacpp:server-cuda-12.8", V100, D535, {"toolkit_version": "1.14.3", "runtimes": ["runc"],
+                                                   "default_runtime": "runc"}, "warn", "toolkit 1.14.3: mount", ""),
+        # 1.17.5: only when the nvidia runtime runs the container (PR #1055)
+        ("llamacpp:server-cuda-12.8", V100, D535, {"toolkit_version": "1.17.5", "runtimes": ["nvidia", "runc"],
+                                                   "default_runtime": "runc"}, "fail",
+         "registered but not Docker's default runtime", "upgrade the driver"),
+        # 1.17.7+: cuda-compat-mode=ldconfig, --gpus works again (PR #1082)
+        ("llamacpp:server-cuda-12.8", V100, D535, {"toolkit_version": "1.17.8", "runtimes": ["runc"],
+                                                   "default_runtime": "runc"}, "warn", "toolkit 1.17.8: ldconfig", ""),
+        # forward compatibility never for GeForce cards: error 804
+        ("vllm:0.10.1.1", RTX4090, D550, FWD_OK, "warn", "minor-version", "upgrade the driver"),
+        ("vllm:0.20.0", RTX4090, D575, FWD_OK, "fail", "cudaErrorCompatNotSupportedOnDevice (804)", "upgrade the driver"),
         # T4 on R470: another CUDA major, so only forward compatibility can help
-        ("vllm:0.10.1.1", T4, D470, NO_FWD, "fail", "needs the `nvidia` runtime", "CUDA <= 11.4"),
-        ("vllm:0.10.1.1", T4, D470, FWD_OK, "warn", "forward compatibility", "upgrade the driver to >= 570.124.06"),
+        ("vllm:0.10.1.1", T4, D470, NO_FWD, "fail", "it is not registered in Docker", "CUDA <= 11.4"),
         ("llamacpp:b5000-cu122", P40, ("470.82.00", "11.4"), NO_FWD, "fail", "supports CUDA 11.4", ">= 535.104.05"),
+        # new-feature branches are not supported for forward compatibility (only LTSB and PB are listed)
+        ("vllm:0.10.1.1", T4, ("545.23.08", "12.3"), FWD_OK, "warn", "minor-version", ">= 570.124.06"),
+        ("vllm:0.20.0", T4, ("545.23.08", "12.3"), FWD_OK, "fail", "R545 is not a long-term-support or production",
+         ">= 580.95.05"),
+        ("vllm:0.20.0", T4, D535, FWD_OK, "warn", "forward compatibility", ">= 580.95.05"),
         # CUDA 13 image on a 12.x driver: no minor-version compatibility across majors
         ("vllm:0.20.0", RTX4090, D575, NO_FWD, "fail", "built for CUDA 13.0.2", ">= 580.95.05"),
         ("vllm:lab-cpu", V100, D470, NO_FWD, "pass", "CPU image", ""),
@@ -78,9 +104,27 @@ def test_cuda_vs_driver(image, gpu, drv, host, status, said, fix):
     assert fix in v.fix, v.fix
 
 
+def test_forward_compat_ends_with_the_branch():
+    """R535 LTSB reached its end of life in June 2026 (NVIDIA data-center drivers, 615 edition):
+    the same host that ran a CUDA 13 image through forward compatibility before is refused after."""
+    before = cuda_verdict("vllm:0.20.0", T4, D535, FWD_OK, today=BEFORE_R535_EOL)
+    after = cuda_verdict("vllm:0.20.0", T4, D535, FWD_OK, today=AFTER_R535_EOL)
+    assert before.status == "warn" and "forward compatibility" in before.message
+    assert after.status == "fail" and "reached its end of life in 2026-06" in after.message
+
+
+def test_forward_compat_branch_table_is_sourced():
+    fc = CAT.forward_compat
+    assert fc.branches[535].designation == "LTSB" and fc.branches[535].eol == "2026-06"
+    assert fc.branches[580].eol == "2028-06" and fc.branches[595].designation == "PB"
+    assert all(b.source and b.confidence in "HMU" for b in fc.branches.values())
+    for rule in ("minor_version_ptx_jit", "minor_version_triton", "forward_compat_gpu", "forward_compat_branch"):
+        assert CAT.compat_rules[rule].sources and CAT.compat_rules[rule].confidence in "HMU"
+
+
 def test_cuda_unknown_card_gets_no_forward_compat():
-    v = compat.check_cuda_driver(rel("vllm:0.10.1.1"), CAT, driver="535.183.06", cuda_driver="12.2",
-                                 gpu_name="Mystery GPU", cc="7.0", data_center=None, **FWD_OK)
+    v = compat.check_cuda_driver(rel("vllm:0.20.0"), CAT, driver="535.183.06", cuda_driver="12.2",
+                                 gpu_name="Mystery GPU", cc="7.5", data_center=None, today=BEFORE_R535_EOL, **FWD_OK)
     assert v.status == "fail" and "not in the GPU catalog" in v.message
 
 
@@ -103,7 +147,18 @@ def test_cuda_driver_odd_inputs(driver, cuda, status, said):
     [
         ("vllm:0.19.1", V100, "pass", "SASS for sm_70", ""),
         ("vllm:0.20.0", V100, "fail", "no kernels for Tesla V100-SXM2-32GB (compute capability 7.0, sm_70)",
-         "vllm:0.19.1 or older"),
+         "vllm:0.19.1"),
+        # the image's PyTorch build must cover the card too: torch 2.7 cu128 has no sm_70 (pytorch
+        # .ci/manywheel/build_cuda.sh; bitsandbytes PR #1715 "add back Volta ... following PyTorch 2.8";
+        # vllm#19185 "The minimum cuda capability supported by this library is 7.5" on a V100)
+        ("vllm:0.9.2", V100, "fail", "PyTorch build inside it (torch 2.7.0+cu128", "vllm:0.19.1"),
+        ("vllm:0.10.1.1", V100, "fail", "has no kernels for Tesla V100-SXM2-32GB (sm_70)", "vllm:0.19.1-volta"),
+        ("vllm:0.9.2", T4, "pass", "torch 2.7.0+cu128 has SASS for sm_75", ""),
+        # torch 2.10 cu129 keeps sm_70 (build_cuda.sh 12.9 list; sm_70 left cu128 only in 2.11, pytorch#172352)
+        ("vllm:0.19.1", V100, "pass", "torch 2.10.0+cu129 has SASS for sm_70", ""),
+        ("vllm:0.19.1-volta", V100, "pass", "torch 2.10.0+cu126 has SASS for sm_70", ""),
+        # 8.9 runs torch's sm_86 SASS (same major, lower minor) and vLLM's own sm_89
+        ("vllm:0.10.1.1", RTX4090, "pass", "SASS for sm_89", ""),
         ("vllm:0.19.1", P40, "fail", "no kernels", "serve this card with llama.cpp"),
         ("llamacpp:server-cuda-12.8", V100, "pass", "only PTX (sm_70)", ""),
         ("llamacpp:server-cuda-12.8", P40, "pass", "only PTX (sm_61)", ""),
@@ -218,17 +273,34 @@ def test_attention(image, args, env, gpu, status, said, fix):
 @pytest.mark.parametrize(
     ("image", "kv", "args", "env", "gpu", "status", "said", "fix"),
     [
-        ("vllm:0.19.1", "fp8", [], {}, A100, "fail", "not supported by attention backend FLASH_ATTN",
-         "FLASHINFER or TRITON_ATTN"),
-        ("vllm:0.19.1", "fp8", ["--attention-backend", "TRITON_ATTN"], {}, A100, "pass", "TRITON_ATTN", ""),
-        ("vllm:0.19.1", "auto", ["--kv-cache-dtype", "fp8"], {}, V100, "pass", "fp8 with attention backend TRITON_ATTN",
+        # FA2 (Ampere) takes no fp8 KV (vllm#12543); FA3 on Hopper does (vllm PR #15191)
+        ("vllm:0.19.1", "fp8", [], {}, A100, "fail", "FLASH_ATTN does not run on compute capability 8.0",
+         "FLASHINFER"),
+        ("vllm:0.19.1", "fp8", [], {}, H200, "pass", "fp8 with attention backend FLASH_ATTN on compute capability 9.0",
          ""),
+        ("vllm:0.9.2", "fp8", [], {}, H200, "pass", "FLASH_ATTN on compute capability 9.0", ""),
+        # Triton has no fp8e4nv below 8.9: vllm#26431 (RTX 3090), #7714 (Ampere), PR #43914
+        ("vllm:0.19.1", "fp8", ["--attention-backend", "TRITON_ATTN"], {}, A100, "fail", "fp8e4nv",
+         "--kv-cache-dtype auto"),
+        ("vllm:0.19.1", "auto", ["--kv-cache-dtype", "fp8"], {}, V100, "fail",
+         "TRITON_ATTN does not run on compute capability 7.0", "--kv-cache-dtype auto"),
+        ("vllm:0.20.0", "fp8", [], {}, T4, "fail", "type fp8e4nv not supported", "auto"),
+        ("vllm:0.19.1", "fp8", ["--attention-backend", "TRITON_ATTN"], {}, RTX4090, "pass", "TRITON_ATTN", ""),
+        # claims no source confirms are a WARN, never a silent PASS
+        ("vllm:0.19.1", "fp8", ["--attention-backend", "FLASHINFER"], {}, A100, "warn", "no source confirms", "auto"),
         ("vllm:0.19.1", "q8_0", [], {}, V100, "fail", "'q8_0' is not one vllm knows", "fp8"),
         ("llamacpp:server-cuda-12.8", "auto", ["-ctk", "q8_0", "-ctv", "q8_0", "-fa", "off"], {}, P40, "fail",
          "needs flash attention", "-fa on"),
         ("llamacpp:server-cuda-12.8", "auto", ["-ctk", "q8_0", "-ctv", "q8_0", "-fa", "on"], {}, P40, "pass",
          "q8_0/q8_0", ""),
         ("llamacpp:server-cuda-12.8", "fp8", [], {}, P40, "fail", "'fp8' is not one llamacpp knows", "q8_0"),
+        # a quantized V cache needs flash attention; b5000 has it off by default (a bare -fa switch turns
+        # it on), so an absent -fa counts as off there (llama-server --help of that era, s3.3)
+        ("llamacpp:b5000-cu122", "q8_0", [], {}, P40, "fail", "off by default in llamacpp:b5000-cu122", "add -fa"),
+        ("llamacpp:b5000-cu122", "q8_0", ["-fa"], {}, P40, "pass", "q8_0/q8_0", ""),
+        ("llamacpp:b5000-cu122", "auto", ["-ctk", "q8_0"], {}, P40, "fail", "needs flash attention", "-ctv f16"),
+        ("llamacpp:server-cuda-12.8", "q8_0", [], {}, P40, "pass", "flash attention auto", ""),
+        ("llamacpp:b5000-cu122", "auto", ["-ctk", "q8_0", "-ctv", "f16"], {}, P40, "pass", "q8_0/f16", ""),
     ],
 )
 def test_kv_dtype(image, kv, args, env, gpu, status, said, fix):
@@ -264,10 +336,10 @@ def test_driver_branch_table_matches_the_toolkit_table():
     [
         ("[", "not valid YAML"),
         ("- a", "expected a mapping"),
-        ("cuda_toolkits: {}\ndriver_branches: {}\nminor_compat_floor: {}\nforward_compat: {}\nengines: {}\n"
+        ("cuda_toolkits: {}\ndriver_branches: {}\nminor_compat_floor: {}\nforward_compat: {branches: {}, toolkit: []}\nengines: {}\n"
          "images:\n  'vllm:x': {engine: llamacpp, version: x, repository: r, tag: t, cpu: true, confidence: H, "
          "sources: [s]}", "does not match the key"),
-        ("cuda_toolkits: {}\ndriver_branches: {}\nminor_compat_floor: {}\nforward_compat: {}\nengines: {}\n"
+        ("cuda_toolkits: {}\ndriver_branches: {}\nminor_compat_floor: {}\nforward_compat: {branches: {}, toolkit: []}\nengines: {}\n"
          "images:\n  'vllm:x': {engine: vllm, version: x, repository: r, tag: t, confidence: H, sources: [s]}",
          "needs cuda, min_driver and kernels"),
     ],

@@ -68,3 +68,17 @@ def test_the_lab_lock_names_only_catalog_images():
     lab = load_lock(path)
     unknown = set(lab.images) - set(CATALOG.images)
     assert not unknown, f".lab/images.lock entries without a catalog entry: {sorted(unknown)}"
+
+
+@pytest.mark.parametrize("key", sorted(LOCK.images))
+def test_lock_torch_build_matches_the_catalog(key):
+    """A vLLM image runs on a card only if its PyTorch build covers it too (vllm#19185): the lock
+    carries the catalog's torch facts unless images.inspect read them from the image."""
+    e, rel = LOCK.images[key], CATALOG.images[key]
+    if e.archs_source == "inspected":
+        pytest.skip(f"{key}: facts read from the image")
+    assert e.archs_source == "catalog"
+    if rel.torch is None:
+        assert (e.torch, e.torch_archs) == (None, ())
+    else:
+        assert (e.torch, e.torch_cuda, list(e.torch_archs)) == (rel.torch.version, rel.torch.cuda, rel.torch.archs)

@@ -54,10 +54,14 @@ def svc(**kw) -> Service:
     return Service.model_validate(base)
 
 
-def run(card: str, service: Service, *, facts=None, lock=LOCK, allow_unpinned=False):
+# R535 (an LTS branch) is supported until June 2026 (NVIDIA data-center drivers, 615 edition).
+TODAY = "2026-01-15"
+
+
+def run(card: str, service: Service, *, facts=None, lock=LOCK, allow_unpinned=False, today=TODAY):
     f = facts if facts is not None else facts_for(card)
     settings = HostSettings(services=[service])
-    (report,) = check_host("gpu-test-01", settings, f, lock=lock, allow_unpinned=allow_unpinned)
+    (report,) = check_host("gpu-test-01", settings, f, lock=lock, allow_unpinned=allow_unpinned, today=today)
     return report
 
 
@@ -76,15 +80,20 @@ def by_id(report) -> dict[str, object]:
         ("v100-535", svc(engine="vllm", quant="bf16", context=4096), "dtype", "pass", "cast to float16", ""),
         ("v100-535", svc(engine="vllm", quant="bf16", context=4096, engine_args=["--dtype", "bfloat16"]), "dtype",
          "fail", "--dtype bfloat16 needs bf16", "--dtype float16"),
-        # a CUDA 12.8 llama.cpp image on a 535 driver: PTX-only on Volta, minor-version compat does not JIT
-        ("v100-535", svc(image="llamacpp:server-cuda-12.8"), "cuda-driver", "warn", "forward compatibility",
+        # a CUDA 12.8 llama.cpp image on a 535 driver: PTX-only on Volta, minor-version compat does not JIT,
+        # and toolkit 1.17.5 loads the compat libcuda only under the nvidia runtime, which is not Docker's
+        # default on this host (nvidia-container-toolkit PR #1055)
+        ("v100-535", svc(image="llamacpp:server-cuda-12.8"), "cuda-driver", "fail", "not Docker's default runtime",
          ">= 570.124.06"),
-        ("rtx4090-550", svc(image="vllm:0.10.1.1", engine="vllm"), "cuda-driver", "fail", "Triton",
+        # vLLM under minor-version compatibility: Triton compiles with its own ptxas (triton#5385): WARN
+        ("rtx4090-550", svc(image="vllm:0.10.1.1", engine="vllm"), "cuda-driver", "warn", "Triton's own ptxas",
          "upgrade the driver to >= 570.124.06"),
+        # the image's torch build has no sm_70 (torch 2.7 cu128; vllm#19185)
+        ("v100-535", svc(engine="vllm", image="vllm:0.10.1.1"), "arch", "fail", "PyTorch build", "vllm:0.19.1"),
         ("v100-535", svc(engine="vllm", image="vllm:0.20.0"), "arch", "fail", "no kernels", "vllm:0.19.1"),
         # T4 on R470: compute capability from the catalog, CUDA 12 only through forward compatibility
         ("t4-470", svc(), "gpu", "pass", "compute capability 7.5, from catalog", ""),
-        ("t4-470", svc(), "cuda-driver", "warn", "forward compatibility", ">= 535.104.05"),
+        ("t4-470", svc(), "cuda-driver", "fail", "not Docker's default runtime", ">= 535.104.05"),
         ("p40-470", svc(), "gpu", "warn", "memory already in use", "stop what holds the GPU memory"),
         ("p40-470", svc(engine="vllm", image="vllm:0.19.1"), "arch", "fail", "no kernels", "llama.cpp"),
         ("rtx4090-550", svc(engine="vllm", quant="fp8", image="vllm:0.19.1"), "quant", "pass", "fp8_w8a8", ""),
@@ -261,3 +270,14 @@ def test_images_lock_path(tmp_path):
         inv / "../.lab/images.lock")
     assert images_lock_path({}, str(inv), "/etc/llmfleet/images.lock") == "/etc/llmfleet/images.lock"
     assert images_lock_path({}, str(inv / "hosts.yml"), None) is None
+
+
+def test_forward_compat_on_r470_with_a_toolkit_that_loads_it_is_a_warn_naming_the_unconfirmed_eol():
+    """Toolkit 1.17.7+ loads the compat libcuda under --gpus too (cuda-compat-mode=ldconfig,
+    nvidia-container-toolkit PR #1082); R470's end of life is not in a primary source, so it cannot
+    refuse: the WARN says so."""
+    f = facts_for("t4-470")
+    f.toolkit.version = "1.17.8"
+    c = by_id(run("t4-470", svc(), facts=f))["cuda-driver"]
+    assert c.status == "warn" and "forward compatibility" in c.message
+    assert "end of life 2024-07 unconfirmed" in c.message and "toolkit 1.17.8: ldconfig" in c.message

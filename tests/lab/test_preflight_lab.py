@@ -76,3 +76,31 @@ def test_cli_preflight_on_the_lab(lab, tmp_path):
     res = subprocess.run([LLMFLEET, "facts", "--host", "gpu-v100-01"], cwd=tmp_path, capture_output=True,
                          text=True, timeout=120)
     assert res.returncode == 0 and "Tesla V100-SXM2-32GB" in res.stdout and "CC 7.0 (driver)" in res.stdout
+
+
+def test_preflight_from_facts_saved_on_the_lab_host(lab, tmp_path):
+    """`facts --out FILE` on a lab host, then `preflight --facts FILE` judges the same with the host
+    stopped, with an `offline` WARN naming what was assumed."""
+    lab.ensure_hosts("gpu-v100-01")
+    (tmp_path / "invoke.yaml").write_text(yaml.safe_dump({"llmfleet": {
+        "inventory": lab.inventory_path, "ssh": {"known_hosts": lab.config["known_hosts"]}}}))
+    saved = tmp_path / "v100.json"
+    res = subprocess.run([LLMFLEET, "facts", "--host", "gpu-v100-01", "--out", str(saved)], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    live = subprocess.run([LLMFLEET, "preflight", "--host", "gpu-v100-01", "--json"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    live_checks = {c["id"]: c["status"] for c in json.loads(live.stdout)["checks"]}
+    lab.stop_host("gpu-v100-01")  # the offline preflight must not need the host
+    try:
+        res = subprocess.run([LLMFLEET, "preflight", "--host", "gpu-v100-01", "--facts", str(saved), "--assume",
+                              "driver=570.133.07", "--json"], cwd=tmp_path, capture_output=True, text=True,
+                             timeout=120)
+    finally:
+        lab.start_host("gpu-v100-01")
+    assert res.returncode == live.returncode, res.stdout + res.stderr
+    data = json.loads(res.stdout)
+    checks = {c["id"]: c for c in data["checks"]}
+    assert checks["offline"]["status"] == "warn" and "driver 535.183.01 -> 570.133.07" in checks["offline"]["message"]
+    # the lab serves a CPU image: the assumed driver changes no verdict, the saved facts give the rest
+    assert {k: v["status"] for k, v in checks.items() if k != "offline"} == live_checks

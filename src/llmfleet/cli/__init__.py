@@ -9,6 +9,7 @@ from invoke import Collection
 
 from llmfleet.cli import (
     bench_tasks,
+    common,
     deploy_tasks,
     facts_tasks,
     images_tasks,
@@ -53,3 +54,5 @@ ns.add_task(deploy_tasks.deploy)
 ns.add_task(deploy_tasks.rollback)
 ns.add_collection(Collection("lock", lock_tasks.status, lock_tasks.release))
 ns.add_collection(lab_tasks.ns)
+
+common.repeatable_inventory(ns)

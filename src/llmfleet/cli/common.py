@@ -9,11 +9,13 @@ import functools
 import json
 import os
 import sys
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 from invoke.exceptions import Exit
 from rich.console import Console
+from rich.markup import escape
 
 from llmfleet.errors import LlmfleetError
 
@@ -24,7 +26,21 @@ console = Console(stderr=False, highlight=False, soft_wrap=True, width=_WIDTH)
 err_console = Console(stderr=True, highlight=False, soft_wrap=True, width=_WIDTH)
 
 
-INVENTORY_HELP = "inventory file or folder (default: llmfleet.inventory in invoke.yaml)"
+INVENTORY_HELP = ("inventory source: file, folder, script or 'h1,h2,' host list; repeat -i to merge several "
+                  "(default: llmfleet.inventory in invoke.yaml)")
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None):  # noqa: ANN001
+    from llmfleet.inventory.values import InventoryWarning
+
+    if issubclass(category, InventoryWarning):
+        err_console.print(f"[yellow]warning[/yellow]: {escape(str(message))}")
+    else:
+        _default_show_warning(message, category, filename, lineno, file, line)
+
+
+_default_show_warning = warnings.showwarning
+warnings.showwarning = _show_warning  # inventory warnings print as one "warning:" line on stderr
 
 
 def cfg(c, key: str, default: Any = None) -> Any:
@@ -39,8 +55,25 @@ def cfg(c, key: str, default: Any = None) -> Any:
     return node
 
 
-def inventory_path(c, inventory: str | None) -> str:
-    return inventory or cfg(c, "inventory", "inventory/lab/")
+def inventory_path(c, inventory: str | list[str] | None) -> str | list[str]:
+    """The ``-i`` sources: one path (str), or a list when ``-i`` was repeated."""
+    if isinstance(inventory, list | tuple):
+        inventory = list(inventory) if len(inventory) > 1 else (inventory[0] if inventory else None)
+    if inventory:
+        return inventory
+    default = cfg(c, "inventory", "inventory/lab/")
+    return list(default) if isinstance(default, list | tuple) and len(default) > 1 else default
+
+
+def repeatable_inventory(collection) -> None:
+    """Make ``-i/--inventory`` repeatable on every task that takes it (Ansible merges several -i)."""
+    import inspect
+
+    for t in collection.tasks.values():
+        if "inventory" in inspect.signature(t.body).parameters and "inventory" not in t.iterable:
+            t.iterable = [*t.iterable, "inventory"]
+    for sub in collection.collections.values():
+        repeatable_inventory(sub)
 
 
 def print_json(data: Any) -> None:

@@ -46,10 +46,11 @@ def _hosts(c, inventory, host, group):
         "inventory": INVENTORY_HELP,
         "json": "print the facts as JSON (one object per host)",
         "accept_new_host_keys": "record unknown SSH host keys (changed keys are still refused)",
+        "out": "also write the JSON to FILE (what `invoke preflight --facts FILE` reads)",
     },
 )
 @handles_errors
-def facts(c, host=None, group=None, inventory=None, json=False, accept_new_host_keys=False):
+def facts(c, host=None, group=None, inventory=None, json=False, accept_new_host_keys=False, out=None):
     """Gather a host's facts in one SSH round trip: GPUs, driver, CUDA, Docker, toolkit, disk, ports."""
     from llmfleet.host import facts as facts_mod
     from llmfleet.host import ssh
@@ -66,20 +67,30 @@ def facts(c, host=None, group=None, inventory=None, json=False, accept_new_host_
         except RemoteError as exc:
             return exc
 
-    out: list[dict] = []
+    rows: list[dict] = []
     failed = False
     for (h, _), found in zip(jobs, _each(probe, jobs), strict=True):
         if isinstance(found, RemoteError):
             failed = True
-            out.append({"host": h.name, "error": str(found)})
+            rows.append({"host": h.name, "error": str(found)})
             if not json:
                 console.print(f"[bold red]{escape(h.name)}[/]: {escape(str(found))}")
             continue
-        out.append(found.model_dump(mode="json"))
+        rows.append(found.model_dump(mode="json"))
         if not json:
             _print_facts(found)
     if json:
-        print_json(out if len(out) != 1 else out[0])
+        print_json(rows if len(rows) != 1 else rows[0])
+    if out:
+        import json as _json
+        from pathlib import Path
+
+        try:
+            Path(out).write_text(_json.dumps(rows if len(rows) != 1 else rows[0], indent=2) + "\n", encoding="utf-8")
+        except OSError as exc:
+            raise UsageError(f"{out}: cannot write the facts: {exc.strerror}") from None
+        if not json:
+            console.print(f"facts written to {escape(str(out))}")
     if failed:
         raise Exit(code=1)
 
@@ -135,18 +146,30 @@ def _print_facts(f) -> None:
         "json": "print {host, service, ok, checks: [...]} per service as JSON",
         "allow_unpinned": "judge a floating image tag instead of failing the image check",
         "accept_new_host_keys": "record unknown SSH host keys (changed keys are still refused)",
+        "facts": "judge from facts saved with `invoke facts --host H --json > FILE`, without connecting "
+                 "(needs --host naming one host)",
+        "assume": "with --facts: assume KEY=VALUE instead of what was saved (repeatable): driver=550.127.05, "
+                  "cuda=12.8, toolkit=1.17.8, default_runtime=nvidia",
     },
+    iterable=["assume"],
 )
 @handles_errors
 def preflight(c, host=None, group=None, service=None, inventory=None, json=False, allow_unpinned=False,
-              accept_new_host_keys=False):
+              accept_new_host_keys=False, facts=None, assume=None):
     """Check that each service can run on its host (image vs driver and card, plan, runtime, disk, port).
 
-    Exit 1 when any check fails.
+    With --facts FILE the host is not contacted: the checks run on saved facts, with --assume values
+    in place ("would this image still run after the planned driver upgrade?"). Exit 1 when any check
+    fails.
     """
     from llmfleet.images import lock as images
     from llmfleet.knowledge.preflight import images_lock_path, preflight_host
 
+    if assume and not facts:
+        raise UsageError("--assume needs --facts FILE (assumptions apply to saved facts; a live preflight "
+                         "judges what the host has)")
+    if facts:
+        return _preflight_saved(c, host, group, service, inventory, json, allow_unpinned, facts, assume or [])
     inv, hosts = _hosts(c, inventory, host, group)
     selected = []
     for h in hosts:
@@ -178,6 +201,60 @@ def preflight(c, host=None, group=None, service=None, inventory=None, json=False
     if json:
         data = [r.to_dict() for r in reports]
         print_json(data[0] if len(data) == 1 else data)
+    if not all(r.ok for r in reports):
+        if not json:
+            bad = sorted({f"{r.host}/{r.service}" if r.service else r.host for r in reports if not r.ok})
+            console.print(f"[bold red]preflight failed[/]: {escape(', '.join(bad))}")
+        raise Exit(code=1)
+
+
+def _preflight_saved(c, host, group, service, inventory, json, allow_unpinned, facts_path, assume) -> None:
+    """preflight --facts: one host's saved facts (plus assumptions) through the same checks."""
+    import json as _json
+    from pathlib import Path
+
+    from llmfleet.images import lock as images
+    from llmfleet.knowledge import compat
+    from llmfleet.knowledge.preflight import (
+        apply_assumptions,
+        check_saved,
+        facts_from_saved,
+        images_lock_path,
+        parse_assumptions,
+    )
+
+    if group or not host:
+        raise UsageError("--facts judges one host: give --host NAME (the host the facts were saved from)")
+    assumed = parse_assumptions(assume)
+    inv, hosts = _hosts(c, inventory, host, None)
+    if len(hosts) != 1:
+        raise UsageError(f"{inv.path}: --facts needs --host to name exactly one host; {host!r} matches {len(hosts)}")
+    h = hosts[0]
+    settings = settings_for(h)
+    svcs = settings.services
+    if service:
+        svcs = [s for s in settings.services if s.name == service]
+        if not svcs:
+            known = ", ".join(s.name for s in settings.services) or "none"
+            raise UsageError(f"{inv.path}: host {h.name} has no service {service!r} (services: {known})")
+    p = Path(facts_path)
+    try:
+        data = _json.loads(p.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise UsageError(f"{p}: cannot read the saved facts: {exc.strerror}") from None
+    except ValueError as exc:
+        raise UsageError(f"{p}: not JSON ({exc}); save facts with `invoke facts --host {h.name} --json > {p}`") from None
+    saved = facts_from_saved(data, h.name, str(p))
+    found, notes = apply_assumptions(saved, assumed, compat.load_engine_catalog())
+    lock = images.load_lock(images_lock_path(h.vars, inv.path, cfg(c, "images_lock")))
+    reports = check_saved(h.name, settings, found, lock=lock, source=str(p), assumed_notes=notes, services=svcs,
+                          allow_unpinned=allow_unpinned)
+    if json:
+        data_out = [r.to_dict() for r in reports]
+        print_json(data_out[0] if len(data_out) == 1 else data_out)
+    else:
+        for r in reports:
+            _print_report(r)
     if not all(r.ok for r in reports):
         if not json:
             bad = sorted({f"{r.host}/{r.service}" if r.service else r.host for r in reports if not r.ok})

@@ -80,10 +80,12 @@ def _catalog_images() -> dict:
         "group": "with --registry-mirror: only this group's mirrors (Ansible pattern)",
         "insecure": "registries (host:port, comma-separated) reached over plain HTTP; loopback always is",
         "json": "print the new lock entries as JSON",
+        "inspect": "then pull each pinned digest and read what the image carries (as images.inspect) into the lock",
     },
 )
 @handles_errors
-def pin(c, refs, inventory=None, lock=None, registry_mirror=False, host=None, group=None, insecure=None, json=False):
+def pin(c, refs, inventory=None, lock=None, registry_mirror=False, host=None, group=None, insecure=None, json=False,
+        inspect=False):
     """Resolve image tags to digests against their registry and write them into images.lock."""
     catalog = _catalog_images()
     args = _split(refs)
@@ -95,6 +97,8 @@ def pin(c, refs, inventory=None, lock=None, registry_mirror=False, host=None, gr
         specs = [img.through_mirror(s, mirrors) for s in specs]
     path = _lock_path(c, lock)
     entries = img.pin(specs, _client(insecure), path)
+    if inspect:
+        entries = _inspect_pinned(entries, specs, path, quiet=json)
     if json:
         print_json({"lock": str(path), "pinned": {e.key: img.entry_dict(e) for e in entries}})
         return
@@ -186,7 +190,97 @@ def build(c, name, resolve_base=False, build_arg=None, tag=None, dry_run=False, 
         res = subprocess.run(["docker", "push", ref], check=False)
         if res.returncode != 0:
             raise CheckFailed(f"images.build {name}: docker push {ref} exited {res.returncode}")
-    console.print(f"built {ref}; pin it with `invoke images.pin {spec.catalog_key.replace(':', '=', 1)}`")
+    from llmfleet.images import inspect as ins
+
+    try:
+        result = ins.inspect_image(spec.catalog_key, ref)
+        console.print(f"{ref} carries kernels {' '.join(result.archs) or 'none'}"
+                      + (f"; torch {result.torch} {' '.join(result.torch_archs)}" if result.torch else ""))
+    except CheckFailed as exc:
+        err_console.print(f"could not inspect {ref}: {exc}")
+    console.print(f"built {ref}; pin it with `invoke images.pin {spec.catalog_key.replace(':', '=', 1)} --inspect`")
+
+
+def _inspect_pinned(entries: list, specs: list, path: Path, *, quiet: bool) -> list:
+    """Pull each just-pinned digest from where it was resolved, inspect it, record it in the lock."""
+    from llmfleet.images import inspect as ins
+
+    out = []
+    for e, s in zip(entries, specs, strict=True):
+        repo, _, _ = img.split_reference(s.ref)
+        ref = f"{repo}@{e.digest}"
+        have = subprocess.run(["docker", "image", "inspect", ref], capture_output=True, check=False).returncode == 0
+        if not have and subprocess.run(["docker", "pull", "-q", ref], capture_output=True, check=False).returncode != 0:
+            raise CheckFailed(f"images.pin --inspect: docker pull {ref} failed; the pin is written, the inspection not")
+        result = ins.inspect_image(e.key, ref)
+        e = ins.apply(e, result)
+        img.write_lock(img.merge(img.load_lock(path), [e]), path)
+        if not quiet:
+            console.print(f"inspected {e.key}: kernels {' '.join(e.archs) or 'none'}"
+                          + (f"; torch {e.torch} {' '.join(e.torch_archs)}" if e.torch else ""))
+        out.append(e)
+    return out
+
+
+@task(
+    positional=["key"],
+    help={
+        "key": "the image's ENGINE:VERSION key in the lock (e.g. vllm:0.19.1 or llamacpp:lab-cpu)",
+        "ref": "the local image to run (default: the lock's repository@digest, else repository:tag)",
+        "lock": LOCK_HELP,
+        "pull": "docker pull the image first when it is not here",
+        "no_write": "print what the image carries without writing the lock",
+        "json": "print the inspection as JSON",
+    },
+)
+@handles_errors
+def inspect(c, key, ref=None, lock=None, pull=False, no_write=False, json=False):
+    """Run an image once (no GPU, no network) and record what it carries in images.lock: torch version,
+    its CUDA and arch list, the engine's version and the archs of its compiled kernels
+    (archs_source: inspected, which preflight prefers over the catalog)."""
+    from llmfleet.images import inspect as ins
+
+    path = _lock_path(c, lock)
+    lock_data = img.load_lock(path)
+    entry = lock_data.get(key)
+    if entry is None and not no_write:
+        known = ", ".join(sorted(lock_data.images)) or "none"
+        raise UsageError(f"{path}: no entry {key!r} to record the inspection in (entries: {known}); pin it first "
+                         f"with `invoke images.pin {key.replace(':', '=', 1)}`, or pass --no-write")
+    if not ref:
+        if entry is None:
+            raise UsageError(f"images.inspect {key}: give --ref IMAGE (the key is not in {path})")
+        ref = f"{entry.repository}@{entry.digest}" if entry.digest else f"{entry.repository}:{entry.tag or 'latest'}"
+    if pull:
+        res = subprocess.run(["docker", "image", "inspect", ref], capture_output=True, check=False)
+        if res.returncode != 0 and subprocess.run(["docker", "pull", ref], check=False).returncode != 0:
+            raise CheckFailed(f"images.inspect {key}: docker pull {ref} failed")
+    with console.status(f"inspecting {ref} (no GPU, no network)"):
+        result = ins.inspect_image(key, ref)
+    written = None
+    if not no_write and entry is not None:
+        lock_data = img.merge(lock_data, [ins.apply(entry, result)])
+        img.write_lock(lock_data, path)
+        written = str(path)
+    if json:
+        print_json({**result.to_dict(), "lock": written})
+        return
+    table = Table(title=f"images.inspect {key}", show_header=False)
+    table.add_column("what", style="bold")
+    table.add_column("value", overflow="fold")
+    rows = [("image", ref), ("engine version", result.engine_version or "-"), ("CUDA (image env)", result.cuda or "-"),
+            ("engine kernels", " ".join(result.archs) or "none"), ("read from", ", ".join(result.files) or "-")]
+    from llmfleet.knowledge.engines import for_engine
+
+    if for_engine(result.engine).needs_torch_kernels:
+        rows[3:3] = [("torch", f"{result.torch or '-'} (CUDA {result.torch_cuda or 'none'})"),
+                     ("torch archs", " ".join(result.torch_archs) or "none")]
+    rows += [("note", n) for n in result.notes]
+    for what, value in rows:
+        table.add_row(what, value)
+    console.print(table)
+    if written:
+        console.print(f"recorded in {written} (archs_source: inspected)")
 
 
 @task(
@@ -210,6 +304,9 @@ def list_(c, lock=None, json=False):
             "digest": e.digest if e else None,
             "cuda": e.cuda if e else catalog[key].cuda if key in catalog else None,
             "archs": list(e.archs) if e else [],
+            "torch": e.torch if e else None,
+            "torch_archs": list(e.torch_archs) if e else [],
+            "archs_source": e.archs_source if e else None,
             "verified": e.verified if e else None,
             "in_lock": e is not None,
             "in_catalog": key in catalog,
@@ -231,6 +328,10 @@ def list_(c, lock=None, json=False):
         if r["dockerfile"]:
             notes.append(f"built from dockerfiles/{r['dockerfile']}")
         verified = f"{r['verified']['at']} ({r['verified'].get('registry', '')})" if r["verified"] else "never"
+        if r["torch"]:
+            notes.append(f"torch {r['torch']}: {' '.join(r['torch_archs']) or '-'}")
+        if r["archs_source"] == "inspected":
+            notes.append("inspected from the image")
         table.add_row(r["key"], f"{r['repository']}:{r['tag']}", digest, r["cuda"] or "-",
                       " ".join(r["archs"]) or "-", verified, "; ".join(notes))
     console.print(table)
@@ -259,5 +360,6 @@ ns = Collection("images")
 ns.add_task(pin)
 ns.add_task(verify)
 ns.add_task(build)
+ns.add_task(inspect)
 ns.add_task(list_)
 ns.add_task(lint)

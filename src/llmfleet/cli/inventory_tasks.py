@@ -3,60 +3,112 @@
 from __future__ import annotations
 
 import builtins
+from pathlib import Path
 
 from invoke import task
+from rich.markup import escape
 from rich.table import Table
 
-from llmfleet.cli.common import console, handles_errors, inventory_path, print_json
-from llmfleet.errors import UsageError
-from llmfleet.inventory.ansible import check_all, load_inventory
+from llmfleet.cli import common
+from llmfleet.cli.common import console, err_console, handles_errors, inventory_path, print_json
+from llmfleet.errors import InventoryError, UsageError
+from llmfleet.inventory.ansible import load_inventory
+
+
+def _lock_for(c, inv):
+    from llmfleet.images import lock as images
+    from llmfleet.knowledge.preflight import images_lock_path
+
+    configured = common.cfg(c, "images_lock")
+    cache: dict[str | None, object] = {}
+
+    def lock_for(host):
+        path = images_lock_path(host.vars, inv.path, configured)
+        if path not in cache:
+            p = Path(path) if path else images.DEFAULT_LOCK_PATH
+            cache[path] = images.load_lock(path) if p.exists() else None
+        return cache[path]
+
+    return lock_for
 
 
 @task(
+    iterable=["inventory"],
     help={
-        "inventory": "inventory file or folder (default: llmfleet.inventory in invoke.yaml, 'inventory/lab/')",
+        "inventory": "inventory source: file, folder, script or 'h1,h2,' host list; repeat -i to merge several "
+                     "(default: llmfleet.inventory in invoke.yaml, 'inventory/lab/')",
         "list": "print every group and host as JSON, like `ansible-inventory --list`",
         "host": "print one host's merged variables as JSON, like `ansible-inventory --host NAME`",
-        "check": "validate the llmfleet_* variables of every host (or of --limit) against the schema",
+        "check": "validate everything checkable offline (schema, catalogs, images.lock, GPUs, ports, plans); "
+                 "every error is reported",
         "limit": "with --check: only hosts matching this pattern",
-        "json": "with --check: print a JSON summary",
+        "json": "with --check: print the findings as JSON",
+        "vault_password_file": "decrypt !vault values llmfleet needs with this file "
+                               "(default: $ANSIBLE_VAULT_PASSWORD_FILE)",
     },
 )
 @handles_errors
-def inventory(c, inventory=None, list=False, host=None, check=False, limit=None, json=False):  # noqa: A002
-    """Show or validate an Ansible-format inventory (--list, --host NAME, --check)."""
-    inv = load_inventory(inventory_path(c, inventory))
+def inventory(c, inventory=None, list=False, host=None, check=False, limit=None, json=False,  # noqa: A002
+              vault_password_file=None):
+    """Show or validate an Ansible inventory (--list, --host NAME, --check)."""
+    from llmfleet.inventory.check import check_inventory
+
+    # its warnings print on stderr (cli.common)
+    inv = load_inventory(inventory_path(c, inventory), vault_password_file=vault_password_file)
     if list:
         print_json(inv.to_ansible_list())
         return
     if host:
         if host not in inv.hosts:
             raise UsageError(f"{inv.path}: no host {host!r}; hosts: {', '.join(inv.hosts)}")
-        print_json(inv.hosts[host].vars)
+        print_json(inv.host_json(host))
         return
     hosts = inv.select(host=limit) if limit else builtins.list(inv.hosts.values())
-    settings = check_all(inv, hosts)
+    reports = check_inventory(inv, hosts, lock_for=_lock_for(c, inv))
+    if vault_password_file:
+        _check_vault(vault_password_file, reports)
+    errors = [f for r in reports for f in r.findings if f.level == "error"]
+    warnings = [f for r in reports for f in r.findings if f.level == "warning"]
     if json:
-        print_json(
-            {
-                "inventory": inv.path,
-                "ok": True,
-                "hosts": {
-                    name: [s.model_dump(mode="json", exclude={"api_key"}) | {"api_key": bool(s.api_key)}
-                           for s in st.services]
-                    for name, st in settings.items()
-                },
-            }
-        )
-        return
-    table = Table(title=f"inventory {inv.path}", show_lines=False)
-    for col in ("host", "address", "groups", "services"):
-        table.add_column(col)
-    for h in hosts:
-        st = settings[h.name]
-        svc = ", ".join(f"{s.name} ({s.engine}, {s.model}, :{s.port})" for s in st.services) or "-"
-        addr = h.address + (f":{h.vars['ansible_port']}" if "ansible_port" in h.vars else "")
-        table.add_row(h.name, addr, ", ".join(h.groups) or "ungrouped", svc)
-    console.print(table)
-    if check:
-        console.print(f"[green]ok[/green]: {len(hosts)} host(s), llmfleet variables valid")
+        print_json({
+            "inventory": inv.path,
+            "ok": not errors,
+            "errors": [f.to_dict() for f in errors],
+            "warnings": [{"host": None, "level": "warning", "message": w} for w in inv.warnings]
+                        + [f.to_dict() for f in warnings],
+            "hosts": {
+                r.host: [s.model_dump(mode="json", exclude={"api_key"}) | {"api_key": bool(s.api_key)}
+                         for s in r.services]
+                for r in reports
+            },
+        })
+    else:
+        table = Table(title=f"inventory {inv.path}", show_lines=False)
+        for col in ("host", "address", "groups", "services"):
+            table.add_column(col)
+        for h, r in zip(hosts, reports, strict=True):
+            svc = ", ".join(f"{s.name} ({s.engine}, {s.model}, :{s.port})" for s in r.services) or "-"
+            addr = r.address or "?"
+            table.add_row(escape(h.name), escape(addr), escape(", ".join(h.groups) or "ungrouped"), escape(svc))
+        console.print(table)
+        for f in warnings:
+            err_console.print(f"[yellow]warning[/yellow]: {escape(f.message)}")
+        for f in errors[:-1]:
+            err_console.print(f"error: {escape(f.message)}")
+    if errors:
+        # bad input: exit 2; one line per error (the last one through the error handler)
+        raise InventoryError(f"{len(errors)} error(s) in {inv.path}" if json else errors[-1].message)
+    if check and not json:
+        console.print(f"[green]ok[/green]: {len(hosts)} host(s), llmfleet variables valid"
+                      + (f", {len(warnings)} warning(s)" if warnings else ""))
+
+
+def _check_vault(path: str, reports) -> None:
+    """With a password file: every vault-held api_key must decrypt with it."""
+    from llmfleet.inventory.vault import Vault
+
+    vault = Vault(path)
+    for r in reports:
+        for s in r.services:
+            if s.api_key is not None and s.api_key.vault is not None:
+                vault.decrypt(s.api_key.vault, f"host {r.host}: service {s.name}: api_key")

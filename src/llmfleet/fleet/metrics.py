@@ -11,29 +11,19 @@ import math
 import re
 from dataclasses import asdict, dataclass
 
-# field -> names by engine, newest first
-NAMES: dict[str, dict[str, tuple[str, ...]]] = {
-    "requests_running": {
-        "vllm": ("vllm:num_requests_running",),
-        "llamacpp": ("llamacpp:requests_processing",),
-    },
-    "requests_waiting": {
-        "vllm": ("vllm:num_requests_waiting",),
-        "llamacpp": ("llamacpp:requests_deferred",),
-    },
-    "kv_cache_usage": {  # 0..1
-        "vllm": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
-        "llamacpp": ("llamacpp:kv_cache_usage_ratio",),
-    },
-    "generation_tokens_total": {
-        "vllm": ("vllm:generation_tokens_total",),
-        "llamacpp": ("llamacpp:tokens_predicted_total",),
-    },
-    "prompt_tokens_total": {
-        "vllm": ("vllm:prompt_tokens_total",),
-        "llamacpp": ("llamacpp:prompt_tokens_total",),
-    },
-}
+
+# field -> names by engine, newest first (each engine's module in llmfleet.knowledge.engines holds its own)
+def _names() -> dict[str, dict[str, tuple[str, ...]]]:
+    from llmfleet.knowledge import engines
+
+    out: dict[str, dict[str, tuple[str, ...]]] = {}
+    for name in engines.names():
+        for field, metric_names in engines.for_engine(name).metrics.items():
+            out.setdefault(field, {})[name] = metric_names
+    return out
+
+
+NAMES: dict[str, dict[str, tuple[str, ...]]] = _names()
 
 _LINE = re.compile(
     r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>[-+]?(?:[0-9.]+(?:[eE][-+]?\d+)?|NaN|[+-]?Inf))(?:\s+\d+)?$"

@@ -21,7 +21,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -63,25 +63,20 @@ class Target:
     become: bool
     become_user: str
 
+    timeout: int | None = None
+    ssh_options: dict[str, list[str]] = field(default_factory=dict)
+    config_file: str | None = None
+
     @classmethod
     def from_host(cls, host: Host, default_user: str | None = None) -> Target:
-        v = host.vars
-        port = v.get("ansible_port", v.get("ansible_ssh_port"))
-        try:
-            port = int(port) if port is not None else None
-        except (TypeError, ValueError):
-            raise RemoteError(f"host {host.name}: ansible_port must be a number, got {port!r}") from None
-        become = v.get("ansible_become", False)
-        if isinstance(become, str):
-            become = become.strip().lower() in {"1", "true", "yes", "on"}
+        """From the host's ``ansible_*`` variables, ``{{ }}`` resolved (llmfleet.inventory.connection)."""
+        from llmfleet.inventory.connection import connection_settings
+
+        cs = connection_settings(host, default_user=default_user)
         return cls(
-            name=host.name,
-            address=str(v.get("ansible_host", v.get("ansible_ssh_host", host.name))),
-            port=port,
-            user=v.get("ansible_user", v.get("ansible_ssh_user", default_user)),
-            key_file=v.get("ansible_ssh_private_key_file"),
-            become=bool(become),
-            become_user=str(v.get("ansible_become_user", "root")),
+            name=host.name, address=cs.address, port=cs.port, user=cs.user, key_file=cs.key_file,
+            become=cs.become, become_user=cs.become_user, timeout=cs.timeout, ssh_options=cs.ssh_options,
+            config_file=cs.config_file,
         )
 
 
@@ -316,14 +311,56 @@ def _short(cmd: str, n: int = 120) -> str:
     return cmd if len(cmd) <= n else cmd[: n - 3] + "..."
 
 
-def _fabric_config(config: dict[str, Any]) -> Config:
-    """Fabric config that honours OpenSSH client config (Host aliases, HostName, Port, User,
-    IdentityFile, ProxyJump): ~/.ssh/config and /etc/ssh/ssh_config, or the file named by the
-    llmfleet.ssh.config_file setting. Inventory ansible_* variables win over it, as in Ansible."""
-    path = config.get("config_file")
-    if path:
-        return Config(runtime_ssh_path=os.path.expanduser(str(path)))
-    return Config(overrides={"load_ssh_configs": True})
+def _fabric_config(config: dict[str, Any], target: Target | None = None) -> Config:
+    """Fabric config carrying the OpenSSH client config resolved for this target as ``ssh -G`` would
+    (llmfleet.host.ssh_config: Include, Match, first value wins): ~/.ssh/config and
+    /etc/ssh/ssh_config, or the file named by the llmfleet.ssh.config_file setting (or by -F in
+    ansible_ssh_common_args). Inventory ansible_* variables win over it, as in Ansible, where they
+    become ssh's command-line options."""
+    from llmfleet.host import ssh_config
+
+    path = (target.config_file if target else None) or config.get("config_file")
+    if target is None:
+        if path:
+            return Config(runtime_ssh_path=os.path.expanduser(str(path)))
+        return Config(overrides={"load_ssh_configs": True})
+    cmdline = {k: list(v) for k, v in target.ssh_options.items()}
+    if target.port is not None:
+        cmdline["port"] = [str(target.port)]
+    if target.user:
+        cmdline["user"] = [str(target.user)]
+    if target.key_file:
+        cmdline["identityfile"] = [str(target.key_file), *cmdline.get("identityfile", [])]
+    try:
+        blocks = [_ssh_block(target.address, ssh_config.resolve(target.address, config_file=path, options=cmdline))]
+        jumps = blocks[0][1]
+        for hop in jumps:
+            blocks.append(_ssh_block(hop, ssh_config.resolve(hop, config_file=path)))
+    except (ssh_config.SshConfigError, OSError) as exc:
+        raise RemoteError(f"host {target.name}: ssh config: {exc}") from None
+    return Config(ssh_config=paramiko.SSHConfig.from_text("\n".join(text for text, _ in blocks)))
+
+
+def _ssh_block(alias: str, r: Any) -> tuple[str, list[str]]:
+    """One ``Host`` block for paramiko holding the resolved options, and the ProxyJump hop names."""
+
+    def esc(v: str) -> str:
+        return v.replace("%", "%%")
+
+    lines = [f"Host {alias}", f"  HostName {esc(r.hostname)}", f"  Port {r.port}"]
+    if r.user:
+        lines.append(f"  User {r.user}")
+    lines += [f"  IdentityFile {esc(f)}" for f in r.expanded("identityfile")]
+    hops: list[str] = []
+    jump = r.get("proxyjump")
+    if jump and jump.lower() != "none":
+        lines.append(f"  ProxyJump {jump}")
+        for hop in jump.split(","):
+            name = hop.rsplit("@", 1)[-1]
+            hops.append(name.rsplit(":", 1)[0] if name.count(":") == 1 else name)
+    elif r.get("proxycommand") and r.get("proxycommand").lower() != "none":
+        lines.append(f"  ProxyCommand {esc(r.expanded('proxycommand')[0])}")
+    return "\n".join(lines) + "\n", hops
 
 
 def connect(
@@ -336,7 +373,7 @@ def connect(
     config = config or {}
     target = Target.from_host(host, default_user=config.get("user"))
     known_hosts = Path(os.path.expanduser(config.get("known_hosts") or DEFAULT_KNOWN_HOSTS))
-    connect_timeout = int(config.get("connect_timeout") or 10)
+    connect_timeout = int(target.timeout or config.get("connect_timeout") or 10)
     connect_kwargs: dict[str, Any] = {"banner_timeout": connect_timeout, "auth_timeout": connect_timeout}
     if target.key_file:
         key_path = os.path.expanduser(str(target.key_file))
@@ -349,7 +386,7 @@ def connect(
         target.address,
         user=target.user,
         port=target.port,
-        config=_fabric_config(config),
+        config=_fabric_config(config, target),
         connect_timeout=connect_timeout,
         connect_kwargs=connect_kwargs,
     )

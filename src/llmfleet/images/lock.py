@@ -12,7 +12,7 @@ Pure: parsing and resolution only. Reading the file is the one I/O and is kept i
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,11 @@ class LockedImage:
     source: str | None = None
     verified: dict[str, str] | None = None  # {at, registry, by}: when a registry last confirmed the digest
     digest_source: str | None = None  # where a digest not resolved by images.pin was read
+    torch: str | None = None  # the PyTorch version inside (vLLM images)
+    torch_cuda: str | None = None  # torch.version.cuda
+    torch_archs: tuple[str, ...] = ()  # torch.cuda.get_arch_list() (or the build's TORCH_CUDA_ARCH_LIST)
+    archs_source: str | None = None  # catalog | inspected (read from the image by images.inspect)
+    engine_version: str | None = None  # the engine's own version string, when inspected
 
     @property
     def engine(self) -> str:
@@ -68,6 +73,10 @@ class ImageRef:
     upstream_repository: str
     cuda: str | None = None
     archs: tuple[str, ...] = ()
+    torch: str | None = None
+    torch_cuda: str | None = None
+    torch_archs: tuple[str, ...] = ()
+    archs_source: str | None = None
 
     @property
     def pull_ref(self) -> str:
@@ -90,7 +99,17 @@ class ImageRef:
             "pinned": self.pinned,
             "cuda": self.cuda,
             "archs": list(self.archs),
+            "torch": self.torch,
+            "torch_cuda": self.torch_cuda,
+            "torch_archs": list(self.torch_archs),
+            "archs_source": self.archs_source,
         }
+
+
+def _ref_facts(locked: LockedImage) -> dict[str, Any]:
+    """The image facts an ImageRef carries over from its lock entry."""
+    return {"cuda": locked.cuda, "archs": locked.archs, "torch": locked.torch, "torch_cuda": locked.torch_cuda,
+            "torch_archs": locked.torch_archs, "archs_source": locked.archs_source}
 
 
 def parse_lock(text: str, path: str = "images.lock") -> ImageLock:
@@ -129,6 +148,12 @@ def parse_lock(text: str, path: str = "images.lock") -> ImageLock:
         archs = entry.get("archs") or ()
         if not isinstance(archs, list | tuple):
             raise UsageError(f"{path}: {key}: archs must be a list of compute capabilities")
+        torch_archs = entry.get("torch_archs") or ()
+        if not isinstance(torch_archs, list | tuple):
+            raise UsageError(f"{path}: {key}: torch_archs must be a list of compute capabilities")
+        archs_source = entry.get("archs_source")
+        if archs_source is not None and archs_source not in ("catalog", "inspected"):
+            raise UsageError(f"{path}: {key}: archs_source must be catalog or inspected, got {archs_source!r}")
         tag = entry.get("tag")
         cuda = entry.get("cuda")
         images[key] = LockedImage(
@@ -141,6 +166,11 @@ def parse_lock(text: str, path: str = "images.lock") -> ImageLock:
             source=str(entry["source"]) if entry.get("source") is not None else None,
             verified={str(k): str(v) for k, v in verified.items()} if verified else None,
             digest_source=str(entry["digest_source"]) if entry.get("digest_source") is not None else None,
+            torch=str(entry["torch"]) if entry.get("torch") is not None else None,
+            torch_cuda=str(entry["torch_cuda"]) if entry.get("torch_cuda") is not None else None,
+            torch_archs=tuple(str(a) for a in torch_archs),
+            archs_source=str(archs_source) if archs_source is not None else None,
+            engine_version=str(entry["engine_version"]) if entry.get("engine_version") is not None else None,
         )
     return ImageLock(images=images, path=path)
 
@@ -221,7 +251,7 @@ def resolve(
         return ImageRef(
             key=image, repository=apply_mirror(locked.repository, mirrors), digest=None,
             tag=locked.tag or "latest", pinned=False, upstream_repository=locked.repository,
-            cuda=locked.cuda, archs=locked.archs,
+            **_ref_facts(locked),
         )
     if locked is not None:
         return ImageRef(
@@ -231,8 +261,7 @@ def resolve(
             tag=locked.tag,
             pinned=True,
             upstream_repository=locked.repository,
-            cuda=locked.cuda,
-            archs=locked.archs,
+            **_ref_facts(locked),
         )
     if _KEY_RE.match(image) and "/" not in image:
         known = ", ".join(sorted(lock.images)) or "none"
@@ -269,7 +298,10 @@ LOCK_HEADER = """\
 # `invoke images.verify`. Keys are ENGINE:VERSION as in src/llmfleet/knowledge/catalog/engines.yaml (a test
 # keeps the two in step). Each entry: repository, tag (what was resolved), digest (sha256 of the
 # manifest or index the tag pointed at), cuda and archs (compute capabilities with kernels in the
-# image, from the catalog: "7.0" SASS, "8.9+PTX" SASS and PTX, "5.0-virtual" PTX only), source, and
+# image: "7.0" SASS, "8.9+PTX" SASS and PTX, "5.0-virtual" PTX only), for vLLM images torch,
+# torch_cuda and torch_archs (the PyTorch build inside: its kernels must cover the card too),
+# archs_source (catalog: copied from catalog/engines.yaml; inspected: read from the image by
+# `invoke images.inspect`, which preflight prefers), source, and
 # verified: when and where a registry last confirmed the digest (null: never confirmed by llmfleet).
 # digest: null means listed but not pinned yet: deploy refuses it until `invoke images.pin KEY` runs
 # where the registry is reachable. digest_source says where a digest that images.pin did not
@@ -277,7 +309,8 @@ LOCK_HEADER = """\
 """
 
 
-_ENTRY_ORDER = ("repository", "tag", "digest", "digest_source", "cuda", "archs", "source", "verified")
+_ENTRY_ORDER = ("repository", "tag", "digest", "digest_source", "cuda", "archs", "torch", "torch_cuda",
+                "torch_archs", "archs_source", "engine_version", "source", "verified")
 
 
 def entry_dict(img: LockedImage) -> dict[str, Any]:
@@ -289,6 +322,11 @@ def entry_dict(img: LockedImage) -> dict[str, Any]:
         "digest_source": img.digest_source,
         "cuda": img.cuda,
         "archs": list(img.archs),
+        "torch": img.torch,
+        "torch_cuda": img.torch_cuda,
+        "torch_archs": list(img.torch_archs),
+        "archs_source": img.archs_source,
+        "engine_version": img.engine_version,
         "source": img.source,
         "verified": dict(img.verified) if img.verified else None,
     }
@@ -316,6 +354,9 @@ class PinSpec:
     cuda: str | None = None
     archs: tuple[str, ...] = ()
     source: str | None = None
+    torch: str | None = None
+    torch_cuda: str | None = None
+    torch_archs: tuple[str, ...] = ()
 
 
 def parse_pin_args(args: list[str], catalog_images: dict[str, Any]) -> list[PinSpec]:
@@ -351,9 +392,21 @@ def parse_pin_args(args: list[str], catalog_images: dict[str, Any]) -> list[PinS
                 repository=repo if len(parts) == 3 else None,
                 cuda=str(get("cuda")) if get("cuda") else None,
                 archs=catalog_archs(rel),
+                **catalog_torch(rel),
             )
         )
     return specs
+
+
+def catalog_torch(rel: Any) -> dict[str, Any]:
+    """The PyTorch build a catalog release records (vLLM images), as PinSpec/LockedImage fields."""
+    tb = rel.get("torch") if isinstance(rel, dict) else getattr(rel, "torch", None)
+    if not tb:
+        return {}
+    get = tb.get if isinstance(tb, dict) else lambda name, _t=tb: getattr(_t, name, None)
+    return {"torch": str(get("version")) if get("version") else None,
+            "torch_cuda": str(get("cuda")) if get("cuda") else None,
+            "torch_archs": tuple(str(a) for a in get("archs") or ())}
 
 
 def catalog_archs(rel: Any) -> tuple[str, ...]:
@@ -374,8 +427,7 @@ def through_mirror(spec: PinSpec, mirrors: dict[str, str]) -> PinSpec:
     """Resolve a spec at the mirror while the lock keeps the public repository. Pure."""
     repo, tag, digest = split_reference(spec.ref)
     ref = apply_mirror(repo, mirrors) + (f":{tag}" if tag else "") + (f"@{digest}" if digest else "")
-    return PinSpec(key=spec.key, ref=ref, repository=spec.repository or _display_repo(repo), cuda=spec.cuda,
-                   archs=spec.archs, source=spec.source)
+    return replace(spec, ref=ref, repository=spec.repository or _display_repo(repo))
 
 
 def pinned(spec: PinSpec, digest: str, *, registry: str, at: str, by: str = "images.pin") -> LockedImage:
@@ -390,6 +442,10 @@ def pinned(spec: PinSpec, digest: str, *, registry: str, at: str, by: str = "ima
         archs=spec.archs,
         source=spec.source,
         verified={"at": at, "registry": registry, "by": by},
+        torch=spec.torch,
+        torch_cuda=spec.torch_cuda,
+        torch_archs=spec.torch_archs,
+        archs_source="catalog" if (spec.archs or spec.torch_archs) else None,
     )
 
 
@@ -455,9 +511,13 @@ def pin(specs: list[PinSpec] | dict[str, str], client: Any, lock_path: str | Pat
         digest = client.resolve(ref)
         old = lock.get(spec.key)
         if spec.source is None:  # keep what the lock said about the image's origin
-            spec = PinSpec(key=spec.key, ref=spec.ref, repository=spec.repository, cuda=spec.cuda,
-                           archs=spec.archs, source=old.source if old and old.source else f"catalog/engines.yaml {spec.key}")
-        entries.append(pinned(spec, digest, registry=ref.registry, at=at))
+            spec = replace(spec, source=old.source if old and old.source else f"catalog/engines.yaml {spec.key}")
+        entry = pinned(spec, digest, registry=ref.registry, at=at)
+        if old is not None and old.digest == digest and old.archs_source == "inspected":
+            # the same bytes: what images.inspect read from them still holds
+            entry = replace(entry, cuda=old.cuda, archs=old.archs, torch=old.torch, torch_cuda=old.torch_cuda,
+                            torch_archs=old.torch_archs, archs_source="inspected", engine_version=old.engine_version)
+        entries.append(entry)
     write_lock(merge(lock, entries), lock_path)
     return entries
 
@@ -505,11 +565,8 @@ def mark_verified(lock: ImageLock, results: list[VerifyResult], *, at: str | Non
     for r in results:
         if r.status == "ok":
             old = images[r.key]
-            images[r.key] = LockedImage(
-                key=old.key, repository=old.repository, digest=old.digest, tag=old.tag, cuda=old.cuda,
-                archs=old.archs, source=old.source, digest_source=old.digest_source,
-                verified={"at": at, "registry": parse_reference(r.ref).registry, "by": "images.verify"},
-            )
+            images[r.key] = replace(
+                old, verified={"at": at, "registry": parse_reference(r.ref).registry, "by": "images.verify"})
     return ImageLock(images=images, path=lock.path)
 
 

@@ -1,17 +1,20 @@
-"""Ansible-compatible YAML inventories: groups, host ranges, group_vars/host_vars, variable merging.
+"""Ansible inventories as ansible-core resolves them: groups, host ranges, group_vars/host_vars, precedence.
 
-An existing Ansible inventory works unchanged. The rules follow ansible-core (the ``yaml`` inventory
-plugin, ``host_group_vars`` vars plugin and the VariableManager's default precedence):
+An existing Ansible inventory works unchanged. Every ``-i`` source is read the way ``ansible-inventory``
+reads it (``llmfleet.inventory.sources``: YAML, INI, TOML, executable scripts, host lists, folders,
+the ``constructed`` plugin), into one ``Builder`` that mirrors ansible-core's ``InventoryData``. Host
+variables then merge in ansible-core's default order (``VariableManager``, ``host_group_vars``):
 
-1. inline ``vars`` of every group the host belongs to, groups sorted by (depth, priority, name);
-2. ``group_vars/all``, then ``group_vars/<group>`` files, groups in the same order;
-3. inline host vars;
-4. ``host_vars/<host>`` files.
+1. inline vars of ``all``, then of every other group of the host, sorted by (depth, priority, name);
+2. ``group_vars/all`` beside each source, in source order;
+3. ``group_vars/<group>`` beside each source (source by source, groups in the same order);
+4. inline host vars;
+5. ``host_vars/<host>`` beside each source.
 
-Dictionaries are replaced, not merged (Ansible's default ``hash_behaviour``), except that a variable
-set twice inline on the same group or host is shallowly combined, as Ansible does.
+A dictionary set again replaces the old one (``hash_behaviour=replace``, ansible-core's default).
 
-Pure apart from reading the inventory files. Nothing here contacts a host.
+Pure apart from reading the inventory files (and running an executable inventory). Nothing here
+contacts a host.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import json
 import os
 import re
 import string
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,10 +33,9 @@ import yaml
 
 from llmfleet.errors import InventoryError, UsageError
 from llmfleet.inventory.services import HostSettings, host_settings
+from llmfleet.inventory.values import UnsafeText, VaultValue, ansible_json, from_ansible_json
 
 VARS_EXTENSIONS = ["", ".yml", ".yaml", ".json"]
-INVENTORY_EXTENSIONS = {".yml", ".yaml", ".json"}
-_IGNORED_DIRS = {"group_vars", "host_vars", "vars_plugins"}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -57,17 +59,23 @@ class Host:
     """A host with its merged variables.
 
     ``vars`` is what ``ansible-inventory --host NAME`` prints; ``sources`` maps each variable to the
-    file (and group or host) that set the winning value, for error messages.
+    file (and group or host) that set the winning value, for error messages. ``inventory_file`` is
+    the source the host was first read from (Ansible's ``inventory_file``).
     """
 
     name: str
     vars: dict[str, Any] = field(default_factory=dict)
     groups: list[str] = field(default_factory=list)
     sources: dict[str, str] = field(default_factory=dict)
+    inventory_file: str | None = None
 
     @property
     def address(self) -> str:
         return str(self.vars.get("ansible_host", self.name))
+
+    @property
+    def inventory_dir(self) -> str | None:
+        return os.path.dirname(self.inventory_file) if self.inventory_file else None
 
 
 @dataclass
@@ -75,6 +83,8 @@ class Inventory:
     path: str
     groups: dict[str, Group]
     hosts: dict[str, Host]
+    sources: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
     # -- selection (Ansible's --limit patterns) ----------------------------------------------------
 
@@ -171,18 +181,27 @@ class Inventory:
 
         fmt("all")
         out["_meta"] = {
-            "hostvars": {n: h.vars for n, h in self.hosts.items() if h.vars},
+            "hostvars": {n: ansible_json(h.vars, unsafe_tags=True) for n, h in self.hosts.items() if h.vars},
             "profile": "inventory_legacy",
         }
         return out
+
+    def host_json(self, name: str) -> dict[str, Any]:
+        """The document ``ansible-inventory -i PATH --host NAME`` prints."""
+        return ansible_json(self.hosts[name].vars, unsafe_tags=False)
 
     def settings_for(self, host: Host) -> HostSettings:
         return settings_for(host)
 
 
 def settings_for(host: Host) -> HostSettings:
-    """The validated ``llmfleet_*`` settings of one host (raises InventoryError naming the file)."""
-    return host_settings(host.name, host.vars, host.sources)
+    """The validated ``llmfleet_*`` settings of one host (raises InventoryError naming the file).
+
+    ``{{ var }}`` references in llmfleet's variables are resolved first, as Ansible would.
+    """
+    from llmfleet.inventory.templating import resolve_namespace
+
+    return host_settings(host.name, resolve_namespace(host), host.sources)
 
 
 def check_all(inv: Inventory, hosts: Iterable[Host] | None = None) -> dict[str, HostSettings]:
@@ -191,7 +210,7 @@ def check_all(inv: Inventory, hosts: Iterable[Host] | None = None) -> dict[str, 
 
 
 # ---------------------------------------------------------------------------------------------------
-# Host ranges
+# Host ranges and addresses
 
 
 def expand_host_pattern(pattern: str) -> list[str]:
@@ -230,31 +249,198 @@ def expand_host_pattern(pattern: str) -> list[str]:
     return out
 
 
-def _split_port(pattern: str) -> tuple[str, int | None]:
-    m = re.match(r"^(?P<host>[^:\[\]]+(?:\[[^\]]+\][^:\[\]]*)*):(?P<port>\d+)$", pattern)
+_BRACKETED_PORT = re.compile(r"^\[(?P<host>[^\]]+)\]:(?P<port>\d+)$")
+_HOST_PORT = re.compile(r"^(?P<host>[^:\[\]]+(?:\[[^\]]+\][^:\[\]]*)*):(?P<port>\d+)$")
+
+
+def split_port(pattern: str) -> tuple[str, int | None]:
+    """``host:port`` / ``[v6-or-range]:port`` into (host, port), as ansible's parse_address does."""
+    m = _BRACKETED_PORT.match(pattern)
+    if m:
+        return m.group("host"), int(m.group("port"))
+    m = _HOST_PORT.match(pattern)
     if m and "[" not in pattern.split(":")[-1]:
         return m.group("host"), int(m.group("port"))
     return pattern, None
 
 
+def expand_hosts(pattern: str) -> tuple[list[str], int | None]:
+    """An inventory host key (``web[01:03]:2222``) into host names and a port."""
+    host, port = split_port(pattern)
+    return (expand_host_pattern(host) if "[" in host else [host]), port
+
+
 # ---------------------------------------------------------------------------------------------------
-# Loading
+# The inventory being built (ansible-core's InventoryData)
+
+
+class Builder:
+    """Groups, hosts and inline variables as the inventory plugins add them, in Ansible's order."""
+
+    def __init__(self) -> None:
+        self.groups: dict[str, Group] = {}
+        self.hosts: dict[str, dict[str, Any]] = {}  # inline host vars
+        self.host_sources: dict[str, dict[str, str]] = {}
+        self.host_files: dict[str, str | None] = {}
+        self.current_source: str | None = None
+        self.warnings: list[str] = []
+        self.add_group("all")
+        self.add_group("ungrouped")
+        self.add_child("all", "ungrouped")
+
+    def warn(self, message: str) -> None:
+        if message not in self.warnings:
+            self.warnings.append(message)
+
+    def add_group(self, name: Any) -> str:
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"invalid group name {name!r}: must be a non-empty string")
+        if name not in self.groups:
+            self.groups[name] = Group(name=name)
+        return name
+
+    def add_host(self, name: Any, group: str | None = None, port: int | None = None) -> str:
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"invalid host name {name!r}: must be a non-empty string (quote numbers)")
+        if group is not None and group not in self.groups:
+            raise ValueError(f"group {group!r} is not in the inventory")
+        if name not in self.hosts:
+            self.hosts[name] = {}
+            self.host_sources[name] = {}
+            self.host_files[name] = self.current_source
+            if port is not None:
+                self.set_variable(name, "ansible_port", int(port), where=f"host {name}")
+        if group is not None and name not in self.groups[group].hosts:
+            self.groups[group].hosts.append(name)
+        return name
+
+    def add_child(self, parent: str, child: str) -> None:
+        if parent not in self.groups:
+            raise ValueError(f"{parent!r} is not a known group")
+        if child in self.groups:
+            p, c = self.groups[parent], self.groups[child]
+            if child == parent or child in self.ancestors(parent):
+                raise ValueError(f"group {child!r} cannot be a child of {parent!r}: that makes a loop")
+            if child not in p.children:
+                p.children.append(child)
+            if parent not in c.parents:
+                c.parents.append(parent)
+            self._deepen(child, p.depth + 1)
+        elif child in self.hosts:
+            if child not in self.groups[parent].hosts:
+                self.groups[parent].hosts.append(child)
+        else:
+            raise ValueError(f"{child!r} is not a known host nor group")
+
+    def _deepen(self, name: str, depth: int) -> None:
+        g = self.groups[name]
+        if depth > g.depth:
+            g.depth = depth
+            for c in g.children:
+                self._deepen(c, depth + 1)
+
+    def ancestors(self, name: str) -> set[str]:
+        out: set[str] = set()
+        stack = list(self.groups[name].parents)
+        while stack:
+            g = stack.pop()
+            if g not in out:
+                out.add(g)
+                stack.extend(self.groups[g].parents)
+        return out
+
+    def set_variable(self, entity: str, key: Any, value: Any, where: str = "") -> None:
+        """Set one inline variable of a group or host (a group's name wins over a host's, as in Ansible)."""
+        key = str(key)
+        src = f"{self.current_source} ({where})" if self.current_source and where else (self.current_source or where)
+        if entity in self.groups:
+            g = self.groups[entity]
+            if key == "ansible_group_priority":
+                try:
+                    g.priority = int(value)
+                except (TypeError, ValueError):
+                    raise ValueError(f"group {entity!r}: ansible_group_priority must be an integer, got {value!r}") from None
+                return
+            g.vars[key] = value
+            g.var_sources[key] = src
+        elif entity in self.hosts:
+            self.hosts[entity][key] = value
+            self.host_sources[entity][key] = src
+        else:
+            raise ValueError(f"{entity!r} is not a known group or host")
+
+    def populate_host_vars(self, names: list[str], variables: Any, group: str | None, port: int | None) -> None:
+        if not isinstance(variables, Mapping):
+            raise ValueError(f"host variables must be a mapping, got {type(variables).__name__}")
+        for hn in names:
+            self.add_host(hn, group, port)
+            for k, v in variables.items():
+                self.set_variable(hn, k, v, where=f"host {hn}")
+
+    def host_groups(self, host: str) -> list[str]:
+        """Groups holding the host directly, and their ancestors."""
+        out: list[str] = []
+        for g in self.groups:
+            if host in self.groups[g].hosts:
+                for a in [g, *sorted(self.ancestors(g))]:
+                    if a not in out:
+                        out.append(a)
+        return out
+
+    def reconcile(self) -> None:
+        """Top-level groups go under ``all``; hosts in no other group go to ``ungrouped``."""
+        self.current_source = None
+        for gname in list(self.groups):
+            if gname != "all" and not self.ancestors(gname):
+                self.add_child("all", gname)
+        for hn in self.hosts:
+            member = self.host_groups(hn)
+            if "ungrouped" in member and set(member) - {"all", "ungrouped"}:
+                self.groups["ungrouped"].hosts.remove(hn)
+            elif not set(member) - {"all"} and hn not in self.groups["ungrouped"].hosts:
+                self.groups["ungrouped"].hosts.append(hn)
+
+
+# ---------------------------------------------------------------------------------------------------
+# YAML files (inventories and vars files)
 
 
 class _YamlLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate keys less loudly than a crash: last wins, like Ansible."""
+    """SafeLoader with Ansible's tags: ``!vault`` (opaque secret) and ``!unsafe`` (never templated)."""
 
 
-def _load_yaml(path: Path) -> Any:
+def _vault(loader: yaml.SafeLoader, node: yaml.Node) -> VaultValue:
+    return VaultValue(str(loader.construct_scalar(node)))  # type: ignore[arg-type]
+
+
+def _unsafe(loader: yaml.SafeLoader, node: yaml.Node) -> Any:
+    if isinstance(node, yaml.ScalarNode):
+        return UnsafeText(str(loader.construct_scalar(node)))
+    if isinstance(node, yaml.SequenceNode):
+        return [UnsafeText(x) if isinstance(x, str) else x for x in loader.construct_sequence(node, deep=True)]
+    return loader.construct_mapping(node, deep=True)  # type: ignore[arg-type]
+
+
+_YamlLoader.add_constructor("!vault", _vault)
+_YamlLoader.add_constructor("!vault-encrypted", _vault)
+_YamlLoader.add_constructor("!unsafe", _unsafe)
+
+
+def read_text(path: Path) -> str:
     try:
-        text = path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8")
     except OSError as exc:
         raise InventoryError(f"{path}: cannot read: {exc.strerror}") from None
     except UnicodeDecodeError:
         raise InventoryError(f"{path}: not UTF-8 text") from None
+
+
+def load_yaml(path: Path, text: str | None = None) -> Any:
+    """A YAML (or JSON) file as Ansible's loader reads it; errors name the file and line."""
+    text = read_text(path) if text is None else text
     if path.suffix == ".json":
         try:
-            return json.loads(text) if text.strip() else None
+            return from_ansible_json(json.loads(text)) if text.strip() else None
         except json.JSONDecodeError as exc:
             raise InventoryError(f"{path}:{exc.lineno}: malformed JSON: {exc.msg}") from None
     try:
@@ -267,138 +453,72 @@ def _load_yaml(path: Path) -> Any:
         raise InventoryError(f"{path}: malformed YAML: {exc}") from None
 
 
-class _Builder:
-    def __init__(self) -> None:
-        self.groups: dict[str, Group] = {}
-        self.hosts: dict[str, dict[str, Any]] = {}  # inline host vars
-        self.host_sources: dict[str, dict[str, str]] = {}
-        self.host_groups: dict[str, list[str]] = {}
-        self.add_group("all")
-        self.add_group("ungrouped")
-        self.add_child("all", "ungrouped")
-
-    def add_group(self, name: str) -> Group:
-        if name not in self.groups:
-            self.groups[name] = Group(name=name)
-        return self.groups[name]
-
-    def add_child(self, parent: str, child: str) -> None:
-        p, c = self.groups[parent], self.groups[child]
-        if child == parent or child in self._ancestors(parent):
-            raise ValueError(f"group {child!r} cannot be a child of {parent!r}: that makes a loop")
-        if child not in p.children:
-            p.children.append(child)
-        if parent not in c.parents:
-            c.parents.append(parent)
-        self._deepen(child, p.depth + 1)
-
-    def _deepen(self, name: str, depth: int) -> None:
-        g = self.groups[name]
-        if depth > g.depth:
-            g.depth = depth
-            for c in g.children:
-                self._deepen(c, depth + 1)
-
-    def _ancestors(self, name: str) -> set[str]:
-        out: set[str] = set()
-        stack = list(self.groups[name].parents)
-        while stack:
-            g = stack.pop()
-            if g not in out:
-                out.add(g)
-                stack.extend(self.groups[g].parents)
-        return out
-
-    def add_host(self, name: str, group: str) -> None:
-        if name not in self.hosts:
-            self.hosts[name] = {}
-            self.host_sources[name] = {}
-            self.host_groups[name] = []
-        g = self.groups[group]
-        if name not in g.hosts:
-            g.hosts.append(name)
-
-    @staticmethod
-    def set_var(target: dict[str, Any], sources: dict[str, str], key: str, value: Any, src: str) -> None:
-        if key in target and isinstance(target[key], Mapping) and isinstance(value, Mapping):
-            target[key] = {**target[key], **value}
-        else:
-            target[key] = value
-        sources[key] = src
+def parse_yaml_inventory(b: Builder, path: Path, data: Any) -> None:
+    """Ansible's ``yaml`` inventory plugin: top-level keys are groups."""
+    if not data:
+        raise InventoryError(f"{path}: empty YAML file")
+    if not isinstance(data, Mapping):
+        raise InventoryError(f"{path}: an inventory must be a mapping of groups (e.g. 'all:'), got {type(data).__name__}")
+    if data.get("plugin"):
+        raise InventoryError(f"{path}: inventory plugin configuration ('plugin: {data.get('plugin')}'), not a YAML inventory")
+    for gname, gdata in data.items():
+        _parse_yaml_group(b, gname, gdata, path)
 
 
-def _parse_group(b: _Builder, name: Any, data: Any, src: Path) -> str | None:
-    if not isinstance(name, str):
-        raise InventoryError(f"{src}: group name {name!r} must be a string")
+def _parse_yaml_group(b: Builder, name: Any, data: Any, src: Path) -> str | None:
     if data is not None and not isinstance(data, Mapping):
-        raise InventoryError(
-            f"{src}: group {name!r} must be a mapping with 'hosts', 'vars' or 'children', got {type(data).__name__}"
-        )
-    b.add_group(name)
+        b.warn(f"{src}: skipping {name!r}: not a valid group definition (a mapping with hosts, vars, children)")
+        return None
+    try:
+        b.add_group(name)
+    except ValueError as exc:
+        raise InventoryError(f"{src}: {exc}") from None
     if not data:
         return name
-    for section in [k for k in data if k in ("vars", "children", "hosts")]:  # file order, as Ansible
-        val = data.get(section)
-        if isinstance(val, str):
-            val = {val: None}
-        if val is not None and not isinstance(val, Mapping):
-            raise InventoryError(
-                f"{src}: group {name!r}: '{section}' must be a mapping, got {type(val).__name__}"
-            )
-        if not val:
+    data = dict(data)
+    for section in ("vars", "children", "hosts"):
+        if section in data:
+            if isinstance(data[section], str):
+                data[section] = {data[section]: None}
+            if data[section] is not None and not isinstance(data[section], Mapping):
+                raise InventoryError(
+                    f"{src}: group {name!r}: '{section}' must be a mapping, got {type(data[section]).__name__}"
+                )
+    for key, val in data.items():  # file order, as Ansible
+        if val is None:
             continue
-        if section == "vars":
-            for k, v in val.items():
-                if k == "ansible_group_priority":
-                    try:
-                        b.groups[name].priority = int(v)
-                    except (TypeError, ValueError):
-                        raise InventoryError(
-                            f"{src}: group {name!r}: ansible_group_priority must be an integer, got {v!r}"
-                        ) from None
-                    continue
-                _Builder.set_var(b.groups[name].vars, b.groups[name].var_sources, str(k), v, f"{src} (group {name})")
-        elif section == "children":
-            for child, child_data in val.items():
-                _parse_group(b, child, child_data, src)
-                try:
-                    b.add_child(name, str(child))
-                except ValueError as exc:
-                    raise InventoryError(f"{src}: {exc}") from None
-        else:
-            for pattern, hvars in val.items():
-                if hvars is not None and not isinstance(hvars, Mapping):
-                    raise InventoryError(
-                        f"{src}: host {pattern!r} in group {name!r}: variables must be a mapping, got {type(hvars).__name__}"
-                    )
-                host_pat, port = _split_port(str(pattern))
-                try:
-                    names = expand_host_pattern(host_pat)
-                except ValueError as exc:
-                    raise InventoryError(f"{src}: group {name!r}: {exc}") from None
-                for hn in names:
-                    b.add_host(hn, name)
-                    hv, hs = b.hosts[hn], b.host_sources[hn]
-                    if port is not None:
-                        _Builder.set_var(hv, hs, "ansible_port", port, f"{src} (host {hn})")
-                    for k, v in (hvars or {}).items():
-                        _Builder.set_var(hv, hs, str(k), v, f"{src} (host {hn})")
+        if not isinstance(val, Mapping):
+            b.warn(f"{src}: group {name!r}: skipping key {key!r}: not a mapping")
+            continue
+        try:
+            if key == "vars":
+                for k, v in val.items():
+                    b.set_variable(name, k, v, where=f"group {name}")
+            elif key == "children":
+                for child, child_data in val.items():
+                    sub = _parse_yaml_group(b, child, child_data, src)
+                    if sub is not None:
+                        b.add_child(name, sub)
+            elif key == "hosts":
+                for pattern, hvars in val.items():
+                    if not isinstance(pattern, str):
+                        raise ValueError(f"host pattern {pattern!r} must be a string; quote numbers")
+                    names, port = expand_hosts(pattern)
+                    if hvars is not None and not isinstance(hvars, Mapping):
+                        raise ValueError(
+                            f"host {pattern!r}: variables must be a mapping, got {type(hvars).__name__}"
+                        )
+                    b.populate_host_vars(names, hvars or {}, name, port)
+            else:
+                b.warn(f"{src}: group {name!r}: skipping unexpected key {key!r} (only vars, children, hosts)")
+        except ValueError as exc:
+            prefix = "" if str(exc).startswith("group ") else f"group {name!r}: "
+            raise InventoryError(f"{src}: {prefix}{exc}") from None
     return name
 
 
-def _inventory_files(path: Path) -> list[Path]:
-    if path.is_file():
-        return [path]
-    files: list[Path] = []
-    for entry in sorted(os.listdir(path)):
-        if entry.startswith(".") or entry in _IGNORED_DIRS or entry.endswith("~"):
-            continue
-        full = path / entry
-        if full.is_dir():
-            files.extend(_inventory_files(full))
-        elif full.suffix in INVENTORY_EXTENSIONS:
-            files.append(full)
-    return files
+# ---------------------------------------------------------------------------------------------------
+# group_vars / host_vars
 
 
 def find_vars_files(base: Path, name: str) -> list[Path]:
@@ -427,11 +547,24 @@ def _dir_vars_files(path: Path) -> list[Path]:
     return out
 
 
-def _vars_from_files(files: list[Path]) -> tuple[dict[str, Any], dict[str, str]]:
+def _vars_from_files(
+    files: list[Path], vault: Any = None, warn: Any = None
+) -> tuple[dict[str, Any], dict[str, str]]:
     data: dict[str, Any] = {}
     sources: dict[str, str] = {}
     for f in files:
-        content = _load_yaml(f)
+        text = read_text(f)
+        if text.lstrip().startswith("$ANSIBLE_VAULT;"):
+            # a whole vars file encrypted with ansible-vault (group_vars/all/vault.yml)
+            from llmfleet.inventory.values import VaultValue
+
+            if vault is None or not vault.path:
+                if warn is not None:
+                    warn(f"{f}: vault-encrypted; its variables are not loaded (give --vault-password-file "
+                         "or set ANSIBLE_VAULT_PASSWORD_FILE)")
+                continue
+            text = vault.decrypt(VaultValue(text), str(f))
+        content = load_yaml(f, text)
         if content is None:
             continue
         if not isinstance(content, Mapping):
@@ -442,75 +575,69 @@ def _vars_from_files(files: list[Path]) -> tuple[dict[str, Any], dict[str, str]]
     return data, sources
 
 
-def load_inventory(path: str | os.PathLike[str]) -> Inventory:
-    """Read a YAML inventory (a file, or a folder of files) with its group_vars/ and host_vars/."""
-    p = Path(path).expanduser()
-    if not p.exists():
-        raise InventoryError(f"{p}: inventory not found; pass -i PATH or set llmfleet.inventory in invoke.yaml")
-    b = _Builder()
-    files = _inventory_files(p)
-    if not files:
-        raise InventoryError(f"{p}: no inventory file (*.yml, *.yaml, *.json) found")
-    for f in files:
-        data = _load_yaml(f)
-        if data is None:
-            continue
-        if not isinstance(data, Mapping):
-            raise InventoryError(f"{f}: an inventory must be a mapping of groups (e.g. 'all:'), got {type(data).__name__}")
-        if "plugin" in data:
-            raise InventoryError(f"{f}: dynamic inventory plugins ('plugin:') are not supported; use a YAML inventory")
-        for gname, gdata in data.items():
-            _parse_group(b, gname, gdata, f)
+def sort_groups(b: Builder, names: Iterable[str]) -> list[str]:
+    return sorted(names, key=lambda g: (b.groups[g].depth, b.groups[g].priority, g))
 
-    # reconcile, as Ansible does: top-level groups under all; group-less hosts in ungrouped
-    for gname in list(b.groups):
-        if gname != "all" and not b._ancestors(gname):
-            b.add_child("all", gname)
-    for hn in b.hosts:
-        member = [g for g in b.groups if hn in b.groups[g].hosts]
-        if "ungrouped" in member and set(member) - {"all", "ungrouped"}:
-            b.groups["ungrouped"].hosts.remove(hn)
-        elif not set(member) - {"all"}:
-            if hn not in b.groups["ungrouped"].hosts:
-                b.groups["ungrouped"].hosts.append(hn)
 
-    base = p if p.is_dir() else p.parent
+def resolve(b: Builder, var_dirs: Sequence[Path], path: str, sources: list[str], vault: Any = None) -> Inventory:
+    """Merge every host's variables (see the module docstring) into an Inventory."""
+    b.reconcile()
     hosts: dict[str, Host] = {}
-    file_cache: dict[tuple[str, str], tuple[dict[str, Any], dict[str, str]]] = {}
+    cache: dict[tuple[Path, str, str], tuple[dict[str, Any], dict[str, str]]] = {}
 
-    def files_vars(kind: str, name: str) -> tuple[dict[str, Any], dict[str, str]]:
-        key = (kind, name)
-        if key not in file_cache:
-            file_cache[key] = _vars_from_files(find_vars_files(base / kind, name))
-        return file_cache[key]
+    def files_vars(base: Path, kind: str, name: str) -> tuple[dict[str, Any], dict[str, str]]:
+        key = (base, kind, name)
+        if key not in cache:
+            folder = base / kind
+            cache[key] = _vars_from_files(find_vars_files(folder, name), vault, b.warn) if folder.is_dir() else ({}, {})
+        return cache[key]
 
     for hn in b.hosts:
-        direct = [g for g in b.groups if hn in b.groups[g].hosts]
-        member: list[str] = []
-        for g in direct:
-            for a in [g, *sorted(b._ancestors(g))]:
-                if a not in member:
-                    member.append(a)
-        if "all" not in member:
-            member.append("all")
-        ordered = sorted(member, key=lambda g: (b.groups[g].depth, b.groups[g].priority, g))
+        member = [g for g in b.host_groups(hn) if g != "all"]
+        ordered = sort_groups(b, member)
         merged: dict[str, Any] = {}
-        sources: dict[str, str] = {}
-        # 1. inline group vars (all first: depth 0)
-        for g in ordered:
+        srcs: dict[str, str] = {}
+        for g in ["all", *ordered]:
             merged.update(b.groups[g].vars)
-            sources.update(b.groups[g].var_sources)
-        # 2. group_vars files: all, then the others in the same order
-        for g in ["all"] + [g for g in ordered if g != "all"]:
-            d, s = files_vars("group_vars", g)
+            srcs.update(b.groups[g].var_sources)
+        for base in var_dirs:
+            d, s = files_vars(base, "group_vars", "all")
             merged.update(d)
-            sources.update(s)
-        # 3. inline host vars, 4. host_vars files
+            srcs.update(s)
+        for base in var_dirs:
+            for g in ordered:
+                d, s = files_vars(base, "group_vars", g)
+                merged.update(d)
+                srcs.update(s)
         merged.update(b.hosts[hn])
-        sources.update(b.host_sources[hn])
-        d, s = files_vars("host_vars", hn)
-        merged.update(d)
-        sources.update(s)
-        hosts[hn] = Host(name=hn, vars=merged, groups=[g for g in ordered if g != "all"], sources=sources)
+        srcs.update(b.host_sources[hn])
+        for base in var_dirs:
+            d, s = files_vars(base, "host_vars", hn)
+            merged.update(d)
+            srcs.update(s)
+        hosts[hn] = Host(name=hn, vars=merged, groups=ordered, sources=srcs, inventory_file=b.host_files.get(hn))
+    return Inventory(path=path, groups=b.groups, hosts=hosts, sources=list(sources), warnings=list(b.warnings))
 
-    return Inventory(path=str(path), groups=b.groups, hosts=hosts)
+
+def load_inventory(
+    path: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    *,
+    cwd: str | os.PathLike[str] | None = None,
+    vault_password_file: str | None = None,
+) -> Inventory:
+    """Read one or several ``-i`` sources (files, folders, scripts, host lists) as ansible-inventory does.
+
+    Vars files encrypted whole with ansible-vault are decrypted with the vault password file
+    (``vault_password_file``, else ``ANSIBLE_VAULT_PASSWORD_FILE``); without one they are skipped
+    with a warning."""
+    from llmfleet.inventory.sources import load_sources
+
+    if isinstance(path, str | os.PathLike):
+        args = [os.fspath(path)]
+    else:
+        args = [os.fspath(p) for p in path]
+    if not args:
+        raise UsageError("no inventory given: pass -i PATH or set llmfleet.inventory in invoke.yaml")
+    from llmfleet.inventory.vault import Vault
+
+    return load_sources(args, cwd=Path(cwd) if cwd is not None else None, vault=Vault(vault_password_file))

@@ -10,9 +10,19 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from llmfleet.errors import InventoryError
+from llmfleet.inventory.values import VaultValue
 
 NAMESPACE_PREFIX = "llmfleet_"
 
@@ -24,16 +34,41 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+def _vault_in(v: Any) -> Any:
+    if isinstance(v, dict) and set(v) == {"__ansible_vault"}:
+        return VaultValue(str(v["__ansible_vault"]))
+    if v is not None and not isinstance(v, VaultValue):
+        raise ValueError("must be an ansible-vault encrypted value (!vault)")
+    return v
+
+
+_Vaulted = Annotated[
+    Any,
+    BeforeValidator(_vault_in),
+    PlainSerializer(lambda v: {"__ansible_vault": v.ciphertext} if v is not None else None),
+]
+
+
+def _secret_in(v: Any) -> Any:
+    """``api_key: !vault |...`` (or a reference to a vaulted variable) is a vault-held secret."""
+    return {"vault": v} if isinstance(v, VaultValue) else v
+
+
 class SecretRef(_Strict):
-    """Where a secret comes from on the operator's machine. Inventories never hold the value."""
+    """Where a secret comes from: the operator's machine, or an ansible-vault encrypted value.
+
+    Inventories never hold a plain value."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
 
     from_env: str | None = Field(None, description="environment variable on the machine running llmfleet")
     from_file: str | None = Field(None, description="file on the machine running llmfleet (mode 0600)")
+    vault: _Vaulted = Field(None, description="ansible-vault encrypted value, decrypted with the vault password file")
 
     @model_validator(mode="after")
     def _one_source(self) -> SecretRef:
-        if (self.from_env is None) == (self.from_file is None):
-            raise ValueError("give exactly one of from_env or from_file")
+        if sum(x is not None for x in (self.from_env, self.from_file, self.vault)) != 1:
+            raise ValueError("give exactly one of from_env or from_file (or an !vault value)")
         if self.from_env is not None and not _ENV_RE.match(self.from_env):
             raise ValueError(f"from_env must be an environment variable name, got {self.from_env!r}")
         return self
@@ -68,7 +103,7 @@ class Service(_Strict):
     kv_dtype: str = "auto"
     served_name: Annotated[str, Field(min_length=1, max_length=256)] | None = None
     gpu_memory_utilization: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
-    api_key: SecretRef | None = None
+    api_key: Annotated[SecretRef | None, BeforeValidator(_secret_in)] = None
     engine_args: list[str] = Field(default_factory=list)
     env: dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")], str] = Field(default_factory=dict)
     offload: bool = False
@@ -145,6 +180,45 @@ def _describe(err: dict[str, Any]) -> tuple[str, str]:
     elif err.get("type") not in {"missing", "extra_forbidden"} and not isinstance(inp, dict | list):
         msg = f"{msg}, got {inp!r}"
     return field, msg
+
+
+def _namespace(hostvars: dict[str, Any]) -> dict[str, Any]:
+    return {k[len(NAMESPACE_PREFIX):]: v for k, v in hostvars.items() if k.startswith(NAMESPACE_PREFIX)}
+
+
+def _message(host: str, err: dict[str, Any], sources: dict[str, str]) -> str:
+    field, msg = _describe(err)
+    top = str(err["loc"][0]) if err.get("loc") else ""
+    var = NAMESPACE_PREFIX + top if top else NAMESPACE_PREFIX + "services"
+    where = sources.get(var, "inventory")
+    shown = NAMESPACE_PREFIX + field if field else var
+    return f"{where}: host {host}: {shown}: {msg}"
+
+
+def host_settings_all(
+    host: str, hostvars: dict[str, Any], sources: dict[str, str] | None = None
+) -> tuple[HostSettings | None, list[Service], list[str]]:
+    """Validate like ``host_settings`` but report every error, not the first.
+
+    Returns (settings or None, the services that are valid on their own, one message per error).
+    Errors about two services together (a name or port used twice) are left to the caller, which
+    sees the valid services.
+    """
+    sources = sources or {}
+    data = _namespace(hostvars)
+    try:
+        settings = HostSettings.model_validate(data)
+        return settings, list(settings.services), []
+    except ValidationError as exc:
+        errors = [_message(host, e, sources) for e in exc.errors() if e.get("loc")]
+    services: list[Service] = []
+    raw = data.get("services")
+    for item in raw if isinstance(raw, list) else []:
+        try:
+            services.append(Service.model_validate(item))
+        except ValidationError:
+            pass
+    return None, services, errors
 
 
 def host_settings(host: str, hostvars: dict[str, Any], sources: dict[str, str] | None = None) -> HostSettings:

@@ -50,12 +50,44 @@ class DefaultBackend(_Model):
 class Backend(_Model):
     min_cc: str
     kv_dtypes: list[str] = Field(default_factory=lambda: ["auto"])
+    # KV dtype -> compute capabilities it runs on with this backend: "any", "8.9+", "9.0-9.9"; a
+    # trailing "?" marks an unconfirmed claim (a WARN, never a silent PASS).
+    kv_cc: dict[str, str] = Field(default_factory=dict)
 
 
 class Attention(_Model):
     select: Literal["env", "arg"]
     default: list[DefaultBackend]
     backends: dict[str, Backend]
+
+
+class TorchBuild(_Model):
+    """The PyTorch build inside an image: its kernels must cover the card as well as the engine's."""
+
+    version: str
+    cuda: str | None = None
+    archs: list[str]
+    confidence: Literal["H", "M", "U"]
+    sources: list[str] = Field(default_factory=list)
+
+    @property
+    def kernels(self) -> Kernels:
+        return parse_archs(self.archs) or Kernels()
+
+
+def torch_label(tb: TorchBuild) -> str:
+    """``torch 2.7.1+cu128`` (the version as inspected already carries the variant)."""
+    if "+" in tb.version or not tb.cuda:
+        return f"torch {tb.version}"
+    return f"torch {tb.version}+cu{tb.cuda.replace('.', '')}"
+
+
+class KvLayout(_Model):
+    """What a build keeps for sliding-window layers: only the window, or the full context."""
+
+    sliding_window: Literal["window", "full"]
+    confidence: Literal["H", "M", "U"]
+    source: str
 
 
 class EngineRelease(_Model):
@@ -73,9 +105,15 @@ class EngineRelease(_Model):
     quantizations: dict[str, str] = Field(default_factory=dict)
     attention: Attention | None = None
     flash_attn_flag: Literal["value", "bare"] | None = None
+    flash_attn_default: Literal["off", "auto", "on"] | None = None
+    torch: TorchBuild | None = None
+    kv_layout: KvLayout | None = None
     image_size_mib: int = 0
     confidence: Literal["H", "M", "U"]
     sources: list[str]
+    # Where kernels/torch were taken from: the catalog, the images.lock entry, or the image itself
+    # (`invoke images.inspect`). Set by preflight.release_for, never in the YAML.
+    facts_source: Literal["catalog", "lock", "inspected"] = "catalog"
 
 
 class EngineRules(_Model):
@@ -86,11 +124,37 @@ class EngineRules(_Model):
     kv_needs_flash_attn: list[str] = Field(default_factory=list)
 
 
+class CompatRule(_Model):
+    verdict: Literal["pass", "warn", "fail"]
+    confidence: Literal["H", "M", "U"]
+    sources: list[str]
+
+
+class BranchSupport(_Model):
+    designation: Literal["LTSB", "PB", "NFB"]
+    eol: str  # YYYY-MM
+    confidence: Literal["H", "M", "U"]
+    source: str
+
+
+class ToolkitRow(_Model):
+    below: str | None  # this row covers versions below it (None: every later version)
+    how: Literal["mount", "none", "runtime", "ldconfig"]
+    confidence: Literal["H", "M", "U"]
+    source: str
+
+
+class ForwardCompat(_Model):
+    branches: dict[int, BranchSupport]
+    toolkit: list[ToolkitRow]
+
+
 class EngineCatalog(_Model):
     cuda_toolkits: dict[str, list[str]]
     driver_branches: dict[int, str]
     minor_compat_floor: dict[str, str]
-    forward_compat: dict[str, str]
+    compat_rules: dict[str, CompatRule] = Field(default_factory=dict)
+    forward_compat: ForwardCompat
     engines: dict[str, EngineRules]
     images: dict[str, EngineRelease]
 
@@ -169,14 +233,44 @@ def branch_cuda(driver: str, branches: dict[int, str]) -> str | None:
     return branches[known[-1]] if known else None
 
 
-def kernel_coverage(rel: EngineRelease, cc: str) -> tuple[Literal["sass", "ptx"], str] | None:
-    """Which kernels of the image run on a card: exact or same-major SASS first, then PTX <= CC."""
+_ARCH_RE = re.compile(r"^(?:sm_|compute_)?(\d{1,2})\.?(\d)(a?)(?:[-+](real|virtual|ptx|sass))?$", re.I)
+
+
+def parse_archs(archs: list[str] | tuple[str, ...]) -> Kernels | None:
+    """Arch list -> kernels. ``"7.0"``/``"sm_70"``/``"70-real"`` are SASS, ``"compute_90"``/
+    ``"90-virtual"`` PTX, ``"12.0+PTX"`` both; ``"12.0a"`` SASS for exactly that CC. Accepts the
+    notations of images.lock, TORCH_CUDA_ARCH_LIST, CMAKE_CUDA_ARCHITECTURES and
+    ``torch.cuda.get_arch_list()``. None if any entry does not parse."""
+    sass: list[str] = []
+    ptx: list[str] = []
+    for raw in archs:
+        text = str(raw).strip()
+        m = _ARCH_RE.match(text)
+        if not m:
+            return None
+        cc = f"{int(m.group(1))}.{m.group(2)}" + m.group(3).lower()
+        kind = (m.group(4) or "").lower()
+        if text.lower().startswith("compute_") or kind == "virtual":
+            if cc not in ptx:
+                ptx.append(cc)
+        elif kind == "ptx":
+            if cc not in sass:
+                sass.append(cc)
+            if cc.rstrip("a") not in ptx:
+                ptx.append(cc.rstrip("a"))
+        elif cc not in sass:
+            sass.append(cc)
+    return Kernels(sass=sass, ptx=ptx)
+
+
+def kernels_cover(kernels: Kernels, cc: str) -> tuple[Literal["sass", "ptx"], str] | None:
+    """Which of these kernels run on a card: exact or same-major SASS first, then PTX <= CC."""
     want = cc_tuple(cc)
     if want is None:
         return None
     best: tuple[int, int] | None = None
     best_s = ""
-    for s in rel.kernels.sass:
+    for s in kernels.sass:
         have = cc_tuple(s)
         if have is None:
             continue
@@ -186,11 +280,42 @@ def kernel_coverage(rel: EngineRelease, cc: str) -> tuple[Literal["sass", "ptx"]
             best, best_s = have, s
     if best is not None:
         return ("sass", best_s)
-    for p in rel.kernels.ptx:
+    for p in kernels.ptx:
         have = cc_tuple(p)
         if have is not None and have <= want and (best is None or have > best):
             best, best_s = have, p
     return ("ptx", best_s) if best is not None else None
+
+
+def kernel_coverage(rel: EngineRelease, cc: str) -> tuple[Literal["sass", "ptx"], str] | None:
+    """What runs the card: the engine's kernels, and for an engine on PyTorch the torch build's too.
+    The weaker of the two decides (PTX when either has only PTX); None when either has nothing."""
+    own = kernels_cover(rel.kernels, cc)
+    if own is None or rel.torch is None:
+        return own
+    torch_cov = kernels_cover(rel.torch.kernels, cc)
+    if torch_cov is None:
+        return None
+    return torch_cov if torch_cov[0] == "ptx" and own[0] == "sass" else own
+
+
+def cc_in_spec(cc: tuple[int, int], spec: str) -> tuple[bool, bool]:
+    """(runs, confirmed) for a compute capability against a kv_cc spec: ``any``, ``8.9+``,
+    ``9.0-9.9``; a trailing ``?`` = unconfirmed."""
+    text = spec.strip()
+    confirmed = not text.endswith("?")
+    text = text.rstrip("?").strip()
+    if text == "any":
+        return True, confirmed
+    if text.endswith("+"):
+        lo = cc_tuple(text[:-1])
+        return (lo is not None and cc >= lo), confirmed
+    if "-" in text:
+        a, b = text.split("-", 1)
+        lo, hi = cc_tuple(a), cc_tuple(b)
+        return (lo is not None and hi is not None and lo <= cc <= hi), confirmed
+    exact = cc_tuple(text)
+    return (exact == cc), confirmed
 
 
 def _arg_value(args: list[str], *names: str) -> str | None:
@@ -205,13 +330,40 @@ def _arg_value(args: list[str], *names: str) -> str | None:
     return found
 
 
+def arg_value(args: list[str], *names: str) -> str | None:
+    return _arg_value(args, *names)
+
+
 def _cc_ok(cc: tuple[int, int], floor: str | None) -> bool:
     f = cc_tuple(floor)
     return f is not None and cc >= f
 
 
+def cc_ok(cc: tuple[int, int], floor: str | None) -> bool:
+    return _cc_ok(cc, floor)
+
+
 def _sm(cc: str) -> str:
     return "sm_" + cc.replace(".", "").rstrip("a")
+
+
+def sm(cc: str) -> str:
+    return _sm(cc)
+
+
+def _engine(rel: EngineRelease):
+    from llmfleet.knowledge import engines
+
+    return engines.for_engine(rel.engine)
+
+
+def _kernels_text(k: Kernels) -> str:
+    return "SASS " + ", ".join(k.sass or ["none"]) + "; PTX " + ", ".join(k.ptx or ["none"])
+
+
+def _facts_note(rel: EngineRelease) -> str:
+    return {"catalog": "catalog/engines.yaml", "lock": "images.lock", "inspected": "inspected from the image"}[
+        rel.facts_source]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -229,35 +381,59 @@ def check_architecture(rel: EngineRelease, gpu_name: str | None, cc: str | None)
             "add the card to catalog/gpus.yaml with its compute_capability, or upgrade the driver so "
             "nvidia-smi reports compute_cap",
         )
-    cov = kernel_coverage(rel, str(cc))
-    kernels = "SASS " + ", ".join(rel.kernels.sass or ["none"]) + "; PTX " + ", ".join(rel.kernels.ptx or ["none"])
-    if cov is None:
+    eng = _engine(rel)
+    src = _facts_note(rel)
+    own = kernels_cover(rel.kernels, str(cc))
+    if own is None:
         return Verdict(
             "fail",
-            f"{rel.key} has no kernels for {label} (compute capability {cc}, {_sm(str(cc))}); it carries {kernels}",
-            _arch_fix(rel, str(cc)),
+            f"{rel.key} has no kernels for {label} (compute capability {cc}, {_sm(str(cc))}); it carries "
+            f"{_kernels_text(rel.kernels)} ({src})",
+            eng.arch_fix(rel, str(cc)),
         )
+    torch_note = ""
+    cov = own
+    if eng.needs_torch_kernels:
+        tb = rel.torch
+        if tb is None:
+            return Verdict(
+                "warn",
+                f"{rel.key}'s own kernels cover {label} ({_sm(own[1])}), but no source confirms the arch list of "
+                f"the PyTorch build inside it, which must cover {_sm(str(cc))} too ({src})",
+                f"run `invoke images.inspect {rel.key}` to read torch's compiled arch list from the image",
+            )
+        tcov = kernels_cover(tb.kernels, str(cc))
+        tname = torch_label(tb)
+        if tcov is None:
+            return Verdict(
+                "fail",
+                f"{rel.key}: the PyTorch build inside it ({tname}, {_kernels_text(tb.kernels)}) has no kernels for "
+                f"{label} ({_sm(str(cc))}), though the engine's own kernels do; the first tensor op fails ('no "
+                f"kernel image is available', vllm#19185) ({src}, confidence {tb.confidence})",
+                eng.arch_fix(rel, str(cc)),
+            )
+        if tb.confidence == "U":
+            return Verdict(
+                "warn",
+                f"{rel.key}: its kernels cover {label}; the arch list of its PyTorch build ({tname}) is unconfirmed "
+                f"(confidence U), so {_sm(str(cc))} in torch is a claim no source confirms",
+                f"run `invoke images.inspect {rel.key}` to read torch's compiled arch list from the image",
+            )
+        torch_note = (f"; its {tname} has {'SASS' if tcov[0] == 'sass' else 'only PTX'} for {_sm(tcov[1])}"
+                      + (f" (torch arch list confidence {tb.confidence}: run `invoke images.inspect {rel.key}` "
+                         "to read it from the image)" if tb.confidence != "H" else ""))
+        if tcov[0] == "ptx" and own[0] == "sass":
+            cov = tcov
     kind, arch = cov
     if kind == "sass":
-        return Verdict("pass", f"{rel.key} carries SASS for {_sm(arch)}, which runs on {label} ({cc})")
+        return Verdict("pass", f"{rel.key} carries SASS for {_sm(arch)}, which runs on {label} ({cc}){torch_note} "
+                               f"({src})")
     return Verdict(
         "pass",
-        f"{rel.key} has only PTX ({_sm(arch)}) for {label} ({cc}): the driver JIT-compiles it at first start "
-        "(minutes; keep ~/.nv/ComputeCache in a volume), and needs native driver support for CUDA "
-        f"{rel.cuda}",
+        f"{rel.key} has only PTX ({_sm(arch)}) for {label} ({cc}){torch_note}: the driver JIT-compiles it at first "
+        "start (minutes; keep ~/.nv/ComputeCache in a volume), and needs native driver support for CUDA "
+        f"{rel.cuda} ({src})",
     )
-
-
-def _arch_fix(rel: EngineRelease, cc: str) -> str:
-    t = cc_tuple(cc) or (0, 0)
-    if rel.engine == "vllm" and t < (7, 0):
-        return "no official vLLM image supports compute capability below 7.0: serve this card with llama.cpp"
-    if rel.engine == "vllm" and t < (7, 5):
-        return ("use a vLLM release with sm_70 kernels (vllm:0.19.1 or older, CUDA 12.x; vllm:0.19.1-volta is built "
-                "for CUDA 12.6), or llama.cpp")
-    if rel.engine == "llamacpp":
-        return "use a llama.cpp image built with SASS for this card, e.g. llamacpp:b5000-cu122"
-    return "pick an image whose kernels cover this compute capability (catalog/engines.yaml)"
 
 
 def check_cuda_driver(
@@ -272,9 +448,13 @@ def check_cuda_driver(
     toolkit_version: str | None,
     runtimes: list[str],
     env: dict[str, str] | None = None,
+    default_runtime: str | None = None,
+    today: str | None = None,
 ) -> Verdict:
-    """Image CUDA vs host driver: native, minor-version compatibility (and its PTX-JIT catch), or
-    forward compatibility (data-center cards, cuda-compat in the image, the nvidia runtime)."""
+    """Image CUDA vs host driver: native, forward compatibility (data-center card, a listed driver
+    branch before its end of life, cuda-compat in the image, a toolkit that loads it), or
+    minor-version compatibility (and its PTX-JIT catch). ``today`` is ``YYYY-MM-DD`` (end-of-life
+    dates are judged against it; None: not judged)."""
     if rel.cpu:
         return Verdict("pass", f"{rel.key} is a CPU image: the NVIDIA driver is not used")
     need = rel.min_driver or "?"
@@ -299,39 +479,37 @@ def check_cuda_driver(
                        f"update the driver within its branch to >= {need}")
     cov = kernel_coverage(rel, str(cc)) if cc_tuple(cc) else None
     card = gpu_name or "the card"
+    upgrade = f"upgrade the driver to >= {need} (CUDA {rel.cuda})"
     # 1. Forward compatibility: the image's own newer libcuda (full feature set, PTX JIT included).
-    fwd_reason = _forward_compat_gap(rel, cat, card, data_center, toolkit_version, runtimes)
+    fwd_reason, fwd_note = forward_compat_gap(rel, cat, card, data_center, toolkit_version, runtimes, driver,
+                                              default_runtime=default_runtime, today=today)
     if fwd_reason is None:
         return Verdict(
             "warn",
             f"driver {driver} supports CUDA {native_s} < {rel.cuda}; {rel.key} runs through forward compatibility "
-            f"(its cuda-compat libcuda, data-center {card}, nvidia runtime, toolkit {toolkit_version}); NVIDIA "
-            "supports that only on long-term-support driver branches",
-            f"upgrade the driver to >= {need} for native support",
+            f"(its cuda-compat libcuda on data-center {card}; {fwd_note})",
+            f"{upgrade} for native support",
         )
-    upgrade = f"upgrade the driver to >= {need} (CUDA {rel.cuda})"
     # 2. Minor-version compatibility: same major, driver above the floor, a limited feature set.
     floor = cat.minor_compat_floor.get(str(img[0]))
     floor_v = version_tuple(floor) or ()
     same_major = native is not None and native[0] == img[0]
     if floor and same_major and dv >= floor_v:
         if cov is not None and cov[0] == "ptx":
+            rule = cat.compat_rules.get("minor_version_ptx_jit")
             return Verdict(
                 "fail",
                 f"driver {driver} (CUDA {native_s}) runs CUDA {rel.cuda} apps only through minor-version "
                 f"compatibility, which does not cover PTX JIT; {rel.key} has only PTX for {card} ({cc}): expect "
-                f"cudaErrorUnsupportedPtxVersion at the first kernel; forward compatibility is out: {fwd_reason}",
+                f"cudaErrorUnsupportedPtxVersion at the first kernel{_conf(rule)}; forward compatibility is out: "
+                f"{fwd_reason}",
                 f"{upgrade}, or use an image with SASS for {_sm(str(cc))} built for CUDA <= {native_s} "
                 "(e.g. llamacpp:b5000-cu122)",
             )
-        if rel.engine == "vllm":
-            return Verdict(
-                "fail",
-                f"driver {driver} (CUDA {native_s}) runs CUDA {rel.cuda} only through minor-version compatibility, "
-                f"and vLLM JIT-compiles Triton kernels at start, which that does not cover; forward compatibility is "
-                f"out: {fwd_reason}",
-                f"{upgrade}, or choose an image built for CUDA <= {native_s}",
-            )
+        special = _engine(rel).minor_version_verdict(rel, cat, driver=driver, native=native_s, card=card,
+                                                     fwd_reason=fwd_reason, upgrade=upgrade)
+        if special is not None:
+            return special
         require = "" if (env or {}).get("NVIDIA_DISABLE_REQUIRE") == "1" else (
             "; the image's NVIDIA_REQUIRE_CUDA may stop the container (NVIDIA_DISABLE_REQUIRE=1 lifts it)")
         return Verdict(
@@ -349,22 +527,63 @@ def check_cuda_driver(
     )
 
 
-def _forward_compat_gap(rel: EngineRelease, cat: EngineCatalog, card: str, data_center: bool | None,
-                        toolkit_version: str | None, runtimes: list[str]) -> str | None:
-    """Why forward compatibility does not apply here, or None when it does."""
-    if data_center is None:
-        return f"{card} is not in the GPU catalog, so it cannot be assumed a data-center part"
-    if not data_center:
-        return f"{card} is not a data-center GPU, and forward compatibility covers only those"
-    if not rel.cuda_compat_in_image:
-        return f"{rel.key} ships no cuda-compat package"
-    if "nvidia" not in runtimes:
-        return "it needs the `nvidia` runtime registered in Docker (plain --gpus does not load the compat libcuda)"
-    min_tk = cat.forward_compat.get("min_toolkit", "1.17.5")
-    tk = version_tuple(re.sub(r"[-~].*$", "", toolkit_version or ""))
-    if tk is None or tk < (version_tuple(min_tk) or ()):
-        return f"it needs nvidia-container-toolkit >= {min_tk} (seen {toolkit_version or 'none'})"
+def _conf(rule: CompatRule | None) -> str:
+    return f" (rule confidence {rule.confidence})" if rule is not None else ""
+
+
+def toolkit_row(cat: EngineCatalog, toolkit_version: str | None) -> ToolkitRow | None:
+    """The forward-compat toolkit row for an nvidia-container-toolkit version (None: unknown version)."""
+    tk = version_tuple(re.sub(r"[-~+].*$", "", toolkit_version or ""))
+    if tk is None:
+        return None
+    for row in cat.forward_compat.toolkit:
+        if row.below is None or tk < (version_tuple(row.below) or ()):
+            return row
     return None
+
+
+def forward_compat_gap(rel: EngineRelease, cat: EngineCatalog, card: str, data_center: bool | None,
+                       toolkit_version: str | None, runtimes: list[str], driver: str | None = None, *,
+                       default_runtime: str | None = None, today: str | None = None) -> tuple[str | None, str]:
+    """(why forward compatibility does not apply here or None, what it rests on)."""
+    if data_center is None:
+        return f"{card} is not in the GPU catalog, so it cannot be assumed a data-center part", ""
+    if not data_center:
+        return (f"{card} is not a data-center GPU: forward compatibility covers only those, elsewhere CUDA "
+                f"returns cudaErrorCompatNotSupportedOnDevice (804){_conf(cat.compat_rules.get('forward_compat_gpu'))}"), ""
+    if not rel.cuda_compat_in_image:
+        return f"{rel.key} ships no cuda-compat package", ""
+    notes: list[str] = []
+    dv = version_tuple(driver) if driver else None
+    if dv is not None:
+        branch = cat.forward_compat.branches.get(dv[0])
+        if branch is None or branch.designation == "NFB":
+            listed = ", ".join(f"R{b}" for b, s in sorted(cat.forward_compat.branches.items())
+                               if s.designation != "NFB")
+            return (f"driver branch R{dv[0]} is not a long-term-support or production branch, and NVIDIA supports "
+                    f"forward compatibility only on those ({listed}){_conf(cat.compat_rules.get('forward_compat_branch'))}"), ""
+        past = bool(today) and branch.eol < str(today)[:7]
+        if past and branch.confidence != "U":
+            return (f"driver branch R{dv[0]} ({branch.designation}) reached its end of life in {branch.eol} "
+                    f"(confidence {branch.confidence}: {branch.source}); NVIDIA no longer supports forward "
+                    "compatibility on it"), ""
+        if past:  # an end of life no source confirms cannot refuse: it is said, and the verdict stays a WARN
+            notes.append(f"branch R{dv[0]} {branch.designation}, end of life {branch.eol} unconfirmed ({branch.source})")
+        else:
+            notes.append(f"branch R{dv[0]} {branch.designation} until {branch.eol}"
+                         + ("" if branch.confidence != "U" else " (end of life unconfirmed)"))
+    row = toolkit_row(cat, toolkit_version)
+    if row is None:
+        return f"nvidia-container-toolkit version unknown (seen {toolkit_version or 'none'})", ""
+    if row.how == "none":
+        return (f"nvidia-container-toolkit {toolkit_version} does not load a container's compat libraries "
+                f"({row.source})"), ""
+    if row.how == "runtime" and default_runtime != "nvidia":
+        how = "registered but not Docker's default runtime" if "nvidia" in runtimes else "not registered in Docker"
+        return (f"nvidia-container-toolkit {toolkit_version} loads the compat libcuda only when the `nvidia` runtime "
+                f"runs the container, and it is {how} (the release uses Docker's default runtime) ({row.source})"), ""
+    notes.append(f"toolkit {toolkit_version}: {row.how} (confidence {row.confidence})")
+    return None, "; ".join(notes)
 
 
 def quant_methods(rules: EngineRules, rel: EngineRelease, quant: str | None, args: list[str]) -> tuple[str, list[str]]:
@@ -373,18 +592,33 @@ def quant_methods(rules: EngineRules, rel: EngineRelease, quant: str | None, arg
     if flag and rules.quantization_flag.get(flag.lower()) != "from-quant":
         method = rules.quantization_flag.get(flag.lower())
         return f"--quantization {flag}", [method] if method else []
-    q = (quant or ("gguf" if rel.engine == "llamacpp" else "fp16")).lower()
+    q = (quant or _engine(rel).default_quant).lower()
     return q, list(rules.quant_methods.get(q, []))
+
+
+def quant_method_for(rel: EngineRelease, rules: EngineRules, quant: str | None, args: list[str],
+                     cc: str | None) -> str | None:
+    """The method the engine will use for this quant on this card (the first usable one), or None.
+    The one source for which kernel runs (e.g. GPTQ -> gptq_marlin from the release's Marlin floor)."""
+    _, methods = quant_methods(rules, rel, quant, args)
+    t = cc_tuple(cc)
+    if t is None or not methods:
+        return None
+    if _engine(rel).quant_runs_on_any_card or rel.cpu:
+        return methods[0]
+    usable = [m for m in methods if _cc_ok(t, rel.quantizations.get(m))]
+    return usable[0] if usable else None
 
 
 def check_quantization(rel: EngineRelease, rules: EngineRules, quant: str | None, args: list[str],
                        cc: str | None) -> Verdict:
+    eng = _engine(rel)
     asked, methods = quant_methods(rules, rel, quant, args)
     if not methods:
         known = ", ".join(sorted(rules.quantization_flag if asked.startswith("--") else rules.quant_methods))
-        extra = " (llama.cpp serves GGUF files only)" if rel.engine == "llamacpp" else ""
-        return Verdict("fail", f"{rel.engine} does not know quantization {asked!r}{extra}", f"use one of: {known}")
-    if rel.cpu or rel.engine == "llamacpp":
+        return Verdict("fail", f"{rel.engine} does not know quantization {asked!r}{eng.quant_unknown_note}",
+                       f"use one of: {known}")
+    if rel.cpu or eng.quant_runs_on_any_card:
         return Verdict("pass", f"{asked}: {rel.engine} runs it" + (" (CPU image)" if rel.cpu else " on any CUDA card"))
     t = cc_tuple(cc)
     if t is None:
@@ -417,145 +651,43 @@ def _quant_fix(cc: tuple[int, int]) -> str:
 
 def check_dtype(rel: EngineRelease, rules: EngineRules, quant: str | None, args: list[str],
                 cc: str | None, bf16_native: bool | None = None) -> Verdict:
-    """No bf16 below compute capability 8.0: float16 (vLLM needs --dtype float16 there)."""
-    if rel.cpu:
-        return Verdict("pass", f"{rel.key} is a CPU image: dtype is the engine's CPU choice")
-    t = cc_tuple(cc)
-    dtype = (_arg_value(args, "--dtype") or "auto").lower() if rel.engine == "vllm" else None
-    q = (quant or "").lower()
-    wants_bf16 = q in rules.dtype_needs_bf16 or dtype in ("bfloat16", "bf16")
-    if t is None:
-        return Verdict("warn", "compute capability unknown: cannot check bf16 support", "add the card to catalog/gpus.yaml")
-    has_bf16 = bf16_native if bf16_native is not None else t >= (8, 0)
-    if has_bf16:
-        return Verdict("pass", f"compute capability {cc} supports bf16 and fp16")
-    if rel.engine == "vllm" and dtype in ("float16", "half", "fp16") and q in rules.dtype_needs_bf16:
-        return Verdict("pass", f"--dtype {dtype}: the {quant} checkpoint is cast to float16 on compute capability "
-                               f"{cc} (no bf16 below 8.0); models trained in bf16 may overflow in fp16")
-    if wants_bf16:
-        what = f"--dtype {dtype}" if dtype in ("bfloat16", "bf16") else f"quant {quant}"
-        fix = ("pass --dtype float16 (and a float16 or quantized checkpoint)" if rel.engine == "vllm"
-               else "use an f16 or quantized GGUF instead of bf16")
-        return Verdict("fail", f"{what} needs bf16, which compute capability {cc} lacks (needs 8.0)", fix)
-    if rel.engine == "vllm" and dtype in ("auto", None):
-        return Verdict("warn", f"--dtype auto on compute capability {cc}: a bf16 checkpoint would need bf16 (8.0)",
-                       "pass --dtype float16 in engine_args")
-    return Verdict("pass", f"dtype {dtype or 'f16'} on compute capability {cc} (no bf16 needed)")
-
-
-def _requested_backend(rel: EngineRelease, args: list[str], env: dict[str, str]) -> str | None:
-    b = _arg_value(args, "--attention-backend") or env.get("VLLM_ATTENTION_BACKEND")
-    return b.upper() if b else None
+    """No bf16 below compute capability 8.0 (the engine module says how its flags ask for bf16)."""
+    return _engine(rel).check_dtype(rel, rules, quant, args, cc, bf16_native)
 
 
 def effective_backend(rel: EngineRelease, args: list[str], env: dict[str, str], cc: str | None) -> str | None:
-    if rel.attention is None:
-        return None
-    req = _requested_backend(rel, args, env)
-    if req:
-        return req
-    t = cc_tuple(cc)
-    if t is None:
-        return None
-    for row in rel.attention.default:
-        if _cc_ok(t, row.min_cc):
-            return row.backend
-    return None
-
-
-def _flash_attn_setting(args: list[str]) -> str | None:
-    """llama.cpp: 'on'/'off'/'auto', 'bare' for a bare -fa switch, None when absent."""
-    for i, a in enumerate(args):
-        if a in ("-fa", "--flash-attn"):
-            nxt = args[i + 1] if i + 1 < len(args) else ""
-            return nxt.lower() if nxt.lower() in ("on", "off", "auto", "1", "0", "true", "false") else "bare"
-        if a.startswith("--flash-attn="):
-            return a.split("=", 1)[1].lower()
-    return None
+    return _engine(rel).effective_backend(rel, args, env, cc)
 
 
 def check_attention(rel: EngineRelease, args: list[str], env: dict[str, str], cc: str | None) -> Verdict:
-    if rel.engine == "llamacpp":
-        fa = _flash_attn_setting(args)
-        if fa is None:
-            return Verdict("pass", "llama.cpp picks its attention kernels itself (flash attention flag not set)")
-        if rel.flash_attn_flag == "value" and fa == "bare":
-            return Verdict("fail", f"{rel.key} takes -fa on|off|auto; a bare -fa stops the server at start",
-                           "write -fa on (or remove it)")
-        if rel.flash_attn_flag == "bare" and fa != "bare":
-            return Verdict("fail", f"{rel.key} takes a bare -fa switch; '-fa {fa}' stops the server at start",
-                           "write a bare -fa (or remove it)")
-        return Verdict("pass", f"llama.cpp flash attention ({fa}) has kernels for every CUDA card (tile/vec)")
-    if rel.cpu or rel.attention is None:
-        return Verdict("pass", f"{rel.key}: the engine picks its CPU attention backend")
-    t = cc_tuple(cc)
-    req = _requested_backend(rel, args, env)
-    if t is None:
-        return Verdict("warn", "compute capability unknown: cannot check the attention backend",
-                       "add the card to catalog/gpus.yaml")
-    how = ("--attention-backend NAME in engine_args" if rel.attention.select == "arg"
-           else "env VLLM_ATTENTION_BACKEND=NAME")
-    usable = [n for n, b in rel.attention.backends.items() if _cc_ok(t, b.min_cc)]
-    if req:
-        b = rel.attention.backends.get(req)
-        if b is None:
-            return Verdict("fail", f"attention backend {req} is not in {rel.key} (it has {', '.join(rel.attention.backends)})",
-                           f"set one of {', '.join(usable)} via {how}")
-        if not _cc_ok(t, b.min_cc):
-            return Verdict("fail", f"attention backend {req} needs compute capability {b.min_cc}; the card has {cc}",
-                           f"set one of {', '.join(usable)} via {how}")
-        if rel.attention.select == "env" and _arg_value(args, "--attention-backend"):
-            return Verdict("fail", f"{rel.key} has no --attention-backend flag",
-                           "use env VLLM_ATTENTION_BACKEND instead")
-        return Verdict("pass", f"attention backend {req} runs on compute capability {cc}")
-    eff = effective_backend(rel, args, env, cc)
-    if eff is None:
-        return Verdict("fail", f"{rel.key} has no attention backend for compute capability {cc}",
-                       "choose another image (catalog/engines.yaml)")
-    v0 = ""
-    if rel.v1_min_cc and not _cc_ok(t, rel.v1_min_cc):
-        v0 = f" (the V0 engine: V1 needs {rel.v1_min_cc} in this release)"
-    return Verdict("pass", f"{rel.key} picks {eff} on compute capability {cc}{v0}")
+    return _engine(rel).check_attention(rel, args, env, cc)
 
 
 def check_kv_dtype(rel: EngineRelease, rules: EngineRules, kv_dtype: str | None, args: list[str],
                    env: dict[str, str], cc: str | None) -> Verdict:
-    if rel.engine == "vllm":
-        kv = (_arg_value(args, "--kv-cache-dtype") or kv_dtype or "auto").lower()
-    else:
-        kv = (_arg_value(args, "-ctk", "--cache-type-k") or kv_dtype or "auto").lower()
-        kv_v = (_arg_value(args, "-ctv", "--cache-type-v") or kv).lower()
-    if kv not in rules.kv_dtypes:
-        return Verdict("fail", f"KV cache dtype {kv!r} is not one {rel.engine} knows",
-                       f"use one of: {', '.join(rules.kv_dtypes)}")
-    if rel.engine == "llamacpp":
-        if kv_v not in rules.kv_dtypes:
-            return Verdict("fail", f"V cache dtype {kv_v!r} is not one llama.cpp knows",
-                           f"use one of: {', '.join(rules.kv_dtypes)}")
-        fa = _flash_attn_setting(args)
-        if kv_v in rules.kv_needs_flash_attn and fa in ("off", "0", "false"):
-            return Verdict("fail", f"a quantized V cache ({kv_v}) needs flash attention, which is off",
-                           "use -fa on, or -ctv f16")
-        return Verdict("pass", f"KV cache {kv}/{kv_v} on llama.cpp")
-    if kv == "auto" or rel.cpu:
-        return Verdict("pass", f"KV cache dtype {kv}")
-    eff = effective_backend(rel, args, env, cc)
-    if eff is None or rel.attention is None:
-        return Verdict("warn", f"KV cache dtype {kv}: attention backend unknown, cannot check",
-                       "set the attention backend explicitly")
-    b = rel.attention.backends.get(eff)
-    if b is None or kv not in b.kv_dtypes:
-        good = [n for n, bb in rel.attention.backends.items() if kv in bb.kv_dtypes
-                and cc_tuple(cc) and _cc_ok(cc_tuple(cc), bb.min_cc)]  # type: ignore[arg-type]
-        return Verdict("fail", f"KV cache dtype {kv} is not supported by attention backend {eff} in {rel.key}",
-                       (f"select {' or '.join(good)} as attention backend, or" if good else "") + " use --kv-cache-dtype auto")
-    return Verdict("pass", f"KV cache dtype {kv} with attention backend {eff}")
+    return _engine(rel).check_kv_dtype(rel, rules, kv_dtype, args, env, cc)
+
+
+def flag_checks(rel: EngineRelease, rules: EngineRules, *, quant: str | None, kv_dtype: str | None,
+                args: list[str], env: dict[str, str] | None, cc: str | None,
+                bf16_native: bool | None = None) -> dict[str, Verdict]:
+    """The preflight's flag rules for one set of engine flags on one card (quant, dtype, attention,
+    kv-dtype), keyed by check id. Pure: the planner runs every alternative it ranks through it."""
+    env = dict(env or {})
+    return {
+        "quant": check_quantization(rel, rules, quant, args, cc),
+        "dtype": check_dtype(rel, rules, quant, args, cc, bf16_native),
+        "attention": check_attention(rel, args, env, cc),
+        "kv-dtype": check_kv_dtype(rel, rules, kv_dtype, args, env, cc),
+    }
 
 
 def summarize_catalog(cat: EngineCatalog) -> list[dict[str, Any]]:
     """Rows for a table of the images the catalog knows."""
     return [
         {"image": k, "cuda": r.cuda or "cpu", "min_driver": r.min_driver or "-",
-         "sass": r.kernels.sass, "ptx": r.kernels.ptx, "confidence": r.confidence}
+         "sass": r.kernels.sass, "ptx": r.kernels.ptx,
+         "torch": torch_label(r.torch).removeprefix("torch ") if r.torch else None,
+         "confidence": r.confidence}
         for k, r in cat.images.items()
     ]

@@ -19,7 +19,7 @@ from typing import Any, Literal
 from llmfleet.errors import LlmfleetError, RemoteError, UsageError
 from llmfleet.host.facts import Facts, Gpu, ModelFile
 from llmfleet.inventory.services import HostSettings, Service
-from llmfleet.knowledge import compat
+from llmfleet.knowledge import compat, engines
 from llmfleet.knowledge.compat import EngineCatalog, EngineRelease, Kernels, Verdict
 
 Status = Literal["pass", "warn", "fail"]
@@ -141,37 +141,19 @@ def effective_args(service: Service, plan: Any) -> list[str]:
 # The image: images.lock (what is pinned) + catalog/engines.yaml (what it can run)
 
 
-_ARCH_RE = re.compile(r"^(?:sm_|compute_)?(\d{1,2})\.?(\d)(a?)(?:[-+](real|virtual|ptx|sass))?$", re.I)
-
-
 def parse_archs(archs: list[str] | tuple[str, ...]) -> Kernels | None:
-    """Lock ``archs`` -> kernels. ``"7.0"``/``"sm_70"``/``"70-real"`` are SASS, ``"compute_90"``/
-    ``"90-virtual"`` PTX, ``"12.0+PTX"`` both; ``"12.0a"`` SASS for exactly that CC. None if any
-    entry does not parse (the catalog's list is used then)."""
-    sass: list[str] = []
-    ptx: list[str] = []
-    for raw in archs:
-        text = str(raw).strip()
-        m = _ARCH_RE.match(text)
-        if not m:
-            return None
-        cc = f"{int(m.group(1))}.{m.group(2)}" + m.group(3).lower()
-        kind = (m.group(4) or "").lower()
-        if text.lower().startswith("compute_") or kind == "virtual":
-            ptx.append(cc)
-        elif kind == "ptx":
-            sass.append(cc)
-            ptx.append(cc.rstrip("a"))
-        else:
-            sass.append(cc)
-    return Kernels(sass=sass, ptx=ptx)
+    """Lock ``archs`` -> kernels (``compat.parse_archs``: ``"7.0"`` SASS, ``"8.9+PTX"`` both,
+    ``"5.0-virtual"``/``"compute_90"`` PTX, ``"12.0a"`` that exact CC); None if one does not parse."""
+    return compat.parse_archs(archs)
 
 
 def release_for(image_ref: Any, catalog: EngineCatalog) -> tuple[EngineRelease | None, list[str]]:
-    """The catalog release an image is judged by, with the lock's CUDA and archs applied.
+    """The catalog release an image is judged by, with the lock's facts applied on top.
 
     ``image_ref`` is an ``images.ImageRef`` (or a plain key). Found by key, else by upstream
-    repository and tag. Returns (release, notes about lock/catalog disagreements).
+    repository and tag. The lock's CUDA, kernel archs and torch build replace the catalog's; facts
+    the lock records as ``archs_source: inspected`` (read from the image by ``images.inspect``) are
+    preferred and named. Returns (release, notes about lock/catalog disagreements).
     """
     key = image_ref if isinstance(image_ref, str) else getattr(image_ref, "key", "")
     rel = catalog.release(key)
@@ -184,6 +166,9 @@ def release_for(image_ref: Any, catalog: EngineCatalog) -> tuple[EngineRelease |
         return rel, []
     notes: list[str] = []
     update: dict[str, Any] = {}
+    archs_source = getattr(image_ref, "archs_source", None)
+    inspected = archs_source == "inspected"
+    source = "inspected" if inspected else ("catalog" if archs_source == "catalog" else "lock")
     lock_cuda = getattr(image_ref, "cuda", None)
     if lock_cuda and not rel.cpu and lock_cuda != rel.cuda:
         if compat.cuda_major_minor(lock_cuda) is None:
@@ -196,9 +181,30 @@ def release_for(image_ref: Any, catalog: EngineCatalog) -> tuple[EngineRelease |
         kernels = parse_archs(lock_archs)
         if kernels is None:
             notes.append(f"images.lock archs {list(lock_archs)} do not parse; judged by the catalog's kernels")
-        elif sorted(kernels.sass) != sorted(rel.kernels.sass) or sorted(kernels.ptx) != sorted(rel.kernels.ptx):
-            notes.append(f"images.lock archs {list(lock_archs)} differ from the catalog's kernels; judged by the lock")
+        else:
+            if sorted(kernels.sass) != sorted(rel.kernels.sass) or sorted(kernels.ptx) != sorted(rel.kernels.ptx):
+                notes.append(f"images.lock archs {list(lock_archs)} ({'inspected from the image' if inspected else 'recorded'})"
+                             " differ from the catalog's kernels; judged by the lock")
             update["kernels"] = kernels
+            update["facts_source"] = source
+    torch_archs = tuple(getattr(image_ref, "torch_archs", ()) or ())
+    if torch_archs and not rel.cpu:
+        tk = parse_archs(torch_archs)
+        if tk is None:
+            notes.append(f"images.lock torch_archs {list(torch_archs)} do not parse; judged by the catalog's")
+        else:
+            old = rel.torch
+            if old is None or sorted(old.archs) != sorted(torch_archs):
+                notes.append(f"images.lock torch archs {list(torch_archs)} differ from the catalog's; judged by the lock")
+            update["torch"] = compat.TorchBuild(
+                version=str(getattr(image_ref, "torch", None) or (old.version if old else "?")),
+                cuda=getattr(image_ref, "torch_cuda", None) or (old.cuda if old else None),
+                archs=list(torch_archs),
+                confidence="H" if inspected else (old.confidence if old else "M"),
+                sources=["read from the image by `invoke images.inspect` (images.lock)" if inspected
+                         else "images.lock"],
+            )
+            update["facts_source"] = source
     return (rel.model_copy(update=update) if update else rel), notes
 
 
@@ -257,13 +263,19 @@ def run_checks(
     catalog: EngineCatalog | None = None,
     plan_error: str | None = None,
     image_error: str | None = None,
+    today: str | None = None,
 ) -> list[Check]:
     """Every preflight check for one service on one host, in a stable order (``CHECK_IDS``).
 
     ``image_ref`` is what ``images.resolve`` gave for ``service.image`` (None: judge the catalog entry
     of the key itself); ``image_error`` is why it could not be resolved. ``release`` overrides the
-    catalog lookup. ``plan_error`` is why there is no plan.
+    catalog lookup. ``plan_error`` is why there is no plan. ``today`` (``YYYY-MM-DD``) dates the
+    driver branches' end of life; None: today's date.
     """
+    if today is None:
+        import datetime as _dt
+
+        today = _dt.date.today().isoformat()
     host_name = host_settings if isinstance(host_settings, str) else (facts.host or "the host")
     cat = catalog or compat.load_engine_catalog()
     checks: list[Check] = []
@@ -319,8 +331,10 @@ def run_checks(
         else:
             checks.append(_c("cuda-driver", compat.check_cuda_driver(
                 rel, cat, driver=facts.driver_version, cuda_driver=facts.cuda_driver_version, gpu_name=name,
-                cc=cc, data_center=gpu.data_center if gpu else None, toolkit_version=facts.toolkit.version,
-                runtimes=facts.docker.runtimes, env=env)))
+                cc=cc, data_center=gpu.data_center if gpu else None,
+                toolkit_version=facts.toolkit.version or facts.toolkit.cli_version,
+                runtimes=facts.docker.runtimes, env=env, default_runtime=facts.docker.default_runtime,
+                today=today)))
             checks.append(_c("arch", compat.check_architecture(rel, name, cc)))
             if rules is None:
                 checks.append(Check("quant", "fail", f"engine {rel.engine} has no rules in the catalog",
@@ -349,8 +363,12 @@ def run_checks(
 
 
 def _image_desc(rel: EngineRelease) -> str:
-    return (f"{rel.repository}:{rel.tag}, " + ("CPU only" if rel.cpu else f"CUDA {rel.cuda}")
-            + f" (catalog confidence {rel.confidence})")
+    torch = ""
+    if rel.torch is not None and not rel.cpu:
+        torch = ", " + compat.torch_label(rel.torch)
+    facts = {"catalog": "catalog", "lock": "images.lock", "inspected": "inspected from the image"}[rel.facts_source]
+    return (f"{rel.repository}:{rel.tag}, " + ("CPU only" if rel.cpu else f"CUDA {rel.cuda}") + torch
+            + f" (kernels: {facts}; catalog confidence {rel.confidence})")
 
 
 def _gpu_errors(facts: Facts) -> str:
@@ -516,7 +534,7 @@ def _model_files_check(host: str, service: Service, model: ModelFile | None) -> 
         return Check("model-files", "fail", f"{path} on {host} is not readable by the SSH user",
                      f"chmod -R a+rX {path} (the engine container reads it read-only)")
     gguf_path = path.lower().endswith(".gguf")
-    if service.engine == "llamacpp" or gguf_path:
+    if engines.for_engine(service.engine).model_is_file or gguf_path:
         if model.kind != "file":
             return Check("model-files", "fail", f"{path} is a {model.kind}, not a .gguf file",
                          "point model_path at the .gguf file (the first shard of a split model)")
@@ -594,8 +612,10 @@ def check_host(
     services: list[Service] | None = None,
     allow_unpinned: bool = False,
     catalog: EngineCatalog | None = None,
+    today: str | None = None,
 ) -> list[Report]:
-    """Reports for the given services of a host (default: all of them) from facts already gathered."""
+    """Reports for the given services of a host (default: all of them) from facts already gathered
+    (``today``, ``YYYY-MM-DD``, dates the driver branches' end of life; None: today)."""
     from llmfleet.images import lock as images
 
     chosen = settings.services if services is None else services
@@ -612,7 +632,7 @@ def check_host(
             image_error = str(exc).split(": image ", 1)[-1]
         plan, plan_error = plan_for(svc, facts, settings)
         checks = run_checks(host_name, svc, facts, plan, image_ref, catalog=catalog, plan_error=plan_error,
-                            image_error=image_error)
+                            image_error=image_error, today=today)
         reports.append(Report(host_name, svc.name, checks))
     return reports
 
@@ -647,3 +667,106 @@ def preflight_host(
     except RemoteError as exc:
         return None, unreachable(host.name, str(exc), chosen)
     return found, check_host(host.name, settings, found, lock=lock, services=chosen, allow_unpinned=allow_unpinned)
+
+
+# ------------------------------------------------------------------------------------------------
+# Judging a host without reaching it: facts saved by `invoke facts --json`, plus assumptions
+
+
+# --assume KEY=VALUE: what may be assumed, and what it changes in the facts
+ASSUMABLE = {
+    "driver": "the NVIDIA driver version (the highest CUDA it supports follows from its branch)",
+    "cuda": "the highest CUDA the driver supports (the nvidia-smi banner), e.g. 12.8",
+    "toolkit": "the nvidia-container-toolkit version, e.g. 1.17.8",
+    "default_runtime": "Docker's default runtime, e.g. nvidia or runc",
+}
+
+
+def facts_from_saved(data: Any, host: str, path: str) -> Facts:
+    """The facts of ``host`` from what ``invoke facts --json`` printed (one object, or a list of
+    them). Pure. Raises UsageError naming the file and what is wrong."""
+    entries = data if isinstance(data, list) else [data]
+    if not all(isinstance(e, dict) for e in entries):
+        raise UsageError(f"{path}: expected the JSON that `invoke facts --host {host} --json` prints")
+    match = [e for e in entries if e.get("host") == host]
+    if not match:
+        seen = ", ".join(sorted(str(e.get("host")) for e in entries)) or "none"
+        raise UsageError(f"{path}: no facts for host {host} (hosts in the file: {seen}); save them with "
+                         f"`invoke facts --host {host} --json > {path}`")
+    entry = match[0]
+    if "error" in entry and "gpus" not in entry:
+        raise UsageError(f"{path}: the saved facts of {host} are an error ({str(entry['error'])[:120]}); "
+                         "gather them again where the host is reachable")
+    try:
+        return Facts.model_validate(entry)
+    except Exception as exc:  # pydantic's message, first line: the field that is wrong
+        first = str(exc).splitlines()
+        raise UsageError(f"{path}: facts of {host} do not parse: {' '.join(first[:3])[:200]}") from None
+
+
+def parse_assumptions(items: list[str] | tuple[str, ...]) -> dict[str, str]:
+    """``["driver=550.127.05", ...]`` -> {key: value}. Pure; UsageError for an unknown key or a
+    value that does not parse."""
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = str(item).partition("=")
+        key = key.strip().replace("-", "_")
+        value = value.strip()
+        if not sep or not value:
+            raise UsageError(f"--assume {item!r}: write KEY=VALUE, e.g. driver=550.127.05")
+        if key not in ASSUMABLE:
+            raise UsageError(f"--assume {item!r}: unknown key {key!r}; known: "
+                             + "; ".join(f"{k} ({v})" for k, v in ASSUMABLE.items()))
+        if key in ("driver", "toolkit", "cuda"):
+            v = compat.version_tuple(re.sub(r"[-~+].*$", "", value))
+            if v is None or len(v) < 2:
+                raise UsageError(f"--assume {item!r}: {value!r} is not a version like "
+                                 + {"driver": "550.127.05", "toolkit": "1.17.8", "cuda": "12.8"}[key])
+        out[key] = value
+    return out
+
+
+def apply_assumptions(facts: Facts, assumed: dict[str, str], catalog: EngineCatalog) -> tuple[Facts, list[str]]:
+    """The facts with the assumed values in place, and one line per change. Pure (a copy).
+
+    An assumed driver also sets the CUDA it supports, from its branch (``driver_branches``), unless
+    ``cuda`` is assumed too."""
+    f = facts.model_copy(deep=True)
+    notes: list[str] = []
+    if "driver" in assumed:
+        old = f.driver_version
+        f.driver_version = assumed["driver"]
+        cuda = compat.branch_cuda(assumed["driver"], catalog.driver_branches)
+        f.cuda_driver_version = cuda
+        f.cuda_driver_source = "driver-branch" if cuda else None
+        notes.append(f"driver {old or '?'} -> {assumed['driver']} (CUDA {cuda or '?'} from its branch)")
+    if "cuda" in assumed:
+        notes.append(f"driver CUDA {f.cuda_driver_version or '?'} -> {assumed['cuda']}")
+        f.cuda_driver_version = assumed["cuda"]
+        f.cuda_driver_source = "banner"
+    if "toolkit" in assumed:
+        notes.append(f"nvidia-container-toolkit {f.toolkit.version or '?'} -> {assumed['toolkit']}")
+        f.toolkit.version = assumed["toolkit"]
+    if "default_runtime" in assumed:
+        notes.append(f"Docker default runtime {f.docker.default_runtime or '?'} -> {assumed['default_runtime']}")
+        f.docker.default_runtime = assumed["default_runtime"]
+        if assumed["default_runtime"] not in f.docker.runtimes:
+            f.docker.runtimes = [*f.docker.runtimes, assumed["default_runtime"]]
+    return f, notes
+
+
+def check_saved(host_name: str, settings: HostSettings, facts: Facts, *, lock: Any, source: str,
+                assumed_notes: list[str], services: list[Service] | None = None, allow_unpinned: bool = False,
+                catalog: EngineCatalog | None = None, today: str | None = None) -> list[Report]:
+    """``check_host`` on saved facts, each report with a leading ``offline`` WARN that says the host
+    was not contacted, where the facts came from and what was assumed."""
+    reports = check_host(host_name, settings, facts, lock=lock, services=services, allow_unpinned=allow_unpinned,
+                         catalog=catalog, today=today)
+    said = f"judged without connecting, from facts saved in {source}"
+    if assumed_notes:
+        said += "; assumed: " + "; ".join(assumed_notes)
+    note = Check("offline", "warn", said, f"run `invoke preflight --host {host_name}` against the host itself "
+                                          "before deploying")
+    for r in reports:
+        r.checks.insert(0, note)
+    return reports

@@ -122,6 +122,10 @@ def resolve_secret(service: Service, where: str) -> str | None:
     ref = service.api_key
     if ref is None:
         return None
+    if ref.vault is not None:  # ansible-vault value: decrypted with the vault password file
+        from llmfleet.inventory.vault import Vault
+
+        return Vault().decrypt(ref.vault, f"{where}: api_key").strip()
     if ref.from_env is not None:
         value = os.environ.get(ref.from_env)
         if not value:

@@ -1,0 +1,190 @@
+"""``invoke inventory --check``: everything about an inventory that can be checked without a host.
+
+Every error is reported, not the first: the schema of ``llmfleet_*`` variables (with ``{{ }}``
+resolved), the GPU name in the card catalog, each service's quant in the quant catalog (and of the
+engine's family: GGUF for llama.cpp, Hugging Face formats for vLLM), its image key in the
+images.lock the host uses (and of the service's engine), GPU indexes given to one service only, one
+service per host port, and the plan fitting the declared ``llmfleet_gpu``. Connection variables
+llmfleet does not honour are warnings. Pure apart from reading the catalogs and images.lock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+from llmfleet.errors import LlmfleetError, UsageError
+from llmfleet.inventory.ansible import Host, Inventory
+from llmfleet.inventory.connection import connection_settings
+from llmfleet.inventory.services import HostSettings, Service, host_settings_all
+from llmfleet.inventory.templating import TemplateError, resolve_namespace
+
+
+@dataclass(frozen=True)
+class Finding:
+    host: str
+    level: Literal["error", "warning"]
+    message: str
+
+    def to_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+
+@dataclass
+class HostReport:
+    host: str
+    settings: HostSettings | None
+    services: list[Service]
+    findings: list[Finding]
+    address: str | None = None  # where llmfleet would connect ({{ }} resolved), None when it cannot
+
+    @property
+    def ok(self) -> bool:
+        return not any(f.level == "error" for f in self.findings)
+
+
+def _gpu_overlaps(services: list[Service]) -> list[str]:
+    out: list[str] = []
+    owner: dict[int, str] = {}
+    all_users = [s.name for s in services if s.gpus == "all"]
+    for s in services:
+        if isinstance(s.gpus, list):
+            dup = sorted({i for i in s.gpus if s.gpus.count(i) > 1})
+            if dup:
+                out.append(f"service {s.name}: gpus lists GPU {', '.join(map(str, dup))} twice")
+            for i in dict.fromkeys(s.gpus):
+                if i in owner:
+                    out.append(f"GPU {i} is given to services {owner[i]} and {s.name}; give each service its own GPUs")
+                else:
+                    owner[i] = s.name
+    if all_users and len(services) > 1:
+        others = [s.name for s in services if s.name != all_users[0]]
+        out.append(f"service {all_users[0]} takes gpus: all, so it shares GPUs with {', '.join(others)}; "
+                   "list the GPU indexes of each service")
+    return out
+
+
+def _duplicates(services: list[Service]) -> list[str]:
+    out: list[str] = []
+    names: set[str] = set()
+    ports: dict[int, str] = {}
+    for s in services:
+        if s.name in names:
+            out.append(f"service name {s.name!r} appears twice")
+        names.add(s.name)
+        if s.port in ports:
+            out.append(f"services {ports[s.port]} and {s.name} both use host port {s.port}")
+        else:
+            ports[s.port] = s.name
+    return out
+
+
+def check_host(
+    host: Host,
+    inventory: Inventory | None = None,
+    *,
+    lock_for: Callable[[Host], Any] | None = None,
+) -> HostReport:
+    """Every offline finding for one host. ``lock_for(host)`` gives the ImageLock its keys resolve in."""
+    from llmfleet.images import lock as images
+    from llmfleet.knowledge.catalog import find_gpu, find_quant
+    from llmfleet.knowledge.planner import plan_for_service
+
+    findings: list[Finding] = []
+
+    def err(msg: str) -> None:
+        findings.append(Finding(host.name, "error", msg))
+
+    def warn(msg: str) -> None:
+        findings.append(Finding(host.name, "warning", msg))
+
+    address = None
+    try:
+        cs = connection_settings(host)
+        address = cs.address + (f":{cs.port}" if cs.port else "")
+    except LlmfleetError as exc:
+        err(str(exc))
+    try:
+        hostvars = resolve_namespace(host, inventory)
+    except TemplateError as exc:
+        err(str(exc))
+        return HostReport(host.name, None, [], findings, address)
+    settings, services, errors = host_settings_all(host.name, hostvars, host.sources)
+    for e in errors:
+        err(e)
+    where = f"host {host.name}"
+    for msg in _duplicates(services) + _gpu_overlaps(services):
+        err(f"{host.sources.get('llmfleet_services', 'inventory')}: {where}: llmfleet_services: {msg}")
+
+    gpu_name = settings.gpu if settings else hostvars.get("llmfleet_gpu")
+    card = None
+    if isinstance(gpu_name, str) and gpu_name:
+        try:
+            card = find_gpu(gpu_name)
+        except UsageError as exc:
+            err(f"{host.sources.get('llmfleet_gpu', 'inventory')}: {where}: llmfleet_gpu: {exc}")
+
+    lock = None
+    if lock_for is not None and services:
+        try:
+            lock = lock_for(host)
+        except LlmfleetError as exc:
+            err(f"{where}: images.lock: {exc}")
+        else:
+            if lock is None:
+                warn(f"{where}: no images.lock for this host; image keys not checked")
+    mirrors = settings.image_mirrors if settings else {}
+    src = host.sources.get("llmfleet_services", "inventory")
+    for s in services:
+        at = f"{src}: {where}: service {s.name}"
+        quant = None
+        if s.quant:
+            try:
+                quant = find_quant(s.quant)
+            except UsageError as exc:
+                err(f"{at}: quant: {exc}")
+            else:
+                want = "gguf" if s.engine == "llamacpp" else "hf"
+                if quant.family != want:
+                    err(f"{at}: quant {s.quant!r} is a {quant.family} format; engine {s.engine} takes "
+                        f"{'GGUF quants (q4_k_m, q8_0, ...)' if want == 'gguf' else 'Hugging Face formats (fp16, awq-int4, ...)'}")
+                    quant = None
+        if lock is not None:
+            try:
+                images.resolve(s.image, lock, mirrors=mirrors, where=at)
+            except UsageError as exc:
+                locked = lock.get(s.image)
+                if locked is not None and locked.digest is None:
+                    warn(f"{at}: image {s.image!r} is in {lock.path} but not pinned to a digest yet; "
+                         f"deploy needs `invoke images.pin` first (or --allow-unpinned)")
+                else:
+                    err(str(exc))
+            else:
+                locked = lock.get(s.image)
+                if locked is not None and locked.engine != s.engine:
+                    err(f"{at}: image {s.image!r} is a {locked.engine} image, but the service's engine is {s.engine}")
+        if card is None:
+            continue
+        if s.quant and quant is None:
+            continue
+        try:
+            p = plan_for_service(s, card, gpu_count=len(s.gpus) if isinstance(s.gpus, list) else 1)
+        except LlmfleetError as exc:
+            warn(f"{at}: not planned: {exc}")
+            continue
+        if not p.fits:
+            cards = f"{p.gpus} x {card.id}"
+            msg = (f"{at}: the plan does not fit {cards} ({s.model}, {p.quant}, context {p.context}, "
+                   f"{p.concurrency} sequence(s)); see invoke plan --host {host.name}")
+            if s.gpus == "all":
+                warn(msg + " (gpus: all: the host's card count decides; planned on one card)")
+            else:
+                err(msg)
+    return HostReport(host.name, settings, services, findings, address)
+
+
+def check_inventory(
+    inventory: Inventory, hosts: Iterable[Host] | None = None, *, lock_for: Callable[[Host], Any] | None = None
+) -> list[HostReport]:
+    return [check_host(h, inventory, lock_for=lock_for) for h in (hosts if hosts is not None else inventory.hosts.values())]

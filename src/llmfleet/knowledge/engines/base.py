@@ -1,0 +1,105 @@
+"""The interface every engine's knowledge implements (one module per engine in this package).
+
+What a new engine (SGLang, TGI, ...) must provide, and nothing else:
+
+1. ``src/llmfleet/knowledge/catalog/engines.yaml``
+   - ``engines.<name>``: ``quant_methods`` (service quant -> the engine's methods, best first),
+     ``quantization_flag`` (flag value -> method), ``dtype_needs_bf16``, ``kv_dtypes`` (and
+     ``kv_needs_flash_attn`` if a KV dtype depends on a flag);
+   - ``images."<name>:<version>"``: one entry per release: ``repository``, ``tag``, ``cuda``,
+     ``min_driver``, ``kernels`` (SASS/PTX), ``torch`` when it runs on PyTorch, ``kv_layout``,
+     ``quantizations`` (method -> lowest compute capability), ``attention`` (backends, their KV
+     dtypes by compute capability, how one is selected), ``sources`` and ``confidence``.
+2. ``roles/<name>/defaults.yml`` and ``roles/<name>/templates/compose.yml.j2``: the base argv
+   (model, port, served name), the flags llmfleet owns, the API-key environment variable, the flag
+   table the renderer merges overrides with, the loading signal.
+3. A module here with a subclass of ``EngineKnowledge`` registered in ``engines.ENGINES``, giving:
+   - ``name`` (the catalog/inventory engine name), ``label`` (for people);
+   - ``model_is_file`` (a GGUF file, or a model folder), ``default_quant``, ``quant_unknown_note``,
+     ``quant_runs_on_any_card`` (True when every quant has a kernel on every CUDA card);
+   - ``needs_torch_kernels`` (True when the image's PyTorch build must cover the card too) and
+     ``inspect_method`` (how ``images.inspect`` reads an image: its Python, or its binaries);
+   - ``health_path``, ``ready_status`` and ``metrics`` (Prometheus names per llmfleet metric, newest
+     first), ``metrics_flag`` (the flag that turns /metrics on, if any);
+   - ``arch_fix(release, cc)``: what to use instead when the image has no kernels for a card;
+   - ``check_dtype``, ``check_attention``, ``check_kv_dtype``, ``effective_backend``: the flag
+     rules on a card (pure, ``compat.Verdict``);
+   - ``minor_version_verdict``: an engine-specific judgement under CUDA minor-version
+     compatibility, or None for the generic rule;
+   - ``kv_layout(release, cc)``: what the build keeps for sliding-window layers;
+   - ``engine_args(...)``: the flags for a plan (the planner calls it instead of branching).
+4. The engine name in the few closed lists that validate input: ``compat.EngineRelease.engine``,
+   ``inventory.services.Service.engine``, the ``images.lock`` key pattern (``images.lock._KEY_RE``).
+5. A lab image (``dockerfiles/lab-<name>``, ``lab/images.py``) so the end-to-end tests run it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from llmfleet.knowledge.compat import EngineCatalog, EngineRelease, EngineRules, Verdict
+
+
+@dataclass(frozen=True)
+class KvLayoutInfo:
+    """What a build keeps for sliding-window layers on a card: ``window`` or ``full``."""
+
+    sliding_window: str
+    confidence: str
+    source: str
+
+
+class EngineKnowledge:
+    name: ClassVar[str]
+    label: ClassVar[str]
+    model_is_file: ClassVar[bool] = False
+    default_quant: ClassVar[str] = "fp16"
+    quant_unknown_note: ClassVar[str] = ""
+    quant_runs_on_any_card: ClassVar[bool] = False
+    needs_torch_kernels: ClassVar[bool] = False
+    # how images.inspect reads an image: "python" (run the image's Python: torch and the engine's
+    # extension modules) or "binary" (copy the server binary and its libraries out of the image)
+    inspect_method: ClassVar[str] = "binary"
+    health_path: ClassVar[str] = "/health"
+    ready_status: ClassVar[int] = 200
+    metrics_flag: ClassVar[str | None] = None
+    # llmfleet metric (fleet.metrics.EngineMetrics field) -> the engine's Prometheus names, newest first
+    metrics: ClassVar[dict[str, tuple[str, ...]]] = {}
+
+    # -------------------------------------------------------------------- kernels and driver
+    def arch_fix(self, rel: EngineRelease, cc: str) -> str:
+        return "pick an image whose kernels cover this compute capability (catalog/engines.yaml)"
+
+    def minor_version_verdict(self, rel: EngineRelease, cat: EngineCatalog, *, driver: str, native: str,
+                              card: str, fwd_reason: str, upgrade: str) -> Verdict | None:
+        return None
+
+    # -------------------------------------------------------------------- flags on a card
+    def check_dtype(self, rel: EngineRelease, rules: EngineRules, quant: str | None, args: list[str],
+                    cc: str | None, bf16_native: bool | None) -> Verdict:
+        raise NotImplementedError
+
+    def effective_backend(self, rel: EngineRelease, args: list[str], env: dict[str, str],
+                          cc: str | None) -> str | None:
+        return None
+
+    def check_attention(self, rel: EngineRelease, args: list[str], env: dict[str, str], cc: str | None) -> Verdict:
+        raise NotImplementedError
+
+    def check_kv_dtype(self, rel: EngineRelease, rules: EngineRules, kv_dtype: str | None, args: list[str],
+                       env: dict[str, str], cc: str | None) -> Verdict:
+        raise NotImplementedError
+
+    # -------------------------------------------------------------------- planning
+    def kv_layout(self, rel: EngineRelease | None, cc: str | None) -> KvLayoutInfo | None:
+        """What the release keeps for sliding-window layers on this card; None when the catalog
+        does not say (the planner then assumes the full context: the safe side)."""
+        if rel is None or rel.kv_layout is None:
+            return None
+        kl = rel.kv_layout
+        return KvLayoutInfo(kl.sliding_window, kl.confidence, kl.source)
+
+    def engine_args(self, **plan: Any) -> list[str]:
+        raise NotImplementedError

@@ -1,0 +1,139 @@
+"""llama.cpp (llama-server): what llmfleet knows about the engine beyond the catalog's per-release facts."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from llmfleet.knowledge import compat
+from llmfleet.knowledge.compat import EngineRelease, EngineRules, Verdict
+from llmfleet.knowledge.engines.base import EngineKnowledge
+
+_FA_OFF = ("off", "0", "false")
+_FA_VALUES = ("on", "off", "auto", "1", "0", "true", "false")
+
+
+class LlamaCppKnowledge(EngineKnowledge):
+    name = "llamacpp"
+    label = "llama.cpp"
+    model_is_file = True
+    default_quant = "gguf"
+    quant_unknown_note = " (llama.cpp serves GGUF files only)"
+    quant_runs_on_any_card = True
+    needs_torch_kernels = False
+    health_path = "/health"
+    metrics_flag = "--metrics"
+    metrics: ClassVar[dict[str, tuple[str, ...]]] = {
+        "requests_running": ("llamacpp:requests_processing",),
+        "requests_waiting": ("llamacpp:requests_deferred",),
+        "kv_cache_usage": ("llamacpp:kv_cache_usage_ratio",),
+        "generation_tokens_total": ("llamacpp:tokens_predicted_total",),
+        "prompt_tokens_total": ("llamacpp:prompt_tokens_total",),
+    }
+
+    def arch_fix(self, rel: EngineRelease, cc: str) -> str:
+        return "use a llama.cpp image built with SASS for this card, e.g. llamacpp:b5000-cu122"
+
+    def check_dtype(self, rel: EngineRelease, rules: EngineRules, quant: str | None, args: list[str],
+                    cc: str | None, bf16_native: bool | None) -> Verdict:
+        if rel.cpu:
+            return Verdict("pass", f"{rel.key} is a CPU image: dtype is the engine's CPU choice")
+        t = compat.cc_tuple(cc)
+        if t is None:
+            return Verdict("warn", "compute capability unknown: cannot check bf16 support",
+                           "add the card to catalog/gpus.yaml")
+        has_bf16 = bf16_native if bf16_native is not None else t >= (8, 0)
+        if has_bf16:
+            return Verdict("pass", f"compute capability {cc} supports bf16 and fp16")
+        if (quant or "").lower() in rules.dtype_needs_bf16:
+            return Verdict("fail", f"quant {quant} needs bf16, which compute capability {cc} lacks (needs 8.0)",
+                           "use an f16 or quantized GGUF instead of bf16")
+        return Verdict("pass", f"dtype f16 on compute capability {cc} (no bf16 needed)")
+
+    def check_attention(self, rel: EngineRelease, args: list[str], env: dict[str, str], cc: str | None) -> Verdict:
+        fa = flash_attn_setting(args)
+        if fa is None:
+            return Verdict("pass", "llama.cpp picks its attention kernels itself (flash attention flag not set)")
+        if rel.flash_attn_flag == "value" and fa == "bare":
+            return Verdict("fail", f"{rel.key} takes -fa on|off|auto; a bare -fa stops the server at start",
+                           "write -fa on (or remove it)")
+        if rel.flash_attn_flag == "bare" and fa != "bare":
+            return Verdict("fail", f"{rel.key} takes a bare -fa switch; '-fa {fa}' stops the server at start",
+                           "write a bare -fa (or remove it)")
+        return Verdict("pass", f"llama.cpp flash attention ({fa}) has kernels for every CUDA card (tile/vec)")
+
+    def check_kv_dtype(self, rel: EngineRelease, rules: EngineRules, kv_dtype: str | None, args: list[str],
+                       env: dict[str, str], cc: str | None) -> Verdict:
+        kv = (compat.arg_value(args, "-ctk", "--cache-type-k") or kv_dtype or "auto").lower()
+        kv_v = (compat.arg_value(args, "-ctv", "--cache-type-v") or kv).lower()
+        if kv not in rules.kv_dtypes:
+            return Verdict("fail", f"KV cache dtype {kv!r} is not one llamacpp knows",
+                           f"use one of: {', '.join(rules.kv_dtypes)}")
+        if kv_v not in rules.kv_dtypes:
+            return Verdict("fail", f"V cache dtype {kv_v!r} is not one llama.cpp knows",
+                           f"use one of: {', '.join(rules.kv_dtypes)}")
+        v = v_cache_verdict(rel, rules, kv_v, flash_attn_setting(args))
+        if v.status != "pass":
+            return v
+        return Verdict("pass", f"KV cache {kv}/{kv_v} on llama.cpp" + (f"; {v.message}" if kv_v in
+                                                                        rules.kv_needs_flash_attn else ""))
+
+    def engine_args(self, *, num_layers: int, resident: bool, gpu_layers: int, context: int, concurrency: int,
+                    kv_flag: str, release: EngineRelease | None = None,
+                    rules: EngineRules | None = None, **_: Any) -> list[str]:
+        """The llama-server flags for a plan; adds flash attention in the form the build takes when
+        the V cache is quantized and the build would otherwise run without it."""
+        ngl = num_layers + 1 if resident else gpu_layers  # -ngl counts the output layer too
+        args = [
+            "-ngl", str(ngl),
+            "-c", str(context * concurrency),  # the KV context is shared by the slots: each gets c / np
+            "-np", str(concurrency),
+            "-ctk", kv_flag,
+            "-ctv", kv_flag,
+        ]  # fmt: skip
+        needs_fa = rules.kv_needs_flash_attn if rules is not None else []
+        if kv_flag in needs_fa and release is not None and fa_default(release) == "off":
+            args += flash_attn_on_args(release)
+        return args
+
+
+def flash_attn_setting(args: list[str]) -> str | None:
+    """llama.cpp's -fa as given: 'on'/'off'/'auto'/..., 'bare' for a bare switch, None when absent."""
+    found: str | None = None
+    for i, a in enumerate(args):
+        if a in ("-fa", "--flash-attn"):
+            nxt = args[i + 1] if i + 1 < len(args) else ""
+            found = nxt.lower() if nxt.lower() in _FA_VALUES else "bare"
+        elif a.startswith("--flash-attn="):
+            found = a.split("=", 1)[1].lower()
+    return found
+
+
+def fa_default(rel: EngineRelease) -> str:
+    """What no -fa means in this build: the catalog's flash_attn_default; a build with a bare switch
+    and no recorded default is off (the switch turns it on)."""
+    if rel.flash_attn_default:
+        return rel.flash_attn_default
+    return "off" if rel.flash_attn_flag == "bare" else "auto"
+
+
+def flash_attn_on_args(rel: EngineRelease) -> list[str]:
+    return ["-fa"] if rel.flash_attn_flag == "bare" else ["-fa", "on"]
+
+
+def v_cache_verdict(rel: EngineRelease, rules: EngineRules, kv_v: str, fa: str | None) -> Verdict:
+    """A quantized V cache needs flash attention. ``fa`` is what the flags say (None: absent); on a
+    build where flash attention is off by default an absent -fa counts as off. Pure."""
+    if kv_v not in rules.kv_needs_flash_attn:
+        return Verdict("pass", f"V cache {kv_v} needs no flash attention")
+    effective = fa if fa is not None else fa_default(rel)
+    if effective == "bare":
+        effective = "on"
+    if effective in _FA_OFF:
+        said = "is off" if fa is not None else f"is off by default in {rel.key} and -fa is not given"
+        return Verdict("fail", f"a quantized V cache ({kv_v}) needs flash attention, which {said} (llama.cpp "
+                               "refuses the context: V cache quantization requires flash attention)",
+                       f"add {' '.join(flash_attn_on_args(rel))}, or use -ctv f16")
+    return Verdict("pass", f"quantized V cache {kv_v} with flash attention {effective}")
+
+
+KNOWLEDGE = LlamaCppKnowledge()
