@@ -57,6 +57,10 @@ SCRIPTS = {
     "lock_break": lambda: S.lock_break_script(ROOT),
     "audit_append": lambda: S.audit_append_script(ROOT, RECORD),
     "audit_tail": lambda: audit.tail_script(ROOT, 50),
+    "bench_write": lambda: S.bench_write_script(PATHS, R2, {"release": R2, "levels": {"1": {"decode_tokps_p50": 41.5}},
+                                                            "who": "alice's"}),
+    "bench_read": lambda: S.bench_read_script(PATHS, [R1, R2]),
+    "bench_read_all": lambda: S.bench_read_script(PATHS),
     "final": lambda: S.final_script(ROOT, [S.mark_healthy_script(PATHS, R2, {"result": "healthy"}),
                                            S.prune_script(PATHS, [R1])], [RECORD], "t0k3n"),
     "status": lambda: status.status_script(ROOT),
@@ -93,7 +97,8 @@ def test_every_script_builder_of_the_release_store_has_a_golden_file():
     pinned = {"state_script", "upload_script", "pull_script", "image_present_script", "switch_script", "stop_script",
               "logs_script", "mark_healthy_script", "unit_probe_script", "current_files_script", "prune_script",
               "image_remove_script", "lock_acquire_script", "lock_release_script", "lock_status_script",
-              "lock_break_script", "audit_append_script", "final_script"}
+              "lock_break_script", "audit_append_script", "final_script", "bench_write_script",
+              "bench_read_script"}
     assert set(builders) <= pinned, f"a new script builder needs a golden file: {sorted(set(builders) - pinned)}"
 
 

@@ -84,6 +84,7 @@ class Settings:
     audit_log: str = DEFAULT_AUDIT_LOG  # the local audit log
     images_lock: str | None = None  # None: images.lock at the repository root (or the inventory's own)
     pull_timeout: float = DEFAULT_PULL_TIMEOUT_S  # seconds one image pull may take
+    bench_dir: str | None = None  # where `invoke bench` keeps its results (None: llmfleet.fleet.bench_run's default)
 
     @classmethod
     def of(cls, data: Settings | Mapping[str, Any] | None) -> Settings:
@@ -96,6 +97,7 @@ class Settings:
             audit_log=_text("audit_log", d.get("audit_log")) or DEFAULT_AUDIT_LOG,
             images_lock=_text("images_lock", d.get("images_lock")),
             pull_timeout=_number("pull_timeout", d.get("pull_timeout"), DEFAULT_PULL_TIMEOUT_S),
+            bench_dir=_text("bench_dir", d.get("bench_dir")),
         )
 
     def bounded(self, timeout: float) -> Settings:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from invoke import Collection
 
 from llmfleet.cli import (
+    bench_tasks,
     common,
     deploy_tasks,
     facts_tasks,
@@ -32,6 +33,7 @@ ns.configure(
                 "config_file": None,
             },
             "audit_log": "~/.local/state/llmfleet/audit.jsonl",
+            "bench_dir": "~/.local/state/llmfleet/bench",  # local copies of bench results
             "images_lock": None,  # None: images.lock at the repository root
             "dockerfiles": None,  # None: dockerfiles/ in the repository (images.build, images.lint)
         }
@@ -46,6 +48,7 @@ ns.add_task(ops_tasks.status)
 ns.add_task(ops_tasks.releases)
 ns.add_task(ops_tasks.audit)
 ns.add_task(ops_tasks.upgrade)
+ns.add_task(bench_tasks.bench)
 ns.add_collection(images_tasks.ns)
 ns.add_task(deploy_tasks.deploy)
 ns.add_task(deploy_tasks.rollback)

@@ -236,12 +236,14 @@ def _remote_audit(c, hosts: list[Host], n: int, timeout: float, unreachable: dic
         "message": "a note kept in each release's manifest and the audit log",
         "accept_new_host_keys": "record unknown SSH host keys (as OpenSSH accept-new); changed keys still refused",
         "allow_unpinned": "allow images that images.lock does not pin (not for production)",
+        "bench_gate": "PCT: bench each host before and after its deploy; a new release that decodes more than "
+                      "PCT% slower is rolled back and fails the host (docs/bench.md)",
     },
 )
 @handles_errors
 def upgrade(c, group=None, host=None, inventory=None, image=None, set_=None, serial=None, max_fail_percentage=None,
             forks=5, pause=0.0, rollback_on_abort=False, check=False, json=False, message="",
-            accept_new_host_keys=False, allow_unpinned=False):
+            accept_new_host_keys=False, allow_unpinned=False, bench_gate=None):
     """Rolling upgrade of a group: full deploy per host in serial batches, abort on max-fail-percentage."""
     if not group:
         raise UsageError("upgrade: choose the hosts with --group NAME (and optionally --host PATTERN)")
@@ -254,6 +256,9 @@ def upgrade(c, group=None, host=None, inventory=None, image=None, set_=None, ser
                                                                     allow_zero=True)
     forks = int(_positive("forks", forks))
     pause = _positive("pause", pause, allow_zero=True)
+    gate = None if bench_gate in (None, "") else _positive("bench-gate", bench_gate, allow_zero=True)
+    if gate is not None and gate > 100:
+        raise UsageError(f"--bench-gate {bench_gate}: a percentage, 0-100 (how much slower a new release may decode)")
     inv, hosts = _select(c, inventory, host, group)
     changes: dict[str, upgrade_mod.HostChange] = {}
     excluded: dict[str, str] = {}
@@ -283,7 +288,8 @@ def upgrade(c, group=None, host=None, inventory=None, image=None, set_=None, ser
 
     for name, why in excluded.items():
         log(f"{name}: not part of this upgrade: {why}")
-    deploy = upgrade_mod.deploy_fn(inv, config=config, options=options, changes=changes, log=log, prepared=prepared)
+    deploy = upgrade_mod.deploy_fn(inv, config=config, options=options, changes=changes, log=log, prepared=prepared,
+                                   bench_gate=gate, bench_dir=config.bench_dir)
     rollback = upgrade_mod.rollback_fn(inv, config=config, options=options, log=log) if rollback_on_abort else None
     report = upgrade_mod.run_upgrade(
         names, deploy=deploy, serial=serial_list, max_fail_percentage=mfp, forks=forks, pause=pause,
