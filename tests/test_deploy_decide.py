@@ -74,6 +74,14 @@ def test_steps_say_what_changes_without_secret_values():
 def test_which_steps_pull_and_switch(action, pulls, switches):
     step = D.ServiceStep("chat", action, R1)
     assert (step.pulls, step.switches) == (pulls, switches)
+    assert step.arms_revert == switches  # commit confirmed: every switch is armed, a verify is not
+
+
+@pytest.mark.parametrize(("previous", "target", "arms"), [(R2, R1, True), (None, R1, True), (R1, R1, False)])
+def test_a_rollback_arms_a_revert_unless_it_restarts_the_current_release(previous, target, arms):
+    st = svc_state({R1: (OTHER, True)}, R1)
+    step = D.RollbackStep("chat", target, previous, st.releases[R1].manifest)
+    assert step.arms_revert is arms
 
 
 def test_decide_keeps_the_services_order_and_lists_what_to_do():

@@ -15,6 +15,7 @@ import pytest
 
 from llmfleet.errors import RemoteError
 from llmfleet.images.lock import resolve
+from llmfleet.release import confirm, watchdog
 from llmfleet.release import deploy as D
 from llmfleet.release import executor as E
 from llmfleet.release import store as S
@@ -24,7 +25,7 @@ from llmfleet.settings import Settings
 from tests.deploy_fixtures import LOCK, NOW, R1, R2, R3, R4, R5, R6, ROOT, host, svc_state
 from tests.fake_remote import Command, FakeRemote
 
-TOKEN = "t" * 32
+TOKEN = "0a" * 16  # lowercase hex: also the commit-confirmed token
 ORIGIN = "me@ws"
 PID = 4242
 PATHS = S.Paths(ROOT, "chat")
@@ -70,6 +71,19 @@ def switch(rid: str, out: str = "@@switched", exit: int = 0) -> Command:
     return Command(S.switch_script(PATHS, rid), out=out, exit=exit)
 
 
+def arm(rid: str, previous: str | None, action: str = "deploy") -> Command:
+    """Commit confirmed: the host-side revert armed before a switch."""
+    timeout = confirm.timeout_s(SVC, HS)
+    return Command(confirm.arm_script(PATHS, release_id=rid, previous=previous, token=TOKEN, action=action,
+                                      timeout=timeout), out=f"@@compose-valid\n@@armed {timeout}")
+
+
+def confirmed(out: str = "@@confirmed\n@@watchdog-on") -> Command:
+    return Command(confirm.confirm_script(PATHS, token=TOKEN), out=out)
+
+
+DISARM = Command(confirm.confirm_script(PATHS, token=TOKEN, watchdog_on=False), out="@@confirmed")
+WATCHDOG = Command(watchdog.install_snippet(PATHS.service_dir, "chat"), out="@@watchdog-on")
 UPLOAD = Command(S.upload_script(PATHS, NEW_ID), out="@@uploaded")
 ENGINE_LOG = Command(S.logs_script(PATHS, E.LOG_LINES), out="RuntimeError: CUDA out of memory\nexited")
 
@@ -138,20 +152,21 @@ def audit_results(text: str) -> list[tuple[str, str]]:
 
 
 def test_first_deploy_uploads_switches_checks_marks_and_unlocks():
-    r = Run([state(), acquire(), pull(), UPLOAD, switch(NEW_ID)], {NEW_ID: [HEALTHY]})
+    r = Run([state(), acquire(), pull(), UPLOAD, arm(NEW_ID, None), switch(NEW_ID), confirmed()], {NEW_ID: [HEALTHY]})
     o = r.deploy()
     assert o.result == "deployed" and o.releases == {"chat": NEW_ID}
     assert o.services["chat"] == D.ServiceOutcome("chat", D.Result.DEPLOYED, NEW_ID, NEW_ID, None)
     with tarfile.open(fileobj=BytesIO(UPLOAD.sent_stdin)) as tar:
         names = sorted(tar.getnames())
         manifest = tar.extractfile("manifest.json").read().decode()
-    assert names == ["compose.yml", "llmfleet-chat.service", "manifest.json", "service.env"]
+    assert names == ["compose.yml", "llmfleet-chat-watchdog.service", "llmfleet-chat-watchdog.timer",
+                     "llmfleet-chat.service", "manifest.json", "service.env", "watchdog.sh"]
     assert f'"release":"{NEW_ID}"' in manifest and f'"content_hash":"{NEW.content_hash}"' in manifest
     last = r.finish()
     assert f"{PATHS.release(NEW_ID)}/health.json" in last  # marked healthy in the last round trip
     assert audit_results(last) == [("deploy", "deployed")]
     assert S.lock_release_script(ROOT, TOKEN) in last
-    assert r.remote.round_trips == 6
+    assert r.remote.round_trips == 8
 
 
 def test_no_change_restarts_nothing_and_takes_no_lock():
@@ -166,16 +181,16 @@ def test_no_change_restarts_nothing_and_takes_no_lock():
 
 def test_unhealthy_release_rolls_back_to_the_previous_one_by_field():
     st = svc_state({R1: (OTHER, True)}, R1)
-    r = Run([state(st), acquire(), pull(), UPLOAD, switch(NEW_ID), ENGINE_LOG,
-             Command(None, out="@@marked"), switch(R1), Command(None, out="@@marked")],
+    r = Run([state(st), acquire(), pull(), UPLOAD, arm(NEW_ID, R1), switch(NEW_ID), ENGINE_LOG,
+             Command(None, out="@@marked"), DISARM, switch(R1), Command(None, out="@@marked")],
             {NEW_ID: [UNHEALTHY], R1: [HEALTHY]})
     o = r.deploy()
     assert o.result == "rolled_back"
     assert o.releases == {"chat": R1}
     assert o.services["chat"].current == R1 and o.services["chat"].release == NEW_ID
     assert f"back on release {R1}" in o.reason and "CUDA out of memory" in o.reason
-    assert "unhealthy" in r.remote.sent[6] and NEW_ID in r.remote.sent[6]  # marked unhealthy at once
-    assert R1 in r.remote.sent[8] and "healthy" in r.remote.sent[8]
+    assert "unhealthy" in r.remote.sent[7] and NEW_ID in r.remote.sent[7]  # marked unhealthy at once
+    assert R1 in r.remote.sent[10] and "healthy" in r.remote.sent[10]
     assert audit_results(r.finish()) == [("deploy", "rolled_back")]
 
 
@@ -183,15 +198,16 @@ def test_going_back_checks_the_old_release_as_it_was_deployed():
     old = svc_state({R1: (OTHER, True)}, R1)
     old.releases[R1].manifest = S.Manifest.parse({
         **old.releases[R1].manifest.to_dict(), "inputs": {"port": 7000}, "plan": {"decode_tokps_ceiling": 99.0}})
-    r = Run([state(old), acquire(), pull(), UPLOAD, switch(NEW_ID), ENGINE_LOG, Command(None), switch(R1),
-             Command(None)], {NEW_ID: [UNHEALTHY], R1: [HEALTHY]})
+    r = Run([state(old), acquire(), pull(), UPLOAD, arm(NEW_ID, R1), switch(NEW_ID), ENGINE_LOG, Command(None), DISARM,
+             switch(R1), Command(None)], {NEW_ID: [UNHEALTHY], R1: [HEALTHY]})
     r.deploy()
     assert r.checked == [(NEW_ID, 8080, None), (R1, 7000, 99.0)]
 
 
 def test_previous_release_unhealthy_too_is_a_failed_rollback():
     st = svc_state({R1: (OTHER, True)}, R1)
-    r = Run([state(st), acquire(), pull(), UPLOAD, switch(NEW_ID), ENGINE_LOG, Command(None), switch(R1)],
+    r = Run([state(st), acquire(), pull(), UPLOAD, arm(NEW_ID, R1), switch(NEW_ID), ENGINE_LOG, Command(None), DISARM,
+             switch(R1)],
             {NEW_ID: [UNHEALTHY], R1: [UNHEALTHY]})
     o = r.deploy()
     assert o.result == "failed" and "ROLLBACK FAILED" in o.reason and o.releases == {"chat": R1}
@@ -199,7 +215,7 @@ def test_previous_release_unhealthy_too_is_a_failed_rollback():
 
 def test_switch_back_failing_is_reported_with_the_release():
     st = svc_state({R1: (OTHER, True)}, R1)
-    r = Run([state(st), acquire(), pull(), UPLOAD, switch(NEW_ID), ENGINE_LOG, Command(None),
+    r = Run([state(st), acquire(), pull(), UPLOAD, arm(NEW_ID, R1), switch(NEW_ID), ENGINE_LOG, Command(None), DISARM,
              switch(R1, out="install: cannot stat", exit=1)], {NEW_ID: [UNHEALTHY]})
     o = r.deploy()
     assert o.result == "failed" and f"switching back to {R1} failed: install: cannot stat" in o.reason
@@ -207,7 +223,7 @@ def test_switch_back_failing_is_reported_with_the_release():
 
 
 def test_failed_first_deploy_stops_the_unit():
-    r = Run([state(), acquire(), pull(), UPLOAD, switch(NEW_ID), ENGINE_LOG, Command(None),
+    r = Run([state(), acquire(), pull(), UPLOAD, arm(NEW_ID, None), switch(NEW_ID), ENGINE_LOG, Command(None), DISARM,
              Command(S.stop_script(PATHS, forget_current=True), out="@@stopped")], {NEW_ID: [UNHEALTHY]})
     o = r.deploy()
     assert o.result == "failed" and "the service was stopped" in o.reason
@@ -237,8 +253,8 @@ def test_a_failed_upload_switches_nothing():
 
 def test_a_failed_switch_goes_back():
     st = svc_state({R1: (OTHER, True)}, R1)
-    r = Run([state(st), acquire(), pull(), UPLOAD, switch(NEW_ID, out="Job failed", exit=1), ENGINE_LOG,
-             switch(R1), Command(None)], {R1: [HEALTHY]})
+    r = Run([state(st), acquire(), pull(), UPLOAD, arm(NEW_ID, R1), switch(NEW_ID, out="Job failed", exit=1),
+             ENGINE_LOG, DISARM, switch(R1), Command(None)], {R1: [HEALTHY]})
     o = r.deploy()
     assert o.result == "rolled_back" and f"switch to {NEW_ID} failed: Job failed" in o.reason
 
@@ -246,7 +262,7 @@ def test_a_failed_switch_goes_back():
 def test_interrupted_deploy_is_verified_not_redeployed():
     """Current and running but never marked healthy: health-check it, mark it; no pull, no switch."""
     st = svc_state({R1: (OTHER, True), R2: (NEW.content_hash, False)}, R2)
-    r = Run([state(st), acquire()], {R2: [HEALTHY]})
+    r = Run([state(st), acquire(), WATCHDOG], {R2: [HEALTHY]})  # nothing armed: the watchdog starts
     o = r.deploy()
     assert o.result == "deployed" and o.releases == {"chat": R2}
     assert f"{PATHS.release(R2)}/health.json" in r.finish()
@@ -254,13 +270,14 @@ def test_interrupted_deploy_is_verified_not_redeployed():
 
 def test_current_release_with_a_failed_unit_is_restarted():
     st = svc_state({R2: (NEW.content_hash, True)}, R2, unit="failed")
-    r = Run([state(st), acquire(), switch(R2)], {R2: [HEALTHY]})
+    r = Run([state(st), acquire(), arm(R2, None), switch(R2), confirmed()], {R2: [HEALTHY]})
     assert r.deploy().result == "deployed"
 
 
 def test_an_older_release_with_this_content_is_switched_to_not_uploaded():
     st = svc_state({R1: (NEW.content_hash, True), R2: (OTHER, True)}, R2)
-    r = Run([state(st), acquire(), pull(out=f"@@digests\n{REF}\n"), switch(R1)], {R1: [HEALTHY]})
+    r = Run([state(st), acquire(), pull(out=f"@@digests\n{REF}\n"), arm(R1, R2), switch(R1), confirmed()],
+            {R1: [HEALTHY]})
     o = r.deploy()
     assert o.result == "deployed" and o.releases == {"chat": R1}
     assert any("image present" in ln for ln in r.lines)
@@ -268,7 +285,7 @@ def test_an_older_release_with_this_content_is_switched_to_not_uploaded():
 
 def test_ctrl_c_during_the_health_check_goes_back_and_is_audited():
     st = svc_state({R1: (OTHER, True)}, R1)
-    r = Run([state(st), acquire(), pull(), UPLOAD, switch(NEW_ID), switch(R1), Command(None)],
+    r = Run([state(st), acquire(), pull(), UPLOAD, arm(NEW_ID, R1), switch(NEW_ID), DISARM, switch(R1), Command(None)],
             {NEW_ID: [KeyboardInterrupt()], R1: [HEALTHY]})
     with pytest.raises(KeyboardInterrupt):
         r.deploy()
@@ -289,8 +306,8 @@ def test_lock_held_by_someone_else_refuses_with_their_details():
 def test_a_stale_lock_from_this_machine_is_taken_over():
     mine = {"who": ORIGIN, "from": ORIGIN, "pid": 999, "action": "deploy", "time": "2026-11-29T11:00:00+00:00"}
     r = Run([state(), acquire(out="@@held\n" + json.dumps(mine), exit=S.LOCK_HELD_RC),
-             Command(S.lock_break_script(ROOT), out="@@held\n@@broken"), acquire(), pull(), UPLOAD, switch(NEW_ID)],
-            {NEW_ID: [HEALTHY]}, alive=False)
+             Command(S.lock_break_script(ROOT), out="@@held\n@@broken"), acquire(), pull(), UPLOAD, arm(NEW_ID, None),
+             switch(NEW_ID), confirmed()], {NEW_ID: [HEALTHY]}, alive=False)
     assert r.deploy().result == "deployed"
     assert any("stale lock" in ln for ln in r.lines)
     assert audit_results(r.finish()) == [("lock-break", "stale"), ("deploy", "deployed")]
@@ -319,7 +336,7 @@ def test_a_lock_script_that_fails_is_a_failure_not_a_refusal():
 def test_prune_after_success_in_the_last_round_trip():
     refs = {R1: "img@1", R2: "img@2", R3: "img@3", R4: "img@4", R5: "img@5", R6: REF}
     st = svc_state({r: (OTHER, True) for r in (R1, R2, R3, R4, R5, R6)}, R6, refs=refs)
-    r = Run([state(st), acquire(), pull(), UPLOAD, switch(NEW_ID)], {NEW_ID: [HEALTHY]})
+    r = Run([state(st), acquire(), pull(), UPLOAD, arm(NEW_ID, R6), switch(NEW_ID), confirmed()], {NEW_ID: [HEALTHY]})
     assert r.deploy().result == "deployed"
     last = r.finish(out="@@image-removed img@1\n@@image-removed img@2\n@@released")
     assert S.prune_script(PATHS, (R1, R2)) in last
@@ -328,7 +345,8 @@ def test_prune_after_success_in_the_last_round_trip():
 
 
 def test_a_dropped_connection_at_the_end_is_a_warning_not_a_failure(tmp_path):
-    r = Run([state(), acquire(), pull(), UPLOAD, switch(NEW_ID)], {NEW_ID: [HEALTHY]}, tmp=tmp_path)
+    r = Run([state(), acquire(), pull(), UPLOAD, arm(NEW_ID, None), switch(NEW_ID), confirmed()], {NEW_ID: [HEALTHY]},
+            tmp=tmp_path)
     assert r.deploy().result == "deployed"
     r.remote.expected.append(Command(None, raises=RemoteError("host h1: SSH connection is closed")))
     r.run.finish()
@@ -355,14 +373,16 @@ def present(out: str = "@@present") -> Command:
 
 
 def test_rollback_to_the_previous_healthy_release():
-    r = Run([state(rollback_state()), acquire(action="rollback"), present(), switch(R2)], {R2: [HEALTHY]})
+    r = Run([state(rollback_state()), acquire(action="rollback"), present(), arm(R2, R3, "rollback"), switch(R2),
+             confirmed()], {R2: [HEALTHY]})
     o = r.rollback()
     assert o.result == "rolled_back" and o.releases == {"chat": R2} and o.changes == [f"chat: {R3} -> {R2}"]
     assert audit_results(r.finish()) == [("rollback", "rolled_back")]
 
 
 def test_rollback_to_a_named_release():
-    r = Run([state(rollback_state()), acquire(action="rollback"), present(), switch(R1)], {R1: [HEALTHY]})
+    r = Run([state(rollback_state()), acquire(action="rollback"), present(), arm(R1, R3, "rollback"), switch(R1),
+             confirmed()], {R1: [HEALTHY]})
     assert r.rollback(to=R1).releases == {"chat": R1}
 
 
@@ -380,8 +400,8 @@ def test_rollback_to_a_release_that_does_not_exist_takes_no_lock():
 
 
 def test_unhealthy_rollback_target_goes_back_and_says_still():
-    r = Run([state(rollback_state()), acquire(action="rollback"), present(), switch(R2), ENGINE_LOG, switch(R3),
-             Command(None)], {R2: [UNHEALTHY], R3: [HEALTHY]})
+    r = Run([state(rollback_state()), acquire(action="rollback"), present(), arm(R2, R3, "rollback"), switch(R2),
+             ENGINE_LOG, DISARM, switch(R3), Command(None)], {R2: [UNHEALTHY], R3: [HEALTHY]})
     o = r.rollback()
     assert o.result == "failed" and f"the host is still on release {R3} (healthy)" in o.reason
     assert o.releases == {"chat": R3} and o.services["chat"].current == R3
@@ -393,3 +413,35 @@ def test_rollback_of_the_current_release_restarts_it():
     o = r.rollback(to=R4)
     assert o.result == "failed" and "nothing else to go back to" in o.reason
     assert any("already current" in ln for ln in r.lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# commit confirmed (llmfleet.release.confirm)
+
+
+def test_a_confirmation_the_host_timer_beat_goes_back_and_says_why():
+    st = svc_state({R1: (OTHER, True)}, R1)
+    r = Run([state(st), acquire(), pull(), UPLOAD, arm(NEW_ID, R1), switch(NEW_ID), confirmed(out="@@too-late"),
+             ENGINE_LOG, DISARM, switch(R1), Command(None)], {NEW_ID: [HEALTHY], R1: [HEALTHY]})
+    o = r.deploy()
+    assert o.result == "rolled_back" and "host timer reverted it first" in o.reason
+    assert "confirm_timeout_s" in o.reason
+    assert any("the confirmation came too late" in ln for ln in r.lines)
+    r.remote.assert_done()
+
+
+def test_a_release_docker_compose_rejects_is_never_switched_to():
+    st = svc_state({R1: (OTHER, True)}, R1)
+    r = Run([state(st), acquire(), pull(), UPLOAD,
+             Command(arm(NEW_ID, R1).cmd, out="@@compose-invalid services.engine.foo: not allowed", exit=5)])
+    o = r.deploy()
+    assert o.result == "failed" and "docker compose config rejected the release" in o.reason
+    assert "nothing was switched" in o.reason and not any(S.switch_script(PATHS, NEW_ID) == c for c in r.remote.sent)
+    assert audit_results(r.finish()) == [("deploy", "failed")]
+
+
+def test_a_rollback_the_host_timer_reverted_is_a_failure():
+    r = Run([state(rollback_state()), acquire(action="rollback"), present(), arm(R2, R3, "rollback"), switch(R2),
+             confirmed(out="@@too-late")], {R2: [HEALTHY]})
+    o = r.rollback()
+    assert o.result == "failed" and f"reverted it to {R3} first" in o.reason

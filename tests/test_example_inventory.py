@@ -46,3 +46,13 @@ def test_every_example_image_is_locked_catalogued_and_has_kernels_for_the_card(s
     card = find_gpu(settings.gpu)
     verdict = check_architecture(rel, card.name, card.compute_capability)
     assert verdict.status == "pass", verdict.message
+
+
+@pytest.mark.parametrize(("settings", "service"), list(_services()))
+def test_every_example_service_is_published_safely(settings, service):
+    """The example shows the safe form: off loopback, every service has an API key."""
+    from llmfleet.knowledge.preflight import bind_check
+
+    check = bind_check(service, settings)
+    assert check.status == "pass", check.message
+    assert service.api_key is not None

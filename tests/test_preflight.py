@@ -47,7 +47,8 @@ def facts_for(card: str):
 
 def svc(**kw) -> Service:
     base = {"name": "chat", "engine": "llamacpp", "model": "qwen2.5-7b-instruct", "model_path": GGUF,
-            "image": "llamacpp:b5000-cu122", "quant": "q4_k_m", "context": 8192, "port": 8080}
+            "image": "llamacpp:b5000-cu122", "quant": "q4_k_m", "context": 8192, "port": 8080,
+            "bind_address": "127.0.0.1"}
     if kw.get("engine") == "vllm":
         base.update({"model_path": HF, "image": "vllm:0.19.1", "quant": "gptq-int4"})
     base.update(kw)
@@ -284,3 +285,37 @@ def test_forward_compat_on_r470_with_a_toolkit_that_loads_it_is_a_warn_naming_th
     c = by_id(run("t4-470", svc(), facts=f))["cuda-driver"]
     assert c.status == "warn" and "forward compatibility" in c.message
     assert "end of life 2024-07 unconfirmed" in c.message and "toolkit 1.17.8: ldconfig" in c.message
+
+
+# ---------------------------------------------------------------------------------------------
+# bind: a port published beyond loopback needs an API key (or an explicit allow_unauthenticated)
+
+
+@pytest.mark.parametrize(("host_vars", "svc_kw", "status"), [
+    ({}, {"bind_address": "127.0.0.1"}, "pass"),
+    ({}, {"bind_address": "::1"}, "pass"),
+    ({}, {"bind_address": "0.0.0.0"}, "fail"),
+    ({}, {"bind_address": "10.1.2.3"}, "fail"),
+    ({"bind_address": "10.1.2.3"}, {"bind_address": None}, "fail"),
+    ({"bind_address": "127.0.0.1"}, {"bind_address": None}, "pass"),
+    ({}, {"bind_address": None}, "fail"),  # default 0.0.0.0
+    ({}, {"bind_address": "0.0.0.0", "api_key": {"from_env": "K"}}, "pass"),
+    ({}, {"bind_address": "0.0.0.0", "allow_unauthenticated": True}, "warn"),
+    ({"allow_unauthenticated": True}, {"bind_address": "0.0.0.0"}, "warn"),
+    ({"allow_unauthenticated": True}, {"bind_address": "0.0.0.0", "allow_unauthenticated": False}, "fail"),
+])
+def test_bind_check(host_vars, svc_kw, status):
+    from llmfleet.knowledge.preflight import bind_check
+
+    service = svc(**svc_kw)
+    settings = HostSettings(services=[service], **host_vars)
+    check = bind_check(service, settings)
+    assert check.status == status, check.message
+    if status != "pass":
+        assert "firewall" in check.message and check.fix
+
+
+def test_unauthenticated_public_port_refuses_the_preflight():
+    report = run("v100-535", svc(bind_address="0.0.0.0"))
+    assert not report.ok
+    assert by_id(report)["bind"].status == "fail"

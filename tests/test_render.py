@@ -56,7 +56,8 @@ def _unescape(v: str) -> str:
 @pytest.mark.parametrize(
     ("engine", "image", "model_path", "gpus", "expect_ipc", "expect_devices"),
     [
-        ("vllm", "vllm:0.9.2", "/srv/models/qwen", [0], "host", {"device_ids": ["0"]}),
+        # one GPU: a private /dev/shm instead of the host's IPC namespace; several: ipc host
+        ("vllm", "vllm:0.9.2", "/srv/models/qwen", [0], None, {"device_ids": ["0"]}),
         ("vllm", "vllm:0.9.2", "/srv/models/qwen", [2, 3], "host", {"device_ids": ["2", "3"]}),
         ("llamacpp", "llamacpp:b5000-cu122", "/srv/models/q.gguf", "all", None, {"count": "all"}),
         ("llamacpp", "llamacpp:b5000-cu122", "/srv/models/q.gguf", [1], None, {"device_ids": ["1"]}),
@@ -70,8 +71,11 @@ def test_compose_shape(engine, image, model_path, gpus, expect_ipc, expect_devic
     assert c["image"].endswith("@" + DIGEST)
     assert c["restart"] == "no"
     assert c["env_file"] == ["service.env"]
-    assert c["ports"] == [{"target": 8123, "published": "8123", "host_ip": "0.0.0.0", "protocol": "tcp"}]
-    (vol,) = c["volumes"]
+    # the engine keeps its own port inside the container (vLLM 8000, llama.cpp 8080); only the
+    # published port is the service's
+    engine_port = {"vllm": 8000, "llamacpp": 8080}[engine]
+    assert c["ports"] == [{"target": engine_port, "published": "8123", "host_ip": "0.0.0.0", "protocol": "tcp"}]
+    vol = c["volumes"][0]
     assert vol["source"] == model_path and vol["read_only"] is True and vol["type"] == "bind"
     assert c.get("ipc") == expect_ipc
     (dev,) = c["deploy"]["resources"]["reservations"]["devices"]
@@ -81,7 +85,7 @@ def test_compose_shape(engine, image, model_path, gpus, expect_ipc, expect_devic
     role = load_role(engine)
     assert vol["target"] == role.model_target
     cmd = c["command"]
-    assert cmd[cmd.index("--port") + 1] == "8123"
+    assert cmd[cmd.index("--port") + 1] == str(engine_port)
     assert cmd[cmd.index("--host") + 1] == "0.0.0.0"
     assert role.model_target in cmd
 
@@ -207,7 +211,8 @@ def test_hostile_values_stay_literal(field, value):
         cmd = c["command"]
         assert _unescape(cmd[cmd.index("--served-model-name") + 1]) == value
     else:
-        assert {k: _unescape(v) for k, v in c["environment"].items()} == value
+        env = {k: _unescape(v) for k, v in c["environment"].items()}
+        assert {k: env[k] for k in value} == value
 
 
 @pytest.mark.skipif(shutil.which("docker") is None, reason="docker CLI with compose v2 not installed")
@@ -230,7 +235,7 @@ def test_compose_itself_reads_hostile_values_literally(tmp_path):
     assert svc["volumes"][0]["source"] == value.replace("$", "$$")
     assert "n$$(id)" in svc["command"]
     assert svc["environment"]["OPT"] == "$${PATH}"
-    assert svc["ipc"] == "host"
+    assert "ipc" not in svc and int(svc["shm_size"]) == 8 * 1024**3  # one GPU: a private /dev/shm
     assert svc["restart"] == "no"
     assert svc["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"] == ["0"]
 
@@ -335,3 +340,142 @@ def test_an_unknown_engine_names_where_it_looked_and_what_is_there(tmp_path):
     assert "no role for engine 'tgi'" in msg and str(tmp_path) in msg and "roles there: llamacpp, vllm" in msg
     # the packaged roles load: an installed llmfleet never says "no role for vllm; known: vllm"
     assert load_role("vllm").engine == "vllm" and load_role("llamacpp").engine == "llamacpp"
+
+
+# The container around the engine: healthcheck on the engine's port, bounded logs, hardening,
+# caches, bind address, compose_overrides.
+
+
+@pytest.mark.parametrize(("engine", "image", "model_path", "port"), [
+    # vLLM serves on 8000 by default (`vllm serve --port`); the vllm-openai image has no HEALTHCHECK
+    ("vllm", "vllm:0.9.2", "/srv/models/qwen", 8000),
+    # ggml-org/llama.cpp .devops/cuda.Dockerfile (server stage): HEALTHCHECK curl -f localhost:8080/health
+    ("llamacpp", "llamacpp:b5000-cu122", "/srv/models/q.gguf", 8080),
+])
+def test_healthcheck_probes_the_port_the_engine_listens_on(engine, image, model_path, port):
+    r = _render(engine=engine, image=image, model_path=model_path, port=9001,
+                health={"load_timeout_s": 1200})
+    c = _compose(r)
+    test = c["healthcheck"]["test"]
+    assert test[0] == "CMD"
+    assert any(f"127.0.0.1:{port}/health" in t for t in test)
+    cmd = c["command"]
+    assert cmd[cmd.index("--port") + 1] == str(port) == str(c["ports"][0]["target"])
+    # no verdict while the model loads: the start period is the service's load budget
+    assert c["healthcheck"]["start_period"] == "1200s"
+    assert c["healthcheck"]["retries"] >= 2
+
+
+@pytest.mark.parametrize("engine", ["vllm", "llamacpp"])
+def test_hardening_and_bounded_logs(engine):
+    image = {"vllm": "vllm:0.9.2", "llamacpp": "llamacpp:b5000-cu122"}[engine]
+    c = _compose(_render(engine=engine, image=image, gpus=[0]))
+    assert c["security_opt"] == ["no-new-privileges:true"]
+    assert c["cap_drop"] == ["ALL"]
+    assert "privileged" not in c and "cap_add" not in c
+    assert c["logging"]["driver"] == "json-file"
+    size = c["logging"]["options"]["max-size"]
+    assert re.fullmatch(r"\d+m", size) and int(size[:-1]) <= 100
+    assert 1 <= int(c["logging"]["options"]["max-file"]) <= 10
+
+
+def test_vllm_limits_cache_and_shared_memory():
+    r = _render(engine="vllm", gpus=[0])
+    doc = yaml.safe_load(r.files["compose.yml"])
+    c = doc["services"]["engine"]
+    # NVIDIA's recommended limits for PyTorch containers: memlock unlimited, 64 MiB stack
+    assert c["ulimits"] == {"memlock": -1, "stack": 67108864}
+    assert "ipc" not in c and c["shm_size"] == "8gb"
+    cache = [v for v in c["volumes"] if v["type"] == "volume"]
+    assert cache == [{"type": "volume", "source": "engine-cache", "target": "/var/cache/llmfleet-engine"}]
+    assert doc["volumes"]["engine-cache"]["name"] == "llmfleet-chat-cache"
+    env = c["environment"]
+    assert env["VLLM_CACHE_ROOT"].startswith("/var/cache/llmfleet-engine/")
+    assert env["TRITON_CACHE_DIR"].startswith("/var/cache/llmfleet-engine/")
+    assert "user" not in c  # the image writes its caches under root's home
+
+
+def test_llamacpp_runs_as_nobody_without_cache_volume():
+    c = _compose(_render(engine="llamacpp", image="llamacpp:b5000-cu122", model_path="/srv/q.gguf"))
+    assert c["user"] == "65534:65534"
+    assert [v["type"] for v in c["volumes"]] == ["bind"]
+    assert "ulimits" not in c
+
+
+def test_service_env_wins_over_cache_defaults():
+    c = _compose(_render(engine="vllm", env={"TRITON_CACHE_DIR": "/tmp/t"}))
+    assert c["environment"]["TRITON_CACHE_DIR"] == "/tmp/t"
+
+
+@pytest.mark.parametrize(("host_bind", "svc_bind", "expected"), [
+    (None, None, "0.0.0.0"),
+    ("10.0.0.5", None, "10.0.0.5"),
+    ("10.0.0.5", "127.0.0.1", "127.0.0.1"),
+    (None, "::1", "::1"),
+])
+def test_bind_address_from_host_or_service(host_bind, svc_bind, expected):
+    svc = {"name": "chat", "engine": "vllm", "model": "m", "model_path": "/m", "image": "vllm:0.9.2"}
+    if svc_bind:
+        svc["bind_address"] = svc_bind
+    hv = {"llmfleet_services": [svc]}
+    if host_bind:
+        hv["llmfleet_bind_address"] = host_bind
+    hs = host_settings("h", hv)
+    r = render(hs.services[0], hs, resolve("vllm:0.9.2", LOCK))
+    assert _compose(r)["ports"][0]["host_ip"] == expected
+    assert f"{expected}" in r.files["watchdog.sh"] or expected in {"0.0.0.0"}
+
+
+@pytest.mark.parametrize("bad", ["0.0.0.0; rm -rf /", "localhost", "10.0.0.256", "$(id)", "10.0.0.1\n"])
+def test_bind_address_must_be_an_ip(bad):
+    from llmfleet.errors import InventoryError
+
+    with pytest.raises(InventoryError, match="bind_address"):
+        _settings(bind_address=bad)
+
+
+def test_compose_overrides_become_a_second_file_named_by_the_unit():
+    r = _render(compose_overrides={"environment": {"X": "a$b"}, "mem_limit": "64g"})
+    over = yaml.safe_load(r.files["compose.override.yml"])
+    assert over == {"services": {"engine": {"environment": {"X": "a$$b"}, "mem_limit": "64g"}}}
+    unit = r.files["llmfleet-chat.service"]
+    assert unit.count("-f compose.yml -f compose.override.yml") == 3
+    plain = _render()
+    assert "compose.override.yml" not in plain.files
+    assert "compose.override.yml" not in plain.files["llmfleet-chat.service"]
+    assert r.content_hash != plain.content_hash
+
+
+@pytest.mark.parametrize(("overrides", "msg"), [
+    ({"image": "evil:latest"}, "image is set by llmfleet"),
+    ({"command": ["sh"]}, "command is set by llmfleet"),
+    ({"ports": ["0.0.0.0:1:1"]}, "ports is set by llmfleet"),
+    ({"env_file": ["/etc/shadow"]}, "env_file is set by llmfleet"),
+    ({"bad key!": 1}, "is not a compose key"),
+    ({"environment": {"A": "x" * 20000}}, "keep it under"),
+])
+def test_compose_overrides_cannot_take_llmfleets_keys(overrides, msg):
+    from llmfleet.errors import InventoryError
+
+    with pytest.raises(InventoryError, match=msg):
+        _settings(compose_overrides=overrides)
+
+
+@pytest.mark.skipif(shutil.which("docker") is None, reason="needs the docker CLI (compose plugin)")
+@pytest.mark.parametrize("engine", ["vllm", "llamacpp"])
+def test_docker_compose_config_accepts_the_rendered_files(tmp_path, engine):
+    """`docker compose config` (no daemon needed) accepts every key rendered, merged with overrides."""
+    image = {"vllm": "vllm:0.9.2", "llamacpp": "llamacpp:b5000-cu122"}[engine]
+    r = _render(engine=engine, image=image, gpus=[0], compose_overrides={"mem_limit": "64g",
+                                                                   "healthcheck": {"interval": "10s"}})
+    for name, text in r.files.items():
+        (tmp_path / name).write_text(text)
+    proc = subprocess.run(["docker", "compose", "-p", "t", "-f", "compose.yml", "-f", "compose.override.yml",
+                           "config", "--format", "json"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    if "is not a docker command" in proc.stderr:
+        pytest.skip("no compose plugin")
+    assert proc.returncode == 0, proc.stderr
+    c = json.loads(proc.stdout)["services"]["engine"]
+    assert c["healthcheck"]["interval"] == "10s" and c["healthcheck"]["test"][0] == "CMD"
+    assert c["cap_drop"] == ["ALL"] and c["security_opt"] == ["no-new-privileges:true"]
+    assert c["logging"]["options"]["max-file"] == "5"

@@ -19,7 +19,8 @@ import pytest
 
 from llmfleet.fleet import status
 from llmfleet.host import probe
-from llmfleet.release import audit
+from llmfleet.inventory.services import host_settings
+from llmfleet.release import audit, confirm, watchdog
 from llmfleet.release import store as S
 
 GOLDEN = Path(__file__).parent / "golden" / "scripts"
@@ -30,6 +31,10 @@ R1, R2 = "20261129T110000Z-0123456789", "20261129T120000Z-abcdef0123"
 REF = "reg.lab:5000/llamacpp@sha256:" + "cd" * 32
 HOLDER = S.holder_document(token="t0k3n", who="alice", origin="alice@ws1", action="deploy", message="it's a canary",
                            now=NOW, pid=4242)
+CONFIRM_TOKEN = "0123abcd" * 4
+HS = host_settings("h1", {"llmfleet_root": ROOT, "llmfleet_services": [
+    {"name": "chat", "engine": "llamacpp", "model": "m", "model_path": "/srv/models/m.gguf", "image": "llamacpp:b1",
+     "port": 8080}]})
 RECORD = S.audit_record(now=NOW, who="alice", host="h1", action="deploy", service="chat", release=R2,
                         digest="sha256:" + "cd" * 32, result="deployed", detail="it's ok", message="canary")
 
@@ -52,6 +57,10 @@ SCRIPTS = {
     "lock_break": lambda: S.lock_break_script(ROOT),
     "audit_append": lambda: S.audit_append_script(ROOT, RECORD),
     "audit_tail": lambda: audit.tail_script(ROOT, 50),
+    "bench_write": lambda: S.bench_write_script(PATHS, R2, {"release": R2, "levels": {"1": {"decode_tokps_p50": 41.5}},
+                                                            "who": "alice's"}),
+    "bench_read": lambda: S.bench_read_script(PATHS, [R1, R2]),
+    "bench_read_all": lambda: S.bench_read_script(PATHS),
     "final": lambda: S.final_script(ROOT, [S.mark_healthy_script(PATHS, R2, {"result": "healthy"}),
                                            S.prune_script(PATHS, [R1])], [RECORD], "t0k3n"),
     "status": lambda: status.status_script(ROOT),
@@ -61,6 +70,15 @@ SCRIPTS = {
     "service_logs_follow": lambda: S.service_logs_script(PATHS, 100, follow=True, seconds=30),
     "host_probe_command": lambda: shlex.join(probe.probe_command("llmfleet-0123abcd", ROOT, ["/srv/models/m it's.gguf"])),
     "host_probe_stdin": lambda: probe.probe_sh().decode(),
+    "confirm_arm": lambda: confirm.arm_script(PATHS, release_id=R2, previous=R1, token=CONFIRM_TOKEN, action="deploy",
+                                              timeout=900),
+    "confirm_arm_first": lambda: confirm.arm_script(PATHS, release_id=R2, previous=None, token=CONFIRM_TOKEN,
+                                                    action="rollback", timeout=60),
+    "confirm_confirm": lambda: confirm.confirm_script(PATHS, token=CONFIRM_TOKEN),
+    "confirm_disarm": lambda: confirm.confirm_script(PATHS, token=CONFIRM_TOKEN, watchdog_on=False),
+    "watchdog_install": lambda: watchdog.install_snippet(PATHS.service_dir, "chat"),
+    "watchdog_status": lambda: watchdog.status_script(ROOT),
+    "watchdog_sh": lambda: watchdog.script_text(HS.services[0], HS, bind_address="127.0.0.1"),
 }
 
 
@@ -84,12 +102,16 @@ def test_every_script_builder_of_the_release_store_has_a_golden_file():
               "logs_script", "mark_healthy_script", "unit_probe_script", "current_files_script", "prune_script",
               "image_remove_script", "lock_acquire_script", "lock_release_script", "lock_status_script",
               "lock_break_script", "audit_append_script", "final_script", "service_stop_script",
-              "service_start_script", "service_remove_script", "service_logs_script"}
+              "service_start_script", "service_remove_script", "service_logs_script", "bench_write_script",
+              "bench_read_script"}
     assert set(builders) <= pinned, f"a new script builder needs a golden file: {sorted(set(builders) - pinned)}"
 
 
 @pytest.mark.parametrize("name", ["state", "upload", "switch", "lock_acquire", "audit_append", "status", "final",
-                                  "service_remove", "service_logs_follow"])
+                                  "service_remove", "service_logs_follow",
+
+                                  "confirm_arm", "confirm_arm_first", "confirm_confirm", "watchdog_install",
+                                  "watchdog_sh"])
 def test_golden_scripts_parse_as_posix_sh(name):
     res = subprocess.run(["sh", "-n", str(GOLDEN / f"{name}.sh")], capture_output=True, text=True, timeout=10)
     assert res.returncode == 0, res.stderr

@@ -86,6 +86,7 @@ class Settings:
     pull_timeout: float = DEFAULT_PULL_TIMEOUT_S  # seconds one image pull may take
     roles_path: Any = None  # folder(s) searched for engine roles before the packaged ones
     templates_path: Any = None  # folder(s) searched for templates before the packaged ones
+    bench_dir: str | None = None  # where `invoke bench` keeps its results (None: llmfleet.fleet.bench_run's default)
 
     @classmethod
     def of(cls, data: Settings | Mapping[str, Any] | None) -> Settings:
@@ -100,6 +101,7 @@ class Settings:
             pull_timeout=_number("pull_timeout", d.get("pull_timeout"), DEFAULT_PULL_TIMEOUT_S),
             roles_path=d.get("roles_path"),
             templates_path=d.get("templates_path"),
+            bench_dir=_text("bench_dir", d.get("bench_dir")),
         )
 
     @property

@@ -249,7 +249,7 @@ def test_interrupted_deploys_are_completed_by_the_next_one(ctx):
     # 3. the unit died: the next deploy restarts the same release
     ctx.lab.exec(HOST, ["systemctl", "stop", UNIT])
     o = ctx.deploy(overrides={"engine_args": ["--ctx-size", "384"]})
-    assert o.result == "deployed" and o.releases["tiny"] == cur
+    assert o.result == "deployed" and o.releases["tiny"] == cur, o.reason
     assert ctx.state().unit == "active"
 
 

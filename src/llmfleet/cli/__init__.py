@@ -14,6 +14,7 @@ from llmfleet.cli import flags
 flags.install()  # usage errors: one line, exit 2 (also under Invoke's own `invoke` program)
 
 from llmfleet.cli import (  # noqa: E402 - after install(): the task modules declare FleetTasks
+    bench_tasks,
     common,
     deploy_tasks,
     facts_tasks,
@@ -39,6 +40,7 @@ ns.configure(
                 "config_file": None,
             },
             "audit_log": "~/.local/state/llmfleet/audit.jsonl",
+            "bench_dir": "~/.local/state/llmfleet/bench",  # local copies of bench results
             # None: images.lock in the working directory, else the one shipped with llmfleet
             "images_lock": None,
             "dockerfiles": None,  # None: dockerfiles/ in the repository (images.build, images.lint)
@@ -59,6 +61,7 @@ ns.add_task(ops_tasks.status)
 ns.add_task(ops_tasks.releases)
 ns.add_task(ops_tasks.audit)
 ns.add_task(ops_tasks.upgrade)
+ns.add_task(bench_tasks.bench)
 ns.add_collection(images_tasks.ns)
 ns.add_task(deploy_tasks.deploy)
 ns.add_task(deploy_tasks.rollback)

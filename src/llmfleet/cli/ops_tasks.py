@@ -202,7 +202,7 @@ def _remote_audit(c, hosts: list[Any], n: int, timeout: float, unreachable: list
 
 @fleet_task(
     iterable=["image", "set_"],
-    numbers={"forks": POSITIVE, "pause": SECONDS_OR_ZERO, "max_fail_percentage": PERCENT},
+    numbers={"forks": POSITIVE, "pause": SECONDS_OR_ZERO, "max_fail_percentage": PERCENT, "bench_gate": PERCENT},
     help={
         "group": "hosts to upgrade (Ansible group pattern), e.g. lab_fleet",
         "host": "further limit to these hosts (Ansible pattern)",
@@ -224,11 +224,14 @@ def _remote_audit(c, hosts: list[Any], n: int, timeout: float, unreachable: list
         "accept_new_host_keys": "record unknown SSH host keys (as OpenSSH accept-new); changed keys still refused",
         "allow_unpinned": "allow images that images.lock does not pin (not for production)",
         "verbose": VERBOSE_HELP,
+        "bench_gate": "PCT: bench each host before and after its deploy; a new release that decodes more than "
+                      "PCT% slower is rolled back and fails the host (docs/bench.md)",
     },
 )
 def upgrade(c, group=None, host=None, inventory=None, image=None, set_=None, serial=None, max_fail_percentage=None,
             forks=5, pause=0.0, rollback_on_abort=False, check=False, json=False, message="",
-            accept_new_host_keys=False, allow_unpinned=False, verbose=False, json_lines=False):
+            accept_new_host_keys=False, allow_unpinned=False, verbose=False, json_lines=False,
+            bench_gate=None):
     """Rolling upgrade of a group: full deploy per host in serial batches, abort on max-fail-percentage."""
     from datetime import UTC, datetime
 
@@ -278,7 +281,7 @@ def upgrade(c, group=None, host=None, inventory=None, image=None, set_=None, ser
     run_log = log if (verbose or not json_lines) else (
         lambda line: log(line) if line.startswith(("ABORT", "STOP", "rolling back", "pausing")) else None)
     deploy_one = upgrade_mod.deploy_fn(inv, config=config, options=options, changes=changes, log=host_log,
-                                       prepared=prepared)
+                                       prepared=prepared, bench_gate=bench_gate, bench_dir=config.bench_dir)
     unreachable: list[dict[str, str]] = []
 
     def deploy(name: str) -> Any:

@@ -29,6 +29,7 @@ from llmfleet.inventory.ansible import Host, settings_for
 from llmfleet.inventory.services import HostSettings, Service
 from llmfleet.release import audit as audit_mod
 from llmfleet.release import store as rel
+from llmfleet.release import watchdog
 from llmfleet.release.secret import secret_if_readable
 from llmfleet.settings import Settings, SshSettings
 
@@ -47,6 +48,7 @@ def status_script(root: str) -> str:
         rel.state_script(root),
         f"echo '{GPU_MARK}'",
         "nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 64 || true",
+        "(", watchdog.status_script(root), ") 2>/dev/null || true",
     ])
 
 
@@ -106,6 +108,7 @@ class ServiceRow:
     tokps: float | None = None
     metrics: dict[str, float | None] | None = None
     note: str = ""
+    supervision: dict[str, Any] | None = None  # restarts since the deploy, the last watchdog action
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -122,6 +125,7 @@ class HostStatus:
     states: dict[str, rel.ServiceState] = field(default_factory=dict)
     metrics: dict[str, EngineMetrics | str] = field(default_factory=dict)  # service -> metrics or why not
     seconds: float = 0.0
+    supervision: dict[str, watchdog.Supervision] = field(default_factory=dict)
 
 
 def host_rows(status: HostStatus, settings: HostSettings | None) -> list[ServiceRow]:
@@ -161,6 +165,7 @@ def host_rows(status: HostStatus, settings: HostSettings | None) -> list[Service
             row.metrics = m.to_dict()
         elif isinstance(m, str):
             row.note = m
+        _supervision(row, status.supervision.get(name))
         if name not in engines:
             row.note = "; ".join(x for x in ("not in the inventory", row.note) if x)
         if st.current and info is None:
@@ -169,6 +174,20 @@ def host_rows(status: HostStatus, settings: HostSettings | None) -> list[Service
     if not rows:
         rows.append(ServiceRow(host=status.host, service="-", card=card, unit="-", note="no services"))
     return rows
+
+
+def _supervision(row: ServiceRow, sup: watchdog.Supervision | None) -> None:
+    """Restarts since the deploy (the watchdog's and systemd's own) and the watchdog's last action,
+    in the row's JSON and, when there is anything to say, its note."""
+    if sup is None:
+        return
+    row.supervision = sup.to_dict()
+    total = sup.watchdog_restarts + sup.unit_restarts
+    if total or sup.last:
+        said = f"restarts since deploy: {total} (watchdog {sup.watchdog_restarts})"
+        if sup.last:
+            said += f"; last watchdog action: {sup.last_action}"
+        row.note = "; ".join(x for x in (row.note, said) if x)
 
 
 @dataclass
@@ -278,7 +297,7 @@ def query_host(
             return HostStatus(host=host.name, reachable=False, error=f"state probe failed: {detail[0][:200]}",
                               seconds=time.monotonic() - t0)
         status = HostStatus(host=host.name, reachable=True, gpus=parse_card_names(res.stdout),
-                            states=rel.parse_state(res.stdout))
+                            states=rel.parse_state(res.stdout), supervision=watchdog.parse_status(res.stdout))
         if metrics and settings:
             for svc in settings.services:
                 st = status.states.get(svc.name)

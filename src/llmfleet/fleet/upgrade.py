@@ -367,14 +367,23 @@ def _host_options(options: DeployOptions, change: HostChange) -> DeployOptions:
 
 
 def deploy_fn(inventory: Inventory, *, config: Settings, options: DeployOptions, changes: dict[str, HostChange],
-              log: Callable[[str], None], prepared: dict[str, PreparedHost] | None = None) -> Callable[[str], Any]:
-    """``host -> HostOutcome`` running ``llmfleet.release.deploy.deploy_host`` with this host's change."""
+              log: Callable[[str], None], prepared: dict[str, PreparedHost] | None = None,
+              bench_gate: float | None = None, bench_dir: str | None = None) -> Callable[[str], Any]:
+    """``host -> HostOutcome`` running ``llmfleet.release.deploy.deploy_host`` with this host's change.
+
+    ``bench_gate``: wrapped by ``llmfleet.fleet.bench_gate`` (a host whose new release decodes more than
+    that percentage slower than the replaced one is rolled back and counts as failed)."""
 
     def run(host: str) -> Any:
         opts = _host_options(options, changes.get(host) or HostChange({}))
         return deploy_host(inventory, host, config=config, options=opts, log=lambda line: log(f"{host}: {line}"),
                            prepared=(prepared or {}).get(host))
 
+    if bench_gate is not None and not options.check:
+        from llmfleet.fleet import bench_gate as gate_mod
+
+        return gate_mod.gated(run, inventory, pct=bench_gate, config=config, options=options, log=log,
+                              services={h: ch.services for h, ch in changes.items()}, bench_dir=bench_dir)
     return run
 
 

@@ -343,6 +343,9 @@ class Remote:
                     continue
                 except OSError:
                     return
+                # Streamed answers arrive a token per write: without this, Nagle holds each small write
+                # until the client's delayed ACK (~40 ms), and a 400 tok/s stream reads as ~25 tok/s.
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 try:
                     chan = transport.open_channel(
                         "direct-tcpip", (remote_host, remote_port), peer, timeout=10

@@ -7,6 +7,7 @@ was expected. Pure: takes resolved host variables, returns typed objects or rais
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from typing import Annotated, Any, Literal
 
@@ -108,6 +109,23 @@ class Service(_Strict):
     env: dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")], str] = Field(default_factory=dict)
     offload: bool = False
     health: HealthSettings = Field(default_factory=HealthSettings)
+    # Where the published port listens (an IP address of the host); default: the host's
+    # llmfleet_bind_address, else 0.0.0.0. See docs/services.md.
+    bind_address: str | None = None
+    # Publishing on a non-loopback address without api_key is refused unless this says true.
+    allow_unauthenticated: bool | None = None
+    # Merged into the rendered compose service (a second file, checked by `docker compose config`).
+    compose_overrides: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("bind_address")
+    @classmethod
+    def _ip(cls, v: str | None) -> str | None:
+        return _check_bind_address(v)
+
+    @field_validator("compose_overrides")
+    @classmethod
+    def _overrides(cls, v: dict[str, Any]) -> dict[str, Any]:
+        return check_compose_overrides(v)
 
     @field_validator("model_path")
     @classmethod
@@ -131,6 +149,67 @@ class Service(_Strict):
         return self.served_name or self.name
 
 
+class WatchdogSettings(_Strict):
+    """The host-side watchdog: restart a unit whose engine stopped answering /health."""
+
+    enabled: bool = True
+    interval_s: Annotated[int, Field(ge=5, le=3600)] = 30
+    failures: Annotated[int, Field(ge=1, le=100)] = 3
+    max_restarts_per_hour: Annotated[int, Field(ge=0, le=60)] = 3
+    probe_timeout_s: Annotated[int, Field(ge=1, le=120)] = 10
+
+
+def _check_bind_address(v: str | None) -> str | None:
+    if v is None:
+        return v
+    try:
+        return str(ipaddress.ip_address(v))
+    except ValueError:
+        raise ValueError(f"must be an IP address of the host (0.0.0.0, 127.0.0.1, 10.0.0.5), got {v!r}") from None
+
+
+# Keys of the compose service llmfleet owns: the image and argv (pinned, judged by the preflight), the
+# secrets file, the names and labels other steps find the container by, the published port, restart.
+COMPOSE_OWNED_KEYS = frozenset({"image", "command", "entrypoint", "env_file", "container_name", "labels",
+                                "ports", "restart", "pull_policy", "build"})
+_OVERRIDE_MAX_BYTES = 16_384
+
+
+def check_compose_overrides(v: dict[str, Any]) -> dict[str, Any]:
+    """A plain mapping of compose service keys (strings, numbers, booleans, lists, mappings) that
+    leaves llmfleet's own keys alone; small enough to read in a diff."""
+    import json
+
+    owned = sorted(set(v) & COMPOSE_OWNED_KEYS)
+    if owned:
+        raise ValueError(f"{owned[0]} is set by llmfleet; use the service's own field "
+                         "(image, engine_args, port, ...) instead of compose_overrides")
+
+    def walk(x: Any, where: str) -> None:
+        if isinstance(x, dict):
+            for k, val in x.items():
+                if not isinstance(k, str) or not re.match(r"^[A-Za-z0-9_.-]{1,128}$", k):
+                    raise ValueError(f"{where}: key {str(k)[:40]!r} is not a compose key")
+                walk(val, f"{where}.{k}")
+        elif isinstance(x, list):
+            for i, val in enumerate(x):
+                walk(val, f"{where}[{i}]")
+        elif isinstance(x, str):
+            if "\x00" in x:
+                raise ValueError(f"{where}: NUL in a value")
+        elif not (x is None or isinstance(x, bool | int | float)):
+            raise ValueError(f"{where}: {type(x).__name__} is not a YAML scalar")
+
+    walk(v, "compose_overrides")
+    try:
+        size = len(json.dumps(v))
+    except (TypeError, ValueError):
+        raise ValueError("compose_overrides must be plain data") from None
+    if size > _OVERRIDE_MAX_BYTES:
+        raise ValueError(f"compose_overrides is {size} bytes; keep it under {_OVERRIDE_MAX_BYTES}")
+    return v
+
+
 class HostSettings(_Strict):
     """All ``llmfleet_*`` variables of one host, after Ansible-style merging."""
 
@@ -146,6 +225,17 @@ class HostSettings(_Strict):
     templates_path: str | list[str] | None = None
     health_floor_fraction: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
     health_min_tokps: Annotated[float, Field(gt=0.0, le=1_000_000.0)] | None = None
+    bind_address: str | None = None
+    allow_unauthenticated: bool = False
+    # Host-side supervision of every service (docs/services.md): probe period, failed probes before a
+    # restart, restarts the watchdog may do per hour; and how long a deploy may go unconfirmed.
+    watchdog: WatchdogSettings = Field(default_factory=lambda: WatchdogSettings())
+    confirm_timeout_s: Annotated[int, Field(ge=30, le=86_400)] | None = None
+
+    @field_validator("bind_address")
+    @classmethod
+    def _ip(cls, v: str | None) -> str | None:
+        return _check_bind_address(v)
 
     @model_validator(mode="after")
     def _unique(self) -> HostSettings:

@@ -33,7 +33,7 @@ GPU_BUSY_FRACTION = 0.05
 # Every check id, in the order run_checks emits them (docs/preflight.md describes each).
 CHECK_IDS = (
     "image", "gpu", "cuda-driver", "arch", "quant", "dtype", "attention", "kv-dtype", "plan", "docker",
-    "gpu-runtime", "compose", "disk-image", "model-files", "disk-model", "port", "facts",
+    "gpu-runtime", "compose", "disk-image", "model-files", "disk-model", "port", "bind", "facts",
 )
 
 
@@ -264,6 +264,7 @@ def run_checks(
     plan_error: str | None = None,
     image_error: str | None = None,
     today: str | None = None,
+    settings: HostSettings | None = None,
 ) -> list[Check]:
     """Every preflight check for one service on one host, in a stable order (``CHECK_IDS``).
 
@@ -355,6 +356,7 @@ def run_checks(
     checks.append(_model_files_check(host_name, service, model))
     checks.append(_disk_model_check(service, facts, model, plan))
     checks.append(_port_check(service, facts))
+    checks.append(bind_check(service, settings))
     if facts.errors:
         shown = "; ".join(facts.errors[:6]) + (f"; and {len(facts.errors) - 6} more" if len(facts.errors) > 6 else "")
         checks.append(Check("facts", "warn", f"the probe reported: {shown}",
@@ -633,9 +635,35 @@ def check_host(
             image_error = str(exc).split(": image ", 1)[-1]
         plan, plan_error = plan_for(svc, facts, settings)
         checks = run_checks(host_name, svc, facts, plan, image_ref, catalog=catalog, plan_error=plan_error,
-                            image_error=image_error, today=today)
+                            image_error=image_error, today=today, settings=settings)
         reports.append(Report(host_name, svc.name, checks))
     return reports
+
+
+def bind_check(service: Service, settings: HostSettings | None) -> Check:
+    """A published port on a non-loopback address needs an API key, or the inventory's explicit
+    ``allow_unauthenticated: true``. Docker publishes ports with its own iptables rules, ahead of the
+    host's firewall (ufw, firewalld), so a host firewall does not make such a port private."""
+    import ipaddress
+
+    from llmfleet.release.render import effective_allow_unauthenticated, effective_bind_address
+
+    hs = settings or HostSettings()
+    addr = effective_bind_address(service, hs)
+    loopback = ipaddress.ip_address(addr).is_loopback
+    where = f"service {service.name} publishes port {service.port} on {addr}"
+    if loopback:
+        return Check("bind", "pass", f"{where} (loopback: reachable from the host only)")
+    if service.api_key is not None:
+        return Check("bind", "pass", f"{where}, with an API key")
+    if effective_allow_unauthenticated(service, hs):
+        return Check("bind", "warn", f"{where} without an API key (allow_unauthenticated: true): anyone who "
+                     "reaches the address can use the model; Docker's published ports bypass the host firewall",
+                     "set api_key: {from_env: VAR}, or bind_address: 127.0.0.1 behind a proxy")
+    return Check("bind", "fail", f"{where} without an API key; Docker's published ports bypass the host "
+                 "firewall, so anyone who reaches the address can use the model",
+                 f"set llmfleet_services[{service.name}].api_key: {{from_env: VAR}}, or bind_address: 127.0.0.1, "
+                 "or allow_unauthenticated: true to accept it")
 
 
 def unreachable(host_name: str, error: str, services: list[Service]) -> list[Report]:

@@ -187,13 +187,13 @@ def gguf_tensor_name(hf: str) -> str:
     return f"blk.{idx}.{_GGUF_NAMES[rest]}"
 
 
-def write_gguf(path: str | Path, seed: int = 0) -> Path:
+def write_gguf(path: str | Path, seed: int = 0, shape: Shape = GGUF_SHAPE) -> Path:
+    """``shape``: another size of the same model (a larger one makes decode slow enough to time)."""
     import gguf
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     vocab = build_vocab()
-    shape = GGUF_SHAPE
     special = vocab.special_ids
     tmp = path.with_suffix(path.suffix + ".tmp")
     w = gguf.GGUFWriter(str(tmp), "qwen2")

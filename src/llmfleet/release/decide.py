@@ -106,6 +106,11 @@ class ServiceStep:
     def switches(self) -> bool:
         return self.action in (Action.NEW, Action.SWITCH, Action.RESTART)
 
+    @property
+    def arms_revert(self) -> bool:
+        """Commit confirmed: a host-side revert is armed before every switch (a verify switches nothing)."""
+        return self.switches
+
 
 @dataclass(frozen=True)
 class DeployPlan:
@@ -318,6 +323,11 @@ class RollbackStep:
     @property
     def image_ref(self) -> str:
         return self.manifest.image_ref or ""
+
+    @property
+    def arms_revert(self) -> bool:
+        """Commit confirmed: armed unless the rollback restarts the current release (nothing to revert to)."""
+        return self.previous != self.target
 
 
 def decide_rollback(states: Mapping[str, ServiceState], services: list[str], *, host: str,

@@ -38,6 +38,7 @@ from llmfleet.knowledge.planner import PlanSummary, summarize
 from llmfleet.release import decide, store
 from llmfleet.release.decide import Action, GoBack, HostOutcome, Refusal, Result, ServiceOutcome, ServiceStep
 from llmfleet.release.executor import (
+    HOST_TIMER,
     HealthTarget,
     HostRun,
     Log,
@@ -201,7 +202,8 @@ def _preflight(run: HostRun, ready: PreparedHost, out: HostOutcome) -> list[Any]
     warns = 0
     for p in ready.services:
         plan, plan_error = preflight.plan_for(p.service, found, run.host_settings)
-        checks = preflight.run_checks(run.host, p.service, found, plan, p.image, plan_error=plan_error)
+        checks = preflight.run_checks(run.host, p.service, found, plan, p.image, plan_error=plan_error,
+                                      settings=run.host_settings)
         plans.append(plan)
         out.preflight.append({"service": p.service.name, "ok": preflight.ok(checks),
                               "checks": [c.to_dict() for c in checks]})
@@ -312,6 +314,7 @@ def _switch_and_check(run: HostRun, it: _Item) -> ServiceOutcome:
     step, paths, svc = it.step, it.paths, it.prepared.service
     rid, previous, digest = step.release_id, step.previous, it.prepared.image.digest
     switched = False
+    token: str | None = None  # commit confirmed: the host reverts unless this is confirmed
     try:
         if step.action == Action.NEW:
             it.manifest = Manifest.build(it.rendered, rid, host=run.host, who=run.who, when=run.now(),
@@ -322,6 +325,8 @@ def _switch_and_check(run: HostRun, it: _Item) -> ServiceOutcome:
                 raise RemoteError(f"upload of release {rid} failed: {short(res.stderr or res.stdout, 300)}")
             run.log(f"{svc.name}: uploaded release {rid}")
         if step.switches:
+            if step.arms_revert:
+                token = run.arm(paths, svc, rid, previous, "deploy")
             res = run.switch(paths, rid)
             switched = True
             if not store.parse_switch(res.rc, res.stdout):
@@ -333,6 +338,7 @@ def _switch_and_check(run: HostRun, it: _Item) -> ServiceOutcome:
     except KeyboardInterrupt:
         if switched:
             run.log(f"{svc.name}: interrupted; going back to {previous or 'nothing (stopping the unit)'}")
+            run.disarm(paths, token)
             back = run.go_back(paths, svc, it.prepared.api_key, previous, it.state)
             run.record(action="deploy", service=svc.name, release_id=rid, digest=digest, result=back.result,
                        detail=f"interrupted; {back.sentence()}")
@@ -347,6 +353,8 @@ def _switch_and_check(run: HostRun, it: _Item) -> ServiceOutcome:
         failure = str(exc)
     else:
         failure = report.message
+    if report is not None and report.ok and not run.confirm(paths, svc.name, token):
+        failure, report = f"healthy, but the host timer reverted it first ({HOST_TIMER})", None
     if report is not None:
         it.health = report.to_dict()
     if report is not None and report.ok:
@@ -361,6 +369,7 @@ def _switch_and_check(run: HostRun, it: _Item) -> ServiceOutcome:
             run.mark(paths, rid, report)  # recorded unhealthy: never chosen as a rollback target
         except LlmfleetError:
             pass
+    run.disarm(paths, token)
     back = run.go_back(paths, svc, it.prepared.api_key, previous, it.state)
     reason = f"{svc.name}: release {rid} failed: {failure}; engine log: {logs or '(empty)'}; {back.sentence()}"
     run.log(f"{svc.name}: FAILED: {failure}")
@@ -433,6 +442,10 @@ def run_rollback(run: HostRun, service: str | None, to: str | None, out: HostOut
                                          f"({step.image_ref}) is no longer on the host; redeploy that version instead")
         if step.previous == step.target:
             run.log(f"{step.service}: release {step.target} is already current; restarting and checking it")
+        try:
+            token = run.arm(paths, svc, step.target, step.previous, "rollback") if step.arms_revert else None
+        except RemoteError as exc:
+            raise Refusal(Result.FAILED, f"{step.service}: {exc}") from None
         res = run.switch(paths, step.target)
         if not store.parse_switch(res.rc, res.stdout):
             raise Refusal(Result.FAILED, f"{step.service}: switch to {step.target} failed: "
@@ -440,6 +453,9 @@ def run_rollback(run: HostRun, service: str | None, to: str | None, out: HostOut
         run.log(f"{step.service}: current -> {step.target}, unit restarted")
         report = run.check_health(HealthTarget(svc, keys.get(step.service), paths, step.target,
                                                step.manifest.plan_summary()), f"release {step.target}")
+        if report.ok and not run.confirm(paths, step.service, token):
+            raise Refusal(Result.FAILED, f"{step.service}: release {step.target} was healthy, but the host timer "
+                                         f"reverted it to {step.previous or 'nothing'} first ({HOST_TIMER})")
         out.health[step.service] = report.to_dict()
         if report.ok:
             run.mark(paths, step.target, report, now=False)
@@ -451,6 +467,7 @@ def run_rollback(run: HostRun, service: str | None, to: str | None, out: HostOut
                        result=Result.ROLLED_BACK, detail=f"from {step.previous}")
             continue
         logs = run.engine_log(paths)
+        run.disarm(paths, token)
         if step.previous and step.previous != step.target:
             back = run.go_back(paths, inv_services[step.service], keys.get(step.service), step.previous, st)
         else:

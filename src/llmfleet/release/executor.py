@@ -26,13 +26,14 @@ from llmfleet.host import ssh
 from llmfleet.inventory.ansible import Host
 from llmfleet.inventory.services import HostSettings, Service
 from llmfleet.knowledge.planner import PlanSummary
-from llmfleet.release import audit, decide, health, store
+from llmfleet.release import audit, confirm, decide, health, store, watchdog
 from llmfleet.release.decide import GoBack, HostOutcome, Refusal, Result
 from llmfleet.release.manifest import Manifest
 from llmfleet.release.store import Paths
 from llmfleet.settings import Settings
 
 LOG_LINES = 200
+HOST_TIMER = "confirm_timeout_s too short for this service's load?"
 
 Log = Callable[[str], None]
 
@@ -276,6 +277,43 @@ class HostRun:
 
     def switch(self, paths: Paths, release_id: str) -> ssh.Result:
         return self.run(store.switch_script(paths, release_id), timeout=180)
+
+    # -- commit confirmed (llmfleet.release.confirm) ----------------------------------------------
+    # Arm a host-side revert before a switch, confirm it after a passed health check (which also
+    # starts the host-side watchdog), disarm it before going back ourselves. A controller that
+    # vanishes in between leaves the host timer to revert.
+
+    def arm(self, paths: Paths, service: Service, release_id: str, previous: str | None, action: str) -> str:
+        """Arm the host's revert of the switch to ``release_id``; the token that confirms it."""
+        token = self.token()
+        timeout = confirm.timeout_s(service, self.host_settings)
+        res = self.run(confirm.arm_script(paths, release_id=release_id, previous=previous, token=token,
+                                          action=action, timeout=timeout), timeout=120)
+        armed = confirm.parse_arm(res.rc, res.stdout)
+        if not armed.armed:
+            raise RemoteError(f"{service.name}: {armed.reason}")
+        self.log(f"{service.name}: host reverts to {previous or 'nothing'} in {timeout} s unless confirmed")
+        return token
+
+    def confirm(self, paths: Paths, service: str, token: str | None) -> bool:
+        """Confirm the switch and start the watchdog; False when the host timer had already reverted."""
+        if token is None:  # nothing was armed (a verify of the current release): start its watchdog
+            self.run(watchdog.install_snippet(paths.service_dir, service), timeout=60)
+            return True
+        res = self.run(confirm.confirm_script(paths, token=token), timeout=60)
+        if confirm.parse_confirm(res.stdout):
+            return True
+        self.log(f"{service}: the confirmation came too late: the host timer reverted the switch")
+        return False
+
+    def disarm(self, paths: Paths, token: str | None) -> None:
+        """Stop the host timer before going back ourselves; if this fails the timer still reverts."""
+        if token is None:
+            return
+        try:
+            self.run(confirm.confirm_script(paths, token=token, watchdog_on=False), timeout=60)
+        except LlmfleetError:
+            pass
 
     def go_back(self, paths: Paths, service: Service, api_key: str | None, previous: str | None,
                 state: store.ServiceState | None) -> GoBack:

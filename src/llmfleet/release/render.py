@@ -40,6 +40,10 @@ PACKAGE_TEMPLATES = resources.files("llmfleet.release") / "templates"
 DOCKER = "/usr/bin/docker"
 UNIT_DIR = "/etc/systemd/system"
 COMPOSE_FILE = "compose.yml"
+COMPOSE_OVERRIDE_FILE = "compose.override.yml"
+LOG_MAX_SIZE = "20m"
+LOG_MAX_FILE = 5
+DEFAULT_BIND_ADDRESS = "0.0.0.0"
 ENV_FILE = "service.env"
 MANIFEST_FILE = "manifest.json"
 SECRET_MASK = "********"
@@ -75,6 +79,7 @@ class Role:
     loading_signal: str
     flags: tuple[Flag, ...]
     template: str
+    container: dict[str, Any] = field(default_factory=dict)
 
     def flag(self, name: str) -> Flag | None:
         for f in self.flags:
@@ -140,6 +145,7 @@ def _load_role(engine: str, dirs: tuple[str, ...]) -> Role:
         loading_signal=str(d.get("loading_signal", "refused")),
         flags=tuple(Flag(tuple(f["names"]), bool(f["value"]), f.get("doc", "")) for f in d.get("flags", [])),
         template=template,
+        container=dict(d.get("container") or {}),
     )
 
 
@@ -349,6 +355,75 @@ def mask_env(text: str) -> str:
     return "".join(out)
 
 
+def effective_bind_address(service: Service, settings: HostSettings) -> str:
+    """The service's ``bind_address``, else the host's ``llmfleet_bind_address``, else 0.0.0.0."""
+    return service.bind_address or settings.bind_address or DEFAULT_BIND_ADDRESS
+
+
+def effective_allow_unauthenticated(service: Service, settings: HostSettings) -> bool:
+    if service.allow_unauthenticated is not None:
+        return service.allow_unauthenticated
+    return bool(settings.allow_unauthenticated)
+
+
+def gpu_count(service: Service) -> int | None:
+    """GPUs the service asks for; None for ``all`` (unknown until the host is asked)."""
+    return None if service.gpus == "all" else len(service.gpus)
+
+
+def container_settings(role: Role, service: Service) -> dict[str, Any]:
+    """The container around the engine, from the role's ``container:`` section and the service:
+    the engine's own port, the healthcheck (its start period is the service's load budget), the
+    user, ulimits, the compile-cache volume, and shared memory (a private /dev/shm for one GPU,
+    the host's IPC namespace for several)."""
+    c = role.container
+    port = int(c.get("port") or service.port)
+    hc = c.get("healthcheck")
+    healthcheck = None
+    if hc:
+        healthcheck = {
+            "test": [str(a) for a in hc["test"]],
+            "interval": str(hc.get("interval", "30s")),
+            "timeout": str(hc.get("timeout", "10s")),
+            "retries": int(hc.get("retries", 3)),
+            "start_period": f"{service.health.load_timeout_s}s",
+        }
+    cache = c.get("cache") or None
+    ipc, shm = role.ipc, role.shm_size
+    if ipc == "host" and gpu_count(service) == 1 and c.get("single_gpu_shm_size"):
+        ipc, shm = None, str(c["single_gpu_shm_size"])
+    return {
+        "port": port,
+        "healthcheck": healthcheck,
+        "user": c.get("user") or None,
+        "ulimits": {str(k): int(v) for k, v in (c.get("ulimits") or {}).items()},
+        "cache_volume": f"{project_name(service)}-cache" if cache else None,
+        "cache_target": cache["target"] if cache else None,
+        "environment": {str(k): str(v) for k, v in ((cache or {}).get("environment") or {}).items()},
+        "ipc": ipc,
+        "shm_size": shm,
+    }
+
+
+def _escape_dollars(x: Any) -> Any:
+    if isinstance(x, str):
+        return x.replace("$", "$$")
+    if isinstance(x, dict):
+        return {k: _escape_dollars(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_escape_dollars(v) for v in x]
+    return x
+
+
+def compose_override_text(service: Service) -> str:
+    """``compose_overrides`` as a second compose file, merged by compose (``-f compose.yml -f
+    compose.override.yml``) and checked by ``docker compose config`` on the host before the switch."""
+    body = yaml.safe_dump({"services": {"engine": _escape_dollars(service.compose_overrides)}},
+                          sort_keys=True, default_flow_style=False, allow_unicode=False)
+    return (f"# compose_overrides of service {service.name} from the inventory, merged over {COMPOSE_FILE}.\n"
+            "# Dollar signs are doubled: compose interpolates nothing.\n" + body)
+
+
 def service_dir(settings: HostSettings, service: Service) -> str:
     return f"{settings.root.rstrip('/')}/services/{service.name}"
 
@@ -382,7 +457,7 @@ def render(
     plan: Any = None,
     *,
     api_key: str | None = None,
-    bind_address: str = "0.0.0.0",
+    bind_address: str | None = None,
     roles_dir: Dirs = None,
     templates_dir: Dirs = None,
 ) -> Rendered:
@@ -395,7 +470,8 @@ def render(
         )
 
     merged = merge_engine_args(plan_engine_args(plan), list(service.engine_args), role)
-    fill = {"model": role.model_target, "port": str(service.port), "served_name": service.public_name}
+    box = container_settings(role, service)
+    fill = {"model": role.model_target, "port": str(box["port"]), "served_name": service.public_name}
     base: list[str] = []
     for group in role.base_args:
         base.extend(tok.format(**fill) for tok in group)
@@ -416,14 +492,22 @@ def render(
         "image": image.pull_ref,
         "entrypoint": None,
         "args": args,
-        "environment": dict(sorted(service.env.items())),
+        "environment": dict(sorted((box["environment"] | dict(service.env)).items())),
         "port": service.port,
-        "bind_address": bind_address,
+        "container_port": box["port"],
+        "bind_address": bind_address or effective_bind_address(service, settings),
         "model_path": service.model_path,
         "model_target": role.model_target,
-        "ipc": role.ipc,
-        "shm_size": role.shm_size,
+        "ipc": box["ipc"],
+        "shm_size": box["shm_size"],
         "gpu_request": gpu_request,
+        "healthcheck": box["healthcheck"],
+        "log_max_size": LOG_MAX_SIZE,
+        "log_max_file": LOG_MAX_FILE,
+        "user": box["user"],
+        "ulimits": box["ulimits"],
+        "cache_volume": box["cache_volume"],
+        "cache_target": box["cache_target"],
     }
     compose_text = _template(role.template).render(**ctx)
 
@@ -433,6 +517,7 @@ def render(
         unit_path=f"{UNIT_DIR}/{unit_name(service)}",
         service_dir=sdir,
         project=project_name(service),
+        compose_files=[COMPOSE_FILE] + ([COMPOSE_OVERRIDE_FILE] if service.compose_overrides else []),
         docker=DOCKER,
         start_interval=max(600, 2 * service.health.load_timeout_s),
         start_burst=5,
@@ -445,6 +530,13 @@ def render(
     unit_file = unit_name(service)
     files = {COMPOSE_FILE: compose_text, unit_file: unit_text, ENV_FILE: env_text}
     modes = {COMPOSE_FILE: 0o644, unit_file: 0o644, ENV_FILE: 0o600}
+    if service.compose_overrides:
+        files[COMPOSE_OVERRIDE_FILE] = compose_override_text(service)
+        modes[COMPOSE_OVERRIDE_FILE] = 0o644
+    from llmfleet.release import watchdog
+
+    for name, (text, mode) in watchdog.release_files(service, settings).items():
+        files[name], modes[name] = text, mode
     # The hash covers the image too (it is in compose) and the secret (so a rotated key is a change);
     # only the hash, never the value, leaves this function.
     return Rendered(

@@ -704,3 +704,53 @@ def service_logs_script(paths: Paths, lines: int, *, follow: bool = False, secon
         f"  exec {bound}{DOCKER} logs -f --tail {n} {container} 2>&1",
         "fi",
     ])
+
+
+# ---------------------------------------------------------------------------------------------
+# Benchmark results kept with a release (``invoke bench``)
+
+BENCH_FILE = "bench.json"
+
+
+def bench_write_script(paths: Paths, release_id: str, doc: dict[str, Any]) -> str:
+    """Write ``releases/<id>/bench.json`` (one line of JSON; the latest bench of that release)."""
+    text = json.dumps(doc, sort_keys=True, separators=(",", ":"))
+    target = paths.release(release_id) + "/" + BENCH_FILE
+    return "\n".join([
+        f"test -d {q(paths.release(release_id))} || {{ echo '@@norelease'; exit 3; }}",
+        f"printf '%s\\n' {q(text)} > {q(target + '.tmp')} && mv -f {q(target + '.tmp')} {q(target)}"
+        " && echo '@@benchsaved'",
+    ])
+
+
+def bench_read_script(paths: Paths, release_ids: list[str] | None = None) -> str:
+    """Print ``@@bench <id> <json>`` for each release (all kept releases when none are named)."""
+    if release_ids is None:
+        loop = f"for d in {q(paths.releases)}/*/; do"
+    else:
+        loop = "for d in " + " ".join(q(paths.release(r) + "/") for r in release_ids) + "; do"
+    return "\n".join([
+        loop,
+        '  [ -f "$d/bench.json" ] || continue',
+        '  echo "@@bench $(basename "$d") $(head -c 2000000 "$d/bench.json" | tr -d "\\n")"',
+        "done",
+        "echo '@@end'",
+    ])
+
+
+def parse_bench_write(stdout: str) -> bool:
+    """True when ``bench_write_script`` kept the result (False: the release is gone, or the write failed)."""
+    return "@@benchsaved" in stdout.splitlines()
+
+
+def parse_bench(stdout: str) -> dict[str, dict[str, Any]]:
+    """``bench_read_script`` output -> {release id: document}; unreadable lines are skipped."""
+    out: dict[str, dict[str, Any]] = {}
+    for line in stdout.splitlines():
+        if not line.startswith("@@bench "):
+            continue
+        rid, _, text = line[8:].partition(" ")
+        doc = _loads(text)
+        if RELEASE_ID_RE.match(rid) and doc is not None:
+            out[rid] = doc
+    return out

@@ -1,0 +1,249 @@
+"""Host-side supervision of one service: a systemd timer that probes the engine's /health and
+restarts the unit after N failed probes in a row, bounded per hour, with an audit line on the host.
+
+Pure: builds the files a release ships (``watchdog.sh`` and the timer's two units), the install /
+uninstall snippets the confirm step and the host-timer revert run, and the status read-back script
+with its parser. Values are baked into the script as single-quoted shell words (``shlex.quote``);
+service names and the llmfleet root are already restricted by the inventory schema.
+
+The script does nothing while a switch awaits its confirmation (the revert timer owns the unit then),
+while the unit is not active (stopped, or failed after systemd's start limit), or while the engine is
+younger than its load budget (a deploy's restart, or its own). It does not wait for the deploy lock:
+a lock left by a vanished controller would otherwise turn the watchdog off until someone breaks it,
+and a deploy in progress only restarts engines, which makes them young. The probe goes
+from the host to the published port (curl), so it works for images without a shell or curl; where
+the host has no curl it reads Docker's healthcheck status instead.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass
+from typing import Any
+
+from llmfleet.inventory.services import HostSettings, Service
+
+SCRIPT = "watchdog.sh"
+STATE = "watchdog.state"  # <service dir>/watchdog.state.{fails,restarts,last,gaveup}
+MARK = "@@watchdog"
+
+
+def _q(value: object) -> str:
+    return shlex.quote(str(value))
+
+
+def timer_name(service: str) -> str:
+    return f"llmfleet-{service}-watchdog"
+
+
+def service_dir(root: str, service: str) -> str:
+    return f"{root.rstrip('/')}/services/{service}"
+
+
+def probe_address(bind_address: str) -> str:
+    """Where the host reaches the published port: loopback for a wildcard bind, else that address."""
+    if bind_address in {"0.0.0.0", "::"}:
+        return "127.0.0.1"
+    return f"[{bind_address}]" if ":" in bind_address else bind_address
+
+
+def script_text(service: Service, settings: HostSettings, *, bind_address: str) -> str:
+    wd = settings.watchdog
+    sdir = service_dir(settings.root, service.name)
+    url = f"http://{probe_address(bind_address)}:{service.port}/health"
+    return f"""#!/bin/sh
+# llmfleet watchdog for service {service.name}: run by {timer_name(service.name)}.timer every {wd.interval_s} s.
+# Restarts the unit after {wd.failures} failed /health probes in a row, at most {wd.max_restarts_per_hour} times an
+# hour (then it only records that it gave up); appends each action to the host's audit log.
+set -u
+SERVICE={_q(service.name)}
+UNIT={_q(f"llmfleet-{service.name}.service")}
+CONTAINER={_q(f"llmfleet-{service.name}")}
+SERVICE_DIR={_q(sdir)}
+AUDIT={_q(settings.root.rstrip('/') + '/audit.jsonl')}
+URL={_q(url)}
+FAILURES={int(wd.failures)}
+MAX_PER_HOUR={int(wd.max_restarts_per_hour)}
+GRACE={int(service.health.load_timeout_s)}
+PROBE_TIMEOUT={int(wd.probe_timeout_s)}
+STATE="$SERVICE_DIR/{STATE}"
+
+audit() {{  # action result detail
+  now=$(date -u +%Y-%m-%dT%H:%M:%S+00:00)
+  host=$(hostname 2>/dev/null | tr -cd 'A-Za-z0-9._-')
+  rel=$(basename "$(readlink "$SERVICE_DIR/current" 2>/dev/null)" 2>/dev/null | tr -cd 'A-Za-z0-9-')
+  line=$(printf '{{"time":"%s","who":"watchdog","host":"%s","action":"%s","service":"%s","release":"%s","image_digest":null,"result":"%s","detail":"%s"}}' \\
+    "$now" "$host" "$1" "$SERVICE" "$rel" "$2" "$3")
+  printf '%s\\n' "$line" >> "$AUDIT"
+  printf '%s\\n' "$line" > "$STATE.last"
+}}
+
+[ -e "$SERVICE_DIR/.confirm-pending" ] && exit 0
+[ "$(systemctl is-active "$UNIT" 2>/dev/null)" = active ] || exit 0
+started=$(systemctl show -p ExecMainStartTimestampMonotonic --value "$UNIT" 2>/dev/null)
+up=$(cut -d' ' -f1 /proc/uptime)
+age=$(awk -v u="$up" -v s="${{started:-0}}" 'BEGIN {{ printf "%d", u - s / 1000000 }}')
+[ "$age" -ge "$GRACE" ] || exit 0
+
+if command -v curl >/dev/null 2>&1; then
+  curl -fsS -o /dev/null --max-time "$PROBE_TIMEOUT" "$URL" 2>/dev/null && ok=1 || ok=0
+else
+  [ "$(docker inspect --format '{{{{.State.Health.Status}}}}' "$CONTAINER" 2>/dev/null)" = unhealthy ] && ok=0 || ok=1
+fi
+if [ "$ok" = 1 ]; then
+  echo 0 > "$STATE.fails"
+  rm -f "$STATE.gaveup"
+  exit 0
+fi
+n=$(( $(cat "$STATE.fails" 2>/dev/null || echo 0) + 1 ))
+echo "$n" > "$STATE.fails"
+[ "$n" -ge "$FAILURES" ] || exit 0
+
+now=$(date +%s)
+recent=$(awk -v now="$now" '$1 > now - 3600' "$STATE.restarts" 2>/dev/null | wc -l)
+if [ "$recent" -ge "$MAX_PER_HOUR" ]; then
+  [ -e "$STATE.gaveup" ] || audit watchdog-restart gave-up "$n failed probes of $URL; $recent restarts in the last hour: restart limit reached"
+  touch "$STATE.gaveup"
+  exit 0
+fi
+echo "$now" >> "$STATE.restarts"
+echo 0 > "$STATE.fails"
+systemctl reset-failed "$UNIT" >/dev/null 2>&1 || true
+if systemctl restart "$UNIT"; then
+  audit watchdog-restart restarted "$n failed probes of $URL"
+else
+  audit watchdog-restart failed "$n failed probes of $URL; systemctl restart failed"
+fi
+"""
+
+
+def service_unit_text(service: Service, settings: HostSettings) -> str:
+    sdir = service_dir(settings.root, service.name)
+    return f"""# Rendered by llmfleet for service {service.name}: one watchdog probe (see {SCRIPT}).
+[Unit]
+Description=llmfleet watchdog probe for service {service.name}
+After=docker.service
+
+[Service]
+Type=oneshot
+ExecStart=/bin/sh {sdir}/current/{SCRIPT}
+TimeoutStartSec=300
+"""
+
+
+def timer_unit_text(service: Service, settings: HostSettings) -> str:
+    every = int(settings.watchdog.interval_s)
+    return f"""# Rendered by llmfleet for service {service.name}: installed after a confirmed deploy.
+[Unit]
+Description=llmfleet watchdog timer for service {service.name}
+
+[Timer]
+OnActiveSec={every}
+OnUnitActiveSec={every}
+AccuracySec=1s
+
+[Install]
+WantedBy=timers.target
+"""
+
+
+def release_files(service: Service, settings: HostSettings) -> dict[str, tuple[str, int]]:
+    """The files a release ships for its watchdog (none when the host turned it off)."""
+    if not settings.watchdog.enabled:
+        return {}
+    from llmfleet.release.render import effective_bind_address
+
+    name = timer_name(service.name)
+    return {
+        SCRIPT: (script_text(service, settings, bind_address=effective_bind_address(service, settings)), 0o755),
+        f"{name}.service": (service_unit_text(service, settings), 0o644),
+        f"{name}.timer": (timer_unit_text(service, settings), 0o644),
+    }
+
+
+def install_snippet(service_dir_: str, service: str, unit_dir: str = "/etc/systemd/system") -> str:
+    """Install and start the watchdog of the release ``current`` points at, with fresh counters; stop
+    it when that release ships none (an older release). Runs after a confirmation and a revert."""
+    name = timer_name(service)
+    cur = f"{service_dir_}/current"
+    state = f"{service_dir_}/{STATE}"
+    return "\n".join([
+        f"rm -f {_q(state + '.fails')} {_q(state + '.restarts')} {_q(state + '.gaveup')}",
+        f"if [ -f {_q(cur + '/' + name + '.timer')} ] && [ -f {_q(cur + '/' + SCRIPT)} ]; then",
+        f"  install -m 0644 {_q(cur + '/' + name + '.service')} {_q(unit_dir + '/' + name + '.service')}",
+        f"  install -m 0644 {_q(cur + '/' + name + '.timer')} {_q(unit_dir + '/' + name + '.timer')}",
+        "  systemctl daemon-reload >/dev/null 2>&1 || true",
+        f"  systemctl enable {_q(name + '.timer')} >/dev/null 2>&1 || true",
+        f"  systemctl restart {_q(name + '.timer')} >/dev/null 2>&1 && echo '@@watchdog-on' || echo '@@watchdog-off'",
+        "else",
+        f"  systemctl disable --now {_q(name + '.timer')} >/dev/null 2>&1 || true",
+        "  echo '@@watchdog-off'",
+        "fi",
+    ])
+
+
+# ---------------------------------------------------------------------------------------------
+# Status read-back
+
+
+def status_script(root: str) -> str:
+    """Per service: watchdog restarts since the deploy, systemd's own restarts, the timer's state and
+    the last watchdog action (one line of JSON)."""
+    base = f"{root.rstrip('/')}/services"
+    return "\n".join([
+        f"for s in {_q(base)}/*/; do",
+        '  [ -d "$s" ] || continue',
+        '  name=$(basename "$s")',
+        f'  r=$(cat "${{s}}{STATE}.restarts" 2>/dev/null | wc -l)',
+        '  n=$(systemctl show -p NRestarts --value "llmfleet-$name.service" 2>/dev/null)',
+        '  t=$(systemctl is-active "llmfleet-$name-watchdog.timer" 2>/dev/null)',
+        f'  last=$(head -c 2000 "${{s}}{STATE}.last" 2>/dev/null | tr -d "\\n")',
+        f'  echo "{MARK} $name ${{r:-0}} ${{n:-0}} ${{t:-unknown}} $last"',
+        "done",
+    ])
+
+
+@dataclass(frozen=True)
+class Supervision:
+    service: str
+    watchdog_restarts: int
+    unit_restarts: int
+    timer: str
+    last: dict[str, Any] | None
+
+    @property
+    def last_action(self) -> str:
+        if not self.last:
+            return "-"
+        return f"{self.last.get('result', '?')} at {self.last.get('time', '?')}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"watchdog_restarts": self.watchdog_restarts, "unit_restarts": self.unit_restarts,
+                "watchdog_timer": self.timer, "last_watchdog_action": self.last}
+
+
+def parse_status(stdout: str) -> dict[str, Supervision]:
+    out: dict[str, Supervision] = {}
+    for line in stdout.splitlines():
+        if not line.startswith(MARK + " "):
+            continue
+        parts = line.split(" ", 5)
+        if len(parts) < 5:
+            continue
+
+        def num(x: str) -> int:
+            try:
+                return int(x.strip())
+            except ValueError:
+                return 0
+
+        last = None
+        if len(parts) == 6 and parts[5].strip():
+            try:
+                v = json.loads(parts[5])
+                last = v if isinstance(v, dict) else None
+            except ValueError:
+                last = None
+        out[parts[1]] = Supervision(parts[1], num(parts[2]), num(parts[3]), parts[4], last)
+    return out

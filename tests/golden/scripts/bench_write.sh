@@ -1,0 +1,2 @@
+test -d /opt/llmfleet/services/chat/releases/20261129T120000Z-abcdef0123 || { echo '@@norelease'; exit 3; }
+printf '%s\n' '{"levels":{"1":{"decode_tokps_p50":41.5}},"release":"20261129T120000Z-abcdef0123","who":"alice'"'"'s"}' > /opt/llmfleet/services/chat/releases/20261129T120000Z-abcdef0123/bench.json.tmp && mv -f /opt/llmfleet/services/chat/releases/20261129T120000Z-abcdef0123/bench.json.tmp /opt/llmfleet/services/chat/releases/20261129T120000Z-abcdef0123/bench.json && echo '@@benchsaved'

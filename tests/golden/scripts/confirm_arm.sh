@@ -1,0 +1,62 @@
+(
+cd /opt/llmfleet/services/chat/releases/20261129T120000Z-abcdef0123 || exit 5
+set -- -f compose.yml
+[ -f compose.override.yml ] && set -- "$@" -f compose.override.yml
+if ! out=$(docker compose -p llmfleet-chat "$@" config -q 2>&1); then
+  printf '@@compose-invalid %s\n' "$(printf '%s' "$out" | tr '\n' ' ' | head -c 600)"
+  exit 5
+fi
+echo '@@compose-valid'
+) || exit 5
+cd /opt/llmfleet/services/chat || exit 5
+systemctl stop llmfleet-chat-revert.timer >/dev/null 2>&1 || true
+systemctl reset-failed llmfleet-chat-revert.service llmfleet-chat-revert.timer >/dev/null 2>&1 || true
+rm -f .confirm-taken
+umask 077 && printf '%s' '#!/bin/sh
+# Armed by llmfleet before the deploy of service chat to release 20261129T120000Z-abcdef0123.
+# Run by llmfleet-chat-revert.timer after 900 s unless the controller confirmed first.
+set -u
+cd /opt/llmfleet/services/chat || exit 1
+mv .confirm-pending .confirm-taken 2>/dev/null || exit 0
+if [ "$(cat .confirm-taken)" != 0123abcd0123abcd0123abcd0123abcd ]; then rm -f .confirm-taken; exit 0; fi
+(
+set -e
+cd /opt/llmfleet/services/chat
+test -f releases/20261129T110000Z-0123456789/compose.yml
+ln -sfn releases/20261129T110000Z-0123456789 .current.tmp
+mv -T .current.tmp current
+install -m 0644 releases/20261129T110000Z-0123456789/llmfleet-chat.service /etc/systemd/system/llmfleet-chat.service
+systemctl daemon-reload
+systemctl reset-failed llmfleet-chat.service >/dev/null 2>&1 || true
+systemctl enable llmfleet-chat.service >/dev/null 2>&1 || true
+systemctl restart llmfleet-chat.service
+echo '"'"'@@switched'"'"'
+) >/dev/null 2>&1
+rc=$?
+if [ "$rc" = 0 ]; then result=reverted; detail='"'"'reverted by host timer: release 20261129T120000Z-abcdef0123 was not confirmed within 900 s; back on 20261129T110000Z-0123456789'"'"'; else result=failed; detail='"'"'host timer revert FAILED: release 20261129T120000Z-abcdef0123 was not confirmed within 900 s'"'"'; fi
+(
+rm -f /opt/llmfleet/services/chat/watchdog.state.fails /opt/llmfleet/services/chat/watchdog.state.restarts /opt/llmfleet/services/chat/watchdog.state.gaveup
+if [ -f /opt/llmfleet/services/chat/current/llmfleet-chat-watchdog.timer ] && [ -f /opt/llmfleet/services/chat/current/watchdog.sh ]; then
+  install -m 0644 /opt/llmfleet/services/chat/current/llmfleet-chat-watchdog.service /etc/systemd/system/llmfleet-chat-watchdog.service
+  install -m 0644 /opt/llmfleet/services/chat/current/llmfleet-chat-watchdog.timer /etc/systemd/system/llmfleet-chat-watchdog.timer
+  systemctl daemon-reload >/dev/null 2>&1 || true
+  systemctl enable llmfleet-chat-watchdog.timer >/dev/null 2>&1 || true
+  systemctl restart llmfleet-chat-watchdog.timer >/dev/null 2>&1 && echo '"'"'@@watchdog-on'"'"' || echo '"'"'@@watchdog-off'"'"'
+else
+  systemctl disable --now llmfleet-chat-watchdog.timer >/dev/null 2>&1 || true
+  echo '"'"'@@watchdog-off'"'"'
+fi
+) >/dev/null 2>&1
+now=$(date -u +%Y-%m-%dT%H:%M:%S+00:00)
+host=$(hostname 2>/dev/null | tr -cd '"'"'A-Za-z0-9._-'"'"')
+printf '"'"'{"time":"%s","who":"host timer","host":"%s","action":"%s","service":"%s","release":"%s","image_digest":null,"result":"%s","detail":"%s"}\n'"'"' \
+  "$now" "$host" deploy chat 20261129T110000Z-0123456789 "$result" "$detail" >> /opt/llmfleet/audit.jsonl
+rm -f .confirm-taken .revert.sh
+' > .revert.sh.tmp && mv -f .revert.sh.tmp .revert.sh || { echo '@@arm-failed cannot write .revert.sh'; exit 5; }
+printf '%s' 0123abcd0123abcd0123abcd0123abcd > .confirm-pending.tmp && mv -f .confirm-pending.tmp .confirm-pending
+if ! out=$(systemd-run --unit=llmfleet-chat-revert --on-active=900 --timer-property=AccuracySec=1s --description='llmfleet revert of chat unless confirmed' /bin/sh /opt/llmfleet/services/chat/.revert.sh 2>&1); then
+  rm -f .confirm-pending
+  printf '@@arm-failed systemd-run: %s\n' "$(printf '%s' "$out" | tr '\n' ' ' | head -c 300)"
+  exit 5
+fi
+echo '@@armed 900'

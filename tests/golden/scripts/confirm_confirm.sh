@@ -1,0 +1,21 @@
+cd /opt/llmfleet/services/chat || exit 1
+if [ "$(cat .confirm-pending 2>/dev/null)" = 0123abcd0123abcd0123abcd0123abcd ] && mv .confirm-pending .confirm-taken.ok 2>/dev/null; then
+  systemctl stop llmfleet-chat-revert.timer >/dev/null 2>&1 || true
+  rm -f .confirm-taken.ok .revert.sh
+  echo '@@confirmed'
+  (
+rm -f /opt/llmfleet/services/chat/watchdog.state.fails /opt/llmfleet/services/chat/watchdog.state.restarts /opt/llmfleet/services/chat/watchdog.state.gaveup
+if [ -f /opt/llmfleet/services/chat/current/llmfleet-chat-watchdog.timer ] && [ -f /opt/llmfleet/services/chat/current/watchdog.sh ]; then
+  install -m 0644 /opt/llmfleet/services/chat/current/llmfleet-chat-watchdog.service /etc/systemd/system/llmfleet-chat-watchdog.service
+  install -m 0644 /opt/llmfleet/services/chat/current/llmfleet-chat-watchdog.timer /etc/systemd/system/llmfleet-chat-watchdog.timer
+  systemctl daemon-reload >/dev/null 2>&1 || true
+  systemctl enable llmfleet-chat-watchdog.timer >/dev/null 2>&1 || true
+  systemctl restart llmfleet-chat-watchdog.timer >/dev/null 2>&1 && echo '@@watchdog-on' || echo '@@watchdog-off'
+else
+  systemctl disable --now llmfleet-chat-watchdog.timer >/dev/null 2>&1 || true
+  echo '@@watchdog-off'
+fi
+  )
+else
+  echo '@@too-late'
+fi

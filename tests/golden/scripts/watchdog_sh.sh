@@ -1,0 +1,63 @@
+#!/bin/sh
+# llmfleet watchdog for service chat: run by llmfleet-chat-watchdog.timer every 30 s.
+# Restarts the unit after 3 failed /health probes in a row, at most 3 times an
+# hour (then it only records that it gave up); appends each action to the host's audit log.
+set -u
+SERVICE=chat
+UNIT=llmfleet-chat.service
+CONTAINER=llmfleet-chat
+SERVICE_DIR=/opt/llmfleet/services/chat
+AUDIT=/opt/llmfleet/audit.jsonl
+URL=http://127.0.0.1:8080/health
+FAILURES=3
+MAX_PER_HOUR=3
+GRACE=900
+PROBE_TIMEOUT=10
+STATE="$SERVICE_DIR/watchdog.state"
+
+audit() {  # action result detail
+  now=$(date -u +%Y-%m-%dT%H:%M:%S+00:00)
+  host=$(hostname 2>/dev/null | tr -cd 'A-Za-z0-9._-')
+  rel=$(basename "$(readlink "$SERVICE_DIR/current" 2>/dev/null)" 2>/dev/null | tr -cd 'A-Za-z0-9-')
+  line=$(printf '{"time":"%s","who":"watchdog","host":"%s","action":"%s","service":"%s","release":"%s","image_digest":null,"result":"%s","detail":"%s"}' \
+    "$now" "$host" "$1" "$SERVICE" "$rel" "$2" "$3")
+  printf '%s\n' "$line" >> "$AUDIT"
+  printf '%s\n' "$line" > "$STATE.last"
+}
+
+[ -e "$SERVICE_DIR/.confirm-pending" ] && exit 0
+[ "$(systemctl is-active "$UNIT" 2>/dev/null)" = active ] || exit 0
+started=$(systemctl show -p ExecMainStartTimestampMonotonic --value "$UNIT" 2>/dev/null)
+up=$(cut -d' ' -f1 /proc/uptime)
+age=$(awk -v u="$up" -v s="${started:-0}" 'BEGIN { printf "%d", u - s / 1000000 }')
+[ "$age" -ge "$GRACE" ] || exit 0
+
+if command -v curl >/dev/null 2>&1; then
+  curl -fsS -o /dev/null --max-time "$PROBE_TIMEOUT" "$URL" 2>/dev/null && ok=1 || ok=0
+else
+  [ "$(docker inspect --format '{{.State.Health.Status}}' "$CONTAINER" 2>/dev/null)" = unhealthy ] && ok=0 || ok=1
+fi
+if [ "$ok" = 1 ]; then
+  echo 0 > "$STATE.fails"
+  rm -f "$STATE.gaveup"
+  exit 0
+fi
+n=$(( $(cat "$STATE.fails" 2>/dev/null || echo 0) + 1 ))
+echo "$n" > "$STATE.fails"
+[ "$n" -ge "$FAILURES" ] || exit 0
+
+now=$(date +%s)
+recent=$(awk -v now="$now" '$1 > now - 3600' "$STATE.restarts" 2>/dev/null | wc -l)
+if [ "$recent" -ge "$MAX_PER_HOUR" ]; then
+  [ -e "$STATE.gaveup" ] || audit watchdog-restart gave-up "$n failed probes of $URL; $recent restarts in the last hour: restart limit reached"
+  touch "$STATE.gaveup"
+  exit 0
+fi
+echo "$now" >> "$STATE.restarts"
+echo 0 > "$STATE.fails"
+systemctl reset-failed "$UNIT" >/dev/null 2>&1 || true
+if systemctl restart "$UNIT"; then
+  audit watchdog-restart restarted "$n failed probes of $URL"
+else
+  audit watchdog-restart failed "$n failed probes of $URL; systemctl restart failed"
+fi
