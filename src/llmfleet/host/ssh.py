@@ -21,7 +21,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ from fabric import Config, Connection
 from llmfleet.errors import RemoteError
 from llmfleet.host import trace
 from llmfleet.inventory.ansible import Host
+from llmfleet.inventory.connection import ConnectionSettings, connection_settings
 from llmfleet.settings import Settings, SshSettings
 
 EOF_GRACE_S = 2.0  # how long to wait for the end of the output after the exit status
@@ -60,32 +61,16 @@ class Result:
 
 
 @dataclass(frozen=True)
-class Target:
-    """Where and how to log in, resolved from inventory variables (pure)."""
+class Target(ConnectionSettings):
+    """Where and how to log in: the host's resolved connection settings (pure), with its inventory name."""
 
-    name: str
-    address: str
-    port: int | None
-    user: str | None
-    key_file: str | None
-    become: bool
-    become_user: str
-
-    timeout: int | None = None
-    ssh_options: dict[str, list[str]] = field(default_factory=dict)
-    config_file: str | None = None
+    name: str = ""
 
     @classmethod
     def from_host(cls, host: Host, default_user: str | None = None) -> Target:
         """From the host's ``ansible_*`` variables, ``{{ }}`` resolved (llmfleet.inventory.connection)."""
-        from llmfleet.inventory.connection import connection_settings
-
         cs = connection_settings(host, default_user=default_user)
-        return cls(
-            name=host.name, address=cs.address, port=cs.port, user=cs.user, key_file=cs.key_file,
-            become=cs.become, become_user=cs.become_user, timeout=cs.timeout, ssh_options=cs.ssh_options,
-            config_file=cs.config_file,
-        )
+        return cls(name=host.name, **{f.name: getattr(cs, f.name) for f in fields(cs)})
 
 
 def fingerprint(key: paramiko.PKey) -> str:

@@ -159,7 +159,7 @@ def service_op(host: Any, settings: Any, action: str, services: Sequence[str] | 
                     detail = f"unit {state}" + ("" if res.ok else f": {(res.stderr or res.stdout).strip()[-300:]}")
                     svc = next((x for x in settings.services if x.name == name), None)
                     if result == "started" and svc is not None:
-                        healthy, why = _health(remote, settings, svc, paths, states[name], log)
+                        healthy, why = _health(remote, settings, svc, paths, states[name], log, config)
                         out.health[name] = why
                         if healthy is False:
                             result, detail = "failed", f"unit {state} but the engine is not healthy: {why}"
@@ -202,11 +202,11 @@ def service_op(host: Any, settings: Any, action: str, services: Sequence[str] | 
 
 
 def _health(remote: Any, settings: Any, svc: Any, paths: Paths, state: store.ServiceState,
-            log: Log) -> tuple[bool | None, str]:
-    """The deploy's staged health check of the current release after a start: (healthy, why); healthy is
-    None when it could not be judged here (the API key is not readable on this machine)."""
-    from llmfleet.release import health as health_mod
-    from llmfleet.release.executor import service_for_release
+            log: Log, config: Settings | dict[str, Any]) -> tuple[bool | None, str]:
+    """The deploy's staged health check (``executor.http_health``) of the current release after a start:
+    (healthy, why); healthy is None when it could not be judged here (the API key is not readable on
+    this machine)."""
+    from llmfleet.release.executor import HealthTarget, HostRun, http_health, service_for_release
     from llmfleet.release.secret import resolve_secret
 
     info = state.current_release
@@ -216,18 +216,9 @@ def _health(remote: Any, settings: Any, svc: Any, paths: Paths, state: store.Ser
         key = resolve_secret(svc.api_key, f"host {remote.name}: service {svc.name}")
     except UsageError as exc:
         return None, f"health not checked: {exc}"
-    plan = manifest.plan_summary() if manifest else None
-
-    def probe() -> Any:
-        return store.parse_unit_probe(remote.run(store.unit_probe_script(paths), sudo=True, timeout=30).stdout)
-
-    with remote.forward(svc.port) as local_port:
-        report = health_mod.HealthChecker(
-            probe=probe, base_url=f"http://127.0.0.1:{local_port}", served_name=svc.public_name, api_key=key,
-            load_timeout_s=svc.health.load_timeout_s, stage_timeout_s=svc.health.stage_timeout_s,
-            max_tokens=svc.health.max_tokens, floor=health_mod.decode_floor(svc, settings, plan),
-            realistic=health_mod.realistic_tokps(plan), progress=lambda line: log(f"{svc.name}:{line}"),
-        ).run()
+    run = HostRun(remote.name, settings, remote, settings=Settings.of(config), log=log)
+    target = HealthTarget(svc, key, paths, info.id if info else "", manifest.plan_summary() if manifest else None)
+    report = http_health(run, target)
     return report.ok, report.message
 
 
