@@ -677,8 +677,8 @@ def service_remove_script(paths: Paths, image_refs: list[str]) -> str:
         f"systemctl reset-failed {unit} >/dev/null 2>&1 || true",
         f"rm -rf -- {sdir}",
     ]
-    for ref in image_refs:
-        lines.append(f"{DOCKER} image rm {q(ref)} >/dev/null 2>&1 && echo {q('@@image-removed ' + ref)} || true")
+    if image_refs:
+        lines.append(image_remove_script(image_refs))
     lines += [
         f"left=$({DOCKER} ps -aq --filter {label} 2>/dev/null)",
         f'if [ -e {sdir} ] || [ -e {q(paths.unit_path)} ] || [ -n "$left" ]; then echo \'@@left\'; exit 1; fi',
