@@ -1164,13 +1164,16 @@ def _plan(req: PlanRequest, with_suggestions: bool) -> Plan:
                 f"fits: {max_context} tokens at {k} sequences or {max_conc} sequences at {context} tokens"
             )
 
-    total_overhead = a.fixed_overhead_bytes * n + a.kv_fraction * kv_need(context, k) / grow * (n if tp else 1)
+    comm_buffers = pa.tp_overhead_bytes if tp and devices_n > 1 else 0
+    total_overhead = ((a.fixed_overhead_bytes + comm_buffers) * devices_n
+                      + a.kv_fraction * kv_need(context, k) / grow * (n if tp else 1))
     overhead_text = (
         f"{a.fixed_overhead_bytes / GIB:.2f} GiB per GPU (CUDA context {a.cuda_context_bytes / GIB:.2f}, "
         f"activations {a.activation_bytes / GIB:.2f}, CUDA graphs {a.cuda_graph_bytes / GIB:.2f} GiB)"
         + (f" + {a.kv_fraction:.0%} of the KV cache for compute buffers" if a.kv_fraction else "")
+        + (f" + {comm_buffers / GIB:.2f} GiB per GPU of communication buffers" if comm_buffers else "")
         + ": "
-        + "; ".join(a.overhead_sources)
+        + "; ".join(a.overhead_sources + (pa.tp_overhead_sources if comm_buffers else ()))
     )
 
     # Notes on the figures.
@@ -1263,8 +1266,8 @@ def _plan(req: PlanRequest, with_suggestions: bool) -> Plan:
         kv_cache_bytes=int(model_kv.per_sequence(context) * k),
         overhead_bytes=int(total_overhead),
         overhead_assumption=overhead_text,
-        memory_bytes=gpu.memory_bytes * n,
-        budget_bytes=int(budget_gpu * n),
+        memory_bytes=gpu.memory_bytes * devices_n,
+        budget_bytes=int(budget_gpu * devices_n),
         fits=bool(fits),
         resident=bool(resident),
         gpu_layers=gpu_layers,
@@ -1465,9 +1468,11 @@ def _suggest(req: PlanRequest, plan: Plan, r: _Resolved) -> list[dict[str, Any]]
     counts = [c for c in range(req.gpus + 1, have + 1)] if have else [c for c in (2, 4, 8) if c > req.gpus]
     split_found = False
     for n in counts:
+        # the smallest split that fits and the next one up (more room for context and sequences)
         if attempt({"gpus": n}, f"{how} over {n} x {plan.gpu_name}", f"--gpus {n}"):
+            if split_found:
+                break
             split_found = True
-            break
     if not split_found and not req.offload:
         per_host = max(req.gpus, have or req.gpus)
         cross = "pipeline parallel" if know.tensor_parallel else "llama.cpp RPC"
