@@ -1299,7 +1299,7 @@ def _plan(req: PlanRequest, with_suggestions: bool) -> Plan:
         plan.alternatives = _suggest(req, plan, r)
         split = [x for x in plan.alternatives if set(x["change"]) <= {"gpus", "hosts"}]
         others = [x for x in plan.alternatives if x not in split and "offload" not in x["change"]]
-        if split and (not plan.resident or not others):
+        if split:
             x = split[0]
             plan.notes.insert(1 if problems else 0,
                               f"fits {'only ' if not others else ''}when split: {x['flags']} ({x['why']}): "
