@@ -820,14 +820,15 @@ def parse_topology(text: str | None) -> dict[tuple[int, int], str]:
     if not text:
         return {}
     lines = [ln for ln in str(text).splitlines() if ln.strip()]
-    header = next((ln for ln in lines if re.search(r"\bGPU0\b", ln) and not ln.lstrip().startswith("GPU0")), None)
+    # The header names the columns (GPU0 GPU1 ... NICs, CPU Affinity); a row is GPUi then its links, "X" to itself.
+    header = next((ln for ln in lines if ln.split()[0] == "GPU0" and ln.split()[1:2] != ["X"]), None)
     if header is None:
         return {}
     cols = [int(c[3:]) for c in header.split() if re.fullmatch(r"GPU\d+", c)]
     links: dict[tuple[int, int], str] = {}
     for ln in lines:
         parts = ln.split()
-        if not parts or not re.fullmatch(r"GPU\d+", parts[0]):
+        if ln is header or not re.fullmatch(r"GPU\d+", parts[0]):
             continue
         i = int(parts[0][3:])
         for j, val in zip(cols, parts[1:1 + len(cols)], strict=False):
