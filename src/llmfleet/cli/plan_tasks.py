@@ -51,6 +51,20 @@ def _gpu_for(c, inventory: str | None, gpu: str | None, host: str | None):
     raise UsageError("give --gpu (catalog id, nvidia-smi name or inventory host) or --host")
 
 
+def _hosts_of(c, inventory: str | None, host: str, svc) -> int:
+    """The hosts a service spans: its head and its workers (groups expanded by the deploy side's rule)."""
+    workers = list(getattr(svc, "workers", None) or [])
+    if not workers:
+        return 1
+    from llmfleet.inventory.ansible import load_inventory
+
+    try:
+        from llmfleet.release.multihost import workers_of
+    except ImportError:  # no multi-host deploy in this build: count the names as hosts
+        return 1 + len(workers)
+    return 1 + len(workers_of(load_inventory(inventory_path(c, inventory)), host, svc))
+
+
 def _gather(c, inventory: str | None, host: str, accept_new_host_keys: bool):
     """The host's facts in one SSH round trip (its cards and the sizes of its services' model files)."""
     from llmfleet.host import facts as facts_mod
@@ -212,7 +226,7 @@ def plan_task(c, model=None, quant=None, gpu=None, host=None, gpus=None, context
                 "gpu_memory_utilization": gmu, "offload": True if offload else None, "image": image,
                 "gpus": list(range(n_gpus)) if n_gpus else None}.items() if v is not None}
             svc = svc.model_copy(update=overrides)
-            n_hosts = hosts or 1 + len(getattr(svc, "workers", None) or [])
+            n_hosts = hosts or _hosts_of(c, inventory, host, svc)
             gbps = network_gbps if network_gbps is not None else getattr(settings, "network_gbps", None)
             plans[svc.name] = plan_for_service(svc, card, n_gpus or 1, facts=facts, hosts=n_hosts,
                                                network_gbps=gbps, network_latency_us=network_latency_us)

@@ -1348,10 +1348,10 @@ def _fill_split(plan: Plan, req: PlanRequest, r: _Resolved, pa: Any, split_mode:
         ]
     elif hosts > 1:
         plan.deploy_adds = [
-            f"`--rpc HOST:PORT,...` on the head: {(hosts - 1) * n} endpoint(s), one per worker GPU, workers in the "
-            "inventory's order (the --tensor-split shares follow that order: RPC devices first)",
-            "`rpc-server` on each worker, one per GPU (or one exposing every GPU where the build does), on a "
-            "port the head can reach and nothing else can",
+            f"`--rpc HOST:PORT,...` on the head, the {hosts - 1} worker(s) in the inventory's order: the "
+            f"--tensor-split shares are {n} per worker in that order (RPC devices come first), then the head's {n}",
+            f"`rpc-server` on each worker exposing its {n} GPU(s) as RPC devices, on a port the head can reach "
+            "and nothing else can",
         ]
 
 
