@@ -223,7 +223,7 @@ def test_llama_cpp_row_split_reads_in_parallel_and_keeps_kv_on_the_main_gpu():
     assert row.decode_tokps_ceiling > 3 * layer.decode_tokps_ceiling
     assert row.max_context_tokens < layer.max_context_tokens  # the whole KV cache on one card
     assert row.per_gpu["kv_cache_bytes"] == pytest.approx(4 * layer.per_gpu["kv_cache_bytes"], rel=0.06)
-    assert _flag(row.engine_args, "--split-mode") == "row"
+    assert _flag(row.engine_args, "--split-mode") == "row" and row.layers_per_host == [80]
     assert row.comm["high_us"] > row.comm["low_us"] > 0
 
 

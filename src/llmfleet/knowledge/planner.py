@@ -1321,8 +1321,9 @@ def _fill_split(plan: Plan, req: PlanRequest, r: _Resolved, pa: Any, split_mode:
         dv = devices[binding]
         w, kv, fx = dv.weights_bytes, kv_plan * dv.kv_share, dv.fixed_bytes
         plan.layers_per_device = [d.layers for d in devices]
-        plan.layers_per_host = [sum(d.layers for d in devices if d.host == h) // (n if know.tensor_parallel else 1)
-                                for h in range(hosts)]
+        # tensor parallel ranks and row-split cards each see every layer of their host (sharded)
+        shard = n if know.tensor_parallel or split_mode == "row" else 1
+        plan.layers_per_host = [sum(d.layers for d in devices if d.host == h) // shard for h in range(hosts)]
     else:
         w, kv, fx = per_gpu_weights, kv_plan, fixed_gpu
         plan.layers_per_device = [spec.num_layers]
