@@ -126,3 +126,16 @@ def test_parse_topology():
     pcie = parse_topology(TOPO_PCIE)
     assert pcie[(0, 1)] == "PIX" and pcie[(0, 2)] == "NODE" and pcie[(2, 3)] == "SYS"
     assert parse_topology("") == parse_topology(None) == parse_topology("no matrix here") == {}
+
+
+def test_the_plan_check_of_a_split_service_plans_it_over_its_hosts():
+    from llmfleet.knowledge.preflight import _plan_check, plan_for
+
+    svc = _svc(engine="llamacpp", quant="q4_k_m", gpus=[0, 1], image="llamacpp:server-cuda-12.8")
+    facts = _facts("h", n=2, name=P40, mib=22919, cc="6.1", catalog="p40")
+    alone, err = plan_for(svc, facts)
+    split, err2 = plan_for(svc, facts, hosts=2)
+    assert err is None and err2 is None
+    assert _plan_check(svc, alone, None).status == "fail"
+    check = _plan_check(svc, split, None)
+    assert check.status == "pass" and "2 x Tesla P40 on each of 2 hosts" in check.message

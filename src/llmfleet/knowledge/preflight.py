@@ -222,9 +222,11 @@ def images_lock_path(hostvars: dict[str, Any], inventory_path: str, configured: 
 # The plan (the planner is pure; an unknown model or card is a warning, not a crash)
 
 
-def plan_for(service: Service, facts: Facts, settings: HostSettings | None = None) -> tuple[Any, str | None]:
+def plan_for(service: Service, facts: Facts, settings: HostSettings | None = None,
+             hosts: int | None = None) -> tuple[Any, str | None]:
     """(plan, error) for a service on the host's cards: the card the service gets with the least
-    memory, its memory as the host reports it, the host's card count."""
+    memory, its memory as the host reports it, the host's card count. ``hosts``: the hosts the service
+    spans (its head and workers, groups expanded); None: 1 + the names in its ``workers``, if any."""
     from llmfleet.knowledge import planner
     from llmfleet.knowledge.catalog import find_gpu
 
@@ -242,7 +244,9 @@ def plan_for(service: Service, facts: Facts, settings: HostSettings | None = Non
         return None, "no GPU seen on the host and no llmfleet_gpu in the inventory"
     try:
         # The planner takes the host's real memory.total for the cards the service uses.
-        return planner.plan_for_service(service, card, max(1, len(facts.gpus)), facts=facts if gpus else None), None
+        n_hosts = hosts if hosts is not None else 1 + len(getattr(service, "workers", None) or [])
+        return planner.plan_for_service(service, card, max(1, len(facts.gpus)), facts=facts if gpus else None,
+                                        hosts=n_hosts, network_gbps=getattr(settings, "network_gbps", None)), None
     except LlmfleetError as exc:
         return None, str(exc)
     except Exception as exc:  # the planner must not take the preflight down with it
@@ -446,8 +450,10 @@ def _plan_check(service: Service, plan: Any, plan_error: str | None) -> Check:
             parts.append(f"up to {k} sequences at the planned context")
         if tok and len(tok) == 2:
             parts.append(f"expected decode {tok[0]:.0f}-{tok[1]:.0f} tok/s")
+        hosts = getattr(plan, "hosts", 1) or 1
         return Check("plan", "pass", f"{service.model} ({getattr(plan, 'quant', service.quant)}) fits "
                      f"{getattr(plan, 'gpus', 1)} x {getattr(plan, 'gpu_name', 'the card')}"
+                     + (f" on each of {hosts} hosts" if isinstance(hosts, int) and hosts > 1 else "")
                      + (f": {', '.join(parts)}" if parts else ""))
     why = next((n for n in notes if n.startswith("REFUSED")), None) or "; ".join(notes[:2]) or \
         "the planner says it does not fit"
