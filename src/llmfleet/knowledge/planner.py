@@ -839,8 +839,7 @@ class _Device:
     fixed_bytes: float
 
 
-def _split_devices(r: _Resolved, req: PlanRequest, split_mode: str, budget_gpu: float,
-                   fixed_gpu: float) -> list[_Device]:
+def _split_devices(r: _Resolved, req: PlanRequest, split_mode: str, fixed_gpu: float) -> list[_Device]:
     """The cards of a plan split over several GPUs or hosts, each with its weights and share of the KV
     cache, by the engine's own rules (``llmfleet.knowledge.parallel``)."""
     spec, w, engine = r.spec, r.weights, r.engine
@@ -929,7 +928,7 @@ def _comm_cost(req: PlanRequest, r: _Resolved, pa: Any, split_mode: str, devices
 
 
 def _split_notes(req: PlanRequest, r: _Resolved, pa: Any, split_mode: str, devices: list[_Device], binding: int,
-                 comm: parallel.Cost, speed: DecodeSpeed) -> list[str]:
+                 comm: parallel.Cost) -> list[str]:
     """What a split plan rests on, in words: the layout per card and host, and what decode speed to expect."""
     n, hosts, spec = req.gpus, req.hosts, r.spec
     if n * hosts <= 1:
@@ -1019,7 +1018,7 @@ def _plan(req: PlanRequest, with_suggestions: bool) -> Plan:
     if devices_n > 1:
         # Each card holds its layers (or its shard) and their KV: the tightest card sets the pool.
         fixed_gpu = a.fixed_overhead_bytes + (pa.tp_overhead_bytes if tp else 0)
-        devices = _split_devices(r, req, split_mode, budget_gpu, fixed_gpu)
+        devices = _split_devices(r, req, split_mode, fixed_gpu)
         pool, binding = _pool_of(devices, budget_gpu)
         if tp:
             fixed = fixed_gpu
@@ -1224,7 +1223,7 @@ def _plan(req: PlanRequest, with_suggestions: bool) -> Plan:
     if hosts > spec.num_layers:
         fits = False
         problems.append(f"REFUSED: {hosts} hosts for {spec.num_layers} layers: every host needs at least one layer")
-    notes += _split_notes(req, r, pa, split_mode, devices, binding, comm, resident_speed)
+    notes += _split_notes(req, r, pa, split_mode, devices, binding, comm)
     if weights.source.startswith("computed") and spec.origin == "catalog" and quant.family == "hf" and quant.group_size:
         notes.append(f"{quant.name}: group size {quant.group_size} assumed (scales and zeros add {quant.group_bits / quant.group_size:.2f} bits/weight)")
 
