@@ -89,6 +89,37 @@ def test_every_card_says_how_it_is_linked():
     assert find_gpu("p40").interconnect == "pcie" and find_gpu("p40").interconnect_gbps == 15.75
 
 
+def _pa():
+    """Fixed figures, so the arithmetic is checked, not the catalog's current values."""
+    import dataclasses
+
+    return dataclasses.replace(
+        parallel_assumptions(), allreduce_us={"nvlink": (5.0, 15.0), "pcie": (15.0, 55.0)}, allreduces_per_layer=2,
+        allreduces_per_token=2, network_latency_us=(25.0, 100.0), network_efficiency=0.8, pp_step_us=(300.0, 1500.0),
+        rpc_round_trips_per_device=3, rpc_graph_bytes_per_layer=(0.0, 10000.0), layer_split_hop_us=(5.0, 30.0))
+
+
+@pytest.mark.parametrize(("cost", "low", "high"), [
+    # 162 all-reduces x (5 | 15 us + 2 x 3/4 x 16384 B / 150 GB/s = 0.164 us)
+    (lambda pa: parallel.allreduce_cost(pa, interconnect="nvlink", link_gbps=150, tp=4, layers=80, hidden=8192),
+     162 * 5.16384, 162 * 15.16384),
+    # PCIe class, 2 cards: 2 x 1/2 x 8192 B / 15.75 GB/s = 0.52 us each
+    (lambda pa: parallel.allreduce_cost(pa, interconnect="pcie", link_gbps=15.75, tp=2, layers=32, hidden=4096),
+     66 * (15 + 8192 / 15750), 66 * (55 + 8192 / 15750)),
+    (lambda pa: parallel.allreduce_cost(pa, interconnect="nvlink", link_gbps=150, tp=1, layers=80, hidden=8192), 0, 0),
+    # one stage boundary: 32768 B at 10 Gbit/s x 0.8 = 32.768 us + latency; the token back (64 B); Ray's step
+    (lambda pa: parallel.pipeline_cost(pa, hosts=2, hidden=8192, network_gbps=10),
+     25 + 32.768 + 25 + 0.064 + 300, 100 + 32.768 + 100 + 0.064 + 1500),
+    # two RPC devices: 3 round trips each (6 x 25 | 100 us) + 65536 B of activations (+ 10 KB of graph per layer)
+    (lambda pa: parallel.rpc_cost(pa, rpc_devices=2, layers_per_device=[21, 20], hidden=8192, network_gbps=10),
+     2 * (150 + 65.536), 2 * 600 + (65536 + 210000) * 8 / 8000 + (65536 + 200000) * 8 / 8000),
+    (lambda pa: parallel.layer_hops_cost(pa, 3), 15, 90),
+])
+def test_communication_cost_arithmetic(cost, low, high):
+    c = cost(_pa())
+    assert c.low_us == pytest.approx(low, rel=1e-6) and c.high_us == pytest.approx(high, rel=1e-6)
+
+
 # ------------------------------------------------------------------------------- one card: unchanged
 
 
