@@ -139,3 +139,20 @@ def test_the_plan_check_of_a_split_service_plans_it_over_its_hosts():
     assert _plan_check(svc, alone, None).status == "fail"
     check = _plan_check(svc, split, None)
     assert check.status == "pass" and "2 x Tesla P40 on each of 2 hosts" in check.message
+
+
+def test_check_host_plans_a_split_service_over_the_hosts_it_is_given():
+    from llmfleet.images import lock as images
+    from llmfleet.inventory.services import HostSettings
+    from llmfleet.knowledge.preflight import check_host
+
+    svc = _svc(engine="llamacpp", quant="q4_k_m", gpus=[0, 1], image="llamacpp:server-cuda-12.8")
+    facts = _facts("h", n=2, name=P40, mib=22919, cc="6.1", catalog="p40")
+    settings = HostSettings(services=[svc])
+
+    def plan_status(**kw):
+        report = check_host("h", settings, facts, lock=images.ImageLock(images={}), allow_unpinned=True,
+                            today="2026-01-15", **kw)[0]
+        return next(c for c in report.checks if c.id == "plan").status
+
+    assert plan_status() == "fail" and plan_status(hosts_by_service={"big": 2}) == "pass"

@@ -622,9 +622,12 @@ def check_host(
     allow_unpinned: bool = False,
     catalog: EngineCatalog | None = None,
     today: str | None = None,
+    hosts_by_service: dict[str, int] | None = None,
 ) -> list[Report]:
     """Reports for the given services of a host (default: all of them) from facts already gathered
-    (``today``, ``YYYY-MM-DD``, dates the driver branches' end of life; None: today)."""
+    (``today``, ``YYYY-MM-DD``, dates the driver branches' end of life; None: today). ``hosts_by_service``:
+    the hosts a service split over several spans (head and workers, groups expanded); the plan check
+    plans it over them (absent: ``plan_for``'s default)."""
     from llmfleet.images import lock as images
 
     chosen = settings.services if services is None else services
@@ -639,7 +642,7 @@ def check_host(
                                        allow_unpinned=allow_unpinned, where=f"host {host_name}: service {svc.name}")
         except UsageError as exc:
             image_error = str(exc).split(": image ", 1)[-1]
-        plan, plan_error = plan_for(svc, facts, settings)
+        plan, plan_error = plan_for(svc, facts, settings, hosts=(hosts_by_service or {}).get(svc.name))
         checks = run_checks(host_name, svc, facts, plan, image_ref, catalog=catalog, plan_error=plan_error,
                             image_error=image_error, today=today, settings=settings)
         reports.append(Report(host_name, svc.name, checks))
