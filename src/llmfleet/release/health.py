@@ -22,11 +22,12 @@ import json
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from llmfleet.release.store import UnitProbe
+
+if TYPE_CHECKING:  # httpx loads when a check runs: a deploy with nothing to check never needs it
+    import httpx
 
 # The default decode floor comes from the planner's speed model (``health_floor_tokps`` of the
 # plan): the fastest the card decodes with one eighth of the layers off the GPU, so any such
@@ -350,7 +351,7 @@ class HealthChecker:
 
     def run(self) -> HealthReport:
         report = HealthReport(ok=False, realistic_tokps=self.realistic)
-        stages: list[tuple[str, Callable[[HttpClient], str]]] = [
+        stages: list[tuple[str, Callable[[httpx.Client], str]]] = [
             ("unit", self._unit),
             ("container", self._container),
             ("health", self._health),
@@ -358,6 +359,8 @@ class HealthChecker:
         ]
         if self.measure_speed:
             stages.append(("completion", lambda c: self._completion(c, report)))
+        import httpx
+
         with httpx.Client(base_url=self.base_url, timeout=httpx.Timeout(10.0, connect=5.0), trust_env=False) as c:
             for name, fn in stages:
                 t0 = self.clock()
@@ -413,6 +416,8 @@ class HealthChecker:
         return self._poll(self.stage_timeout_s, step, "container running")
 
     def _health(self, c: httpx.Client) -> str:
+        import httpx
+
         last_probe = [self.clock()]
         bad = [0]
         started = self.clock()
@@ -447,6 +452,8 @@ class HealthChecker:
         return self._poll(self.load_timeout_s, step, "/health 200")
 
     def _models(self, c: httpx.Client) -> str:
+        import httpx
+
         def step() -> tuple[bool, str]:
             try:
                 r = c.get("/v1/models", headers=self._headers())
@@ -467,6 +474,8 @@ class HealthChecker:
         return self._poll(self.stage_timeout_s, step, f"/v1/models listing {self.served_name!r}")
 
     def _completion(self, c: httpx.Client, report: HealthReport) -> str:
+        import httpx
+
         body = {
             "model": self.served_name,
             "messages": [{"role": "user", "content": PROMPT}],
@@ -511,5 +520,3 @@ class HealthChecker:
             raise _StageFailed(verdict.message)
         return f"{stats.tokens} tokens, TTFT {ttft}, decode {speed}; {verdict.message}"
 
-
-HttpClient = httpx.Client
