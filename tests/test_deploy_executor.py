@@ -445,3 +445,40 @@ def test_a_rollback_the_host_timer_reverted_is_a_failure():
              confirmed(out="@@too-late")], {R2: [HEALTHY]})
     o = r.rollback()
     assert o.result == "failed" and f"reverted it to {R3} first" in o.reason
+
+
+# ---------------------------------------------------------------------------------------------
+# round trips of a whole deploy: the probe brings the release state
+
+
+def _probed(monkeypatch, st: S.ServiceState, *, cut_short: bool) -> list[bool]:
+    """The probe as one round trip whose facts carry the release state (the preflight's checks are
+    test_preflight's); returns the ``sudo`` of each probe sent."""
+    from llmfleet.host import facts as F
+
+    sent_sudo: list[bool] = []
+
+    def gather(remote, *, root, model_paths, sudo=False, **_):
+        sent_sudo.append(sudo)
+        remote.run("probe", sudo=sudo)
+        return F.Facts(host="h1", probe_version=3, releases=S.parse_state(state_text(st)), releases_read=not cut_short)
+
+    monkeypatch.setattr(D.facts_mod, "gather", gather)
+    monkeypatch.setattr(D.preflight, "plan_for", lambda *a, **k: (None, None))
+    monkeypatch.setattr(D.preflight, "run_checks", lambda *a, **k: [])
+    return sent_sudo
+
+
+@pytest.mark.parametrize("cut_short", [False, True], ids=["state-in-probe", "state-cut-short"])
+def test_a_no_change_deploy_is_the_probe_and_the_audit_line(monkeypatch, cut_short):
+    st = svc_state({R1: (NEW.content_hash, True)}, R1)
+    sudo = _probed(monkeypatch, st, cut_short=cut_short)
+    r = Run([Command("probe")] + ([state(st)] if cut_short else []))
+    ready = D.PreparedHost(None, None, HS, (D.Prepared(SVC, None, resolve(SVC.image, LOCK)),))  # type: ignore[arg-type]
+    D.run_deploy(r.run, ready, r.out, D.DeployOptions())
+    assert r.out.result == "unchanged" and r.out.releases == {"chat": R1}
+    assert sudo == [True]  # the probe reads the state as the deploy's user, as the state reader would
+    last = r.finish(out="")
+    assert audit_results(last) == [("deploy", "unchanged")]
+    # probe (with the state) + the audit line; a state the probe cut short is read once more
+    assert r.remote.round_trips == (3 if cut_short else 2)

@@ -4,10 +4,10 @@
 
 1. prepare (no SSH yet): the services with this run's overrides, their secrets, their pinned images;
    a usage error stops here (``prepare_host``, which ``fleet.upgrade`` calls too);
-2. connect with strict host keys; gather facts in one round trip and run the preflight; a FAIL stops
-   here, nothing changed;
-3. read the releases' state (``store.state_script``), render each service, and ``decide``: unchanged,
-   new release, switch to an existing one, health-check one an interrupted deploy left, restart;
+2. connect with strict host keys; gather facts and the releases' state (``store.STATE_READER``, run
+   inside the probe) in one round trip and run the preflight; a FAIL stops here, nothing changed;
+3. render each service, and ``decide``: unchanged, new release, switch to an existing one,
+   health-check one an interrupted deploy left, restart;
 4. ``check``/``diff`` stop here (diffs with secrets masked);
 5. take the host's deploy lock (a stale one left by this machine is taken over, others refuse);
 6. pull every new image by digest while the old release still serves, and verify the digest;
@@ -194,9 +194,13 @@ def deploy_host(
     return out
 
 
-def _preflight(run: HostRun, ready: PreparedHost, out: HostOutcome) -> list[Any]:
-    """Facts (one round trip) and the preflight's verdict for each service; the plans it made."""
-    found = facts_mod.gather(run.remote, root=run.root, model_paths=[p.service.model_path for p in ready.services])
+def _preflight(run: HostRun, ready: PreparedHost, out: HostOutcome) -> tuple[list[Any], facts_mod.Facts]:
+    """Facts (one round trip, as the deploy's user: the release state comes with them) and the
+    preflight's verdict for each service; the plans it made and the facts."""
+    found = facts_mod.gather(run.remote, root=run.root, model_paths=[p.service.model_path for p in ready.services],
+                             sudo=True)
+    if found.probe_version is None:  # nothing ran (sudo refused, no shell): no checks to judge
+        raise RemoteError(f"host {run.host}: the host probe did not run: {found.errors[0] if found.errors else '?'}")
     plans: list[Any] = []
     bad: list[str] = []
     warns = 0
@@ -214,15 +218,17 @@ def _preflight(run: HostRun, ready: PreparedHost, out: HostOutcome) -> list[Any]
     if bad:
         raise Refusal(Result.REFUSED, "preflight failed: " + "; ".join(bad))
     run.log(f"preflight passed ({warns} warning{'s' if warns != 1 else ''})")
-    return plans
+    return plans, found
 
 
 def run_deploy(run: HostRun, ready: PreparedHost, out: HostOutcome, options: DeployOptions,
                plans: list[Any] | None = None) -> None:
     """The deploy after connecting. ``plans`` (one per service) skips the facts and preflight."""
+    found = None
     if plans is None:
-        plans = _preflight(run, ready, out)
-    states = run.read_state()
+        plans, found = _preflight(run, ready, out)
+    # the probe read the release state in its round trip; a separate read only when it was cut short
+    states = found.releases if found is not None and found.releases_read else run.read_state()
     items: list[_Item] = []
     # roles and templates: the inventory's and the configuration's overrides, then the packaged ones
     search = search_paths(ready.host.vars if ready.host else None,
