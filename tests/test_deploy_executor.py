@@ -167,6 +167,11 @@ def test_first_deploy_uploads_switches_checks_marks_and_unlocks():
     assert audit_results(last) == [("deploy", "deployed")]
     assert S.lock_release_script(ROOT, TOKEN) in last
     assert r.remote.round_trips == 8
+    # the timeline (`deploy --timeline`) names each stage in order with its round trips
+    assert [(st["stage"], st["round_trips"]) for st in r.run.timeline] == [
+        ("release state", 1), ("render + decide", 0), ("lock", 1), ("chat: pull", 1), ("chat: upload", 1), ("chat: arm revert", 1), ("chat: switch + restart", 1),
+        ("chat: health", 0), ("chat: health completion", None), ("chat: confirm + watchdog on", 1)]
+    assert all(st["seconds"] >= 0 and st["start_s"] >= 0 for st in r.run.timeline)
 
 
 def test_no_change_restarts_nothing_and_takes_no_lock():

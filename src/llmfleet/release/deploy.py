@@ -24,6 +24,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import os
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -182,15 +183,19 @@ def deploy_host(
     prepared: PreparedHost | None = None,
 ) -> HostOutcome:
     """Deploy every llmfleet service of one host (see the module docstring)."""
+    t0 = time.monotonic()
     settings = Settings.of(config)
     ready = prepared or prepare_host(inventory, host_name, settings, options)
     out = HostOutcome(host=host_name, result=Result.UNCHANGED)
     if not ready.services:
         out.reason = "no llmfleet_services on this host"
         return out
+    if prepared is None:
+        out.timeline.append({"stage": "prepare (inventory, images.lock, secrets)", "start_s": 0.0,
+                             "seconds": round(time.monotonic() - t0, 3), "round_trips": 0})
     run_on_host(ready.host, ready.settings, out, "deploy", settings=settings, log=log, who=options.who,
                 message=options.message, check=options.check, accept_new_host_keys=options.accept_new_host_keys,
-                body=lambda run: run_deploy(run, ready, out, options))
+                body=lambda run: run_deploy(run, ready, out, options), t0=t0)
     return out
 
 
@@ -226,24 +231,23 @@ def run_deploy(run: HostRun, ready: PreparedHost, out: HostOutcome, options: Dep
     """The deploy after connecting. ``plans`` (one per service) skips the facts and preflight."""
     found = None
     if plans is None:
-        plans, found = _preflight(run, ready, out)
+        with run.stage("probe + preflight"):
+            plans, found = _preflight(run, ready, out)
     # the probe read the release state in its round trip; a separate read only when it was cut short
-    states = found.releases if found is not None and found.releases_read else run.read_state()
-    items: list[_Item] = []
-    # roles and templates: the inventory's and the configuration's overrides, then the packaged ones
-    search = search_paths(ready.host.vars if ready.host else None,
-                          ready.inventory.path if ready.inventory else None, run.settings.search_config)
-    for p, plan in zip(ready.services, plans, strict=True):
-        rendered = render(p.service, ready.settings, p.image, plan, api_key=p.api_key, **search)
-        st = states.get(p.service.name)
-        items.append(_Item(p, summarize(plan), rendered, Paths(run.root, p.service.name), st,
-                           decide.decide_service(st, rendered, run.now())))
+    if found is not None and found.releases_read:
+        states = found.releases
+    else:
+        with run.stage("release state"):
+            states = run.read_state()
+    with run.stage("render + decide"):
+        items = _decide(run, ready, plans, states)
     for it in items:
         out.releases[it.name] = it.step.release_id
         out.changes.extend(f"{it.name}: {c}" for c in it.step.changes)
 
     if options.diff:
-        _diff(run, items, out)
+        with run.stage("diff"):
+            _diff(run, items, out)
     todo = [it for it in items if it.step.action != Action.UNCHANGED]
     if options.check or options.diff:
         out.result = Result.CHECK
@@ -259,7 +263,8 @@ def run_deploy(run: HostRun, ready: PreparedHost, out: HostOutcome, options: Dep
     run.lock("deploy")
     for it in todo:  # every image the new releases need, while the old ones still serve
         if it.step.pulls:
-            _pull(run, it)
+            with run.stage(f"{it.name}: pull"):
+                _pull(run, it)
     for it in items:
         if it.step.action == Action.UNCHANGED:
             _unchanged(run, it, out)
@@ -276,6 +281,20 @@ def run_deploy(run: HostRun, ready: PreparedHost, out: HostOutcome, options: Dep
     out.reason = "; ".join(f"{it.name} on {it.step.release_id}" for it in todo)
     after = decide.state_after(states, {it.name: (it.step.release_id, it.manifest, it.health) for it in todo})
     _prune(run, decide.prune_plan(after, run.host_settings.keep_releases))
+
+
+def _decide(run: HostRun, ready: PreparedHost, plans: list[Any], states: dict[str, store.ServiceState]) -> list[_Item]:
+    """Render each service and decide what to do with it."""
+    items: list[_Item] = []
+    # roles and templates: the inventory's and the configuration's overrides, then the packaged ones
+    search = search_paths(ready.host.vars if ready.host else None,
+                          ready.inventory.path if ready.inventory else None, run.settings.search_config)
+    for p, plan in zip(ready.services, plans, strict=True):
+        rendered = render(p.service, ready.settings, p.image, plan, api_key=p.api_key, **search)
+        st = states.get(p.service.name)
+        items.append(_Item(p, summarize(plan), rendered, Paths(run.root, p.service.name), st,
+                           decide.decide_service(st, rendered, run.now())))
+    return items
 
 
 def _unchanged(run: HostRun, it: _Item, out: HostOutcome) -> None:
@@ -326,7 +345,8 @@ def _switch_and_check(run: HostRun, it: _Item) -> ServiceOutcome:
             it.manifest = Manifest.build(it.rendered, rid, host=run.host, who=run.who, when=run.now(),
                                          llmfleet_version=__version__, message=run.message)
             files, modes = store.release_files(it.rendered, it.manifest)
-            res = run.run(store.upload_script(paths, rid), stdin=store.pack_release(files, modes), timeout=120)
+            with run.stage(f"{svc.name}: upload"):
+                res = run.run(store.upload_script(paths, rid), stdin=store.pack_release(files, modes), timeout=120)
             if not store.parse_upload(res.rc, res.stdout):
                 raise RemoteError(f"upload of release {rid} failed: {short(res.stderr or res.stdout, 300)}")
             run.log(f"{svc.name}: uploaded release {rid}")
