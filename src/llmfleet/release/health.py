@@ -329,6 +329,9 @@ class HealthChecker:
     floor: Floor = Floor(None, "no floor given")
     realistic: float | None = None
     measure_speed: bool = True
+    # A wait polls soon after it starts, then less often: poll_min_s, doubled up to poll_interval_s
+    # (a tiny model answers /health within a fraction of a second; a 27B one takes minutes).
+    poll_min_s: float = 0.05
     poll_interval_s: float = 0.5
     probe_every_s: float = 5.0
     progress: Callable[[str], None] = lambda line: None
@@ -380,13 +383,16 @@ class HealthChecker:
     def _poll(self, timeout: float, step: Callable[[], tuple[bool, str]], what: str) -> str:
         deadline = self.clock() + timeout
         last = "no answer yet"
+        pause = min(self.poll_min_s, self.poll_interval_s)
         for _ in range(MAX_POLLS):
             done, last = step()
             if done:
                 return last
-            if self.clock() >= deadline:
+            now = self.clock()
+            if now >= deadline:
                 break
-            self.sleep(self.poll_interval_s)
+            self.sleep(min(pause, max(deadline - now, 0.0)))
+            pause = min(pause * 2, self.poll_interval_s)
         raise _StageFailed(f"{what} not reached within {timeout:.0f}s (last: {last})")
 
     def _unit(self, _c: Any) -> str:
