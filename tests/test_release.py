@@ -358,3 +358,22 @@ def test_lock_release_only_releases_our_own_lock(tmp_path):
     assert theirs.returncode == R.LOCK_HELD_RC and not R.parse_lock_release(theirs.stdout.decode())
     assert R.parse_lock_release(sh(R.lock_release_script(root, "t1")).stdout.decode())
     assert not Path(R.lock_dir(root)).exists()
+
+
+def test_a_chain_runs_its_steps_in_one_shell_and_stops_at_the_first_failure(tmp_path):
+    """Several steps in one round trip: the upload's tar goes to its step only; a failed step stops
+    the rest (a compose file the engine rejects is never switched to); each step's answer is its own."""
+    rid = "20261129T120000Z-0123456789"
+    r = rendered()
+    files, modes = R.release_files(r, Manifest.build(r, rid, host="h1", who="ops", when=NOW, llmfleet_version="0"))
+    tar = R.pack_release(files, modes)
+    paths = R.Paths(str(tmp_path), "chat")
+    marker = tmp_path / "switched"
+    steps = [R.upload_script(paths, rid), "wc -c; echo '@@armed 60'", "echo nope; exit 5", f"touch {marker}"]
+    res = subprocess.run(["sh", "-c", R.chain_script(steps, stdin_step=0)], input=tar, capture_output=True, timeout=30)
+    assert res.returncode == 5
+    parts = R.split_chain(res.stdout.decode(), len(steps))
+    assert parts[0] == (0, "@@uploaded\n") and R.parse_upload(0, parts[0][1])
+    assert parts[1] == (0, "0\n@@armed 60\n")  # read /dev/null, not the rest of the tar
+    assert parts[2] == (5, "nope\n") and parts[3] is None and not marker.exists()
+    assert (tmp_path / "services" / "chat" / "releases" / rid / "manifest.json").exists()

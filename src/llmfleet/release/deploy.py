@@ -260,11 +260,15 @@ def run_deploy(run: HostRun, ready: PreparedHost, out: HostOutcome, options: Dep
             _unchanged(run, it, out)
         return
 
-    run.lock("deploy")
-    for it in todo:  # every image the new releases need, while the old ones still serve
-        if it.step.pulls:
-            with run.stage(f"{it.name}: pull"):
-                _pull(run, it)
+    # the lock, then every image the new releases need (while the old ones still serve): one round trip
+    pulling = [it for it in todo if it.step.pulls]
+    for it in pulling:
+        run.log(f"{it.name}: pull {it.prepared.image.pull_ref}")
+    pulled = run.lock("deploy", [store.pull_script(it.prepared.image.pull_ref) for it in pulling],
+                      name="lock + pull" if pulling else "lock",
+                      timeout=60 + run.settings.pull_timeout * len(pulling) if pulling else None)
+    for it, res in zip(pulling, pulled, strict=True):
+        _pulled(run, it, res)
     for it in items:
         if it.step.action == Action.UNCHANGED:
             _unchanged(run, it, out)
@@ -319,11 +323,12 @@ def _diff(run: HostRun, items: list[_Item], out: HostOutcome) -> None:
                 out.diffs[f"{it.name}/{name}"] = d
 
 
-def _pull(run: HostRun, it: _Item) -> None:
+def _pulled(run: HostRun, it: _Item, res: Any) -> None:
+    """Judge one pull step's answer (``store.pull_script``); a failure refuses, nothing changed."""
     image = it.prepared.image
     ref = image.pull_ref
-    run.log(f"{it.name}: pull {ref}")
-    res = run.run(store.pull_script(ref), timeout=run.settings.pull_timeout)
+    if res is None:
+        raise Refusal(Result.FAILED, f"{it.name}: the pull of {ref} did not run; nothing was changed on the host")
     if res.rc != 0:
         raise Refusal(Result.FAILED, f"{it.name}: pull of {ref} failed: {short(res.stderr or res.stdout, 300)}; "
                                      "nothing was changed on the host")
@@ -340,27 +345,51 @@ def _switch_and_check(run: HostRun, it: _Item) -> ServiceOutcome:
     rid, previous, digest = step.release_id, step.previous, it.prepared.image.digest
     switched = False
     token: str | None = None  # commit confirmed: the host reverts unless this is confirmed
+    started: store.UnitProbe | None = None
     try:
+        # upload, arm the host's revert, switch and restart, wait for the container: one round trip
+        steps: dict[str, str] = {}
+        stdin: bytes | None = None
         if step.action == Action.NEW:
             it.manifest = Manifest.build(it.rendered, rid, host=run.host, who=run.who, when=run.now(),
                                          llmfleet_version=__version__, message=run.message)
             files, modes = store.release_files(it.rendered, it.manifest)
-            with run.stage(f"{svc.name}: upload"):
-                res = run.run(store.upload_script(paths, rid), stdin=store.pack_release(files, modes), timeout=120)
-            if not store.parse_upload(res.rc, res.stdout):
-                raise RemoteError(f"upload of release {rid} failed: {short(res.stderr or res.stdout, 300)}")
+            steps["upload"], stdin = store.upload_script(paths, rid), store.pack_release(files, modes)
+        if step.switches:
+            if step.arms_revert:
+                armed_token, steps["arm revert"] = run.arm_script(paths, svc, rid, previous, "deploy")
+            steps["switch + restart"] = store.switch_script(paths, rid)
+            steps["container start"] = store.unit_wait_script(paths)
+        results: dict[str, Any] = {}
+        if steps:
+            with run.stage(f"{svc.name}: {' + '.join(steps)}"):
+                answers = run.run_chain(list(steps.values()), stdin=stdin, stdin_step=0 if stdin else None,
+                                        timeout=450)
+            results = dict(zip(steps, answers, strict=True))
+        if "upload" in results:
+            res = results["upload"]
+            if res is None or not store.parse_upload(res.rc, res.stdout):
+                raise RemoteError(f"upload of release {rid} failed: "
+                                  f"{short(res.stderr or res.stdout, 300) if res else 'it did not run'}")
             run.log(f"{svc.name}: uploaded release {rid}")
         if step.switches:
             if step.arms_revert:
-                token = run.arm(paths, svc, rid, previous, "deploy")
-            res = run.switch(paths, rid)
+                if results["arm revert"] is None:
+                    raise RemoteError(f"{svc.name}: the host-side revert was not armed (the step did not run)")
+                run.armed(svc, previous, results["arm revert"])
+                token = armed_token
+            res = results["switch + restart"]
             switched = True
-            if not store.parse_switch(res.rc, res.stdout):
-                raise RemoteError(f"switch to {rid} failed: {short(res.stderr or res.stdout, 300)}")
+            if res is None or not store.parse_switch(res.rc, res.stdout):
+                raise RemoteError(f"switch to {rid} failed: "
+                                  f"{short(res.stderr or res.stdout, 300) if res else 'it did not run'}")
             run.log(f"{svc.name}: current -> {rid}, unit restarted")
+            if results["container start"] is not None:
+                started = store.parse_unit_probe(results["container start"].stdout)
         else:
             switched = True  # verify: the release is current and running; only its health is unknown
-        report = run.check_health(HealthTarget(svc, it.prepared.api_key, paths, rid, it.plan), f"release {rid}")
+        report = run.check_health(HealthTarget(svc, it.prepared.api_key, paths, rid, it.plan, started),
+                                  f"release {rid}")
     except KeyboardInterrupt:
         if switched:
             run.log(f"{svc.name}: interrupted; going back to {previous or 'nothing (stopping the unit)'}")

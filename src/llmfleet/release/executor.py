@@ -122,6 +122,7 @@ class HealthTarget:
     paths: Paths
     release_id: str
     plan: PlanSummary | None
+    started: store.UnitProbe | None = None  # the state the switch's round trip saw after the restart
 
 
 HealthFn = Callable[["HostRun", HealthTarget], health.HealthReport]
@@ -146,6 +147,7 @@ def http_health(run: HostRun, target: HealthTarget) -> health.HealthReport:
             floor=health.decode_floor(svc, run.host_settings, target.plan),
             realistic=health.realistic_tokps(target.plan),
             progress=lambda line: run.log(f"{svc.name}:{line}"),
+            initial=target.started,
         ).run()
 
 
@@ -199,6 +201,22 @@ class HostRun:
             check: bool = False) -> ssh.Result:
         return self.remote.run(script, timeout=timeout, stdin=stdin, sudo=True, check=check)
 
+    def run_chain(self, scripts: list[str], *, timeout: float | None = None, stdin: bytes | None = None,
+                  stdin_step: int | None = None) -> list[ssh.Result | None]:
+        """Several steps in one round trip (``store.chain_script``): each step's own result, None for
+        a step that did not run because one before it failed. One step is sent as it is."""
+        if len(scripts) == 1:
+            return [self.run(scripts[0], timeout=timeout, stdin=stdin)]
+        res = self.run(store.chain_script(scripts, stdin_step=stdin_step), timeout=timeout, stdin=stdin)
+        out: list[ssh.Result | None] = []
+        for script, part in zip(scripts, store.split_chain(res.stdout, len(scripts)), strict=True):
+            if part is None:
+                out.append(None)
+                continue
+            rc = part[0] if part[0] is not None else (res.rc or -1)
+            out.append(ssh.Result(rc=rc, stdout=part[1], stderr=res.stderr if rc != 0 else "", command=script))
+        return out
+
     def read_state(self) -> dict[str, store.ServiceState]:
         res = self.run(store.state_script(self.root), check=True)
         if not store.state_complete(res.stdout):
@@ -213,20 +231,24 @@ class HostRun:
 
     # -- lock -------------------------------------------------------------------------------------
 
-    def lock(self, action: str) -> None:
-        with self.stage("lock"):
-            self._lock(action)
+    def lock(self, action: str, then: list[str] | None = None, *, name: str = "lock",
+             timeout: float | None = None) -> list[ssh.Result | None]:
+        """Take the host's deploy lock; ``then``: steps that run in the same round trip once it is
+        taken (the pulls of a deploy). Returns their results (None: not run). Refuses when held."""
+        with self.stage(name):
+            return self._lock(action, list(then or []), timeout)
 
-    def _lock(self, action: str) -> None:
+    def _lock(self, action: str, then: list[str], timeout: float | None) -> list[ssh.Result | None]:
         token = self.token()
         holder = store.holder_document(token=token, who=self.who, origin=self.origin, action=action,
                                        message=self.message, now=self.now(), pid=self.pid)
         for attempt in range(2):
-            res = self.run(store.lock_acquire_script(self.root, holder))
+            res, *after = self.run_chain([store.lock_acquire_script(self.root, holder), *then], timeout=timeout)
+            assert res is not None  # the first step always runs
             got = store.parse_lock_acquire(res.rc, res.stdout)
             if got.acquired:
                 self.lock_token = token
-                return
+                return after
             if attempt == 0 and decide.may_take_over(got.holder, self.origin, self.alive):
                 self.log(f"taking over a stale lock left by this machine: {store.describe_holder(got.holder, self.now())}")
                 self.run(store.lock_break_script(self.root))
@@ -241,6 +263,7 @@ class HostRun:
             raise Refusal(Result.REFUSED, f"deploy lock {store.describe_holder(holder_now, self.now())}; wait, or "
                                           f"inspect with `invoke lock.status --host {self.host}` and break a stale one "
                                           f"with `invoke lock.release --host {self.host} --yes`")
+        raise AssertionError("unreachable: the second attempt returns or raises")
 
     # -- the last round trip ----------------------------------------------------------------------
 
@@ -318,16 +341,27 @@ class HostRun:
 
     def arm(self, paths: Paths, service: Service, release_id: str, previous: str | None, action: str) -> str:
         """Arm the host's revert of the switch to ``release_id``; the token that confirms it."""
+        token, script = self.arm_script(paths, service, release_id, previous, action)
+        with self.stage(f"{service.name}: arm revert"):
+            res = self.run(script, timeout=120)
+        self.armed(service, previous, res)
+        return token
+
+    def arm_script(self, paths: Paths, service: Service, release_id: str, previous: str | None,
+                   action: str) -> tuple[str, str]:
+        """(token, script) of ``arm``, for a round trip that carries more steps."""
         token = self.token()
         timeout = confirm.timeout_s(service, self.host_settings)
-        with self.stage(f"{service.name}: arm revert"):
-            res = self.run(confirm.arm_script(paths, release_id=release_id, previous=previous, token=token,
-                                              action=action, timeout=timeout), timeout=120)
+        return token, confirm.arm_script(paths, release_id=release_id, previous=previous, token=token, action=action,
+                                         timeout=timeout)
+
+    def armed(self, service: Service, previous: str | None, res: ssh.Result) -> None:
+        """Judge the arm step's answer: raises ``RemoteError`` when the revert is not armed."""
         armed = confirm.parse_arm(res.rc, res.stdout)
         if not armed.armed:
             raise RemoteError(f"{service.name}: {armed.reason}")
+        timeout = confirm.timeout_s(service, self.host_settings)
         self.log(f"{service.name}: host reverts to {previous or 'nothing'} in {timeout} s unless confirmed")
-        return token
 
     def confirm(self, paths: Paths, service: str, token: str | None) -> bool:
         """Confirm the switch and start the watchdog; False when the host timer had already reverted."""

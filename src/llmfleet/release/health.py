@@ -337,7 +337,13 @@ class HealthChecker:
     progress: Callable[[str], None] = lambda line: None
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
+    # the unit/container state the switch's own round trip answered: the first stages start from it
+    initial: UnitProbe | None = None
     _last_probe: tuple[float, UnitProbe] | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.initial is not None:
+            self._last_probe = (self.clock(), self.initial)
 
     def _probe(self, max_age_s: float = 0.0) -> UnitProbe:
         """The unit/container state; one answered less than ``max_age_s`` ago is reused (one round
@@ -396,8 +402,11 @@ class HealthChecker:
         raise _StageFailed(f"{what} not reached within {timeout:.0f}s (last: {last})")
 
     def _unit(self, _c: Any) -> str:
+        first = [True]
+
         def step() -> tuple[bool, str]:
-            p = self._probe()
+            p = self._probe(max_age_s=2.0 if first[0] else 0.0)
+            first[0] = False
             if p.unit == "failed":
                 raise _StageFailed("systemd unit failed (start limit hit or compose exited)")
             return p.unit == "active", f"unit {p.unit}"
