@@ -310,13 +310,14 @@ def parse_upload(rc: int, stdout: str) -> bool:
 def pull_script(ref: str) -> str:
     """Pull unless present, then print the repo digests the engine knows for it."""
     fmt = "{{range .RepoDigests}}{{println .}}{{end}}"
-    return "\n".join([
-        f"if ! {DOCKER} image inspect {q(ref)} >/dev/null 2>&1; then",
+    return "\n".join([  # one `docker image inspect` when the image is there (the usual case)
+        f"if ! digests=$({DOCKER} image inspect --format {q(fmt)} {q(ref)} 2>/dev/null); then",
         f"  {DOCKER} pull --quiet {q(ref)} >/dev/null || exit 4",
         "  echo '@@pulled'",
+        f"  digests=$({DOCKER} image inspect --format {q(fmt)} {q(ref)})",
         "fi",
         "echo '@@digests'",
-        f"{DOCKER} image inspect --format {q(fmt)} {q(ref)}",
+        "printf '%s\\n' \"$digests\"",
     ])
 
 
