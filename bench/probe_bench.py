@@ -56,10 +56,21 @@ def spread(values: list[float]) -> dict:
             "max_s": round(max(values), 3)}
 
 
-def measure(remote, root: str, models: list[str], runs: int) -> dict:
+def host_cpu_s(container: str) -> float | None:
+    """CPU seconds the lab host (its container's cgroup: sshd, sudo, sh, docker, dockerd) has used."""
+    res = subprocess.run(["docker", "exec", container, "cat", "/sys/fs/cgroup/cpu.stat"], capture_output=True,
+                         text=True, timeout=30)
+    for line in res.stdout.splitlines():
+        if line.startswith("usage_usec "):
+            return int(line.split()[1]) / 1e6
+    return None
+
+
+def measure(remote, root: str, models: list[str], runs: int, container: str) -> dict:
     walls: list[float] = []
     sections: dict[str, list[float]] = {}
     errors: list[str] = []
+    cpu0 = host_cpu_s(container)
     for _ in range(runs):
         t0 = time.monotonic()
         f = facts.gather(remote, root=root, model_paths=models, sudo=True)
@@ -67,6 +78,7 @@ def measure(remote, root: str, models: list[str], runs: int) -> dict:
         errors = f.errors
         for name, secs in f.probe_seconds.items():
             sections.setdefault(name, []).append(secs)
+    cpu1 = host_cpu_s(container)
     empty = {}
     for sudo in (False, True):
         w = []
@@ -77,7 +89,9 @@ def measure(remote, root: str, models: list[str], runs: int) -> dict:
         empty["sudo" if sudo else "login user"] = spread(w)
     ranked = sorted(((n, statistics.median(v)) for n, v in sections.items()), key=lambda kv: -kv[1])
     return {"load": load(), "probe": spread(walls), "sections_s": {n: round(v, 3) for n, v in ranked},
-            "empty_round_trip": empty, "probe_errors": errors}
+            "empty_round_trip": empty, "probe_errors": errors,
+            # the host's whole container, the engine included: an idle llama-server adds little
+            "host_cpu_per_probe_s": round((cpu1 - cpu0) / runs, 3) if cpu0 is not None and cpu1 is not None else None}
 
 
 def main() -> int:
@@ -102,10 +116,11 @@ def main() -> int:
             models = [s.model_path for s in hs.services]
             with ssh.connect(host, config={"known_hosts": str(known)}) as remote:
                 facts.gather(remote, root=hs.root, model_paths=models, sudo=True)  # warm: first docker calls
-                out["conditions"]["quiet"] = measure(remote, hs.root, models, args.runs)
+                container = f"{lab}-{args.host}"
+                out["conditions"]["quiet"] = measure(remote, hs.root, models, args.runs, container)
                 if not args.no_busy:
                     with Burner():
-                        out["conditions"]["busy"] = measure(remote, hs.root, models, args.runs)
+                        out["conditions"]["busy"] = measure(remote, hs.root, models, args.runs, container)
         finally:
             hosts.down(lab, known_hosts=known)
     if args.json:
@@ -117,7 +132,7 @@ def main() -> int:
         e = r["empty_round_trip"]
         print(f"{cond} ({r['load']}): probe round trip {p['median_s']:.3f} s ({p['min_s']:.3f}-{p['max_s']:.3f}); "
               f"an empty round trip {e['login user']['median_s'] * 1000:.0f} ms, with sudo "
-              f"{e['sudo']['median_s'] * 1000:.0f} ms")
+              f"{e['sudo']['median_s'] * 1000:.0f} ms; host CPU per probe {r['host_cpu_per_probe_s']} s")
         print("  slowest sections (median s on the host):")
         for name, secs in list(r["sections_s"].items())[:8]:
             print(f"    {secs:6.2f}  {name}")
