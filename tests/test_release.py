@@ -377,3 +377,36 @@ def test_a_chain_runs_its_steps_in_one_shell_and_stops_at_the_first_failure(tmp_
     assert parts[1] == (0, "0\n@@armed 60\n")  # read /dev/null, not the rest of the tar
     assert parts[2] == (5, "nope\n") and parts[3] is None and not marker.exists()
     assert (tmp_path / "services" / "chat" / "releases" / rid / "manifest.json").exists()
+
+
+@pytest.mark.parametrize(("installed", "need_reload", "reloads"), [
+    (None, "no", True),                 # first switch: no unit file yet
+    ("[Service]\nOld=1\n", "no", True),  # a release with another unit file
+    ("[Service]\n", "no", False),        # the same unit file, loaded: no reload (a second or more on a busy host)
+    ("[Service]\n", "yes", True),        # the same file, but systemd has not loaded it
+])
+def test_switch_reloads_systemd_only_for_a_new_unit_file(tmp_path, installed, need_reload, reloads):
+    paths = R.Paths(str(tmp_path / "root"), "chat")
+    rid = "20261129T120000Z-0123456789"
+    rel = Path(paths.release(rid))
+    rel.mkdir(parents=True)
+    (rel / "compose.yml").write_text("services: {}\n")
+    (rel / "llmfleet-chat.service").write_text("[Service]\n")
+    unit = tmp_path / "etc" / "llmfleet-chat.service"
+    unit.parent.mkdir()
+    if installed is not None:
+        unit.write_text(installed)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "systemctl").write_text(f'#!/bin/sh\necho "systemctl $*" >> {tmp_path}/calls\n'
+                                       f'case "$1" in show) echo {need_reload};; esac\n')
+    (bin_dir / "systemctl").chmod(0o755)
+    script = R.switch_script(paths, rid).replace(paths.unit_path, str(unit))
+    res = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=30,
+                         env={"PATH": f"{bin_dir}:/usr/bin:/bin"})
+    assert R.parse_switch(res.returncode, res.stdout), res.stderr
+    called = (tmp_path / "calls").read_text().splitlines()
+    assert ("systemctl daemon-reload" in called) is reloads
+    assert unit.read_text() == "[Service]\n"
+    assert "systemctl enable --no-reload llmfleet-chat.service" in called and called[-1] == \
+        "systemctl restart llmfleet-chat.service"

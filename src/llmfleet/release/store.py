@@ -354,6 +354,9 @@ def switch_script(paths: Paths, release_id: str) -> str:
     """Point ``current`` at the release atomically, install its unit, reload systemd, restart.
 
     ``systemctl restart`` stops the old container (freeing its GPU memory) before the new one starts.
+    Most releases of a service share one unit file (the flags are in the compose file): systemd is
+    reloaded (a second or more on a busy host) only when the installed file differs or systemd says it
+    needs it; ``enable --no-reload`` adds no reload of its own.
     """
     rel = f"releases/{_check_id(release_id)}"
     return "\n".join([
@@ -362,10 +365,13 @@ def switch_script(paths: Paths, release_id: str) -> str:
         f"test -f {q(rel + '/' + COMPOSE_FILE)}",
         f"ln -sfn {q(rel)} .current.tmp",
         "mv -T .current.tmp current",
-        f"install -m 0644 {q(rel + '/' + paths.unit)} {q(paths.unit_path)}",
-        "systemctl daemon-reload",
+        f"if ! cmp -s {q(rel + '/' + paths.unit)} {q(paths.unit_path)} || "
+        f"[ -n \"$(systemctl show -p NeedDaemonReload --value {q(paths.unit)} 2>/dev/null | grep -vx no)\" ]; then",
+        f"  install -m 0644 {q(rel + '/' + paths.unit)} {q(paths.unit_path)}",
+        "  systemctl daemon-reload",
+        "fi",
         f"systemctl reset-failed {q(paths.unit)} >/dev/null 2>&1 || true",
-        f"systemctl enable {q(paths.unit)} >/dev/null 2>&1 || true",
+        f"systemctl enable --no-reload {q(paths.unit)} >/dev/null 2>&1 || true",
         f"systemctl restart {q(paths.unit)}",
         "echo '@@switched'",
     ])
