@@ -410,3 +410,30 @@ def test_switch_reloads_systemd_only_for_a_new_unit_file(tmp_path, installed, ne
     assert unit.read_text() == "[Service]\n"
     assert "systemctl enable --no-reload llmfleet-chat.service" in called and called[-1] == \
         "systemctl restart llmfleet-chat.service"
+
+
+@pytest.mark.parametrize(("same", "reloads"), [(False, True), (True, False)])
+def test_the_watchdog_is_started_with_a_reload_only_for_new_unit_files(tmp_path, same, reloads):
+    from llmfleet.release import watchdog
+
+    sdir = tmp_path / "services" / "chat"
+    cur = sdir / "current"
+    cur.mkdir(parents=True)
+    units = tmp_path / "etc"
+    units.mkdir()
+    for name in ("llmfleet-chat-watchdog.service", "llmfleet-chat-watchdog.timer"):
+        (cur / name).write_text(f"[Unit]\n# {name}\n")
+        (units / name).write_text(f"[Unit]\n# {name}\n" if same else "[Unit]\n# older\n")
+    (cur / "watchdog.sh").write_text("#!/bin/sh\n")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "systemctl").write_text(f'#!/bin/sh\necho "systemctl $*" >> {tmp_path}/calls\n'
+                                       'case "$1" in show) echo no; echo no;; esac\n')
+    (bin_dir / "systemctl").chmod(0o755)
+    res = subprocess.run(["sh", "-c", watchdog.install_snippet(str(sdir), "chat", unit_dir=str(units))],
+                         capture_output=True, text=True, timeout=30, env={"PATH": f"{bin_dir}:/usr/bin:/bin"})
+    assert "@@watchdog-on" in res.stdout, res.stderr
+    called = (tmp_path / "calls").read_text().splitlines()
+    assert ("systemctl daemon-reload" in called) is reloads
+    assert (units / "llmfleet-chat-watchdog.timer").read_text() == "[Unit]\n# llmfleet-chat-watchdog.timer\n"
+    assert "systemctl enable --no-reload llmfleet-chat-watchdog.timer" in called
