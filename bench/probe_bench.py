@@ -58,8 +58,13 @@ def spread(values: list[float]) -> dict:
 
 def host_cpu_s(container: str) -> float | None:
     """CPU seconds the lab host (its container's cgroup: sshd, sudo, sh, docker, dockerd) has used."""
+    cid = subprocess.run(["docker", "inspect", "-f", "{{.Id}}", container], capture_output=True, text=True,
+                         timeout=30).stdout.strip()
+    v1 = Path(f"/sys/fs/cgroup/cpuacct/docker/{cid}/cpuacct.usage")  # cgroup v1: nanoseconds
+    if cid and v1.exists():
+        return int(v1.read_text()) / 1e9
     res = subprocess.run(["docker", "exec", container, "cat", "/sys/fs/cgroup/cpu.stat"], capture_output=True,
-                         text=True, timeout=30)
+                         text=True, timeout=30)  # cgroup v2, seen from inside the container
     for line in res.stdout.splitlines():
         if line.startswith("usage_usec "):
             return int(line.split()[1]) / 1e6
