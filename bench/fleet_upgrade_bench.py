@@ -115,7 +115,7 @@ def one_run(inv_path: str, hosts: list[str], forks: int, context: int, config: d
     options = DeployOptions(who="bench", message=f"bench context={context}", check=check)
     changes = {h: HostChange({"context": context}) for h in hosts}
     outcomes = []
-    t0 = time.monotonic()
+    t0, cpu0 = time.monotonic(), os.times()
     inv = load_inventory(inv_path)
     settings = Settings.of(config)
     prepared = prepare(inv, hosts, changes, config=settings, options=options)
@@ -128,18 +128,20 @@ def one_run(inv_path: str, hosts: list[str], forks: int, context: int, config: d
         return o
 
     report = run_upgrade(hosts, deploy=keep, serial=[], forks=forks)
-    wall = time.monotonic() - t0
+    wall, cpu1 = time.monotonic() - t0, os.times()
+    cpu = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)  # this controller process, all its threads
     stages: dict[str, list[float]] = {}
     for o in outcomes:
         for st in o.timeline:
             name = st["stage"].split(": ", 1)[-1] if st["stage"].startswith("tiny: ") else st["stage"]
             stages.setdefault(name, []).append(st["seconds"])
-    return {"wall_s": wall, "counts": report.counts(), "reasons": {h.host: h.reason for h in report.hosts if h.failed},
+    return {"wall_s": wall, "cpu_s": cpu, "counts": report.counts(), "reasons": {h.host: h.reason for h in report.hosts if h.failed},
             "stages": stages}
 
 
 def series(inv: str, hosts: list[str], forks: int, runs: int, config: dict, kind: str, ctx: list[int]) -> dict:
     walls: list[float] = []
+    cpus: list[float] = []
     stages: dict[str, list[float]] = {}
     counts: dict[str, int] = {}
     for _ in range(runs):
@@ -147,6 +149,7 @@ def series(inv: str, hosts: list[str], forks: int, runs: int, config: dict, kind
             ctx[0] = BASE_CONTEXT if ctx[0] != BASE_CONTEXT else BASE_CONTEXT // 2
         r = one_run(inv, hosts, forks, ctx[0], config, check=kind == "check")
         walls.append(r["wall_s"])
+        cpus.append(r["cpu_s"])
         for k, v in r["counts"].items():
             counts[k] = counts.get(k, 0) + v
         for h, why in r["reasons"].items():
@@ -154,7 +157,7 @@ def series(inv: str, hosts: list[str], forks: int, runs: int, config: dict, kind
         for k, v in r["stages"].items():
             stages.setdefault(k, []).extend(v)
     return {"median_s": round(statistics.median(walls), 3), "min_s": round(min(walls), 3),
-            "max_s": round(max(walls), 3), "counts": counts,
+            "max_s": round(max(walls), 3), "controller_cpu_s": round(statistics.median(cpus), 3), "counts": counts,
             "stages_s": {k: round(statistics.median(v), 3) for k, v in stages.items()}}
 
 
@@ -217,14 +220,15 @@ def main() -> int:
     n = args.hosts
     print(f"\nfleet upgrade in the lab, {res['date']}: 1 host vs {n} hosts at --forks {n}, one batch, "
           f"median of {args.runs} runs (spread min-max)")
-    print(f"{'condition':<9} {'kind':<10} {'1 host s':>18} {f'{n} hosts s':>18} {'ratio':>6}  machine")
+    print(f"{'condition':<9} {'kind':<10} {'1 host s':>18} {f'{n} hosts s':>18} {'ratio':>6} "
+          f"{'controller CPU s (1 / N)':>24}  machine")
     for cond, r in res["conditions"].items():
         for kind in kinds:
             k = r[kind]
             one, many = k["one"], k["many"]
             print(f"{cond:<9} {kind:<10} {one['median_s']:>6.2f} ({one['min_s']:.2f}-{one['max_s']:.2f}) "
-                  f"{many['median_s']:>6.2f} ({many['min_s']:.2f}-{many['max_s']:.2f}) {k['ratio']:>5.1f}x  "
-                  f"{r['load_before']}")
+                  f"{many['median_s']:>6.2f} ({many['min_s']:.2f}-{many['max_s']:.2f}) {k['ratio']:>5.1f}x "
+                  f"{one['controller_cpu_s']:>11.2f} / {many['controller_cpu_s']:<10.2f}  {r['load_before']}")
     for cond, r in res["conditions"].items():
         for kind in kinds:
             one, many = r[kind]["one"]["stages_s"], r[kind]["many"]["stages_s"]
