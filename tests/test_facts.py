@@ -366,6 +366,7 @@ case "$1" in
   *) exit 1 ;;
 esac
 """)
+    _fake(b, "docker-compose", f"echo 'compose-v1' >>'{calls}'\necho 1.29.2\n")
     (tmp_path / "docker-root").mkdir()
     return b, calls
 
@@ -373,7 +374,8 @@ esac
 @pytest.mark.parametrize("tmpdir_ok", [True, False], ids=["groups-at-once", "no-temp-folder-one-by-one"])
 def test_probe_script_asks_docker_info_once(fake_docker_host, tmp_path, tmpdir_ok):
     # `docker info` names the root folder and the compose plugin: no second `docker info`, no
-    # `docker compose version`; without a temporary folder the groups run one after the other, same facts
+    # `docker compose version`, no v1 `docker-compose`; without a temporary folder the groups run one
+    # after the other, same facts
     b, calls = fake_docker_host
     env = {"PATH": f"{b}:/usr/bin:/bin", "HOME": str(tmp_path),
            "TMPDIR": str(tmp_path) if tmpdir_ok else str(tmp_path / "no" / "such")}
@@ -387,7 +389,8 @@ def test_probe_script_asks_docker_info_once(fake_docker_host, tmp_path, tmpdir_o
     assert {"docker_info", "docker_ps", "docker_images", "meminfo", "df docker_root"} <= set(f.probe_seconds)
     assert not list(tmp_path.glob("tmp*"))  # the probe's temporary folder is gone
     if not tmpdir_ok:  # one by one: the root folder is asked again, and exit statuses are not kept
-        assert called == ["compose version", "image ls", "info --format", "info --format", "ps --no-trunc"]
+        assert called == ["compose version", "compose-v1", "image ls", "info --format", "info --format",
+                          "ps --no-trunc"]
         return
     assert called == ["image ls", "info --format", "ps --no-trunc"]
     assert not f.docker.error and not f.errors[1:]

@@ -42,7 +42,8 @@ llmfleet_release_state() {
 # group into a file of its own under a private temporary folder; their sections are printed after
 # the quick ones, so the probe takes as long as its slowest group, not the sum. Without a temporary
 # folder everything runs one after the other. Docker is asked once for `docker info` (its JSON has
-# the root folder and the compose plugin's version); `docker compose version` only when it does not.
+# the root folder and the compose plugin's version); `docker compose version` and `docker-compose
+# version` (v1) only when it does not.
 #
 # POSIX sh only (dash, busybox ash, bash): no arrays, no pipefail, no local.
 
@@ -170,14 +171,15 @@ docker_part() {
     fsection df docker_root 10 df_for "$DOCKER_ROOT"
     if [ "$COMPOSE_SEEN" != yes ]; then
         section compose_v2 "" 10 docker compose version --short
+        # v1 matters only without the v2 plugin
+        if command -v docker-compose >/dev/null 2>&1; then
+            section compose_v1 "" 10 docker-compose version --short
+        fi
     fi
 }
 
-# Compose v1 and the NVIDIA container toolkit.
+# The NVIDIA container toolkit.
 toolkit_part() {
-    if command -v docker-compose >/dev/null 2>&1; then
-        section compose_v1 "" 10 docker-compose version --short
-    fi
     if command -v nvidia-ctk >/dev/null 2>&1; then
         section nvidia_ctk "" 10 nvidia-ctk --version
     fi
