@@ -86,6 +86,31 @@ DISARM = Command(confirm.confirm_script(PATHS, token=TOKEN, watchdog_on=False), 
 WATCHDOG = Command(watchdog.install_snippet(PATHS.service_dir, "chat"), out="@@watchdog-on")
 UPLOAD = Command(S.upload_script(PATHS, NEW_ID), out="@@uploaded")
 ENGINE_LOG = Command(S.logs_script(PATHS, E.LOG_LINES), out="RuntimeError: CUDA out of memory\nexited")
+WAIT = Command(S.unit_wait_script(PATHS), out="@@unit active\n@@container running 0 0")
+
+
+def chain(*cmds: Command, stdin_step: int | None = None) -> Command:
+    """Several steps in one round trip (``store.chain_script``): the host answers each in turn,
+    until one fails."""
+    answer, rc = [], 0
+    for i, c in enumerate(cmds):
+        answer.append(f"@@step {i}\n{c.out}\n@@step-rc {i} {c.exit}\n")
+        if c.exit:
+            rc = c.exit
+            break
+    return Command(S.chain_script([c.cmd for c in cmds], stdin_step=stdin_step), out="".join(answer), exit=rc)
+
+
+def lock_pull(got: Command | None = None, pulled: Command | None = None) -> Command:
+    """The lock and the pull: one round trip."""
+    return chain(got or acquire(), pulled or pull())
+
+
+def switch_in(rid: str, previous: str | None, *, upload: Command | None = UPLOAD, switched: Command | None = None
+              ) -> Command:
+    """Upload (a new release), arm the revert, switch and restart, wait for the container: one round trip."""
+    steps = ([upload] if upload else []) + [arm(rid, previous), switched or switch(rid), WAIT]
+    return chain(*steps, stdin_step=0 if upload else None)
 
 
 class Run:
@@ -152,11 +177,12 @@ def audit_results(text: str) -> list[tuple[str, str]]:
 
 
 def test_first_deploy_uploads_switches_checks_marks_and_unlocks():
-    r = Run([state(), acquire(), pull(), UPLOAD, arm(NEW_ID, None), switch(NEW_ID), confirmed()], {NEW_ID: [HEALTHY]})
+    upload = switch_in(NEW_ID, None)
+    r = Run([state(), lock_pull(), upload, confirmed()], {NEW_ID: [HEALTHY]})
     o = r.deploy()
     assert o.result == "deployed" and o.releases == {"chat": NEW_ID}
     assert o.services["chat"] == D.ServiceOutcome("chat", D.Result.DEPLOYED, NEW_ID, NEW_ID, None)
-    with tarfile.open(fileobj=BytesIO(UPLOAD.sent_stdin)) as tar:
+    with tarfile.open(fileobj=BytesIO(upload.sent_stdin)) as tar:
         names = sorted(tar.getnames())
         manifest = tar.extractfile("manifest.json").read().decode()
     assert names == ["compose.yml", "llmfleet-chat-watchdog.service", "llmfleet-chat-watchdog.timer",
@@ -166,7 +192,14 @@ def test_first_deploy_uploads_switches_checks_marks_and_unlocks():
     assert f"{PATHS.release(NEW_ID)}/health.json" in last  # marked healthy in the last round trip
     assert audit_results(last) == [("deploy", "deployed")]
     assert S.lock_release_script(ROOT, TOKEN) in last
-    assert r.remote.round_trips == 8
+    # state, lock + pull, upload + arm + switch + container start, confirm, the last round trip
+    assert r.remote.round_trips == 5
+    # the timeline (`deploy --timeline`) names each stage in order with its round trips
+    assert [(st["stage"], st["round_trips"]) for st in r.run.timeline] == [
+        ("release state", 1), ("render + decide", 0), ("lock + pull", 1),
+        ("chat: upload + arm revert + switch + restart + container start", 1),
+        ("chat: health", 0), ("chat: health completion", None), ("chat: confirm + watchdog on", 1)]
+    assert all(st["seconds"] >= 0 and st["start_s"] >= 0 for st in r.run.timeline)
 
 
 def test_no_change_restarts_nothing_and_takes_no_lock():
@@ -181,7 +214,7 @@ def test_no_change_restarts_nothing_and_takes_no_lock():
 
 def test_unhealthy_release_rolls_back_to_the_previous_one_by_field():
     st = svc_state({R1: (OTHER, True)}, R1)
-    r = Run([state(st), acquire(), pull(), UPLOAD, arm(NEW_ID, R1), switch(NEW_ID), ENGINE_LOG,
+    r = Run([state(st), lock_pull(), switch_in(NEW_ID, R1), ENGINE_LOG,
              Command(None, out="@@marked"), DISARM, switch(R1), Command(None, out="@@marked")],
             {NEW_ID: [UNHEALTHY], R1: [HEALTHY]})
     o = r.deploy()
@@ -189,8 +222,8 @@ def test_unhealthy_release_rolls_back_to_the_previous_one_by_field():
     assert o.releases == {"chat": R1}
     assert o.services["chat"].current == R1 and o.services["chat"].release == NEW_ID
     assert f"back on release {R1}" in o.reason and "CUDA out of memory" in o.reason
-    assert "unhealthy" in r.remote.sent[7] and NEW_ID in r.remote.sent[7]  # marked unhealthy at once
-    assert R1 in r.remote.sent[10] and "healthy" in r.remote.sent[10]
+    assert "unhealthy" in r.remote.sent[4] and NEW_ID in r.remote.sent[4]  # marked unhealthy at once
+    assert R1 in r.remote.sent[7] and "healthy" in r.remote.sent[7]
     assert audit_results(r.finish()) == [("deploy", "rolled_back")]
 
 
@@ -198,7 +231,7 @@ def test_going_back_checks_the_old_release_as_it_was_deployed():
     old = svc_state({R1: (OTHER, True)}, R1)
     old.releases[R1].manifest = S.Manifest.parse({
         **old.releases[R1].manifest.to_dict(), "inputs": {"port": 7000}, "plan": {"decode_tokps_ceiling": 99.0}})
-    r = Run([state(old), acquire(), pull(), UPLOAD, arm(NEW_ID, R1), switch(NEW_ID), ENGINE_LOG, Command(None), DISARM,
+    r = Run([state(old), lock_pull(), switch_in(NEW_ID, R1), ENGINE_LOG, Command(None), DISARM,
              switch(R1), Command(None)], {NEW_ID: [UNHEALTHY], R1: [HEALTHY]})
     r.deploy()
     assert r.checked == [(NEW_ID, 8080, None), (R1, 7000, 99.0)]
@@ -206,8 +239,7 @@ def test_going_back_checks_the_old_release_as_it_was_deployed():
 
 def test_previous_release_unhealthy_too_is_a_failed_rollback():
     st = svc_state({R1: (OTHER, True)}, R1)
-    r = Run([state(st), acquire(), pull(), UPLOAD, arm(NEW_ID, R1), switch(NEW_ID), ENGINE_LOG, Command(None), DISARM,
-             switch(R1)],
+    r = Run([state(st), lock_pull(), switch_in(NEW_ID, R1), ENGINE_LOG, Command(None), DISARM, switch(R1)],
             {NEW_ID: [UNHEALTHY], R1: [UNHEALTHY]})
     o = r.deploy()
     assert o.result == "failed" and "ROLLBACK FAILED" in o.reason and o.releases == {"chat": R1}
@@ -215,7 +247,7 @@ def test_previous_release_unhealthy_too_is_a_failed_rollback():
 
 def test_switch_back_failing_is_reported_with_the_release():
     st = svc_state({R1: (OTHER, True)}, R1)
-    r = Run([state(st), acquire(), pull(), UPLOAD, arm(NEW_ID, R1), switch(NEW_ID), ENGINE_LOG, Command(None), DISARM,
+    r = Run([state(st), lock_pull(), switch_in(NEW_ID, R1), ENGINE_LOG, Command(None), DISARM,
              switch(R1, out="install: cannot stat", exit=1)], {NEW_ID: [UNHEALTHY]})
     o = r.deploy()
     assert o.result == "failed" and f"switching back to {R1} failed: install: cannot stat" in o.reason
@@ -223,7 +255,7 @@ def test_switch_back_failing_is_reported_with_the_release():
 
 
 def test_failed_first_deploy_stops_the_unit():
-    r = Run([state(), acquire(), pull(), UPLOAD, arm(NEW_ID, None), switch(NEW_ID), ENGINE_LOG, Command(None), DISARM,
+    r = Run([state(), lock_pull(), switch_in(NEW_ID, None), ENGINE_LOG, Command(None), DISARM,
              Command(S.stop_script(PATHS, forget_current=True), out="@@stopped")], {NEW_ID: [UNHEALTHY]})
     o = r.deploy()
     assert o.result == "failed" and "the service was stopped" in o.reason
@@ -231,7 +263,7 @@ def test_failed_first_deploy_stops_the_unit():
 
 
 def test_a_failed_pull_changes_nothing():
-    r = Run([state(svc_state({R1: (OTHER, True)}, R1)), acquire(), pull(out="denied", exit=4)])
+    r = Run([state(svc_state({R1: (OTHER, True)}, R1)), lock_pull(pulled=pull(out="denied", exit=4))])
     o = r.deploy()
     assert o.result == "failed" and "pull of" in o.reason and "nothing was changed" in o.reason
     assert not any("switch" in s or "tar -x" in s for s in r.remote.sent)
@@ -239,13 +271,13 @@ def test_a_failed_pull_changes_nothing():
 
 
 def test_a_digest_the_engine_does_not_report_is_refused():
-    r = Run([state(), acquire(), pull(out="@@digests\nreg.lab:5000/llamacpp@sha256:" + "00" * 32 + "\n")])
+    r = Run([state(), lock_pull(pulled=pull(out="@@digests\nreg.lab:5000/llamacpp@sha256:" + "00" * 32 + "\n"))])
     o = r.deploy()
     assert o.result == "failed" and "refusing to run it" in o.reason
 
 
 def test_a_failed_upload_switches_nothing():
-    r = Run([state(), acquire(), pull(), Command(UPLOAD.cmd, out="tar: short read", exit=2)])
+    r = Run([state(), lock_pull(), switch_in(NEW_ID, None, upload=Command(UPLOAD.cmd, out="tar: short read", exit=2))])
     o = r.deploy()
     assert o.result == "failed" and "nothing was switched" in o.reason and "tar: short read" in o.reason
     assert audit_results(r.finish()) == [("deploy", "failed")]
@@ -253,7 +285,7 @@ def test_a_failed_upload_switches_nothing():
 
 def test_a_failed_switch_goes_back():
     st = svc_state({R1: (OTHER, True)}, R1)
-    r = Run([state(st), acquire(), pull(), UPLOAD, arm(NEW_ID, R1), switch(NEW_ID, out="Job failed", exit=1),
+    r = Run([state(st), lock_pull(), switch_in(NEW_ID, R1, switched=switch(NEW_ID, out="Job failed", exit=1)),
              ENGINE_LOG, DISARM, switch(R1), Command(None)], {R1: [HEALTHY]})
     o = r.deploy()
     assert o.result == "rolled_back" and f"switch to {NEW_ID} failed: Job failed" in o.reason
@@ -270,13 +302,13 @@ def test_interrupted_deploy_is_verified_not_redeployed():
 
 def test_current_release_with_a_failed_unit_is_restarted():
     st = svc_state({R2: (NEW.content_hash, True)}, R2, unit="failed")
-    r = Run([state(st), acquire(), arm(R2, None), switch(R2), confirmed()], {R2: [HEALTHY]})
+    r = Run([state(st), acquire(), switch_in(R2, None, upload=None), confirmed()], {R2: [HEALTHY]})
     assert r.deploy().result == "deployed"
 
 
 def test_an_older_release_with_this_content_is_switched_to_not_uploaded():
     st = svc_state({R1: (NEW.content_hash, True), R2: (OTHER, True)}, R2)
-    r = Run([state(st), acquire(), pull(out=f"@@digests\n{REF}\n"), arm(R1, R2), switch(R1), confirmed()],
+    r = Run([state(st), lock_pull(pulled=pull(out=f"@@digests\n{REF}\n")), switch_in(R1, R2, upload=None), confirmed()],
             {R1: [HEALTHY]})
     o = r.deploy()
     assert o.result == "deployed" and o.releases == {"chat": R1}
@@ -285,7 +317,7 @@ def test_an_older_release_with_this_content_is_switched_to_not_uploaded():
 
 def test_ctrl_c_during_the_health_check_goes_back_and_is_audited():
     st = svc_state({R1: (OTHER, True)}, R1)
-    r = Run([state(st), acquire(), pull(), UPLOAD, arm(NEW_ID, R1), switch(NEW_ID), DISARM, switch(R1), Command(None)],
+    r = Run([state(st), lock_pull(), switch_in(NEW_ID, R1), DISARM, switch(R1), Command(None)],
             {NEW_ID: [KeyboardInterrupt()], R1: [HEALTHY]})
     with pytest.raises(KeyboardInterrupt):
         r.deploy()
@@ -297,7 +329,7 @@ def test_ctrl_c_during_the_health_check_goes_back_and_is_audited():
 def test_lock_held_by_someone_else_refuses_with_their_details():
     other = {"who": "alice", "from": "alice@ws", "pid": 1, "action": "deploy", "message": "canary",
              "time": "2026-11-29T11:50:00+00:00"}
-    r = Run([state(), acquire(out="@@held\n" + json.dumps(other), exit=S.LOCK_HELD_RC)])
+    r = Run([state(), lock_pull(acquire(out="@@held\n" + json.dumps(other), exit=S.LOCK_HELD_RC))])
     o = r.deploy()
     assert o.result == "refused" and "alice" in o.reason and "canary" in o.reason and "lock.release" in o.reason
     assert "(10 min 0 s ago)" in o.reason
@@ -305,9 +337,9 @@ def test_lock_held_by_someone_else_refuses_with_their_details():
 
 def test_a_stale_lock_from_this_machine_is_taken_over():
     mine = {"who": ORIGIN, "from": ORIGIN, "pid": 999, "action": "deploy", "time": "2026-11-29T11:00:00+00:00"}
-    r = Run([state(), acquire(out="@@held\n" + json.dumps(mine), exit=S.LOCK_HELD_RC),
-             Command(S.lock_break_script(ROOT), out="@@held\n@@broken"), acquire(), pull(), UPLOAD, arm(NEW_ID, None),
-             switch(NEW_ID), confirmed()], {NEW_ID: [HEALTHY]}, alive=False)
+    r = Run([state(), lock_pull(acquire(out="@@held\n" + json.dumps(mine), exit=S.LOCK_HELD_RC)),
+             Command(S.lock_break_script(ROOT), out="@@held\n@@broken"), lock_pull(), switch_in(NEW_ID, None),
+             confirmed()], {NEW_ID: [HEALTHY]}, alive=False)
     assert r.deploy().result == "deployed"
     assert any("stale lock" in ln for ln in r.lines)
     assert audit_results(r.finish()) == [("lock-break", "stale"), ("deploy", "deployed")]
@@ -315,12 +347,12 @@ def test_a_stale_lock_from_this_machine_is_taken_over():
 
 def test_a_stale_lock_of_a_live_process_is_refused():
     mine = {"who": ORIGIN, "from": ORIGIN, "pid": 999, "action": "deploy", "time": "2026-11-29T11:00:00+00:00"}
-    r = Run([state(), acquire(out="@@held\n" + json.dumps(mine), exit=S.LOCK_HELD_RC)], alive=True)
+    r = Run([state(), lock_pull(acquire(out="@@held\n" + json.dumps(mine), exit=S.LOCK_HELD_RC))], alive=True)
     assert r.deploy().result == "refused"
 
 
 def test_a_lock_answer_cut_short_asks_who_holds_it():
-    r = Run([state(), acquire(out="", exit=0),
+    r = Run([state(), lock_pull(acquire(out="", exit=0)),
              Command(S.lock_status_script(ROOT), out='@@held\n{"who": "bob", "from": "b@x"}\n')])
     o = r.deploy()
     assert o.result == "refused" and "held by bob from b@x" in o.reason
@@ -328,7 +360,7 @@ def test_a_lock_answer_cut_short_asks_who_holds_it():
 
 
 def test_a_lock_script_that_fails_is_a_failure_not_a_refusal():
-    r = Run([state(), acquire(out="mkdir: Read-only file system", exit=2)])
+    r = Run([state(), lock_pull(acquire(out="mkdir: Read-only file system", exit=2))])
     o = r.deploy()
     assert o.result == "failed" and "cannot take the deploy lock: mkdir: Read-only file system" in o.reason
 
@@ -336,7 +368,7 @@ def test_a_lock_script_that_fails_is_a_failure_not_a_refusal():
 def test_prune_after_success_in_the_last_round_trip():
     refs = {R1: "img@1", R2: "img@2", R3: "img@3", R4: "img@4", R5: "img@5", R6: REF}
     st = svc_state({r: (OTHER, True) for r in (R1, R2, R3, R4, R5, R6)}, R6, refs=refs)
-    r = Run([state(st), acquire(), pull(), UPLOAD, arm(NEW_ID, R6), switch(NEW_ID), confirmed()], {NEW_ID: [HEALTHY]})
+    r = Run([state(st), lock_pull(), switch_in(NEW_ID, R6), confirmed()], {NEW_ID: [HEALTHY]})
     assert r.deploy().result == "deployed"
     last = r.finish(out="@@image-removed img@1\n@@image-removed img@2\n@@released")
     assert S.prune_script(PATHS, (R1, R2)) in last
@@ -345,8 +377,7 @@ def test_prune_after_success_in_the_last_round_trip():
 
 
 def test_a_dropped_connection_at_the_end_is_a_warning_not_a_failure(tmp_path):
-    r = Run([state(), acquire(), pull(), UPLOAD, arm(NEW_ID, None), switch(NEW_ID), confirmed()], {NEW_ID: [HEALTHY]},
-            tmp=tmp_path)
+    r = Run([state(), lock_pull(), switch_in(NEW_ID, None), confirmed()], {NEW_ID: [HEALTHY]}, tmp=tmp_path)
     assert r.deploy().result == "deployed"
     r.remote.expected.append(Command(None, raises=RemoteError("host h1: SSH connection is closed")))
     r.run.finish()
@@ -421,7 +452,7 @@ def test_rollback_of_the_current_release_restarts_it():
 
 def test_a_confirmation_the_host_timer_beat_goes_back_and_says_why():
     st = svc_state({R1: (OTHER, True)}, R1)
-    r = Run([state(st), acquire(), pull(), UPLOAD, arm(NEW_ID, R1), switch(NEW_ID), confirmed(out="@@too-late"),
+    r = Run([state(st), lock_pull(), switch_in(NEW_ID, R1), confirmed(out="@@too-late"),
              ENGINE_LOG, DISARM, switch(R1), Command(None)], {NEW_ID: [HEALTHY], R1: [HEALTHY]})
     o = r.deploy()
     assert o.result == "rolled_back" and "host timer reverted it first" in o.reason
@@ -432,11 +463,11 @@ def test_a_confirmation_the_host_timer_beat_goes_back_and_says_why():
 
 def test_a_release_docker_compose_rejects_is_never_switched_to():
     st = svc_state({R1: (OTHER, True)}, R1)
-    r = Run([state(st), acquire(), pull(), UPLOAD,
-             Command(arm(NEW_ID, R1).cmd, out="@@compose-invalid services.engine.foo: not allowed", exit=5)])
+    rejected = Command(arm(NEW_ID, R1).cmd, out="@@compose-invalid services.engine.foo: not allowed", exit=5)
+    r = Run([state(st), lock_pull(), chain(UPLOAD, rejected, switch(NEW_ID), WAIT, stdin_step=0)])
     o = r.deploy()
     assert o.result == "failed" and "docker compose config rejected the release" in o.reason
-    assert "nothing was switched" in o.reason and not any(S.switch_script(PATHS, NEW_ID) == c for c in r.remote.sent)
+    assert "nothing was switched" in o.reason  # the chain stops at the failed step (test_release_shell)
     assert audit_results(r.finish()) == [("deploy", "failed")]
 
 
@@ -445,3 +476,40 @@ def test_a_rollback_the_host_timer_reverted_is_a_failure():
              confirmed(out="@@too-late")], {R2: [HEALTHY]})
     o = r.rollback()
     assert o.result == "failed" and f"reverted it to {R3} first" in o.reason
+
+
+# ---------------------------------------------------------------------------------------------
+# round trips of a whole deploy: the probe brings the release state
+
+
+def _probed(monkeypatch, st: S.ServiceState, *, cut_short: bool) -> list[bool]:
+    """The probe as one round trip whose facts carry the release state (the preflight's checks are
+    test_preflight's); returns the ``sudo`` of each probe sent."""
+    from llmfleet.host import facts as F
+
+    sent_sudo: list[bool] = []
+
+    def gather(remote, *, root, model_paths, sudo=False, **_):
+        sent_sudo.append(sudo)
+        remote.run("probe", sudo=sudo)
+        return F.Facts(host="h1", probe_version=3, releases=S.parse_state(state_text(st)), releases_read=not cut_short)
+
+    monkeypatch.setattr(D.facts_mod, "gather", gather)
+    monkeypatch.setattr(D.preflight, "plan_for", lambda *a, **k: (None, None))
+    monkeypatch.setattr(D.preflight, "run_checks", lambda *a, **k: [])
+    return sent_sudo
+
+
+@pytest.mark.parametrize("cut_short", [False, True], ids=["state-in-probe", "state-cut-short"])
+def test_a_no_change_deploy_is_the_probe_and_the_audit_line(monkeypatch, cut_short):
+    st = svc_state({R1: (NEW.content_hash, True)}, R1)
+    sudo = _probed(monkeypatch, st, cut_short=cut_short)
+    r = Run([Command("probe")] + ([state(st)] if cut_short else []))
+    ready = D.PreparedHost(None, None, HS, (D.Prepared(SVC, None, resolve(SVC.image, LOCK)),))  # type: ignore[arg-type]
+    D.run_deploy(r.run, ready, r.out, D.DeployOptions())
+    assert r.out.result == "unchanged" and r.out.releases == {"chat": R1}
+    assert sudo == [True]  # the probe reads the state as the deploy's user, as the state reader would
+    last = r.finish(out="")
+    assert audit_results(last) == [("deploy", "unchanged")]
+    # probe (with the state) + the audit line; a state the probe cut short is read once more
+    assert r.remote.round_trips == (3 if cut_short else 2)

@@ -341,3 +341,66 @@ def test_query_fields_match_the_probe_script():
     script = probe_sh().decode()
     assert "--query-gpu=" + ",".join(QUERY_FIELDS) in script
     assert "--query-gpu=" + ",".join(QUERY_FIELDS[:-1]) + " " in script
+
+
+@pytest.fixture
+def fake_docker_host(tmp_path):
+    """A PATH with a docker whose `docker info` lists the compose plugin; every docker call is logged."""
+    b = tmp_path / "bin"
+    b.mkdir()
+    calls = tmp_path / "docker-calls"
+    info = DOCKER_OK.replace('"DockerRootDir":"/var/lib/docker"', f'"DockerRootDir":"{tmp_path}/docker-root"').replace(
+        '"ClientInfo":{"Version":"27.5.1"}',
+        '"ClientInfo":{"Version":"27.5.1","Plugins":[{"Name":"buildx","Version":"v0.20.0"},'
+        '{"Name":"compose","Version":"v2.33.1"}]}')
+    _fake(b, "docker", f"""
+echo "$1 $2" >>'{calls}'
+case "$*" in
+  *DockerRootDir*) echo '{tmp_path}/docker-root'; exit 0 ;;
+esac
+case "$1" in
+  info) echo '{info}' ;;
+  ps) echo '{{"Names":"llmfleet-chat","Image":"llamacpp:b1","State":"running","Ports":"127.0.0.1:8000->8000/tcp","Labels":""}}' ;;
+  image) echo '{{"Repository":"llamacpp","Tag":"b1","Digest":"sha256:{"a" * 64}"}}' ;;
+  compose) echo '2.0.0' ;;
+  *) exit 1 ;;
+esac
+""")
+    _fake(b, "docker-compose", f"echo 'compose-v1' >>'{calls}'\necho 1.29.2\n")
+    (tmp_path / "docker-root").mkdir()
+    return b, calls
+
+
+@pytest.mark.parametrize("tmpdir_ok", [True, False], ids=["groups-at-once", "no-temp-folder-one-by-one"])
+def test_probe_script_asks_docker_info_once(fake_docker_host, tmp_path, tmpdir_ok):
+    # `docker info` names the root folder and the compose plugin: no second `docker info`, no
+    # `docker compose version`, no v1 `docker-compose`; without a temporary folder the groups run one
+    # after the other, same facts
+    b, calls = fake_docker_host
+    env = {"PATH": f"{b}:/usr/bin:/bin", "HOME": str(tmp_path),
+           "TMPDIR": str(tmp_path) if tmpdir_ok else str(tmp_path / "no" / "such")}
+    res = subprocess.run(["sh", "-s", "--", MARK, str(tmp_path / "root")], input=probe_sh(), capture_output=True,
+                         env=env, timeout=60)
+    assert res.returncode == 0, res.stderr
+    f = parse(res.stdout.decode())
+    called = sorted(calls.read_text().splitlines())
+    assert f.probe_version == 3 and f.docker.server_version == "27.5.1" and f.compose.v2 == "2.33.1"
+    assert f.disk("docker_root").path == f"{tmp_path}/docker-root"
+    assert {"docker_info", "docker_ps", "docker_images", "meminfo", "df docker_root"} <= set(f.probe_seconds)
+    assert not list(tmp_path.glob("tmp*"))  # the probe's temporary folder is gone
+    if not tmpdir_ok:  # one by one: the root folder is asked again, and exit statuses are not kept
+        assert called == ["compose version", "compose-v1", "image ls", "info --format", "info --format",
+                          "ps --no-trunc"]
+        return
+    assert called == ["image ls", "info --format", "ps --no-trunc"]
+    assert not f.docker.error and not f.errors[1:]
+    assert [c.name for c in f.containers] == ["llmfleet-chat"] and "llamacpp:b1" in f.images
+
+
+def test_section_times_and_docker_listings_of_a_refused_engine():
+    doc = host_doc(*_card("v100-535"), docker="Cannot connect to the Docker daemon", docker_rc=1)
+    doc = doc.replace(f"=={MARK}== end meminfo rc=0\n", f"=={MARK}== end meminfo rc=0 t=0.07\n")
+    doc += section("docker_ps", "Cannot connect to the Docker daemon", 1)
+    f = parse(doc)
+    assert f.probe_seconds == {"meminfo": 0.07}
+    assert f.containers == [] and not any(e.startswith("docker ps") for e in f.errors)  # one error: docker's

@@ -326,3 +326,27 @@ def test_the_planners_own_floor_is_the_default_and_explicit_settings_still_win()
     assert H.decode_floor(svc, hs, p.to_dict()).tokps == pytest.approx(0.5 * p.decode_tokps_realistic[0])
     svc, hs = _svc_settings()
     assert H.decode_floor(svc, hs, p.to_dict()).tokps == pytest.approx(p.health_floor_tokps)  # JSON plans too
+
+
+def test_a_wait_polls_soon_then_backs_off_and_stays_bounded():
+    """The unit stage against a unit that never becomes active, on an injected clock: the pauses
+    double from poll_min_s to poll_interval_s, the last one ends at the deadline, nothing more."""
+    now = [0.0]
+    pauses: list[float] = []
+
+    def sleep(s: float) -> None:
+        pauses.append(round(s, 3))
+        now[0] += s
+
+    probes = [0]
+
+    def probe() -> UnitProbe:
+        probes[0] += 1
+        return UnitProbe("activating", None, None)
+
+    c = H.HealthChecker(probe=probe, base_url="http://127.0.0.1:9", served_name="tiny", stage_timeout_s=2.0,
+                        poll_min_s=0.05, poll_interval_s=0.5, clock=lambda: now[0], sleep=sleep)
+    rep = c.run()
+    assert rep.failed.name == "unit" and "within 2s" in rep.message
+    assert pauses == [0.05, 0.1, 0.2, 0.4, 0.5, 0.5, 0.25]
+    assert probes[0] == len(pauses) + 1 and now[0] == pytest.approx(2.0)

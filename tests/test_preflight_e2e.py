@@ -52,8 +52,11 @@ def test_gather_is_one_round_trip_and_names_what_is_missing(sshd, tmp_path, mode
     with connect(host, config={"known_hosts": str(tmp_path / "kh")}, accept_new_host_keys=True) as remote:
         f = facts_mod.gather(remote, root=str(tmp_path / "root"), model_paths=[str(model_file), "/nonexistent/m"])
         assert remote.round_trips == 1
-    assert f.host == "test-host" and f.probe_version == 2 and f.kernel
-    assert f.releases == {} and not any("release state" in e for e in f.errors)  # no services yet: none
+    assert f.host == "test-host" and f.probe_version == 3 and f.kernel
+    assert f.releases == {} and f.releases_read and not any("release state" in e for e in f.errors)  # none yet
+    # each section says how long it took on the host (the slowest is what a probe waits for)
+    assert {"docker_info", "meminfo", "release_state", "model 0", "df docker_root"} <= set(f.probe_seconds)
+    assert all(0 <= t < 60 for t in f.probe_seconds.values())
     assert f.gpus == [] and "nvidia-smi not found on PATH and no NVIDIA driver loaded" in f.errors
     models = {m.path: m for m in f.models}
     assert models[str(model_file)].magic == "GGUF" and models[str(model_file)].size_bytes == 4096

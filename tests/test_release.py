@@ -358,3 +358,82 @@ def test_lock_release_only_releases_our_own_lock(tmp_path):
     assert theirs.returncode == R.LOCK_HELD_RC and not R.parse_lock_release(theirs.stdout.decode())
     assert R.parse_lock_release(sh(R.lock_release_script(root, "t1")).stdout.decode())
     assert not Path(R.lock_dir(root)).exists()
+
+
+def test_a_chain_runs_its_steps_in_one_shell_and_stops_at_the_first_failure(tmp_path):
+    """Several steps in one round trip: the upload's tar goes to its step only; a failed step stops
+    the rest (a compose file the engine rejects is never switched to); each step's answer is its own."""
+    rid = "20261129T120000Z-0123456789"
+    r = rendered()
+    files, modes = R.release_files(r, Manifest.build(r, rid, host="h1", who="ops", when=NOW, llmfleet_version="0"))
+    tar = R.pack_release(files, modes)
+    paths = R.Paths(str(tmp_path), "chat")
+    marker = tmp_path / "switched"
+    steps = [R.upload_script(paths, rid), "wc -c; echo '@@armed 60'", "echo nope; exit 5", f"touch {marker}"]
+    res = subprocess.run(["sh", "-c", R.chain_script(steps, stdin_step=0)], input=tar, capture_output=True, timeout=30)
+    assert res.returncode == 5
+    parts = R.split_chain(res.stdout.decode(), len(steps))
+    assert parts[0] == (0, "@@uploaded\n") and R.parse_upload(0, parts[0][1])
+    assert parts[1] == (0, "0\n@@armed 60\n")  # read /dev/null, not the rest of the tar
+    assert parts[2] == (5, "nope\n") and parts[3] is None and not marker.exists()
+    assert (tmp_path / "services" / "chat" / "releases" / rid / "manifest.json").exists()
+
+
+@pytest.mark.parametrize(("installed", "need_reload", "reloads"), [
+    (None, "no", True),                 # first switch: no unit file yet
+    ("[Service]\nOld=1\n", "no", True),  # a release with another unit file
+    ("[Service]\n", "no", False),        # the same unit file, loaded: no reload (a second or more on a busy host)
+    ("[Service]\n", "yes", True),        # the same file, but systemd has not loaded it
+])
+def test_switch_reloads_systemd_only_for_a_new_unit_file(tmp_path, installed, need_reload, reloads):
+    paths = R.Paths(str(tmp_path / "root"), "chat")
+    rid = "20261129T120000Z-0123456789"
+    rel = Path(paths.release(rid))
+    rel.mkdir(parents=True)
+    (rel / "compose.yml").write_text("services: {}\n")
+    (rel / "llmfleet-chat.service").write_text("[Service]\n")
+    unit = tmp_path / "etc" / "llmfleet-chat.service"
+    unit.parent.mkdir()
+    if installed is not None:
+        unit.write_text(installed)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "systemctl").write_text(f'#!/bin/sh\necho "systemctl $*" >> {tmp_path}/calls\n'
+                                       f'case "$1" in show) echo {need_reload};; esac\n')
+    (bin_dir / "systemctl").chmod(0o755)
+    script = R.switch_script(paths, rid).replace(paths.unit_path, str(unit))
+    res = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=30,
+                         env={"PATH": f"{bin_dir}:/usr/bin:/bin"})
+    assert R.parse_switch(res.returncode, res.stdout), res.stderr
+    called = (tmp_path / "calls").read_text().splitlines()
+    assert ("systemctl daemon-reload" in called) is reloads
+    assert unit.read_text() == "[Service]\n"
+    assert "systemctl enable --no-reload llmfleet-chat.service" in called and called[-1] == \
+        "systemctl restart llmfleet-chat.service"
+
+
+@pytest.mark.parametrize(("same", "reloads"), [(False, True), (True, False)])
+def test_the_watchdog_is_started_with_a_reload_only_for_new_unit_files(tmp_path, same, reloads):
+    from llmfleet.release import watchdog
+
+    sdir = tmp_path / "services" / "chat"
+    cur = sdir / "current"
+    cur.mkdir(parents=True)
+    units = tmp_path / "etc"
+    units.mkdir()
+    for name in ("llmfleet-chat-watchdog.service", "llmfleet-chat-watchdog.timer"):
+        (cur / name).write_text(f"[Unit]\n# {name}\n")
+        (units / name).write_text(f"[Unit]\n# {name}\n" if same else "[Unit]\n# older\n")
+    (cur / "watchdog.sh").write_text("#!/bin/sh\n")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "systemctl").write_text(f'#!/bin/sh\necho "systemctl $*" >> {tmp_path}/calls\n'
+                                       'case "$1" in show) echo no; echo no;; esac\n')
+    (bin_dir / "systemctl").chmod(0o755)
+    res = subprocess.run(["sh", "-c", watchdog.install_snippet(str(sdir), "chat", unit_dir=str(units))],
+                         capture_output=True, text=True, timeout=30, env={"PATH": f"{bin_dir}:/usr/bin:/bin"})
+    assert "@@watchdog-on" in res.stdout, res.stderr
+    called = (tmp_path / "calls").read_text().splitlines()
+    assert ("systemctl daemon-reload" in called) is reloads
+    assert (units / "llmfleet-chat-watchdog.timer").read_text() == "[Unit]\n# llmfleet-chat-watchdog.timer\n"
+    assert "systemctl enable --no-reload llmfleet-chat-watchdog.timer" in called

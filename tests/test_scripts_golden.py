@@ -48,6 +48,8 @@ SCRIPTS = {
     "engine_log": lambda: S.logs_script(PATHS, 200),
     "mark_healthy": lambda: S.mark_healthy_script(PATHS, R2, {"result": "healthy", "decode_tokps": 42.5}),
     "unit_probe": lambda: S.unit_probe_script(PATHS),
+    "unit_wait": lambda: S.unit_wait_script(PATHS, 20),
+    "chain_lock_pull": lambda: S.chain_script([S.lock_acquire_script(ROOT, HOLDER), S.pull_script(REF)]),
     "current_files": lambda: S.current_files_script(ROOT, ["chat", "embed"]),
     "prune": lambda: S.prune_script(PATHS, [R1]),
     "image_remove": lambda: S.image_remove_script([REF]),
@@ -103,12 +105,12 @@ def test_every_script_builder_of_the_release_store_has_a_golden_file():
               "image_remove_script", "lock_acquire_script", "lock_release_script", "lock_status_script",
               "lock_break_script", "audit_append_script", "final_script", "service_stop_script",
               "service_start_script", "service_remove_script", "service_logs_script", "bench_write_script",
-              "bench_read_script"}
+              "bench_read_script", "unit_wait_script", "chain_script"}
     assert set(builders) <= pinned, f"a new script builder needs a golden file: {sorted(set(builders) - pinned)}"
 
 
 @pytest.mark.parametrize("name", ["state", "upload", "switch", "lock_acquire", "audit_append", "status", "final",
-                                  "service_remove", "service_logs_follow",
+                                  "service_remove", "service_logs_follow", "unit_wait", "chain_lock_pull",
 
                                   "confirm_arm", "confirm_arm_first", "confirm_confirm", "watchdog_install",
                                   "watchdog_sh"])

@@ -155,6 +155,22 @@ def test_forward_reaches_a_port_on_the_host(remote):
     srv.close()
 
 
+def test_closing_a_forward_wakes_its_listener_without_reaching_the_host(remote):
+    import socket
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    srv.settimeout(1.0)
+    with remote.forward(srv.getsockname()[1]) as local_port:
+        pass
+    with pytest.raises(TimeoutError):  # the wake-up connection is never forwarded to the host
+        srv.accept()
+    with pytest.raises(OSError):  # and the local port is closed
+        socket.create_connection(("127.0.0.1", local_port), timeout=1)
+    srv.close()
+
+
 def test_unreachable_host_is_one_line_error(tmp_path):
     h = Host(name="down", vars={"ansible_host": "127.0.0.1", "ansible_port": 1})
     with pytest.raises(RemoteError, match=r"^host down: cannot connect to 127.0.0.1:1"):

@@ -375,3 +375,28 @@ def test_upgrade_task_usage_errors_exit_2_before_contacting_hosts(tmp_path, args
     assert message in res.stderr
     assert "cannot connect" not in res.stderr  # nothing was contacted
     assert "Traceback" not in res.stderr
+
+
+def test_json_lines_prints_one_line_per_host_as_it_ends_then_the_summary(tmp_path):
+    """`upgrade --json-lines` on two hosts nothing listens for: one JSON line per host on stdout (each
+    parseable alone, as a stream reader takes it), then the summary line; a progress line per batch on
+    stderr instead of every host's steps; exit 1 (failed hosts)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    inv = _fleet_inventory(tmp_path)
+    res = subprocess.run([sys.executable, "-m", "invoke", "upgrade", "-i", str(inv), "--group", "fleet",
+                          "--set", "context=4096", "--forks", "2", "--json-lines"],
+                         cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=120,
+                         env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+    assert res.returncode == 1, (res.stdout, res.stderr)
+    lines = [json.loads(line) for line in res.stdout.splitlines()]
+    hosts, summary = lines[:-1], lines[-1]
+    assert sorted(h["host"] for h in hosts) == ["n1", "n2"]
+    assert all(h["result"] == "failed" and "cannot connect" in h["reason"] for h in hosts)
+    assert summary["summary"] is True and summary["counts"]["failed"] == 2
+    assert sorted(u["host"] for u in summary["unreachable"]) == ["n1", "n2"]
+    assert "batch 1/1" in res.stderr and "2 failed" in res.stderr  # the live line, not the hosts' steps
+    assert "cannot connect" not in res.stderr and "Traceback" not in res.stderr

@@ -171,6 +171,33 @@ def select_hosts(c, inventory: Any, host: str | None, group: str | None) -> tupl
     return inv, inv.select(host=host, group=group)
 
 
+def process_age_s() -> float | None:
+    """Seconds since this process started (Linux: /proc), for a timeline's start-up line; None elsewhere."""
+    try:
+        with open("/proc/self/stat") as fh:
+            start_ticks = int(fh.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as fh:
+            uptime = float(fh.read().split()[0])
+        return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def print_timeline(outcome: Any, before: list[tuple[str, float | None]] = ()) -> None:
+    """``--timeline``: where one host's seconds went, stage by stage, on stderr; ``before``: the
+    process's own stages before the host's run (start-up, inventory), as (name, seconds)."""
+    rt = outcome.round_trips
+    err_console.print(f"[bold]{escape(outcome.host)}[/]: timeline, {outcome.duration_s:.2f} s, "
+                      f"{rt} SSH round trip{'s' if rt != 1 else ''}")
+    for name, secs in before:
+        if secs is not None:
+            err_console.print(f"  {'':>8} {secs:6.2f}s       {escape(name)}")
+    for st in outcome.timeline:
+        trips = st.get("round_trips")
+        trips_text = f"{trips:>2} rt" if trips else "     "
+        err_console.print(f"  +{st['start_s']:6.2f}s {st['seconds']:6.2f}s {trips_text} {escape(st['stage'])}")
+
+
 def log_line(line: str) -> None:
     """A timestamped progress line on stderr (stdout stays for the result)."""
     from datetime import UTC, datetime

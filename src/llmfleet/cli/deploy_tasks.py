@@ -15,6 +15,8 @@ from llmfleet.cli.common import (
     log_line,
     new_table,
     print_json,
+    print_timeline,
+    process_age_s,
     select_hosts,
     unreachable_entry,
 )
@@ -23,7 +25,8 @@ from llmfleet.cli.flags import POSITIVE, fleet_task
 _STYLE = {"deployed": "green", "unchanged": "green", "check": "cyan", "rolled_back": "bold yellow",
           "failed": "bold red", "refused": "bold red"}
 DEFAULT_FORKS = 5  # as Ansible's forks
-VERBOSE_HELP = "print each remote command (secrets masked) with its exit status and duration"
+VERBOSE_HELP = "print each remote command (secrets masked) with its exit status and duration, then the timeline"
+TIMELINE_HELP = "print where each host's seconds went: stage by stage, with SSH round trips (on stderr)"
 
 
 def never_reached(o: Any) -> bool:
@@ -60,25 +63,35 @@ def _summary(outcomes: list[Any], title: str) -> None:
         "service": "deploy only this service of the host (default: every service)",
         "forks": f"hosts deployed at once (default {DEFAULT_FORKS}); each host keeps its own lock",
         "verbose": VERBOSE_HELP,
+        "timeline": TIMELINE_HELP,
         "json": 'print {"hosts": [one result per host], "unreachable": [{"host", "error"}]}',
     },
 )
 def deploy(c, host=None, group=None, inventory=None, check=False, diff=False, accept_new_host_keys=False,
-           allow_unpinned=False, message="", service=None, forks=DEFAULT_FORKS, verbose=False, json=False):
+           allow_unpinned=False, message="", service=None, forks=DEFAULT_FORKS, verbose=False, timeline=False,
+           json=False):
     """Deploy each host's services: preflight, render, pull by digest, switch, health-check, roll back on failure.
 
     Exit 0 when every host is deployed or unchanged, 1 otherwise.
     """
+    import time
+
     from llmfleet.release.deploy import DeployOptions
     from llmfleet.release.service_ops import deploy_hosts
 
+    startup_s, t_select = process_age_s(), time.monotonic()
     inv, hosts = select_hosts(c, inventory, host, group)
+    select_s = time.monotonic() - t_select
     # --diff is a --check that also prints diffs: neither takes the lock or writes an audit record.
     options = DeployOptions(check=bool(check or diff), diff=bool(diff), accept_new_host_keys=bool(accept_new_host_keys),
                             allow_unpinned=bool(allow_unpinned), message=message or "",
                             services=[service] if service else None)
     outcomes = deploy_hosts(inv, [h.name for h in hosts], config=load_settings(c), options=options, forks=forks,
                             log=log_line)
+    if timeline or verbose:
+        for o in outcomes:
+            print_timeline(o, [("process start-up (Python, imports)", startup_s),
+                               ("inventory (load, select hosts)", select_s)])
     if json:
         print_json(outcomes_document(outcomes))
     else:

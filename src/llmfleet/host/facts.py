@@ -62,6 +62,7 @@ class Docker(BaseModel):
     default_runtime: str | None = None
     root_dir: str | None = None
     cdi_spec_dirs: list[str] = Field(default_factory=list)
+    compose_plugin: str | None = None  # the compose CLI plugin's version, as `docker info` lists it
     error: str | None = None
 
 
@@ -129,9 +130,12 @@ class Facts(BaseModel):
     systemd: bool | None = None
     root: str | None = None
     releases: dict[str, ServiceState] = Field(default_factory=dict)  # the release state reader's model
+    releases_read: bool = False  # the release state reader ran to its end: ``releases`` is the whole state
     ports: list[int] = Field(default_factory=list)  # listening TCP ports
     models: list[ModelFile] = Field(default_factory=list)
     errors: list[str] = Field(default_factory=list)
+    # each section's wall time on the host ("df docker_root": 0.02), from probe v3 on
+    probe_seconds: dict[str, float] = Field(default_factory=dict)
 
     def disk(self, label: str) -> Disk | None:
         return next((d for d in self.disks if d.label == label), None)
@@ -150,6 +154,7 @@ class Section(BaseModel):
     body: str
     rc: int | None
     complete: bool
+    seconds: float | None = None  # the section's wall time on the host (t= of its end line)
 
 
 def shown(value: str, n: int = _SHOWN) -> str:
@@ -177,7 +182,8 @@ def split_sections(text: str, mark: str) -> tuple[list[Section], bool]:
         elif line.startswith(end) and cur is not None:
             rest = line[len(end):]
             m = re.search(r"rc=(\d+)", rest)
-            sections.append(_close(cur, int(m.group(1)) if m else None, True))
+            t = re.search(r"\bt=(\d{1,6}\.\d{1,3})\b", rest)
+            sections.append(_close(cur, int(m.group(1)) if m else None, True, float(t.group(1)) if t else None))
             cur = None
         elif line == done:
             finished = True
@@ -188,11 +194,12 @@ def split_sections(text: str, mark: str) -> tuple[list[Section], bool]:
     return sections, finished
 
 
-def _close(cur: dict[str, Any], rc: int | None, complete: bool) -> Section:
+def _close(cur: dict[str, Any], rc: int | None, complete: bool, seconds: float | None = None) -> Section:
     lines = cur["lines"]
     if complete and lines and lines[-1] == "":
         lines = lines[:-1]  # the newline the probe always prints before the end marker
-    return Section(name=cur["name"], arg=cur["arg"], body="\n".join(lines), rc=rc, complete=complete)
+    return Section(name=cur["name"], arg=cur["arg"], body="\n".join(lines), rc=rc, complete=complete,
+                   seconds=seconds)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -350,6 +357,11 @@ def parse_docker_info(body: str, rc: int | None, errors: list[str]) -> Docker:
         cdi = data.get("CDISpecDirs")
         if isinstance(cdi, list):
             doc.cdi_spec_dirs = [str(x)[:256] for x in cdi[:20]]
+        plugins = client.get("Plugins") if isinstance(client, dict) else None
+        for plugin in plugins[:50] if isinstance(plugins, list) else []:
+            if isinstance(plugin, dict) and plugin.get("Name") == "compose" and isinstance(plugin.get("Version"), str):
+                doc.compose_plugin = _versionish(plugin["Version"])
+                break
         server_errors = data.get("ServerErrors")
         if isinstance(server_errors, list) and server_errors:
             other = [str(e) for e in server_errors] + other
@@ -560,6 +572,8 @@ def parse_probe_document(
     by: dict[str, list[Section]] = {}
     for s in sections:
         by.setdefault(s.name, []).append(s)
+        if s.seconds is not None and len(facts.probe_seconds) < 200:
+            facts.probe_seconds[f"{s.name} {s.arg}".strip()[:128]] = s.seconds
         cap = SECTION_CAPS.get(s.name, SECTION_CAP * 4)
         if s.complete and len(s.body) > cap + 16:
             errors.append(f"section {s.name}: {len(s.body)} bytes, over the cap; cut")
@@ -595,16 +609,19 @@ def parse_probe_document(
         errors.append(facts.docker.error)
     else:
         facts.docker = parse_docker_info(di.body, di.rc if di.complete else None, errors)
+    # probe v3 asks `docker ps` and `docker image ls` beside `docker info`: read only when the engine answered
     ps = one("docker_ps")
-    if ps:
+    if ps and facts.docker.error is None:
         facts.containers = parse_docker_ps(ps.body, errors)
     im = one("docker_images")
-    if im:
+    if im and facts.docker.error is None:
         facts.images = parse_docker_images(im.body)
 
     v2 = one("compose_v2")
     if v2 and v2.rc == 0:
         facts.compose.v2 = _versionish(v2.body)
+    else:  # probe v3 asks compose only when docker info does not list it
+        facts.compose.v2 = facts.docker.compose_plugin
     v1 = one("compose_v1")
     if v1 and v1.rc == 0:
         facts.compose.v1 = _versionish(v1.body)
@@ -649,6 +666,7 @@ def parse_probe_document(
     rs = one("release_state")
     if rs is not None:
         facts.releases = parse_state(rs.body)
+        facts.releases_read = rs.complete and state_complete(rs.body)
         if not state_complete(rs.body):
             errors.append("release state cut short; releases are partial")
     for s in by.get("model", [])[:100]:
@@ -755,14 +773,17 @@ def default_gpu_lookup(name: str) -> Any:
 
 
 def gather(remote: Any, *, root: str = "/opt/llmfleet", model_paths: list[str] | tuple[str, ...] = (),
-           timeout: float = 180) -> Facts:
+           timeout: float = 180, sudo: bool = False) -> Facts:
     """Run the probe on the host in one round trip and parse what it printed.
 
+    ``sudo``: run it as the deploy's user (``sudo -n``, as every deploy step), so that its release
+    state section reads what the deploy's own state reader would (a deploy needs no second read).
     Raises ``RemoteError`` only when SSH itself fails; a probe that fails part-way returns the facts
     it found with the failures in ``errors``.
     """
     mark = "llmfleet-" + secrets.token_hex(8)
-    result = remote.run(probe_command(mark, root, list(model_paths)), stdin=probe_sh(), timeout=timeout)
+    result = remote.run(probe_command(mark, root, list(model_paths)), stdin=probe_sh(), timeout=timeout,
+                        sudo=sudo)
     stdout = result.stdout if isinstance(result.stdout, str) else result.stdout.decode("utf-8", "replace")
     stderr = result.stderr if isinstance(result.stderr, str) else result.stderr.decode("utf-8", "replace")
     host = getattr(remote, "name", "") or ""

@@ -17,11 +17,12 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from llmfleet.errors import RemoteError, UsageError
+
+if TYPE_CHECKING:  # httpx (and its command line's rich and click) loads only when a registry is asked
+    import httpx
 
 DOCKER_HUB = "registry-1.docker.io"
 MANIFEST_TYPES = ", ".join(
@@ -212,6 +213,8 @@ class RegistryClient:
         key = (ref.registry, scope)
         if key not in self._tokens:
             query = {"service": params.get("service", ""), "scope": scope}
+            import httpx
+
             auth = httpx.BasicAuth(*creds) if creds else None
             resp = client.get(params["realm"], params=query, auth=auth, timeout=self.timeout)
             if resp.status_code != 200:
@@ -230,6 +233,8 @@ class RegistryClient:
         target = ref.digest or ref.tag or "latest"
         url = f"{self._base(ref.registry)}/v2/{ref.repository}/manifests/{target}"
         headers = {"Accept": MANIFEST_TYPES}
+        import httpx
+
         try:
             # loopback never goes through an HTTP proxy from the environment
             with httpx.Client(follow_redirects=True, max_redirects=5, timeout=self.timeout,

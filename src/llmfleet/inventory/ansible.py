@@ -31,6 +31,7 @@ from typing import Any
 
 import yaml
 
+from llmfleet import yamlload
 from llmfleet.errors import InventoryError, UsageError
 from llmfleet.inventory.services import HostSettings, host_settings
 from llmfleet.inventory.values import UnsafeText, VaultValue, ansible_json, from_ansible_json
@@ -405,8 +406,8 @@ class Builder:
 # YAML files (inventories and vars files)
 
 
-class _YamlLoader(yaml.SafeLoader):
-    """SafeLoader with Ansible's tags: ``!vault`` (opaque secret) and ``!unsafe`` (never templated)."""
+class _YamlLoader(yamlload.SafeLoader):  # type: ignore[misc,valid-type]
+    """SafeLoader (libyaml's when there) with Ansible's tags: ``!vault`` (opaque secret) and ``!unsafe`` (never templated)."""
 
 
 def _vault(loader: yaml.SafeLoader, node: yaml.Node) -> VaultValue:

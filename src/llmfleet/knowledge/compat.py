@@ -16,6 +16,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from llmfleet import yamlload
 from llmfleet.errors import UsageError
 
 ENGINES_PATH = Path(__file__).resolve().parent / "catalog" / "engines.yaml"
@@ -164,7 +165,7 @@ class EngineCatalog(_Model):
 
 def parse_engine_catalog(text: str, path: str = "engines.yaml") -> EngineCatalog:
     try:
-        data = yaml.safe_load(text)
+        data = yamlload.safe_load(text)
     except yaml.YAMLError as exc:
         raise UsageError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from None
     if not isinstance(data, dict):

@@ -69,6 +69,8 @@ class HostOutcome:
     health: dict[str, Any] = field(default_factory=dict)
     services: dict[str, ServiceOutcome] = field(default_factory=dict)
     round_trips: int = 0
+    # where the seconds went: {"stage", "start_s", "seconds", "round_trips"} in order (``--timeline``)
+    timeline: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:

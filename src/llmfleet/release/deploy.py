@@ -4,10 +4,10 @@
 
 1. prepare (no SSH yet): the services with this run's overrides, their secrets, their pinned images;
    a usage error stops here (``prepare_host``, which ``fleet.upgrade`` calls too);
-2. connect with strict host keys; gather facts in one round trip and run the preflight; a FAIL stops
-   here, nothing changed;
-3. read the releases' state (``store.state_script``), render each service, and ``decide``: unchanged,
-   new release, switch to an existing one, health-check one an interrupted deploy left, restart;
+2. connect with strict host keys; gather facts and the releases' state (``store.STATE_READER``, run
+   inside the probe) in one round trip and run the preflight; a FAIL stops here, nothing changed;
+3. render each service, and ``decide``: unchanged, new release, switch to an existing one,
+   health-check one an interrupted deploy left, restart;
 4. ``check``/``diff`` stop here (diffs with secrets masked);
 5. take the host's deploy lock (a stale one left by this machine is taken over, others refuse);
 6. pull every new image by digest while the old release still serves, and verify the digest;
@@ -24,6 +24,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import os
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -182,21 +183,29 @@ def deploy_host(
     prepared: PreparedHost | None = None,
 ) -> HostOutcome:
     """Deploy every llmfleet service of one host (see the module docstring)."""
+    t0 = time.monotonic()
     settings = Settings.of(config)
     ready = prepared or prepare_host(inventory, host_name, settings, options)
     out = HostOutcome(host=host_name, result=Result.UNCHANGED)
     if not ready.services:
         out.reason = "no llmfleet_services on this host"
         return out
+    if prepared is None:
+        out.timeline.append({"stage": "prepare (inventory, images.lock, secrets)", "start_s": 0.0,
+                             "seconds": round(time.monotonic() - t0, 3), "round_trips": 0})
     run_on_host(ready.host, ready.settings, out, "deploy", settings=settings, log=log, who=options.who,
                 message=options.message, check=options.check, accept_new_host_keys=options.accept_new_host_keys,
-                body=lambda run: run_deploy(run, ready, out, options))
+                body=lambda run: run_deploy(run, ready, out, options), t0=t0)
     return out
 
 
-def _preflight(run: HostRun, ready: PreparedHost, out: HostOutcome) -> list[Any]:
-    """Facts (one round trip) and the preflight's verdict for each service; the plans it made."""
-    found = facts_mod.gather(run.remote, root=run.root, model_paths=[p.service.model_path for p in ready.services])
+def _preflight(run: HostRun, ready: PreparedHost, out: HostOutcome) -> tuple[list[Any], facts_mod.Facts]:
+    """Facts (one round trip, as the deploy's user: the release state comes with them) and the
+    preflight's verdict for each service; the plans it made and the facts."""
+    found = facts_mod.gather(run.remote, root=run.root, model_paths=[p.service.model_path for p in ready.services],
+                             sudo=True)
+    if found.probe_version is None:  # nothing ran (sudo refused, no shell): no checks to judge
+        raise RemoteError(f"host {run.host}: the host probe did not run: {found.errors[0] if found.errors else '?'}")
     plans: list[Any] = []
     bad: list[str] = []
     warns = 0
@@ -214,30 +223,31 @@ def _preflight(run: HostRun, ready: PreparedHost, out: HostOutcome) -> list[Any]
     if bad:
         raise Refusal(Result.REFUSED, "preflight failed: " + "; ".join(bad))
     run.log(f"preflight passed ({warns} warning{'s' if warns != 1 else ''})")
-    return plans
+    return plans, found
 
 
 def run_deploy(run: HostRun, ready: PreparedHost, out: HostOutcome, options: DeployOptions,
                plans: list[Any] | None = None) -> None:
     """The deploy after connecting. ``plans`` (one per service) skips the facts and preflight."""
+    found = None
     if plans is None:
-        plans = _preflight(run, ready, out)
-    states = run.read_state()
-    items: list[_Item] = []
-    # roles and templates: the inventory's and the configuration's overrides, then the packaged ones
-    search = search_paths(ready.host.vars if ready.host else None,
-                          ready.inventory.path if ready.inventory else None, run.settings.search_config)
-    for p, plan in zip(ready.services, plans, strict=True):
-        rendered = render(p.service, ready.settings, p.image, plan, api_key=p.api_key, **search)
-        st = states.get(p.service.name)
-        items.append(_Item(p, summarize(plan), rendered, Paths(run.root, p.service.name), st,
-                           decide.decide_service(st, rendered, run.now())))
+        with run.stage("probe + preflight"):
+            plans, found = _preflight(run, ready, out)
+    # the probe read the release state in its round trip; a separate read only when it was cut short
+    if found is not None and found.releases_read:
+        states = found.releases
+    else:
+        with run.stage("release state"):
+            states = run.read_state()
+    with run.stage("render + decide"):
+        items = _decide(run, ready, plans, states)
     for it in items:
         out.releases[it.name] = it.step.release_id
         out.changes.extend(f"{it.name}: {c}" for c in it.step.changes)
 
     if options.diff:
-        _diff(run, items, out)
+        with run.stage("diff"):
+            _diff(run, items, out)
     todo = [it for it in items if it.step.action != Action.UNCHANGED]
     if options.check or options.diff:
         out.result = Result.CHECK
@@ -250,10 +260,15 @@ def run_deploy(run: HostRun, ready: PreparedHost, out: HostOutcome, options: Dep
             _unchanged(run, it, out)
         return
 
-    run.lock("deploy")
-    for it in todo:  # every image the new releases need, while the old ones still serve
-        if it.step.pulls:
-            _pull(run, it)
+    # the lock, then every image the new releases need (while the old ones still serve): one round trip
+    pulling = [it for it in todo if it.step.pulls]
+    for it in pulling:
+        run.log(f"{it.name}: pull {it.prepared.image.pull_ref}")
+    pulled = run.lock("deploy", [store.pull_script(it.prepared.image.pull_ref) for it in pulling],
+                      name="lock + pull" if pulling else "lock",
+                      timeout=60 + run.settings.pull_timeout * len(pulling) if pulling else None)
+    for it, res in zip(pulling, pulled, strict=True):
+        _pulled(run, it, res)
     for it in items:
         if it.step.action == Action.UNCHANGED:
             _unchanged(run, it, out)
@@ -270,6 +285,20 @@ def run_deploy(run: HostRun, ready: PreparedHost, out: HostOutcome, options: Dep
     out.reason = "; ".join(f"{it.name} on {it.step.release_id}" for it in todo)
     after = decide.state_after(states, {it.name: (it.step.release_id, it.manifest, it.health) for it in todo})
     _prune(run, decide.prune_plan(after, run.host_settings.keep_releases))
+
+
+def _decide(run: HostRun, ready: PreparedHost, plans: list[Any], states: dict[str, store.ServiceState]) -> list[_Item]:
+    """Render each service and decide what to do with it."""
+    items: list[_Item] = []
+    # roles and templates: the inventory's and the configuration's overrides, then the packaged ones
+    search = search_paths(ready.host.vars if ready.host else None,
+                          ready.inventory.path if ready.inventory else None, run.settings.search_config)
+    for p, plan in zip(ready.services, plans, strict=True):
+        rendered = render(p.service, ready.settings, p.image, plan, api_key=p.api_key, **search)
+        st = states.get(p.service.name)
+        items.append(_Item(p, summarize(plan), rendered, Paths(run.root, p.service.name), st,
+                           decide.decide_service(st, rendered, run.now())))
+    return items
 
 
 def _unchanged(run: HostRun, it: _Item, out: HostOutcome) -> None:
@@ -294,11 +323,12 @@ def _diff(run: HostRun, items: list[_Item], out: HostOutcome) -> None:
                 out.diffs[f"{it.name}/{name}"] = d
 
 
-def _pull(run: HostRun, it: _Item) -> None:
+def _pulled(run: HostRun, it: _Item, res: Any) -> None:
+    """Judge one pull step's answer (``store.pull_script``); a failure refuses, nothing changed."""
     image = it.prepared.image
     ref = image.pull_ref
-    run.log(f"{it.name}: pull {ref}")
-    res = run.run(store.pull_script(ref), timeout=run.settings.pull_timeout)
+    if res is None:
+        raise Refusal(Result.FAILED, f"{it.name}: the pull of {ref} did not run; nothing was changed on the host")
     if res.rc != 0:
         raise Refusal(Result.FAILED, f"{it.name}: pull of {ref} failed: {short(res.stderr or res.stdout, 300)}; "
                                      "nothing was changed on the host")
@@ -315,26 +345,51 @@ def _switch_and_check(run: HostRun, it: _Item) -> ServiceOutcome:
     rid, previous, digest = step.release_id, step.previous, it.prepared.image.digest
     switched = False
     token: str | None = None  # commit confirmed: the host reverts unless this is confirmed
+    started: store.UnitProbe | None = None
     try:
+        # upload, arm the host's revert, switch and restart, wait for the container: one round trip
+        steps: dict[str, str] = {}
+        stdin: bytes | None = None
         if step.action == Action.NEW:
             it.manifest = Manifest.build(it.rendered, rid, host=run.host, who=run.who, when=run.now(),
                                          llmfleet_version=__version__, message=run.message)
             files, modes = store.release_files(it.rendered, it.manifest)
-            res = run.run(store.upload_script(paths, rid), stdin=store.pack_release(files, modes), timeout=120)
-            if not store.parse_upload(res.rc, res.stdout):
-                raise RemoteError(f"upload of release {rid} failed: {short(res.stderr or res.stdout, 300)}")
+            steps["upload"], stdin = store.upload_script(paths, rid), store.pack_release(files, modes)
+        if step.switches:
+            if step.arms_revert:
+                armed_token, steps["arm revert"] = run.arm_script(paths, svc, rid, previous, "deploy")
+            steps["switch + restart"] = store.switch_script(paths, rid)
+            steps["container start"] = store.unit_wait_script(paths)
+        results: dict[str, Any] = {}
+        if steps:
+            with run.stage(f"{svc.name}: {' + '.join(steps)}"):
+                answers = run.run_chain(list(steps.values()), stdin=stdin, stdin_step=0 if stdin else None,
+                                        timeout=450)
+            results = dict(zip(steps, answers, strict=True))
+        if "upload" in results:
+            res = results["upload"]
+            if res is None or not store.parse_upload(res.rc, res.stdout):
+                raise RemoteError(f"upload of release {rid} failed: "
+                                  f"{short(res.stderr or res.stdout, 300) if res else 'it did not run'}")
             run.log(f"{svc.name}: uploaded release {rid}")
         if step.switches:
             if step.arms_revert:
-                token = run.arm(paths, svc, rid, previous, "deploy")
-            res = run.switch(paths, rid)
+                if results["arm revert"] is None:
+                    raise RemoteError(f"{svc.name}: the host-side revert was not armed (the step did not run)")
+                run.armed(svc, previous, results["arm revert"])
+                token = armed_token
+            res = results["switch + restart"]
             switched = True
-            if not store.parse_switch(res.rc, res.stdout):
-                raise RemoteError(f"switch to {rid} failed: {short(res.stderr or res.stdout, 300)}")
+            if res is None or not store.parse_switch(res.rc, res.stdout):
+                raise RemoteError(f"switch to {rid} failed: "
+                                  f"{short(res.stderr or res.stdout, 300) if res else 'it did not run'}")
             run.log(f"{svc.name}: current -> {rid}, unit restarted")
+            if results["container start"] is not None:
+                started = store.parse_unit_probe(results["container start"].stdout)
         else:
             switched = True  # verify: the release is current and running; only its health is unknown
-        report = run.check_health(HealthTarget(svc, it.prepared.api_key, paths, rid, it.plan), f"release {rid}")
+        report = run.check_health(HealthTarget(svc, it.prepared.api_key, paths, rid, it.plan, started),
+                                  f"release {rid}")
     except KeyboardInterrupt:
         if switched:
             run.log(f"{svc.name}: interrupted; going back to {previous or 'nothing (stopping the unit)'}")

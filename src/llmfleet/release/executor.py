@@ -10,13 +10,14 @@ a scripted remote in tests (tests/test_deploy_executor.py). ``lock_status`` / ``
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import os
 import re
 import secrets
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -121,6 +122,7 @@ class HealthTarget:
     paths: Paths
     release_id: str
     plan: PlanSummary | None
+    started: store.UnitProbe | None = None  # the state the switch's round trip saw after the restart
 
 
 HealthFn = Callable[["HostRun", HealthTarget], health.HealthReport]
@@ -145,6 +147,7 @@ def http_health(run: HostRun, target: HealthTarget) -> health.HealthReport:
             floor=health.decode_floor(svc, run.host_settings, target.plan),
             realistic=health.realistic_tokps(target.plan),
             progress=lambda line: run.log(f"{svc.name}:{line}"),
+            initial=target.started,
         ).run()
 
 
@@ -156,7 +159,8 @@ class HostRun:
     def __init__(self, host_name: str, host_settings: HostSettings, remote: Any, *, settings: Settings, log: Log,
                  who: str | None = None, message: str = "", health_fn: HealthFn = http_health,
                  now: Callable[[], datetime] = now_utc, token: Callable[[], str] = lambda: secrets.token_hex(16),
-                 alive: Callable[[int], bool] = pid_alive, origin: str | None = None, pid: int | None = None) -> None:
+                 alive: Callable[[int], bool] = pid_alive, origin: str | None = None, pid: int | None = None,
+                 clock: Callable[[], float] = time.monotonic, t0: float | None = None) -> None:
         self.host = host_name
         self.host_settings = host_settings
         self.root = host_settings.root
@@ -174,10 +178,44 @@ class HostRun:
         self.audit: list[dict[str, Any]] = []
         self.deferred: list[str] = []
         self.lock_token: str | None = None
+        self.clock = clock
+        self.t0 = clock() if t0 is None else t0
+        self.timeline: list[dict[str, Any]] = []
+
+    # -- timeline (``deploy --timeline``) ---------------------------------------------------------
+
+    @contextlib.contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        """Time one stage of the run: its start (seconds since the run began), duration, round trips."""
+        t, rt = self.clock(), self._round_trips()
+        try:
+            yield
+        finally:
+            self.timeline.append({"stage": name, "start_s": round(t - self.t0, 3),
+                                  "seconds": round(self.clock() - t, 3), "round_trips": self._round_trips() - rt})
+
+    def _round_trips(self) -> int:
+        return int(getattr(self.remote, "round_trips", 0) or 0)
 
     def run(self, script: str, *, timeout: float | None = None, stdin: bytes | None = None,
             check: bool = False) -> ssh.Result:
         return self.remote.run(script, timeout=timeout, stdin=stdin, sudo=True, check=check)
+
+    def run_chain(self, scripts: list[str], *, timeout: float | None = None, stdin: bytes | None = None,
+                  stdin_step: int | None = None) -> list[ssh.Result | None]:
+        """Several steps in one round trip (``store.chain_script``): each step's own result, None for
+        a step that did not run because one before it failed. One step is sent as it is."""
+        if len(scripts) == 1:
+            return [self.run(scripts[0], timeout=timeout, stdin=stdin)]
+        res = self.run(store.chain_script(scripts, stdin_step=stdin_step), timeout=timeout, stdin=stdin)
+        out: list[ssh.Result | None] = []
+        for script, part in zip(scripts, store.split_chain(res.stdout, len(scripts)), strict=True):
+            if part is None:
+                out.append(None)
+                continue
+            rc = part[0] if part[0] is not None else (res.rc or -1)
+            out.append(ssh.Result(rc=rc, stdout=part[1], stderr=res.stderr if rc != 0 else "", command=script))
+        return out
 
     def read_state(self) -> dict[str, store.ServiceState]:
         res = self.run(store.state_script(self.root), check=True)
@@ -193,16 +231,24 @@ class HostRun:
 
     # -- lock -------------------------------------------------------------------------------------
 
-    def lock(self, action: str) -> None:
+    def lock(self, action: str, then: list[str] | None = None, *, name: str = "lock",
+             timeout: float | None = None) -> list[ssh.Result | None]:
+        """Take the host's deploy lock; ``then``: steps that run in the same round trip once it is
+        taken (the pulls of a deploy). Returns their results (None: not run). Refuses when held."""
+        with self.stage(name):
+            return self._lock(action, list(then or []), timeout)
+
+    def _lock(self, action: str, then: list[str], timeout: float | None) -> list[ssh.Result | None]:
         token = self.token()
         holder = store.holder_document(token=token, who=self.who, origin=self.origin, action=action,
                                        message=self.message, now=self.now(), pid=self.pid)
         for attempt in range(2):
-            res = self.run(store.lock_acquire_script(self.root, holder))
+            res, *after = self.run_chain([store.lock_acquire_script(self.root, holder), *then], timeout=timeout)
+            assert res is not None  # the first step always runs
             got = store.parse_lock_acquire(res.rc, res.stdout)
             if got.acquired:
                 self.lock_token = token
-                return
+                return after
             if attempt == 0 and decide.may_take_over(got.holder, self.origin, self.alive):
                 self.log(f"taking over a stale lock left by this machine: {store.describe_holder(got.holder, self.now())}")
                 self.run(store.lock_break_script(self.root))
@@ -217,6 +263,7 @@ class HostRun:
             raise Refusal(Result.REFUSED, f"deploy lock {store.describe_holder(holder_now, self.now())}; wait, or "
                                           f"inspect with `invoke lock.status --host {self.host}` and break a stale one "
                                           f"with `invoke lock.release --host {self.host} --yes`")
+        raise AssertionError("unreachable: the second attempt returns or raises")
 
     # -- the last round trip ----------------------------------------------------------------------
 
@@ -257,11 +304,19 @@ class HostRun:
 
     def check_health(self, target: HealthTarget, what: str) -> health.HealthReport:
         self.log(f"{target.service.name}: health check of {what} (port {target.service.port} through SSH)")
-        return self.health_fn(self, target)
+        with self.stage(f"{target.service.name}: health"):
+            report = self.health_fn(self, target)
+        start = self.timeline[-1]["start_s"]
+        for st in report.stages:  # its stages, one after the other within it
+            self.timeline.append({"stage": f"{target.service.name}: health {st.name}", "start_s": round(start, 3),
+                                  "seconds": st.seconds, "round_trips": None})
+            start += st.seconds
+        return report
 
     def engine_log(self, paths: Paths) -> str:
         try:
-            out = self.run(store.logs_script(paths, LOG_LINES), timeout=30).stdout
+            with self.stage(f"{paths.service}: engine log"):
+                out = self.run(store.logs_script(paths, LOG_LINES), timeout=30).stdout
         except LlmfleetError as exc:
             return f"(engine log unavailable: {exc})"
         return summarize_log(out)
@@ -276,7 +331,8 @@ class HostRun:
             self.defer(script)
 
     def switch(self, paths: Paths, release_id: str) -> ssh.Result:
-        return self.run(store.switch_script(paths, release_id), timeout=180)
+        with self.stage(f"{paths.service}: switch + restart"):
+            return self.run(store.switch_script(paths, release_id), timeout=180)
 
     # -- commit confirmed (llmfleet.release.confirm) ----------------------------------------------
     # Arm a host-side revert before a switch, confirm it after a passed health check (which also
@@ -285,22 +341,36 @@ class HostRun:
 
     def arm(self, paths: Paths, service: Service, release_id: str, previous: str | None, action: str) -> str:
         """Arm the host's revert of the switch to ``release_id``; the token that confirms it."""
+        token, script = self.arm_script(paths, service, release_id, previous, action)
+        with self.stage(f"{service.name}: arm revert"):
+            res = self.run(script, timeout=120)
+        self.armed(service, previous, res)
+        return token
+
+    def arm_script(self, paths: Paths, service: Service, release_id: str, previous: str | None,
+                   action: str) -> tuple[str, str]:
+        """(token, script) of ``arm``, for a round trip that carries more steps."""
         token = self.token()
         timeout = confirm.timeout_s(service, self.host_settings)
-        res = self.run(confirm.arm_script(paths, release_id=release_id, previous=previous, token=token,
-                                          action=action, timeout=timeout), timeout=120)
+        return token, confirm.arm_script(paths, release_id=release_id, previous=previous, token=token, action=action,
+                                         timeout=timeout)
+
+    def armed(self, service: Service, previous: str | None, res: ssh.Result) -> None:
+        """Judge the arm step's answer: raises ``RemoteError`` when the revert is not armed."""
         armed = confirm.parse_arm(res.rc, res.stdout)
         if not armed.armed:
             raise RemoteError(f"{service.name}: {armed.reason}")
+        timeout = confirm.timeout_s(service, self.host_settings)
         self.log(f"{service.name}: host reverts to {previous or 'nothing'} in {timeout} s unless confirmed")
-        return token
 
     def confirm(self, paths: Paths, service: str, token: str | None) -> bool:
         """Confirm the switch and start the watchdog; False when the host timer had already reverted."""
         if token is None:  # nothing was armed (a verify of the current release): start its watchdog
-            self.run(watchdog.install_snippet(paths.service_dir, service), timeout=60)
+            with self.stage(f"{service}: watchdog on"):
+                self.run(watchdog.install_snippet(paths.service_dir, service), timeout=60)
             return True
-        res = self.run(confirm.confirm_script(paths, token=token), timeout=60)
+        with self.stage(f"{service}: confirm + watchdog on"):
+            res = self.run(confirm.confirm_script(paths, token=token), timeout=60)
         if confirm.parse_confirm(res.stdout):
             return True
         self.log(f"{service}: the confirmation came too late: the host timer reverted the switch")
@@ -356,13 +426,16 @@ def connect(host: Host, settings: Settings, accept_new_host_keys: bool) -> Any:
 
 def run_on_host(host: Host, host_settings: HostSettings, out: HostOutcome, action: str, *, settings: Settings,
                 log: Log, body: Callable[[HostRun], None], who: str | None = None, message: str = "",
-                check: bool = False, accept_new_host_keys: bool = False) -> None:
+                check: bool = False, accept_new_host_keys: bool = False, t0: float | None = None) -> None:
     """Connect, run ``body``, and always: turn a refusal into the outcome, write the audit (not for
-    ``check``), unlock, close. The outcome's ``round_trips`` and ``duration_s`` are filled in."""
-    t0 = time.monotonic()
-    run = HostRun(host.name, host_settings, None, settings=settings, log=log, who=who, message=message)
+    ``check``), unlock, close. The outcome's ``round_trips``, ``duration_s`` and ``timeline`` are filled
+    in (``t0``: when the caller began, for the stages it timed itself)."""
+    t0 = time.monotonic() if t0 is None else t0
+    run = HostRun(host.name, host_settings, None, settings=settings, log=log, who=who, message=message, t0=t0)
+    run.timeline = list(out.timeline)
     try:
-        run.remote = connect(host, settings, accept_new_host_keys)
+        with run.stage("connect"):
+            run.remote = connect(host, settings, accept_new_host_keys)
         body(run)
     except Refusal as exc:
         out.result, out.reason = Result(exc.result), exc.reason
@@ -373,9 +446,11 @@ def run_on_host(host: Host, host_settings: HostSettings, out: HostOutcome, actio
             run.record(action=action, service=None, release_id=None, digest=None, result=out.result,
                        detail=out.reason)
         try:
-            run.finish(write_audit=not check)
+            with run.stage("final (marks, prune, audit, unlock)"):
+                run.finish(write_audit=not check)
         finally:
             out.round_trips = getattr(run.remote, "round_trips", 0) or 0
+            out.timeline = run.timeline
             if run.remote is not None:
                 try:
                     run.remote.close()

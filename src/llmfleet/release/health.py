@@ -22,11 +22,12 @@ import json
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from llmfleet.release.store import UnitProbe
+
+if TYPE_CHECKING:  # httpx loads when a check runs: a deploy with nothing to check never needs it
+    import httpx
 
 # The default decode floor comes from the planner's speed model (``health_floor_tokps`` of the
 # plan): the fastest the card decodes with one eighth of the layers off the GPU, so any such
@@ -328,12 +329,21 @@ class HealthChecker:
     floor: Floor = Floor(None, "no floor given")
     realistic: float | None = None
     measure_speed: bool = True
+    # A wait polls soon after it starts, then less often: poll_min_s, doubled up to poll_interval_s
+    # (a tiny model answers /health within a fraction of a second; a 27B one takes minutes).
+    poll_min_s: float = 0.05
     poll_interval_s: float = 0.5
     probe_every_s: float = 5.0
     progress: Callable[[str], None] = lambda line: None
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
+    # the unit/container state the switch's own round trip answered: the first stages start from it
+    initial: UnitProbe | None = None
     _last_probe: tuple[float, UnitProbe] | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.initial is not None:
+            self._last_probe = (self.clock(), self.initial)
 
     def _probe(self, max_age_s: float = 0.0) -> UnitProbe:
         """The unit/container state; one answered less than ``max_age_s`` ago is reused (one round
@@ -350,7 +360,7 @@ class HealthChecker:
 
     def run(self) -> HealthReport:
         report = HealthReport(ok=False, realistic_tokps=self.realistic)
-        stages: list[tuple[str, Callable[[HttpClient], str]]] = [
+        stages: list[tuple[str, Callable[[httpx.Client], str]]] = [
             ("unit", self._unit),
             ("container", self._container),
             ("health", self._health),
@@ -358,6 +368,8 @@ class HealthChecker:
         ]
         if self.measure_speed:
             stages.append(("completion", lambda c: self._completion(c, report)))
+        import httpx
+
         with httpx.Client(base_url=self.base_url, timeout=httpx.Timeout(10.0, connect=5.0), trust_env=False) as c:
             for name, fn in stages:
                 t0 = self.clock()
@@ -377,18 +389,24 @@ class HealthChecker:
     def _poll(self, timeout: float, step: Callable[[], tuple[bool, str]], what: str) -> str:
         deadline = self.clock() + timeout
         last = "no answer yet"
+        pause = min(self.poll_min_s, self.poll_interval_s)
         for _ in range(MAX_POLLS):
             done, last = step()
             if done:
                 return last
-            if self.clock() >= deadline:
+            now = self.clock()
+            if now >= deadline:
                 break
-            self.sleep(self.poll_interval_s)
+            self.sleep(min(pause, max(deadline - now, 0.0)))
+            pause = min(pause * 2, self.poll_interval_s)
         raise _StageFailed(f"{what} not reached within {timeout:.0f}s (last: {last})")
 
     def _unit(self, _c: Any) -> str:
+        first = [True]
+
         def step() -> tuple[bool, str]:
-            p = self._probe()
+            p = self._probe(max_age_s=2.0 if first[0] else 0.0)
+            first[0] = False
             if p.unit == "failed":
                 raise _StageFailed("systemd unit failed (start limit hit or compose exited)")
             return p.unit == "active", f"unit {p.unit}"
@@ -413,6 +431,8 @@ class HealthChecker:
         return self._poll(self.stage_timeout_s, step, "container running")
 
     def _health(self, c: httpx.Client) -> str:
+        import httpx
+
         last_probe = [self.clock()]
         bad = [0]
         started = self.clock()
@@ -447,6 +467,8 @@ class HealthChecker:
         return self._poll(self.load_timeout_s, step, "/health 200")
 
     def _models(self, c: httpx.Client) -> str:
+        import httpx
+
         def step() -> tuple[bool, str]:
             try:
                 r = c.get("/v1/models", headers=self._headers())
@@ -467,6 +489,8 @@ class HealthChecker:
         return self._poll(self.stage_timeout_s, step, f"/v1/models listing {self.served_name!r}")
 
     def _completion(self, c: httpx.Client, report: HealthReport) -> str:
+        import httpx
+
         body = {
             "model": self.served_name,
             "messages": [{"role": "user", "content": PROMPT}],
@@ -511,5 +535,3 @@ class HealthChecker:
             raise _StageFailed(verdict.message)
         return f"{stats.tokens} tokens, TTFT {ttft}, decode {speed}; {verdict.message}"
 
-
-HttpClient = httpx.Client

@@ -206,6 +206,51 @@ def parse_state(stdout: str) -> dict[str, ServiceState]:
 
 
 # ---------------------------------------------------------------------------------------------
+# Several steps in one round trip
+
+
+def chain_script(steps: list[str], *, stdin_step: int | None = None) -> str:
+    """The steps one after the other in one script, each in its own subshell, framed by
+    ``@@step N`` and ``@@step-rc N RC`` lines; the first step whose exit status is not 0 stops the
+    rest (the script exits with it). Only step ``stdin_step`` reads the caller's stdin (an upload's
+    tar); the others read /dev/null. ``split_chain`` gives each step's exit status and output back,
+    for the step's own parser."""
+    lines: list[str] = []
+    for i, sc in enumerate(steps):
+        lines += [
+            f"echo '@@step {i}'",
+            f"(\n{sc}\n)" + ("" if i == stdin_step else " </dev/null"),
+            "rc=$?",
+            f"printf '\\n@@step-rc {i} %s\\n' \"$rc\"",
+            'if [ "$rc" != 0 ]; then exit "$rc"; fi',
+        ]
+    return "\n".join(lines)
+
+
+def split_chain(stdout: str, n: int) -> list[tuple[int | None, str] | None]:
+    """``chain_script``'s output -> per step (exit status, output), or None for a step that did not
+    run; a step that started but has no exit status line (the connection or the time ran out) has
+    status None."""
+    out: list[tuple[int | None, str] | None] = [None] * n
+    pos = 0
+    for i in range(n):
+        begin = f"@@step {i}\n"
+        # the first step's line may follow stray output (a login script's); each next one follows
+        # the step before's status line at once
+        start = (stdout.find(begin) if i == 0 else pos if stdout.startswith(begin, pos) else -1)
+        if start < 0 or (start > 0 and stdout[start - 1] != "\n"):
+            break
+        body_start = start + len(begin)
+        m = re.compile(rf"\n@@step-rc {i} (\d+)\n").search(stdout, body_start)
+        if m is None:
+            out[i] = (None, stdout[body_start:])
+            break
+        out[i] = (int(m.group(1)), stdout[body_start:m.start()])
+        pos = m.end()
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
 # Upload
 
 
@@ -265,13 +310,14 @@ def parse_upload(rc: int, stdout: str) -> bool:
 def pull_script(ref: str) -> str:
     """Pull unless present, then print the repo digests the engine knows for it."""
     fmt = "{{range .RepoDigests}}{{println .}}{{end}}"
-    return "\n".join([
-        f"if ! {DOCKER} image inspect {q(ref)} >/dev/null 2>&1; then",
+    return "\n".join([  # one `docker image inspect` when the image is there (the usual case)
+        f"if ! digests=$({DOCKER} image inspect --format {q(fmt)} {q(ref)} 2>/dev/null); then",
         f"  {DOCKER} pull --quiet {q(ref)} >/dev/null || exit 4",
         "  echo '@@pulled'",
+        f"  digests=$({DOCKER} image inspect --format {q(fmt)} {q(ref)})",
         "fi",
         "echo '@@digests'",
-        f"{DOCKER} image inspect --format {q(fmt)} {q(ref)}",
+        "printf '%s\\n' \"$digests\"",
     ])
 
 
@@ -308,6 +354,9 @@ def switch_script(paths: Paths, release_id: str) -> str:
     """Point ``current`` at the release atomically, install its unit, reload systemd, restart.
 
     ``systemctl restart`` stops the old container (freeing its GPU memory) before the new one starts.
+    Most releases of a service share one unit file (the flags are in the compose file): systemd is
+    reloaded (a second or more on a busy host) only when the installed file differs or systemd says it
+    needs it; ``enable --no-reload`` adds no reload of its own.
     """
     rel = f"releases/{_check_id(release_id)}"
     return "\n".join([
@@ -316,10 +365,13 @@ def switch_script(paths: Paths, release_id: str) -> str:
         f"test -f {q(rel + '/' + COMPOSE_FILE)}",
         f"ln -sfn {q(rel)} .current.tmp",
         "mv -T .current.tmp current",
-        f"install -m 0644 {q(rel + '/' + paths.unit)} {q(paths.unit_path)}",
-        "systemctl daemon-reload",
+        f"if ! cmp -s {q(rel + '/' + paths.unit)} {q(paths.unit_path)} || "
+        f"[ -n \"$(systemctl show -p NeedDaemonReload --value {q(paths.unit)} 2>/dev/null | grep -vx no)\" ]; then",
+        f"  install -m 0644 {q(rel + '/' + paths.unit)} {q(paths.unit_path)}",
+        "  systemctl daemon-reload",
+        "fi",
         f"systemctl reset-failed {q(paths.unit)} >/dev/null 2>&1 || true",
-        f"systemctl enable {q(paths.unit)} >/dev/null 2>&1 || true",
+        f"systemctl enable --no-reload {q(paths.unit)} >/dev/null 2>&1 || true",
         f"systemctl restart {q(paths.unit)}",
         "echo '@@switched'",
     ])
@@ -369,6 +421,25 @@ def unit_probe_script(paths: Paths) -> str:
     return "\n".join([
         f"echo \"@@unit $(systemctl is-active {q(paths.unit)} 2>/dev/null)\"",
         f"echo \"@@container $(docker inspect --format {q(fmt)} {q(paths.container)} 2>/dev/null)\"",
+    ])
+
+
+def unit_wait_script(paths: Paths, seconds: float = 20) -> str:
+    """After a restart: wait on the host (a check every 0.1 s, at most ``seconds``) until the
+    container runs or has stopped, or the unit failed; then answer as ``unit_probe_script``."""
+    fmt = "{{.State.Status}} {{.State.ExitCode}} {{.RestartCount}}"
+    return "\n".join([
+        "i=0",
+        "while :; do",
+        f"  u=$(systemctl is-active {q(paths.unit)} 2>/dev/null)",
+        f"  c=$(docker inspect --format {q(fmt)} {q(paths.container)} 2>/dev/null)",
+        '  case "$u $c" in failed*|*" running "*|*" exited "*|*" dead "*) break ;; esac',
+        f"  [ \"$i\" -ge {max(0, int(seconds * 10))} ] && break",
+        "  i=$((i + 1))",
+        "  sleep 0.1 2>/dev/null || sleep 1",
+        "done",
+        'echo "@@unit $u"',
+        'echo "@@container $c"',
     ])
 
 

@@ -171,10 +171,16 @@ def install_snippet(service_dir_: str, service: str, unit_dir: str = "/etc/syste
     return "\n".join([
         f"rm -f {_q(state + '.fails')} {_q(state + '.restarts')} {_q(state + '.gaveup')}",
         f"if [ -f {_q(cur + '/' + name + '.timer')} ] && [ -f {_q(cur + '/' + SCRIPT)} ]; then",
-        f"  install -m 0644 {_q(cur + '/' + name + '.service')} {_q(unit_dir + '/' + name + '.service')}",
-        f"  install -m 0644 {_q(cur + '/' + name + '.timer')} {_q(unit_dir + '/' + name + '.timer')}",
-        "  systemctl daemon-reload >/dev/null 2>&1 || true",
-        f"  systemctl enable {_q(name + '.timer')} >/dev/null 2>&1 || true",
+        # systemd is reloaded (a second or more on a busy host) only for new unit files
+        f"  if ! cmp -s {_q(cur + '/' + name + '.service')} {_q(unit_dir + '/' + name + '.service')} || "
+        f"! cmp -s {_q(cur + '/' + name + '.timer')} {_q(unit_dir + '/' + name + '.timer')} || "
+        f"[ -n \"$(systemctl show -p NeedDaemonReload --value {_q(name + '.service')} {_q(name + '.timer')} "
+        "2>/dev/null | grep -vx no)\" ]; then",
+        f"    install -m 0644 {_q(cur + '/' + name + '.service')} {_q(unit_dir + '/' + name + '.service')}",
+        f"    install -m 0644 {_q(cur + '/' + name + '.timer')} {_q(unit_dir + '/' + name + '.timer')}",
+        "    systemctl daemon-reload >/dev/null 2>&1 || true",
+        "  fi",
+        f"  systemctl enable --no-reload {_q(name + '.timer')} >/dev/null 2>&1 || true",
         f"  systemctl restart {_q(name + '.timer')} >/dev/null 2>&1 && echo '@@watchdog-on' || echo '@@watchdog-off'",
         "else",
         f"  systemctl disable --now {_q(name + '.timer')} >/dev/null 2>&1 || true",

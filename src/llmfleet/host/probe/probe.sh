@@ -10,23 +10,34 @@
 # Output: one document of sections
 #   ==MARK== begin NAME [ARG]
 #   <raw output of one command, capped, stderr merged>
-#   ==MARK== end NAME rc=N
+#   ==MARK== end NAME rc=N t=SECONDS
 # A newline is always printed before the end line; the parser removes it. A section whose body is
-# longer than its cap was cut. Every command is bounded by a timeout and reads /dev/null, never
-# this script. A missing tool gives its section rc=127; nothing aborts the probe.
+# longer than its cap was cut. t= is the section's wall time from /proc/uptime (absent without it).
+# Every command is bounded by a timeout and reads /dev/null, never this script. A missing tool
+# gives its section rc=127; nothing aborts the probe.
+#
+# The slow parts (nvidia-smi, the Docker CLI, the release state, model files) run at once, each
+# group into a file of its own under a private temporary folder; their sections are printed after
+# the quick ones, so the probe takes as long as its slowest group, not the sum. Without a temporary
+# folder everything runs one after the other. Docker is asked once for `docker info` (its JSON has
+# the root folder and the compose plugin's version); `docker compose version` and `docker-compose
+# version` (v1) only when it does not.
 #
 # POSIX sh only (dash, busybox ash, bash): no arrays, no pipefail, no local.
 
-PROBE_VERSION=2
+PROBE_VERSION=3
 
 probe_main() {
     MARK=${1:-llmfleet-probe}
     ROOT=${2:-/opt/llmfleet}
     if [ "$#" -ge 2 ]; then shift 2; else shift "$#"; fi
-    CAP=65536
+    SMALLCAP=65536
+    CAP=$SMALLCAP
     FN=no
     BIGCAP=262144
     STATECAP=1048576
+    GROUP=main
+    GROUPS_STARTED=""
     PATH=$PATH:/usr/sbin:/sbin:/usr/bin:/bin:/usr/local/bin:/usr/local/sbin
     export PATH
     LC_ALL=C
@@ -42,84 +53,133 @@ probe_main() {
 
     if command -v timeout >/dev/null 2>&1; then HAVE_TIMEOUT=yes; else HAVE_TIMEOUT=no; fi
     if command -v head >/dev/null 2>&1; then HAVE_HEAD=yes; else HAVE_HEAD=no; fi
+    if [ -r /proc/uptime ]; then HAVE_UPTIME=yes; else HAVE_UPTIME=no; fi
 
     fsection meta "" 5 meta_info
     fsection tools "" 5 tool_paths
 
-    # GPUs and driver. The query with compute_cap fails on R470 drivers ("Field "compute_cap"
-    # is not a valid field to query."); then ask again without it.
+    # The slow groups, at once (each waits for nothing but itself).
     if command -v nvidia-smi >/dev/null 2>&1; then
-        section nvidia_query "" 20 nvidia-smi \
-            --query-gpu=index,name,uuid,pci.bus_id,memory.total,memory.used,memory.free,driver_version,compute_cap \
-            --format=csv,noheader,nounits
-        if [ "$LAST_RC" != 0 ]; then
-            section nvidia_query_nocc "" 20 nvidia-smi \
-                --query-gpu=index,name,uuid,pci.bus_id,memory.total,memory.used,memory.free,driver_version \
-                --format=csv,noheader,nounits
-        fi
-        section nvidia_smi "" 20 nvidia-smi
-        section nvidia_list "" 10 nvidia-smi -L
+        group gpu_query gpu_query_part
+        group gpu_banner section nvidia_smi "" 20 nvidia-smi
     fi
+    if command -v docker >/dev/null 2>&1; then
+        group docker docker_part
+        group docker_ps section docker_ps "" 15 docker ps --no-trunc --format '{{json .}}'
+        group docker_images section docker_images "" 15 docker image ls --no-trunc --format '{{json .}}'
+    fi
+    group toolkit toolkit_part
+    # llmfleet releases: every service's current release, unit and kept releases with their
+    # manifests; llmfleet_release_state is the release store's own reader, sent before this script.
+    if command -v llmfleet_release_state >/dev/null 2>&1; then
+        group release_state release_state_part
+    fi
+    if [ "$#" -gt 0 ]; then
+        group models models_part "$@"
+    fi
+
+    # The quick ones, meanwhile.
     if [ -r /proc/driver/nvidia/version ]; then
         section proc_driver "" 5 cat /proc/driver/nvidia/version
     fi
     fsection cuda_compat "" 5 list_cuda_compat
-
-    # Container engine, compose, NVIDIA container toolkit, CDI.
-    DOCKER_OK=no
-    DOCKER_ROOT=/var/lib/docker
-    if command -v docker >/dev/null 2>&1; then
-        CAP_SAVE=$CAP; CAP=$BIGCAP
-        section docker_info "" 20 docker info --format '{{json .}}'
-        CAP=$CAP_SAVE
-        if [ "$LAST_RC" = 0 ]; then
-            DOCKER_OK=yes
-            d=$(run_bounded 10 docker info --format '{{.DockerRootDir}}' </dev/null 2>/dev/null)
-            case "$d" in /*) DOCKER_ROOT=$d ;; esac
-            section docker_ps "" 15 docker ps --no-trunc --format '{{json .}}'
-            section docker_images "" 15 docker image ls --no-trunc --format '{{json .}}'
-        fi
-        section compose_v2 "" 10 docker compose version --short
-    fi
-    if command -v docker-compose >/dev/null 2>&1; then
-        section compose_v1 "" 10 docker-compose version --short
-    fi
-    if command -v nvidia-ctk >/dev/null 2>&1; then
-        section nvidia_ctk "" 10 nvidia-ctk --version
-    fi
-    if command -v nvidia-container-cli >/dev/null 2>&1; then
-        section nvidia_container_cli "" 10 nvidia-container-cli --version
-    fi
     fsection cdi "" 5 list_cdi
-
-    # Host resources.
     section meminfo "" 5 cat /proc/meminfo
-    fsection df docker_root 10 df_for "$DOCKER_ROOT"
     fsection df root 10 df_for "$ROOT"
-
-    # Listening TCP ports.
     if command -v ss >/dev/null 2>&1; then
         section ss "" 10 ss -ltnH
     else
         fsection proc_net_tcp "" 5 cat_proc_net_tcp
     fi
 
-    # llmfleet releases: every service's current release, unit and kept releases with their
-    # manifests; llmfleet_release_state is the release store's own reader, sent before this script.
-    if command -v llmfleet_release_state >/dev/null 2>&1; then
-        CAP_SAVE=$CAP; CAP=$STATECAP
-        fsection release_state "" 10 llmfleet_release_state "$ROOT"
-        CAP=$CAP_SAVE
-    fi
+    collect
+    printf '==%s== done\n' "$MARK"
+}
 
-    # Model files the planned services need.
+# group NAME CMD...: CMD (sections) in the background into $TMPD/g.NAME; in the foreground
+# without a temporary folder. collect waits for every group and prints their files in order.
+group() {
+    g_name=$1
+    shift
+    if [ -z "$TMPD" ]; then
+        "$@"
+        return 0
+    fi
+    ( GROUP=$g_name; "$@" ) >"$TMPD/g.$g_name" 2>&1 </dev/null &
+    GROUPS_STARTED="$GROUPS_STARTED $g_name:$!"
+}
+
+collect() {
+    for g in $GROUPS_STARTED; do
+        wait "${g#*:}"
+    done
+    for g in $GROUPS_STARTED; do
+        cat "$TMPD/g.${g%%:*}" 2>/dev/null
+    done
+}
+
+# GPUs and driver. The query with compute_cap fails on R470 drivers ("Field "compute_cap" is not a
+# valid field to query."); then ask again without it.
+gpu_query_part() {
+    section nvidia_query "" 20 nvidia-smi \
+        --query-gpu=index,name,uuid,pci.bus_id,memory.total,memory.used,memory.free,driver_version,compute_cap \
+        --format=csv,noheader,nounits
+    if [ "$LAST_RC" != 0 ]; then
+        section nvidia_query_nocc "" 20 nvidia-smi \
+            --query-gpu=index,name,uuid,pci.bus_id,memory.total,memory.used,memory.free,driver_version \
+            --format=csv,noheader,nounits
+    fi
+}
+
+# Container engine: `docker info` once; its JSON names the engine's root folder (for df) and the
+# compose plugin (else `docker compose version`).
+docker_part() {
+    CAP=$BIGCAP
+    section docker_info "" 20 docker info --format '{{json .}}'
+    CAP=$SMALLCAP
+    DOCKER_ROOT=/var/lib/docker
+    if [ -n "$TMPD" ]; then
+        d=$(sed -n 's/.*"DockerRootDir":"\([^"]*\)".*/\1/p' "$TMPD/g.$GROUP" 2>/dev/null | head -n 1)
+        if grep -q '"Name":"compose"' "$TMPD/g.$GROUP" 2>/dev/null; then COMPOSE_SEEN=yes; else COMPOSE_SEEN=no; fi
+    else
+        d=$(run_bounded 10 docker info --format '{{.DockerRootDir}}' </dev/null 2>/dev/null)
+        COMPOSE_SEEN=no
+    fi
+    case "$d" in /*) DOCKER_ROOT=$d ;; esac
+    fsection df docker_root 10 df_for "$DOCKER_ROOT"
+    if [ "$COMPOSE_SEEN" != yes ]; then
+        section compose_v2 "" 10 docker compose version --short
+        # v1 matters only without the v2 plugin
+        if command -v docker-compose >/dev/null 2>&1; then
+            section compose_v1 "" 10 docker-compose version --short
+        fi
+    fi
+}
+
+# The NVIDIA container toolkit.
+toolkit_part() {
+    if command -v nvidia-ctk >/dev/null 2>&1; then
+        section nvidia_ctk "" 10 nvidia-ctk --version
+    fi
+    if command -v nvidia-container-cli >/dev/null 2>&1; then
+        section nvidia_container_cli "" 10 nvidia-container-cli --version
+    fi
+}
+
+release_state_part() {
+    CAP=$STATECAP
+    fsection release_state "" 10 llmfleet_release_state "$ROOT"
+    CAP=$SMALLCAP
+}
+
+# Model files the planned services need.
+models_part() {
     i=0
     for p in "$@"; do
         fsection model "$i" 15 show_model "$p"
         fsection df "model$i" 10 df_for "$p"
         i=$((i + 1))
     done
-    printf '==%s== done\n' "$MARK"
 }
 
 # run_bounded SECONDS CMD...: CMD with a time limit, with or without timeout(1).
@@ -164,15 +224,22 @@ section() {
     s_secs=$3
     shift 3
     printf '==%s== begin %s %s\n' "$MARK" "$s_name" "$s_arg"
+    s_t0=""
+    if [ "$HAVE_UPTIME" = yes ] && read -r s_up _ </proc/uptime 2>/dev/null; then s_t0=${s_up%.*}${s_up#*.}; fi
     s_rc=""
     if [ -n "$TMPD" ]; then
-        rm -f "$TMPD/rc"
-        { run_bounded "$s_secs" "$@" </dev/null 2>&1; echo "$?" >"$TMPD/rc"; } | cap_output $((CAP + 1))
-        s_rc=$(cat "$TMPD/rc" 2>/dev/null)
+        rm -f "$TMPD/rc.$GROUP"
+        { run_bounded "$s_secs" "$@" </dev/null 2>&1; echo "$?" >"$TMPD/rc.$GROUP"; } | cap_output $((CAP + 1))
+        s_rc=$(cat "$TMPD/rc.$GROUP" 2>/dev/null)
     else
         run_bounded "$s_secs" "$@" </dev/null 2>&1 | cap_output $((CAP + 1))
     fi
-    printf '\n==%s== end %s rc=%s\n' "$MARK" "$s_name" "${s_rc:-unknown}"
+    if [ -n "$s_t0" ] && read -r s_up _ </proc/uptime 2>/dev/null; then
+        s_cs=$((${s_up%.*}${s_up#*.} - s_t0))
+        printf '\n==%s== end %s rc=%s t=%d.%02d\n' "$MARK" "$s_name" "${s_rc:-unknown}" $((s_cs / 100)) $((s_cs % 100))
+    else
+        printf '\n==%s== end %s rc=%s\n' "$MARK" "$s_name" "${s_rc:-unknown}"
+    fi
     LAST_RC=${s_rc:-unknown}
 }
 

@@ -11,8 +11,7 @@ from dataclasses import dataclass, replace
 from importlib import resources
 from typing import Any
 
-import yaml
-
+from llmfleet import yamlload
 from llmfleet.errors import UsageError
 
 FULL = "full_attention"
@@ -23,7 +22,7 @@ LAYER_TYPES = (FULL, SLIDING, LINEAR)
 
 def _read_yaml(name: str) -> dict[str, Any]:
     text = resources.files(__package__).joinpath(name).read_text(encoding="utf-8")
-    data = yaml.safe_load(text)
+    data = yamlload.safe_load(text)
     if not isinstance(data, dict):
         raise UsageError(f"catalog {name}: expected a mapping at the top level")
     return data
