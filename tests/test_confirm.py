@@ -175,6 +175,20 @@ def test_unconfirmed_switch_is_reverted_by_the_host_timer(host):
     assert "@@too-late" in late.stdout and confirm.parse_confirm(late.stdout) is False
 
 
+def test_a_timer_armed_but_never_switched_leaves_the_serving_release_running(host):
+    """The controller vanished between arming and switching: nothing to undo, no restart (no outage)."""
+    paths, env, tmp = host
+    arm(paths, env)
+    out = sh(f"sh {Path(paths.service_dir) / '.revert.sh'}", env)
+    assert out.returncode == 0, out.stderr
+    assert current(paths) == f"releases/{OLD}"
+    assert not any("restart llmfleet-chat.service" in c or "stop llmfleet-chat.service" in c for c in calls(tmp))
+    (rec,) = audit_lines(paths)
+    assert rec["result"] == "unchanged" and rec["release"] == OLD and rec["who"] == "host timer"
+    assert "was never made current; nothing to undo" in rec["detail"]
+    assert not (Path(paths.service_dir) / ".confirm-pending").exists()
+
+
 def test_confirmation_wins_and_a_late_timer_does_nothing(host):
     paths, env, tmp = host
     arm(paths, env)
