@@ -333,6 +333,27 @@ def test_watchdog_stands_aside(tmp_path, setup, extra):
     assert not any("restart llmfleet-chat.service" in c for c in calls(tmp_path))
 
 
+def test_watchdog_records_a_unit_failed_by_its_start_limit_once(tmp_path):
+    root, sdir = _wd(tmp_path, failures=1)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, body in FAKES.items():
+        (bin_dir / name).write_text("#!/bin/sh\n" + body)
+        (bin_dir / name).chmod(0o755)
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", FAKE_LOG=str(tmp_path / "calls.log"))
+    for _ in range(3):
+        sh(f"sh {sdir}/current/watchdog.sh", env, FAKE_CURL_RC="7", FAKE_ACTIVE="failed")
+    audit = [json.loads(ln) for ln in (root / "audit.jsonl").read_text().splitlines()]
+    assert [(a["action"], a["result"], a["who"]) for a in audit] == [("unit-failed", "start-limit", "watchdog")]
+    assert "systemd start limit" in audit[0]["detail"]
+    sup = watchdog.parse_status(sh(watchdog.status_script(str(root)), env).stdout)["chat"]
+    assert sup.last["result"] == "start-limit"
+    # active again (a deploy restarted it): the next failure is recorded again
+    sh(f"sh {sdir}/current/watchdog.sh", env)
+    sh(f"sh {sdir}/current/watchdog.sh", env, FAKE_ACTIVE="failed")
+    assert len((root / "audit.jsonl").read_text().splitlines()) == 2
+
+
 def test_watchdog_units_golden_bits():
     hs = host_settings("h", {"llmfleet_watchdog": {"interval_s": 20},
                              "llmfleet_services": [{"name": "chat", "engine": "vllm", "model": "m",

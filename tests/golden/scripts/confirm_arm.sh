@@ -41,7 +41,7 @@ target=20261129T110000Z-0123456789
 if [ "$rc" = 0 ]; then result=reverted; detail='"'"'reverted by host timer: release 20261129T120000Z-abcdef0123 was not confirmed within 900 s; back on 20261129T110000Z-0123456789'"'"'; else result=failed; detail='"'"'host timer revert FAILED: release 20261129T120000Z-abcdef0123 was not confirmed within 900 s'"'"'; fi
 fi
 (
-rm -f /opt/llmfleet/services/chat/watchdog.state.fails /opt/llmfleet/services/chat/watchdog.state.restarts /opt/llmfleet/services/chat/watchdog.state.gaveup
+rm -f /opt/llmfleet/services/chat/watchdog.state.fails /opt/llmfleet/services/chat/watchdog.state.restarts /opt/llmfleet/services/chat/watchdog.state.gaveup /opt/llmfleet/services/chat/watchdog.state.failed
 if [ -f /opt/llmfleet/services/chat/current/llmfleet-chat-watchdog.timer ] && [ -f /opt/llmfleet/services/chat/current/watchdog.sh ]; then
   install -m 0644 /opt/llmfleet/services/chat/current/llmfleet-chat-watchdog.service /etc/systemd/system/llmfleet-chat-watchdog.service
   install -m 0644 /opt/llmfleet/services/chat/current/llmfleet-chat-watchdog.timer /etc/systemd/system/llmfleet-chat-watchdog.timer
