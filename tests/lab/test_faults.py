@@ -54,9 +54,9 @@ def test_ssh_cut_at_each_step_ends_on_the_old_or_new_release(bench, step):
     if expect == "old" and step not in F.NO_RESTART_STEPS:
         assert r.outcome == "host timer: reverted", r.outcome
     if step == "arm":
-        assert r.outcome == "host timer: unchanged", r.outcome  # armed, never switched: no restart
+        assert r.outcome.startswith("host timer: unchanged"), r.outcome  # armed, never switched: no restart
     # the revert timeout from the arm, the restart of the old engine, a busy lab
-    assert r.time_to_serving_s is not None and r.time_to_serving_s <= F.CONFIRM_TIMEOUT_S + 60
+    assert r.extra["settled_s"] is not None and r.extra["settled_s"] <= F.CONFIRM_TIMEOUT_S + 60
 
 
 def test_sshd_restarted_mid_deploy(bench):

@@ -491,8 +491,13 @@ class FaultBench:
         elif r.serving:
             r.outcome = "nothing switched (old release serving throughout)"
         r.extra["expected"] = expect
+        r.extra["settled_s"] = r.time_to_serving_s  # serving, and no revert pending any more
+        untouched = self.engine_started() == started
+        if step in NO_RESTART_STEPS and untouched and r.serving:
+            r.time_to_serving_s = 0.0  # the old engine served throughout (never restarted)
+            r.outcome += f"; settled after {r.extra['settled_s']} s"
         res = self.finish(r, before, expect=good if expect == "old" else None)
-        if res.ok and step in NO_RESTART_STEPS and self.engine_started() != started:
+        if res.ok and step in NO_RESTART_STEPS and not untouched:
             res.ok = False
             res.detail = "the serving engine was restarted although nothing was switched"
         return res
