@@ -722,14 +722,18 @@ class FaultBench:
         # The key reaches the scan through the environment of `docker exec`, never its argv.
         scan = subprocess.run(["docker", "exec", "-e", f"K={key}", self.container, "sh", "-c", SCAN],
                               capture_output=True, text=True, timeout=300).stdout
-        found = []
+        found, runtime = [], []
         for ln in scan.splitlines():
             parts = ln.split()
             if ln.startswith("FILE ") and len(parts) >= 4:
                 mode, others, path = parts[1], parts[2], parts[3]
                 named = any(w in path for w in ("audit", "compose", ".log", "journal", "manifest", ".service"))
                 if mode == "600" and others == "private" and not named:
-                    continue  # the 0600 env file; Docker's own 0600 container config
+                    continue  # the 0600 env files
+                if others == "private" and path.startswith(RUNTIME_STATE) and not named:
+                    # the container's environment as Docker and containerd keep it, in root-only folders
+                    runtime.append(f"{path} (mode {mode})")
+                    continue
                 found.append(f"{path} (mode {mode}, {others})")
             elif ln.startswith(("JOURNAL ", "DOCKERLOG ")) and parts[-1] != "0":
                 found.append(f"{parts[0].lower()}: {parts[-1]} lines")
@@ -744,7 +748,7 @@ class FaultBench:
             found.append("deploy --diff")
         found += [f"SSH command: {c}" for c in self.argv_hits]
         scanned = {"host_files": scan.count("\n"), "local_lines": len(self.lines), "diff_bytes": len(diffs)}
-        r.extra.update(found=found, scanned=scanned)
+        r.extra.update(found=found, scanned=scanned, runtime_state=runtime)
         changed = "secret values changed (masked)" in diffs
         r.outcome = (f"key found in {len(found)} place(s); diff says the secret changed: {'yes' if changed else 'NO'}; "
                      f"{len(self.lines)} local lines checked")
@@ -929,6 +933,9 @@ def watch_argv(key: str) -> list[str]:
     _watched.append((key, hits))
     return hits
 
+
+# Where the container runtime keeps a container's environment (root-only folders): not llmfleet's files.
+RUNTIME_STATE = ("/var/lib/docker/containers/", "/run/containerd/", "/run/docker/", "/var/lib/containerd/")
 
 # Every file holding the key (its mode, and whether a non-root user can read it), the journal, the
 # engine's Docker log, and every process's argv; the scan's own shell has the key only in its environment.
