@@ -101,7 +101,8 @@ def test_port_taken_by_a_stranger_is_refused(bench):
 def test_disk_full_during_upload_switches_nothing(bench):
     r = bench.disk_full()
     _check(r)
-    assert "No space left on device" in r.outcome and "nothing was switched" in r.outcome
+    assert "No space left on device" in r.extra["reason"] and "nothing was switched" in r.extra["reason"]
+    assert r.extra["left_tmp"] == "0"  # no half-written release folder holds the space
 
 
 def test_missing_model_file_is_refused(bench):

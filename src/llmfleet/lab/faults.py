@@ -622,7 +622,9 @@ class FaultBench:
                       f"fallocate -l $((avail - 8192)) {ROOT}/.filler", check=True)
             t0 = time.monotonic()
             o = self.deploy(env={"LLMFLEET_FAULT": f"disk-{os.urandom(3).hex()}"})
-            r.outcome = f"{o.result}: {o.reason[:140]}"
+            r.extra["reason"] = o.reason
+            said = "No space left on device" if "No space left on device" in o.reason else o.reason[:100]
+            r.outcome = f"{o.result}: upload: {said}" + ("; nothing was switched" * ("nothing was switched" in o.reason))
             half = self.exec(f"ls -a {ROOT}/services/{SERVICE}/releases | grep -c '^\\.tmp-' || true").stdout.strip()
             r.extra["left_tmp"] = half
             self.exec(f"rm -f {ROOT}/.filler", check=True)
