@@ -4,7 +4,8 @@
 
 Needs `invoke lab.setup` once. Brings up its own uniquely named lab host from a generated copy of
 inventory/lab/ (a short confirmation timeout and a fast watchdog in its host_vars), then runs the
-scenarios of llmfleet.lab.faults one after the other. Columns: the fault, the step it hit, the
+scenarios of llmfleet.lab.faults one after the other (the secrets scan last: every deploy of the run
+carries an API key, and the scan looks for it in everything the run left behind). Columns: the fault, the step it hit, the
 outcome (the deploy's result, or what the host did by itself), the release serving afterwards
 (`current`, with /health 200 asked on the host), seconds from the injection until it served, what was
 lost (releases gone, audit lines rewritten), and whether the next plain deploy converged.
@@ -55,7 +56,7 @@ def main() -> int:
             for name in chosen:
                 t0 = time.monotonic()
                 try:
-                    r = (bench.secrets_scan([audit]) if name == "secrets_scan" else getattr(bench, name)())
+                    r = F.run_fault(bench, name, [audit])
                 except Exception as exc:  # noqa: BLE001 - a scenario that breaks is a row, not a crash
                     r = F.FaultResult(name, "-", outcome=f"scenario error: {exc}"[:160])
                 r.extra["scenario_s"] = round(time.monotonic() - t0, 1)
@@ -88,6 +89,11 @@ def main() -> int:
     console = Console(width=None if sys.stdout.isatty() else 200)
     console.print(t)
     console.print(f"{served} of {len(results)} faults ended served, nothing lost, next deploy converged.")
+    for r in results:
+        if r.extra.get("cases"):
+            console.print(escape(f"{r.fault}: " + "; ".join(
+                f"{c['case']}: {'refused' if c['refused'] else 'NOT refused'} in {c['s']} s, {c['max_rss_mib']} MiB"
+                for c in r.extra["cases"])))
     console.print(escape("Not injected here: " + "; ".join(F.NOT_DONE)))
     return 0 if served == len(results) else 1
 

@@ -175,6 +175,20 @@ def test_unconfirmed_switch_is_reverted_by_the_host_timer(host):
     assert "@@too-late" in late.stdout and confirm.parse_confirm(late.stdout) is False
 
 
+def test_a_timer_armed_but_never_switched_leaves_the_serving_release_running(host):
+    """The controller vanished between arming and switching: nothing to undo, no restart (no outage)."""
+    paths, env, tmp = host
+    arm(paths, env)
+    out = sh(f"sh {Path(paths.service_dir) / '.revert.sh'}", env)
+    assert out.returncode == 0, out.stderr
+    assert current(paths) == f"releases/{OLD}"
+    assert not any("restart llmfleet-chat.service" in c or "stop llmfleet-chat.service" in c for c in calls(tmp))
+    (rec,) = audit_lines(paths)
+    assert rec["result"] == "unchanged" and rec["release"] == OLD and rec["who"] == "host timer"
+    assert "was never made current; nothing to undo" in rec["detail"]
+    assert not (Path(paths.service_dir) / ".confirm-pending").exists()
+
+
 def test_confirmation_wins_and_a_late_timer_does_nothing(host):
     paths, env, tmp = host
     arm(paths, env)
@@ -317,6 +331,27 @@ def test_watchdog_stands_aside(tmp_path, setup, extra):
     for _ in range(3):
         sh(f"sh {sdir}/current/watchdog.sh", env, FAKE_CURL_RC="7", **extra)
     assert not any("restart llmfleet-chat.service" in c for c in calls(tmp_path))
+
+
+def test_watchdog_records_a_unit_failed_by_its_start_limit_once(tmp_path):
+    root, sdir = _wd(tmp_path, failures=1)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, body in FAKES.items():
+        (bin_dir / name).write_text("#!/bin/sh\n" + body)
+        (bin_dir / name).chmod(0o755)
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", FAKE_LOG=str(tmp_path / "calls.log"))
+    for _ in range(3):
+        sh(f"sh {sdir}/current/watchdog.sh", env, FAKE_CURL_RC="7", FAKE_ACTIVE="failed")
+    audit = [json.loads(ln) for ln in (root / "audit.jsonl").read_text().splitlines()]
+    assert [(a["action"], a["result"], a["who"]) for a in audit] == [("unit-failed", "start-limit", "watchdog")]
+    assert "systemd start limit" in audit[0]["detail"]
+    sup = watchdog.parse_status(sh(watchdog.status_script(str(root)), env).stdout)["chat"]
+    assert sup.last["result"] == "start-limit"
+    # active again (a deploy restarted it): the next failure is recorded again
+    sh(f"sh {sdir}/current/watchdog.sh", env)
+    sh(f"sh {sdir}/current/watchdog.sh", env, FAKE_ACTIVE="failed")
+    assert len((root / "audit.jsonl").read_text().splitlines()) == 2
 
 
 def test_watchdog_units_golden_bits():

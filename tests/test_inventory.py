@@ -222,3 +222,45 @@ def test_select_nothing_is_a_usage_error(tmp_path: Path) -> None:
 def test_malformed_inventories_name_the_file(tmp_path: Path, files, message) -> None:
     with pytest.raises(InventoryError, match=message):
         load_inventory(write_tree(tmp_path / "inv", files))
+
+
+BOMB = "all:\n  vars:\n    a: &a [" + ",".join(['"lol"'] * 9) + "]\n" + "".join(
+    f"    {c}: &{c} [" + ",".join([f"*{prev}"] * 9) + "]\n" for prev, c in zip("abcdefgh", "bcdefghi", strict=True))
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "message"),
+    [
+        # nine anchors of nine aliases: 9^9 values once expanded; refused at the first anchor over the bound
+        ("bomb.yml", BOMB, r"bomb\.yml:8: YAML aliases under all\.vars\.f expand to 597,871 values .*alias bomb"),
+        ("loop.yml", "all:\n  vars:\n    a: &x [1, *x]\n", r"loop\.yml:3: YAML alias under all\.vars\.a\[1\] .*recursive"),
+        ("deep.yml", "all:\n  vars:\n    a: " + "[" * 3000 + "]" * 3000 + "\n", r"deep\.yml: YAML nested too deeply"),
+    ],
+)
+def test_hostile_yaml_is_refused_in_one_line(tmp_path, name, text, message):
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(InventoryError, match=message) as err:
+        load_inventory(str(path))
+    assert "\n" not in str(err.value)
+
+
+def test_yaml_aliases_for_shared_blocks_still_load(tmp_path):
+    path = tmp_path / "hosts.yml"
+    path.write_text("all:\n  vars:\n    base: &b {x: 1, l: [1, 2]}\n  hosts:\n    h1: {<<: *b, y: 2}\n    h2:\n      copy: *b\n")
+    inv = load_inventory(str(path))
+    assert inv.hosts["h1"].vars["x"] == 1 and inv.hosts["h1"].vars["y"] == 2
+    assert inv.hosts["h2"].vars["copy"] == {"x": 1, "l": [1, 2]}
+
+
+def test_alias_expansion_bound_counts_every_use():
+    import yaml as y
+
+    from llmfleet.inventory.ansible import AliasBombError, check_alias_expansion
+
+    node = y.compose("a: &a [1, 2, 3]\nb: [*a, *a, *a]\n")
+    # mapping 1 + keys 2 + a (1 + 3) + b (1 + 3 x 4): 20, of which 8 nodes are written out, 12 added by aliases
+    assert check_alias_expansion(node) == 1 + 2 + 4 + 13
+    with pytest.raises(AliasBombError):
+        check_alias_expansion(node, limit=11)
+    assert check_alias_expansion(node, limit=12) == 20

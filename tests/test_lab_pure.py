@@ -349,3 +349,21 @@ def test_start_dockerd_reports_a_daemon_that_exits_with_its_log(monkeypatch, tmp
     monkeypatch.setattr(lab_engine, "DOCKERD_LOG", tmp_path / "dockerd.log")
     with pytest.raises(CheckFailed, match=r"(?s)dockerd exited with code 1.*pid file found"):
         lab_engine.start_dockerd(lambda m: None)
+
+
+def test_fault_bench_names_each_deploy_step_by_its_script():
+    """The SSH-cut faults stop the controller at a step they recognise by the script it sends."""
+    from llmfleet.lab.faults import _step_of
+    from llmfleet.release import confirm
+    from llmfleet.release import store as S
+
+    paths = S.Paths("/opt/llmfleet", "tiny")
+    rid, prev, token = "20261129T120000Z-abcdef0123", "20261129T110000Z-0123456789", "ab" * 16
+    assert _step_of(S.upload_script(paths, rid), b"tar") == "upload"
+    assert _step_of(confirm.arm_script(paths, release_id=rid, previous=prev, token=token, action="deploy",
+                                       timeout=30), None) == "arm"
+    assert _step_of(S.switch_script(paths, rid), None) == "switch"
+    assert _step_of(confirm.confirm_script(paths, token=token), None) == "confirm"
+    for other in (S.state_script("/opt/llmfleet"), S.unit_probe_script(paths), S.lock_acquire_script(
+            "/opt/llmfleet", {"token": "t"}), S.final_script("/opt/llmfleet", [], [], "t")):
+        assert _step_of(other, None) is None

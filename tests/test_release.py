@@ -113,9 +113,14 @@ def test_interrupted_upload_is_never_visible_under_its_id(tmp_path):
     p = sh(R.upload_script(R.Paths(str(tmp_path), "chat"), rid), data[: len(data) // 3])
     assert p.returncode != 0
     assert not (tmp_path / "services/chat/releases" / rid).exists()
+    # a failed extraction removes its half-written folder (it would hold space on a full disk)
+    assert not list((tmp_path / "services/chat/releases").glob(".tmp-*"))
+    # a leftover of a connection cut before the shell noticed (another id) goes with the next upload
+    (tmp_path / "services/chat/releases/.tmp-20261129T100000Z-9999999999").mkdir()
     # the next upload completes it
     assert upload(tmp_path, r, rid).returncode == 0
     assert (tmp_path / "services/chat/releases" / rid / "manifest.json").exists()
+    assert not list((tmp_path / "services/chat/releases").glob(".tmp-*"))
 
 
 # ---------------------------------------------------------------------------------------------

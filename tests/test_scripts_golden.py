@@ -81,6 +81,23 @@ SCRIPTS = {
     "watchdog_install": lambda: watchdog.install_snippet(PATHS.service_dir, "chat"),
     "watchdog_status": lambda: watchdog.status_script(ROOT),
     "watchdog_sh": lambda: watchdog.script_text(HS.services[0], HS, bind_address="127.0.0.1"),
+    "watchdog_service_unit": lambda: watchdog.service_unit_text(HS.services[0], HS),
+    "watchdog_timer_unit": lambda: watchdog.timer_unit_text(HS.services[0], HS),
+    "confirm_compose_check": lambda: confirm.compose_check_script(PATHS, R2),
+    "confirm_revert": lambda: confirm.revert_script(PATHS, release_id=R2, previous=R1, token=CONFIRM_TOKEN,
+                                                    action="deploy", timeout=900),
+    "confirm_revert_first": lambda: confirm.revert_script(PATHS, release_id=R2, previous=None, token=CONFIRM_TOKEN,
+                                                          action="rollback", timeout=60),
+}
+# The builders of each module that sends remote scripts (or files that run on the host) and the golden
+# files that pin them; a new builder fails test_every_remote_script_builder_has_a_golden_file below.
+PINNED_BUILDERS = {
+    confirm: {"compose_check_script": "confirm_compose_check", "revert_script": "confirm_revert",
+              "arm_script": "confirm_arm", "confirm_script": "confirm_confirm"},
+    watchdog: {"script_text": "watchdog_sh", "service_unit_text": "watchdog_service_unit",
+               "timer_unit_text": "watchdog_timer_unit", "install_snippet": "watchdog_install",
+               "status_script": "watchdog_status"},
+    audit: {"tail_script": "audit_tail"},
 }
 
 
@@ -109,11 +126,20 @@ def test_every_script_builder_of_the_release_store_has_a_golden_file():
     assert set(builders) <= pinned, f"a new script builder needs a golden file: {sorted(set(builders) - pinned)}"
 
 
+@pytest.mark.parametrize("module", list(PINNED_BUILDERS), ids=lambda m: m.__name__.rsplit(".", 1)[-1])
+def test_every_remote_script_builder_has_a_golden_file(module):
+    builders = sorted(n for n in dir(module) if n.endswith(("_script", "_snippet", "_text"))
+                      and callable(getattr(module, n)) and not n.startswith("_"))
+    pinned = PINNED_BUILDERS[module]
+    assert set(builders) <= set(pinned), f"a new script builder needs a golden file: {sorted(set(builders) - set(pinned))}"
+    assert set(pinned.values()) <= set(SCRIPTS)
+
+
 @pytest.mark.parametrize("name", ["state", "upload", "switch", "lock_acquire", "audit_append", "status", "final",
                                   "service_remove", "service_logs_follow", "unit_wait", "chain_lock_pull",
 
                                   "confirm_arm", "confirm_arm_first", "confirm_confirm", "watchdog_install",
-                                  "watchdog_sh"])
+                                  "watchdog_sh", "confirm_compose_check", "confirm_revert", "confirm_revert_first"])
 def test_golden_scripts_parse_as_posix_sh(name):
     res = subprocess.run(["sh", "-n", str(GOLDEN / f"{name}.sh")], capture_output=True, text=True, timeout=10)
     assert res.returncode == 0, res.stderr

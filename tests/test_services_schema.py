@@ -52,6 +52,15 @@ def test_valid_services_load_and_other_variables_pass_through(tmp_path):
         ([{**GOOD, "api_key": {"from_env": "A", "from_file": "/b"}}], None, r"exactly one of from_env or from_file"),
         ([GOOD], {"llmfleet_sevices": []}, r"llmfleet_sevices: unknown key"),
         ("not-a-list", None, r"llmfleet_services: .*valid list"),
+        # very long strings and lists: refused with the field, the value cut short with its length
+        ([{**GOOD, "served_name": "x" * 100_000}], None,
+         r"served_name: String should have at most 256 characters, got 'x{59}\.\.\. \(100,000 characters\)$"),
+        ([{**GOOD, "env": {"NOTE": "y" * 1_000_000}}], None, r"env\.NOTE: .*at most 4096 characters.*1,000,000 char"),
+        ([{**GOOD, "engine_args": ["z" * 5000]}], None, r"engine_args\[0\]: .*at most 4096 characters"),
+        ([{**GOOD, "engine_args": ["--x"] * 1000}], None, r"engine_args: List should have at most 256 items"),
+        ([{**GOOD, "quant": "q" * 5000}], None, r"quant: .*at most 4096 characters"),
+        ([{**GOOD, "env": {"A\n$(touch /tmp/x)": "1"}}], None, r"env\.\['A\\n\$\(touch /tmp/x\)'\]\.\[key\]: .*pattern"),
+        ([GOOD], {"llmfleet_gpu": "g" * 10_000}, r"llmfleet_gpu: .*at most 4096 characters"),
     ],
 )
 def test_bad_services_are_one_line_errors(tmp_path, services, extra, message):
@@ -90,3 +99,10 @@ def test_cli_example_inventory_is_valid():
     res = run_cli("inventory", "-i", "inventory/example", "--check", "--json")
     assert res.returncode == 0, res.stderr
     assert '"gpu-v100-01"' in res.stdout
+
+
+def test_bad_values_are_refused_in_one_short_line(tmp_path):
+    inv = load_inventory(inventory_with(tmp_path, [{**GOOD, "env": {"NOTE": "y" * 1_000_000}}]))
+    with pytest.raises(InventoryError) as err:
+        check_all(inv)
+    assert len(str(err.value)) < 400

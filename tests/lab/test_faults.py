@@ -2,9 +2,8 @@
 old or the new release, nothing lost, and the next deploy converging. ``bench/fault_report.py`` runs
 the same scenarios and prints the table with the times.
 
-The most valuable first: a controller killed during the health check (the host timer reverts), a
-hung engine (the host watchdog restarts it), two controllers at once, an image that cannot be
-pulled, a digest the registry lacks, a port taken by a stranger, and a scan for the API key.
+Every deploy here carries an API key; the secrets scan runs last and looks for it in everything the
+suite left behind (host files, journal, Docker log, argv; local output, audit, diffs, SSH commands).
 """
 
 from __future__ import annotations
@@ -46,10 +45,39 @@ def test_controller_killed_mid_health_check_is_reverted_by_the_host_timer(bench)
     assert r.time_to_serving_s <= F.CONFIRM_TIMEOUT_S + 30 + 30  # stop timeout; load and a busy lab
 
 
+@pytest.mark.parametrize("step", list(F.CUT_STEPS))
+def test_ssh_cut_at_each_step_ends_on_the_old_or_new_release(bench, step):
+    r = bench.ssh_cut(step)
+    _check(r)
+    expect = F.CUT_STEPS[step][1]
+    assert r.extra["expected"] == expect
+    if expect == "old" and step not in F.NO_RESTART_STEPS:
+        assert r.outcome == "host timer: reverted", r.outcome
+    if step == "arm":
+        assert r.outcome.startswith("host timer: unchanged"), r.outcome  # armed, never switched: no restart
+    # the revert timeout from the arm, the restart of the old engine, a busy lab
+    assert r.extra["settled_s"] is not None and r.extra["settled_s"] <= F.CONFIRM_TIMEOUT_S + 60
+
+
+def test_sshd_restarted_mid_deploy(bench):
+    _check(bench.sshd_restarted())
+
+
+def test_dockerd_restarted_mid_deploy(bench):
+    _check(bench.dockerd_restarted())
+
+
 def test_hung_engine_is_restarted_by_the_host_alone(bench):
     r = bench.hung_engine()
     _check(r)
     assert r.outcome.startswith("watchdog restarted"), r.outcome
+
+
+def test_engine_crash_loop_after_a_healthy_deploy_stops_at_the_start_limit(bench):
+    r = bench.crash_loop_after_deploy()
+    _check(r)
+    assert r.extra["status"]["unit_restarts"] >= 1
+    assert r.extra["status"]["last_watchdog_action"]["result"] == "start-limit"
 
 
 def test_two_controllers_exactly_one_proceeds(bench):
@@ -70,10 +98,11 @@ def test_port_taken_by_a_stranger_is_refused(bench):
     _check(bench.port_taken())
 
 
-def test_the_api_key_is_nowhere_but_the_0600_env_file(bench):
-    r = bench.secrets_scan([bench.local_audit])
-    assert r.extra["found"] == [], r.detail
+def test_disk_full_during_upload_switches_nothing(bench):
+    r = bench.disk_full()
     _check(r)
+    assert "No space left on device" in r.extra["reason"] and "nothing was switched" in r.extra["reason"]
+    assert r.extra["left_tmp"] == "0"  # no half-written release folder holds the space
 
 
 def test_missing_model_file_is_refused(bench):
@@ -90,3 +119,16 @@ def test_engine_crash_loop_goes_back(bench):
 
 def test_hostile_values_run_nothing(bench):
     _check(bench.hostile_values())
+
+
+def test_hostile_inventory_values_are_refused_before_any_connection(bench):
+    r = bench.hostile_inventory()
+    _check(r)
+    assert all(c["refused"] and c["one_line"] and c["names_file_and_field"] for c in r.extra["cases"])
+
+
+def test_the_api_key_is_nowhere_but_the_0600_env_file_after_the_whole_suite(bench):
+    """Last in this file: it scans what every fault above left behind."""
+    r = bench.secrets_scan([bench.local_audit])
+    assert r.extra["found"] == [], r.detail
+    _check(r)

@@ -406,8 +406,87 @@ class Builder:
 # YAML files (inventories and vars files)
 
 
+# How many nodes YAML aliases may add when expanded (each use of ``*name`` counts the whole anchored
+# value again). PyYAML shares an aliased value instead of copying it, so loading an alias bomb ("billion
+# laughs": nine anchors of nine aliases each) is cheap, but anything that walks the values afterwards
+# (templating, schema validation, --json output) expands it: 9^9 nodes, gigabytes and minutes. Real
+# inventories use aliases for a handful of shared blocks, far below this.
+MAX_ALIAS_EXPANSION = 100_000
+
+
 class _YamlLoader(yamlload.SafeLoader):  # type: ignore[misc,valid-type]
-    """SafeLoader (libyaml's when there) with Ansible's tags: ``!vault`` (opaque secret) and ``!unsafe`` (never templated)."""
+    """SafeLoader (libyaml's when there) with Ansible's tags: ``!vault`` (opaque secret) and ``!unsafe`` (never templated);
+    a document whose aliases expand beyond ``MAX_ALIAS_EXPANSION`` nodes is refused before any value
+    is built."""
+
+    def get_single_data(self) -> Any:
+        node = self.get_single_node()
+        if node is None:
+            return None
+        check_alias_expansion(node)
+        return self.construct_document(node)
+
+
+class AliasBombError(yaml.YAMLError):
+    def __init__(self, message: str, mark: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.mark = mark
+
+
+def check_alias_expansion(root: yaml.Node, limit: int = MAX_ALIAS_EXPANSION) -> int:
+    """The expanded size of a composed YAML document (nodes, every alias use counted in full).
+
+    Raises ``AliasBombError`` naming the key path and the mark of the first value whose aliases add
+    more than ``limit`` nodes, or of a value that contains itself (a recursive alias). Iterative and
+    memoised on the shared nodes: linear in the document's text, whatever the expansion.
+    """
+    size: dict[int, int] = {}
+    unique: set[int] = set()
+    open_: set[int] = set()
+    # (node, key path, children pushed?)
+    stack: list[tuple[yaml.Node, str, bool]] = [(root, "", False)]
+    while stack:
+        node, path, expanded = stack.pop()
+        nid = id(node)
+        if expanded:
+            open_.discard(nid)
+            total = 1 + sum(size[id(c)] for c in _children(node))
+            size[nid] = total
+            unique.add(nid)
+            if total - len(unique) > limit:
+                raise AliasBombError(
+                    f"YAML aliases{' under ' + path if path else ''} expand to {total:,} values (more than "
+                    f"{limit:,} from aliases; an alias bomb?); write the values out or use fewer aliases",
+                    node.start_mark)
+            continue
+        if nid in size:
+            continue
+        if nid in open_:
+            raise AliasBombError(f"YAML alias{' under ' + path if path else ''} refers to a value that contains "
+                                 "it (a recursive alias)", node.start_mark)
+        open_.add(nid)
+        stack.append((node, path, True))
+        # children pushed last first: values are visited in document order, so a shared value is
+        # named by the key that defines its anchor
+        if isinstance(node, yaml.MappingNode):
+            for k, v in reversed(node.value):
+                key = k.value if isinstance(k, yaml.ScalarNode) else "?"
+                sub = (f"{path}.{key}" if path else str(key))[:200]
+                stack.append((v, sub, False))
+                stack.append((k, sub, False))
+        elif isinstance(node, yaml.SequenceNode):
+            for i, v in reversed(list(enumerate(node.value))):
+                stack.append((v, f"{path}[{i}]"[:200], False))
+    return size[id(root)]
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.MappingNode):
+        return [x for kv in node.value for x in kv]
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    return []
 
 
 def _vault(loader: yaml.SafeLoader, node: yaml.Node) -> VaultValue:
@@ -446,6 +525,11 @@ def load_yaml(path: Path, text: str | None = None) -> Any:
             raise InventoryError(f"{path}:{exc.lineno}: malformed JSON: {exc.msg}") from None
     try:
         return yaml.load(text, Loader=_YamlLoader)  # noqa: S506 (SafeLoader subclass)
+    except AliasBombError as exc:
+        line = f":{exc.mark.line + 1}" if exc.mark else ""
+        raise InventoryError(f"{path}{line}: {exc.message}") from None
+    except RecursionError:
+        raise InventoryError(f"{path}: YAML nested too deeply; flatten the values") from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = f":{mark.line + 1}" if mark else ""

@@ -29,10 +29,17 @@ NAMESPACE_PREFIX = "llmfleet_"
 
 _NAME_RE = r"^[a-z0-9][a-z0-9_-]{0,47}$"
 _ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+# Every string in the namespace (names, paths, arguments, environment values) is at most this long, and
+# engine_args / env hold at most MAX_ITEMS entries: a value pasted by mistake (a whole file, a runaway
+# template) is refused with its field instead of travelling into compose files and command lines.
+MAX_STRING = 4096
+MAX_ITEMS = 256
+_SHOWN = 60  # characters of a refused value an error message shows
+_PLAIN_KEY = re.compile(r"^[A-Za-z0-9_.\[\]-]{1,64}$")
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, str_max_length=MAX_STRING)
 
 
 def _vault_in(v: Any) -> Any:
@@ -60,7 +67,7 @@ class SecretRef(_Strict):
 
     Inventories never hold a plain value."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True, str_max_length=MAX_STRING)
 
     from_env: str | None = Field(None, description="environment variable on the machine running llmfleet")
     from_file: str | None = Field(None, description="file on the machine running llmfleet (mode 0600)")
@@ -105,8 +112,9 @@ class Service(_Strict):
     served_name: Annotated[str, Field(min_length=1, max_length=256)] | None = None
     gpu_memory_utilization: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
     api_key: Annotated[SecretRef | None, BeforeValidator(_secret_in)] = None
-    engine_args: list[str] = Field(default_factory=list)
-    env: dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")], str] = Field(default_factory=dict)
+    engine_args: list[str] = Field(default_factory=list, max_length=MAX_ITEMS)
+    env: dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")], str] = Field(
+        default_factory=dict, max_length=MAX_ITEMS)
     offload: bool = False
     health: HealthSettings = Field(default_factory=HealthSettings)
     # Where the published port listens (an IP address of the host); default: the host's
@@ -260,7 +268,10 @@ def _describe(err: dict[str, Any]) -> tuple[str, str]:
         elif p in {"list[constrained-int]", "literal['all']", "constrained-int", "constrained-float"}:
             continue
         else:
-            parts.append(("." if parts else "") + str(p))
+            name = str(p)
+            if not _PLAIN_KEY.match(name):  # a hostile key (a newline, a very long one) stays on one line
+                name = f"[{shown_value(name)}]"
+            parts.append(("." if parts else "") + name)
     field = "".join(parts)
     msg = err.get("msg", "invalid")
     if err.get("type") == "extra_forbidden":
@@ -271,8 +282,17 @@ def _describe(err: dict[str, Any]) -> tuple[str, str]:
     if "api_key" in loc and isinstance(inp, str):
         msg = "must be {from_env: VAR} or {from_file: PATH}; never the key itself (value not shown)"
     elif err.get("type") not in {"missing", "extra_forbidden"} and not isinstance(inp, dict | list):
-        msg = f"{msg}, got {inp!r}"
+        msg = f"{msg}, got {shown_value(inp)}"
     return field, msg
+
+
+def shown_value(value: Any) -> str:
+    """A refused value for a one-line message: its repr, cut short with its length when long."""
+    text = repr(value)
+    if len(text) <= _SHOWN:
+        return text
+    n = f" ({len(value):,} characters)" if isinstance(value, str) else ""
+    return text[:_SHOWN] + "..." + n
 
 
 def _namespace(hostvars: dict[str, Any]) -> dict[str, Any]:

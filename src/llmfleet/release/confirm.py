@@ -82,6 +82,9 @@ def revert_script(paths: store.Paths, *, release_id: str, previous: str | None, 
         target = ""
         done = f"reverted by host timer: release {release_id} was not confirmed within {int(timeout)} s; no earlier release, service stopped"
     failed = f"host timer revert FAILED: release {release_id} was not confirmed within {int(timeout)} s"
+    never = (f"host timer: release {release_id} was not confirmed within {int(timeout)} s but was never made "
+             f"current; nothing to undo, the serving release was left running")
+    rel = f"releases/{store._check_id(release_id)}"
     return f"""#!/bin/sh
 # Armed by llmfleet before the {action} of service {paths.service} to release {release_id}.
 # Run by {revert_unit(paths.service)}.timer after {int(timeout)} s unless the controller confirmed first.
@@ -89,18 +92,24 @@ set -u
 cd {_q(sdir)} || exit 1
 mv {PENDING} {TAKEN} 2>/dev/null || exit 0
 if [ "$(cat {TAKEN})" != {_q(token)} ]; then rm -f {TAKEN}; exit 0; fi
+if [ "$(readlink current 2>/dev/null)" != {_q(rel)} ]; then
+  # the controller vanished between arming and switching: the old release still serves, untouched
+  result=unchanged; detail={_q(never)}; target=$(basename "$(readlink current 2>/dev/null)" | tr -cd 'A-Za-z0-9-')
+else
 (
 {back}
 ) >/dev/null 2>&1
 rc=$?
+target={_q(target)}
 if [ "$rc" = 0 ]; then result=reverted; detail={_q(done)}; else result=failed; detail={_q(failed)}; fi
+fi
 (
 {watchdog.install_snippet(sdir, paths.service)}
 ) >/dev/null 2>&1
 now=$(date -u +%Y-%m-%dT%H:%M:%S+00:00)
 host=$(hostname 2>/dev/null | tr -cd 'A-Za-z0-9._-')
 printf '{{"time":"%s","who":"host timer","host":"%s","action":"%s","service":"%s","release":"%s","image_digest":null,"result":"%s","detail":"%s"}}\\n' \\
-  "$now" "$host" {_q(action)} {_q(paths.service)} {_q(target)} "$result" "$detail" >> {_q(root + '/audit.jsonl')}
+  "$now" "$host" {_q(action)} {_q(paths.service)} "$target" "$result" "$detail" >> {_q(root + '/audit.jsonl')}
 rm -f {TAKEN} {REVERT_SCRIPT}
 """
 

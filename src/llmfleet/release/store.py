@@ -281,7 +281,10 @@ def pack_release(files: dict[str, str], modes: dict[str, int]) -> bytes:
 
 def upload_script(paths: Paths, release_id: str) -> str:
     """Read a tar on stdin into ``releases/.tmp-<id>``, then rename it into place (a half-written
-    release is never visible under its id). An existing release with this id is kept as it is."""
+    release is never visible under its id). An existing release with this id is kept as it is.
+
+    Runs under the deploy lock: leftovers of uploads cut short (a dropped connection) are removed
+    first, and a failed extraction (a full disk) removes its own half-written folder."""
     final = paths.release(release_id)
     tmp = f"{paths.releases}/.tmp-{release_id}"
     return "\n".join([
@@ -289,7 +292,8 @@ def upload_script(paths: Paths, release_id: str) -> str:
         "umask 022",
         f"mkdir -p {q(paths.releases)}",
         f"if [ -d {q(final)} ]; then cat >/dev/null; echo '@@exists'; exit 0; fi",
-        f"rm -rf -- {q(tmp)}",
+        f"rm -rf -- {q(paths.releases)}/.tmp-*",
+        f"trap {q('rm -rf -- ' + q(tmp))} EXIT",
         f"mkdir -m 0750 {q(tmp)}",
         f"tar -x --no-same-owner -f - -C {q(tmp)}",
         f"chmod 0600 {q(tmp)}/{ENV_FILE}",

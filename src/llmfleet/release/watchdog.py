@@ -7,7 +7,8 @@ with its parser. Values are baked into the script as single-quoted shell words (
 service names and the llmfleet root are already restricted by the inventory schema.
 
 The script does nothing while a switch awaits its confirmation (the revert timer owns the unit then),
-while the unit is not active (stopped, or failed after systemd's start limit), or while the engine is
+while the unit is not active (stopped, or failed after systemd's start limit: that it records once in
+the audit log, as ``unit-failed``/``start-limit``, so ``status`` shows it), or while the engine is
 younger than its load budget (a deploy's restart, or its own). It does not wait for the deploy lock:
 a lock left by a vanished controller would otherwise turn the watchdog off until someone breaks it,
 and a deploy in progress only restarts engines, which makes them young. The probe goes
@@ -80,7 +81,15 @@ audit() {{  # action result detail
 }}
 
 [ -e "$SERVICE_DIR/.confirm-pending" ] && exit 0
-[ "$(systemctl is-active "$UNIT" 2>/dev/null)" = active ] || exit 0
+unit_state=$(systemctl is-active "$UNIT" 2>/dev/null)
+if [ "$unit_state" = failed ]; then
+  # systemd's start limit ended a crash loop: not the watchdog's to restart; recorded once
+  [ -e "$STATE.failed" ] || audit unit-failed start-limit "$UNIT failed after $(systemctl show -p NRestarts --value "$UNIT" 2>/dev/null | tr -cd 0-9) automatic restarts (systemd start limit); a deploy, a rollback or systemctl reset-failed starts it again"
+  touch "$STATE.failed"
+  exit 0
+fi
+rm -f "$STATE.failed"
+[ "$unit_state" = active ] || exit 0
 started=$(systemctl show -p ExecMainStartTimestampMonotonic --value "$UNIT" 2>/dev/null)
 up=$(cut -d' ' -f1 /proc/uptime)
 age=$(awk -v u="$up" -v s="${{started:-0}}" 'BEGIN {{ printf "%d", u - s / 1000000 }}')
@@ -169,7 +178,7 @@ def install_snippet(service_dir_: str, service: str, unit_dir: str = "/etc/syste
     cur = f"{service_dir_}/current"
     state = f"{service_dir_}/{STATE}"
     return "\n".join([
-        f"rm -f {_q(state + '.fails')} {_q(state + '.restarts')} {_q(state + '.gaveup')}",
+        f"rm -f {_q(state + '.fails')} {_q(state + '.restarts')} {_q(state + '.gaveup')} {_q(state + '.failed')}",
         f"if [ -f {_q(cur + '/' + name + '.timer')} ] && [ -f {_q(cur + '/' + SCRIPT)} ]; then",
         # systemd is reloaded (a second or more on a busy host) only for new unit files
         f"  if ! cmp -s {_q(cur + '/' + name + '.service')} {_q(unit_dir + '/' + name + '.service')} || "

@@ -26,7 +26,15 @@ audit() {  # action result detail
 }
 
 [ -e "$SERVICE_DIR/.confirm-pending" ] && exit 0
-[ "$(systemctl is-active "$UNIT" 2>/dev/null)" = active ] || exit 0
+unit_state=$(systemctl is-active "$UNIT" 2>/dev/null)
+if [ "$unit_state" = failed ]; then
+  # systemd's start limit ended a crash loop: not the watchdog's to restart; recorded once
+  [ -e "$STATE.failed" ] || audit unit-failed start-limit "$UNIT failed after $(systemctl show -p NRestarts --value "$UNIT" 2>/dev/null | tr -cd 0-9) automatic restarts (systemd start limit); a deploy, a rollback or systemctl reset-failed starts it again"
+  touch "$STATE.failed"
+  exit 0
+fi
+rm -f "$STATE.failed"
+[ "$unit_state" = active ] || exit 0
 started=$(systemctl show -p ExecMainStartTimestampMonotonic --value "$UNIT" 2>/dev/null)
 up=$(cut -d' ' -f1 /proc/uptime)
 age=$(awk -v u="$up" -v s="${started:-0}" 'BEGIN { printf "%d", u - s / 1000000 }')
