@@ -20,7 +20,7 @@ import pytest
 from llmfleet.fleet import status
 from llmfleet.host import probe
 from llmfleet.inventory.services import host_settings
-from llmfleet.release import audit, confirm, watchdog
+from llmfleet.release import audit, cluster, confirm, watchdog
 from llmfleet.release import store as S
 
 GOLDEN = Path(__file__).parent / "golden" / "scripts"
@@ -35,6 +35,7 @@ CONFIRM_TOKEN = "0123abcd" * 4
 HS = host_settings("h1", {"llmfleet_root": ROOT, "llmfleet_services": [
     {"name": "chat", "engine": "llamacpp", "model": "m", "model_path": "/srv/models/m.gguf", "image": "llamacpp:b1",
      "port": 8080}]})
+MEMBER = cluster.Member("w1", "10.0.0.12", "eth0")
 RECORD = S.audit_record(now=NOW, who="alice", host="h1", action="deploy", service="chat", release=R2,
                         digest="sha256:" + "cd" * 32, result="deployed", detail="it's ok", message="canary")
 
@@ -79,6 +80,11 @@ SCRIPTS = {
     "watchdog_install": lambda: watchdog.install_snippet(PATHS.service_dir, "chat"),
     "watchdog_status": lambda: watchdog.status_script(ROOT),
     "watchdog_sh": lambda: watchdog.script_text(HS.services[0], HS, bind_address="127.0.0.1"),
+    "cluster_address": lambda: cluster.address_script("eth0"),
+    "cluster_worker_probe_rpc": lambda: cluster.worker_probe_script(PATHS, MEMBER, 50052, "rpc"),
+    "cluster_worker_probe_ray": lambda: cluster.worker_probe_script(PATHS, MEMBER, 6379, "ray"),
+    "cluster_rpc_log": lambda: cluster.rpc_log_script(PATHS),
+    "cluster_ray_nodes": lambda: cluster.ray_nodes_script(PATHS),
 }
 
 
@@ -107,11 +113,17 @@ def test_every_script_builder_of_the_release_store_has_a_golden_file():
     assert set(builders) <= pinned, f"a new script builder needs a golden file: {sorted(set(builders) - pinned)}"
 
 
+def test_every_script_builder_of_the_cluster_module_has_a_golden_file():
+    builders = sorted(n for n in dir(cluster) if n.endswith("_script") and callable(getattr(cluster, n)))
+    assert builders == ["address_script", "ray_nodes_script", "rpc_log_script", "worker_probe_script"]
+
+
 @pytest.mark.parametrize("name", ["state", "upload", "switch", "lock_acquire", "audit_append", "status", "final",
                                   "service_remove", "service_logs_follow",
 
                                   "confirm_arm", "confirm_arm_first", "confirm_confirm", "watchdog_install",
-                                  "watchdog_sh"])
+                                  "watchdog_sh", "cluster_address", "cluster_worker_probe_rpc", "cluster_rpc_log",
+                                  "cluster_ray_nodes"])
 def test_golden_scripts_parse_as_posix_sh(name):
     res = subprocess.run(["sh", "-n", str(GOLDEN / f"{name}.sh")], capture_output=True, text=True, timeout=10)
     assert res.returncode == 0, res.stderr

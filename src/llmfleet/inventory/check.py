@@ -17,7 +17,7 @@ from typing import Any, Literal
 from llmfleet.errors import LlmfleetError, UsageError
 from llmfleet.inventory.ansible import Host, Inventory
 from llmfleet.inventory.connection import connection_settings
-from llmfleet.inventory.services import HostSettings, Service, host_settings_all
+from llmfleet.inventory.services import HostSettings, Service, host_settings_all, resolve_workers
 from llmfleet.inventory.templating import TemplateError, resolve_namespace
 
 
@@ -80,6 +80,31 @@ def _duplicates(services: list[Service]) -> list[str]:
     return out
 
 
+def _worker_findings(inventory: Inventory, head: str, service: Service) -> list[str]:
+    """A multi-host service's workers: known hosts or groups, not the head, each once, an engine whose
+    role renders workers, and no clash with a worker's own services (name, cluster port)."""
+    from llmfleet.release import cluster
+    from llmfleet.release.multihost import worker_conflicts
+    from llmfleet.release.render import load_role
+
+    def group_hosts(name: str) -> list[str] | None:
+        return inventory.group_hosts(name) if name in inventory.groups else None
+
+    try:
+        names = resolve_workers(service, head, list(inventory.hosts), group_hosts, cluster.multihost_engines())
+    except ValueError as exc:
+        return [str(exc)]
+    out: list[str] = []
+    port = cluster.cluster_port(service, load_role(service.engine))
+    for n in names:
+        try:
+            ws = inventory.settings_for(inventory.hosts[n])
+        except LlmfleetError:
+            continue  # reported on that host
+        out += worker_conflicts(service, n, ws, port)
+    return out
+
+
 def check_host(
     host: Host,
     inventory: Inventory | None = None,
@@ -138,6 +163,9 @@ def check_host(
     src = host.sources.get("llmfleet_services", "inventory")
     for s in services:
         at = f"{src}: {where}: service {s.name}"
+        if s.workers and inventory is not None:
+            for msg in _worker_findings(inventory, host.name, s):
+                err(f"{at}: {msg}")
         quant = None
         if s.quant:
             try:

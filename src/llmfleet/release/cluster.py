@@ -151,7 +151,7 @@ def _has(args: list[str], role: R.Role, name: str) -> bool:
     return any(a.split("=", 1)[0] in names for a in args)
 
 
-def ray_head_script(cluster: Cluster, role: R.Role) -> str:
+def ray_head_command(cluster: Cluster, role: R.Role) -> str:
     """The head container's shell: start Ray's head, wait (bounded) until every worker joined, then
     exec the OpenAI server with the container's arguments ("$@")."""
     c = role.cluster
@@ -185,7 +185,7 @@ def head_overlay(service: Service, role: R.Role, cluster: Cluster, plan_args: li
         args += ["--pipeline-parallel-size", str(cluster.size)]
     if not _has(merged, role, "--distributed-executor-backend"):
         args += ["--distributed-executor-backend", "ray"]
-    return R.HeadOverlay(args=tuple(args), entrypoint=("/bin/sh", "-c", ray_head_script(cluster, role),
+    return R.HeadOverlay(args=tuple(args), entrypoint=("/bin/sh", "-c", ray_head_command(cluster, role),
                                                        "llmfleet-ray-head"),
                          environment=tuple(sorted(_env(cluster, cluster.head).items())), host_network=True)
 
