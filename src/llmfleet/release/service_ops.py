@@ -55,11 +55,10 @@ def deploy_hosts(inventory: Any, names: Sequence[str], *, config: Settings | dic
     # every host of it locked in a fixed order; one row per host of it.
     multi = [(h, s) for h, s in multihost_services(inv, list(names)) if options.services in (None, [])
              or s in options.services]
-    outcomes = [o for o in outcomes if not (o.reason.startswith("no single-host") and
-                                            any(h == o.host for h, _ in multi))]
-    for head, svc in multi:
-        outcomes += deploy_service(inv, head, svc, config=config, options=options, log=log).host_outcomes()
-    return outcomes
+    more = [o for head, svc in multi
+            for o in deploy_service(inv, head, svc, config=config, options=options, log=log).host_outcomes()]
+    covered = {o.host for o in more}
+    return [o for o in outcomes if not (o.host in covered and o.reason.startswith("no single-host"))] + more
 
 
 def rollback_hosts(inventory: Any, names: Sequence[str], *, service: str | None, to: str | None,
