@@ -280,3 +280,22 @@ def test_worker_probe(out, want):
 def test_cluster_hosts_are_locked_in_sorted_order():
     _, cl = _cluster(workers=("w2", "a-first"))
     assert cl.hosts == ["a-first", "head", "w2"]
+
+
+def test_render_task_shows_the_heads_and_each_workers_files_offline(tmp_path):
+    from llmfleet.cli.service_tasks import _render_service
+    from llmfleet.images.lock import ImageLock
+    from llmfleet.settings import Settings
+
+    ref = "reg.lab:5000/llama@sha256:" + "ab" * 32
+    path = _inventory(tmp_path, [svc(image=ref, workers=["w1"]).model_dump(mode="json", exclude_unset=True)],
+                      {"llmfleet_cluster_address": "10.0.0.2"})
+    inv = load_inventory(path)
+    hs = inv.settings_for(inv.hosts["head"])
+    doc = _render_service(inv, inv.hosts["head"], hs, hs.services[0], ImageLock(images={}), Settings.of(None), False)
+    args = doc["engine_args"]
+    # the head's own address comes from its interface at deploy time; the worker's is in the inventory
+    assert args[args.index("--rpc") + 1] == "10.0.0.2:50052"
+    worker = _compose(doc["workers"]["w1"]["compose.yml"])
+    assert worker["command"] == ["--host", "10.0.0.2", "--port", "50052"]
+    assert any("head: its address is read from eth0 at deploy time" in n for n in doc["notes"])

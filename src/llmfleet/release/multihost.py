@@ -161,6 +161,29 @@ def multihost_services(inv: Inventory, host_names: list[str]) -> list[tuple[str,
     return out
 
 
+def offline_cluster(inv: Inventory, head: str, service: Service) -> tuple[C.Cluster, dict[str, HostSettings], list[str]]:
+    """The cluster as far as the inventory tells it, for ``invoke render`` (no connection): an address
+    read from an interface at deploy time is shown as ``<eth0 of HOST>``. Returns the cluster, each
+    worker's settings, and notes."""
+    role = load_role(service.engine)
+    notes: list[str] = []
+
+    def member(name: str, s: HostSettings) -> C.Member:
+        if s.cluster_address:
+            return C.member_for(name, s)
+        if s.cluster_interface:
+            notes.append(f"{name}: its address is read from {s.cluster_interface} at deploy time; shown as a placeholder")
+            return C.Member(name, f"<{s.cluster_interface} of {name}>", s.cluster_interface)
+        raise UsageError(f"host {name}: service {service.name} spans hosts: set llmfleet_cluster_address or "
+                         "llmfleet_cluster_interface")
+
+    workers = workers_of(inv, head, service)
+    wsettings = {w: settings_for(inv.hosts[w]) for w in workers}
+    cl = C.make_cluster(service, role, member(head, settings_for(inv.hosts[head])),
+                        [member(w, wsettings[w]) for w in workers])
+    return cl, wsettings, notes
+
+
 # ---------------------------------------------------------------------------------------------
 # The outcome
 
