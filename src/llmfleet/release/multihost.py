@@ -215,7 +215,7 @@ class ServiceRun:
         out = []
         for name in [self.head, *[h for h in self.hosts if h != self.head]]:
             o = self.hosts.get(name) or HostOutcome(host=name, result=self.result)
-            o.result = self.result if o.result not in (Result.REFUSED, Result.FAILED) or not self.ok else o.result
+            o.result = self.result
             role = "head" if name == self.head else f"worker of {self.head}"
             o.reason = f"{self.service} ({role}): {self.reason}"
             out.append(o)
@@ -428,7 +428,7 @@ def _deploy(ready: PreparedService, hosts: dict[str, _Host], res: ServiceRun, op
 
     failure: str | None = None
     for w in workers:
-        failure = _switch(w, svc, options)
+        failure = _switch(w, svc)
         if failure:
             break
     report = None
@@ -442,7 +442,7 @@ def _deploy(ready: PreparedService, hosts: dict[str, _Host], res: ServiceRun, op
     _roll_back_all(hosts, workers, hh, svc, failure, res)
 
 
-def _switch(h: _Host, svc: Service, options: DeployOptions) -> str | None:
+def _switch(h: _Host, svc: Service) -> str | None:
     """Upload and switch one host's release (a worker, or the head before its checks); a failure's reason."""
     assert h.item is not None
     it, run = h.item, h.run
@@ -494,7 +494,7 @@ def _switch_head(hh: _Host, svc: Service, cluster: C.Cluster,
                  res: ServiceRun) -> tuple[str | None, health.HealthReport | None]:
     assert hh.item is not None
     it = hh.item
-    failure = _switch(hh, svc, DeployOptions())
+    failure = _switch(hh, svc)
     if failure:
         return failure, None
     hh.run.health_fn = head_health
