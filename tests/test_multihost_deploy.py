@@ -221,3 +221,22 @@ def test_worker_addresses_are_read_from_the_interface_and_checked(prepared, monk
     assert res.result == "refused"
     assert "w1: the address of llmfleet_cluster_interface eth0: 8.8.8.8 is not a private address" in res.reason
     assert kinds(sim, "lock", "switch") == []
+
+
+def test_ctrl_c_during_the_head_check_puts_every_host_back_and_releases_every_lock(prepared, monkeypatch):
+    sim = Sim(existing=True)
+
+    def interrupted(run, target):
+        if sim.current["head"] != OLD:
+            raise KeyboardInterrupt
+        return health.HealthReport(True, [health.StageResult("completion", True, 0.1, "ok")])
+
+    monkeypatch.setattr(M, "HostRun", fake_run_class(sim))
+    monkeypatch.setattr(M, "_cluster_preflight", lambda ready, hosts, run: [None])
+    monkeypatch.setattr(M, "_pull", lambda run, it: None)
+    with pytest.raises(KeyboardInterrupt):
+        M.deploy_service(prepared.inventory, "head", "big", prepared=prepared, options=DeployOptions(who="t"),
+                         log=lambda line: None, head_health=interrupted, connector=lambda h, s, a: Remote(h.name))
+    assert kinds(sim, "go_back") == [("go_back", "w2", "old"), ("go_back", "w1", "old"), ("go_back", "head", "old")]
+    assert [e[1] for e in kinds(sim, "finish")] == ["head", "w1", "w2"]
+    assert all(sim.current[h] == OLD for h in ADDR)

@@ -427,13 +427,17 @@ def _deploy(ready: PreparedService, hosts: dict[str, _Host], res: ServiceRun, op
             _pull(h.run, h.item)
 
     failure: str | None = None
-    for w in workers:
-        failure = _switch(w, svc)
-        if failure:
-            break
     report = None
-    if failure is None:
-        failure, report = _switch_head(hh, svc, cluster, head_health, res)
+    try:
+        for w in workers:
+            failure = _switch(w, svc)
+            if failure:
+                break
+        if failure is None:
+            failure, report = _switch_head(hh, svc, cluster, head_health, res)
+    except KeyboardInterrupt:  # Ctrl-C mid-switch: every host back before exiting, as a single-host deploy
+        _roll_back_all(hosts, workers, hh, svc, "interrupted", res)
+        raise
     if failure is None:
         _commit(hosts, svc, res, report)
         res.result = Result.DEPLOYED
@@ -517,7 +521,11 @@ def _switch_head(hh: _Host, svc: Service, cluster: C.Cluster,
                 else f"Ray sees {detail['ray_nodes']} live node(s), want {cluster.size}")
         return f"{hh.name}: healthy, but not every worker joined: {want}", report
     hh.run.log(f"{svc.name}: every worker joined ({detail})")
-    if not hh.run.confirm(it.paths, svc.name, hh.token):
+    try:
+        confirmed = hh.run.confirm(it.paths, svc.name, hh.token)
+    except RemoteError as exc:
+        return f"{hh.name}: confirm: {exc}", report
+    if not confirmed:
         return f"{hh.name}: healthy, but the host timer reverted it first", report
     hh.token = None
     return None, report
