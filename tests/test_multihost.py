@@ -230,7 +230,11 @@ def test_vllm_worker_joins_the_head_with_the_model_mounted():
     r = C.render_worker(s, host_settings("w2", {}), VIMAGE, cl, cl.workers[1])
     eng = _compose(r.files["compose.yml"])
     assert eng["entrypoint"][:2] == ["/bin/sh", "-c"]
-    assert "ray start --block --address=10.0.0.1:6379 --node-ip-address=10.0.0.3" in eng["entrypoint"][2]
+    script = eng["entrypoint"][2].replace("$$", "$")
+    assert "exec ray start --block --address=10.0.0.1:6379 --node-ip-address=10.0.0.3" in script
+    # it starts before the head: it waits (bounded) for the head's Ray port first
+    assert script.index('socket.create_connection(("10.0.0.1", 6379), 3)') < script.index("ray start")
+    assert "if [ $i -gt 120 ]; then" in script
     assert eng["network_mode"] == "host" and eng["ipc"] == "host"
     assert eng["volumes"][0]["source"] == "/srv/models/m" and eng["volumes"][0]["read_only"] is True
     assert eng["environment"]["VLLM_HOST_IP"] == "10.0.0.3"

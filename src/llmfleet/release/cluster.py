@@ -195,9 +195,21 @@ def worker_argv(cluster: Cluster, member: Member, role: R.Role) -> tuple[list[st
     if cluster.kind == "rpc":
         entry = [str(a) for a in role.cluster.get("worker_entrypoint", ["/app/rpc-server"])]
         return entry, ["--host", member.address, "--port", str(cluster.port)]
-    ray = str(role.cluster.get("ray", "ray"))
-    cmd = (f"exec {ray} start --block --address={_host_part(cluster.head.address)}:{cluster.port} "
-           f"--node-ip-address={member.address} --disable-usage-stats")
+    c = role.cluster
+    ray, py = str(c.get("ray", "ray")), str(c.get("python", "python3"))
+    tries = max(1, int(c.get("join_timeout_s", 600)) // 5)
+    head = f"{_host_part(cluster.head.address)}:{cluster.port}"
+    # Workers start before the head (deploy order): wait, bounded, until the head's Ray port answers.
+    probe = (f"{py} -c 'import socket; socket.create_connection((\"{cluster.head.address}\", {cluster.port}), 3)'"
+             " 2>/dev/null")
+    cmd = "\n".join([
+        "i=0",
+        f"until {probe}; do",
+        f"  i=$((i+1)); if [ $i -gt {tries} ]; then echo 'llmfleet: Ray head {head} not reachable' >&2; exit 1; fi",
+        "  sleep 5",
+        "done",
+        f"exec {ray} start --block --address={head} --node-ip-address={member.address} --disable-usage-stats",
+    ])
     return ["/bin/sh", "-c", cmd], []
 
 
