@@ -267,6 +267,15 @@ def test_rpc_join_check_reads_the_heads_devices(log, missing):
     assert C.missing_rpc_workers(cl, C.rpc_devices(log)) == missing
 
 
+@pytest.mark.parametrize("out,want", [
+    ("@@peer 10.0.0.1:41234\n@@peer [::ffff:10.0.0.5]:5000\n@@end\n", ["10.0.0.1", "10.0.0.5"]),
+    ("@@peer [fd00::1]:41234\n@@end\n", ["fd00::1"]),
+    ("@@end\n", []),
+])
+def test_rpc_peers_of_a_worker(out, want):
+    assert C.parse_rpc_peers(out) == want
+
+
 @pytest.mark.parametrize("out,want", [("@@nodes 3\n", 3), ("Traceback\nConnectionError\n", None), ("@@nodes x", None)])
 def test_ray_node_count(out, want):
     assert C.parse_ray_nodes(out) == want

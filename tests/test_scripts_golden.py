@@ -85,6 +85,7 @@ SCRIPTS = {
     "cluster_worker_probe_ray": lambda: cluster.worker_probe_script(PATHS, MEMBER, 6379, "ray"),
     "cluster_rpc_log": lambda: cluster.rpc_log_script(PATHS),
     "cluster_ray_nodes": lambda: cluster.ray_nodes_script(PATHS),
+    "cluster_rpc_peers": lambda: cluster.rpc_peers_script(50052),
 }
 
 
@@ -115,7 +116,8 @@ def test_every_script_builder_of_the_release_store_has_a_golden_file():
 
 def test_every_script_builder_of_the_cluster_module_has_a_golden_file():
     builders = sorted(n for n in dir(cluster) if n.endswith("_script") and callable(getattr(cluster, n)))
-    assert builders == ["address_script", "ray_nodes_script", "rpc_log_script", "worker_probe_script"]
+    assert builders == ["address_script", "ray_nodes_script", "rpc_log_script", "rpc_peers_script",
+                        "worker_probe_script"]
 
 
 @pytest.mark.parametrize("name", ["state", "upload", "switch", "lock_acquire", "audit_append", "status", "final",
@@ -123,7 +125,7 @@ def test_every_script_builder_of_the_cluster_module_has_a_golden_file():
 
                                   "confirm_arm", "confirm_arm_first", "confirm_confirm", "watchdog_install",
                                   "watchdog_sh", "cluster_address", "cluster_worker_probe_rpc", "cluster_rpc_log",
-                                  "cluster_ray_nodes"])
+                                  "cluster_ray_nodes", "cluster_rpc_peers"])
 def test_golden_scripts_parse_as_posix_sh(name):
     res = subprocess.run(["sh", "-n", str(GOLDEN / f"{name}.sh")], capture_output=True, text=True, timeout=10)
     assert res.returncode == 0, res.stderr

@@ -3,8 +3,10 @@
 Pure. The engines' own distributed runtimes, nothing home-made:
 
 - llama.cpp: ``rpc-server --host ADDR --port PORT`` on each worker (tools/rpc/README.md), and
-  ``llama-server --rpc w1:PORT,w2:PORT`` on the head. The head's log names each RPC device it uses
-  (``using device RPC0 (ADDR:PORT) ...``, src/llama.cpp): the join check reads it.
+  ``llama-server --rpc w1:PORT,w2:PORT`` on the head. A worker has joined when the head's log names
+  its RPC device (``using device RPC0 (ADDR:PORT) ...``, src/llama.cpp; printed only at higher log
+  verbosity in newer builds) or when the worker holds an established connection from the head's
+  address to its rpc-server (the head keeps one open per endpoint while its model is loaded).
 - vLLM: a Ray cluster (docs/serving/parallelism_scaling.md, examples/online_serving/run_cluster.sh):
   ``ray start --head --node-ip-address=HEAD --port=6379`` then ``vllm serve`` on the head, ``ray start
   --block --address=HEAD:6379`` on each worker; host networking, the host's IPC namespace, VLLM_HOST_IP,
@@ -326,6 +328,23 @@ def rpc_log_script(paths: Paths, lines: int = 400) -> str:
         "printf '%s\\n' \"$out\" | grep -E 'using device RPC' || true",
         "echo '@@end'",
     ])
+
+
+def rpc_peers_script(port: int) -> str:
+    """On a worker: the peers of every established connection to its rpc-server's port (the head's
+    llama-server keeps one open per RPC endpoint while its model is loaded)."""
+    return (f"ss -Htn state established '( sport = :{int(port)} )' 2>/dev/null | awk '{{print \"@@peer \" $4}}'\n"
+            "echo '@@end'")
+
+
+def parse_rpc_peers(stdout: str) -> list[str]:
+    """Peer addresses (no port; IPv4-mapped IPv6 unwrapped) from ``rpc_peers_script``."""
+    out = []
+    for line in stdout.splitlines():
+        if line.startswith("@@peer "):
+            addr = line[7:].strip().rsplit(":", 1)[0].strip("[]")
+            out.append(addr.removeprefix("::ffff:"))
+    return out
 
 
 def ray_nodes_script(paths: Paths, python: str = "python3") -> str:

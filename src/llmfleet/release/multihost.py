@@ -11,8 +11,9 @@ A service with ``workers:`` (``llmfleet.release.cluster`` says what each host ru
 4. take the deploy lock on every host in a fixed order (sorted host names: two deploys that share hosts
    cannot each hold half); pull on every host while the old releases still serve;
 5. switch the workers (each checked: unit active, and for rpc-server its port accepts connections from
-   the host itself), then the head: its staged health check, and the join check (llama.cpp: an RPC
-   device for every worker in the head's log; vLLM: Ray's live node count, asked in the head's container);
+   the host itself), then the head: its staged health check, and the join check (llama.cpp: each worker
+   named as an RPC device in the head's log, or holding an established connection from the head's
+   address to its rpc-server; vLLM: Ray's live node count, asked in the head's container);
 6. any failure after the first switch puts every host of the service back: workers first (the head
    needs them to start), then the head, each on its previous release (or stopped when it had none);
 7. last round trip per host: health marks, prune, audit lines, unlock.
@@ -434,7 +435,7 @@ def _deploy(ready: PreparedService, hosts: dict[str, _Host], res: ServiceRun, op
             if failure:
                 break
         if failure is None:
-            failure, report = _switch_head(hh, svc, cluster, head_health, res)
+            failure, report = _switch_head(hh, svc, cluster, head_health, res, hosts)
     except KeyboardInterrupt:  # Ctrl-C mid-switch: every host back before exiting, as a single-host deploy
         _roll_back_all(hosts, workers, hh, svc, "interrupted", res)
         raise
@@ -481,13 +482,19 @@ def _switch(h: _Host, svc: Service) -> str | None:
     return None
 
 
-def _joined(hh: _Host, cluster: C.Cluster) -> tuple[bool, dict[str, Any]]:
+def _joined(hh: _Host, cluster: C.Cluster, hosts: dict[str, _Host]) -> tuple[bool, dict[str, Any]]:
+    """Every worker joined? llama.cpp: the head's log names its RPC device, or the worker holds an
+    established connection from the head's address; vLLM: Ray's live node count."""
     assert hh.item is not None
     paths = hh.item.paths
     if cluster.kind == "rpc":
         devices = C.rpc_devices(hh.run.run(C.rpc_log_script(paths), timeout=30).stdout)
-        missing = C.missing_rpc_workers(cluster, devices)
-        return not missing, {"rpc_devices": devices, "missing": missing}
+        peers: dict[str, list[str]] = {}
+        for w in cluster.workers:
+            peers[w.host] = C.parse_rpc_peers(hosts[w.host].run.run(C.rpc_peers_script(cluster.port),
+                                                                     timeout=30).stdout)
+        missing = [h for h in C.missing_rpc_workers(cluster, devices) if cluster.head.address not in peers[h]]
+        return not missing, {"rpc_devices": devices, "rpc_peers": peers, "missing": missing}
     python = str(load_role("vllm").cluster.get("python", "python3"))
     nodes = C.parse_ray_nodes(hh.run.run(C.ray_nodes_script(paths, python), timeout=60).stdout)
     return nodes is not None and nodes >= cluster.size, {"ray_nodes": nodes, "want": cluster.size}
@@ -495,7 +502,7 @@ def _joined(hh: _Host, cluster: C.Cluster) -> tuple[bool, dict[str, Any]]:
 
 def _switch_head(hh: _Host, svc: Service, cluster: C.Cluster,
                  head_health: Callable[[HostRun, HealthTarget], health.HealthReport],
-                 res: ServiceRun) -> tuple[str | None, health.HealthReport | None]:
+                 res: ServiceRun, hosts: dict[str, _Host]) -> tuple[str | None, health.HealthReport | None]:
     assert hh.item is not None
     it = hh.item
     failure = _switch(hh, svc)
@@ -512,7 +519,7 @@ def _switch_head(hh: _Host, svc: Service, cluster: C.Cluster,
     if not report.ok:
         return f"{hh.name}: release {it.step.release_id} failed: {report.message}", report
     try:
-        ok, detail = _joined(hh, cluster)
+        ok, detail = _joined(hh, cluster, hosts)
     except RemoteError as exc:
         return f"{hh.name}: join check: {exc}", report
     res.joined = detail
