@@ -47,7 +47,7 @@ class Ctx:
         self.first: dict[str, str] = {}
         self.seconds: dict[str, float] = {}
 
-    def deploy(self, on_line=None, **opts):
+    def deploy(self, label: str, on_line=None, **opts):
         self.lines.clear()
 
         def log(line: str) -> None:
@@ -58,7 +58,7 @@ class Ctx:
         t0 = time.monotonic()
         res = deploy_service(self.lab.inventory_path, HEAD, SERVICE, config=self.config,
                              options=DeployOptions(**{"who": "tester", **opts}), log=log)
-        self.seconds[f"deploy-{len(self.seconds)}"] = round(time.monotonic() - t0, 1)
+        self.seconds[label] = round(time.monotonic() - t0, 1)
         return res
 
     def state(self, host: str) -> R.ServiceState:
@@ -95,7 +95,7 @@ def ctx(lab, tmp_path_factory):
 
 
 def test_split_model_is_served_with_its_second_layer_on_the_worker(ctx):
-    res = ctx.deploy(message="split over two hosts")
+    res = ctx.deploy("first deploy", message="split over two hosts")
     assert res.result == "deployed", res.reason
     head_addr, worker_addr = ctx.address(HEAD), ctx.address(WORKER)
     assert res.cluster["head"]["address"] == head_addr and res.cluster["workers"][0]["address"] == worker_addr
@@ -125,7 +125,7 @@ def test_unchanged_redeploy_through_deploy_hosts_touches_nothing(ctx):
     t0 = time.monotonic()
     outs = deploy_hosts(ctx.lab.inventory_path, [HEAD, WORKER], config=ctx.config,
                         options=DeployOptions(who="tester"), forks=2, log=lambda line: None)
-    ctx.seconds["unchanged"] = round(time.monotonic() - t0, 1)
+    ctx.seconds["unchanged redeploy"] = round(time.monotonic() - t0, 1)
     rows = {o.host: o for o in outs}
     assert set(rows) == {HEAD, WORKER}, [o.reason for o in outs]
     assert all(o.result == "unchanged" for o in outs), [o.reason for o in outs]
@@ -165,7 +165,7 @@ def test_a_worker_dying_under_a_deploy_rolls_back_both_hosts(ctx):
             ctx.lab.exec(WORKER, ["systemctl", "stop", UNIT], timeout=90)
             killed.append(line)
 
-    res = ctx.deploy(on_line=kill_worker, overrides={"health": FAST}, message="worker dies")
+    res = ctx.deploy("deploy rolled back", on_line=kill_worker, overrides={"health": FAST}, message="worker dies")
     assert killed, ctx.lines
     assert res.result == "rolled_back", res.reason
     assert res.reason.startswith(f"{HEAD}: ") and "every host of the service went back" in res.reason
