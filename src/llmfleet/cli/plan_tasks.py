@@ -7,13 +7,15 @@ import shlex
 from typing import TYPE_CHECKING
 
 from llmfleet.cli.common import console, escape, inventory_path, load_settings, print_json
-from llmfleet.cli.flags import FRACTION, POSITIVE, TOKENS, fleet_task
+from llmfleet.cli.flags import FRACTION, POSITIVE, TOKENS, Number, fleet_task
 from llmfleet.errors import CheckFailed, UsageError
 
 if TYPE_CHECKING:
     from llmfleet.knowledge.planner import Plan
 
 GB = 1e9
+GBIT = Number(float, low=0, low_open=True, metavar="GBIT")  # Gbit/s between hosts
+MICROSECONDS = Number(float, low=0, metavar="US")
 
 
 def _host_settings(c, inventory: str | None, host: str):
@@ -49,6 +51,20 @@ def _gpu_for(c, inventory: str | None, gpu: str | None, host: str | None):
     raise UsageError("give --gpu (catalog id, nvidia-smi name or inventory host) or --host")
 
 
+def _hosts_of(c, inventory: str | None, host: str, svc) -> int:
+    """The hosts a service spans: its head and its workers (groups expanded by the deploy side's rule)."""
+    workers = list(getattr(svc, "workers", None) or [])
+    if not workers:
+        return 1
+    from llmfleet.inventory.ansible import load_inventory
+
+    try:
+        from llmfleet.release.multihost import workers_of
+    except ImportError:  # no multi-host deploy in this build: count the names as hosts
+        return 1 + len(workers)
+    return 1 + len(workers_of(load_inventory(inventory_path(c, inventory)), host, svc))
+
+
 def _gather(c, inventory: str | None, host: str, accept_new_host_keys: bool):
     """The host's facts in one SSH round trip (its cards and the sizes of its services' model files)."""
     from llmfleet.host import facts as facts_mod
@@ -68,11 +84,37 @@ def _b(n: int | float) -> str:
     return f"{n / GB:,.2f} GB" if n >= 1e8 else (f"{n / 1e6:,.1f} MB" if n >= 1e5 else f"{int(n):,} B")
 
 
+def _split_rows(p: Plan) -> list[tuple[str, str]]:
+    """The rows a plan over several cards or hosts adds: how it is split, the tightest card, the cost."""
+    if p.gpus * p.hosts <= 1 or not p.per_gpu:
+        return []
+    if p.tensor_parallel_size > 1 or p.pipeline_parallel_size > 1:
+        split = f"tensor parallel {p.tensor_parallel_size}" + (
+            f" x pipeline parallel {p.pipeline_parallel_size} (one stage per host, Ray)" if p.hosts > 1 else "")
+    else:
+        split = f"llama.cpp {p.split_mode} split over {p.gpus * p.hosts} device(s)" + (
+            f" ({(p.hosts - 1) * p.gpus} over RPC)" if p.hosts > 1 else "")
+    g = p.per_gpu
+    rows = [
+        ("split", split + f"; layers per host {p.layers_per_host}"
+         + (f", per device {p.layers_per_device}" if p.tensor_split else "")),
+        ("per GPU", f"weights {_b(g['weights_bytes'])}, KV {_b(g['kv_cache_bytes'])} at the plan, overhead "
+                    f"{_b(g['overhead_bytes'])}, budget {_b(g['budget_bytes'])}; {g['kv_heads']} KV head(s) per layer"),
+    ]
+    c = p.comm
+    if c.get("how"):
+        rows.append(("split cost", f"{c['low_us'] / 1000:.2f}-{c['high_us'] / 1000:.2f} ms per token: {c['how']}"))
+    if p.deploy_adds:
+        rows.append(("deploy adds", "; ".join(p.deploy_adds)))
+    return rows
+
+
 def render_plan(p: Plan, title: str | None = None) -> None:
     from rich.table import Table
 
     verdict = "[green]FITS[/green]" if p.fits else "[red]DOES NOT FIT[/red]"
-    t = Table(title=title or f"{p.model} ({p.quant}) on {p.gpus} x {p.gpu_name}, {p.engine}: {verdict}",
+    where = f"{p.gpus} x {p.gpu_name}" + (f" on each of {p.hosts} hosts" if p.hosts > 1 else "")
+    t = Table(title=title or f"{p.model} ({p.quant}) on {where}, {p.engine}: {verdict}",
               show_header=False, title_justify="left")
     t.add_column("figure", style="bold")
     t.add_column("value")
@@ -87,7 +129,7 @@ def render_plan(p: Plan, title: str | None = None) -> None:
         ("KV cache", kv + f"; KV dtype {p.kv_dtype}"),
         ("KV at the plan", f"{_b(p.kv_cache_bytes)} for {p.concurrency} x {p.context} tokens"),
         ("overhead", f"{_b(p.overhead_bytes)} (CUDA context, activations, CUDA graphs, buffers)"),
-        ("memory", f"{_b(p.memory_bytes)} ({p.memory_bytes / 2**30:.1f} GiB) on {p.gpus} card(s); "
+        ("memory", f"{_b(p.memory_bytes)} ({p.memory_bytes / 2**30:.1f} GiB) on {p.gpus * p.hosts} card(s); "
                    f"plan uses {p.gpu_memory_utilization:.0%} = {_b(p.budget_bytes)}"),
         ("resident", ("yes: every layer on the GPU" if p.resident else
                       f"[red]no[/red]: {p.gpu_layers} of {p.total_layers} layers would fit")),
@@ -102,6 +144,7 @@ def render_plan(p: Plan, title: str | None = None) -> None:
         ("image", p.image or "none in the catalog runs on this card"),
         ("engine flags", shlex.join(p.engine_args)),
     ]
+    rows[9:9] = _split_rows(p)
     for k, v in rows:
         t.add_row(k, v if k in ("resident",) else escape(v))
     console.print(t)
@@ -123,14 +166,21 @@ def render_plan(p: Plan, title: str | None = None) -> None:
 
 @fleet_task(
     name="plan",
-    numbers={"gpus": POSITIVE, "context": TOKENS, "concurrency": POSITIVE, "gpu_memory_utilization": FRACTION},
+    numbers={"gpus": POSITIVE, "context": TOKENS, "concurrency": POSITIVE, "gpu_memory_utilization": FRACTION,
+             "hosts": POSITIVE, "network_gbps": GBIT, "network_latency_us": MICROSECONDS},
     help={
         "model": "catalog name (e.g. qwen2.5-32b-instruct), a Hugging Face model folder, or a .gguf file",
         "quant": "fp16, bf16, fp8, int8, gptq-int4 (-g32 etc. for a group size), awq-int4, mxfp4, q4_0, q4_k_s, "
                  "q4_k_m, q5_k_m, q6_k, q8_0, mxfp4-moe (case-insensitive); a .gguf file brings its own",
         "gpu": "card: catalog id (v100-sxm2-32gb), nvidia-smi name ('Tesla V100-SXM2-32GB') or an inventory host",
         "host": "inventory host: its card (llmfleet_gpu); without --model, plan each of its services",
-        "gpus": "GPUs to spread over (vLLM tensor parallel, llama.cpp layer split); default 1",
+        "gpus": "GPUs to spread over, per host (vLLM tensor parallel, llama.cpp layer/row split); default 1",
+        "hosts": "hosts to spread over, each with --gpus cards (vLLM pipeline parallel over Ray, llama.cpp RPC); "
+                 "default 1, or a service's head + workers",
+        "network_gbps": "with --hosts: Gbit/s between the hosts (default: the host's llmfleet_network_gbps, else 10)",
+        "network_latency_us": "with --hosts: one-way latency per message in microseconds (default: 25-100)",
+        "split_mode": "llama.cpp with several GPUs: layer (default) or row (one host)",
+        "interconnect": "nvlink or pcie between the cards of a host (default: the card's catalog entry)",
         "context": "tokens per sequence (e.g. 8192 or 8k); default: the most that fits",
         "concurrency": "concurrent sequences (vLLM --max-num-seqs, llama.cpp -np); default 1",
         "kv_dtype": "KV cache dtype: auto, fp8 (vLLM); f16, q8_0, q4_0 (llama.cpp)",
@@ -148,7 +198,8 @@ def render_plan(p: Plan, title: str | None = None) -> None:
 )
 def plan_task(c, model=None, quant=None, gpu=None, host=None, gpus=None, context=None, concurrency=None,
               kv_dtype=None, engine=None, gpu_memory_utilization=None, offload=False, inventory=None, json=False,
-              gather=False, accept_new_host_keys=False, image=None, verbose=False):
+              gather=False, accept_new_host_keys=False, image=None, verbose=False, hosts=None, network_gbps=None,
+              network_latency_us=None, split_mode=None, interconnect=None):
     """Capacity plan: does a model fit a card, the engine flags, max context/concurrency, decode speed."""
     from llmfleet.knowledge.catalog import find_gpu
     from llmfleet.knowledge.planner import PlanRequest, plan, plan_for_service
@@ -175,7 +226,10 @@ def plan_task(c, model=None, quant=None, gpu=None, host=None, gpus=None, context
                 "gpu_memory_utilization": gmu, "offload": True if offload else None, "image": image,
                 "gpus": list(range(n_gpus)) if n_gpus else None}.items() if v is not None}
             svc = svc.model_copy(update=overrides)
-            plans[svc.name] = plan_for_service(svc, card, n_gpus or 1, facts=facts)
+            n_hosts = hosts or _hosts_of(c, inventory, host, svc)
+            gbps = network_gbps if network_gbps is not None else getattr(settings, "network_gbps", None)
+            plans[svc.name] = plan_for_service(svc, card, n_gpus or 1, facts=facts, hosts=n_hosts,
+                                               network_gbps=gbps, network_latency_us=network_latency_us)
         if json:
             print_json({"host": host, "fits": all(p.fits for p in plans.values()),
                         "services": {k: p.to_dict() for k, p in plans.items()}})
@@ -195,7 +249,10 @@ def plan_task(c, model=None, quant=None, gpu=None, host=None, gpus=None, context
     req = PlanRequest(
         model=model, quant=quant, gpu=card, gpus=n_gpus or 1, context=ctx, concurrency=conc or 1,
         engine=engine, kv_dtype=kv_dtype or "auto", gpu_memory_utilization=gmu, offload=bool(offload),
-        image=image or None,
+        image=image or None, hosts=hosts or 1,
+        network_gbps=network_gbps if network_gbps is not None else getattr(settings, "network_gbps", None),
+        network_latency_us=network_latency_us, split_mode=split_mode or None, interconnect=interconnect or None,
+        gpus_available=len(facts.gpus) if facts is not None and len(facts.gpus) > 1 else None,
     )
     p = plan(req)
     if json:
@@ -204,5 +261,6 @@ def plan_task(c, model=None, quant=None, gpu=None, host=None, gpus=None, context
         render_plan(p)
     if not p.fits:
         first = p.notes[0] if p.notes else "does not fit"
-        raise CheckFailed(f"{p.model} ({p.quant}) does not fit {p.gpus} x {p.gpu_name}: {first}")
+        hosts_txt = f" on each of {p.hosts} hosts" if p.hosts > 1 else ""
+        raise CheckFailed(f"{p.model} ({p.quant}) does not fit {p.gpus} x {p.gpu_name}{hosts_txt}: {first}")
 

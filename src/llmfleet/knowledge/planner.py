@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from llmfleet.errors import UsageError
-from llmfleet.knowledge import compat
+from llmfleet.knowledge import compat, parallel
 from llmfleet.knowledge.catalog import (
     FULL,
     LINEAR,
@@ -44,6 +44,7 @@ from llmfleet.knowledge.catalog import (
     kv_dtypes,
     load_quants,
     min_context,
+    parallel_assumptions,
     speed_assumptions,
 )
 from llmfleet.knowledge.engines import for_engine
@@ -76,6 +77,14 @@ class PlanRequest:
     # the flag rules judge the two together, as the preflight does.
     extra_args: tuple[str, ...] = ()
     extra_env: tuple[tuple[str, str], ...] = ()
+    # Split over hosts: ``gpus`` is then the GPUs of EACH host. vLLM: pipeline parallel over Ray, one
+    # stage per host; llama.cpp: the head plus hosts - 1 workers running rpc-server.
+    hosts: int = 1
+    network_gbps: float | None = None  # Gbit/s between the hosts (llmfleet_network_gbps); None: planner.yaml
+    network_latency_us: float | None = None  # one way per message; None: planner.yaml's range
+    split_mode: str | None = None  # llama.cpp: layer (default) or row (one host)
+    interconnect: str | None = None  # nvlink / pcie between the cards of a host; None: the card's catalog entry
+    gpus_available: int | None = None  # cards on the host, for the alternatives (None: try 2, 4, 8)
 
 
 # ------------------------------------------------------------------------------------------ weights
@@ -507,6 +516,19 @@ class Plan:
     decode_tokps_offload_eighth: tuple[float, float] | None = None  # 1/8 of the layers off the GPU
     preflight: dict[str, Any] = field(default_factory=dict)  # the preflight's flag verdicts on the card
     engine_env: dict[str, str] = field(default_factory=dict)  # environment the flags need (VLLM_ATTENTION_BACKEND)
+    # Split over cards and hosts (``gpus`` is per host). per_gpu: the tightest card's weights, KV at the
+    # plan, overhead and budget; tensor_split: llama.cpp's shares in its device order (RPC devices
+    # first); comm: what the split adds per token; deploy_adds: what the deploy side must add itself.
+    hosts: int = 1
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    split_mode: str = ""
+    per_gpu: dict[str, Any] = field(default_factory=dict)
+    layers_per_host: list[int] = field(default_factory=list)
+    layers_per_device: list[int] = field(default_factory=list)
+    tensor_split: list[int] | None = None
+    comm: dict[str, Any] = field(default_factory=dict)
+    deploy_adds: list[str] = field(default_factory=list)
 
     # The names other modules use (llmfleet.knowledge.preflight, llmfleet.release.deploy, llmfleet.release.health).
     @property
@@ -600,6 +622,18 @@ def _quant_named(name: str) -> Quant:
 def _resolve(req: PlanRequest) -> _Resolved:
     if req.gpus < 1:
         raise UsageError(f"--gpus must be 1 or more, got {req.gpus}")
+    if req.hosts < 1:
+        raise UsageError(f"--hosts must be 1 or more, got {req.hosts}")
+    if req.network_gbps is not None and not req.network_gbps > 0:
+        raise UsageError(f"--network-gbps must be above 0 (Gbit/s between the hosts), got {req.network_gbps}")
+    if req.network_latency_us is not None and req.network_latency_us < 0:
+        raise UsageError(f"--network-latency-us must be 0 or more, got {req.network_latency_us}")
+    if req.interconnect is not None and req.interconnect not in ("nvlink", "pcie"):
+        raise UsageError(f"--interconnect must be nvlink or pcie, got {req.interconnect!r}")
+    if req.split_mode is not None and req.split_mode not in parallel.SPLIT_MODES:
+        raise UsageError(f"--split-mode must be one of {', '.join(parallel.SPLIT_MODES)} (llama.cpp), got {req.split_mode!r}")
+    if req.hosts > 1 and req.offload:
+        raise UsageError("--offload with --hosts: a model split over hosts is planned resident only; drop one of them")
     if req.concurrency < 1:
         raise UsageError(f"--concurrency must be 1 or more, got {req.concurrency}")
     if req.context is not None and req.context < 1:
@@ -626,6 +660,12 @@ def _resolve(req: PlanRequest) -> _Resolved:
     else:  # GGUF goes to llama.cpp, everything else to vLLM
         gguf_quant = quant.family == "gguf" if quant else spec.origin == "gguf"
         engine = "llamacpp" if gguf_quant else "vllm"
+    if req.split_mode and for_engine(engine).tensor_parallel:
+        raise UsageError(f"--split-mode is llama.cpp's; {for_engine(engine).label} splits a model by tensor parallel "
+                         "(--gpus) and pipeline parallel (--hosts)")
+    if req.split_mode == "row" and req.hosts > 1:
+        raise UsageError("--split-mode row splits matrices over the CUDA devices of one host; RPC devices take "
+                         "whole layers: use --split-mode layer with --hosts")
     notes: list[str] = []
 
     if quant is not None:
@@ -719,23 +759,29 @@ def decode_speed(
     host_bytes: float = 0.0,
     host_gbps: tuple[float, float] | None = None,
     legacy: bool = False,
+    extra_us: tuple[float, float] = (0.0, 0.0),
 ) -> DecodeSpeed:
     """time per token = gpu_bytes / (bandwidth x efficiency) + layers x per-layer cost + per-token
     cost + host_bytes / host bandwidth; the low speed pairs the low efficiency with the high costs.
-    ``legacy``: llama.cpp builds before CUDA graphs (planner.yaml legacy_per_layer_us)."""
+    ``legacy``: llama.cpp builds before CUDA graphs (planner.yaml legacy_per_layer_us). ``extra_us``:
+    (low, high) microseconds per token of communication (all-reduces, network hops) added on top."""
     sp = speed_assumptions(engine)
     cls, (e_lo, e_hi) = sp.efficiency_for(memory_type)
     c_lo, c_hi = (sp.legacy_per_layer_us if legacy and sp.legacy_per_layer_us else sp.per_layer_for(cls))
     p_lo, p_hi = sp.per_token_us
     bw = bandwidth_gbps * GB
     h_lo, h_hi = host_gbps or (1.0, 1.0)
-    t_slow = gpu_bytes / (bw * e_lo) + (layers * c_hi + p_hi) * 1e-6 + (host_bytes / (h_lo * GB) if host_bytes else 0.0)
-    t_fast = gpu_bytes / (bw * e_hi) + (layers * c_lo + p_lo) * 1e-6 + (host_bytes / (h_hi * GB) if host_bytes else 0.0)
+    x_lo, x_hi = extra_us
+    t_slow = (gpu_bytes / (bw * e_lo) + (layers * c_hi + p_hi + x_hi) * 1e-6
+              + (host_bytes / (h_lo * GB) if host_bytes else 0.0))
+    t_fast = (gpu_bytes / (bw * e_hi) + (layers * c_lo + p_lo + x_lo) * 1e-6
+              + (host_bytes / (h_hi * GB) if host_bytes else 0.0))
     return DecodeSpeed(1.0 / t_slow, 1.0 / t_fast, cls, (e_lo, e_hi), (c_lo, c_hi))
 
 
 def health_floor(engine: str, gpu: Gpu, read_bytes: float, layer_read_bytes: float, layers: int,
-                 offload_gbps: tuple[float, float], gpus: int = 1) -> tuple[float, DecodeSpeed, DecodeSpeed, str]:
+                 offload_gbps: tuple[float, float], gpus: int = 1,
+                 extra_us: tuple[float, float] = (0.0, 0.0)) -> tuple[float, DecodeSpeed, DecodeSpeed, str]:
     """(floor tok/s, resident speed, speed with a share of the layers in host memory, why).
 
     The floor is the fastest the card decodes with ``floor_share_offloaded`` (1/8) of the layers'
@@ -745,11 +791,11 @@ def health_floor(engine: str, gpu: Gpu, read_bytes: float, layer_read_bytes: flo
     sp = speed_assumptions(engine)
     share = sp.floor_share_offloaded
     per_gpu = read_bytes / gpus
-    resident = decode_speed(engine, gpu.bandwidth_gbps, gpu.memory_type, per_gpu, layers)
+    resident = decode_speed(engine, gpu.bandwidth_gbps, gpu.memory_type, per_gpu, layers, extra_us=extra_us)
     off_bytes = layer_read_bytes / gpus * share
     offloaded = decode_speed(engine, gpu.bandwidth_gbps, gpu.memory_type, per_gpu - off_bytes,
                              layers - int(layers * share) if for_engine(engine).offload_moves_layers else layers,
-                             host_bytes=off_bytes, host_gbps=offload_gbps)
+                             host_bytes=off_bytes, host_gbps=offload_gbps, extra_us=extra_us)
     if offloaded.high < resident.low:
         thin = resident.low / offloaded.high < 1.1
         return (offloaded.high, resident, offloaded,
@@ -782,6 +828,158 @@ def _largest(lo: int, hi: int, ok) -> int:
     return lo
 
 
+@dataclass(frozen=True)
+class _Device:
+    """One card of a split plan: where it is, what it holds."""
+
+    host: int  # 0: the head
+    layers: int  # repeating layers on it (all of them for tensor parallel ranks of a stage)
+    weights_bytes: float
+    kv_share: float  # share of the whole model's KV (per GPU for tensor parallel) it keeps
+    fixed_bytes: float
+
+
+def _split_devices(r: _Resolved, req: PlanRequest, split_mode: str, fixed_gpu: float) -> list[_Device]:
+    """The cards of a plan split over several GPUs or hosts, each with its weights and share of the KV
+    cache, by the engine's own rules (``llmfleet.knowledge.parallel``)."""
+    spec, w, engine = r.spec, r.weights, r.engine
+    n, hosts, layers = req.gpus, req.hosts, spec.num_layers
+    loaded = w.loaded_bytes(engine)
+    per_layer = w.layer_bytes / max(1, layers)
+    head = loaded - w.layer_bytes  # embeddings, output layer, final norm, vision tower (what is loaded)
+    out: list[_Device] = []
+    if for_engine(engine).tensor_parallel:
+        # K/V projections replicated when tp > KV heads (QKVParallelLinear): each GPU keeps 1/kv_heads.
+        kv_proj = 0.0
+        if n > spec.kv_heads > 0 and not spec.is_mla:
+            attn = sum(1 for i in range(layers) if _layer_is_attention(spec, i))
+            kv_proj = attn * 2 * spec.hidden * spec.kv_heads * spec.head_dim * r.quant.bits / 8
+        extra = kv_proj * (1 / max(1, spec.kv_heads) - 1 / n) if kv_proj else 0.0
+        first = w.embed_bytes + w.vision_bytes
+        last = (w.output_bytes or w.embed_bytes) + (w.other_bytes - w.vision_bytes - w.mtp_bytes)
+        stages = parallel.pp_partition(layers, hosts)
+        for s, lay in enumerate(stages):
+            if hosts == 1:
+                stage_w = float(loaded)
+            else:
+                stage_w = lay * per_layer + (first if s == 0 else 0.0) + (last if s == hosts - 1 else 0.0)
+            dev = _Device(s, lay, stage_w / n + extra * lay / layers, lay / layers, fixed_gpu)
+            out += [dev] * n
+        return out
+    d = n * hosts
+    if split_mode == "row":
+        # Matrices split by rows over the cards; the main GPU keeps the rest, the KV cache and the results.
+        out.append(_Device(0, layers, w.layer_bytes / d + head, 1.0, fixed_gpu))
+        out += [_Device(0, layers, w.layer_bytes / d, 0.0, fixed_gpu)] * (d - 1)
+        return out
+    counts, out_dev = parallel.layer_split(layers, [1.0] * d)
+    # Device order: the workers' RPC devices first (hosts 1..M-1, gpus each), then the head's cards.
+    for i, c in enumerate(counts):
+        host = 1 + i // n if i < (hosts - 1) * n else 0
+        out.append(_Device(host, c, c * per_layer + (head if i == out_dev else 0.0), c / layers, fixed_gpu))
+    return out
+
+
+def _pool_of(devices: list[_Device], budget_gpu: float) -> tuple[float, int]:
+    """(the whole model's KV bytes the split can hold, the index of the card that binds it): each card
+    holds its share of the KV, so the tightest card sets the total."""
+    best, where = math.inf, 0
+    for i, dv in enumerate(devices):
+        room = budget_gpu - dv.weights_bytes - dv.fixed_bytes
+        eq = room / dv.kv_share if dv.kv_share > 0 else (math.inf if room >= 0 else room)
+        if eq < best:
+            best, where = eq, i
+    return best, where
+
+
+def _network(req: PlanRequest, pa: Any) -> tuple[float, tuple[float, float] | None]:
+    gbps = req.network_gbps if req.network_gbps is not None else pa.network_default_gbps
+    lat = (req.network_latency_us, req.network_latency_us) if req.network_latency_us is not None else None
+    return gbps, lat
+
+
+def _interconnect(req: PlanRequest, gpu: Gpu) -> tuple[str, float]:
+    """(nvlink / pcie, GB/s per direction) between the cards of a host: asked, else the catalog's."""
+    kind = req.interconnect or gpu.interconnect or "pcie"
+    if kind == "nvlink":
+        gbps = gpu.interconnect_gbps if gpu.interconnect == "nvlink" else (gpu.nvlink_bridge_gbps or 0.0)
+    else:
+        gbps = gpu.interconnect_gbps if gpu.interconnect == "pcie" else 15.75
+    return kind, gbps
+
+
+def _comm_cost(req: PlanRequest, r: _Resolved, pa: Any, split_mode: str, devices: list[_Device]) -> parallel.Cost:
+    """Time per token the split adds on top of reading the weights (planner.yaml ``parallel``)."""
+    spec, n, hosts = r.spec, req.gpus, req.hosts
+    gbps, lat = _network(req, pa)
+    if for_engine(r.engine).tensor_parallel:
+        kind, link = _interconnect(req, r.gpu)
+        return (parallel.allreduce_cost(pa, interconnect=kind, link_gbps=link, tp=n, layers=spec.num_layers,
+                                        hidden=spec.hidden)
+                + parallel.pipeline_cost(pa, hosts=hosts, hidden=spec.hidden, network_gbps=gbps, latency_us=lat))
+    if split_mode == "row":
+        mats = sum(len([m for m in _attention_matrices(spec, i) + _mlp_matrices(spec, i) if m.quantize])
+                   for i in range(spec.num_layers))
+        return parallel.row_sync_cost(pa, mats if n > 1 else 0)
+    rpc_devices = (hosts - 1) * n
+    return (parallel.rpc_cost(pa, rpc_devices=rpc_devices, layers_per_device=[d.layers for d in devices],
+                              hidden=spec.hidden, network_gbps=gbps, latency_us=lat)
+            + parallel.layer_hops_cost(pa, n - 1))
+
+
+def _split_notes(req: PlanRequest, r: _Resolved, pa: Any, split_mode: str, devices: list[_Device], binding: int,
+                 comm: parallel.Cost) -> list[str]:
+    """What a split plan rests on, in words: the layout per card and host, and what decode speed to expect."""
+    n, hosts, spec = req.gpus, req.hosts, r.spec
+    if n * hosts <= 1:
+        return []
+    out: list[str] = []
+    ms = f"{comm.low_us / 1000:.2f}-{comm.high_us / 1000:.2f} ms per token"
+    if for_engine(r.engine).tensor_parallel:
+        kind, link = _interconnect(req, r.gpu)
+        if n > 1:
+            heads = parallel.kv_heads_per_gpu(spec.kv_heads, n)
+            rep = (f"; {spec.kv_heads} KV heads < {n}: each GPU keeps a replica of one, so the KV cache does not "
+                   "shrink further" if n > spec.kv_heads and not spec.is_mla else "")
+            out.append(
+                f"tensor parallel over {n} GPUs per host ({kind}, {link:g} GB/s per direction): each GPU holds 1/{n} "
+                f"of the weights and {heads if not spec.is_mla else 'the MLA latent of'} KV head(s) per layer"
+                f"{rep}; decode reads 1/{n} of the weights per GPU and pays {ms} of all-reduces")
+            if kind == "pcie" and n > 2:
+                out.append("vLLM's custom all-reduce is off for more than two PCIe-only GPUs: NCCL carries the "
+                           "all-reduces (vllm/distributed/device_communicators/custom_all_reduce.py)")
+        if hosts > 1:
+            stages = parallel.pp_partition(spec.num_layers, hosts)
+            gbps, _ = _network(req, pa)
+            out.append(
+                f"pipeline parallel over {hosts} hosts (vLLM get_pp_indices): layers per host {stages}; at batch 1 "
+                f"the stages run one after another, so a host adds memory, not speed: decode is what one host with "
+                f"all the weights would do, plus {ms} for the network ({gbps:g} Gbit/s) and Ray; with several "
+                "sequences in flight the stages overlap and throughput scales")
+    else:
+        if split_mode == "row":
+            out.append(
+                f"llama.cpp row split over {n} GPUs: every weight matrix is split by rows and read at the same time; "
+                f"the main GPU keeps the KV cache and the intermediate results and gathers each matmul ({ms}, an "
+                "estimate: measure it)")
+        else:
+            counts = [d.layers for d in devices]
+            per_host = [sum(d.layers for d in devices if d.host == h) for h in range(hosts)]
+            out.append(
+                f"llama.cpp layer split over {n * hosts} device(s): layers per device {counts} (device order: "
+                + ("the workers' RPC devices first, then the head's GPUs; " if hosts > 1 else "")
+                + f"the output layer on the last); the devices run one after another, so memory adds up and decode "
+                f"speed does not (+ {ms})")
+            if hosts > 1:
+                out.append(f"layers per host (head first): {per_host}; every token crosses the network to each RPC "
+                           "device and back")
+    if devices:
+        dv = devices[binding]
+        out.append(f"tightest card: {'the head' if dv.host == 0 else f'worker {dv.host}'}, {dv.layers} layers, "
+                   f"{dv.weights_bytes / GB:.2f} GB of weights")
+    return out
+
+
 def _plan(req: PlanRequest, with_suggestions: bool) -> Plan:
     r = _resolve(req)
     spec, quant, gpu, engine, weights = r.spec, r.quant, r.gpu, r.engine, r.weights
@@ -789,7 +987,11 @@ def _plan(req: PlanRequest, with_suggestions: bool) -> Plan:
     notes = list(r.notes)
     problems: list[str] = []  # why it does not fit: shown first
     n = req.gpus
+    hosts = req.hosts
     tp = for_engine(engine).tensor_parallel
+    pa = parallel_assumptions()
+    split_mode = "tensor" if tp else (req.split_mode or "layer")
+    devices_n = n * hosts
     gmu = req.gpu_memory_utilization or a.gpu_memory_utilization
     # The engines see the CUDA-visible total: memory.total less what the driver reserves.
     reserved_mib = gpu.memory_reserved_mib if gpu.memory_reserved_mib is not None else default_memory_reserved_mib()
@@ -797,11 +999,11 @@ def _plan(req: PlanRequest, with_suggestions: bool) -> Plan:
     budget_gpu = visible * gmu
 
     # Basis: per GPU for vLLM tensor parallel, all cards together for llama.cpp's layer split.
-    basis_budget = budget_gpu if tp else budget_gpu * n
-    fixed = a.fixed_overhead_bytes if tp else a.fixed_overhead_bytes * n
+    basis_budget = budget_gpu if tp else budget_gpu * devices_n
+    fixed = a.fixed_overhead_bytes if tp else a.fixed_overhead_bytes * devices_n
     # llama.cpp keeps the token-embedding table in host memory; vLLM loads everything to the GPU.
     gpu_weights_total = weights.loaded_bytes(engine)
-    basis_weights = gpu_weights_total / n if tp else gpu_weights_total
+    basis_weights = gpu_weights_total / devices_n if tp else gpu_weights_total
     kv_info = for_engine(engine).kv_layout(r.release, gpu.compute_capability) if r.release is not None else None
     swa = kv_info is not None and kv_info.sliding_window == "window"
     layout = kv_layout(spec, r.kv_bytes, tp=n if tp else 1, block_size=a.block_size if tp else 1, swa_cache=swa)
@@ -811,6 +1013,15 @@ def _plan(req: PlanRequest, with_suggestions: bool) -> Plan:
         return k * layout.per_sequence(ctx) * grow
 
     pool = basis_budget - basis_weights - fixed
+    devices: list[_Device] = []
+    binding = 0
+    if devices_n > 1:
+        # Each card holds its layers (or its shard) and their KV: the tightest card sets the pool.
+        fixed_gpu = a.fixed_overhead_bytes + (pa.tp_overhead_bytes if tp else 0)
+        devices = _split_devices(r, req, split_mode, fixed_gpu)
+        pool, binding = _pool_of(devices, budget_gpu)
+        if tp:
+            fixed = fixed_gpu
     resident = pool > 0
     max_ctx_model = spec.max_context
     k = req.concurrency
@@ -847,16 +1058,28 @@ def _plan(req: PlanRequest, with_suggestions: bool) -> Plan:
     # Decode at batch 1: weights a token reads + the KV of one full-context sequence, once per token.
     bw = gpu.bandwidth_gbps * GB
     kv_read = per_seq
-    read_bytes = (weights.read_per_token / n + kv_read) if tp else (weights.read_per_token + kv_read)
-    ceiling = bw / read_bytes
     layer_read = weights.layer_bytes - weights.inactive_expert_bytes
+    # Bytes one card reads per token, the cards running one after another: a tensor-parallel rank reads
+    # its 1/n shard (pipeline stages add up to the whole model again); a layer split reads every layer
+    # once over all cards; a row split reads the cards' shares of the matrices at the same time.
+    if tp:
+        weights_read = weights.read_per_token / n
+    elif split_mode == "row" and devices_n > 1:
+        weights_read = weights.read_per_token - layer_read + layer_read / devices_n
+    else:
+        weights_read = weights.read_per_token
+    read_bytes = weights_read + kv_read
+    ceiling = bw / read_bytes
+    comm = _comm_cost(req, r, pa, split_mode, devices)
+    extra = (comm.low_us, comm.high_us)
     off_gbps = (a.offload_gbps_low, a.offload_gbps_high)
     # The health probe decodes a short answer to a short prompt: its floor is for that context.
-    probe_read = (weights.read_per_token / n if tp else weights.read_per_token) + layout.per_sequence(
-        min(context, HEALTH_PROBE_CONTEXT))
+    probe_read = weights_read + layout.per_sequence(min(context, HEALTH_PROBE_CONTEXT))
     floor, _, eighth, floor_why = health_floor(
-        engine, gpu, probe_read * (n if tp else 1), layer_read, spec.num_layers, off_gbps, gpus=n if tp else 1)
-    resident_speed = decode_speed(engine, gpu.bandwidth_gbps, gpu.memory_type, read_bytes, spec.num_layers)
+        engine, gpu, probe_read * (n if tp else 1), layer_read, spec.num_layers, off_gbps, gpus=n if tp else 1,
+        extra_us=extra)
+    resident_speed = decode_speed(engine, gpu.bandwidth_gbps, gpu.memory_type, read_bytes, spec.num_layers,
+                                  extra_us=extra)
     expected = (resident_speed.low, resident_speed.high)
     sp = speed_assumptions(engine)
     eff_lo, eff_hi = resident_speed.efficiency
@@ -866,6 +1089,8 @@ def _plan(req: PlanRequest, with_suggestions: bool) -> Plan:
         + (f" + {sp.per_token_us[0] / 1000:.1f}-{sp.per_token_us[1] / 1000:.1f} ms per token" if sp.per_token_us[1] else "")
         + f" ({engine}, memory class {resident_speed.efficiency_class}): "
         + "; ".join(sp.efficiency_sources.get(resident_speed.efficiency_class, ()) + sp.cost_sources)
+        + (f"; split over {devices_n} cards: + {comm.low_us / 1000:.2f}-{comm.high_us / 1000:.2f} ms per token ({comm.text})"
+           if comm.text else "")
     )
 
     gpu_layers = spec.num_layers
@@ -938,13 +1163,16 @@ def _plan(req: PlanRequest, with_suggestions: bool) -> Plan:
                 f"fits: {max_context} tokens at {k} sequences or {max_conc} sequences at {context} tokens"
             )
 
-    total_overhead = a.fixed_overhead_bytes * n + a.kv_fraction * kv_need(context, k) / grow * (n if tp else 1)
+    comm_buffers = pa.tp_overhead_bytes if tp and devices_n > 1 else 0
+    total_overhead = ((a.fixed_overhead_bytes + comm_buffers) * devices_n
+                      + a.kv_fraction * kv_need(context, k) / grow * (n if tp else 1))
     overhead_text = (
         f"{a.fixed_overhead_bytes / GIB:.2f} GiB per GPU (CUDA context {a.cuda_context_bytes / GIB:.2f}, "
         f"activations {a.activation_bytes / GIB:.2f}, CUDA graphs {a.cuda_graph_bytes / GIB:.2f} GiB)"
         + (f" + {a.kv_fraction:.0%} of the KV cache for compute buffers" if a.kv_fraction else "")
+        + (f" + {comm_buffers / GIB:.2f} GiB per GPU of communication buffers" if comm_buffers else "")
         + ": "
-        + "; ".join(a.overhead_sources)
+        + "; ".join(a.overhead_sources + (pa.tp_overhead_sources if comm_buffers else ()))
     )
 
     # Notes on the figures.
@@ -988,16 +1216,14 @@ def _plan(req: PlanRequest, with_suggestions: bool) -> Plan:
         notes.append(
             f"llama.cpp keeps the token-embedding table ({weights.embed_bytes / GB:.2f} GB) in host memory"
         )
-    if tp and n > 1 and (spec.heads % n or (spec.kv_heads % n and n % spec.kv_heads)):
+    tp_why = parallel.tp_problem(spec.heads, spec.kv_heads, n, mla=spec.is_mla) if tp else None
+    if tp_why:
         fits = False
-        problems.append(
-            f"REFUSED: vLLM needs the {spec.heads} attention heads and {spec.kv_heads} KV heads to split evenly "
-            f"over {n} GPUs (tensor parallel)"
-        )
-    if not tp and n > 1:
-        notes.append(f"llama.cpp splits layers over {n} GPUs: memory adds up, decode speed does not")
-    if tp and n > 1:
-        notes.append(f"tensor parallel over {n} GPUs: ceiling assumes ideal scaling of bandwidth")
+        problems.append(f"REFUSED: the heads do not split evenly over {n} GPUs (tensor parallel): {tp_why}")
+    if hosts > spec.num_layers:
+        fits = False
+        problems.append(f"REFUSED: {hosts} hosts for {spec.num_layers} layers: every host needs at least one layer")
+    notes += _split_notes(req, r, pa, split_mode, devices, binding, comm)
     if weights.source.startswith("computed") and spec.origin == "catalog" and quant.family == "hf" and quant.group_size:
         notes.append(f"{quant.name}: group size {quant.group_size} assumed (scales and zeros add {quant.group_bits / quant.group_size:.2f} bits/weight)")
 
@@ -1039,8 +1265,8 @@ def _plan(req: PlanRequest, with_suggestions: bool) -> Plan:
         kv_cache_bytes=int(model_kv.per_sequence(context) * k),
         overhead_bytes=int(total_overhead),
         overhead_assumption=overhead_text,
-        memory_bytes=gpu.memory_bytes * n,
-        budget_bytes=int(budget_gpu * n),
+        memory_bytes=gpu.memory_bytes * devices_n,
+        budget_bytes=int(budget_gpu * devices_n),
         fits=bool(fits),
         resident=bool(resident),
         gpu_layers=gpu_layers,
@@ -1064,9 +1290,69 @@ def _plan(req: PlanRequest, with_suggestions: bool) -> Plan:
         engine_args=args,
         notes=problems + notes,
     )
+    _fill_split(plan, req, r, pa, split_mode, devices, binding, comm, budget_gpu,
+                per_gpu_weights=basis_weights if tp else gpu_weights_total,
+                kv_plan=kv_need(context, k) / grow, fixed_gpu=fixed if tp else a.fixed_overhead_bytes,
+                kv_fraction=a.kv_fraction)
     if with_suggestions and not plan.fits:
         plan.alternatives = _suggest(req, plan, r)
+        split = [x for x in plan.alternatives if set(x["change"]) <= {"gpus", "hosts"}]
+        others = [x for x in plan.alternatives if x not in split and "offload" not in x["change"]]
+        if split:
+            x = split[0]
+            plan.notes.insert(1 if problems else 0,
+                              f"fits {'only ' if not others else ''}when split: {x['flags']} ({x['why']}): "
+                              f"{x['per_gpu_weights_bytes'] / GB:.1f} GB of weights per GPU, layers per host "
+                              f"{x['layers_per_host']}, up to {x['max_context_tokens']:,} tokens of context")
     return plan
+
+
+def _fill_split(plan: Plan, req: PlanRequest, r: _Resolved, pa: Any, split_mode: str, devices: list[_Device],
+                binding: int, comm: parallel.Cost, budget_gpu: float, *, per_gpu_weights: float, kv_plan: float,
+                fixed_gpu: float, kv_fraction: float) -> None:
+    spec, n, hosts = r.spec, req.gpus, req.hosts
+    know = for_engine(r.engine)
+    plan.hosts = hosts
+    plan.tensor_parallel_size = n if know.tensor_parallel else 1
+    plan.pipeline_parallel_size = hosts if know.tensor_parallel else 1
+    plan.split_mode = split_mode if n * hosts > 1 else ""
+    if devices:
+        dv = devices[binding]
+        w, kv, fx = dv.weights_bytes, kv_plan * dv.kv_share, dv.fixed_bytes
+        plan.layers_per_device = [d.layers for d in devices]
+        # tensor parallel ranks and row-split cards each see every layer of their host (sharded)
+        shard = n if know.tensor_parallel or split_mode == "row" else 1
+        plan.layers_per_host = [sum(d.layers for d in devices if d.host == h) // shard for h in range(hosts)]
+    else:
+        w, kv, fx = per_gpu_weights, kv_plan, fixed_gpu
+        plan.layers_per_device = [spec.num_layers]
+        plan.layers_per_host = [spec.num_layers]
+    plan.per_gpu = {
+        "weights_bytes": int(w), "kv_cache_bytes": int(kv), "overhead_bytes": int(fx + kv_fraction * kv),
+        "budget_bytes": int(budget_gpu),
+        "kv_heads": parallel.kv_heads_per_gpu(spec.kv_heads, n) if know.tensor_parallel else spec.kv_heads,
+    }
+    plan.tensor_split = [1] * (n * hosts) if not know.tensor_parallel and n * hosts > 1 else None
+    gbps, lat = _network(req, pa)
+    kind, link = _interconnect(req, r.gpu)
+    plan.comm = {"low_us": round(comm.low_us, 1), "high_us": round(comm.high_us, 1), "how": comm.text,
+                 "interconnect": kind if n > 1 else "", "interconnect_gbps": link if n > 1 else 0.0,
+                 "network_gbps": gbps if hosts > 1 else 0.0,
+                 "network_latency_us": list(lat or pa.network_latency_us) if hosts > 1 else []}
+    if hosts > 1 and know.tensor_parallel:
+        plan.deploy_adds = [
+            f"a Ray cluster over the {hosts} hosts before `vllm serve` on the head: `ray start --head` there, "
+            "`ray start --address HEAD:PORT` on each worker (vLLM places one pipeline stage per host)",
+            "NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME (and VLLM_HOST_IP) naming each host's interface on the "
+            "hosts' network; host networking and enough shared memory for the engine containers",
+        ]
+    elif hosts > 1:
+        plan.deploy_adds = [
+            f"`--rpc HOST:PORT,...` on the head, the {hosts - 1} worker(s) in the inventory's order: the "
+            f"--tensor-split shares are {n} per worker in that order (RPC devices come first), then the head's {n}",
+            f"`rpc-server` on each worker exposing its {n} GPU(s) as RPC devices, on a port the head can reach "
+            "and nothing else can",
+        ]
 
 
 def _checked_args(
@@ -1086,6 +1372,8 @@ def _checked_args(
     base: dict[str, Any] = dict(
         quantization=know.quantization_flag(rel, rules, r.quant, cc), float16=not r.gpu.bf16 or r.quant.name == "fp16",
         gpu_memory_utilization=gmu, context=context, concurrency=k, kv_flag=r.kv_flag, gpus=req.gpus,
+        hosts=req.hosts, split_mode=None if know.tensor_parallel else (req.split_mode or "layer"),
+        tensor_split=[1] * (req.gpus * req.hosts) if req.gpus * req.hosts > 1 else None,
         offload_bytes=offload if (not resident and req.offload) else 0.0, backend_select=select,
         num_layers=r.spec.num_layers, resident=resident, gpu_layers=gpu_layers, release=rel, rules=rules,
     )
@@ -1140,6 +1428,10 @@ def _suggest(req: PlanRequest, plan: Plan, r: _Resolved) -> list[dict[str, Any]]
                 "engine_env": dict(alt.engine_env),
                 "image": alt.image,
                 "preflight": {cid: v["status"] for cid, v in alt.preflight.items()},
+                "gpus": alt.gpus,
+                "hosts": alt.hosts,
+                "per_gpu_weights_bytes": alt.per_gpu.get("weights_bytes"),
+                "layers_per_host": list(alt.layers_per_host),
             }
         )
         return True
@@ -1169,10 +1461,26 @@ def _suggest(req: PlanRequest, plan: Plan, r: _Resolved) -> list[dict[str, Any]]
             f"the most sequences that fit at {plan.context} tokens",
             f"--concurrency {plan.max_concurrency}",
         )
-    # 5. More GPUs.
-    for n in (2, 4, 8):
-        if n > req.gpus and attempt({"gpus": n}, f"{n} x {plan.gpu_name}", f"--gpus {n}"):
-            break
+    # 5. More GPUs of the host (tensor parallel / layer split), then more hosts (pipeline parallel / RPC).
+    know = for_engine(r.engine)
+    how = "tensor parallel" if know.tensor_parallel else "layer split"
+    have = req.gpus_available
+    counts = [c for c in range(req.gpus + 1, have + 1)] if have else [c for c in (2, 4, 8) if c > req.gpus]
+    split_found = False
+    for n in counts:
+        # the smallest split that fits and the next one up (more room for context and sequences)
+        if attempt({"gpus": n}, f"{how} over {n} x {plan.gpu_name}", f"--gpus {n}"):
+            if split_found:
+                break
+            split_found = True
+    if not split_found and not req.offload:
+        per_host = max(req.gpus, have or req.gpus)
+        cross = "pipeline parallel" if know.tensor_parallel else "llama.cpp RPC"
+        for h in (2, 3, 4):
+            if h > req.hosts and attempt({"hosts": h, "gpus": per_host},
+                                         f"{cross} over {h} hosts of {per_host} x {plan.gpu_name}",
+                                         f"--hosts {h} --gpus {per_host}"):
+                break
     # 6. Offload, last: it works but is slow.
     if not plan.resident and not req.offload:
         attempt({"offload": True}, "accept CPU offload (slow, see notes)", "--offload")
@@ -1190,8 +1498,16 @@ def plan_for_service(
     gpu_count: int = 1,
     facts: Any = None,
     model: ModelSpec | None = None,
+    *,
+    hosts: int = 1,
+    network_gbps: float | None = None,
+    network_latency_us: float | None = None,
 ) -> Plan:
     """Plan an inventory Service (llmfleet.inventory.services.Service) on a card.
+
+    ``hosts``: the hosts the service spans (the head and its workers, each with ``gpus`` cards like the
+    head); ``network_gbps`` (Gbit/s, the slowest link between them: llmfleet_network_gbps) and
+    ``network_latency_us`` price the hops between them (None: planner.yaml's defaults).
 
     ``gpu`` is the card (catalog entry, id or nvidia-smi name); ``gpu_count`` the host's card count,
     used when the service takes ``gpus: all``. With ``facts`` (llmfleet.host.facts.Facts) the cards the
@@ -1259,6 +1575,11 @@ def plan_for_service(
         offload=service.offload,
         extra_args=tuple(str(a) for a in (getattr(service, "engine_args", None) or [])),
         extra_env=tuple(sorted((str(k), str(v)) for k, v in (getattr(service, "env", None) or {}).items())),
+        hosts=max(1, int(hosts)),
+        network_gbps=network_gbps,
+        network_latency_us=network_latency_us,
+        gpus_available=(len(facts.gpus) if facts is not None and getattr(facts, "gpus", None) else int(gpu_count))
+        if max(len(getattr(facts, "gpus", None) or []), int(gpu_count)) > 1 else None,
     )
     result = plan(req)
     if facts_note:
@@ -1295,6 +1616,7 @@ class PlanSummary:
     quant: str = ""
     gpu: str = ""
     gpus: int = 1
+    hosts: int = 1
     context: int | None = None
     concurrency: int | None = None
     fits: bool | None = None
@@ -1331,7 +1653,7 @@ class PlanSummary:
         args = data.get("engine_args")
         return cls(
             engine=text("engine"), model=text("model"), quant=text("quant"), gpu=text("gpu"),
-            gpus=whole("gpus") or 1, context=whole("context"), concurrency=whole("concurrency"),
+            gpus=whole("gpus") or 1, hosts=whole("hosts") or 1, context=whole("context"), concurrency=whole("concurrency"),
             fits=flag("fits"), resident=flag("resident"),
             engine_args=tuple(str(a) for a in args) if isinstance(args, list | tuple) else (),
             decode_tokps_ceiling=num("decode_tokps_ceiling"), decode_tokps_realistic=realistic,
@@ -1343,7 +1665,7 @@ def summarize(plan: Plan | PlanSummary | None) -> PlanSummary | None:
     if plan is None or isinstance(plan, PlanSummary):
         return plan
     return PlanSummary(
-        engine=plan.engine, model=plan.model, quant=plan.quant, gpu=plan.gpu, gpus=plan.gpus,
+        engine=plan.engine, model=plan.model, quant=plan.quant, gpu=plan.gpu, gpus=plan.gpus, hosts=plan.hosts,
         context=plan.context, concurrency=plan.concurrency, fits=plan.fits, resident=plan.resident,
         engine_args=tuple(plan.engine_args), decode_tokps_ceiling=plan.decode_tokps_ceiling,
         decode_tokps_realistic=tuple(plan.decode_tokps_realistic),  # type: ignore[arg-type]

@@ -222,9 +222,11 @@ def images_lock_path(hostvars: dict[str, Any], inventory_path: str, configured: 
 # The plan (the planner is pure; an unknown model or card is a warning, not a crash)
 
 
-def plan_for(service: Service, facts: Facts, settings: HostSettings | None = None) -> tuple[Any, str | None]:
+def plan_for(service: Service, facts: Facts, settings: HostSettings | None = None,
+             hosts: int | None = None) -> tuple[Any, str | None]:
     """(plan, error) for a service on the host's cards: the card the service gets with the least
-    memory, its memory as the host reports it, the host's card count."""
+    memory, its memory as the host reports it, the host's card count. ``hosts``: the hosts the service
+    spans (its head and workers, groups expanded); None: 1 + the names in its ``workers``, if any."""
     from llmfleet.knowledge import planner
     from llmfleet.knowledge.catalog import find_gpu
 
@@ -242,7 +244,9 @@ def plan_for(service: Service, facts: Facts, settings: HostSettings | None = Non
         return None, "no GPU seen on the host and no llmfleet_gpu in the inventory"
     try:
         # The planner takes the host's real memory.total for the cards the service uses.
-        return planner.plan_for_service(service, card, max(1, len(facts.gpus)), facts=facts if gpus else None), None
+        n_hosts = hosts if hosts is not None else 1 + len(getattr(service, "workers", None) or [])
+        return planner.plan_for_service(service, card, max(1, len(facts.gpus)), facts=facts if gpus else None,
+                                        hosts=n_hosts, network_gbps=getattr(settings, "network_gbps", None)), None
     except LlmfleetError as exc:
         return None, str(exc)
     except Exception as exc:  # the planner must not take the preflight down with it
@@ -446,8 +450,10 @@ def _plan_check(service: Service, plan: Any, plan_error: str | None) -> Check:
             parts.append(f"up to {k} sequences at the planned context")
         if tok and len(tok) == 2:
             parts.append(f"expected decode {tok[0]:.0f}-{tok[1]:.0f} tok/s")
+        hosts = getattr(plan, "hosts", 1) or 1
         return Check("plan", "pass", f"{service.model} ({getattr(plan, 'quant', service.quant)}) fits "
                      f"{getattr(plan, 'gpus', 1)} x {getattr(plan, 'gpu_name', 'the card')}"
+                     + (f" on each of {hosts} hosts" if isinstance(hosts, int) and hosts > 1 else "")
                      + (f": {', '.join(parts)}" if parts else ""))
     why = next((n for n in notes if n.startswith("REFUSED")), None) or "; ".join(notes[:2]) or \
         "the planner says it does not fit"
@@ -616,9 +622,12 @@ def check_host(
     allow_unpinned: bool = False,
     catalog: EngineCatalog | None = None,
     today: str | None = None,
+    hosts_by_service: dict[str, int] | None = None,
 ) -> list[Report]:
     """Reports for the given services of a host (default: all of them) from facts already gathered
-    (``today``, ``YYYY-MM-DD``, dates the driver branches' end of life; None: today)."""
+    (``today``, ``YYYY-MM-DD``, dates the driver branches' end of life; None: today). ``hosts_by_service``:
+    the hosts a service split over several spans (head and workers, groups expanded); the plan check
+    plans it over them (absent: ``plan_for``'s default)."""
     from llmfleet.images import lock as images
 
     chosen = settings.services if services is None else services
@@ -633,7 +642,7 @@ def check_host(
                                        allow_unpinned=allow_unpinned, where=f"host {host_name}: service {svc.name}")
         except UsageError as exc:
             image_error = str(exc).split(": image ", 1)[-1]
-        plan, plan_error = plan_for(svc, facts, settings)
+        plan, plan_error = plan_for(svc, facts, settings, hosts=(hosts_by_service or {}).get(svc.name))
         checks = run_checks(host_name, svc, facts, plan, image_ref, catalog=catalog, plan_error=plan_error,
                             image_error=image_error, today=today, settings=settings)
         reports.append(Report(host_name, svc.name, checks))
@@ -801,3 +810,233 @@ def check_saved(host_name: str, settings: HostSettings, facts: Facts, *, lock: A
     for r in reports:
         r.checks.insert(0, note)
     return reports
+
+
+# ------------------------------------------------------------------------------------------------
+# A service split over several GPUs and hosts: rules over the facts of every host it uses (pure)
+
+# Every check id check_service_hosts emits, in order (docs/preflight.md describes each).
+MULTI_CHECK_IDS = ("gpu-count", "gpu-identical", "driver-match", "tp-heads", "topology", "network")
+
+# `nvidia-smi topo -m` link kinds: NV# (NVLink), PIX/PXB (PCIe switches), PHB (host bridge),
+# NODE (host bridges of one NUMA node), SYS (across the CPUs' interconnect).
+_PCIE_LINKS = ("PIX", "PXB", "PHB", "NODE")
+
+
+def parse_topology(text: str | None) -> dict[tuple[int, int], str]:
+    """GPU-to-GPU links from `nvidia-smi topo -m` output: {(i, j): "NV2" | "PIX" | ... } for i != j.
+    Empty when the text holds no matrix. Pure; unknown tokens are kept as they are."""
+    if not text:
+        return {}
+    lines = [ln for ln in str(text).splitlines() if ln.strip()]
+    # The header names the columns (GPU0 GPU1 ... NICs, CPU Affinity); a row is GPUi then its links, "X" to itself.
+    header = next((ln for ln in lines if ln.split()[0] == "GPU0" and ln.split()[1:2] != ["X"]), None)
+    if header is None:
+        return {}
+    cols = [int(c[3:]) for c in header.split() if re.fullmatch(r"GPU\d+", c)]
+    links: dict[tuple[int, int], str] = {}
+    for ln in lines:
+        parts = ln.split()
+        if ln is header or not re.fullmatch(r"GPU\d+", parts[0]):
+            continue
+        i = int(parts[0][3:])
+        for j, val in zip(cols, parts[1:1 + len(cols)], strict=False):
+            if i != j and val != "X":
+                links[(i, j)] = val
+    return links
+
+
+def _hosts_gpus(service: Service, facts_by_host: dict[str, Facts], head: str) -> dict[str, list[GpuFact]]:
+    return {h: selected_gpus(service, f)[0] for h, f in facts_by_host.items()} | (
+        {} if head in facts_by_host else {head: []})
+
+
+def check_service_hosts(
+    service: Service,
+    facts_by_host: dict[str, Facts],
+    *,
+    head: str,
+    plan: Any = None,
+    model: Any = None,
+    topology_by_host: dict[str, str] | None = None,
+    network_gbps: float | None = None,
+) -> list[Check]:
+    """The rules a service split over several GPUs or hosts must pass, over the facts of every host
+    it uses (``facts_by_host``: the head and its workers). Pure; each check names the hosts it judged.
+
+    - ``gpu-count``: each host has the GPUs the service uses (the plan's ``gpus``, else the service's
+      list, else the head's count for ``gpus: all``), at the indexes it names;
+    - ``gpu-identical``: the same card (nvidia-smi name, memory.total) on every GPU used, on every host;
+    - ``driver-match``: the same driver and CUDA driver version on every host (a difference is a WARN:
+      each host must still pass its own ``cuda-driver`` check, which ``run_checks`` makes per host);
+    - ``tp-heads``: vLLM's tensor parallel rule (attention heads divide by the GPUs per host, KV heads
+      divide or are replicated) and at least one layer per pipeline stage (``model``: a catalog
+      ``ModelSpec``; None: looked up by the service's model name);
+    - ``topology``: how the GPUs of each host are linked, from `nvidia-smi topo -m` text
+      (``topology_by_host``, else a ``gpu_topology`` attribute of the facts); unknown = WARN;
+    - ``network``: with several hosts, the link speed the plan used (``network_gbps``; unknown = WARN).
+      Whether the NCCL / RPC ports are reachable is checked from the hosts by the deploy, not here.
+    """
+    from llmfleet.knowledge import parallel
+
+    hosts = [head] + sorted(h for h in facts_by_host if h != head)
+    gpus_by_host = _hosts_gpus(service, facts_by_host, head)
+    head_facts = facts_by_host.get(head)
+    if plan is not None and getattr(plan, "gpus", None):
+        per_host = int(plan.gpus)
+    elif isinstance(service.gpus, list):
+        per_host = len(service.gpus)
+    else:
+        per_host = len(head_facts.gpus) if head_facts is not None else 0
+    checks: list[Check] = []
+
+    # gpu-count
+    short = []
+    for h in hosts:
+        f = facts_by_host.get(h)
+        if f is None:
+            short.append(f"{h}: no facts")
+            continue
+        _, missing = selected_gpus(service, f)
+        if missing:
+            short.append(f"{h}: no GPU {', '.join(map(str, missing))} (has {len(f.gpus)})")
+        elif len(gpus_by_host[h]) < per_host:
+            short.append(f"{h}: {len(gpus_by_host[h])} GPU(s)")
+    if short:
+        checks.append(Check("gpu-count", "fail", f"service {service.name} needs {per_host} GPU(s) on each of "
+                            f"{len(hosts)} host(s): {'; '.join(short)}",
+                            "give every host of the service the same GPUs (llmfleet_services[].gpus), or plan "
+                            "with fewer (`invoke plan --gpus N`)"))
+    else:
+        checks.append(Check("gpu-count", "pass", f"{per_host} GPU(s) on each of {len(hosts)} host(s): "
+                            + ", ".join(hosts)))
+
+    # gpu-identical
+    seen: dict[tuple[str, int | None], list[str]] = {}
+    unknown_cc = []
+    for h in hosts:
+        for g in gpus_by_host[h][:per_host] if per_host else gpus_by_host[h]:
+            seen.setdefault((g.name, g.memory_total_mib), []).append(f"{h}:{g.index}")
+            if not g.compute_capability:
+                unknown_cc.append(f"{h}:{g.index}")
+    names = {name for name, _ in seen}
+    desc = "; ".join(f"{name} ({mib if mib is not None else '?'} MiB) on {', '.join(where)}"
+                     for (name, mib), where in seen.items())
+    if len(names) > 1:
+        checks.append(Check("gpu-identical", "fail", f"service {service.name} would split over different cards: "
+                            f"{desc}", "use identical cards on every GPU of the service (pin gpus: [...] per host)"))
+    elif len(seen) > 1:
+        checks.append(Check("gpu-identical", "warn", f"same card, different memory.total: {desc}; the plan uses "
+                            "the smallest", "check ECC mode (nvidia-smi -q) and what else holds memory"))
+    elif not seen:
+        checks.append(Check("gpu-identical", "fail", f"service {service.name}: no GPU seen on {', '.join(hosts)}",
+                            "gather the hosts' facts (`invoke facts`) and check the driver"))
+    elif unknown_cc:
+        checks.append(Check("gpu-identical", "warn", f"{desc}; compute capability unknown on "
+                            f"{', '.join(unknown_cc)}", "add the card's nvidia-smi name to catalog/gpus.yaml"))
+    else:
+        checks.append(Check("gpu-identical", "pass", desc))
+
+    # driver-match
+    drivers = {h: (facts_by_host[h].driver_version, facts_by_host[h].cuda_driver_version)
+               for h in hosts if h in facts_by_host}
+    missing_drv = [h for h, (d, _) in drivers.items() if not d]
+    if len(hosts) == 1:
+        checks.append(Check("driver-match", "pass", f"one host ({head}): its cuda-driver check applies"))
+    elif missing_drv:
+        checks.append(Check("driver-match", "warn", f"driver version unknown on {', '.join(missing_drv)}",
+                            "gather the facts again (`invoke facts`); nvidia-smi must run on every host"))
+    elif len(set(drivers.values())) > 1:
+        checks.append(Check("driver-match", "warn", "different drivers across the hosts of the service: "
+                            + ", ".join(f"{h} {d} (CUDA {c or '?'})" for h, (d, c) in drivers.items()),
+                            "each host must pass its own cuda-driver check; keep the driver equal on every host "
+                            "so NCCL and the engine behave the same everywhere"))
+    else:
+        d, c = next(iter(drivers.values()))
+        checks.append(Check("driver-match", "pass", f"driver {d} (CUDA {c or '?'}) on every host"))
+
+    # tp-heads
+    spec = model
+    if spec is None:
+        try:
+            from llmfleet.knowledge.catalog import find_model
+
+            spec = find_model(service.model)
+        except UsageError:
+            spec = None
+    n_hosts = len(hosts)
+    if spec is None:
+        checks.append(Check("tp-heads", "warn", f"model {service.model} is not in the catalog: its heads and layers "
+                            "are unknown, so the split is not judged", "add it to catalog/models.yaml"))
+    else:
+        tp = per_host if engines.for_engine(service.engine).tensor_parallel else 1
+        why = parallel.tp_problem(spec.heads, spec.kv_heads, tp, mla=spec.is_mla)
+        if why:
+            checks.append(Check("tp-heads", "fail", why, "use a GPU count per host that divides the heads "
+                                f"({', '.join(str(c) for c in (1, 2, 4, 8) if not parallel.tp_problem(spec.heads, spec.kv_heads, c, mla=spec.is_mla))})"))
+        elif n_hosts > spec.num_layers:
+            checks.append(Check("tp-heads", "fail", f"{n_hosts} hosts for {spec.num_layers} layers",
+                                "use fewer hosts"))
+        else:
+            checks.append(Check("tp-heads", "pass", f"{spec.heads} attention heads, {spec.kv_heads} KV heads over "
+                                f"{tp} GPU(s) per host; {spec.num_layers} layers over {n_hosts} host(s)"))
+
+    # topology
+    topo = topology_by_host or {}
+    if per_host <= 1:
+        checks.append(Check("topology", "pass", "one GPU per host: no GPU-to-GPU traffic inside a host"))
+    else:
+        unknown, slow, notes = [], [], []
+        nvlink_all = True
+        for h in hosts:
+            text = topo.get(h) if h in topo else getattr(facts_by_host.get(h), "gpu_topology", None)
+            links = parse_topology(text)
+            idx = [g.index for g in gpus_by_host[h][:per_host]]
+            pairs = [(i, j) for i in idx for j in idx if i < j]
+            if not links or any((i, j) not in links for i, j in pairs):
+                unknown.append(h)
+                nvlink_all = False
+                continue
+            kinds = {links[p] for p in pairs}
+            if not all(k.startswith("NV") for k in kinds):
+                nvlink_all = False
+            if "SYS" in kinds:
+                slow.append(f"{h} ({', '.join(f'GPU{i}-GPU{j} SYS' for i, j in pairs if links[(i, j)] == 'SYS')})")
+            notes.append(f"{h}: " + ", ".join(sorted(kinds)))
+        catalog_nvlink = False
+        if gpus_by_host.get(head):
+            try:
+                from llmfleet.knowledge.catalog import find_gpu
+
+                g0 = gpus_by_host[head][0]
+                catalog_nvlink = find_gpu(g0.catalog_id or g0.name).interconnect == "nvlink"
+            except UsageError:
+                pass
+        if unknown:
+            checks.append(Check("topology", "warn", f"GPU links unknown on {', '.join(unknown)}: P2P/NVLink between "
+                                "the service's GPUs is not confirmed"
+                                + (f"; seen: {'; '.join(notes)}" if notes else ""),
+                                "gather `nvidia-smi topo -m` from the host; the plan assumes the card's catalog link"))
+        elif slow:
+            checks.append(Check("topology", "warn", f"GPU pairs across the CPUs' interconnect (SYS) on "
+                                f"{'; '.join(slow)}: every all-reduce crosses it",
+                                "pick GPUs under one CPU (gpus: [...]) or plan with --interconnect pcie"))
+        elif catalog_nvlink and not nvlink_all:
+            checks.append(Check("topology", "warn", f"the card is an NVLink part but the links are PCIe: "
+                                f"{'; '.join(notes)}; the plan priced NVLink all-reduces",
+                                "re-plan with `invoke plan --interconnect pcie`, or check the board's NVLink"))
+        else:
+            checks.append(Check("topology", "pass", "; ".join(notes)
+                                + (" (NVLink between every pair)" if nvlink_all else " (PCIe)")))
+
+    # network
+    if n_hosts <= 1:
+        checks.append(Check("network", "pass", "one host: no traffic between hosts"))
+    elif network_gbps is None:
+        checks.append(Check("network", "warn", f"link speed between {', '.join(hosts)} unknown: the plan assumed "
+                            "the planner's default (planner.yaml parallel.network)",
+                            "set llmfleet_network_gbps on the hosts (Gbit/s, the slowest link counts)"))
+    else:
+        checks.append(Check("network", "pass", f"{network_gbps:g} Gbit/s between {', '.join(hosts)} (from the "
+                            "inventory; port reachability is checked from the hosts when deploying)"))
+    return checks

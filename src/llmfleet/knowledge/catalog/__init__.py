@@ -55,6 +55,12 @@ class Gpu:
     memory_reserved_mib: int | None = None
     # gddr / hbm2 / hbm3: the memory class the speed model's efficiency is measured per.
     memory_type: str = ""
+    # How the cards of one host talk to each other: "nvlink" or "pcie" ("" unknown), GB/s per
+    # direction per GPU; an optional NVLink bridge (PCIe cards that take one) and the sources.
+    interconnect: str = ""
+    interconnect_gbps: float = 0.0
+    nvlink_bridge_gbps: float | None = None
+    interconnect_sources: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
@@ -92,6 +98,11 @@ def load_gpus() -> tuple[Gpu, ...]:
                 memory_reserved_mib=(int(entry["memory_reserved_mib"])
                                      if entry.get("memory_reserved_mib") is not None else None),
                 memory_type=str(entry.get("memory_type", "")),
+                interconnect=str(entry.get("interconnect", "")),
+                interconnect_gbps=float(entry.get("interconnect_gbps", 0.0)),
+                nvlink_bridge_gbps=(float(entry["nvlink_bridge_gbps"])
+                                    if entry.get("nvlink_bridge_gbps") is not None else None),
+                interconnect_sources=tuple(entry.get("interconnect_sources", ())),
             )
         )
     return tuple(out)
@@ -484,6 +495,63 @@ def speed_assumptions(engine: str) -> SpeedAssumptions:
     )
 
 
+@dataclass(frozen=True)
+class ParallelAssumptions:
+    """How the planner prices splitting a model over cards and hosts (planner.yaml ``parallel``).
+    Pairs are (low, high) in microseconds unless named otherwise; each group has its sources."""
+
+    allreduce_us: dict[str, tuple[float, float]]  # per interconnect class: one decode-step all-reduce
+    allreduce_sources: tuple[str, ...]
+    allreduces_per_layer: int
+    allreduces_per_token: int  # outside the layers (vocab-parallel embedding, logits gather)
+    tp_overhead_bytes: int  # per GPU with tensor parallel > 1 (NCCL / custom all-reduce buffers)
+    tp_overhead_sources: tuple[str, ...]
+    layer_split_hop_us: tuple[float, float]  # llama.cpp layer split: per device boundary per token
+    row_split_sync_us: tuple[float, float]  # llama.cpp row split: per split matrix per token
+    llamacpp_sources: tuple[str, ...]
+    network_default_gbps: float  # Gbit/s between hosts when the inventory does not say
+    network_latency_us: tuple[float, float]  # one way, per message
+    network_efficiency: float  # share of the line rate a transfer reaches
+    network_sources: tuple[str, ...]
+    pp_step_us: tuple[float, float]  # vLLM over Ray with pipeline parallel: per decode step
+    pp_sources: tuple[str, ...]
+    rpc_round_trips_per_device: int
+    rpc_graph_bytes_per_layer: tuple[float, float]
+    rpc_sources: tuple[str, ...]
+
+    def allreduce_for(self, interconnect: str) -> tuple[str, tuple[float, float]]:
+        key = interconnect if interconnect in self.allreduce_us else "pcie"
+        return key, self.allreduce_us[key]
+
+
+def parallel_assumptions() -> ParallelAssumptions:
+    d = _planner_data().get("parallel")
+    if not isinstance(d, dict):
+        raise UsageError("catalog planner.yaml: no parallel section (tensor / pipeline parallel assumptions)")
+    ar = d["allreduce_us"]
+    net, ll, pp, rpc = d["network"], d["llamacpp"], d["pipeline"], d["rpc"]
+    return ParallelAssumptions(
+        allreduce_us={k: _pair(v, f"parallel.allreduce_us.{k}") for k, v in ar.items() if k != "sources"},
+        allreduce_sources=tuple(ar.get("sources", ())),
+        allreduces_per_layer=int(d["allreduces_per_layer"]),
+        allreduces_per_token=int(d["allreduces_per_token"]),
+        tp_overhead_bytes=int(d["tp_overhead"]["bytes"]),
+        tp_overhead_sources=tuple(d["tp_overhead"].get("sources", ())),
+        layer_split_hop_us=_pair(ll["layer_split_hop_us"], "parallel.llamacpp.layer_split_hop_us"),
+        row_split_sync_us=_pair(ll["row_split_sync_us"], "parallel.llamacpp.row_split_sync_us"),
+        llamacpp_sources=tuple(ll.get("sources", ())),
+        network_default_gbps=float(net["default_gbps"]),
+        network_latency_us=_pair(net["latency_us"], "parallel.network.latency_us"),
+        network_efficiency=float(net.get("efficiency", 1.0)),
+        network_sources=tuple(net.get("sources", ())),
+        pp_step_us=_pair(pp["step_us"], "parallel.pipeline.step_us"),
+        pp_sources=tuple(pp.get("sources", ())),
+        rpc_round_trips_per_device=int(rpc["round_trips_per_device"]),
+        rpc_graph_bytes_per_layer=_pair(rpc["graph_bytes_per_layer"], "parallel.rpc.graph_bytes_per_layer"),
+        rpc_sources=tuple(rpc.get("sources", ())),
+    )
+
+
 def default_memory_reserved_mib() -> int:
     """Driver-reserved memory for cards without their own figure (planner.yaml)."""
     return int(_planner_data().get("memory_reserved_mib_default", 512))
@@ -497,5 +565,5 @@ __all__ = [
     "FULL", "LINEAR", "SLIDING", "EngineAssumptions", "Gpu", "ModelSpec", "Quant", "engine_assumptions",
     "find_gguf_quant", "find_gpu", "find_model", "find_quant", "ggml_type_bits", "kv_dtypes",
     "layer_types_from_interval", "load_gpus", "load_models", "load_quants", "min_context", "SpeedAssumptions",
-    "speed_assumptions", "default_memory_reserved_mib",
+    "speed_assumptions", "default_memory_reserved_mib", "ParallelAssumptions", "parallel_assumptions",
 ]  # fmt: skip

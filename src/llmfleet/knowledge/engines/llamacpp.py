@@ -87,9 +87,12 @@ class LlamaCppKnowledge(EngineKnowledge):
 
     def engine_args(self, *, num_layers: int, resident: bool, gpu_layers: int, context: int, concurrency: int,
                     kv_flag: str, release: EngineRelease | None = None,
-                    rules: EngineRules | None = None, **_: Any) -> list[str]:
+                    rules: EngineRules | None = None, split_mode: str | None = None,
+                    tensor_split: list[int] | None = None, **_: Any) -> list[str]:
         """The llama-server flags for a plan; adds flash attention in the form the build takes when
-        the V cache is quantized and the build would otherwise run without it."""
+        the V cache is quantized and the build would otherwise run without it. With several devices:
+        ``--split-mode`` and ``--tensor-split`` (one share per device, in llama.cpp's device order: RPC
+        devices first, then local GPUs); the head's ``--rpc`` endpoints are the deploy side's."""
         ngl = num_layers + 1 if resident else gpu_layers  # -ngl counts the output layer too
         args = [
             "-ngl", str(ngl),
@@ -98,6 +101,9 @@ class LlamaCppKnowledge(EngineKnowledge):
             "-ctk", kv_flag,
             "-ctv", kv_flag,
         ]  # fmt: skip
+        if tensor_split and len(tensor_split) > 1:
+            # Several devices (local GPUs, and RPC devices first when the head has --rpc workers).
+            args += ["--split-mode", split_mode or "layer", "--tensor-split", ",".join(str(s) for s in tensor_split)]
         needs_fa = rules.kv_needs_flash_attn if rules is not None else []
         if kv_flag in needs_fa and release is not None and fa_default(release) == "off":
             args += flash_attn_on_args(release)

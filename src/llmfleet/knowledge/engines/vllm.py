@@ -187,11 +187,12 @@ class VllmKnowledge(EngineKnowledge):
 
     def engine_args(self, *, quantization: str | None, float16: bool, gpu_memory_utilization: float,
                     context: int, concurrency: int, kv_flag: str, gpus: int, offload_bytes: float = 0.0,
-                    attention_backend: str | None = None, backend_select: str = "arg", **_: Any) -> list[str]:
+                    attention_backend: str | None = None, backend_select: str = "arg", hosts: int = 1,
+                    **_: Any) -> list[str]:
         """The vLLM flags for a plan. ``quantization`` is the --quantization value (choose it with
         ``compat.quant_method_for`` / ``marlin_min_cc``: the release's own floors);
         ``attention_backend`` when the plan needs one other than the default (e.g. FLASH_ATTN for
-        fp8 KV on Hopper)."""
+        fp8 KV on Hopper). ``hosts`` > 1: pipeline parallel, one stage per host, over Ray."""
         args: list[str] = []
         if quantization:
             args += ["--quantization", quantization]
@@ -204,6 +205,9 @@ class VllmKnowledge(EngineKnowledge):
             "--kv-cache-dtype", kv_flag,
             "--tensor-parallel-size", str(gpus),
         ]  # fmt: skip
+        if hosts > 1:
+            # One pipeline stage per host over Ray (the deploy side starts the Ray cluster).
+            args += ["--pipeline-parallel-size", str(hosts), "--distributed-executor-backend", "ray"]
         if attention_backend and backend_select == "arg":
             args += ["--attention-backend", attention_backend]
         if offload_bytes > 0:
