@@ -312,3 +312,48 @@ def test_render_task_shows_the_heads_and_each_workers_files_offline(tmp_path):
     worker = _compose(doc["workers"]["w1"]["compose.yml"])
     assert worker["command"] == ["--host", "10.0.0.2", "--port", "50052"]
     assert any("head: its address is read from eth0 at deploy time" in n for n in doc["notes"])
+
+
+SPLIT_70B = [
+    ("llamacpp", "llamacpp:b5000-cu122", "q4_k_m", "/srv/models/l70.gguf", "Tesla P40",
+     {"--split-mode", "--tensor-split"}),
+    ("vllm", "vllm:0.19.1", "awq-int4", "/srv/models/l70", "NVIDIA A10",
+     {"--tensor-parallel-size", "--pipeline-parallel-size", "--distributed-executor-backend"}),
+]
+
+
+@pytest.mark.parametrize("engine,image,quant,path,card,split_flags", SPLIT_70B)
+def test_split_plan_flags_are_known_to_the_role_tables(engine, image, quant, path, card, split_flags):
+    """A 70B model over 2 hosts x 2 cards: every flag the planner emits is in the role's flag table (so an
+    engine_args override replaces it instead of doubling it), and the head's render keeps the plan's."""
+    from llmfleet.knowledge.planner import plan_for_service
+    from llmfleet.release.render import split_flags as split
+
+    s = Service.model_validate({"name": "l70", "engine": engine, "model": "llama-3.1-70b-instruct", "quant": quant,
+                                "model_path": path, "image": image, "gpus": [0, 1], "workers": ["w1"]})
+    plan = plan_for_service(s, card, 2, hosts=2)
+    role = load_role(engine)
+    names = [n for n, _ in split(plan.engine_args, role)]
+    assert split_flags <= set(names)
+    assert [n for n in names if role.flag(n) is None] == []
+    cl = C.make_cluster(s, role, C.Member("head", "10.0.0.1", "eth1"), [C.Member("w1", "10.0.0.2", "eth1")])
+    overlay = C.head_overlay(s, role, cl, plan.engine_args)
+    r = render(s, host_settings("head", {}), VIMAGE if engine == "vllm" else IMAGE, plan, head=overlay)
+    for flag in split_flags:  # once each: the plan's value, not a second copy from the overlay
+        assert r.engine_args.count(flag) == 1
+
+
+def test_inventory_check_plans_a_split_service_over_its_hosts(tmp_path):
+    doc = {"name": "l70", "engine": "llamacpp", "model": "llama-3.1-70b-instruct", "quant": "q4_k_m",
+           "model_path": "/srv/models/l70.gguf", "image": "llamacpp:b5000-cu122", "gpus": [0, 1], "context": 32768}
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    single = _inventory(tmp_path / "a", [doc])  # 2 x P40: ~40 GB of weights and ~10 GB of KV do not fit
+    split = _inventory(tmp_path / "b", [doc | {"workers": ["w1"]}])  # 2 x P40 on each of 2 hosts: they do
+    for path, fits in ((single, False), (split, True)):
+        inv = load_inventory(path)
+        for h in inv.hosts.values():
+            h.vars["llmfleet_gpu"] = "Tesla P40"
+        report = {r.host: r for r in check_inventory(inv)}["head"]
+        msgs = [f.message for f in report.findings if "does not fit" in f.message]
+        assert (msgs == []) is fits, msgs

@@ -131,7 +131,7 @@ def prepared(tmp_path: Path) -> M.PreparedService:
 
 def deploy(prepared, sim, monkeypatch, **opts) -> M.ServiceRun:
     monkeypatch.setattr(M, "HostRun", fake_run_class(sim))
-    monkeypatch.setattr(M, "_cluster_preflight", lambda ready, hosts, run: [None])
+    monkeypatch.setattr(M, "_cluster_preflight", lambda ready, hosts, run, cluster: [None])
     monkeypatch.setattr(M, "_pull", lambda run, it: sim.events.append(("pull", run.host)))
     monkeypatch.setattr(M, "WORKER_POLL_S", 0.01)
     return M.deploy_service(prepared.inventory, "head", "big", prepared=prepared,
@@ -232,7 +232,7 @@ def test_ctrl_c_during_the_head_check_puts_every_host_back_and_releases_every_lo
         return health.HealthReport(True, [health.StageResult("completion", True, 0.1, "ok")])
 
     monkeypatch.setattr(M, "HostRun", fake_run_class(sim))
-    monkeypatch.setattr(M, "_cluster_preflight", lambda ready, hosts, run: [None])
+    monkeypatch.setattr(M, "_cluster_preflight", lambda ready, hosts, run, cluster: [None])
     monkeypatch.setattr(M, "_pull", lambda run, it: None)
     with pytest.raises(KeyboardInterrupt):
         M.deploy_service(prepared.inventory, "head", "big", prepared=prepared, options=DeployOptions(who="t"),

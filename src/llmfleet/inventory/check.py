@@ -80,9 +80,10 @@ def _duplicates(services: list[Service]) -> list[str]:
     return out
 
 
-def _worker_findings(inventory: Inventory, head: str, service: Service) -> list[str]:
-    """A multi-host service's workers: known hosts or groups, not the head, each once, an engine whose
-    role renders workers, and no clash with a worker's own services (name, cluster port)."""
+def _worker_findings(inventory: Inventory, head: str, service: Service) -> tuple[list[str], list[str]]:
+    """A multi-host service's workers (resolved) and what is wrong with them: known hosts or groups, not
+    the head, each once, an engine whose role renders workers, no clash with a worker's own services
+    (name, cluster port)."""
     from llmfleet.release import cluster
     from llmfleet.release.multihost import worker_conflicts
     from llmfleet.release.render import load_role
@@ -93,7 +94,7 @@ def _worker_findings(inventory: Inventory, head: str, service: Service) -> list[
     try:
         names = resolve_workers(service, head, list(inventory.hosts), group_hosts, cluster.multihost_engines())
     except ValueError as exc:
-        return [str(exc)]
+        return [], [str(exc)]
     out: list[str] = []
     port = cluster.cluster_port(service, load_role(service.engine))
     for n in names:
@@ -102,7 +103,7 @@ def _worker_findings(inventory: Inventory, head: str, service: Service) -> list[
         except LlmfleetError:
             continue  # reported on that host
         out += worker_conflicts(service, n, ws, port)
-    return out
+    return names, out
 
 
 def check_host(
@@ -163,9 +164,12 @@ def check_host(
     src = host.sources.get("llmfleet_services", "inventory")
     for s in services:
         at = f"{src}: {where}: service {s.name}"
+        n_hosts = 1
         if s.workers and inventory is not None:
-            for msg in _worker_findings(inventory, host.name, s):
+            worker_names, msgs = _worker_findings(inventory, host.name, s)
+            for msg in msgs:
                 err(f"{at}: {msg}")
+            n_hosts = 1 + len(worker_names)
         quant = None
         if s.quant:
             try:
@@ -197,12 +201,13 @@ def check_host(
         if s.quant and quant is None:
             continue
         try:
-            p = plan_for_service(s, card, gpu_count=len(s.gpus) if isinstance(s.gpus, list) else 1)
+            p = plan_for_service(s, card, gpu_count=len(s.gpus) if isinstance(s.gpus, list) else 1, hosts=n_hosts,
+                                 network_gbps=settings.network_gbps if settings else None)
         except LlmfleetError as exc:
             warn(f"{at}: not planned: {exc}")
             continue
         if not p.fits:
-            cards = f"{p.gpus} x {card.id}"
+            cards = f"{p.gpus} x {card.id}" + (f" on each of {n_hosts} hosts" if n_hosts > 1 else "")
             msg = (f"{at}: the plan does not fit {cards} ({s.model}, {p.quant}, context {p.context}, "
                    f"{p.concurrency} sequence(s)); see invoke plan --host {host.name}")
             if s.gpus == "all":

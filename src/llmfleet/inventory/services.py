@@ -306,6 +306,9 @@ class HostSettings(_Strict):
     # (its IPv4 address is read at deploy time; vLLM's NCCL/Gloo traffic is pinned to it).
     cluster_address: str | None = None
     cluster_interface: Annotated[str, Field(pattern=_IFNAME_RE)] | None = None
+    # The link between this host and the other hosts of its multi-host services, in Gbit/s (the
+    # planner prices pipeline hops with the slowest one; docs/planner.md).
+    network_gbps: Annotated[float, Field(gt=0.0, le=100_000.0)] | None = None
 
     @field_validator("bind_address")
     @classmethod

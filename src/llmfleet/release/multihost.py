@@ -5,8 +5,8 @@ A service with ``workers:`` (``llmfleet.release.cluster`` says what each host ru
 1. prepare (no SSH): the service with this run's overrides, its secret, the image each host pulls;
 2. connect to every host of the service; read each host's cluster address (``llmfleet_cluster_address``
    or the IPv4 address of ``llmfleet_cluster_interface``; a public, loopback or wildcard one refuses);
-   gather facts and run the preflight on the head (and ``preflight.check_service_hosts`` over all
-   hosts where the planner side provides it);
+   gather facts on every host; the head's preflight with the plan over all hosts, and
+   ``preflight.check_service_hosts`` over all of them (identical cards, drivers, GPU counts, network);
 3. render the head's and each worker's release; ``decide`` per host; ``check``/``diff`` stop here;
 4. take the deploy lock on every host in a fixed order (sorted host names: two deploys that share hosts
    cannot each hold half); pull on every host while the old releases still serve;
@@ -38,16 +38,7 @@ from llmfleet.knowledge.planner import summarize
 from llmfleet.release import cluster as C
 from llmfleet.release import decide, health, store
 from llmfleet.release.decide import Action, GoBack, HostOutcome, Refusal, Result, ServiceOutcome, ServiceStep
-from llmfleet.release.deploy import (
-    DeployOptions,
-    Prepared,
-    PreparedHost,
-    _diff,
-    _Item,
-    _preflight,
-    _pull,
-    apply_overrides,
-)
+from llmfleet.release.deploy import DeployOptions, Prepared, PreparedHost, _diff, _Item, _pull, apply_overrides
 from llmfleet.release.executor import HealthTarget, HostRun, Log, connect, http_health, short
 from llmfleet.release.manifest import Manifest
 from llmfleet.release.render import load_role, render, search_paths
@@ -331,29 +322,36 @@ def _members(ready: PreparedService, hosts: dict[str, _Host]) -> tuple[C.Member,
     return head, [member(w.host.name, w.settings) for w in ready.workers]
 
 
-def _cluster_preflight(ready: PreparedService, hosts: dict[str, _Host], head_run: HostRun) -> list[Any]:
-    """The head's own preflight (facts, plan, checks), then the checks over every host where the
-    planner side provides them (``preflight.check_service_hosts``)."""
+def _cluster_preflight(ready: PreparedService, hosts: dict[str, _Host], head_run: HostRun,
+                       cluster: C.Cluster) -> list[Any]:
+    """Facts on every host of the service (one round trip each); the head's preflight with the plan over
+    all hosts (``preflight.plan_for(hosts=...)``); then the rules over every host
+    (``preflight.check_service_hosts``: GPU count, identical cards, drivers, heads, network)."""
     from llmfleet.host import facts as facts_mod
     from llmfleet.knowledge import preflight
 
-    head_out = hosts[ready.head.host.name].out
-    plans = _preflight(head_run, ready.head, head_out)
-    multi = getattr(preflight, "check_service_hosts", None)
-    if multi is None:
-        head_run.log("preflight across hosts (identical cards, drivers) not available in this version; skipped")
-        return plans
-    svc = ready.service
-    found = {}
-    for name, hh in hosts.items():
-        found[name] = facts_mod.gather(hh.run.remote, root=hh.run.root, model_paths=[svc.model_path])
-    checks = multi(svc, found, head=ready.head.host.name, plan=plans[0])
-    head_out.preflight.append({"service": svc.name, "hosts": sorted(found), "ok": preflight.ok(checks),
-                               "checks": [c.to_dict() for c in checks]})
+    svc, prep = ready.service, ready.head.services[0]
+    head_name = ready.head.host.name
+    out = hosts[head_name].out
+    found: dict[str, Any] = {}
+    for name in sorted(hosts):  # workers of a Ray cluster load their share of the model from the same path
+        paths = [svc.model_path] if name == head_name or cluster.kind == "ray" else []
+        found[name] = facts_mod.gather(hosts[name].run.remote, root=hosts[name].run.root, model_paths=paths)
+    speeds = [s.network_gbps for s in [ready.head.settings, *(w.settings for w in ready.workers)] if s.network_gbps]
+    slowest = min(speeds) if speeds else None
+    plan, plan_error = preflight.plan_for(svc, found[head_name], ready.head.settings, hosts=cluster.size)
+    checks = preflight.run_checks(head_name, svc, found[head_name], plan, prep.image, plan_error=plan_error,
+                                  settings=ready.head.settings)
+    checks += preflight.check_service_hosts(svc, found, head=head_name, plan=plan, network_gbps=slowest)
+    out.preflight.append({"service": svc.name, "hosts": sorted(found), "ok": preflight.ok(checks),
+                          "checks": [c.to_dict() for c in checks]})
     bad = [f"{c.id}: {c.message}" + (f" (fix: {c.fix})" if c.fix else "") for c in checks if c.status == "fail"]
     if bad:
-        raise Refusal(Result.REFUSED, "preflight across hosts failed: " + "; ".join(bad))
-    return plans
+        raise Refusal(Result.REFUSED, f"preflight of {svc.name} over {', '.join(sorted(found))} failed: "
+                                      + "; ".join(bad))
+    warns = sum(c.status == "warn" for c in checks)
+    head_run.log(f"preflight passed on {len(found)} hosts ({warns} warning{'s' if warns != 1 else ''})")
+    return [plan]
 
 
 def _deploy(ready: PreparedService, hosts: dict[str, _Host], res: ServiceRun, options: DeployOptions,
@@ -366,7 +364,7 @@ def _deploy(ready: PreparedService, hosts: dict[str, _Host], res: ServiceRun, op
     cluster = C.make_cluster(svc, role, head_member, worker_members)
     res.cluster = cluster.to_dict()
     hh.member = head_member
-    plans = _cluster_preflight(ready, hosts, hh.run)
+    plans = _cluster_preflight(ready, hosts, hh.run, cluster)
     plan = plans[0]
 
     search = search_paths(ready.head.host.vars, str(ready.inventory.path), hh.run.settings.search_config)
