@@ -38,7 +38,15 @@ from llmfleet.knowledge.planner import summarize
 from llmfleet.release import cluster as C
 from llmfleet.release import decide, health, store
 from llmfleet.release.decide import Action, GoBack, HostOutcome, Refusal, Result, ServiceOutcome, ServiceStep
-from llmfleet.release.deploy import DeployOptions, Prepared, PreparedHost, _diff, _Item, _pull, apply_overrides
+from llmfleet.release.deploy import (
+    DeployOptions,
+    Prepared,
+    PreparedHost,
+    _diff,
+    _Item,
+    _pull,
+    apply_overrides,
+)
 from llmfleet.release.executor import HealthTarget, HostRun, Log, connect, http_health, short
 from llmfleet.release.manifest import Manifest
 from llmfleet.release.render import load_role, render, search_paths
