@@ -102,6 +102,11 @@ def test_split_model_is_served_with_its_second_layer_on_the_worker(ctx):
     # the join check saw the head's connection on the worker's rpc-server (this build's head log names
     # no devices at its default verbosity)
     assert head_addr in res.joined["rpc_peers"][WORKER] and res.joined["missing"] == []
+    # the preflight judged both hosts together: same card count, identical cards, same driver
+    (pre,) = res.hosts[HEAD].preflight
+    got = {c["id"]: c["status"] for c in pre["checks"]}
+    assert pre["hosts"] == [HEAD, WORKER]
+    assert got["gpu-count"] == got["gpu-identical"] == got["driver-match"] == "pass", got
     for host in (HEAD, WORKER):
         st = ctx.state(host)
         assert st.current == res.hosts[host].releases[SERVICE] and st.releases[st.current].healthy
