@@ -64,6 +64,9 @@ def test_lab_inventory_describes_the_issue_hosts():
     services = {n: inv.hosts[n].vars["llmfleet_services"] for n in specs}
     assert services["gpu-v100-01"][0]["engine"] == "llamacpp"
     assert services["gpu-4090-01"][0]["engine"] == "vllm"
+    # the multi-host pair: the head serves, the worker has no service of its own
+    assert services["gpu-p40-11"][0]["workers"] == ["gpu-p40-12"] and services.pop("gpu-p40-12") == []
+    assert specs["gpu-p40-11"].gpu_count == specs["gpu-p40-12"].gpu_count == 2
     for n, svc in services.items():
         assert inv.hosts[n].vars["ansible_user"] == "deploy" and inv.hosts[n].vars["ansible_become"] is True
         assert svc[0]["image"] in ("llamacpp:lab-cpu", "vllm:lab-cpu")

@@ -20,7 +20,7 @@ import pytest
 from llmfleet.fleet import status
 from llmfleet.host import probe
 from llmfleet.inventory.services import host_settings
-from llmfleet.release import audit, confirm, watchdog
+from llmfleet.release import audit, cluster, confirm, watchdog
 from llmfleet.release import store as S
 
 GOLDEN = Path(__file__).parent / "golden" / "scripts"
@@ -35,6 +35,7 @@ CONFIRM_TOKEN = "0123abcd" * 4
 HS = host_settings("h1", {"llmfleet_root": ROOT, "llmfleet_services": [
     {"name": "chat", "engine": "llamacpp", "model": "m", "model_path": "/srv/models/m.gguf", "image": "llamacpp:b1",
      "port": 8080}]})
+MEMBER = cluster.Member("w1", "10.0.0.12", "eth0")
 RECORD = S.audit_record(now=NOW, who="alice", host="h1", action="deploy", service="chat", release=R2,
                         digest="sha256:" + "cd" * 32, result="deployed", detail="it's ok", message="canary")
 
@@ -88,6 +89,12 @@ SCRIPTS = {
                                                     action="deploy", timeout=900),
     "confirm_revert_first": lambda: confirm.revert_script(PATHS, release_id=R2, previous=None, token=CONFIRM_TOKEN,
                                                           action="rollback", timeout=60),
+    "cluster_address": lambda: cluster.address_script("eth0"),
+    "cluster_worker_probe_rpc": lambda: cluster.worker_probe_script(PATHS, MEMBER, 50052, "rpc"),
+    "cluster_worker_probe_ray": lambda: cluster.worker_probe_script(PATHS, MEMBER, 6379, "ray"),
+    "cluster_rpc_log": lambda: cluster.rpc_log_script(PATHS),
+    "cluster_ray_nodes": lambda: cluster.ray_nodes_script(PATHS),
+    "cluster_rpc_peers": lambda: cluster.rpc_peers_script(50052),
 }
 # The builders of each module that sends remote scripts (or files that run on the host) and the golden
 # files that pin them; a new builder fails test_every_remote_script_builder_has_a_golden_file below.
@@ -98,6 +105,9 @@ PINNED_BUILDERS = {
                "timer_unit_text": "watchdog_timer_unit", "install_snippet": "watchdog_install",
                "status_script": "watchdog_status"},
     audit: {"tail_script": "audit_tail"},
+    cluster: {"address_script": "cluster_address", "worker_probe_script": "cluster_worker_probe_rpc",
+              "rpc_log_script": "cluster_rpc_log", "ray_nodes_script": "cluster_ray_nodes",
+              "rpc_peers_script": "cluster_rpc_peers"},
 }
 
 
@@ -135,11 +145,19 @@ def test_every_remote_script_builder_has_a_golden_file(module):
     assert set(pinned.values()) <= set(SCRIPTS)
 
 
+def test_every_script_builder_of_the_cluster_module_has_a_golden_file():
+    builders = sorted(n for n in dir(cluster) if n.endswith("_script") and callable(getattr(cluster, n)))
+    assert builders == ["address_script", "ray_nodes_script", "rpc_log_script", "rpc_peers_script",
+                        "worker_probe_script"]
+
+
 @pytest.mark.parametrize("name", ["state", "upload", "switch", "lock_acquire", "audit_append", "status", "final",
                                   "service_remove", "service_logs_follow", "unit_wait", "chain_lock_pull",
 
                                   "confirm_arm", "confirm_arm_first", "confirm_confirm", "watchdog_install",
-                                  "watchdog_sh", "confirm_compose_check", "confirm_revert", "confirm_revert_first"])
+                                  "watchdog_sh", "confirm_compose_check", "confirm_revert", "confirm_revert_first",
+                                  "cluster_address", "cluster_worker_probe_rpc",
+                                  "cluster_rpc_log", "cluster_ray_nodes", "cluster_rpc_peers"])
 def test_golden_scripts_parse_as_posix_sh(name):
     res = subprocess.run(["sh", "-n", str(GOLDEN / f"{name}.sh")], capture_output=True, text=True, timeout=10)
     assert res.returncode == 0, res.stderr

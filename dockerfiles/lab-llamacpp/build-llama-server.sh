@@ -1,6 +1,8 @@
 #!/bin/sh
-# Build only the llama-server target from the llama.cpp tree vendored in the llama-cpp-python sdist.
-# Usage: build-llama-server.sh SDIST.tar.gz OUT_BINARY [JOBS]
+# Build llama-server and the RPC worker (rpc-server) from the llama.cpp tree vendored in the
+# llama-cpp-python sdist, with the RPC backend (-DGGML_RPC=ON, tools/rpc/README.md) so llama-server takes
+# --rpc and a second lab host can serve layers over the network. RDMA off: plain TCP, as in the lab.
+# Usage: build-llama-server.sh SDIST.tar.gz OUT_BINARY [JOBS]   (rpc-server is written beside OUT_BINARY)
 # CPU only, GGML_NATIVE=OFF (portable x86-64), no OpenSSL/UI download/tests/examples, static ggml/llama
 # libraries and static libstdc++/libgcc: the binary needs only glibc (2.36 on Debian 12).
 # -O1, not Release's -O3: the lab checks behaviour, not speed, and -O1 halves the compile (measured on the
@@ -19,11 +21,17 @@ cmake -S "$src" -B "$work/build" -DCMAKE_BUILD_TYPE=Release \
   -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=OFF -DGGML_OPENMP=OFF \
   -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TOOLS=ON \
-  -DLLAMA_BUILD_APP=OFF -DLLAMA_LLGUIDANCE=OFF \
+  -DLLAMA_BUILD_APP=OFF -DLLAMA_LLGUIDANCE=OFF -DGGML_RPC=ON -DGGML_RPC_RDMA=OFF \
   -DCMAKE_EXE_LINKER_FLAGS="-static-libstdc++ -static-libgcc"
-cmake --build "$work/build" --target llama-server -j "$jobs"
+# The worker target is ggml-rpc-server in newer trees, rpc-server in older ones.
+rpc_target=ggml-rpc-server
+grep -q 'set(TARGET ggml-rpc-server)' "$src/tools/rpc/CMakeLists.txt" 2>/dev/null || rpc_target=rpc-server
+cmake --build "$work/build" --target llama-server "$rpc_target" -j "$jobs"
 bin=$(find "$work/build" -type f -name llama-server -perm -u+x | head -n 1)
-strip "$bin"
+rpc=$(find "$work/build" -type f -name "$rpc_target" -perm -u+x | head -n 1)
+strip "$bin" "$rpc"
 mkdir -p "$(dirname "$out")"
+cp "$rpc" "$(dirname "$out")/rpc-server.tmp"
+mv "$(dirname "$out")/rpc-server.tmp" "$(dirname "$out")/rpc-server"
 cp "$bin" "$out.tmp"
 mv "$out.tmp" "$out"

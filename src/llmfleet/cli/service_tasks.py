@@ -67,9 +67,24 @@ def _render_service(inv: Any, host: Any, settings: Any, svc: Any, lock: Any, con
     except UsageError as exc:
         key, exact = (PLACEHOLDER_KEY if svc.api_key is not None else None), False
         notes.append(f"API key not readable here ({exc}); the env file shows it masked either way")
-    rendered = render_mod.render(svc, settings, ref, plan, api_key=key,
+    head = None
+    workers: dict[str, Any] = {}
+    if svc.workers:  # a service over several hosts: the head's overlay, and each worker's release
+        from llmfleet.release import cluster, multihost
+
+        cl, wsettings, more = multihost.offline_cluster(inv, host.name, svc)
+        notes += more
+        role = render_mod.load_role(svc.engine)
+        head = cluster.head_overlay(svc, role, cl, render_mod.plan_engine_args(plan))
+        for m in cl.workers:
+            ws = wsettings[m.host]
+            wref = images.resolve(svc.worker_image or svc.image, lock, mirrors=dict(ws.image_mirrors),
+                                  allow_unpinned=allow_unpinned, where=f"host {m.host}: service {svc.name}")
+            workers[m.host] = cluster.render_worker(svc, ws, wref, cl, m).masked_files()
+    rendered = render_mod.render(svc, settings, ref, plan, api_key=key, head=head,
                                  **render_mod.search_paths(host.vars, inv.path, conf.search_config))
     return {
+        "workers": workers,
         "service": svc.name,
         "engine": svc.engine,
         "image": ref.pull_ref,
@@ -122,6 +137,12 @@ def render(c, host=None, group=None, service=None, out=None, inventory=None, all
                 for name, text in s["files"].items():
                     (folder / name).write_text(text, encoding="utf-8")
                     os.chmod(folder / name, int(s["modes"][name], 8))
+                for worker, files in s["workers"].items():
+                    wfolder = base / worker / s["service"]
+                    wfolder.mkdir(parents=True, exist_ok=True)
+                    for name, text in files.items():
+                        (wfolder / name).write_text(text, encoding="utf-8")
+                        os.chmod(wfolder / name, 0o600 if name == "service.env" else 0o644)
                 if not json:
                     console.print(f"wrote {folder}/ ({', '.join(sorted(s['files']))})")
     if json:
@@ -132,6 +153,10 @@ def render(c, host=None, group=None, service=None, out=None, inventory=None, all
                 for name, text in s["files"].items():
                     console.print(f"[bold]# {d['host']}/{escape(s['service'])}/{escape(name)}[/bold]")
                     console.print(escape(text), end="" if text.endswith("\n") else "\n")
+                for worker, files in s["workers"].items():
+                    for name, text in files.items():
+                        console.print(f"[bold]# {worker}/{escape(s['service'])}/{escape(name)} (worker)[/bold]")
+                        console.print(escape(text), end="" if text.endswith("\n") else "\n")
                 for note in s["notes"]:
                     console.print(f"[dim]# note: {escape(note)}[/dim]")
             if not d["services"]:

@@ -17,7 +17,7 @@ from typing import Any, Literal
 from llmfleet.errors import LlmfleetError, UsageError
 from llmfleet.inventory.ansible import Host, Inventory
 from llmfleet.inventory.connection import connection_settings
-from llmfleet.inventory.services import HostSettings, Service, host_settings_all
+from llmfleet.inventory.services import HostSettings, Service, host_settings_all, resolve_workers
 from llmfleet.inventory.templating import TemplateError, resolve_namespace
 
 
@@ -80,6 +80,32 @@ def _duplicates(services: list[Service]) -> list[str]:
     return out
 
 
+def _worker_findings(inventory: Inventory, head: str, service: Service) -> tuple[list[str], list[str]]:
+    """A multi-host service's workers (resolved) and what is wrong with them: known hosts or groups, not
+    the head, each once, an engine whose role renders workers, no clash with a worker's own services
+    (name, cluster port)."""
+    from llmfleet.release import cluster
+    from llmfleet.release.multihost import worker_conflicts
+    from llmfleet.release.render import load_role
+
+    def group_hosts(name: str) -> list[str] | None:
+        return inventory.group_hosts(name) if name in inventory.groups else None
+
+    try:
+        names = resolve_workers(service, head, list(inventory.hosts), group_hosts, cluster.multihost_engines())
+    except ValueError as exc:
+        return [], [str(exc)]
+    out: list[str] = []
+    port = cluster.cluster_port(service, load_role(service.engine))
+    for n in names:
+        try:
+            ws = inventory.settings_for(inventory.hosts[n])
+        except LlmfleetError:
+            continue  # reported on that host
+        out += worker_conflicts(service, n, ws, port)
+    return names, out
+
+
 def check_host(
     host: Host,
     inventory: Inventory | None = None,
@@ -138,6 +164,12 @@ def check_host(
     src = host.sources.get("llmfleet_services", "inventory")
     for s in services:
         at = f"{src}: {where}: service {s.name}"
+        n_hosts = 1
+        if s.workers and inventory is not None:
+            worker_names, msgs = _worker_findings(inventory, host.name, s)
+            for msg in msgs:
+                err(f"{at}: {msg}")
+            n_hosts = 1 + len(worker_names)
         quant = None
         if s.quant:
             try:
@@ -169,12 +201,13 @@ def check_host(
         if s.quant and quant is None:
             continue
         try:
-            p = plan_for_service(s, card, gpu_count=len(s.gpus) if isinstance(s.gpus, list) else 1)
+            p = plan_for_service(s, card, gpu_count=len(s.gpus) if isinstance(s.gpus, list) else 1, hosts=n_hosts,
+                                 network_gbps=settings.network_gbps if settings else None)
         except LlmfleetError as exc:
             warn(f"{at}: not planned: {exc}")
             continue
         if not p.fits:
-            cards = f"{p.gpus} x {card.id}"
+            cards = f"{p.gpus} x {card.id}" + (f" on each of {n_hosts} hosts" if n_hosts > 1 else "")
             msg = (f"{at}: the plan does not fit {cards} ({s.model}, {p.quant}, context {p.context}, "
                    f"{p.concurrency} sequence(s)); see invoke plan --host {host.name}")
             if s.gpus == "all":

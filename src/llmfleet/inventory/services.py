@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from collections.abc import Callable, Collection
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -36,6 +37,8 @@ MAX_STRING = 4096
 MAX_ITEMS = 256
 _SHOWN = 60  # characters of a refused value an error message shows
 _PLAIN_KEY = re.compile(r"^[A-Za-z0-9_.\[\]-]{1,64}$")
+_HOST_OR_GROUP_RE = r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,252}$"
+_IFNAME_RE = r"^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,14}$"
 
 
 class _Strict(BaseModel):
@@ -124,6 +127,22 @@ class Service(_Strict):
     allow_unauthenticated: bool | None = None
     # Merged into the rendered compose service (a second file, checked by `docker compose config`).
     compose_overrides: dict[str, Any] = Field(default_factory=dict)
+    # Multi-host serving (docs/deploy.md "Services over several hosts"): the hosts (or groups) that
+    # run the engine's worker side: llama.cpp's rpc-server, or a Ray worker for vLLM. This host is
+    # the head. Every host of the service needs llmfleet_cluster_address or llmfleet_cluster_interface.
+    workers: list[Annotated[str, Field(pattern=_HOST_OR_GROUP_RE)]] = Field(default_factory=list)
+    # The workers' port: rpc-server's --port (default 50052), or the Ray head's GCS port (default 6379).
+    cluster_port: Annotated[int, Field(ge=1024, le=65535)] | None = None
+    # The image workers run (default: the service's image; it must hold the worker binary).
+    worker_image: Annotated[str, Field(min_length=3, max_length=256)] | None = None
+
+    @field_validator("workers")
+    @classmethod
+    def _workers(cls, v: list[str]) -> list[str]:
+        dup = sorted({w for w in v if v.count(w) > 1})
+        if dup:
+            raise ValueError(f"{dup[0]} is listed twice")
+        return v
 
     @field_validator("bind_address")
     @classmethod
@@ -174,6 +193,57 @@ def _check_bind_address(v: str | None) -> str | None:
         return str(ipaddress.ip_address(v))
     except ValueError:
         raise ValueError(f"must be an IP address of the host (0.0.0.0, 127.0.0.1, 10.0.0.5), got {v!r}") from None
+
+
+def cluster_address_problem(address: str) -> str | None:
+    """Why ``address`` cannot carry a multi-host service's engine traffic (None: it can).
+
+    llama.cpp's rpc-server and Ray accept anyone who reaches their port (no authentication; rpc-server
+    warns "Never expose the RPC server to an open network!"): they bind one address of a private
+    network, never a wildcard, loopback (other hosts cannot reach it) or a public address."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return f"must be an IP address on the hosts' private network (10.0.0.5), got {address!r}"
+    if ip.is_unspecified:
+        return (f"{address} binds every interface; rpc-server and Ray have no authentication: give the "
+                "host's address on the private network the service's hosts share")
+    if ip.is_loopback:
+        return f"{address} is loopback: the other hosts of the service cannot reach it"
+    if not ip.is_private:
+        return (f"{address} is not a private address; rpc-server and Ray have no authentication: use an "
+                "address on a private network (10/8, 172.16/12, 192.168/16, fc00::/7) behind a firewall")
+    return None
+
+
+def resolve_workers(service: Service, head: str, hosts: Collection[str],
+                    group_hosts: Callable[[str], list[str] | None], multihost_engines: Collection[str]) -> list[str]:
+    """The worker hosts of ``service`` (declared on host ``head``), groups expanded, in the order given.
+
+    ``hosts``: the inventory's host names; ``group_hosts(name)``: a group's hosts, or None when there
+    is no such group; ``multihost_engines``: engines whose role renders workers. Raises ``ValueError``
+    with a one-line reason (the caller adds file and host)."""
+    if not service.workers:
+        return []
+    if service.engine not in multihost_engines:
+        raise ValueError(f"engine {service.engine} has no multi-host support here (roles with workers: "
+                         f"{', '.join(sorted(multihost_engines)) or 'none'}); remove workers")
+    out: list[str] = []
+    for item in service.workers:
+        names = [item] if item in hosts else group_hosts(item)
+        if names is None:
+            raise ValueError(f"workers: {item!r} is neither a host nor a group of the inventory")
+        for n in names:
+            if n == head:
+                if item == head:
+                    raise ValueError(f"workers: {head} is this service's head; list only the other hosts")
+                continue  # a group that holds the head: its other hosts are the workers
+            if n in out:
+                raise ValueError(f"workers: host {n} is listed twice (directly or through a group)")
+            out.append(n)
+    if not out:
+        raise ValueError(f"workers: {', '.join(service.workers)} holds no host but the head {head}")
+    return out
 
 
 # Keys of the compose service llmfleet owns: the image and argv (pinned, judged by the preflight), the
@@ -239,11 +309,29 @@ class HostSettings(_Strict):
     # restart, restarts the watchdog may do per hour; and how long a deploy may go unconfirmed.
     watchdog: WatchdogSettings = Field(default_factory=lambda: WatchdogSettings())
     confirm_timeout_s: Annotated[int, Field(ge=30, le=86_400)] | None = None
+    # Multi-host services (docs/deploy.md): the host's address on the private network its services'
+    # hosts talk over (rpc-server and Ray have no authentication), or the interface that holds it
+    # (its IPv4 address is read at deploy time; vLLM's NCCL/Gloo traffic is pinned to it).
+    cluster_address: str | None = None
+    cluster_interface: Annotated[str, Field(pattern=_IFNAME_RE)] | None = None
+    # The link between this host and the other hosts of its multi-host services, in Gbit/s (the
+    # planner prices pipeline hops with the slowest one; docs/planner.md).
+    network_gbps: Annotated[float, Field(gt=0.0, le=100_000.0)] | None = None
 
     @field_validator("bind_address")
     @classmethod
     def _ip(cls, v: str | None) -> str | None:
         return _check_bind_address(v)
+
+    @field_validator("cluster_address")
+    @classmethod
+    def _cluster_ip(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        reason = cluster_address_problem(v)
+        if reason:
+            raise ValueError(reason)
+        return str(ipaddress.ip_address(v))
 
     @model_validator(mode="after")
     def _unique(self) -> HostSettings:

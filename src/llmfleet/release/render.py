@@ -81,6 +81,8 @@ class Role:
     flags: tuple[Flag, ...]
     template: str
     container: dict[str, Any] = field(default_factory=dict)
+    cluster: dict[str, Any] = field(default_factory=dict)  # multi-host serving; empty: none
+    worker_template: str | None = None  # templates/worker.yml.j2: what a worker host runs
 
     def flag(self, name: str) -> Flag | None:
         for f in self.flags:
@@ -134,6 +136,7 @@ def _load_role(engine: str, dirs: tuple[str, ...]) -> Role:
     if not tpl.is_file():
         raise UsageError(f"{base}: role {engine!r} has no templates/compose.yml.j2")
     template = tpl.read_text(encoding="utf-8")
+    wtpl = base / "templates" / "worker.yml.j2"
     return Role(
         engine=d["engine"],
         model_target=d["model_target"],
@@ -147,6 +150,8 @@ def _load_role(engine: str, dirs: tuple[str, ...]) -> Role:
         flags=tuple(Flag(tuple(f["names"]), bool(f["value"]), f.get("doc", "")) for f in d.get("flags", [])),
         template=template,
         container=dict(d.get("container") or {}),
+        cluster=dict(d.get("cluster") or {}),
+        worker_template=wtpl.read_text(encoding="utf-8") if wtpl.is_file() else None,
     )
 
 
@@ -326,6 +331,18 @@ def _template(text: str) -> jinja2.Template:
 
 
 @dataclass(frozen=True)
+class HeadOverlay:
+    """What a multi-host service's head adds to its render (built by ``llmfleet.release.cluster``):
+    engine flags naming the workers, an entrypoint, environment, and the host's network instead of a
+    published port (the engine then listens on the bind address and the service's port itself)."""
+
+    args: tuple[str, ...] = ()
+    entrypoint: tuple[str, ...] | None = None
+    environment: tuple[tuple[str, str], ...] = ()
+    host_network: bool = False
+
+
+@dataclass(frozen=True)
 class Rendered:
     """One release's files, before a release id is given to it."""
 
@@ -461,8 +478,10 @@ def render(
     bind_address: str | None = None,
     roles_dir: Dirs = None,
     templates_dir: Dirs = None,
+    head: HeadOverlay | None = None,
 ) -> Rendered:
     role = load_role(service.engine, roles_dir)
+    head = head or HeadOverlay()
     if service.api_key is not None and api_key is None:
         raise UsageError(f"service {service.name}: api_key is configured but its value was not resolved")
     if api_key is not None and (not api_key or _SECRET_FORBIDDEN.search(api_key)):
@@ -472,11 +491,20 @@ def render(
 
     merged = merge_engine_args(plan_engine_args(plan), list(service.engine_args), role)
     box = container_settings(role, service)
-    fill = {"model": role.model_target, "port": str(box["port"]), "served_name": service.public_name}
+    bind = bind_address or effective_bind_address(service, settings)
+    fill = {"model": role.model_target, "port": str(box["port"]), "served_name": service.public_name,
+            "listen": "0.0.0.0"}
+    if head.host_network:  # no published port: the engine itself listens on the bind address
+        fill |= {"port": str(service.port), "listen": bind}
+        if box["healthcheck"]:
+            from llmfleet.release.watchdog import probe_address
+
+            box["healthcheck"]["test"] = [t.replace(f"127.0.0.1:{box['port']}", f"{probe_address(bind)}:{service.port}")
+                                          for t in box["healthcheck"]["test"]]
     base: list[str] = []
     for group in role.base_args:
         base.extend(tok.format(**fill) for tok in group)
-    args = base + merged
+    args = base + merged + list(head.args)
 
     gpu_request: Any
     if service.gpus == "all":
@@ -491,12 +519,13 @@ def render(
         "project": project_name(service),
         "container": project_name(service),
         "image": image.pull_ref,
-        "entrypoint": None,
+        "entrypoint": list(head.entrypoint) if head.entrypoint else None,
         "args": args,
-        "environment": dict(sorted((box["environment"] | dict(service.env)).items())),
+        "environment": dict(sorted((box["environment"] | dict(service.env) | dict(head.environment)).items())),
         "port": service.port,
         "container_port": box["port"],
-        "bind_address": bind_address or effective_bind_address(service, settings),
+        "bind_address": bind,
+        "host_network": head.host_network,
         "model_path": service.model_path,
         "model_target": role.model_target,
         "ipc": box["ipc"],

@@ -44,10 +44,21 @@ def run_hosts(fn: Callable[[Any], Any], items: Sequence[Any], forks: int) -> lis
 def deploy_hosts(inventory: Any, names: Sequence[str], *, config: Settings | dict[str, Any], options: Any, forks: int,
                  log: Log) -> list[Any]:
     """``deploy_host`` on each host, ``forks`` at a time (each host keeps its own lock and audit)."""
+    from llmfleet.inventory.ansible import Inventory, load_inventory
     from llmfleet.release.deploy import deploy_host
+    from llmfleet.release.multihost import deploy_service, multihost_services
 
-    return run_hosts(lambda n: deploy_host(inventory, n, config=config, options=options,
-                                           log=lambda line: log(f"{n}: {line}")), names, forks)
+    inv = inventory if isinstance(inventory, Inventory) else load_inventory(inventory)
+    outcomes = run_hosts(lambda n: deploy_host(inv, n, config=config, options=options,
+                                               log=lambda line: log(f"{n}: {line}")), names, forks)
+    # Services over several hosts (``workers:``), once each hosts' own services are done: one at a time,
+    # every host of it locked in a fixed order; one row per host of it.
+    multi = [(h, s) for h, s in multihost_services(inv, list(names)) if options.services in (None, [])
+             or s in options.services]
+    more = [o for head, svc in multi
+            for o in deploy_service(inv, head, svc, config=config, options=options, log=log).host_outcomes()]
+    covered = {o.host for o in more}
+    return [o for o in outcomes if not (o.host in covered and o.reason.startswith("no single-host"))] + more
 
 
 def rollback_hosts(inventory: Any, names: Sequence[str], *, service: str | None, to: str | None,

@@ -1,0 +1,609 @@
+"""Deploy one service over several hosts: its workers first, then its head; one health verdict; one rollback.
+
+A service with ``workers:`` (``llmfleet.release.cluster`` says what each host runs) is deployed as a unit:
+
+1. prepare (no SSH): the service with this run's overrides, its secret, the image each host pulls;
+2. connect to every host of the service; read each host's cluster address (``llmfleet_cluster_address``
+   or the IPv4 address of ``llmfleet_cluster_interface``; a public, loopback or wildcard one refuses);
+   gather facts on every host; the head's preflight with the plan over all hosts, and
+   ``preflight.check_service_hosts`` over all of them (identical cards, drivers, GPU counts, network);
+3. render the head's and each worker's release; ``decide`` per host; ``check``/``diff`` stop here;
+4. take the deploy lock on every host in a fixed order (sorted host names: two deploys that share hosts
+   cannot each hold half); pull on every host while the old releases still serve;
+5. switch the workers (each checked: unit active, and for rpc-server its port accepts connections from
+   the host itself), then the head: its staged health check, and the join check (llama.cpp: each worker
+   named as an RPC device in the head's log, or holding an established connection from the head's
+   address to its rpc-server; vLLM: Ray's live node count, asked in the head's container);
+6. any failure after the first switch puts every host of the service back: workers first (the head
+   needs them to start), then the head, each on its previous release (or stopped when it had none);
+7. last round trip per host: health marks, prune, audit lines, unlock.
+
+Per-host steps are the single-host deploy's (``executor.HostRun``: lock, pull, upload, switch, arm/confirm
+on the head, go back, audit, final round trip); this module only orders them across hosts.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from llmfleet import __version__
+from llmfleet.errors import LlmfleetError, RemoteError, UsageError
+from llmfleet.images import lock as images
+from llmfleet.inventory.ansible import Host, Inventory, load_inventory, settings_for
+from llmfleet.inventory.services import HostSettings, Service, resolve_workers
+from llmfleet.knowledge.planner import summarize
+from llmfleet.release import cluster as C
+from llmfleet.release import decide, health, store
+from llmfleet.release.decide import Action, GoBack, HostOutcome, Refusal, Result, ServiceOutcome, ServiceStep
+from llmfleet.release.deploy import (
+    DeployOptions,
+    Prepared,
+    PreparedHost,
+    _diff,
+    _Item,
+    _pull,
+    apply_overrides,
+)
+from llmfleet.release.executor import HealthTarget, HostRun, Log, connect, http_health, short
+from llmfleet.release.manifest import Manifest
+from llmfleet.release.render import load_role, render, search_paths
+from llmfleet.release.secret import resolve_secret
+from llmfleet.release.store import Paths
+from llmfleet.settings import Settings
+
+WORKER_POLL_S = 0.5
+
+
+# ---------------------------------------------------------------------------------------------
+# Which services span hosts (pure over a loaded inventory)
+
+
+def workers_of(inv: Inventory, head: str, service: Service, roles_dir: Any = None) -> list[str]:
+    """The service's worker hosts (groups expanded, inventory order); a usage error names the fix."""
+    def group_hosts(name: str) -> list[str] | None:
+        return inv.group_hosts(name) if name in inv.groups else None
+
+    try:
+        return resolve_workers(service, head, list(inv.hosts), group_hosts, C.multihost_engines(roles_dir))
+    except ValueError as exc:
+        where = inv.hosts[head].sources.get("llmfleet_services", str(inv.path)) if head in inv.hosts else inv.path
+        raise UsageError(f"{where}: host {head}: service {service.name}: {exc}") from None
+
+
+def worker_conflicts(service: Service, worker: str, settings: HostSettings, port: int) -> list[str]:
+    """A worker's own services that collide with the multi-host service (same name, or the cluster port)."""
+    out = []
+    for s in settings.services:
+        if s.name == service.name:
+            out.append(f"host {worker} has a service of its own named {service.name}; a worker release "
+                       "of the same name would replace it: rename one")
+        elif s.port == port:
+            out.append(f"host {worker}: service {s.name} uses port {port}, the cluster port of {service.name}; "
+                       "set cluster_port")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Preparation (before any SSH)
+
+
+@dataclass(frozen=True)
+class WorkerPrep:
+    host: Host
+    settings: HostSettings
+    image: images.ImageRef
+
+
+@dataclass(frozen=True)
+class PreparedService:
+    inventory: Inventory
+    head: PreparedHost  # with exactly this service
+    workers: tuple[WorkerPrep, ...]
+
+    @property
+    def service(self) -> Service:
+        return self.head.services[0].service
+
+    @property
+    def names(self) -> list[str]:
+        return [self.head.host.name, *(w.host.name for w in self.workers)]
+
+
+def prepare_service(inventory: Inventory | str, head: str, service: str, settings: Settings,
+                    options: DeployOptions) -> PreparedService:
+    inv = inventory if isinstance(inventory, Inventory) else load_inventory(inventory)
+    host = inv.hosts.get(head)
+    if host is None:
+        raise UsageError(f"{inv.path}: no host {head!r}")
+    hs = settings_for(host)
+    found = next((s for s in hs.services if s.name == service), None)
+    if found is None:
+        raise UsageError(f"{inv.path}: host {head} has no service {service!r}")
+    where = f"host {head}: service {service}"
+    svc = apply_overrides(found, options.overrides, where)
+    names = workers_of(inv, head, svc)
+    role = load_role(svc.engine)
+    port = C.cluster_port(svc, role)
+    key = resolve_secret(svc.api_key, where)
+    cache: dict[str, images.ImageLock] = {}
+
+    def image_for(h: Host, s: HostSettings, image_key: str) -> images.ImageRef:
+        path = images.lock_path_for(h.vars, inv.path, settings.images_lock)
+        if str(path) not in cache:
+            cache[str(path)] = images.load_lock(path)
+        return images.resolve(image_key, cache[str(path)], mirrors=dict(s.image_mirrors),
+                              allow_unpinned=options.allow_unpinned, where=f"host {h.name}: service {service}")
+
+    head_ref = image_for(host, hs, svc.image)
+    workers = []
+    problems: list[str] = []
+    for n in names:
+        wh = inv.hosts[n]
+        ws = settings_for(wh)
+        problems += worker_conflicts(svc, n, ws, port)
+        workers.append(WorkerPrep(wh, ws, image_for(wh, ws, svc.worker_image or svc.image)))
+    if problems:
+        raise UsageError(f"{inv.path}: service {service}: {problems[0]}")
+    ready = PreparedHost(inv, host, hs, (Prepared(svc, key, head_ref),))
+    return PreparedService(inv, ready, tuple(workers))
+
+
+def multihost_services(inv: Inventory, host_names: list[str]) -> list[tuple[str, str]]:
+    """(head, service) of every service with workers whose head is among ``host_names``."""
+    out = []
+    for n in host_names:
+        for s in settings_for(inv.hosts[n]).services:
+            if s.workers:
+                out.append((n, s.name))
+    return out
+
+
+def offline_cluster(inv: Inventory, head: str, service: Service) -> tuple[C.Cluster, dict[str, HostSettings], list[str]]:
+    """The cluster as far as the inventory tells it, for ``invoke render`` (no connection): an address
+    read from an interface at deploy time is shown as ``<eth0 of HOST>``. Returns the cluster, each
+    worker's settings, and notes."""
+    role = load_role(service.engine)
+    notes: list[str] = []
+
+    def member(name: str, s: HostSettings) -> C.Member:
+        if s.cluster_address:
+            return C.member_for(name, s)
+        if s.cluster_interface:
+            notes.append(f"{name}: its address is read from {s.cluster_interface} at deploy time; shown as a placeholder")
+            return C.Member(name, f"<{s.cluster_interface} of {name}>", s.cluster_interface)
+        raise UsageError(f"host {name}: service {service.name} spans hosts: set llmfleet_cluster_address or "
+                         "llmfleet_cluster_interface")
+
+    workers = workers_of(inv, head, service)
+    wsettings = {w: settings_for(inv.hosts[w]) for w in workers}
+    cl = C.make_cluster(service, role, member(head, settings_for(inv.hosts[head])),
+                        [member(w, wsettings[w]) for w in workers])
+    return cl, wsettings, notes
+
+
+# ---------------------------------------------------------------------------------------------
+# The outcome
+
+
+@dataclass
+class ServiceRun:
+    """What a deploy of one multi-host service did, on every host of it."""
+
+    service: str
+    head: str
+    result: Result
+    reason: str = ""
+    hosts: dict[str, HostOutcome] = field(default_factory=dict)  # host -> its outcome (workers and head)
+    cluster: dict[str, Any] | None = None
+    joined: dict[str, Any] = field(default_factory=dict)
+    duration_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.result in decide.OK_RESULTS
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["hosts"] = {k: v.to_dict() for k, v in self.hosts.items()}
+        return d
+
+    def host_outcomes(self) -> list[HostOutcome]:
+        """One outcome per host, each carrying the service's verdict (for the deploy table)."""
+        out = []
+        for name in [self.head, *[h for h in self.hosts if h != self.head]]:
+            o = self.hosts.get(name) or HostOutcome(host=name, result=self.result)
+            o.result = self.result
+            role = "head" if name == self.head else f"worker of {self.head}"
+            o.reason = f"{self.service} ({role}): {self.reason}"
+            out.append(o)
+        return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Worker health: the unit runs and (rpc) its port answers from the host itself
+
+
+def worker_health(member: C.Member, port: int, kind: str) -> Callable[[HostRun, HealthTarget], health.HealthReport]:
+    def check(run: HostRun, target: HealthTarget) -> health.HealthReport:
+        t0 = time.monotonic()
+        deadline = t0 + target.service.health.stage_timeout_s
+        unit, port_open = "unknown", None
+        while True:
+            res = run.run(C.worker_probe_script(target.paths, member, port, kind), timeout=30)
+            unit, port_open = C.parse_worker_probe(res.stdout)
+            if unit == "active" and port_open is not False:
+                break
+            if unit == "failed" or time.monotonic() > deadline:
+                break
+            time.sleep(WORKER_POLL_S)
+        ok = unit == "active" and port_open is not False
+        what = f"unit {unit}" + ("" if port_open is None else
+                                 f", {member.address}:{port} {'accepts connections' if port_open else 'closed'}")
+        stage = health.StageResult("worker", ok, round(time.monotonic() - t0, 2), what)
+        return health.HealthReport(ok, [stage])
+
+    return check
+
+
+# ---------------------------------------------------------------------------------------------
+# deploy
+
+
+@dataclass
+class _Host:
+    name: str
+    run: HostRun
+    out: HostOutcome
+    is_head: bool
+    item: _Item | None = None
+    member: C.Member | None = None
+    token: str | None = None
+    switched: bool = False
+
+
+def deploy_service(inventory: Inventory | str, head: str, service: str, *, config: Settings | dict[str, Any] | None = None,
+                   options: DeployOptions, log: Log, prepared: PreparedService | None = None,
+                   head_health: Callable[[HostRun, HealthTarget], health.HealthReport] = http_health,
+                   connector: Callable[[Host, Settings, bool], Any] = connect) -> ServiceRun:
+    """Deploy one multi-host service (see the module docstring). Never raises for host trouble:
+    the result says what happened on every host; a usage error (bad inventory) raises before SSH."""
+    settings = Settings.of(config)
+    ready = prepared or prepare_service(inventory, head, service, settings, options)
+    t0 = time.monotonic()
+    res = ServiceRun(service=service, head=head, result=Result.FAILED)
+    order = sorted(ready.names)
+    hosts: dict[str, _Host] = {}
+    hsets = {ready.head.host.name: (ready.head.host, ready.head.settings)}
+    hsets |= {w.host.name: (w.host, w.settings) for w in ready.workers}
+    try:
+        for name in order:
+            h, s = hsets[name]
+            out = HostOutcome(host=name, result=Result.FAILED)
+            run = HostRun(name, s, None, settings=settings, log=lambda line, n=name: log(f"{n}: {line}"),
+                          who=options.who, message=options.message)
+            hosts[name] = _Host(name, run, out, name == head)
+            run.remote = connector(h, settings, options.accept_new_host_keys)
+        _deploy(ready, hosts, res, options, head_health)
+    except Refusal as exc:
+        res.result, res.reason = Result(exc.result), exc.reason
+    except RemoteError as exc:
+        res.result, res.reason = Result.FAILED, str(exc)
+    finally:
+        for name in order:  # the same fixed order: every lock taken is released
+            hh = hosts.get(name)
+            if hh is None:
+                continue
+            if res.result in {Result.REFUSED, Result.FAILED} and not hh.run.audit and not options.check:
+                hh.run.record(action="deploy", service=service, release_id=None, digest=None, result=res.result,
+                              detail=res.reason)
+            try:
+                hh.run.finish(write_audit=not options.check)
+            finally:
+                hh.out.round_trips = getattr(hh.run.remote, "round_trips", 0) or 0
+                if hh.run.remote is not None:
+                    try:
+                        hh.run.remote.close()
+                    except Exception:  # noqa: BLE001,S110 - closing a dead connection must not hide the outcome
+                        pass
+        for hh in hosts.values():
+            if hh.out.result == Result.FAILED and res.result != Result.FAILED:
+                hh.out.result = res.result
+            res.hosts[hh.name] = hh.out
+        res.duration_s = round(time.monotonic() - t0, 3)
+    return res
+
+
+def _members(ready: PreparedService, hosts: dict[str, _Host]) -> tuple[C.Member, list[C.Member]]:
+    def member(name: str, s: HostSettings) -> C.Member:
+        found = None
+        if s.cluster_address is None and s.cluster_interface:
+            found = C.parse_address(hosts[name].run.run(C.address_script(s.cluster_interface), timeout=30).stdout)
+        try:
+            return C.member_for(name, s, found)
+        except UsageError as exc:
+            raise Refusal(Result.REFUSED, f"preflight failed: {exc}") from None
+
+    head = member(ready.head.host.name, ready.head.settings)
+    return head, [member(w.host.name, w.settings) for w in ready.workers]
+
+
+def _cluster_preflight(ready: PreparedService, hosts: dict[str, _Host], head_run: HostRun,
+                       cluster: C.Cluster) -> list[Any]:
+    """Facts on every host of the service (one round trip each); the head's preflight with the plan over
+    all hosts (``preflight.plan_for(hosts=...)``); then the rules over every host
+    (``preflight.check_service_hosts``: GPU count, identical cards, drivers, heads, network)."""
+    from llmfleet.host import facts as facts_mod
+    from llmfleet.knowledge import preflight
+
+    svc, prep = ready.service, ready.head.services[0]
+    head_name = ready.head.host.name
+    out = hosts[head_name].out
+    found: dict[str, Any] = {}
+    for name in sorted(hosts):  # workers of a Ray cluster load their share of the model from the same path
+        paths = [svc.model_path] if name == head_name or cluster.kind == "ray" else []
+        found[name] = facts_mod.gather(hosts[name].run.remote, root=hosts[name].run.root, model_paths=paths)
+    speeds = [s.network_gbps for s in [ready.head.settings, *(w.settings for w in ready.workers)] if s.network_gbps]
+    slowest = min(speeds) if speeds else None
+    plan, plan_error = preflight.plan_for(svc, found[head_name], ready.head.settings, hosts=cluster.size)
+    checks = preflight.run_checks(head_name, svc, found[head_name], plan, prep.image, plan_error=plan_error,
+                                  settings=ready.head.settings)
+    checks += preflight.check_service_hosts(svc, found, head=head_name, plan=plan, network_gbps=slowest)
+    out.preflight.append({"service": svc.name, "hosts": sorted(found), "ok": preflight.ok(checks),
+                          "checks": [c.to_dict() for c in checks]})
+    bad = [f"{c.id}: {c.message}" + (f" (fix: {c.fix})" if c.fix else "") for c in checks if c.status == "fail"]
+    if bad:
+        raise Refusal(Result.REFUSED, f"preflight of {svc.name} over {', '.join(sorted(found))} failed: "
+                                      + "; ".join(bad))
+    warns = sum(c.status == "warn" for c in checks)
+    head_run.log(f"preflight passed on {len(found)} hosts ({warns} warning{'s' if warns != 1 else ''})")
+    return [plan]
+
+
+def _deploy(ready: PreparedService, hosts: dict[str, _Host], res: ServiceRun, options: DeployOptions,
+            head_health: Callable[[HostRun, HealthTarget], health.HealthReport]) -> None:
+    svc = ready.service
+    prep = ready.head.services[0]
+    hh = hosts[ready.head.host.name]
+    role = load_role(svc.engine)
+    head_member, worker_members = _members(ready, hosts)
+    cluster = C.make_cluster(svc, role, head_member, worker_members)
+    res.cluster = cluster.to_dict()
+    hh.member = head_member
+    plans = _cluster_preflight(ready, hosts, hh.run, cluster)
+    plan = plans[0]
+
+    search = search_paths(ready.head.host.vars, str(ready.inventory.path), hh.run.settings.search_config)
+    overlay = C.head_overlay(svc, role, cluster, [str(a) for a in (getattr(plan, "engine_args", None) or [])])
+    rendered = {hh.name: render(svc, ready.head.settings, prep.image, plan, api_key=prep.api_key, head=overlay,
+                                **search)}
+    workers: list[_Host] = []
+    for w, m in zip(ready.workers, worker_members, strict=True):
+        wh = hosts[w.host.name]
+        wh.member = m
+        wh.run.health_fn = worker_health(m, cluster.port, cluster.kind)
+        wsearch = search_paths(w.host.vars, str(ready.inventory.path), wh.run.settings.search_config)
+        rendered[wh.name] = C.render_worker(svc, w.settings, w.image, cluster, m, **wsearch)
+        workers.append(wh)
+
+    images_by_host = {hh.name: prep.image} | {hosts[w.host.name].name: w.image for w in ready.workers}
+    for name, h in hosts.items():
+        st = h.run.read_state().get(svc.name)
+        r = rendered[name]
+        p = Prepared(svc, prep.api_key if h.is_head else None, images_by_host[name])
+        h.item = _Item(p, summarize(plan) if h.is_head else None, r, Paths(h.run.root, svc.name), st,
+                       decide.decide_service(st, r, h.run.now()))
+        h.out.releases[svc.name] = h.item.step.release_id
+        h.out.changes.extend(f"{svc.name}: {c}" for c in h.item.step.changes)
+
+    changed_workers = [w for w in workers if w.item and w.item.step.action != Action.UNCHANGED]
+    assert hh.item is not None
+    if changed_workers and hh.item.step.action == Action.UNCHANGED:
+        # the head's RPC connections / Ray membership end with the workers' old containers: restart it
+        st = hh.item.step
+        hh.item.step = ServiceStep(st.service, Action.RESTART, st.release_id, st.release_id,
+                                   ("restart: its workers change",))
+        hh.out.changes.append(f"{svc.name}: restart: its workers change")
+
+    if options.diff:
+        for h in hosts.values():
+            assert h.item is not None
+            _diff(h.run, [h.item], h.out)
+    todo = [h for h in hosts.values() if h.item and h.item.step.action != Action.UNCHANGED]
+    if options.check or options.diff:
+        res.result = Result.CHECK
+        res.reason = (f"{len(todo)} of {len(hosts)} host(s) would change" if todo else "no change")
+        for h in hosts.values():
+            h.out.result = Result.CHECK
+        return
+    if not todo:
+        res.result, res.reason = Result.UNCHANGED, "every host runs its current, healthy release"
+        for h in hosts.values():
+            h.out.result = Result.UNCHANGED
+            h.out.services[svc.name] = ServiceOutcome(svc.name, Result.UNCHANGED, h.out.releases[svc.name],
+                                                      h.out.releases[svc.name])
+        return
+
+    for name in sorted(hosts):  # the fixed order
+        hosts[name].run.lock("deploy")
+    for h in [*workers, hh]:
+        assert h.item is not None
+        if h.item.step.pulls:
+            _pull(h.run, h.item)
+
+    failure: str | None = None
+    report = None
+    try:
+        for w in workers:
+            failure = _switch(w, svc)
+            if failure:
+                break
+        if failure is None:
+            failure, report = _switch_head(hh, svc, cluster, head_health, res, hosts)
+    except KeyboardInterrupt:  # Ctrl-C mid-switch: every host back before exiting, as a single-host deploy
+        _roll_back_all(hosts, workers, hh, svc, "interrupted", res)
+        raise
+    if failure is None:
+        _commit(hosts, svc, res, report)
+        res.result = Result.DEPLOYED
+        res.reason = "; ".join(f"{h.name} on {h.item.step.release_id}" for h in [*workers, hh] if h.item)
+        return
+    _roll_back_all(hosts, workers, hh, svc, failure, res)
+
+
+def _switch(h: _Host, svc: Service) -> str | None:
+    """Upload and switch one host's release (a worker, or the head before its checks); a failure's reason."""
+    assert h.item is not None
+    it, run = h.item, h.run
+    step = it.step
+    try:
+        if step.action == Action.NEW:
+            it.manifest = Manifest.build(it.rendered, step.release_id, host=run.host, who=run.who, when=run.now(),
+                                         llmfleet_version=__version__, message=run.message)
+            files, modes = store.release_files(it.rendered, it.manifest)
+            up = run.run(store.upload_script(it.paths, step.release_id), stdin=store.pack_release(files, modes),
+                         timeout=120)
+            if not store.parse_upload(up.rc, up.stdout):
+                return f"{h.name}: upload of release {step.release_id} failed: {short(up.stderr or up.stdout, 300)}"
+            run.log(f"{svc.name}: uploaded release {step.release_id}")
+        if step.switches:
+            if h.is_head and step.arms_revert:
+                h.token = run.arm(it.paths, svc, step.release_id, step.previous, "deploy")
+            h.switched = True
+            sw = run.switch(it.paths, step.release_id)
+            if not store.parse_switch(sw.rc, sw.stdout):
+                return f"{h.name}: switch to {step.release_id} failed: {short(sw.stderr or sw.stdout, 300)}"
+            run.log(f"{svc.name}: current -> {step.release_id}, unit restarted")
+        if not h.is_head:
+            rep = run.check_health(HealthTarget(svc, None, it.paths, step.release_id, None), f"worker release "
+                                                                                             f"{step.release_id}")
+            it.health = rep.to_dict()
+            if not rep.ok:
+                return f"{h.name}: worker release {step.release_id} is not up: {rep.message}"
+            run.log(f"{svc.name}: worker up ({rep.message})")
+    except RemoteError as exc:
+        return f"{h.name}: {exc}"
+    return None
+
+
+def _joined(hh: _Host, cluster: C.Cluster, hosts: dict[str, _Host]) -> tuple[bool, dict[str, Any]]:
+    """Every worker joined? llama.cpp: the head's log names its RPC device, or the worker holds an
+    established connection from the head's address; vLLM: Ray's live node count."""
+    assert hh.item is not None
+    paths = hh.item.paths
+    if cluster.kind == "rpc":
+        devices = C.rpc_devices(hh.run.run(C.rpc_log_script(paths), timeout=30).stdout)
+        peers: dict[str, list[str]] = {}
+        for w in cluster.workers:
+            peers[w.host] = C.parse_rpc_peers(hosts[w.host].run.run(C.rpc_peers_script(cluster.port),
+                                                                     timeout=30).stdout)
+        missing = [h for h in C.missing_rpc_workers(cluster, devices) if cluster.head.address not in peers[h]]
+        return not missing, {"rpc_devices": devices, "rpc_peers": peers, "missing": missing}
+    python = str(load_role("vllm").cluster.get("python", "python3"))
+    nodes = C.parse_ray_nodes(hh.run.run(C.ray_nodes_script(paths, python), timeout=60).stdout)
+    return nodes is not None and nodes >= cluster.size, {"ray_nodes": nodes, "want": cluster.size}
+
+
+def _switch_head(hh: _Host, svc: Service, cluster: C.Cluster,
+                 head_health: Callable[[HostRun, HealthTarget], health.HealthReport],
+                 res: ServiceRun, hosts: dict[str, _Host]) -> tuple[str | None, health.HealthReport | None]:
+    assert hh.item is not None
+    it = hh.item
+    failure = _switch(hh, svc)
+    if failure:
+        return failure, None
+    hh.run.health_fn = head_health
+    try:
+        report = hh.run.check_health(HealthTarget(svc, it.prepared.api_key, it.paths, it.step.release_id, it.plan),
+                                     f"release {it.step.release_id}")
+    except RemoteError as exc:
+        return f"{hh.name}: {exc}", None
+    it.health = report.to_dict()
+    hh.out.health[svc.name] = it.health
+    if not report.ok:
+        return f"{hh.name}: release {it.step.release_id} failed: {report.message}", report
+    try:
+        ok, detail = _joined(hh, cluster, hosts)
+    except RemoteError as exc:
+        return f"{hh.name}: join check: {exc}", report
+    res.joined = detail
+    if not ok:
+        want = (f"missing RPC devices of {', '.join(detail['missing'])}" if cluster.kind == "rpc"
+                else f"Ray sees {detail['ray_nodes']} live node(s), want {cluster.size}")
+        return f"{hh.name}: healthy, but not every worker joined: {want}", report
+    hh.run.log(f"{svc.name}: every worker joined ({detail})")
+    try:
+        confirmed = hh.run.confirm(it.paths, svc.name, hh.token)
+    except RemoteError as exc:
+        return f"{hh.name}: confirm: {exc}", report
+    if not confirmed:
+        return f"{hh.name}: healthy, but the host timer reverted it first", report
+    hh.token = None
+    return None, report
+
+
+def _commit(hosts: dict[str, _Host], svc: Service, res: ServiceRun, report: health.HealthReport | None) -> None:
+    for h in hosts.values():
+        it = h.item
+        assert it is not None
+        rid = it.step.release_id
+        rep = report if h.is_head else None
+        if it.step.action != Action.UNCHANGED:
+            doc = (rep.to_dict() if rep else (it.health or {})) | {"release": rid, "joined": res.joined}
+            h.run.defer(store.mark_healthy_script(it.paths, rid, doc | {"time": h.run.now().isoformat(timespec="seconds"),
+                                                                      "who": h.run.who}))
+        extra = {"decode_tokps": rep.decode_tokps, "ttft_s": rep.ttft_s} if rep else {}
+        h.run.record(action="deploy", service=svc.name, release_id=rid, digest=it.prepared.image.digest,
+                     result=Result.DEPLOYED if it.step.action != Action.UNCHANGED else Result.UNCHANGED,
+                     detail=f"{'head' if h.is_head else 'worker'} of a multi-host service", **extra)
+        h.out.result = Result.DEPLOYED
+        h.out.services[svc.name] = ServiceOutcome(svc.name, Result.DEPLOYED, rid, rid, it.step.previous)
+        if it.step.action in (Action.NEW, Action.SWITCH) and it.state is not None:
+            after = decide.state_after({svc.name: it.state}, {svc.name: (rid, it.manifest, it.health)})
+            plan = decide.prune_plan(after, h.run.host_settings.keep_releases)
+            for name, ids in plan.releases.items():
+                h.run.defer(store.prune_script(Paths(h.run.root, name), ids))
+            if plan.images:
+                h.run.defer(store.image_remove_script(plan.images))
+
+
+def _roll_back_all(hosts: dict[str, _Host], workers: list[_Host], hh: _Host, svc: Service, failure: str,
+                   res: ServiceRun) -> None:
+    """Every host of the service back to its previous release: workers first, then the head."""
+    assert hh.item is not None
+    logs = hh.run.engine_log(hh.item.paths) if hh.switched else ""
+    if hh.switched:
+        hh.run.disarm(hh.item.paths, hh.token)
+    hh.run.log(f"{svc.name}: FAILED: {failure}")
+    if logs:
+        hh.run.log(f"{svc.name}: head engine log: {logs}")
+    backs: dict[str, GoBack] = {}
+    for h in [*workers, hh]:
+        it = h.item
+        assert it is not None
+        if not h.switched:
+            continue
+        if h.is_head and it.health is not None and it.health.get("result") == "unhealthy":
+            try:
+                h.run.run(store.mark_healthy_script(it.paths, it.step.release_id, it.health), timeout=30)
+            except LlmfleetError:
+                pass
+        previous = it.step.previous  # the head restarted for its workers' sake: restarted again
+        back = h.run.go_back(it.paths, svc, it.prepared.api_key if h.is_head else None, previous, it.state)
+        backs[h.name] = back
+        h.run.log(f"{svc.name}: {back.sentence()}")
+        h.run.record(action="deploy", service=svc.name, release_id=it.step.release_id,
+                     digest=it.prepared.image.digest, result=back.result, detail=f"{failure}; {back.sentence()}")
+        h.out.result = Result(back.result)
+        h.out.services[svc.name] = ServiceOutcome(svc.name, Result(back.result), it.step.release_id, back.current,
+                                                  previous, failure)
+        h.out.releases[svc.name] = back.current or ""
+    healthy = all(b.kind == GoBack.HEALTHY for b in backs.values())
+    res.result = Result.ROLLED_BACK if healthy and backs else Result.FAILED
+    where = ", ".join(f"{n}: {b.sentence()}" for n, b in backs.items()) or "nothing was switched"
+    res.reason = f"{failure}; engine log: {logs or '(not read)'}; every host of the service went back: {where}"
+    for h in hosts.values():
+        if h.name not in backs:
+            h.out.result = Result.UNCHANGED if h.item and h.item.step.action == Action.UNCHANGED else res.result

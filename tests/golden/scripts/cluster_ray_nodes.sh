@@ -1,0 +1,1 @@
+docker exec llmfleet-chat python3 -c 'import ray; ray.init(address='"'"'auto'"'"', logging_level='"'"'ERROR'"'"'); print('"'"'@@nodes'"'"', sum(1 for n in ray.nodes() if n['"'"'Alive'"'"']))' 2>&1 | tail -n 3

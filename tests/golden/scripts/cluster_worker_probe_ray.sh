@@ -1,0 +1,1 @@
+echo "@@unit $(systemctl is-active llmfleet-chat.service 2>/dev/null)"
