@@ -35,8 +35,10 @@ def test_script_architectures_are_the_catalogs():
     sass, ptx = parse_arch_list("CMAKE_CUDA_ARCHITECTURES", m.group(1))
     kernels = CATALOG[KEY]["kernels"]
     assert (sorted(sass), sorted(ptx)) == (sorted(kernels["sass"]), sorted(kernels["ptx"]))
-    # the label the runtime image carries says the same
-    assert f'io.llmfleet.cuda-architectures="{m.group(1)}"' in DOCKERFILE
+    # the Dockerfile's ARG (the runtime image's label) and the lab's default say the same
+    assert f'ARG CUDA_ARCHITECTURES="{m.group(1)}"' in DOCKERFILE
+    assert 'io.llmfleet.cuda-architectures="${CUDA_ARCHITECTURES}"' in DOCKERFILE
+    assert images.CU118_ARCHS == m.group(1)
 
 
 def test_toolkit_version_is_the_catalogs_cuda():
@@ -74,6 +76,7 @@ def test_compile_container_argv():
     assert argv[:4] == ["run", "--rm", "--network", "none"]
     assert "/c/src/sd.tar.gz:/src/sd.tar.gz:ro" in argv and "/c/ccache-cu118:/ccache" in argv
     assert "CMAKE_CUDA_COMPILER_LAUNCHER=ccache" in argv and "--user" not in argv
+    assert f"CUDA_ARCHITECTURES={images.CU118_ARCHS}" in argv
     i = argv.index("llmfleet-lab/cu118-toolkit:abc")
     assert argv[i + 1:] == ["nice", "-n", "10", "sh", "/src/build-llama-server.sh", "/src/sd.tar.gz", "/out/app", "2"]
     as_user = images.cu118_run_argv("t", Path("/s.tgz"), Path("/b.sh"), Path("/o"), Path("/cc"), 1, "1000:1000")
@@ -92,3 +95,16 @@ def test_compile_container_argv():
 )
 def test_image_cuda_from_env_or_label(env, labels, cuda):
     assert ins.image_cuda({"env": env, "labels": labels}) == cuda
+
+
+@pytest.mark.parametrize("archs", [None, "75-real", "60-real;61-real;70-real;75-real;80-real;86", "86", "90a-real"])
+def test_arch_lists_accepted(archs):
+    assert images.cu118_archs(archs) == (archs or images.CU118_ARCHS)
+
+
+@pytest.mark.parametrize("archs", ["sm_75", "75;rm -rf /", "7.5", "75-fake"])
+def test_arch_lists_refused(archs):
+    from llmfleet.errors import UsageError
+
+    with pytest.raises(UsageError, match="CMAKE_CUDA_ARCHITECTURES"):
+        images.cu118_archs(archs)

@@ -59,6 +59,11 @@ _DIRS = {"registry": "lab-registry", "host": "lab-host", "llamacpp": "lab-llamac
 CU118_TOOLKIT = f"{IMAGE_PREFIX}/cu118-toolkit"
 CU118_SOURCES = "non-free.sources"  # gets this machine's Debian mirror when staged
 CU118_SCRIPT = "build-llama-server.sh"
+# What the image is built for (CMAKE_CUDA_ARCHITECTURES; the catalog entry and the Dockerfile's ARG say
+# the same, tests/test_cu118.py). A narrower list (e.g. "75-real" for the lab's T4) is a quicker build
+# whose image carries only those kernels: images.inspect records what the binary really has.
+CU118_ARCHS = "60-real;61-real;70-real;75-real;80-real;86"
+_ARCHS_RE = re.compile(r"^\d{2,3}[a-z]?(-real|-virtual)?(;\d{2,3}[a-z]?(-real|-virtual)?)*$")
 # Lab images that need only the base, built at once (docker builds of their own).
 PARALLEL_BUILDS = 3
 # Images built FROM another lab image instead of the debootstrap base.
@@ -388,7 +393,7 @@ def cu118_toolkit(prog: Progress, base: ImageInfo) -> ImageInfo:
 
 
 def cu118_run_argv(toolkit_ref: str, sdist: Path, script: Path, out_parent: Path, ccache_dir: Path,
-                   jobs: int, user: str | None) -> list[str]:
+                   jobs: int, user: str | None, archs: str = CU118_ARCHS) -> list[str]:
     """``docker run`` arguments of the CUDA 11.8 compile: the sdist and build script read-only, ccache
     and the output folder from the machine's build cache, no network. Pure."""
     argv = ["run", "--rm", "--network", "none",
@@ -396,19 +401,28 @@ def cu118_run_argv(toolkit_ref: str, sdist: Path, script: Path, out_parent: Path
             "-v", f"{ccache_dir}:/ccache", "-v", f"{out_parent}:/out",
             "-e", "CCACHE_DIR=/ccache", "-e", "CCACHE_BASEDIR=/tmp", "-e", "CCACHE_NOHASHDIR=1",
             "-e", "CCACHE_MAXSIZE=4G", "-e", "CMAKE_C_COMPILER_LAUNCHER=ccache",
-            "-e", "CMAKE_CXX_COMPILER_LAUNCHER=ccache", "-e", "CMAKE_CUDA_COMPILER_LAUNCHER=ccache"]
+            "-e", "CMAKE_CXX_COMPILER_LAUNCHER=ccache", "-e", "CMAKE_CUDA_COMPILER_LAUNCHER=ccache",
+            "-e", f"CUDA_ARCHITECTURES={archs}"]
     if user:
         argv += ["--user", user]
     return [*argv, toolkit_ref, "nice", "-n", "10", "sh", f"/src/{script.name}", f"/src/{sdist.name}", "/out/app",
             str(jobs)]
 
 
-def llama_server_cu118(prog: Progress, toolkit: ImageInfo) -> Path:
+def cu118_archs(archs: str | None) -> str:
+    """The CMAKE_CUDA_ARCHITECTURES list of a CUDA 11.8 build (default: the catalog's)."""
+    archs = (archs or CU118_ARCHS).strip()
+    if not _ARCHS_RE.match(archs):
+        raise UsageError(f"--cu118-archs {archs!r}: expected a CMAKE_CUDA_ARCHITECTURES list such as {CU118_ARCHS}")
+    return archs
+
+
+def llama_server_cu118(prog: Progress, toolkit: ImageInfo, archs: str = CU118_ARCHS) -> Path:
     """Compile llama-server with the CUDA 11.8 backend in a toolkit container, once per (sdist, build
-    script, toolkit image); returns the folder with llama-server and its libraries."""
+    script, toolkit image, architectures); returns the folder with llama-server and its libraries."""
     script = DOCKERFILES / _DIRS[CU118] / CU118_SCRIPT
     sdist = llama_sdist(prog)
-    key = hashlib.sha256((file_hash(sdist, script) + toolkit.id).encode()).hexdigest()[:16]
+    key = hashlib.sha256((file_hash(sdist, script) + toolkit.id + archs).encode()).hexdigest()[:16]
     parent = cache_dir() / "llama-server-cu118" / key
     out = parent / "app"
     if (out / "llama-server").exists():
@@ -417,7 +431,7 @@ def llama_server_cu118(prog: Progress, toolkit: ImageInfo) -> Path:
     ccache_dir = cache_dir() / "ccache-cu118"
     ccache_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
-    task = prog.task(f"llama.cpp CUDA 11.8: build llama-server ({key}, with ccache; a cold build is long)")
+    task = prog.task(f"llama.cpp CUDA 11.8: build llama-server for {archs} ({key}, with ccache; a cold build is long)")
     user = None if os.geteuid() == 0 else f"{os.geteuid()}:{os.getegid()}"
     tail: list[str] = []
 
@@ -428,8 +442,8 @@ def llama_server_cu118(prog: Progress, toolkit: ImageInfo) -> Path:
         prog.update(task, detail=line, **({"completed": step[0], "total": step[1]} if step else {}))
 
     jobs = os.cpu_count() or 2
-    rc = docker.stream(cu118_run_argv(toolkit.ref, sdist, script, parent, ccache_dir, jobs, user), on_line,
-                       timeout=4 * 3600)
+    rc = docker.stream(cu118_run_argv(toolkit.ref, sdist, script, parent, ccache_dir, jobs, user, archs), on_line,
+                       timeout=8 * 3600)
     if rc != 0 or not (out / "llama-server").exists():
         raise CheckFailed("llama-server (CUDA 11.8) build failed:\n" + "\n".join(tail))
     prog.update(task, completed=1, total=1, detail="done")
@@ -499,23 +513,24 @@ def _stage_context(key: str, prog: Progress, binary: Path | None = None, *, with
 
 
 def build_image(key: str, prog: Progress, base_id: str, timeout: float = 3600, base_ref: str = BASE_IMAGE,
-                binary: Path | None = None) -> ImageInfo:
+                binary: Path | None = None, build_args: dict[str, str] | None = None) -> ImageInfo:
     t0 = time.monotonic()
     if key not in _DIRS:
         raise UsageError(f"unknown lab image {key!r}; known: {', '.join(ALL_IMAGES)}")
     ctx = _stage_context(key, prog, binary)
-    tag = context_hash(ctx, base_id)
+    extra = "".join(f"{k}={v}\n" for k, v in sorted((build_args or {}).items()))
+    tag = context_hash(ctx, base_id + extra)
     ref = f"{IMAGE_PREFIX}/{key}:{tag}"
     latest = f"{IMAGE_PREFIX}/{key}:latest"
     if docker.image_exists(ref):
         docker.run(["tag", ref, latest])
         return ImageInfo(key, ref, docker.image_id(ref), False, time.monotonic() - t0)
-    _docker_build(ctx, [ref, latest], prog, f"{key}: docker build", base_ref, timeout=timeout)
+    _docker_build(ctx, [ref, latest], prog, f"{key}: docker build", base_ref, timeout=timeout, build_args=build_args)
     return ImageInfo(key, ref, docker.image_id(ref), True, time.monotonic() - t0)
 
 
 def _docker_build(ctx: Path, tags: list[str], prog: Progress, label: str, base_ref: str, *,
-                  target: str | None = None, timeout: float = 3600) -> None:
+                  target: str | None = None, timeout: float = 3600, build_args: dict[str, str] | None = None) -> None:
     """``docker build`` (classic builder) of a staged context, with step progress."""
     task = prog.task(label, total=None)
     tail: list[str] = []
@@ -530,6 +545,8 @@ def _docker_build(ctx: Path, tags: list[str], prog: Progress, label: str, base_r
             prog.update(task, detail=line.strip())
 
     argv = ["build", "--build-arg", f"BASE={base_ref}", *(["--target", target] if target else [])]
+    for k, v in sorted((build_args or {}).items()):
+        argv += ["--build-arg", f"{k}={v}"]
     for t in tags:
         argv += ["-t", t]
     rc = docker.stream([*argv, str(ctx)], on_line, timeout=timeout, env={"DOCKER_BUILDKIT": "0"})
@@ -542,7 +559,8 @@ def manifest_path() -> Path:
     return cache_dir() / "images.json"
 
 
-def build_all(keys: list[str] | None = None, quiet: bool = False) -> dict[str, ImageInfo]:
+def build_all(keys: list[str] | None = None, quiet: bool = False, cu118_arch_list: str | None = None,
+              ) -> dict[str, ImageInfo]:
     keys = keys or DEFAULT_IMAGES
     unknown = [k for k in keys if k not in ALL_IMAGES]
     if unknown:
@@ -578,8 +596,10 @@ def build_all(keys: list[str] | None = None, quiet: bool = False) -> dict[str, I
                 result[key] = build(key)
         if CU118 in keys:
             # After the others: its apt stage (~1.7 GB) and its compile are the longest steps here.
+            archs = cu118_archs(cu118_arch_list)
             toolkit = cu118_toolkit(prog, base)
-            result[CU118] = build_image(CU118, prog, base.id, binary=llama_server_cu118(prog, toolkit))
+            result[CU118] = build_image(CU118, prog, base.id, binary=llama_server_cu118(prog, toolkit, archs),
+                                        build_args={"CUDA_ARCHITECTURES": archs})
             result["cu118-toolkit"] = toolkit
     with locked(cache_dir() / ".manifest.lock"):
         _record(result)

@@ -118,12 +118,12 @@ def pin_lab_images(built: dict[str, str], registry: str, lock_path: Path = LOCK_
     return {e.key: e.digest for e in entries}, unpinned, check
 
 
-def setup(*, vllm: bool = False, cu118: bool = False, quiet: bool = False, log: Callable[[str], None] = print,
-          lock_path: Path = LOCK_PATH) -> SetupReport:
+def setup(*, vllm: bool = False, cu118: bool = False, cu118_archs: str | None = None, quiet: bool = False,
+          log: Callable[[str], None] = print, lock_path: Path = LOCK_PATH) -> SetupReport:
     t0 = time.monotonic()
     eng = engine.ensure_engine(log, install=True)
     keys = list(lab_images.DEFAULT_IMAGES) + (["vllm-cpu"] if vllm else []) + ([lab_images.CU118] if cu118 else [])
-    built = lab_images.build_all(keys, quiet=quiet)
+    built = lab_images.build_all(keys, quiet=quiet, cu118_arch_list=cu118_archs)
     manifest = lab_images.load_manifest()
     available = {k: v["ref"] for k, v in manifest.items() if docker.image_exists(v["ref"])}
     mode = hosts.container_mode()

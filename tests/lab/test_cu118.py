@@ -1,0 +1,103 @@
+"""End-to-end: the CUDA 11.8 llama.cpp image (dockerfiles/llamacpp-cu118, built by `invoke lab.setup
+--cu118`) deployed on the lab's T4 host, which runs driver 470.256.02 (CUDA 11.4).
+
+Preflight there says why it runs (CUDA 11.x minor-version compatibility from 450.80.02, SASS for sm_75)
+and why a CUDA 12 image does not; the deploy's health check proves the image, its entrypoint and the
+flags the planner gives it with the real server. The lab has no GPU, so ggml-cuda finds no driver
+library and the server runs on its CPU backend, as it would on a host whose driver is missing.
+"""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from llmfleet.images import lock as images
+from llmfleet.inventory.ansible import settings_for
+from llmfleet.knowledge.preflight import images_lock_path, preflight_host
+from llmfleet.lab.setup import CU118_KEY
+from llmfleet.release.deploy import DeployOptions, deploy_host
+
+pytestmark = pytest.mark.lab
+
+HOST = "gpu-t4-01"
+SERVICE = "tiny-cu118"
+
+
+def _service(image: str) -> dict:
+    return {"name": SERVICE, "engine": "llamacpp", "model": "tiny-qwen2",
+            "model_path": "/srv/models/tiny-qwen2-gguf/tiny-qwen2.gguf", "image": image, "port": 8010,
+            "context": 512, "concurrency": 1, "served_name": "tiny-qwen2",
+            "health": {"load_timeout_s": 90, "stage_timeout_s": 30, "min_tokps": 2, "max_tokens": 32},
+            # the runtime image has no curl for an image-side healthcheck: the deploy probes the port
+            "compose_overrides": {"healthcheck": {"test": ["NONE"]}}}
+
+
+@pytest.fixture(scope="module")
+def t4(lab):
+    entry = images.load_lock(lab.lock_path).get(CU118_KEY)
+    if entry is None or not entry.digest:
+        pytest.skip(f"{CU118_KEY} is not built and pinned in {lab.lock_path}: run `invoke lab.setup --cu118` "
+                    "(a long nvcc build, figures in docs/images.md)")
+    lab.ensure_hosts(HOST)
+    host_vars = lab.inventory_path + "/host_vars"
+    import os
+
+    os.makedirs(host_vars, exist_ok=True)
+    with open(f"{host_vars}/{HOST}.yml", "w") as fh:
+        yaml.safe_dump({"llmfleet_services": [_service(CU118_KEY)]}, fh)
+    yield lab
+    os.remove(f"{host_vars}/{HOST}.yml")
+
+
+def _preflight(lab):
+    host = lab.inventory().hosts[HOST]
+    lock = images.load_lock(images_lock_path(host.vars, lab.inventory_path, None))
+    return preflight_host(host, settings_for(host), lock=lock, config=lab.config)
+
+
+def test_preflight_explains_why_cuda_11_8_runs_on_r470(t4):
+    found, (report,) = _preflight(t4)
+    assert found.driver_version == "470.256.02" and found.cuda_driver_version == "11.4"
+    checks = {c.id: c for c in report.checks}
+    assert report.ok, [c for c in report.checks if c.status == "fail"]
+    driver = checks["cuda-driver"]
+    assert driver.status == "warn"
+    for said in ("minor-version compatibility", "CUDA 11.x from driver 450.80.02", "SASS for sm_75",
+                 "sets no NVIDIA_REQUIRE_CUDA"):
+        assert said in driver.message, driver.message
+    # the archs preflight judged come from the built binary, recorded by images.inspect
+    arch = checks["arch"]
+    assert arch.status == "pass" and "SASS for sm_75" in arch.message
+
+
+def test_deploys_and_answers_end_to_end_on_the_cpu_backend(t4, tmp_path):
+    config = dict(t4.config, audit_log=str(tmp_path / "audit.jsonl"))
+    lines: list[str] = []
+    o = deploy_host(t4.inventory_path, HOST, config=config, options=DeployOptions(who="tester", message="cu118"),
+                    log=lines.append)
+    assert o.result == "deployed", (o.reason, lines[-20:])
+    h = o.health[SERVICE]
+    assert h["result"] == "healthy" and h["decode_tokps"] > 0
+    assert [s["name"] for s in h["stages"]] == ["unit", "container", "health", "models", "completion"]
+    # the container runs the pinned cu118 digest; without a driver library ggml-cuda stays unloaded
+    logs = t4.exec(HOST, ["docker", "logs", f"llmfleet-{SERVICE}"], check=False)
+    text = logs.stdout + logs.stderr
+    assert "CUDA" not in text or "no usable GPU" in text or "ggml_cuda_init" not in text
+    digest = images.load_lock(t4.lock_path).get(CU118_KEY).digest
+    image = t4.exec(HOST, ["docker", "inspect", "-f", "{{.Image}} {{.Config.Image}}", f"llmfleet-{SERVICE}"]).stdout
+    assert digest in image
+
+
+def test_inspection_reads_the_catalogs_archs_from_the_built_binary(t4):
+    """What images.lock records (archs_source: inspected) is read from libggml-cuda.so in the image."""
+    from llmfleet.images import inspect as ins
+    from llmfleet.knowledge.compat import load_engine_catalog
+    from llmfleet.lab import images as lab_images
+
+    result = ins.inspect_image(CU118_KEY, lab_images.lab_image(lab_images.CU118))
+    rel = load_engine_catalog().release(CU118_KEY)
+    assert result.cuda == rel.cuda == "11.8.89"
+    assert result.archs == ("6.0", "6.1", "7.0", "7.5", "8.0", "8.6+PTX")
+    assert any(f.endswith("libggml-cuda.so") for f in result.files), result.files
+    assert result.engine_version and "commit" in result.engine_version
