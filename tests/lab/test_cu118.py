@@ -80,24 +80,62 @@ def test_deploys_and_answers_end_to_end_on_the_cpu_backend(t4, tmp_path):
     h = o.health[SERVICE]
     assert h["result"] == "healthy" and h["decode_tokps"] > 0
     assert [s["name"] for s in h["stages"]] == ["unit", "container", "health", "models", "completion"]
-    # the container runs the pinned cu118 digest; without a driver library ggml-cuda stays unloaded
+    # no driver library in the lab: ggml-cuda does not load (silently, in a release build) and the server
+    # runs on the CPU backend it loaded beside it; on a GPU host the log says "loaded CUDA backend"
     logs = t4.exec(HOST, ["docker", "logs", f"llmfleet-{SERVICE}"], check=False)
     text = logs.stdout + logs.stderr
-    assert "CUDA" not in text or "no usable GPU" in text or "ggml_cuda_init" not in text
+    assert "loaded CPU backend from /app/libggml-cpu" in text, text[-2000:]
+    assert "loaded CUDA backend" not in text
     digest = images.load_lock(t4.lock_path).get(CU118_KEY).digest
     image = t4.exec(HOST, ["docker", "inspect", "-f", "{{.Image}} {{.Config.Image}}", f"llmfleet-{SERVICE}"]).stdout
     assert digest in image
 
 
-def test_inspection_reads_the_catalogs_archs_from_the_built_binary(t4):
-    """What images.lock records (archs_source: inspected) is read from libggml-cuda.so in the image."""
+def test_inspection_reads_the_built_archs_from_the_binary(t4):
+    """What the lab lock records (archs_source: inspected) is read from libggml-cuda.so in the image, and
+    is what the build was asked for (the image's label; the catalog's list unless --cu118-archs)."""
+    from llmfleet.images import fatbin
     from llmfleet.images import inspect as ins
+    from llmfleet.images.lint import parse_arch_list
     from llmfleet.knowledge.compat import load_engine_catalog
+    from llmfleet.lab import docker
     from llmfleet.lab import images as lab_images
 
-    result = ins.inspect_image(CU118_KEY, lab_images.lab_image(lab_images.CU118))
-    rel = load_engine_catalog().release(CU118_KEY)
-    assert result.cuda == rel.cuda == "11.8.89"
-    assert result.archs == ("6.0", "6.1", "7.0", "7.5", "8.0", "8.6+PTX")
+    ref = lab_images.lab_image(lab_images.CU118)
+    result = ins.inspect_image(CU118_KEY, ref)
+    assert result.cuda == load_engine_catalog().release(CU118_KEY).cuda == "11.8.89"
+    asked = ins.parse_config(docker.out(ins.config_argv(ref)[1:]))["labels"]["io.llmfleet.cuda-architectures"]
+    sass, ptx = parse_arch_list("CMAKE_CUDA_ARCHITECTURES", asked)
+    assert result.archs == tuple(fatbin.lock_archs(sass, ptx)), (asked, result.archs)
+    assert "7.5" in result.archs or "7.5+PTX" in result.archs
     assert any(f.endswith("libggml-cuda.so") for f in result.files), result.files
-    assert result.engine_version and "commit" in result.engine_version
+    assert result.engine_version
+    locked = images.load_lock(t4.lock_path).get(CU118_KEY)
+    assert locked.archs_source == "inspected" and tuple(locked.archs) == result.archs
+
+
+def test_fatbin_reader_agrees_with_cuobjdump(t4, tmp_path):
+    """The project's ELF fatbin reader and NVIDIA's cuobjdump (from the toolkit stage) list the same SASS
+    and PTX architectures in the image's libggml-cuda.so."""
+    import subprocess
+
+    from llmfleet.images import fatbin
+    from llmfleet.lab import images as lab_images
+
+    manifest = lab_images.load_manifest()
+    toolkit = manifest.get("cu118-toolkit", {}).get("ref")
+    if not toolkit or subprocess.run(["docker", "image", "inspect", toolkit], capture_output=True).returncode:
+        pytest.skip("the CUDA 11.8 toolkit image is not here (built by `invoke lab.setup --cu118`)")
+    ref = lab_images.lab_image(lab_images.CU118)
+    cid = subprocess.run(["docker", "create", ref], capture_output=True, text=True, check=True).stdout.strip()
+    try:
+        subprocess.run(["docker", "cp", f"{cid}:/app/libggml-cuda.so", str(tmp_path / "libggml-cuda.so")],
+                       check=True, capture_output=True)
+    finally:
+        subprocess.run(["docker", "rm", "-f", cid], capture_output=True)
+    ours = fatbin.fatbin_archs((tmp_path / "libggml-cuda.so").read_bytes())
+    listing = subprocess.run(["docker", "run", "--rm", "--network", "none", "-v", f"{tmp_path}:/x:ro", toolkit, "sh",
+                              "-c", "cuobjdump --list-elf /x/libggml-cuda.so; cuobjdump --list-ptx /x/libggml-cuda.so"],
+                             capture_output=True, text=True, timeout=300, check=True).stdout
+    assert fatbin.parse_cuobjdump(listing) == ours, listing[-2000:]
+    assert "7.5" in ours[0]

@@ -118,6 +118,21 @@ def pin_lab_images(built: dict[str, str], registry: str, lock_path: Path = LOCK_
     return {e.key: e.digest for e in entries}, unpinned, check
 
 
+def inspect_pinned(key: str, local_ref: str, lock_path: Path = LOCK_PATH,
+                   log: Callable[[str], None] = lambda m: None) -> None:
+    """Record in the lab lock what a pinned image really carries (``images.inspect``: archs read from its
+    fatbins, archs_source: inspected), so preflight judges the lab's build, not the catalog's intent."""
+    from llmfleet.images import inspect as ins
+
+    result = ins.inspect_image(key, local_ref)
+    lock = image_lock.load_lock(lock_path)
+    entry = lock.get(key)
+    if entry is None:
+        return
+    image_lock.write_lock(image_lock.merge(lock, [ins.apply(entry, result)]), lock_path)
+    log(f"inspected {key}: kernels {' '.join(result.archs) or 'none'}; CUDA {result.cuda or '-'}")
+
+
 def setup(*, vllm: bool = False, cu118: bool = False, cu118_archs: str | None = None, quiet: bool = False,
           log: Callable[[str], None] = print, lock_path: Path = LOCK_PATH) -> SetupReport:
     t0 = time.monotonic()
@@ -131,6 +146,8 @@ def setup(*, vllm: bool = False, cu118: bool = False, cu118_archs: str | None = 
     registry = hosts.ensure_registry(log)
     hosts.lab_models()
     pinned, unpinned, check = pin_lab_images(available, registry, lock_path, log)
+    if CU118_KEY in pinned:
+        inspect_pinned(CU118_KEY, available[lab_images.CU118], lock_path, log)
     return SetupReport(
         engine={"docker": eng.docker_version, "compose": eng.compose_version, "installed": eng.installed,
                 "started_dockerd": eng.started_dockerd},
