@@ -9,6 +9,8 @@ library and the server runs on its CPU backend, as it would on a host whose driv
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import yaml
 
@@ -34,20 +36,22 @@ def _service(image: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def t4(lab):
-    entry = images.load_lock(lab.lock_path).get(CU118_KEY)
-    if entry is None or not entry.digest:
-        pytest.skip(f"{CU118_KEY} is not built and pinned in {lab.lock_path}: run `invoke lab.setup --cu118` "
-                    "(a long nvcc build, figures in docs/images.md)")
-    lab.ensure_hosts(HOST)
-    host_vars = lab.inventory_path + "/host_vars"
-    import os
+def t4(request):
+    # Asked before the lab itself, so a machine without the image skips without booting a lab.
+    from tests.lab.conftest import ROOT
 
-    os.makedirs(host_vars, exist_ok=True)
-    with open(f"{host_vars}/{HOST}.yml", "w") as fh:
-        yaml.safe_dump({"llmfleet_services": [_service(CU118_KEY)]}, fh)
+    lock_path = ROOT / ".lab" / "images.lock"
+    entry = images.load_lock(lock_path).get(CU118_KEY) if lock_path.exists() else None
+    if entry is None or not entry.digest:
+        pytest.skip(f"{CU118_KEY} is not built and pinned in {lock_path}: run `invoke lab.setup --cu118` "
+                    "(a long nvcc build; `--cu118-archs 75-real` for the T4 alone; figures in docs/images.md)")
+    lab = request.getfixturevalue("lab")
+    lab.ensure_hosts(HOST)
+    host_vars = Path(lab.inventory_path) / "host_vars"
+    host_vars.mkdir(exist_ok=True)
+    (host_vars / f"{HOST}.yml").write_text(yaml.safe_dump({"llmfleet_services": [_service(CU118_KEY)]}))
     yield lab
-    os.remove(f"{host_vars}/{HOST}.yml")
+    (host_vars / f"{HOST}.yml").unlink()
 
 
 def _preflight(lab):
