@@ -108,3 +108,17 @@ def test_arch_lists_refused(archs):
 
     with pytest.raises(UsageError, match="CMAKE_CUDA_ARCHITECTURES"):
         images.cu118_archs(archs)
+
+
+def test_fatbin_reader_and_cuobjdump_agree_on_a_cuda_11_8_build_of_the_images_arch_list():
+    """A kernel built with Debian's nvcc 11.8 and the image's CMAKE_CUDA_ARCHITECTURES (tests/data/cuobjdump):
+    the project's reader and cuobjdump list the same kernels, and they are the catalog's."""
+    from llmfleet.images import fatbin
+
+    data = REPO / "tests" / "data" / "cuobjdump"
+    ours = fatbin.fatbin_archs((data / "cu118-archs-libk.so").read_bytes())
+    theirs = fatbin.parse_cuobjdump((data / "cu118-archs-libk.listing.txt").read_text())
+    assert ours == theirs == (["6.0", "6.1", "7.0", "7.5", "8.0", "8.6"], ["8.6"])
+    kernels = CATALOG[KEY]["kernels"]
+    assert (ours[0], ours[1]) == (kernels["sass"], kernels["ptx"])
+    assert fatbin.lock_archs(*ours) == ["6.0", "6.1", "7.0", "7.5", "8.0", "8.6+PTX"]
