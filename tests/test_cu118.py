@@ -122,3 +122,25 @@ def test_fatbin_reader_and_cuobjdump_agree_on_a_cuda_11_8_build_of_the_images_ar
     kernels = CATALOG[KEY]["kernels"]
     assert (ours[0], ours[1]) == (kernels["sass"], kernels["ptx"])
     assert fatbin.lock_archs(*ours) == ["6.0", "6.1", "7.0", "7.5", "8.0", "8.6+PTX"]
+
+
+def test_build_all_builds_the_toolkit_then_the_binary_then_the_image_with_its_arch_list(tmp_path, monkeypatch):
+    monkeypatch.setenv("LLMFLEET_CACHE_DIR", str(tmp_path))
+    calls: list[tuple] = []
+    base = images.ImageInfo("base", "b:1", "sha256:b", False, 0.0)
+    toolkit = images.ImageInfo("cu118-toolkit", "t:1", "sha256:t", True, 1.0)
+    monkeypatch.setattr(images, "build_base", lambda prog, force=False: base)
+    monkeypatch.setattr(images, "cu118_toolkit", lambda prog, b: calls.append(("toolkit", b.id)) or toolkit)
+    monkeypatch.setattr(images, "llama_server_cu118",
+                        lambda prog, tk, archs: calls.append(("compile", tk.id, archs)) or tmp_path / "app")
+
+    def build_image(key, prog, base_id, **kw):
+        calls.append(("image", key, base_id, kw.get("binary"), kw.get("build_args")))
+        return images.ImageInfo(key, f"{key}:1", f"sha256:{key}", True, 2.0)
+
+    monkeypatch.setattr(images, "build_image", build_image)
+    result = images.build_all(["base", images.CU118], quiet=True, cu118_arch_list="75-real")
+    assert calls == [("toolkit", "sha256:b"), ("compile", "sha256:t", "75-real"),
+                     ("image", images.CU118, "sha256:b", tmp_path / "app", {"CUDA_ARCHITECTURES": "75-real"})]
+    assert set(result) == {"base", images.CU118, "cu118-toolkit"}
+    assert images.load_manifest()[images.CU118]["ref"] == f"{images.CU118}:1"
