@@ -24,6 +24,8 @@ D550 = ("550.54.15", "12.4")
 D570 = ("570.133.07", "12.8")
 D575 = ("575.57.08", "12.9")
 D580 = ("580.159.04", "13.0")
+D470_T4 = ("470.256.02", "11.4")  # the lab's T4 host
+CU118 = "llamacpp:vendored-0.3.36-cu118"
 
 # Forward compatibility needs a toolkit that loads the image's compat libcuda: 1.17.5-1.17.6 only
 # when the nvidia runtime runs the container (nvidia-container-toolkit PR #1055), 1.17.7+ with
@@ -95,6 +97,21 @@ def cuda_verdict(image, gpu, drv, host=NO_FWD, env=None, today=BEFORE_R535_EOL):
         # CUDA 13 image on a 12.x driver: no minor-version compatibility across majors
         ("vllm:0.20.0", RTX4090, D575, NO_FWD, "fail", "built for CUDA 13.0.2", ">= 580.95.05"),
         ("vllm:lab-cpu", V100, D470, NO_FWD, "pass", "CPU image", ""),
+        # CUDA 11.8 llama.cpp on old drivers: 11.x minor-version compatibility from 450.80.02, SASS for
+        # every card up to sm_86 (no PTX JIT), no NVIDIA_REQUIRE_CUDA in the image to refuse the driver
+        (CU118, T4, ("470.256.02", "11.4"), NO_FWD, "warn", "CUDA 11.x from driver 450.80.02", ">= 520.61.05"),
+        (CU118, T4, ("470.256.02", "11.4"), NO_FWD, "warn", "SASS for sm_75, no PTX JIT needed", ""),
+        (CU118, T4, ("470.256.02", "11.4"), NO_FWD, "warn", "sets no NVIDIA_REQUIRE_CUDA", ""),
+        (CU118, P40, ("515.105.01", "11.7"), NO_FWD, "warn", "SASS for sm_61", ">= 520.61.05"),
+        (CU118, V100, ("450.80.02", "11.0"), NO_FWD, "warn", "minor-version compatibility", ""),
+        (CU118, P40, ("520.61.05", "11.8"), NO_FWD, "pass", "native", ""),
+        (CU118, H200, D535, NO_FWD, "pass", "native", ""),
+        # below the 11.x floor (R418 speaks CUDA 10.1): nothing of CUDA 11 runs
+        (CU118, V100, ("418.226.00", "10.1"), NO_FWD, "fail", "needs the same major and driver >= 450.80.02", ""),
+        # ... and why the CUDA 12 images do not run on R470: another major, no minor-version path
+        ("llamacpp:b5000-cu122", T4, ("470.256.02", "11.4"), NO_FWD, "fail", "minor-version compatibility needs the "
+         "same major and driver >= 525.60.13", ">= 535.104.05"),
+        ("llamacpp:server-cuda-12.8", T4, ("470.256.02", "11.4"), NO_FWD, "fail", "built for CUDA 12.8.1", ">= 570.124.06"),
     ],
 )
 def test_cuda_vs_driver(image, gpu, drv, host, status, said, fix):
@@ -102,6 +119,47 @@ def test_cuda_vs_driver(image, gpu, drv, host, status, said, fix):
     assert v.status == status, v
     assert said in v.message, v.message
     assert fix in v.fix, v.fix
+
+
+@pytest.mark.parametrize(
+    ("image", "gpu", "drv", "wanted", "unwanted"),
+    [
+        # R470 + T4: the CUDA 11.8 llama.cpp image runs today; vLLM needs R525 (CUDA 12 minor-version
+        # compatibility) or its native driver; vLLM's CUDA 11.8 builds were wheels, never an image
+        ("vllm:0.10.1.1", T4, D470_T4, [f"runs on this driver today: {CU118} (CUDA 11.8.89, through minor-version",
+                                        "upgrade: driver >= 525.60.13 runs vllm:",
+                                        "published CUDA 11.8 wheels on GitHub releases only (not PyPI, no image)"],
+         ["llamacpp:b5000-cu122 (", "server-cuda-12.8 ("]),
+        ("llamacpp:b5000-cu122", T4, D470_T4, [f"runs on this driver today: {CU118}",
+                                               "upgrade: driver >= 525.60.13 runs llamacpp:b5000-cu122 through CUDA 12.x"],
+         ["wheels"]),
+        # R515 + V100: the same answer; CUDA 12 needs R525
+        ("vllm:0.19.1", V100, ("515.105.01", "11.7"), [f"{CU118} (CUDA 11.8.89, through minor-version",
+                                                       "driver >= 525.60.13 runs vllm:0.19.1"], []),
+        # R418 + V100: below the 11.x floor, nothing runs; the upgrade is the only answer
+        ("vllm:0.19.1", V100, ("418.226.00", "10.1"), ["upgrade: driver >= 525.60.13 runs vllm:0.19.1",
+                                                        "or driver >= 450.80.02 runs " + CU118],
+         ["runs on this driver today"]),
+    ],
+)
+def test_old_driver_alternatives(image, gpu, drv, wanted, unwanted):
+    name, cc, dc = gpu
+    host = dict(driver=drv[0], cuda_driver=drv[1], gpu_name=name, cc=cc, data_center=dc, today=BEFORE_R535_EOL,
+                **NO_FWD)
+    assert compat.check_cuda_driver(rel(image), CAT, **host).status == "fail"
+    text = " | ".join(compat.driver_alternatives(rel(image), CAT, **host))
+    for w in wanted:
+        assert w in text, text
+    for u in unwanted:
+        assert u not in text, text
+
+
+def test_vllm_cuda11_wheels_are_sourced_and_never_an_image():
+    w = CAT.vllm_cuda11_wheels
+    assert w is not None and w.pypi is False and w.image is False
+    assert "local version" in w.pypi_source and "CUDA_VERSION=12.1.0" in w.image_source
+    assert [r.versions for r in w.releases][:2] == ["0.2.4-0.3.3", "0.4.0-0.6.6.post1"]
+    assert all(r.sources and r.confidence in "HMU" for r in w.releases)
 
 
 def test_forward_compat_ends_with_the_branch():

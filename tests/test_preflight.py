@@ -26,6 +26,8 @@ LOCK = images.ImageLock(images={
         ("vllm:0.20.0", "docker.io/vllm/vllm-openai", "v0.20.0", "13.0.2"),
         ("llamacpp:server-cuda-12.8", "ghcr.io/ggml-org/llama.cpp", "server-cuda", "12.8.1"),
         ("llamacpp:b5000-cu122", "registry.example/llmfleet/llama.cpp", "server-b5000-cu122", "12.2.2"),
+        ("llamacpp:vendored-0.3.36-cu118", "registry.example/llmfleet/llama.cpp", "server-vendored-0.3.36-cu118",
+         "11.8.89"),
     ]
 })
 
@@ -95,6 +97,15 @@ def by_id(report) -> dict[str, object]:
         # T4 on R470: compute capability from the catalog, CUDA 12 only through forward compatibility
         ("t4-470", svc(), "gpu", "pass", "compute capability 7.5, from catalog", ""),
         ("t4-470", svc(), "cuda-driver", "fail", "not Docker's default runtime", ">= 535.104.05"),
+        # ... and the fix says what runs on R470 today and what an upgrade unlocks
+        ("t4-470", svc(), "cuda-driver", "fail", "not Docker's default runtime",
+         "runs on this driver today: llamacpp:vendored-0.3.36-cu118 (CUDA 11.8.89, through minor-version"),
+        ("t4-470", svc(engine="vllm", image="vllm:0.10.1.1"), "cuda-driver", "fail", "CUDA 11.4",
+         "published CUDA 11.8 wheels on GitHub releases only (not PyPI, no image)"),
+        # the CUDA 11.8 image on R470: minor-version compatibility, SASS for the T4, no runtime refusal
+        ("t4-470", svc(image="llamacpp:vendored-0.3.36-cu118"), "cuda-driver", "warn",
+         "CUDA 11.x from driver 450.80.02", ">= 520.61.05"),
+        ("t4-470", svc(image="llamacpp:vendored-0.3.36-cu118"), "arch", "pass", "SASS for sm_75", ""),
         ("p40-470", svc(), "gpu", "warn", "memory already in use", "stop what holds the GPU memory"),
         ("p40-470", svc(engine="vllm", image="vllm:0.19.1"), "arch", "fail", "no kernels", "llama.cpp"),
         ("rtx4090-550", svc(engine="vllm", quant="fp8", image="vllm:0.19.1"), "quant", "pass", "fp8_w8a8", ""),

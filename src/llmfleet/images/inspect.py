@@ -212,10 +212,17 @@ def archs_in_tar(data: bytes) -> tuple[list[str], list[str], list[str]]:
     return sorted(sass, key=key), sorted(ptx, key=key), read
 
 
+CUDA_LABEL = "io.llmfleet.cuda-version"
+
+
 def image_cuda(config: dict[str, Any]) -> str | None:
-    """The image's CUDA from the nvidia/cuda bases' ``CUDA_VERSION`` environment variable."""
-    v = (config.get("env") or {}).get("CUDA_VERSION")
-    return v if v and re.fullmatch(r"\d+\.\d+(\.\d+)?", v) else None
+    """The image's CUDA from the nvidia/cuda bases' ``CUDA_VERSION`` environment variable, else from the
+    ``io.llmfleet.cuda-version`` label (images built without CUDA_VERSION, which would make the NVIDIA
+    runtime require that CUDA of the driver: dockerfiles/llamacpp-cu118)."""
+    for v in ((config.get("env") or {}).get("CUDA_VERSION"), (config.get("labels") or {}).get(CUDA_LABEL)):
+        if v and re.fullmatch(r"\d+\.\d+(\.\d+)?", v):
+            return v
+    return None
 
 
 def apply(entry: LockedImage, ins: Inspection, *, keep_cuda_when_unknown: bool = True) -> LockedImage:

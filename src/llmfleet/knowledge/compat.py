@@ -101,6 +101,9 @@ class EngineRelease(_Model):
     cuda: str | None = None
     min_driver: str | None = None
     cuda_compat_in_image: bool = False
+    # The image sets NVIDIA_REQUIRE_CUDA or CUDA_VERSION (the nvidia/cuda bases): the NVIDIA runtime then
+    # refuses a driver below that CUDA unless NVIDIA_DISABLE_REQUIRE=1.
+    nvidia_require_cuda: bool = True
     kernels: Kernels = Field(default_factory=Kernels)
     v1_min_cc: str | None = None
     quantizations: dict[str, str] = Field(default_factory=dict)
@@ -150,6 +153,25 @@ class ForwardCompat(_Model):
     toolkit: list[ToolkitRow]
 
 
+class Cuda11Wheels(_Model):
+    """vLLM releases that shipped CUDA 11.8 wheels (on GitHub releases, never on PyPI, never as an image)."""
+
+    versions: str
+    torch: str
+    torch_archs: list[str]
+    vllm_archs: list[str]
+    confidence: Literal["H", "M", "U"]
+    sources: list[str]
+
+
+class VllmCuda11(_Model):
+    pypi: bool
+    pypi_source: str
+    image: bool
+    image_source: str
+    releases: list[Cuda11Wheels]
+
+
 class EngineCatalog(_Model):
     cuda_toolkits: dict[str, list[str]]
     driver_branches: dict[int, str]
@@ -158,6 +180,7 @@ class EngineCatalog(_Model):
     forward_compat: ForwardCompat
     engines: dict[str, EngineRules]
     images: dict[str, EngineRelease]
+    vllm_cuda11_wheels: VllmCuda11 | None = None
 
     def release(self, key: str) -> EngineRelease | None:
         return self.images.get(key)
@@ -511,12 +534,17 @@ def check_cuda_driver(
                                                      fwd_reason=fwd_reason, upgrade=upgrade)
         if special is not None:
             return special
-        require = "" if (env or {}).get("NVIDIA_DISABLE_REQUIRE") == "1" else (
-            "; the image's NVIDIA_REQUIRE_CUDA may stop the container (NVIDIA_DISABLE_REQUIRE=1 lifts it)")
+        if not rel.nvidia_require_cuda:
+            require = "; the image sets no NVIDIA_REQUIRE_CUDA or CUDA_VERSION, so the NVIDIA runtime does not refuse the driver"
+        elif (env or {}).get("NVIDIA_DISABLE_REQUIRE") == "1":
+            require = ""
+        else:
+            require = "; the image's NVIDIA_REQUIRE_CUDA may stop the container (NVIDIA_DISABLE_REQUIRE=1 lifts it)"
+        kernel = f"SASS for {_sm(cov[1])}, no PTX JIT needed" if cov is not None else "SASS"
         return Verdict(
             "warn",
             f"driver {driver} (CUDA {native_s}) runs CUDA {rel.cuda} only through minor-version compatibility "
-            f"(limited feature set; {rel.key} has SASS for {card}){require}",
+            f"(CUDA {img[0]}.x from driver {floor}; limited feature set; {rel.key} has {kernel} on {card}){require}",
             f"{upgrade} for native support",
         )
     return Verdict(
@@ -526,6 +554,57 @@ def check_cuda_driver(
         f"compatibility is out: {fwd_reason}",
         f"{upgrade}, or choose an image built for CUDA <= {native_s}",
     )
+
+
+def driver_alternatives(rel: EngineRelease, cat: EngineCatalog, **host: Any) -> list[str]:
+    """What a host whose driver cannot run ``rel`` can do instead (pure; ``host`` takes the keyword
+    arguments of ``check_cuda_driver``): the catalog images that do run on this driver and card today
+    (the same engine first), the driver that runs the nearest image of the same engine (through
+    minor-version compatibility, and natively), and for vLLM what exists for CUDA 11.8 (wheels only)."""
+    cc = host.get("cc")
+    out: list[str] = []
+    runs: list[tuple[bool, str]] = []
+    running: set[str] = set()
+    for key, other in cat.images.items():
+        if other.cpu or key == rel.key:
+            continue
+        if check_architecture(other, host.get("gpu_name"), cc).status == "fail":
+            continue
+        v = check_cuda_driver(other, cat, **host)
+        if v.status != "fail":
+            how = "natively" if v.status == "pass" else (
+                "through forward compatibility" if "forward compatibility (" in v.message
+                else "through minor-version compatibility")
+            runs.append((other.engine != rel.engine, f"{key} (CUDA {other.cuda}, {how})"))
+            running.add(key)
+    if runs:
+        out.append("runs on this driver today: " + ", ".join(text for _, text in sorted(runs)))
+    dv = version_tuple(host.get("driver"))
+    floors: dict[bool, list[tuple[tuple[int, ...], str]]] = {True: [], False: []}
+    for key, other in cat.images.items():
+        if other.cpu or key in running or check_architecture(other, host.get("gpu_name"), cc).status == "fail":
+            continue
+        img = cuda_major_minor(other.cuda)
+        floor = cat.minor_compat_floor.get(str(img[0])) if img else None
+        cov = kernel_coverage(other, str(cc)) if cc_tuple(cc) else None
+        native = version_tuple(other.min_driver) or ()
+        same = other.engine == rel.engine
+        if floor and cov is not None and cov[0] == "sass" and (dv is None or (version_tuple(floor) or ()) > dv):
+            floors[same].append((version_tuple(floor) or (), f"driver >= {floor} runs {key} through CUDA {img[0]}.x "
+                                                            f"minor-version compatibility, >= {other.min_driver} natively"))
+        elif dv is None or native > dv:
+            floors[same].append((native, f"driver >= {other.min_driver} runs {key} natively"))
+    upgrades = [min(floors[True])] if floors[True] else []
+    if floors[False] and (not upgrades or min(floors[False])[0] < upgrades[0][0]):
+        upgrades.append(min(floors[False]))
+    if upgrades:
+        out.append("upgrade: " + "; or ".join(text for _, text in upgrades))
+    wheels = cat.vllm_cuda11_wheels
+    if rel.engine == "vllm" and wheels is not None:
+        known = [r.versions for r in wheels.releases if r.confidence != "U"]
+        out.append(f"vLLM {', '.join(known)} published CUDA 11.8 wheels on GitHub releases only (not PyPI, no image); "
+                   "deploying one means building an image of your own")
+    return out
 
 
 def _conf(rule: CompatRule | None) -> str:

