@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import importlib
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -370,6 +372,8 @@ def _switch_and_check(run: HostRun, it: _Item) -> ServiceOutcome:
             steps["container start"] = store.unit_wait_script(paths)
         results: dict[str, Any] = {}
         if steps:
+            # the health check's HTTP client loads while this round trip waits on the host
+            threading.Thread(target=importlib.import_module, args=("httpx",), daemon=True).start()
             with run.stage(f"{svc.name}: {' + '.join(steps)}"):
                 answers = run.run_chain(list(steps.values()), stdin=stdin, stdin_step=0 if stdin else None,
                                         timeout=450)
