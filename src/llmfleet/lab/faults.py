@@ -1,6 +1,6 @@
 """Faults injected on a lab host during and after deploys, each measured the same way.
 
-Used by ``tests/lab/test_faults.py`` (asserts) and ``bench/fault_report.py`` (prints the table). One
+Used by ``tests/lab/test_faults.py`` and ``test_faults_cuts.py`` (asserts) and ``bench/fault_report.py`` (prints the table). One
 ``FaultBench`` wraps one lab host that serves the lab's llama.cpp service ``tiny``; every scenario
 starts from a healthy deploy, injects one fault, then records: what the deploy (or the host) did,
 which release serves afterwards (``current``, with ``/health`` 200 asked on the host itself), how long
