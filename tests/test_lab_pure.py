@@ -367,6 +367,11 @@ def test_fault_bench_names_each_deploy_step_by_its_script():
                                        timeout=30), None) == "arm"
     assert _step_of(S.switch_script(paths, rid), None) == "switch"
     assert _step_of(confirm.confirm_script(paths, token=token), None) == "confirm"
+    # a deploy's release round trip: upload, arm, switch and the container wait chained
+    chain = S.chain_script([S.upload_script(paths, rid), confirm.arm_script(
+        paths, release_id=rid, previous=prev, token=token, action="deploy", timeout=30),
+        S.switch_script(paths, rid)], stdin_step=0)
+    assert _step_of(chain, b"tar") == "release"
     for other in (S.state_script("/opt/llmfleet"), S.unit_probe_script(paths), S.lock_acquire_script(
             "/opt/llmfleet", {"token": "t"}), S.final_script("/opt/llmfleet", [], [], "t")):
         assert _step_of(other, None) is None

@@ -34,8 +34,6 @@ def test_ssh_cut_at_each_step_ends_on_the_old_or_new_release(bench, step):  # no
     assert r.extra["expected"] == expect
     if expect == "old" and step not in F.NO_RESTART_STEPS:
         assert r.outcome == "host timer: reverted", r.outcome
-    if step == "arm":
-        assert r.outcome.startswith("host timer: unchanged"), r.outcome  # armed, never switched: no restart
     # the revert timeout from the arm, the restart of the old engine, a busy lab
     assert r.extra["settled_s"] is not None and r.extra["settled_s"] <= F.CONFIRM_TIMEOUT_S + 60
 
