@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import secrets
 import statistics
 import subprocess
@@ -36,26 +35,9 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+from machine_load import Burner, load  # noqa: E402
+
 from llmfleet.lab import hosts, setup  # noqa: E402
-
-
-def load() -> str:
-    return f"load {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
-
-
-class Burner:
-    """One CPU-bound process per core while the ``with`` lasts (a busy machine)."""
-
-    def __enter__(self) -> Burner:
-        self.procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1)]
-        time.sleep(1.0)  # let the load take hold
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for p in self.procs:
-            p.kill()
-        for p in self.procs:
-            p.wait(timeout=10)
 
 
 def low_floor(inv: Path) -> None:

@@ -33,7 +33,6 @@ import os
 import shutil
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -43,6 +42,8 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+
+from machine_load import Burner, load  # noqa: E402
 
 from llmfleet.fleet.upgrade import HostChange, deploy_fn, prepare, run_upgrade  # noqa: E402
 from llmfleet.inventory.ansible import load_inventory  # noqa: E402
@@ -55,23 +56,6 @@ LOCK = ROOT / ".lab" / "images.lock"
 BASE_CONTEXT = 512
 
 
-def load() -> str:
-    return f"load {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
-
-
-class Burner:
-    """One CPU-bound process per core while the ``with`` lasts (a busy machine)."""
-
-    def __enter__(self) -> Burner:
-        self.procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1)]
-        time.sleep(1.0)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for p in self.procs:
-            p.kill()
-        for p in self.procs:
-            p.wait(timeout=10)
 
 
 def free_ports(n: int) -> list[int]:

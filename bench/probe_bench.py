@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import secrets
 import statistics
 import subprocess
@@ -27,28 +26,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+from machine_load import Burner, load  # noqa: E402
+
 from llmfleet.host import facts, ssh  # noqa: E402
 from llmfleet.inventory.ansible import load_inventory  # noqa: E402
 from llmfleet.lab import hosts, setup  # noqa: E402
-
-
-def load() -> str:
-    return f"load {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
-
-
-class Burner:
-    """One CPU-bound process per core while the ``with`` lasts (a busy machine)."""
-
-    def __enter__(self) -> Burner:
-        self.procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1)]
-        time.sleep(1.0)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for p in self.procs:
-            p.kill()
-        for p in self.procs:
-            p.wait(timeout=10)
 
 
 def spread(values: list[float]) -> dict:
