@@ -880,7 +880,7 @@ def install_cut(step: str, key: str | None = None) -> None:
         if key and key in text:
             print(f"@@KEY-IN-ARGV {text[:80]!r}", flush=True)
         kind = _step_of(command, kw.get("stdin"))
-        when = {("upload", "release"): "mid-stdin", ("switch", "release"): "after-exec",
+        when = {("upload", "release"): "mid-stdin", ("switch", "release"): "after-stdin",
                 ("restart", "release"): "after-return", ("upload", "upload"): "mid-stdin", ("arm", "arm"): "after-exec", ("switch", "switch"): "after-exec",
                 ("restart", "switch"): "after-return", ("confirm-unsent", "confirm"): "before",
                 ("confirm", "confirm"): "after-exec"}.get((step, kind))
@@ -909,8 +909,16 @@ def install_cut(step: str, key: str | None = None) -> None:
             stop_here()
         orig_sendall(chan, data)
 
+    orig_shutdown_write = paramiko.Channel.shutdown_write
+
+    def shutdown_write(chan: Any) -> None:
+        orig_shutdown_write(chan)
+        if getattr(local, "when", None) == "after-stdin":  # the whole release sent with the round trip
+            stop_here()
+
     ssh.Remote._run = run  # type: ignore[method-assign]
     paramiko.Channel.exec_command = exec_command  # type: ignore[method-assign]
+    paramiko.Channel.shutdown_write = shutdown_write  # type: ignore[method-assign]
     paramiko.Channel.sendall = sendall  # type: ignore[method-assign]
     if step.startswith("health-"):
         stage = "_" + step.split("-", 1)[1]
