@@ -229,6 +229,7 @@ def test_vllm_ray_cluster_renders_valid_compose(tmp_path):
             assert "--address=10.0.0.1:6379" in eng["entrypoint"][2] and eng["ipc"] == "host"
 
 
+@pytest.mark.vllm  # with the vLLM lab tests: the image exists by then (scripts/test.sh builds it beside the others)
 def test_vllm_flags_of_the_head_parse_with_vllms_own_parser(tmp_path):
     from llmfleet.lab import images
 
