@@ -76,8 +76,9 @@ def fake_run_class(sim: Sim):
             st.releases[OLD] = store.ReleaseInfo(OLD, manifest(OLD, "0" * 64), {"result": "healthy"})
             return {"big": st}
 
-        def lock(self, action):
+        def lock(self, action, then=None, **kw):
             sim.events.append(("lock", self.host))
+            return [None for _ in then or []]
 
         def switch(self, paths, release_id):
             sim.events.append(("switch", self.host, "old" if release_id == OLD else "new"))
@@ -132,7 +133,7 @@ def prepared(tmp_path: Path) -> M.PreparedService:
 def deploy(prepared, sim, monkeypatch, **opts) -> M.ServiceRun:
     monkeypatch.setattr(M, "HostRun", fake_run_class(sim))
     monkeypatch.setattr(M, "_cluster_preflight", lambda ready, hosts, run, cluster: [None])
-    monkeypatch.setattr(M, "_pull", lambda run, it: sim.events.append(("pull", run.host)))
+    monkeypatch.setattr(M, "_pulled", lambda run, it, res: sim.events.append(("pull", run.host)))
     monkeypatch.setattr(M, "WORKER_POLL_S", 0.01)
     return M.deploy_service(prepared.inventory, "head", "big", prepared=prepared,
                             options=DeployOptions(who="t", **opts), log=lambda line: None,
@@ -233,7 +234,7 @@ def test_ctrl_c_during_the_head_check_puts_every_host_back_and_releases_every_lo
 
     monkeypatch.setattr(M, "HostRun", fake_run_class(sim))
     monkeypatch.setattr(M, "_cluster_preflight", lambda ready, hosts, run, cluster: [None])
-    monkeypatch.setattr(M, "_pull", lambda run, it: None)
+    monkeypatch.setattr(M, "_pulled", lambda run, it, res: None)
     with pytest.raises(KeyboardInterrupt):
         M.deploy_service(prepared.inventory, "head", "big", prepared=prepared, options=DeployOptions(who="t"),
                          log=lambda line: None, head_health=interrupted, connector=lambda h, s, a: Remote(h.name))

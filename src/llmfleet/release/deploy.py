@@ -327,12 +327,6 @@ def _diff(run: HostRun, items: list[_Item], out: HostOutcome) -> None:
                 out.diffs[f"{it.name}/{name}"] = d
 
 
-def _pull(run: HostRun, it: _Item) -> None:
-    """Pull one service's image in a round trip of its own (a multi-host service's hosts, locked first)."""
-    run.log(f"{it.name}: pull {it.prepared.image.pull_ref}")
-    _pulled(run, it, run.run(store.pull_script(it.prepared.image.pull_ref), timeout=run.settings.pull_timeout))
-
-
 def _pulled(run: HostRun, it: _Item, res: Any) -> None:
     """Judge one pull step's answer (``store.pull_script``); a failure refuses, nothing changed."""
     image = it.prepared.image

@@ -44,7 +44,7 @@ from llmfleet.release.deploy import (
     PreparedHost,
     _diff,
     _Item,
-    _pull,
+    _pulled,
     apply_overrides,
 )
 from llmfleet.release.executor import HealthTarget, HostRun, Log, connect, http_health, short
@@ -426,12 +426,16 @@ def _deploy(ready: PreparedService, hosts: dict[str, _Host], res: ServiceRun, op
                                                       h.out.releases[svc.name])
         return
 
-    for name in sorted(hosts):  # the fixed order
-        hosts[name].run.lock("deploy")
-    for h in [*workers, hh]:
+    for name in sorted(hosts):  # the fixed order; each host's pull in its lock's round trip, as a single host's
+        h = hosts[name]
         assert h.item is not None
-        if h.item.step.pulls:
-            _pull(h.run, h.item)
+        pulls = [store.pull_script(h.item.prepared.image.pull_ref)] if h.item.step.pulls else []
+        if pulls:
+            h.run.log(f"{svc.name}: pull {h.item.prepared.image.pull_ref}")
+        answers = h.run.lock("deploy", pulls, name="lock + pull" if pulls else "lock",
+                             timeout=60 + h.run.settings.pull_timeout if pulls else None)
+        for answer in answers:
+            _pulled(h.run, h.item, answer)
 
     failure: str | None = None
     report = None
