@@ -76,22 +76,34 @@ def deploy(c, host=None, group=None, inventory=None, check=False, diff=False, ac
     """
     import time
 
-    from llmfleet.release.deploy import DeployOptions
-    from llmfleet.release.service_ops import deploy_hosts
+    from llmfleet.release import early
+    from llmfleet.release.prepare import DeployOptions, prepare_host
 
     startup_s, t_select = process_age_s(), time.monotonic()
     inv, hosts = select_hosts(c, inventory, host, group)
-    select_s = time.monotonic() - t_select
+    settings = load_settings(c)
     # --diff is a --check that also prints diffs: neither takes the lock or writes an audit record.
     options = DeployOptions(check=bool(check or diff), diff=bool(diff), accept_new_host_keys=bool(accept_new_host_keys),
                             allow_unpinned=bool(allow_unpinned), message=message or "",
                             services=[service] if service else None)
-    outcomes = deploy_hosts(inv, [h.name for h in hosts], config=load_settings(c), options=options, forks=forks,
-                            log=log_line)
+    # Every host prepared first (services, secrets, pinned images): bad input stops here, before any host
+    # is contacted. Then the hosts' connections open and their probes go out while the release
+    # machinery loads (llmfleet.release.early).
+    locks: dict[str, Any] = {}
+    prepared = {h.name: prepare_host(inv, h.name, settings, options, lock_cache=locks) for h in hosts}
+    select_s = time.monotonic() - t_select
+    try:
+        early.start(list(prepared.values()), settings, accept_new_host_keys=options.accept_new_host_keys, forks=forks)
+        from llmfleet.release.service_ops import deploy_hosts
+
+        outcomes = deploy_hosts(inv, [h.name for h in hosts], config=settings, options=options, forks=forks,
+                                log=log_line, prepared=prepared)
+    finally:
+        early.close_all()
     if timeline or verbose:
         for o in outcomes:
             print_timeline(o, [("process start-up (Python, imports)", startup_s),
-                               ("inventory (load, select hosts)", select_s)])
+                               ("inventory (load, select hosts, prepare)", select_s)])
     if json:
         print_json(outcomes_document(outcomes))
     else:

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import json
 import re
-import secrets
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from llmfleet.host.probe import MAX_DOCUMENT, probe_command, probe_sh
+from llmfleet.host.probe import MAX_DOCUMENT, new_mark, probe_command, probe_sh
 from llmfleet.knowledge.catalog import find_gpu
 from llmfleet.knowledge.compat import branch_cuda, driver_branches
 from llmfleet.release.store import ServiceState, parse_state, state_complete
@@ -781,7 +780,8 @@ def gather(remote: Any, *, root: str = "/opt/llmfleet", model_paths: list[str] |
     Raises ``RemoteError`` only when SSH itself fails; a probe that fails part-way returns the facts
     it found with the failures in ``errors``.
     """
-    mark = "llmfleet-" + secrets.token_hex(8)
+    # a probe sent ahead (llmfleet.release.early) is taken by ``run`` when this is the very same command
+    mark = getattr(remote, "probe_mark", None) or new_mark()
     result = remote.run(probe_command(mark, root, list(model_paths)), stdin=probe_sh(), timeout=timeout,
                         sudo=sudo)
     stdout = result.stdout if isinstance(result.stdout, str) else result.stdout.decode("utf-8", "replace")

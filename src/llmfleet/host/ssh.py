@@ -114,6 +114,7 @@ class Remote:
         self._conn = conn
         self.command_timeout = command_timeout
         self.round_trips = 0
+        self._ahead: dict[tuple[str, bytes | None], tuple[threading.Thread, list[Any]]] = {}
 
     # -- commands ---------------------------------------------------------------------------------
 
@@ -132,7 +133,16 @@ class Remote:
         sudo: bool = False,
         check: bool = False,
     ) -> Result:
-        """Run one command (a list is shlex-joined). One round trip; traced under ``-v``."""
+        """Run one command (a list is shlex-joined). One round trip; traced under ``-v``. The very same
+        command (and stdin, and sudo) sent ahead (``send_ahead``) is not sent again: its answer is taken."""
+        if self._ahead:
+            sent = self._ahead.pop((self._wrap(command, sudo), stdin), None)
+            if sent is not None:
+                return self._take_ahead(sent, check)
+        return self._run_traced(command, timeout=timeout, stdin=stdin, sudo=sudo, check=check)
+
+    def _run_traced(self, command: str | Sequence[str], *, timeout: float | None, stdin: bytes | None, sudo: bool,
+                    check: bool) -> Result:
         if trace.active():
             t0, rc = time.monotonic(), None
             try:
@@ -144,6 +154,35 @@ class Remote:
                 self._raise_failed(self._wrap(command, sudo), res)
             return res
         return self._run(command, timeout=timeout, stdin=stdin, sudo=sudo, check=check)
+
+    def send_ahead(self, command: str | Sequence[str], *, stdin: bytes | None = None, sudo: bool = False,
+                   timeout: float | None = None) -> None:
+        """Send a read-only command now, in a thread, and keep its answer for the ``run`` of the very same
+        command: a deploy sends its probe while the controller still loads the code that reads the
+        answer. Still one round trip; a command sent ahead that nobody runs is answered and dropped."""
+        box: list[Any] = []
+
+        def send() -> None:
+            try:
+                box.append(self._run_traced(command, timeout=timeout, stdin=stdin, sudo=sudo, check=False))
+            except BaseException as exc:  # noqa: BLE001 - kept for the run that takes the answer
+                box.append(exc)
+
+        thread = threading.Thread(target=send, name=f"llmfleet-ahead-{self.name}", daemon=True)
+        self._ahead[(self._wrap(command, sudo), stdin)] = (thread, box)
+        thread.start()
+
+    def _take_ahead(self, sent: tuple[threading.Thread, list[Any]], check: bool) -> Result:
+        thread, box = sent
+        thread.join()  # bounded: the command runs under its own timeout
+        if not box:
+            raise RemoteError(f"host {self.name}: a command sent ahead left no answer")
+        if isinstance(box[0], BaseException):
+            raise box[0]
+        res: Result = box[0]
+        if check and res.rc != 0:
+            self._raise_failed(self._wrap(res.command, False), res)
+        return res
 
     def _raise_failed(self, cmd: str, res: Result) -> None:
         detail = (res.stderr.strip() or res.stdout.strip()).splitlines()[-1:] or [""]

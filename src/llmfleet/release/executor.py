@@ -27,7 +27,7 @@ from llmfleet.host import ssh
 from llmfleet.inventory.ansible import Host
 from llmfleet.inventory.services import HostSettings, Service
 from llmfleet.knowledge.planner import PlanSummary
-from llmfleet.release import audit, confirm, decide, health, store, watchdog
+from llmfleet.release import audit, confirm, decide, early, health, store, watchdog
 from llmfleet.release.decide import GoBack, HostOutcome, Refusal, Result
 from llmfleet.release.manifest import Manifest
 from llmfleet.release.store import Paths
@@ -415,9 +415,11 @@ class HostRun:
 
 
 def connect(host: Host, settings: Settings, accept_new_host_keys: bool) -> Any:
-    """The host's connection; a host-key problem refuses, any other SSH failure fails."""
+    """The host's connection (the one ``early`` opened, when it did); a host-key problem refuses, any
+    other SSH failure fails."""
     try:
-        return ssh.connect(host, config=settings.ssh, accept_new_host_keys=accept_new_host_keys)
+        return (early.take(host, settings, accept_new_host_keys)
+                or ssh.connect(host, config=settings.ssh, accept_new_host_keys=accept_new_host_keys))
     except ssh.HostKeyError as exc:
         raise Refusal(Result.REFUSED, str(exc)) from None
     except RemoteError as exc:

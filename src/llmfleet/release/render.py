@@ -32,6 +32,7 @@ from llmfleet import yamlload
 from llmfleet.errors import UsageError
 from llmfleet.images.lock import ImageRef
 from llmfleet.inventory.services import HostSettings, Service
+from llmfleet.release.state_reader import MANIFEST_FILE  # noqa: F401 - re-exported: one name for writer and reader
 
 # The roles and templates shipped inside the package (read with importlib.resources, so an installed
 # wheel renders exactly what a checkout renders). Overrides are searched first: see search_paths().
@@ -46,7 +47,6 @@ LOG_MAX_SIZE = "20m"
 LOG_MAX_FILE = 5
 DEFAULT_BIND_ADDRESS = "0.0.0.0"
 ENV_FILE = "service.env"
-MANIFEST_FILE = "manifest.json"
 SECRET_MASK = "********"
 _SECRET_FORBIDDEN = re.compile(r"['\n\r\x00]")
 

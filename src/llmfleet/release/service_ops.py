@@ -42,14 +42,16 @@ def run_hosts(fn: Callable[[Any], Any], items: Sequence[Any], forks: int) -> lis
 
 
 def deploy_hosts(inventory: Any, names: Sequence[str], *, config: Settings | dict[str, Any], options: Any, forks: int,
-                 log: Log) -> list[Any]:
-    """``deploy_host`` on each host, ``forks`` at a time (each host keeps its own lock and audit)."""
+                 log: Log, prepared: dict[str, Any] | None = None) -> list[Any]:
+    """``deploy_host`` on each host, ``forks`` at a time (each host keeps its own lock and audit).
+    ``prepared``: the hosts' ``PreparedHost`` by name, when the caller prepared them already."""
     from llmfleet.inventory.ansible import Inventory, load_inventory
     from llmfleet.release.deploy import deploy_host
     from llmfleet.release.multihost import deploy_service, multihost_services
 
     inv = inventory if isinstance(inventory, Inventory) else load_inventory(inventory)
-    outcomes = run_hosts(lambda n: deploy_host(inv, n, config=config, options=options,
+    ready = prepared or {}
+    outcomes = run_hosts(lambda n: deploy_host(inv, n, config=config, options=options, prepared=ready.get(n),
                                                log=lambda line: log(f"{n}: {line}")), names, forks)
     # Services over several hosts (``workers:``), once each hosts' own services are done: one at a time,
     # every host of it locked in a fixed order; one row per host of it.

@@ -36,13 +36,12 @@ from llmfleet.release.render import (
     project_name,
     unit_name,
 )
+from llmfleet.release.state_reader import MAX_HEALTH, MAX_MANIFEST, STATE_READER  # noqa: F401 - re-exported
 
 RELEASE_ID_RE = re.compile(r"^\d{8}T\d{6}Z-[0-9a-f]{10}$")
 DEFAULT_KEEP = 5
 LOCK_HELD_RC = 3
 DOCKER = "docker"
-MAX_MANIFEST = 65536  # bytes of one manifest.json the state reader returns
-MAX_HEALTH = 16384  # bytes of one health.json
 MAX_HOLDER = 4096  # bytes of the lock's holder.json
 q = shlex.quote
 
@@ -144,30 +143,9 @@ class ServiceState:
         return self.releases.get(self.current) if self.current else None
 
 
-# A shell function, so that the host probe (llmfleet.host.probe) runs the very same reader as a
-# section of its document. Names that are not a service or release id are skipped on the host.
-STATE_READER = f"""llmfleet_release_state() {{
-  base="$1/services"
-  if [ -d "$base" ]; then
-    for s in "$base"/*/; do
-      [ -d "$s" ] || continue
-      name=$(basename "$s")
-      case "$name" in *[!A-Za-z0-9_-]*|"") continue ;; esac
-      echo "@@service $name"
-      echo "@@current $(readlink "$s/current" 2>/dev/null | tr -d '\\n')"
-      echo "@@unit $(systemctl is-active "llmfleet-$name.service" 2>/dev/null)"
-      for d in "$s"releases/*/; do
-        [ -d "$d" ] || continue
-        rid=$(basename "$d")
-        case "$rid" in *[!0-9A-Za-z-]*|"") continue ;; esac
-        echo "@@release $rid"
-        if [ -f "$d/{MANIFEST_FILE}" ]; then echo "@@manifest $(head -c {MAX_MANIFEST} "$d/{MANIFEST_FILE}" | tr -d '\\n')"; fi
-        if [ -f "$d/health.json" ]; then echo "@@health $(head -c {MAX_HEALTH} "$d/health.json" | tr -d '\\n')"; fi
-      done
-    done
-  fi
-  echo '@@end'
-}}"""
+# The reader is a shell function of its own module (llmfleet.release.state_reader), so that the host
+# probe can send it without importing the release machinery.
+
 
 
 def state_script(root: str) -> str:

@@ -6,19 +6,25 @@ is the script sent on stdin. Parsing lives in :mod:`llmfleet.host.facts`.
 
 from __future__ import annotations
 
+import secrets
 from importlib import resources
 
-from llmfleet.release.store import STATE_READER
+from llmfleet.release.state_reader import STATE_READER
 
 # Largest probe document we parse; the script caps each section well below this.
 MAX_DOCUMENT = 8 * 1024 * 1024
 
 
 def probe_sh() -> bytes:
-    """The script sent on stdin: the release state reader (``store.STATE_READER``, a shell function
+    """The script sent on stdin: the release state reader (``state_reader.STATE_READER``, a shell function
     the probe runs as its ``release_state`` section), then probe.sh."""
     probe = resources.files("llmfleet.host.probe").joinpath("probe.sh").read_bytes()
     return STATE_READER.encode() + b"\n" + probe
+
+
+def new_mark() -> str:
+    """The probe's section mark: random per probe, so that nothing a host prints can pose as a section."""
+    return "llmfleet-" + secrets.token_hex(8)
 
 
 def probe_command(mark: str, root: str, model_paths: list[str] | tuple[str, ...] = ()) -> list[str]:
