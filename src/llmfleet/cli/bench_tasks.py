@@ -17,7 +17,7 @@ from llmfleet.cli.common import (
 )
 from llmfleet.cli.flags import fleet_task
 from llmfleet.errors import UsageError
-from llmfleet.fleet import bench as B  # pure and light: its defaults are in the help text
+from llmfleet.fleet import bench_defaults as D  # the defaults in the help text
 
 
 def _who() -> str:
@@ -53,6 +53,8 @@ def print_result(doc: dict[str, Any]) -> None:
     for col in ("streams", "prompt", "ok/req", "TTFT p50 ms", "TTFT p95 ms", "decode p50 tok/s", "aggregate tok/s",
                 "GPU MiB", "KV %", "waiting", "decode/ceiling", "vs realistic"):
         table.add_column(col, justify="left" if col == "vs realistic" else "right")
+    from llmfleet.fleet import bench as B
+
     for r in B.table_rows(doc):
         kv = r["kv_cache_usage_max"]
         ratio = r["decode_vs_ceiling"]
@@ -90,6 +92,8 @@ def print_compare(a: dict[str, Any], b: dict[str, Any], where: dict[str, str]) -
         colour = "green" if m["better"] else ("red" if m["better"] is False else "white")
         return f"[{colour}]{c:+.0f}%[/{colour}]"
 
+    from llmfleet.fleet import bench as B
+
     for r in B.compare(a, b):
         d, g, t, e = r["decode_tokps_p50"], r["aggregate_tokps"], r["ttft_p50_s"], r["errors"]
         table.add_row(str(r["concurrency"]), str(r["prompt_tokens"]), _num(d["a"]), _num(d["b"]), ch(d),
@@ -105,10 +109,10 @@ def print_compare(a: dict[str, Any], b: dict[str, Any], where: dict[str, str]) -
     help={
         "host": "the host (inventory name) whose service to measure",
         "service": "the service to measure (needed when the host runs several)",
-        "concurrency": f"concurrent streams, comma-separated (default {','.join(map(str, B.DEFAULT_CONCURRENCY))})",
+        "concurrency": f"concurrent streams, comma-separated (default {','.join(map(str, D.DEFAULT_CONCURRENCY))})",
         "prompt_tokens": "prompt lengths in tokens, comma-separated (default "
-                         f"{','.join(map(str, B.DEFAULT_PROMPT_TOKENS))}); sized with the engine's own count",
-        "max_tokens": f"output tokens per request, exact (ignore_eos) (default {B.DEFAULT_MAX_TOKENS})",
+                         f"{','.join(map(str, D.DEFAULT_PROMPT_TOKENS))}); sized with the engine's own count",
+        "max_tokens": f"output tokens per request, exact (ignore_eos) (default {D.DEFAULT_MAX_TOKENS})",
         "requests": "requests per level (default: 2 x concurrency, at least 4)",
         "duration": "seconds per level: no new request after it (with --requests: whichever comes first)",
         "request_timeout": "seconds one request may take (default 300)",
@@ -122,6 +126,7 @@ def print_compare(a: dict[str, Any], b: dict[str, Any], where: dict[str, str]) -
 def bench(c, host=None, service=None, concurrency=None, prompt_tokens=None, max_tokens=None, requests=None,
           duration=None, request_timeout=None, json=False, plot_=None, compare=None, inventory=None, no_save=False):
     """Measure a deployed service: TTFT, decode and aggregate tok/s per concurrency, beside the plan."""
+    from llmfleet.fleet import bench as B
     from llmfleet.fleet import bench_run
     from llmfleet.fleet import plot as plot_mod
     from llmfleet.inventory.ansible import load_inventory

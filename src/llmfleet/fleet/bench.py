@@ -23,6 +23,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from llmfleet.fleet.bench_defaults import (  # noqa: F401 - re-exported
+    DEFAULT_CONCURRENCY,
+    DEFAULT_MAX_TOKENS,
+    DEFAULT_PROMPT_TOKENS,
+)
+
 SCHEMA = "llmfleet.bench/1"
 
 # Bounds: a bench is bounded in count and in time, whatever the flags say.
@@ -31,10 +37,6 @@ MAX_REQUESTS = 10_000
 MAX_DURATION_S = 3600.0
 MAX_PROMPT_TOKENS = 1_000_000
 MAX_OUTPUT_TOKENS = 32_768
-DEFAULT_CONCURRENCY = (1, 2, 4, 8)
-DEFAULT_PROMPT_TOKENS = (128, 2048)
-DEFAULT_MAX_TOKENS = 256
-
 
 # ---------------------------------------------------------------------------------------------
 # Parameters
