@@ -741,3 +741,58 @@ def test_cli_gather_plans_a_hosts_services_with_its_real_model_files(sshd, tmp_p
     assert r.returncode == 0, r.stderr
     p = json.loads(r.stdout)["services"]["tiny"]
     assert p["weights_bytes"] == 8192 and p["gpu"] == "t4" and p["fits"] is True
+
+
+# -- the host's driver: the default image runs on it; an image given is judged against it -------------------
+
+
+@pytest.mark.parametrize(
+    "engine, quant, gpu, driver, image, want_image, note_has, note_lacks",
+    [
+        # R470 T4: no CUDA 12 image runs; the CUDA 11.8 llama.cpp build does, through minor-version compat
+        ("llamacpp", "q4_k_m", "Tesla T4", "470.256.02", None, "llamacpp:vendored-0.3.36-cu118",
+         ["that runs on driver 470.256.02", "minor-version compatibility", "SASS for sm_75"], ["does not run"]),
+        # no driver known: the newest build with kernels for the card, as before
+        ("llamacpp", "q4_k_m", "Tesla T4", None, None, "llamacpp:server-cuda-12.8", ["with kernels for"],
+         ["driver"]),
+        # a recent driver: the newest build again
+        ("llamacpp", "q4_k_m", "Tesla T4", "580.95.05", None, "llamacpp:server-cuda-12.8",
+         ["that runs on driver 580.95.05"], ["does not run"]),
+        # vLLM on R470: nothing runs; the plan says so and what does (llama.cpp cu118, the upgrade, the wheels)
+        ("vllm", "gptq-int4", "Tesla T4", "470.256.02", None, None,
+         ["no catalog vllm image", "does not run on this host", "runs on this driver today: "
+          "llamacpp:vendored-0.3.36-cu118", "upgrade: driver >= 525.60.13", "CUDA 11.8 wheels"], []),
+        # an image given that cannot run on the driver: judged anyway, with the reason and the alternatives
+        ("llamacpp", "q4_k_m", "Tesla V100-SXM2-32GB", "470.256.02", "llamacpp:server-cuda-12.8",
+         "llamacpp:server-cuda-12.8", ["image llamacpp:server-cuda-12.8 does not run on this host",
+                                       "runs on this driver today: llamacpp:vendored-0.3.36-cu118"], []),
+        # an image given that runs: no driver note
+        ("llamacpp", "q4_k_m", "Tesla V100-SXM2-32GB", "580.95.05", "llamacpp:server-cuda-12.8",
+         "llamacpp:server-cuda-12.8", [], ["does not run", "driver"]),
+    ],
+)
+def test_plan_picks_and_judges_the_image_by_the_hosts_driver(engine, quant, gpu, driver, image, want_image,
+                                                            note_has, note_lacks):
+    p = plan(PlanRequest(model="qwen2.5-7b-instruct", quant=quant, gpu=gpu, engine=engine, driver=driver,
+                         image=image, context=4096))
+    if want_image:
+        assert p.image == want_image
+    text = " ".join(p.notes)
+    for part in note_has:
+        assert part in text
+    for part in note_lacks:
+        assert part not in " ".join(n for n in p.notes if "image" in n)
+
+
+def test_plan_for_a_gathered_host_uses_its_driver(tmp_path):
+    from types import SimpleNamespace
+
+    from llmfleet.inventory.services import Service
+    svc = Service.model_validate({"name": "chat", "engine": "llamacpp", "model": "qwen2.5-7b-instruct",
+                                  "quant": "q4_k_m", "model_path": "/srv/m.gguf", "image": "llamacpp:server-cuda-12.8",
+                                  "port": 8000, "context": 4096})
+    facts = SimpleNamespace(gpus=[], driver_version="470.256.02", model=lambda path: None)
+    p = plan_for_service(svc, "Tesla T4", facts=facts)
+    assert any("does not run on this host" in n and "470.256.02" in n for n in p.notes)
+    p = plan_for_service(svc, "Tesla T4", facts=facts, driver="580.95.05")  # --driver wins
+    assert not any("does not run on this host" in n for n in p.notes)

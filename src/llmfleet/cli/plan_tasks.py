@@ -189,6 +189,8 @@ def render_plan(p: Plan, title: str | None = None) -> None:
         "offload": "accept weights off the GPU (slow: shows the predicted PCIe/CPU-bound speed)",
         "image": "engine catalog image that serves (e.g. llamacpp:b5000-cu122): its KV layout and flag rules; "
                  "default: a service's image, else the newest catalog image with kernels for the card",
+        "driver": "the host's NVIDIA driver (e.g. 470.256.02): the default image is one that runs on it, and "
+                  "an image given is judged against it (default: the gathered facts' driver)",
         "inventory": "inventory for --host / --gpu HOST (default: llmfleet.inventory in invoke.yaml)",
         "gather": "with --host: gather the host's facts over SSH first (its real cards, memory and model files)",
         "accept_new_host_keys": "with --gather: record unknown SSH host keys (changed keys are still refused)",
@@ -199,10 +201,15 @@ def render_plan(p: Plan, title: str | None = None) -> None:
 def plan_task(c, model=None, quant=None, gpu=None, host=None, gpus=None, context=None, concurrency=None,
               kv_dtype=None, engine=None, gpu_memory_utilization=None, offload=False, inventory=None, json=False,
               gather=False, accept_new_host_keys=False, image=None, verbose=False, hosts=None, network_gbps=None,
-              network_latency_us=None, split_mode=None, interconnect=None):
+              network_latency_us=None, split_mode=None, interconnect=None, driver=None):
     """Capacity plan: does a model fit a card, the engine flags, max context/concurrency, decode speed."""
+    import re
+
     from llmfleet.knowledge.catalog import find_gpu
     from llmfleet.knowledge.planner import PlanRequest, plan, plan_for_service
+
+    if driver is not None and not re.fullmatch(r"\d{2,4}(\.\d{1,4}){1,2}", str(driver)):
+        raise UsageError(f"--driver {driver!r}: give the version nvidia-smi prints, e.g. 470.256.02 or 535.183.01")
 
     facts = None
     if gather:
@@ -229,7 +236,8 @@ def plan_task(c, model=None, quant=None, gpu=None, host=None, gpus=None, context
             n_hosts = hosts or _hosts_of(c, inventory, host, svc)
             gbps = network_gbps if network_gbps is not None else getattr(settings, "network_gbps", None)
             plans[svc.name] = plan_for_service(svc, card, n_gpus or 1, facts=facts, hosts=n_hosts,
-                                               network_gbps=gbps, network_latency_us=network_latency_us)
+                                               network_gbps=gbps, network_latency_us=network_latency_us,
+                                               driver=driver or None)
         if json:
             print_json({"host": host, "fits": all(p.fits for p in plans.values()),
                         "services": {k: p.to_dict() for k, p in plans.items()}})
@@ -253,6 +261,7 @@ def plan_task(c, model=None, quant=None, gpu=None, host=None, gpus=None, context
         network_gbps=network_gbps if network_gbps is not None else getattr(settings, "network_gbps", None),
         network_latency_us=network_latency_us, split_mode=split_mode or None, interconnect=interconnect or None,
         gpus_available=len(facts.gpus) if facts is not None and len(facts.gpus) > 1 else None,
+        driver=driver or (facts.driver_version if facts is not None else None) or None,
     )
     p = plan(req)
     if json:

@@ -85,6 +85,9 @@ class PlanRequest:
     split_mode: str | None = None  # llama.cpp: layer (default) or row (one host)
     interconnect: str | None = None  # nvlink / pcie between the cards of a host; None: the card's catalog entry
     gpus_available: int | None = None  # cards on the host, for the alternatives (None: try 2, 4, 8)
+    # The host's NVIDIA driver (facts, or --driver): the default image is one that runs on it, and an
+    # image given is judged against it (a note with what runs instead: compat.driver_alternatives).
+    driver: str | None = None
 
 
 # ------------------------------------------------------------------------------------------ weights
@@ -701,13 +704,24 @@ def _resolve(req: PlanRequest) -> _Resolved:
 
     image_note = ""
     if release is None:
-        release = _default_release(cat, engine, gpu)
-        if release is not None:
+        release = _default_release(cat, engine, gpu, req.driver)
+        on_driver = f" that runs on driver {req.driver}" if req.driver else ""
+        verdict = _driver_verdict(cat, release, gpu, req.driver) if release is not None and req.driver else None
+        if release is not None and (verdict is None or verdict.status != "fail"):
             image_note = (f"judged against image {release.key} (no image given: the newest catalog {engine} image "
-                          f"with kernels for compute capability {gpu.compute_capability}); pass --image KEY for another")
+                          f"with kernels for compute capability {gpu.compute_capability}{on_driver}); "
+                          "pass --image KEY for another"
+                          + (f"; on this driver: {verdict.message}" if verdict is not None and verdict.status == "warn"
+                             else ""))
+        elif release is not None:
+            image_note = (f"no catalog {engine} image with kernels for compute capability {gpu.compute_capability} "
+                          f"runs on driver {req.driver}: judged against {release.key}; "
+                          + _driver_note(cat, release, gpu, req.driver))
         else:
             image_note = (f"no catalog {engine} image has kernels for compute capability {gpu.compute_capability}: "
                           "the engine flags are not checked against a build")
+    elif req.driver and not release.cpu and _driver_verdict(cat, release, gpu, req.driver).status == "fail":
+        image_note = _driver_note(cat, release, gpu, req.driver)
     kv_table = kv_dtypes(engine)
     kv_key = str(req.kv_dtype or "auto").lower()
     if kv_key not in kv_table:
@@ -721,19 +735,39 @@ def _resolve(req: PlanRequest) -> _Resolved:
                      release, image_note)
 
 
-def _default_release(cat: Any, engine: str, gpu: Gpu) -> Any:
+def _default_release(cat: Any, engine: str, gpu: Gpu, driver: str | None = None) -> Any:
     """The catalog image a plan without --image is judged against: a GPU image of the engine whose
-    kernels run on the card; builds that keep only the window of sliding-window layers first, then
-    the highest version (a floating tag such as server-cuda counts as newest)."""
+    kernels run on the card; with the host's ``driver`` known, one that runs on that driver first;
+    then builds that keep only the window of sliding-window layers, then the highest version (a
+    floating tag such as server-cuda counts as newest)."""
     found = []
     for pos, rel in enumerate(cat.images.values()):
         if rel.engine != engine or rel.cpu or compat.kernel_coverage(rel, gpu.compute_capability) is None:
             continue
+        runs = not driver or _driver_verdict(cat, rel, gpu, driver).status != "fail"
         window = rel.kv_layout is not None and rel.kv_layout.sliding_window == "window"
         m = re.match(r"v?(\d+(?:\.\d+)+)", rel.version)
         version = tuple(int(x) for x in m.group(1).split(".")) if m else (1 << 30,)  # a floating tag: newest
-        found.append((window, version, -pos, rel))
-    return max(found, key=lambda f: f[:3])[3] if found else None
+        found.append((runs, window, version, -pos, rel))
+    return max(found, key=lambda f: f[:4])[4] if found else None
+
+
+def _driver_host(gpu: Gpu, driver: str) -> dict[str, Any]:
+    """What a plan knows of a host for the driver rule: the driver and the card (nothing of its toolkit
+    or runtimes, which only forward compatibility needs: the rule says what it could not judge)."""
+    return dict(driver=driver, cuda_driver=None, gpu_name=gpu.name, cc=gpu.compute_capability,
+                data_center=gpu.data_center, toolkit_version=None, runtimes=[])
+
+
+def _driver_verdict(cat: Any, rel: Any, gpu: Gpu, driver: str) -> Any:
+    return compat.check_cuda_driver(rel, cat, **_driver_host(gpu, driver))
+
+
+def _driver_note(cat: Any, rel: Any, gpu: Gpu, driver: str) -> str:
+    """Why ``rel`` does not run on ``driver``, and what does (the preflight's own answer)."""
+    verdict = _driver_verdict(cat, rel, gpu, driver)
+    alternatives = compat.driver_alternatives(rel, cat, **_driver_host(gpu, driver))
+    return "; ".join([f"image {rel.key} does not run on this host: {verdict.message}", *alternatives])
 
 
 # ------------------------------------------------------------------------------------------ speed
@@ -1502,8 +1536,10 @@ def plan_for_service(
     hosts: int = 1,
     network_gbps: float | None = None,
     network_latency_us: float | None = None,
+    driver: str | None = None,
 ) -> Plan:
-    """Plan an inventory Service (llmfleet.inventory.services.Service) on a card.
+    """Plan an inventory Service (llmfleet.inventory.services.Service) on a card. ``driver``: the
+    host's NVIDIA driver (default: the facts'), for the image's driver note.
 
     ``hosts``: the hosts the service spans (the head and its workers, each with ``gpus`` cards like the
     head); ``network_gbps`` (Gbit/s, the slowest link between them: llmfleet_network_gbps) and
@@ -1580,6 +1616,7 @@ def plan_for_service(
         network_latency_us=network_latency_us,
         gpus_available=(len(facts.gpus) if facts is not None and getattr(facts, "gpus", None) else int(gpu_count))
         if max(len(getattr(facts, "gpus", None) or []), int(gpu_count)) > 1 else None,
+        driver=driver or getattr(facts, "driver_version", None) or None,
     )
     result = plan(req)
     if facts_note:
