@@ -440,10 +440,11 @@ def _deploy(ready: PreparedService, hosts: dict[str, _Host], res: ServiceRun, op
     failure: str | None = None
     report = None
     try:
+        failure = _arm_all(workers, hh, svc)
         for w in workers:
-            failure = _switch(w, svc)
             if failure:
                 break
+            failure = _switch(w, svc)
         if failure is None:
             failure, report = _switch_head(hh, svc, cluster, head_health, res, hosts)
     except KeyboardInterrupt:  # Ctrl-C mid-switch: every host back before exiting, as a single-host deploy
@@ -457,24 +458,44 @@ def _deploy(ready: PreparedService, hosts: dict[str, _Host], res: ServiceRun, op
     _roll_back_all(hosts, workers, hh, svc, failure, res)
 
 
+def _arm_all(workers: list[_Host], hh: _Host, svc: Service) -> str | None:
+    """Upload each host's new release and arm its host timer, every host before the first switch:
+    workers in their order, the head last (``confirm.cluster_timeouts``: its timer fires after every
+    worker's, and it restarts the head even when the head's switch was never made, so that a head left
+    by a lost controller attaches again to workers that their own timers put back). A failure's reason."""
+    from llmfleet.release import confirm
+
+    budgets = confirm.cluster_timeouts(svc, hh.name, {h.name: h.run.host_settings for h in [*workers, hh]})
+    for h in [*workers, hh]:
+        assert h.item is not None
+        it, run = h.item, h.run
+        step = it.step
+        try:
+            if step.action == Action.NEW:
+                it.manifest = Manifest.build(it.rendered, step.release_id, host=run.host, who=run.who,
+                                             when=run.now(), llmfleet_version=__version__, message=run.message)
+                files, modes = store.release_files(it.rendered, it.manifest)
+                up = run.run(store.upload_script(it.paths, step.release_id), stdin=store.pack_release(files, modes),
+                             timeout=120)
+                if not store.parse_upload(up.rc, up.stdout):
+                    return (f"{h.name}: upload of release {step.release_id} failed: "
+                            f"{short(up.stderr or up.stdout, 300)}")
+                run.log(f"{svc.name}: uploaded release {step.release_id}")
+            if step.arms_revert:
+                h.token = run.arm(it.paths, svc, step.release_id, step.previous, "deploy", timeout=budgets[h.name],
+                                  restart_unswitched=h.is_head)
+        except RemoteError as exc:
+            return f"{h.name}: {exc}"
+    return None
+
+
 def _switch(h: _Host, svc: Service) -> str | None:
-    """Upload and switch one host's release (a worker, or the head before its checks); a failure's reason."""
+    """Switch one host's uploaded, armed release (a worker, or the head before its checks); a failure's reason."""
     assert h.item is not None
     it, run = h.item, h.run
     step = it.step
     try:
-        if step.action == Action.NEW:
-            it.manifest = Manifest.build(it.rendered, step.release_id, host=run.host, who=run.who, when=run.now(),
-                                         llmfleet_version=__version__, message=run.message)
-            files, modes = store.release_files(it.rendered, it.manifest)
-            up = run.run(store.upload_script(it.paths, step.release_id), stdin=store.pack_release(files, modes),
-                         timeout=120)
-            if not store.parse_upload(up.rc, up.stdout):
-                return f"{h.name}: upload of release {step.release_id} failed: {short(up.stderr or up.stdout, 300)}"
-            run.log(f"{svc.name}: uploaded release {step.release_id}")
         if step.switches:
-            if h.is_head and step.arms_revert:
-                h.token = run.arm(it.paths, svc, step.release_id, step.previous, "deploy")
             h.switched = True
             sw = run.switch(it.paths, step.release_id)
             if not store.parse_switch(sw.rc, sw.stdout):
@@ -538,14 +559,24 @@ def _switch_head(hh: _Host, svc: Service, cluster: C.Cluster,
                 else f"Ray sees {detail['ray_nodes']} live node(s), want {cluster.size}")
         return f"{hh.name}: healthy, but not every worker joined: {want}", report
     hh.run.log(f"{svc.name}: every worker joined ({detail})")
-    try:
-        confirmed = hh.run.confirm(it.paths, svc.name, hh.token)
-    except RemoteError as exc:
-        return f"{hh.name}: confirm: {exc}", report
-    if not confirmed:
-        return f"{hh.name}: healthy, but the host timer reverted it first", report
-    hh.token = None
-    return None, report
+    return _confirm_all([hosts[w.host] for w in cluster.workers], hh, svc), report
+
+
+def _confirm_all(workers: list[_Host], hh: _Host, svc: Service) -> str | None:
+    """Confirm every armed host, in the order their timers fire (workers, then the head: the head's
+    confirmation is the last one); each confirmation also starts that host's watchdog."""
+    for h in [*workers, hh]:
+        if h.token is None:
+            continue
+        assert h.item is not None
+        try:
+            confirmed = h.run.confirm(h.item.paths, svc.name, h.token)
+        except RemoteError as exc:
+            return f"{h.name}: confirm: {exc}"
+        if not confirmed:
+            return f"{h.name}: healthy, but the host timer reverted it first"
+        h.token = None
+    return None
 
 
 def _commit(hosts: dict[str, _Host], svc: Service, res: ServiceRun, report: health.HealthReport | None) -> None:
@@ -575,11 +606,11 @@ def _commit(hosts: dict[str, _Host], svc: Service, res: ServiceRun, report: heal
 
 def _roll_back_all(hosts: dict[str, _Host], workers: list[_Host], hh: _Host, svc: Service, failure: str,
                    res: ServiceRun) -> None:
-    """Every host of the service back to its previous release: workers first, then the head."""
+    """Every host of the service back to its previous release: workers first, then the head. Each
+    host's timer is stopped just before it goes back (the ones not reached yet keep their timers);
+    a host armed but never switched is only disarmed."""
     assert hh.item is not None
     logs = hh.run.engine_log(hh.item.paths) if hh.switched else ""
-    if hh.switched:
-        hh.run.disarm(hh.item.paths, hh.token)
     hh.run.log(f"{svc.name}: FAILED: {failure}")
     if logs:
         hh.run.log(f"{svc.name}: head engine log: {logs}")
@@ -587,6 +618,8 @@ def _roll_back_all(hosts: dict[str, _Host], workers: list[_Host], hh: _Host, svc
     for h in [*workers, hh]:
         it = h.item
         assert it is not None
+        h.run.disarm(it.paths, h.token)
+        h.token = None
         if not h.switched:
             continue
         if h.is_head and it.health is not None and it.health.get("result") == "unhealthy":
