@@ -38,6 +38,7 @@ class Sim:
         self.unjoined = unjoined  # workers the head's log has no RPC device of
         self.armed: dict[str, dict] = {}  # host -> the arm's keyword arguments (timeout, restart_unswitched)
         self.too_late: set[str] = set()  # hosts whose timer reverted before the confirmation
+        self.deferred: dict[str, list[str]] = {}  # host -> the scripts of its last round trip
 
     def up(self, host: str) -> bool:
         return self.current[host] is not None and (self.current[host] == OLD or host not in self.bad)
@@ -105,6 +106,7 @@ def fake_run_class(sim: Sim):
 
         def finish(self, *, write_audit=True):
             sim.events.append(("finish", self.host, self.lock_token, len(self.audit)))
+            sim.deferred[self.host] = list(self.deferred)
             self.audit, self.deferred = [], []
 
     return FakeRun
@@ -162,6 +164,10 @@ def test_first_deploy_locks_sorted_switches_workers_first_and_checks_the_join(pr
     assert [e[1] for e in kinds(sim, "finish")] == ["head", "w1", "w2"]
     assert all(o.result == "deployed" for o in res.hosts.values())
     assert {o.host for o in res.host_outcomes()} == {"head", "w1", "w2"}
+    # every host records the releases the hosts now run together (what a rollback goes back to)
+    lines = {h: [d for d in sim.deferred[h] if "cluster.jsonl" in d] for h in ADDR}
+    assert all(len(v) == 1 for v in lines.values()) and len({v[0] for v in lines.values()}) == 1
+    assert all(res.hosts[h].releases["big"] in lines["head"][0] for h in ADDR)
 
 
 def test_check_takes_no_lock_and_switches_nothing(prepared, monkeypatch):

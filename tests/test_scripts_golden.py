@@ -20,7 +20,7 @@ import pytest
 from llmfleet.fleet import status
 from llmfleet.host import probe
 from llmfleet.inventory.services import host_settings
-from llmfleet.release import audit, cluster, confirm, watchdog
+from llmfleet.release import audit, cluster, clusterset, confirm, watchdog
 from llmfleet.release import store as S
 
 GOLDEN = Path(__file__).parent / "golden" / "scripts"
@@ -101,6 +101,9 @@ SCRIPTS = {
     "cluster_rpc_log": lambda: cluster.rpc_log_script(PATHS),
     "cluster_ray_nodes": lambda: cluster.ray_nodes_script(PATHS),
     "cluster_rpc_peers": lambda: cluster.rpc_peers_script(50052),
+    "clusterset_append": lambda: clusterset.append_script(PATHS, clusterset.record(
+        now=NOW, action="deploy", head="h1", releases={"h1": R2, "w1": R1})),
+    "clusterset_read": lambda: clusterset.read_script(PATHS),
 }
 # The builders of each module that sends remote scripts (or files that run on the host) and the golden
 # files that pin them; a new builder fails test_every_remote_script_builder_has_a_golden_file below.
@@ -115,6 +118,7 @@ PINNED_BUILDERS = {
     cluster: {"address_script": "cluster_address", "worker_probe_script": "cluster_worker_probe_rpc",
               "rpc_log_script": "cluster_rpc_log", "ray_nodes_script": "cluster_ray_nodes",
               "rpc_peers_script": "cluster_rpc_peers"},
+    clusterset: {"append_script": "clusterset_append", "read_script": "clusterset_read"},
 }
 
 
@@ -165,7 +169,8 @@ def test_every_script_builder_of_the_cluster_module_has_a_golden_file():
                                   "watchdog_sh", "confirm_compose_check", "confirm_revert", "confirm_revert_first",
                                   "confirm_revert_head", "watchdog_worker_rpc", "watchdog_worker_ray",
                                   "cluster_address", "cluster_worker_probe_rpc",
-                                  "cluster_rpc_log", "cluster_ray_nodes", "cluster_rpc_peers"])
+                                  "cluster_rpc_log", "cluster_ray_nodes", "cluster_rpc_peers",
+                                  "clusterset_append", "clusterset_read"])
 def test_golden_scripts_parse_as_posix_sh(name):
     res = subprocess.run(["sh", "-n", str(GOLDEN / f"{name}.sh")], capture_output=True, text=True, timeout=10)
     assert res.returncode == 0, res.stderr
