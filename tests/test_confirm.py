@@ -469,26 +469,32 @@ def _worker_wd(tmp_path, port: int):
     return root, env
 
 
-def test_a_worker_watchdog_restarts_when_its_rpc_port_stops_answering_or_its_container_stops(tmp_path):
+def test_a_worker_watchdog_restarts_when_its_rpc_port_stops_listening_or_its_container_stops(tmp_path):
     import socket
 
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))
-    srv.listen(8)
+    srv.listen(1)
     port = srv.getsockname()[1]
+    head = socket.create_connection(("127.0.0.1", port))  # the head attached: rpc-server accepts no other client
     root, env = _worker_wd(tmp_path, port)
     run = lambda **e: sh(f"sh {root}/services/chat/current/watchdog.sh", env, **e)  # noqa: E731
     restarts = lambda: [c for c in calls(tmp_path) if c == "systemctl restart llmfleet-chat.service"]  # noqa: E731
-    for _ in range(3):
-        run()  # container running, port open: healthy
+    for _ in range(6):
+        run()  # container running, port listening: healthy, and no probe queued a connection behind the head's
     assert restarts() == [] and not (root / "audit.jsonl").exists()
+    srv.settimeout(0.2)
+    srv.accept()[0].close()  # the head's
+    with pytest.raises(TimeoutError):
+        srv.accept()
     run(FAKE_RUNNING="false")
     run(FAKE_RUNNING="false")
     assert len(restarts()) == 1  # the container stopped: two failed probes restart the unit
+    head.close()
     srv.close()
     run()
     run()
-    assert len(restarts()) == 2  # the rpc-server's port closed
+    assert len(restarts()) == 2  # nothing listens on the rpc-server's port any more
     audit = [json.loads(ln) for ln in (root / "audit.jsonl").read_text().splitlines()]
     assert [a["result"] for a in audit] == ["restarted", "restarted"]
     assert f"rpc-server 127.0.0.1:{port}" in audit[-1]["detail"]

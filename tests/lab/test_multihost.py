@@ -5,7 +5,8 @@ with vLLM's own parser when the vLLM lab image is built).
 ``gpu-p40-11`` (head, llama-server) and ``gpu-p40-12`` (worker, rpc-server) sit on one lab network; the
 worker's rpc-server binds its eth0 address there (inventory/lab/group_vars/lab_split.yml). Tests run in
 file order: deploy, unchanged redeploy through ``deploy_hosts``, a killed worker failing the head, a
-deploy whose worker dies under it rolling back both hosts.
+deploy whose worker dies under it rolling back both hosts, a second version rolled back from the
+worker (both hosts back on the first version's releases, serving).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from llmfleet.release import store as R
 from llmfleet.release.deploy import DeployOptions
 from llmfleet.release.multihost import deploy_service
 from llmfleet.release.render import load_role, render
-from llmfleet.release.service_ops import deploy_hosts
+from llmfleet.release.service_ops import deploy_hosts, rollback_hosts
 
 pytestmark = pytest.mark.lab
 
@@ -123,6 +124,21 @@ def test_split_model_is_served_with_its_second_layer_on_the_worker(ctx):
     head_audit, worker_audit = ctx.audit(HEAD)[-1], ctx.audit(WORKER)[-1]
     assert head_audit["result"] == worker_audit["result"] == "deployed"
     assert "worker of a multi-host service" in worker_audit["detail"]
+    # every host was armed and confirmed (no pending token, no revert timer left) and runs its watchdog;
+    # the worker's judges its container and its rpc-server port
+    for host in (HEAD, WORKER):
+        sdir = f"{ROOT}/services/{SERVICE}"
+        left = ctx.lab.exec(host, ["sh", "-c", f"ls -A {sdir}; systemctl is-active llmfleet-{SERVICE}-revert.timer "
+                                   f"llmfleet-{SERVICE}-watchdog.timer"], check=False).stdout
+        assert ".confirm-pending" not in left and ".revert.sh" not in left, (host, left)
+        assert left.split()[-2:] == ["inactive", "active"], (host, left)
+    wd = ctx.lab.exec(WORKER, ["cat", f"{ROOT}/services/{SERVICE}/current/watchdog.sh"]).stdout
+    assert f"PORT=50052\nURL='container llmfleet-{SERVICE} and rpc-server {worker_addr}:50052'\n" in wd
+    # one probe now (its grace after a start set to 0): a serving worker counts no failure
+    sdir = f"{ROOT}/services/{SERVICE}"
+    ran = ctx.lab.exec(WORKER, ["sh", "-c", f"rm -f {sdir}/watchdog.state.fails; sed 's/^GRACE=.*/GRACE=0/' "
+                                f"{sdir}/current/watchdog.sh | sh; cat {sdir}/watchdog.state.fails"], check=False)
+    assert ran.stdout.strip() == "0", ("the worker's watchdog judged a serving worker unhealthy", ran.stdout, ran.stderr)
 
 
 def test_unchanged_redeploy_through_deploy_hosts_touches_nothing(ctx):
@@ -184,6 +200,31 @@ def test_a_worker_dying_under_a_deploy_rolls_back_both_hosts(ctx):
     # workers went back first, then the head
     order = [line.split(":")[0] for line in ctx.lines if "back on release" in line]
     assert order == [WORKER, HEAD], ctx.lines
+    code, body = ctx.complete()
+    assert code == 200, body
+
+
+def test_rollback_from_a_worker_puts_both_hosts_back_on_the_releases_they_shared(ctx):
+    res = ctx.deploy("second version", overrides={"env": {"LLMFLEET_LAB_VERSION": "b"}}, message="version b")
+    assert res.result == "deployed", res.reason
+    second = {h: ctx.state(h).current for h in (HEAD, WORKER)}
+    assert all(second[h] != ctx.first[h] for h in (HEAD, WORKER)), second
+    lines: list[str] = []
+    t0 = time.monotonic()
+    outs = rollback_hosts(ctx.lab.inventory_path, [WORKER], service=None, to=None, config=ctx.config,
+                          options=DeployOptions(who="tester", message="back to the first"), forks=1,
+                          log=lines.append)
+    ctx.seconds["rollback"] = round(time.monotonic() - t0, 1)
+    assert {o.host: o.result for o in outs} == {HEAD: "rolled_back", WORKER: "rolled_back"}, [o.reason for o in outs]
+    for host in (HEAD, WORKER):
+        st = ctx.state(host)
+        assert st.current == ctx.first[host] and st.unit == "active", (host, st.current)
+        rec = ctx.audit(host)[-1]
+        assert rec["action"] == "rollback" and rec["result"] == "rolled_back"
+    # workers switched first, then the head; its health and the join check passed
+    switched = [line.split(":")[0] for line in lines if f"{SERVICE}: current -> " in line]
+    assert switched == [WORKER, HEAD], lines
+    assert any("every worker joined" in line for line in lines), lines
     code, body = ctx.complete()
     assert code == 200, body
 

@@ -56,15 +56,13 @@ else
 fi"""
 
 # A worker of a service over several hosts serves no HTTP: it is healthy while its container runs and
-# (llama.cpp's rpc-server) its port accepts a connection on the cluster address, within PROBE_TIMEOUT.
+# (llama.cpp's rpc-server) a socket listens on its port. Listening, not connecting: rpc-server serves one
+# client at a time, so a probe's connection would wait in its accept queue while the head is attached
+# (and, repeated, fill that queue).
 _WORKER_PROBE = """ok=0
 [ "$(docker inspect --format '{{.State.Running}}' "$CONTAINER" 2>/dev/null)" = true ] && ok=1
-if [ "$ok" = 1 ] && [ -n "$PORT" ]; then
-  if command -v bash >/dev/null 2>&1; then
-    timeout "$PROBE_TIMEOUT" bash -c 'exec 3<>"/dev/tcp/$1/$2"' probe "$ADDR" "$PORT" 2>/dev/null || ok=0
-  else
-    ss -Htln "( sport = :$PORT )" 2>/dev/null | grep -q . || ok=0
-  fi
+if [ "$ok" = 1 ] && [ -n "$PORT" ] && command -v ss >/dev/null 2>&1; then
+  ss -Hltn "( sport = :$PORT )" 2>/dev/null | grep -q . || ok=0
 fi"""
 
 
@@ -79,12 +77,12 @@ def worker_script_text(service: Service, settings: HostSettings, *, kind: str, a
     container = f"llmfleet-{service.name}"
     if kind == "rpc":
         what = f"container {container} and rpc-server {probe_address(address)}:{int(port)}"
-        target = f"ADDR={_q(address)}\nPORT={int(port)}"
+        target = f"PORT={int(port)}"
     else:
         what = f"container {container} (Ray worker)"
-        target = "ADDR=''\nPORT=''"
+        target = "PORT=''"
     return _script(service, settings, what="worker probes (container running"
-                   + (", rpc-server port open)" if kind == "rpc" else ")"),
+                   + (", rpc-server port listening)" if kind == "rpc" else ")"),
                    target=f"{target}\nURL={_q(what)}", probe=_WORKER_PROBE)
 
 

@@ -8,7 +8,6 @@ UNIT=llmfleet-chat.service
 CONTAINER=llmfleet-chat
 SERVICE_DIR=/opt/llmfleet/services/chat
 AUDIT=/opt/llmfleet/audit.jsonl
-ADDR=''
 PORT=''
 URL='container llmfleet-chat (Ray worker)'
 FAILURES=3
@@ -44,12 +43,8 @@ age=$(awk -v u="$up" -v s="${started:-0}" 'BEGIN { printf "%d", u - s / 1000000 
 
 ok=0
 [ "$(docker inspect --format '{{.State.Running}}' "$CONTAINER" 2>/dev/null)" = true ] && ok=1
-if [ "$ok" = 1 ] && [ -n "$PORT" ]; then
-  if command -v bash >/dev/null 2>&1; then
-    timeout "$PROBE_TIMEOUT" bash -c 'exec 3<>"/dev/tcp/$1/$2"' probe "$ADDR" "$PORT" 2>/dev/null || ok=0
-  else
-    ss -Htln "( sport = :$PORT )" 2>/dev/null | grep -q . || ok=0
-  fi
+if [ "$ok" = 1 ] && [ -n "$PORT" ] && command -v ss >/dev/null 2>&1; then
+  ss -Hltn "( sport = :$PORT )" 2>/dev/null | grep -q . || ok=0
 fi
 if [ "$ok" = 1 ]; then
   echo 0 > "$STATE.fails"

@@ -1,6 +1,6 @@
 #!/bin/sh
 # llmfleet watchdog for service chat: run by llmfleet-chat-watchdog.timer every 30 s.
-# Restarts the unit after 3 failed worker probes (container running, rpc-server port open) in a row, at most 3 times an
+# Restarts the unit after 3 failed worker probes (container running, rpc-server port listening) in a row, at most 3 times an
 # hour (then it only records that it gave up); appends each action to the host's audit log.
 set -u
 SERVICE=chat
@@ -8,7 +8,6 @@ UNIT=llmfleet-chat.service
 CONTAINER=llmfleet-chat
 SERVICE_DIR=/opt/llmfleet/services/chat
 AUDIT=/opt/llmfleet/audit.jsonl
-ADDR=10.0.0.12
 PORT=50052
 URL='container llmfleet-chat and rpc-server 10.0.0.12:50052'
 FAILURES=3
@@ -44,12 +43,8 @@ age=$(awk -v u="$up" -v s="${started:-0}" 'BEGIN { printf "%d", u - s / 1000000 
 
 ok=0
 [ "$(docker inspect --format '{{.State.Running}}' "$CONTAINER" 2>/dev/null)" = true ] && ok=1
-if [ "$ok" = 1 ] && [ -n "$PORT" ]; then
-  if command -v bash >/dev/null 2>&1; then
-    timeout "$PROBE_TIMEOUT" bash -c 'exec 3<>"/dev/tcp/$1/$2"' probe "$ADDR" "$PORT" 2>/dev/null || ok=0
-  else
-    ss -Htln "( sport = :$PORT )" 2>/dev/null | grep -q . || ok=0
-  fi
+if [ "$ok" = 1 ] && [ -n "$PORT" ] && command -v ss >/dev/null 2>&1; then
+  ss -Hltn "( sport = :$PORT )" 2>/dev/null | grep -q . || ok=0
 fi
 if [ "$ok" = 1 ]; then
   echo 0 > "$STATE.fails"
