@@ -271,8 +271,30 @@ def upgrade(c, group=None, host=None, inventory=None, image=None, set_=None, ser
     msg = message or f"upgrade --group {group}" + "".join(f" --image {v}" for v in images.values())
     options = DeployOptions(check=bool(check), accept_new_host_keys=bool(accept_new_host_keys),
                             allow_unpinned=bool(allow_unpinned), message=msg, who=who)
+    # a service over several hosts is one rollout unit with its workers (counted once in its batch)
+    from llmfleet.release import multihost as mh
+
+    own: dict[str, bool] = {}
+    multi: list[tuple[str, str, list[str]]] = []
+    for n in names:
+        ch = changes[n]
+        wanted = [s for s in settings_for(inv.hosts[n]).services if ch.services is None or s.name in ch.services]
+        own[n] = any(not s.workers for s in wanted)
+        multi += [(n, s.name, mh.workers_of(inv, n, s)) for s in wanted if s.workers]
+    units = upgrade_mod.rollout_units(names, own, multi)
+    in_units = {h for u in units for h in u.hosts}
+    for n in names:
+        if n not in in_units:
+            excluded[n] = "no service of its own to deploy"
+    for h in in_units:
+        excluded.pop(h, None)
+    if not units:
+        raise UsageError("upgrade: no selected host has a service to deploy: " +
+                         "; ".join(f"{k}: {v}" for k, v in excluded.items()))
     # every host's deploy prepared (overrides, secrets, pinned images) before any host is touched
-    prepared = upgrade_mod.prepare(inv, names, changes, config=config, options=options)
+    prepared = upgrade_mod.prepare(inv, [h for u in units for h in u.singles], changes, config=config, options=options)
+    prepared_services = {(h, svc): mh.prepare_service(inv, h, svc, config, upgrade_mod._host_options(
+        options, changes[h])) for u in units for h, svc in u.services}
     log = log_line
     for name, why in excluded.items():
         log(f"{name}: not part of this upgrade: {why}")
@@ -282,17 +304,20 @@ def upgrade(c, group=None, host=None, inventory=None, image=None, set_=None, ser
         lambda line: log(line) if line.startswith(("ABORT", "STOP", "rolling back", "pausing")) else None)
     deploy_one = upgrade_mod.deploy_fn(inv, config=config, options=options, changes=changes, log=host_log,
                                        prepared=prepared, bench_gate=bench_gate, bench_dir=config.bench_dir)
+    deploy_unit = upgrade_mod.unit_deploy_fn(inv, units, host_deploy=deploy_one, config=config, options=options,
+                                             changes=changes, log=host_log, prepared_services=prepared_services)
     unreachable: list[dict[str, str]] = []
 
     def deploy(name: str) -> Any:
         from llmfleet.cli.deploy_tasks import never_reached
 
-        outcome = deploy_one(name)
-        if never_reached(outcome):
+        outcome = deploy_unit(name)
+        if not isinstance(outcome, upgrade_mod.UnitOutcome) and never_reached(outcome):
             unreachable.append(unreachable_entry(outcome.host, outcome.reason))
         return outcome
 
-    rollback = upgrade_mod.rollback_fn(inv, config=config, options=options, log=log) if rollback_on_abort else None
+    rollback = (upgrade_mod.unit_rollback_fn(inv, units, config=config, options=options, log=log)
+                if rollback_on_abort else None)
     progress, on_host = None, None
     if json_lines:
         import json as json_mod
@@ -310,7 +335,7 @@ def upgrade(c, group=None, host=None, inventory=None, image=None, set_=None, ser
                 sys.stdout.flush()
 
     report = upgrade_mod.run_upgrade(
-        names, deploy=deploy, serial=serial_list, max_fail_percentage=mfp, forks=forks, pause=pause,
+        [u.key for u in units], deploy=deploy, members={u.key: list(u.hosts) for u in units if len(u.hosts) > 1}, serial=serial_list, max_fail_percentage=mfp, forks=forks, pause=pause,
         rollback_on_abort=bool(rollback_on_abort), rollback=rollback, check=bool(check), log=run_log,
         progress=progress, on_host=on_host,
     )
@@ -361,7 +386,7 @@ def _print_upgrade(report: Any) -> None:
         colour = colours.get(h.result, "red")
         rels = ", ".join(f"{k}={v}" for k, v in sorted(h.releases.items())) or "-"
         last = _changes_text(h.changes) if report.check else h.reason
-        table.add_row(h.host, str(h.batch), f"[{colour}]{h.result}[/{colour}]", rels,
+        table.add_row(h.host + (f" (+{', '.join(x for x in h.hosts if x != h.host)})" if h.hosts else ""), str(h.batch), f"[{colour}]{h.result}[/{colour}]", rels,
                       f"{h.duration_s:.1f}s" if h.result != "skipped" else "-", escape(last or ""))
     console.print(table)
     counts = ", ".join(f"{v} {k}" for k, v in sorted(report.counts().items()))
