@@ -229,6 +229,23 @@ def test_rollback_from_a_worker_puts_both_hosts_back_on_the_releases_they_shared
     assert code == 200, body
 
 
+def test_status_shows_the_workers_state_next_to_the_heads_row(ctx):
+    from llmfleet.fleet import status as status_mod
+    from llmfleet.inventory.ansible import load_inventory
+
+    inv = load_inventory(ctx.lab.inventory_path)
+    results = status_mod.query_hosts([inv.hosts[HEAD], inv.hosts[WORKER]], config=ctx.config, metrics=False)
+    rows = [r for st, settings in results for r in status_mod.host_rows(st, settings)]
+    status_mod.cluster_rows(rows, {st.host: st for st, _ in results}, [(HEAD, SERVICE, [WORKER])])
+    head = next(r for r in rows if r.host == HEAD and r.service == SERVICE)
+    worker = next(r for r in rows if r.host == WORKER and r.service == SERVICE)
+    (w,) = head.workers
+    assert w == {"host": WORKER, "reachable": True, "release": ctx.first[WORKER], "unit": "active",
+                 "container": "running", "port": 50052, "listening": True, "ok": True}
+    assert head.role == "head" and "1 worker(s) up" in head.note
+    assert worker.role == f"worker of {HEAD}" and "not in the inventory" not in worker.note
+
+
 # -- vLLM over Ray: rendered, checked by compose and by vLLM's own parser -----------------------------
 
 

@@ -46,16 +46,29 @@ def status(c, host=None, group=None, inventory=None, json=False, forks=DEFAULT_F
            no_metrics=False, verbose=False):
     """Per service: card, release, image digest, unit, health, tok/s, live metrics; services no longer in the inventory."""
     from llmfleet.fleet import status as status_mod
+    from llmfleet.inventory.ansible import settings_for
+    from llmfleet.release import multihost as mh
 
-    _inv, hosts = select_hosts(c, inventory, host, group)
+    inv, hosts = select_hosts(c, inventory, host, group)
+    # services over several hosts that a selected host is the head or a worker of: every host of them
+    # is read, so that the head's row carries each worker's state
+    split = []
+    for head, svc_name in mh.services_of_hosts(inv, [h.name for h in hosts]):
+        svc = next(s for s in settings_for(inv.hosts[head]).services if s.name == svc_name)
+        split.append((head, svc_name, mh.workers_of(inv, head, svc)))
+    more = sorted({n for head, _s, ws in split for n in (head, *ws)} - {h.name for h in hosts})
+    hosts = list(hosts) + [inv.hosts[n] for n in more]
     results = status_mod.query_hosts(hosts, config=load_settings(c), forks=forks, timeout=timeout,
                                      metrics=not no_metrics)
     rows = [r for st, settings in results for r in status_mod.host_rows(st, settings)]
+    status_mod.cluster_rows(rows, {st.host: st for st, _ in results}, split)
     unreachable = [unreachable_entry(st.host, st.error or "no answer") for st, _ in results if not st.reachable]
+    worker_of = {(w, svc) for _head, svc, ws in split for w in ws}
     orphans = [
         {"host": st.host, "service": name, "release": st.states[name].current, "unit": st.states[name].unit}
         for st, settings in results if st.reachable
         for name in sorted(st.states) if name not in {s.name for s in (settings.services if settings else [])}
+        and (st.host, name) not in worker_of
     ]
     if json:
         print_json({"rows": [r.to_dict() for r in rows], "orphans": orphans, "unreachable": unreachable})
