@@ -12,8 +12,11 @@ worker (both hosts back on the first version's releases, serving).
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -85,9 +88,16 @@ class Ctx:
         return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
+CONFIRM_TIMEOUT_S = 90  # each host's budget: the timers of a lost deploy fire within minutes
+
+
 @pytest.fixture(scope="module")
 def ctx(lab, tmp_path_factory):
     t0 = time.monotonic()
+    for host in (HEAD, WORKER):
+        path = Path(lab.inventory_path) / "host_vars" / f"{host}.yml"
+        data = (yaml.safe_load(path.read_text()) or {}) if path.exists() else {}
+        path.write_text(yaml.safe_dump(data | {"llmfleet_confirm_timeout_s": CONFIRM_TIMEOUT_S}, sort_keys=False))
     lab.ensure_hosts(HEAD, WORKER)
     c = Ctx(lab, tmp_path_factory.mktemp("multihost"))
     c.seconds["hosts-up"] = round(time.monotonic() - t0, 1)
@@ -244,6 +254,52 @@ def test_status_shows_the_workers_state_next_to_the_heads_row(ctx):
                  "container": "running", "port": 50052, "listening": True, "ok": True}
     assert head.role == "head" and "1 worker(s) up" in head.note
     assert worker.role == f"worker of {HEAD}" and "not in the inventory" not in worker.note
+
+
+def test_a_controller_lost_after_the_workers_switched_leaves_both_hosts_on_their_previous_release(ctx):
+    """SIGKILL of the controller once its worker switched, before the head's switch: the worker's
+    timer puts it back, then the head's (armed last, firing last) restarts the head's release so that
+    it attaches to the worker again; the service serves, both hosts on the releases of before."""
+    before = {h: ctx.state(h).current for h in (HEAD, WORKER)}
+    code = ("import json, sys\n"
+            "from llmfleet.release.deploy import DeployOptions\n"
+            "from llmfleet.release.multihost import deploy_service\n"
+            "deploy_service(sys.argv[1], sys.argv[2], sys.argv[3], config=json.loads(sys.argv[4]),\n"
+            "               options=DeployOptions(overrides={'env': {'LLMFLEET_LAB_VERSION': 'c'}}, who='lost'),\n"
+            "               log=lambda line: print(line, flush=True))\n")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(ctx.lab.inventory_path), HEAD, SERVICE,
+                             json.dumps(ctx.config)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=dict(os.environ, PYTHONPATH=str(REPO / "src")))
+    assert proc.stdout is not None
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if line.startswith(f"{WORKER}: {SERVICE}: worker up"):
+            break
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    t0 = time.monotonic()
+    assert any(line.startswith(f"{HEAD}: {SERVICE}: host reverts to") for line in seen), "".join(seen)[-2000:]
+    assert ctx.state(WORKER).current != before[WORKER] and ctx.state(HEAD).current == before[HEAD]
+
+    def timer_lines(host):
+        return [a for a in ctx.audit(host) if a.get("who") == "host timer"]
+
+    deadline = t0 + 2 * CONFIRM_TIMEOUT_S + 2 * FAST["stage_timeout_s"] + 180
+    while time.monotonic() < deadline and not (timer_lines(WORKER) and timer_lines(HEAD)):
+        time.sleep(5)
+    ctx.seconds["controller lost: timers settled"] = round(time.monotonic() - t0, 1)
+    (w,), (h,) = timer_lines(WORKER)[-1:], timer_lines(HEAD)[-1:]
+    assert w["result"] == "reverted" and w["release"] == before[WORKER], w
+    assert h["result"] == "unchanged" and "restarted to attach to its workers again" in h["detail"], h
+    assert w["time"] <= h["time"]  # the worker first, then the head
+    for host in (HEAD, WORKER):
+        st = ctx.state(host)
+        assert st.current == before[host] and st.unit == "active", (host, st.current, st.unit)
+    deadline = time.monotonic() + 90
+    while (got := ctx.complete())[0] != 200:
+        assert time.monotonic() < deadline, got
+        time.sleep(3)
 
 
 # -- vLLM over Ray: rendered, checked by compose and by vLLM's own parser -----------------------------
