@@ -189,6 +189,41 @@ def test_a_timer_armed_but_never_switched_leaves_the_serving_release_running(hos
     assert not (Path(paths.service_dir) / ".confirm-pending").exists()
 
 
+def test_an_unswitched_head_of_a_split_service_is_restarted_by_its_timer(host):
+    """The head of a service over several hosts: its workers' timers put them back first; the head,
+    never switched, restarts its serving release so that it attaches to them again."""
+    paths, env, tmp = host
+    sh(confirm.arm_script(paths, release_id=NEW, previous=OLD, token=TOKEN, action="deploy", timeout=90,
+                          restart_unswitched=True), env)
+    out = sh(f"sh {Path(paths.service_dir) / '.revert.sh'}", env)
+    assert out.returncode == 0, out.stderr
+    assert current(paths) == f"releases/{OLD}"
+    assert "systemctl restart llmfleet-chat.service" in calls(tmp)
+    (rec,) = audit_lines(paths)
+    assert rec["result"] == "unchanged" and rec["release"] == OLD
+    assert "restarted to attach to its workers again" in rec["detail"]
+
+
+def test_an_unswitched_head_whose_restart_fails_says_so(host):
+    paths, env, tmp = host
+    sh(confirm.arm_script(paths, release_id=NEW, previous=OLD, token=TOKEN, action="deploy", timeout=90,
+                          restart_unswitched=True), env)
+    sh(f"sh {Path(paths.service_dir) / '.revert.sh'}", env, FAKE_RESTART_RC="1")
+    (rec,) = audit_lines(paths)
+    assert rec["result"] == "failed" and "could not be restarted" in rec["detail"]
+
+
+def test_cluster_timeouts_let_every_worker_timer_fire_before_the_head_timer():
+    svc = host_settings("h", {"llmfleet_services": [{
+        "name": "big", "engine": "llamacpp", "model": "m", "model_path": "/m.gguf", "image": "i:1",
+        "health": {"load_timeout_s": 100, "stage_timeout_s": 10}}]}).services[0]
+    slow = host_settings("w2", {"llmfleet_confirm_timeout_s": 900})
+    plain = host_settings("w1", {})
+    got = confirm.cluster_timeouts(svc, "head", {"head": plain, "w1": plain, "w2": slow})
+    # the largest host budget (900) plus one health stage per worker (2 x 10); the head 60 s later
+    assert got == {"w1": 920, "w2": 920, "head": 980}
+
+
 def test_confirmation_wins_and_a_late_timer_does_nothing(host):
     paths, env, tmp = host
     arm(paths, env)
@@ -408,3 +443,58 @@ def test_watchdog_does_not_wait_for_a_stale_deploy_lock(tmp_path):
     (root / "locks" / "deploy").mkdir(parents=True)
     sh(f"sh {sdir}/current/watchdog.sh", env, FAKE_CURL_RC="7")
     assert "systemctl restart llmfleet-chat.service" in calls(tmp_path)
+
+
+def _worker_wd(tmp_path, port: int):
+    root = tmp_path / "root"
+    hs = host_settings("w", {"llmfleet_root": str(root), "llmfleet_watchdog": {"failures": 2, "max_restarts_per_hour": 2},
+                             "llmfleet_services": []})
+    svc = host_settings("h", {"llmfleet_services": [{
+        "name": "chat", "engine": "llamacpp", "model": "m", "model_path": "/m.gguf", "image": "i:1",
+        "health": {"load_timeout_s": 10}}]}).services[0]
+    files = watchdog.worker_release_files(svc, hs, kind="rpc", address="127.0.0.1", port=port)
+    rel = root / "services" / "chat" / "releases" / NEW
+    rel.mkdir(parents=True)
+    for name, (text, mode) in files.items():
+        (rel / name).write_text(text)
+        (rel / name).chmod(mode)
+    os.symlink(f"releases/{NEW}", root / "services" / "chat" / "current")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fakes = FAKES | {"docker": 'echo "docker $*" >> "$FAKE_LOG"\necho "${FAKE_RUNNING:-true}"\n'}
+    for name, body in fakes.items():
+        (bin_dir / name).write_text("#!/bin/sh\n" + body)
+        (bin_dir / name).chmod(0o755)
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", FAKE_LOG=str(tmp_path / "calls.log"))
+    return root, env
+
+
+def test_a_worker_watchdog_restarts_when_its_rpc_port_stops_listening_or_its_container_stops(tmp_path):
+    import socket
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    port = srv.getsockname()[1]
+    head = socket.create_connection(("127.0.0.1", port))  # the head attached: rpc-server accepts no other client
+    root, env = _worker_wd(tmp_path, port)
+    run = lambda **e: sh(f"sh {root}/services/chat/current/watchdog.sh", env, **e)  # noqa: E731
+    restarts = lambda: [c for c in calls(tmp_path) if c == "systemctl restart llmfleet-chat.service"]  # noqa: E731
+    for _ in range(6):
+        run()  # container running, port listening: healthy, and no probe queued a connection behind the head's
+    assert restarts() == [] and not (root / "audit.jsonl").exists()
+    srv.settimeout(0.2)
+    srv.accept()[0].close()  # the head's
+    with pytest.raises(TimeoutError):
+        srv.accept()
+    run(FAKE_RUNNING="false")
+    run(FAKE_RUNNING="false")
+    assert len(restarts()) == 1  # the container stopped: two failed probes restart the unit
+    head.close()
+    srv.close()
+    run()
+    run()
+    assert len(restarts()) == 2  # nothing listens on the rpc-server's port any more
+    audit = [json.loads(ln) for ln in (root / "audit.jsonl").read_text().splitlines()]
+    assert [a["result"] for a in audit] == ["restarted", "restarted"]
+    assert f"rpc-server 127.0.0.1:{port}" in audit[-1]["detail"]

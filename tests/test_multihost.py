@@ -180,7 +180,11 @@ def test_llamacpp_worker_runs_rpc_server_on_its_cluster_address_only():
     assert eng["labels"]["io.llmfleet.role"] == "worker" and eng["labels"]["io.llmfleet.head"] == "head"
     assert "0.0.0.0" not in r.files["compose.yml"]
     assert eng["cap_drop"] == ["ALL"] and eng["user"] == "65534:65534"
-    assert set(r.files) == {"compose.yml", "llmfleet-big.service", "service.env"}  # no HTTP watchdog
+    # its watchdog judges the container and the rpc-server port, not HTTP /health
+    assert set(r.files) == {"compose.yml", "llmfleet-big.service", "service.env", "watchdog.sh",
+                            "llmfleet-big-watchdog.service", "llmfleet-big-watchdog.timer"}
+    wd = r.files["watchdog.sh"]
+    assert "PORT=50052\nURL='container llmfleet-big and rpc-server 10.0.0.2:50052'\n" in wd and "/health" not in wd
     assert r.files["service.env"].count("=") == 0
 
 

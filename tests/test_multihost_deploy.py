@@ -36,6 +36,9 @@ class Sim:
         self.bad = bad  # hosts whose new release does not come up
         self.head_unhealthy = head_unhealthy
         self.unjoined = unjoined  # workers the head's log has no RPC device of
+        self.armed: dict[str, dict] = {}  # host -> the arm's keyword arguments (timeout, restart_unswitched)
+        self.too_late: set[str] = set()  # hosts whose timer reverted before the confirmation
+        self.deferred: dict[str, list[str]] = {}  # host -> the scripts of its last round trip
 
     def up(self, host: str) -> bool:
         return self.current[host] is not None and (self.current[host] == OLD or host not in self.bad)
@@ -87,11 +90,12 @@ def fake_run_class(sim: Sim):
 
         def arm(self, *a, **k):
             sim.events.append(("arm", self.host))
+            sim.armed[self.host] = k
             return "tok"
 
         def confirm(self, paths, service, token):
             sim.events.append(("confirm", self.host))
-            return True
+            return self.host not in sim.too_late
 
         def disarm(self, paths, token):
             sim.events.append(("disarm", self.host))
@@ -102,6 +106,7 @@ def fake_run_class(sim: Sim):
 
         def finish(self, *, write_audit=True):
             sim.events.append(("finish", self.host, self.lock_token, len(self.audit)))
+            sim.deferred[self.host] = list(self.deferred)
             self.audit, self.deferred = [], []
 
     return FakeRun
@@ -149,13 +154,20 @@ def test_first_deploy_locks_sorted_switches_workers_first_and_checks_the_join(pr
     res = deploy(prepared, sim, monkeypatch)
     assert res.result == "deployed", res.reason
     assert kinds(sim, "lock") == [("lock", "head"), ("lock", "w1"), ("lock", "w2")]
-    # workers in the inventory's order (w2, w1: the --rpc order), then the head, armed before its switch
-    assert kinds(sim, "switch", "arm", "confirm") == [("switch", "w2", "new"), ("switch", "w1", "new"),
-                                                      ("arm", "head"), ("switch", "head", "new"), ("confirm", "head")]
+    # every host armed before the first switch (workers in the inventory's order, w2, w1: the --rpc order,
+    # then the head); switched in that order; confirmed in the order their timers fire, the head last
+    assert kinds(sim, "switch", "arm", "confirm") == [
+        ("arm", "w2"), ("arm", "w1"), ("arm", "head"),
+        ("switch", "w2", "new"), ("switch", "w1", "new"), ("switch", "head", "new"),
+        ("confirm", "w2"), ("confirm", "w1"), ("confirm", "head")]
     assert res.joined["missing"] == [] and res.joined["rpc_peers"] == {"w1": ["10.0.0.1"], "w2": ["10.0.0.1"]}
     assert [e[1] for e in kinds(sim, "finish")] == ["head", "w1", "w2"]
     assert all(o.result == "deployed" for o in res.hosts.values())
     assert {o.host for o in res.host_outcomes()} == {"head", "w1", "w2"}
+    # every host records the releases the hosts now run together (what a rollback goes back to)
+    lines = {h: [d for d in sim.deferred[h] if "cluster.jsonl" in d] for h in ADDR}
+    assert all(len(v) == 1 for v in lines.values()) and len({v[0] for v in lines.values()}) == 1
+    assert all(res.hosts[h].releases["big"] in lines["head"][0] for h in ADDR)
 
 
 def test_check_takes_no_lock_and_switches_nothing(prepared, monkeypatch):
@@ -174,9 +186,10 @@ def test_a_head_failure_puts_every_host_back_workers_first(prepared, monkeypatch
     res = deploy(prepared, sim, monkeypatch)
     assert res.result == "rolled_back", res.reason
     assert failing in res.reason
-    backs = kinds(sim, "go_back")
-    assert backs == [("go_back", "w2", "old"), ("go_back", "w1", "old"), ("go_back", "head", "old")]
-    assert kinds(sim, "disarm") == [("disarm", "head")] and kinds(sim, "confirm") == []
+    # each host's timer stopped just before it goes back, workers first
+    assert kinds(sim, "go_back", "disarm") == [("disarm", "w2"), ("go_back", "w2", "old"), ("disarm", "w1"),
+                                               ("go_back", "w1", "old"), ("disarm", "head"), ("go_back", "head", "old")]
+    assert kinds(sim, "confirm") == []
     assert all(sim.current[h] == OLD for h in ADDR)
     assert all(o.result == "rolled_back" for o in res.hosts.values())
 
@@ -186,8 +199,9 @@ def test_a_worker_that_does_not_come_up_stops_before_the_head_is_touched(prepare
     res = deploy(prepared, sim, monkeypatch)
     assert res.result == "rolled_back", res.reason
     assert "w1: worker release" in res.reason and "closed" in res.reason
-    assert ("switch", "head", "new") not in sim.events and ("arm", "head") not in sim.events
+    assert ("switch", "head", "new") not in sim.events
     assert kinds(sim, "go_back") == [("go_back", "w2", "old"), ("go_back", "w1", "old")]
+    assert ("disarm", "head") in sim.events  # armed, never switched: its timer stopped, nothing else
     assert res.hosts["head"].result == "rolled_back"  # its service as a whole went back
     assert all(sim.current[h] == OLD for h in ADDR)
 
@@ -240,4 +254,24 @@ def test_ctrl_c_during_the_head_check_puts_every_host_back_and_releases_every_lo
                          log=lambda line: None, head_health=interrupted, connector=lambda h, s, a: Remote(h.name))
     assert kinds(sim, "go_back") == [("go_back", "w2", "old"), ("go_back", "w1", "old"), ("go_back", "head", "old")]
     assert [e[1] for e in kinds(sim, "finish")] == ["head", "w1", "w2"]
+    assert all(sim.current[h] == OLD for h in ADDR)
+
+
+def test_the_head_timer_fires_after_every_worker_timer_and_restarts_an_unswitched_head(prepared, monkeypatch):
+    sim = Sim(existing=True)
+    res = deploy(prepared, sim, monkeypatch)
+    assert res.result == "deployed", res.reason
+    head, w1, w2 = sim.armed["head"], sim.armed["w1"], sim.armed["w2"]
+    assert head["restart_unswitched"] is True and not w1["restart_unswitched"] and not w2["restart_unswitched"]
+    assert w1["timeout"] == w2["timeout"] and head["timeout"] >= w1["timeout"] + 60
+
+
+def test_a_worker_reverted_by_its_timer_before_the_confirmation_puts_every_host_back(prepared, monkeypatch):
+    sim = Sim(existing=True)
+    sim.too_late = {"w1"}
+    res = deploy(prepared, sim, monkeypatch)
+    assert res.result == "rolled_back", res.reason
+    assert "w1: healthy, but the host timer reverted it first" in res.reason
+    assert kinds(sim, "confirm") == [("confirm", "w2"), ("confirm", "w1")]  # the head is never confirmed
+    assert kinds(sim, "go_back") == [("go_back", "w2", "old"), ("go_back", "w1", "old"), ("go_back", "head", "old")]
     assert all(sim.current[h] == OLD for h in ADDR)

@@ -20,7 +20,7 @@ import pytest
 from llmfleet.fleet import status
 from llmfleet.host import probe
 from llmfleet.inventory.services import host_settings
-from llmfleet.release import audit, cluster, confirm, watchdog
+from llmfleet.release import audit, cluster, clusterset, confirm, watchdog
 from llmfleet.release import store as S
 
 GOLDEN = Path(__file__).parent / "golden" / "scripts"
@@ -82,11 +82,17 @@ SCRIPTS = {
     "watchdog_install": lambda: watchdog.install_snippet(PATHS.service_dir, "chat"),
     "watchdog_status": lambda: watchdog.status_script(ROOT),
     "watchdog_sh": lambda: watchdog.script_text(HS.services[0], HS, bind_address="127.0.0.1"),
+    "watchdog_worker_rpc": lambda: watchdog.worker_script_text(HS.services[0], HS, kind="rpc", address="10.0.0.12",
+                                                               port=50052),
+    "watchdog_worker_ray": lambda: watchdog.worker_script_text(HS.services[0], HS, kind="ray", address="10.0.0.12",
+                                                               port=6379),
     "watchdog_service_unit": lambda: watchdog.service_unit_text(HS.services[0], HS),
     "watchdog_timer_unit": lambda: watchdog.timer_unit_text(HS.services[0], HS),
     "confirm_compose_check": lambda: confirm.compose_check_script(PATHS, R2),
     "confirm_revert": lambda: confirm.revert_script(PATHS, release_id=R2, previous=R1, token=CONFIRM_TOKEN,
                                                     action="deploy", timeout=900),
+    "confirm_revert_head": lambda: confirm.revert_script(PATHS, release_id=R2, previous=R1, token=CONFIRM_TOKEN,
+                                                         action="deploy", timeout=960, restart_unswitched=True),
     "confirm_revert_first": lambda: confirm.revert_script(PATHS, release_id=R2, previous=None, token=CONFIRM_TOKEN,
                                                           action="rollback", timeout=60),
     "cluster_address": lambda: cluster.address_script("eth0"),
@@ -95,6 +101,9 @@ SCRIPTS = {
     "cluster_rpc_log": lambda: cluster.rpc_log_script(PATHS),
     "cluster_ray_nodes": lambda: cluster.ray_nodes_script(PATHS),
     "cluster_rpc_peers": lambda: cluster.rpc_peers_script(50052),
+    "clusterset_append": lambda: clusterset.append_script(PATHS, clusterset.record(
+        now=NOW, action="deploy", head="h1", releases={"h1": R2, "w1": R1})),
+    "clusterset_read": lambda: clusterset.read_script(PATHS),
 }
 # The builders of each module that sends remote scripts (or files that run on the host) and the golden
 # files that pin them; a new builder fails test_every_remote_script_builder_has_a_golden_file below.
@@ -102,12 +111,14 @@ PINNED_BUILDERS = {
     confirm: {"compose_check_script": "confirm_compose_check", "revert_script": "confirm_revert",
               "arm_script": "confirm_arm", "confirm_script": "confirm_confirm"},
     watchdog: {"script_text": "watchdog_sh", "service_unit_text": "watchdog_service_unit",
-               "timer_unit_text": "watchdog_timer_unit", "install_snippet": "watchdog_install",
+               "timer_unit_text": "watchdog_timer_unit",
+               "worker_script_text": "watchdog_worker_rpc", "install_snippet": "watchdog_install",
                "status_script": "watchdog_status"},
     audit: {"tail_script": "audit_tail"},
     cluster: {"address_script": "cluster_address", "worker_probe_script": "cluster_worker_probe_rpc",
               "rpc_log_script": "cluster_rpc_log", "ray_nodes_script": "cluster_ray_nodes",
               "rpc_peers_script": "cluster_rpc_peers"},
+    clusterset: {"append_script": "clusterset_append", "read_script": "clusterset_read"},
 }
 
 
@@ -156,8 +167,10 @@ def test_every_script_builder_of_the_cluster_module_has_a_golden_file():
 
                                   "confirm_arm", "confirm_arm_first", "confirm_confirm", "watchdog_install",
                                   "watchdog_sh", "confirm_compose_check", "confirm_revert", "confirm_revert_first",
+                                  "confirm_revert_head", "watchdog_worker_rpc", "watchdog_worker_ray",
                                   "cluster_address", "cluster_worker_probe_rpc",
-                                  "cluster_rpc_log", "cluster_ray_nodes", "cluster_rpc_peers"])
+                                  "cluster_rpc_log", "cluster_ray_nodes", "cluster_rpc_peers",
+                                  "clusterset_append", "clusterset_read"])
 def test_golden_scripts_parse_as_posix_sh(name):
     res = subprocess.run(["sh", "-n", str(GOLDEN / f"{name}.sh")], capture_output=True, text=True, timeout=10)
     assert res.returncode == 0, res.stderr

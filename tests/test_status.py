@@ -396,3 +396,64 @@ def test_releases_and_audit_tasks(fleet):
     res = _invoke(fleet, "audit", "--json")
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout)["records"][-1]["action"] == "upgrade"
+
+
+# ---------------------------------------------------------------------------------------------
+# A service over several hosts: each worker's state next to the head's row
+
+
+def _split_status(host, release, *, unit="active", inputs=None, **kw):
+    from llmfleet.release.manifest import Manifest
+    from llmfleet.release.store import ReleaseInfo, ServiceState
+
+    s = ServiceState(name="big", current=release, unit=unit)
+    s.releases[release] = ReleaseInfo(release, Manifest(release=release, service="big", engine="llamacpp",
+                                                        inputs=inputs or {}), HEALTHY)
+    return st.HostStatus(host=host, reachable=True, states={"big": s}, **kw)
+
+
+WORKER_INPUTS = {"role": "worker", "cluster": {"kind": "rpc", "port": 50052}}
+
+
+@pytest.mark.parametrize(("worker", "ok", "says"), [
+    (dict(listening={50052, 22}, containers={"llmfleet-big": "running"}), True, "container running, port 50052 "
+                                                                                "listening, release " + R2),
+    (dict(listening={22}, containers={"llmfleet-big": "running"}), False, "nothing listens on port 50052"),
+    (dict(listening={50052}, containers={"llmfleet-big": "exited"}, unit="failed"), False,
+     "unit failed, container exited"),
+    (dict(listening=set(), containers={}), False, "container absent"),
+])
+def test_the_heads_row_carries_each_workers_state(worker, ok, says):
+    head = _split_status("h", R1)
+    w = _split_status("w", R2, inputs=WORKER_INPUTS, **worker)
+    rows = st.host_rows(head, HostSettings(services=[svc("big")])) + st.host_rows(w, HostSettings())
+    st.cluster_rows(rows, {"h": head, "w": w}, [("h", "big", ["w"])])
+    hrow, wrow = rows
+    assert hrow.role == "head" and wrow.role == "worker of h"
+    (ws,) = hrow.workers
+    assert (ws["host"], ws["release"], ws["port"], ws["ok"]) == ("w", R2, 50052, ok)
+    assert says in (wrow.note if ok else hrow.note)
+    assert "not in the inventory" not in wrow.note and wrow.note.startswith("worker of h: ")
+    assert hrow.to_dict()["workers"][0]["host"] == "w"  # --json carries it
+
+
+def test_an_unreachable_worker_is_named_on_the_heads_row():
+    head = _split_status("h", R1)
+    rows = st.host_rows(head, HostSettings(services=[svc("big")]))
+    down = st.HostStatus(host="w", reachable=False, error="cannot connect")
+    st.cluster_rows(rows, {"h": head, "w": down}, [("h", "big", ["w"])])
+    assert rows[0].workers[0]["reachable"] is False and "workers: w: cannot connect" in rows[0].note
+
+
+def test_status_script_reads_worker_containers_and_listening_ports(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "docker").write_text("#!/bin/sh\necho '@@worker-container llmfleet-big running'\n")
+    (bin_dir / "ss").write_text("#!/bin/sh\nprintf 'LISTEN 0 4096 10.0.0.2:50052 0.0.0.0:*\\n"
+                                "LISTEN 0 128 [::]:22 [::]:*\\nLISTEN 0 128 0.0.0.0:22 0.0.0.0:*\\n'\n")
+    for p in bin_dir.iterdir():
+        p.chmod(0o755)
+    out = subprocess.run(["sh", "-c", st.status_script(str(tmp_path / "no-root"))], capture_output=True, text=True,
+                         env={"PATH": f"{bin_dir}:/usr/bin:/bin"}, timeout=30)
+    assert st.parse_listening(out.stdout) == {22, 50052}
+    assert st.parse_worker_containers(out.stdout) == {"llmfleet-big": "running"}

@@ -400,3 +400,102 @@ def test_json_lines_prints_one_line_per_host_as_it_ends_then_the_summary(tmp_pat
     assert sorted(u["host"] for u in summary["unreachable"]) == ["n1", "n2"]
     assert "batch 1/1" in res.stderr and "2 failed" in res.stderr  # the live line, not the hosts' steps
     assert "cannot connect" not in res.stderr and "Traceback" not in res.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# Services over several hosts: one rollout unit with their workers
+
+from llmfleet.fleet import upgrade as U  # noqa: E402
+
+
+@pytest.mark.parametrize(("selected", "own", "multi", "expected"), [
+    # a head and its (unselected) worker: one unit under the head's name
+    (["h"], {"h": False}, [("h", "big", ["w"])], [U.Unit("h", ("h", "w"), (), (("h", "big"),))]),
+    # the worker selected too, and with a service of its own: still one unit, its own services first
+    (["w", "h", "n"], {"w": True, "h": True, "n": True}, [("h", "big", ["w"])],
+     [U.Unit("w", ("h", "w"), ("w", "h"), (("h", "big"),)), U.Unit("n", ("n",), ("n",))]),
+    # two services sharing a worker: their heads are one unit (a deploy locks every host of its service)
+    (["a", "b"], {}, [("a", "s1", ["w"]), ("b", "s2", ["w"])],
+     [U.Unit("a", ("a", "b", "w"), (), (("a", "s1"), ("b", "s2")))]),
+    # a selected host with nothing to deploy is no unit
+    (["x", "n"], {"n": True}, [], [U.Unit("n", ("n",), ("n",))]),
+])
+def test_rollout_units(selected, own, multi, expected):
+    assert U.rollout_units(selected, own, multi) == expected
+
+
+def test_a_unit_of_several_hosts_counts_once_against_the_failure_budget():
+    units = U.rollout_units(["h", "n1", "n2"], {"n1": True, "n2": True}, [("h", "big", ["w"])])
+    fleet = FakeFleet(fail={"h"})
+    # per host, 2 of 4 failed (50%) would stop the rollout; per unit it is 1 of 3 (33%)
+    report = run_upgrade([u.key for u in units], deploy=fleet.deploy, serial=[3, 1], max_fail_percentage=34,
+                         members={u.key: list(u.hosts) for u in units if len(u.hosts) > 1})
+    assert not report.aborted
+    assert [(h.host, h.hosts, h.result) for h in report.hosts] == [
+        ("h", ["h", "w"], "rolled_back"), ("n1", [], "deployed"), ("n2", [], "deployed")]
+    assert report.to_dict()["hosts"][0]["hosts"] == ["h", "w"]
+
+
+def test_a_unit_deploys_its_hosts_own_services_then_the_service_over_them_and_stops_at_a_failure(monkeypatch):
+    from llmfleet.release import multihost
+    from llmfleet.release.decide import HostOutcome
+
+    calls: list[str] = []
+
+    def deploy_service(inv, head, svc, **kw):
+        calls.append(f"service {svc}")
+        run = multihost.ServiceRun(svc, head, "deployed", "ok")
+        run.hosts = {head: HostOutcome(head, "deployed", {svc: "R-head"}), "w": HostOutcome("w", "deployed", {svc: "R-w"})}
+        return run
+
+    monkeypatch.setattr(multihost, "deploy_service", deploy_service)
+    unit = U.Unit("w", ("h", "w"), ("w", "h"), (("h", "big"),))
+
+    def host_deploy(h):
+        calls.append(f"host {h}")
+        return Outcome(h, "deployed" if h != "bad" else "failed", {"chat": f"R-{h}"})
+
+    run = U.unit_deploy_fn(None, [unit], host_deploy=host_deploy, config=None, options=U.DeployOptions(),
+                           changes={}, log=lambda line: None)
+    out = run("w")
+    assert calls == ["host w", "host h", "service big"]
+    assert out.result == "deployed" and out.host == "w"
+    assert out.releases == {"chat@w": "R-w", "chat@h": "R-h", "big@h": "R-head", "big@w": "R-w"}
+    calls.clear()
+    bad = U.Unit("bad", ("bad", "w"), ("bad",), (("bad", "big"),))
+    out = U.unit_deploy_fn(None, [bad], host_deploy=host_deploy, config=None, options=U.DeployOptions(), changes={},
+                           log=lambda line: None)("bad")
+    assert calls == ["host bad"] and out.result == "failed"  # the service over several hosts is not started
+
+
+def test_upgrade_task_runs_a_service_over_two_hosts_as_one_unit(tmp_path):
+    """`upgrade --json-lines` on a head with a worker (nothing listens): one line for the unit, naming both
+    hosts, its failure counted once; the worker is not reported as left out."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import yaml
+
+    inv = _fleet_inventory(tmp_path)
+    data = yaml.safe_load((inv / "hosts.yml").read_text())
+    n1 = data["fleet"]["hosts"]["n1"]
+    big = {"name": "big", "engine": "llamacpp", "model": "m", "model_path": "/srv/models/m.gguf",
+           "image": "llamacpp:old", "port": 8001, "workers": ["n2"]}
+    n1["llmfleet_services"] = [big]
+    n1["llmfleet_cluster_address"] = "10.0.0.1"
+    data["fleet"]["hosts"]["n2"] |= {"llmfleet_services": [], "llmfleet_cluster_address": "10.0.0.2"}
+    (inv / "hosts.yml").write_text(yaml.safe_dump(data))
+    res = subprocess.run([sys.executable, "-m", "invoke", "upgrade", "-i", str(inv), "--group", "fleet",
+                          "--set", "context=4096", "--json-lines"],
+                         cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=120,
+                         env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
+                              "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")})
+    assert res.returncode == 1, (res.stdout, res.stderr)
+    lines = [json.loads(line) for line in res.stdout.splitlines()]
+    (unit,), summary = lines[:-1], lines[-1]
+    assert unit["host"] == "n1" and unit["hosts"] == ["n1", "n2"] and unit["result"] == "failed"
+    assert "big over" in unit["reason"] and "cannot connect" in unit["reason"]
+    assert summary["counts"] == {"failed": 1} and summary["excluded"] == {}
+    assert "Traceback" not in res.stderr

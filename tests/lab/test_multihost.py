@@ -5,14 +5,18 @@ with vLLM's own parser when the vLLM lab image is built).
 ``gpu-p40-11`` (head, llama-server) and ``gpu-p40-12`` (worker, rpc-server) sit on one lab network; the
 worker's rpc-server binds its eth0 address there (inventory/lab/group_vars/lab_split.yml). Tests run in
 file order: deploy, unchanged redeploy through ``deploy_hosts``, a killed worker failing the head, a
-deploy whose worker dies under it rolling back both hosts.
+deploy whose worker dies under it rolling back both hosts, a second version rolled back from the
+worker (both hosts back on the first version's releases, serving).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -27,7 +31,7 @@ from llmfleet.release import store as R
 from llmfleet.release.deploy import DeployOptions
 from llmfleet.release.multihost import deploy_service
 from llmfleet.release.render import load_role, render
-from llmfleet.release.service_ops import deploy_hosts
+from llmfleet.release.service_ops import deploy_hosts, rollback_hosts
 
 pytestmark = pytest.mark.lab
 
@@ -84,9 +88,16 @@ class Ctx:
         return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
+CONFIRM_TIMEOUT_S = 90  # each host's budget: the timers of a lost deploy fire within minutes
+
+
 @pytest.fixture(scope="module")
 def ctx(lab, tmp_path_factory):
     t0 = time.monotonic()
+    for host in (HEAD, WORKER):
+        path = Path(lab.inventory_path) / "host_vars" / f"{host}.yml"
+        data = (yaml.safe_load(path.read_text()) or {}) if path.exists() else {}
+        path.write_text(yaml.safe_dump(data | {"llmfleet_confirm_timeout_s": CONFIRM_TIMEOUT_S}, sort_keys=False))
     lab.ensure_hosts(HEAD, WORKER)
     c = Ctx(lab, tmp_path_factory.mktemp("multihost"))
     c.seconds["hosts-up"] = round(time.monotonic() - t0, 1)
@@ -123,6 +134,21 @@ def test_split_model_is_served_with_its_second_layer_on_the_worker(ctx):
     head_audit, worker_audit = ctx.audit(HEAD)[-1], ctx.audit(WORKER)[-1]
     assert head_audit["result"] == worker_audit["result"] == "deployed"
     assert "worker of a multi-host service" in worker_audit["detail"]
+    # every host was armed and confirmed (no pending token, no revert timer left) and runs its watchdog;
+    # the worker's judges its container and its rpc-server port
+    for host in (HEAD, WORKER):
+        sdir = f"{ROOT}/services/{SERVICE}"
+        left = ctx.lab.exec(host, ["sh", "-c", f"ls -A {sdir}; systemctl is-active llmfleet-{SERVICE}-revert.timer "
+                                   f"llmfleet-{SERVICE}-watchdog.timer"], check=False).stdout
+        assert ".confirm-pending" not in left and ".revert.sh" not in left, (host, left)
+        assert left.split()[-2:] == ["inactive", "active"], (host, left)
+    wd = ctx.lab.exec(WORKER, ["cat", f"{ROOT}/services/{SERVICE}/current/watchdog.sh"]).stdout
+    assert f"PORT=50052\nURL='container llmfleet-{SERVICE} and rpc-server {worker_addr}:50052'\n" in wd
+    # one probe now (its grace after a start set to 0): a serving worker counts no failure
+    sdir = f"{ROOT}/services/{SERVICE}"
+    ran = ctx.lab.exec(WORKER, ["sh", "-c", f"rm -f {sdir}/watchdog.state.fails; sed 's/^GRACE=.*/GRACE=0/' "
+                                f"{sdir}/current/watchdog.sh | sh; cat {sdir}/watchdog.state.fails"], check=False)
+    assert ran.stdout.strip() == "0", ("the worker's watchdog judged a serving worker unhealthy", ran.stdout, ran.stderr)
 
 
 def test_unchanged_redeploy_through_deploy_hosts_touches_nothing(ctx):
@@ -186,6 +212,94 @@ def test_a_worker_dying_under_a_deploy_rolls_back_both_hosts(ctx):
     assert order == [WORKER, HEAD], ctx.lines
     code, body = ctx.complete()
     assert code == 200, body
+
+
+def test_rollback_from_a_worker_puts_both_hosts_back_on_the_releases_they_shared(ctx):
+    res = ctx.deploy("second version", overrides={"env": {"LLMFLEET_LAB_VERSION": "b"}}, message="version b")
+    assert res.result == "deployed", res.reason
+    second = {h: ctx.state(h).current for h in (HEAD, WORKER)}
+    assert all(second[h] != ctx.first[h] for h in (HEAD, WORKER)), second
+    lines: list[str] = []
+    t0 = time.monotonic()
+    outs = rollback_hosts(ctx.lab.inventory_path, [WORKER], service=None, to=None, config=ctx.config,
+                          options=DeployOptions(who="tester", message="back to the first"), forks=1,
+                          log=lines.append)
+    ctx.seconds["rollback"] = round(time.monotonic() - t0, 1)
+    assert {o.host: o.result for o in outs} == {HEAD: "rolled_back", WORKER: "rolled_back"}, [o.reason for o in outs]
+    for host in (HEAD, WORKER):
+        st = ctx.state(host)
+        assert st.current == ctx.first[host] and st.unit == "active", (host, st.current)
+        rec = ctx.audit(host)[-1]
+        assert rec["action"] == "rollback" and rec["result"] == "rolled_back"
+    # workers switched first, then the head; its health and the join check passed
+    switched = [line.split(":")[0] for line in lines if f"{SERVICE}: current -> " in line]
+    assert switched == [WORKER, HEAD], lines
+    assert any("every worker joined" in line for line in lines), lines
+    code, body = ctx.complete()
+    assert code == 200, body
+
+
+def test_status_shows_the_workers_state_next_to_the_heads_row(ctx):
+    from llmfleet.fleet import status as status_mod
+    from llmfleet.inventory.ansible import load_inventory
+
+    inv = load_inventory(ctx.lab.inventory_path)
+    results = status_mod.query_hosts([inv.hosts[HEAD], inv.hosts[WORKER]], config=ctx.config, metrics=False)
+    rows = [r for st, settings in results for r in status_mod.host_rows(st, settings)]
+    status_mod.cluster_rows(rows, {st.host: st for st, _ in results}, [(HEAD, SERVICE, [WORKER])])
+    head = next(r for r in rows if r.host == HEAD and r.service == SERVICE)
+    worker = next(r for r in rows if r.host == WORKER and r.service == SERVICE)
+    (w,) = head.workers
+    assert w == {"host": WORKER, "reachable": True, "release": ctx.first[WORKER], "unit": "active",
+                 "container": "running", "port": 50052, "listening": True, "ok": True}
+    assert head.role == "head" and "1 worker(s) up" in head.note
+    assert worker.role == f"worker of {HEAD}" and "not in the inventory" not in worker.note
+
+
+def test_a_controller_lost_after_the_workers_switched_leaves_both_hosts_on_their_previous_release(ctx):
+    """SIGKILL of the controller once its worker switched, before the head's switch: the worker's
+    timer puts it back, then the head's (armed last, firing last) restarts the head's release so that
+    it attaches to the worker again; the service serves, both hosts on the releases of before."""
+    before = {h: ctx.state(h).current for h in (HEAD, WORKER)}
+    code = ("import json, sys\n"
+            "from llmfleet.release.deploy import DeployOptions\n"
+            "from llmfleet.release.multihost import deploy_service\n"
+            "deploy_service(sys.argv[1], sys.argv[2], sys.argv[3], config=json.loads(sys.argv[4]),\n"
+            "               options=DeployOptions(overrides={'env': {'LLMFLEET_LAB_VERSION': 'c'}}, who='lost'),\n"
+            "               log=lambda line: print(line, flush=True))\n")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(ctx.lab.inventory_path), HEAD, SERVICE,
+                             json.dumps(ctx.config)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=dict(os.environ, PYTHONPATH=str(REPO / "src")))
+    assert proc.stdout is not None
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if line.startswith(f"{WORKER}: {SERVICE}: worker up"):
+            break
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    t0 = time.monotonic()
+    assert any(line.startswith(f"{HEAD}: {SERVICE}: host reverts to") for line in seen), "".join(seen)[-2000:]
+    assert ctx.state(WORKER).current != before[WORKER] and ctx.state(HEAD).current == before[HEAD]
+
+    def timer_lines(host):
+        return [a for a in ctx.audit(host) if a.get("who") == "host timer"]
+
+    deadline = t0 + 2 * CONFIRM_TIMEOUT_S + 2 * FAST["stage_timeout_s"] + 180
+    while time.monotonic() < deadline and not (timer_lines(WORKER) and timer_lines(HEAD)):
+        time.sleep(5)
+    ctx.seconds["controller lost: timers settled"] = round(time.monotonic() - t0, 1)
+    (w,), (h,) = timer_lines(WORKER)[-1:], timer_lines(HEAD)[-1:]
+    assert w["result"] == "reverted" and w["release"] == before[WORKER], w
+    assert h["result"] == "unchanged" and "restarted to attach to its workers again" in h["detail"], h
+    assert w["time"] <= h["time"]  # the worker first, then the head
+    for host in (HEAD, WORKER):
+        st = ctx.state(host)
+        assert st.current == before[host] and st.unit == "active", (host, st.current, st.unit)
+    deadline = time.monotonic() + 90
+    while (got := ctx.complete())[0] != 200:
+        assert time.monotonic() < deadline, got
+        time.sleep(3)
 
 
 # -- vLLM over Ray: rendered, checked by compose and by vLLM's own parser -----------------------------

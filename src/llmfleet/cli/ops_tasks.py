@@ -46,16 +46,29 @@ def status(c, host=None, group=None, inventory=None, json=False, forks=DEFAULT_F
            no_metrics=False, verbose=False):
     """Per service: card, release, image digest, unit, health, tok/s, live metrics; services no longer in the inventory."""
     from llmfleet.fleet import status as status_mod
+    from llmfleet.inventory.ansible import settings_for
+    from llmfleet.release import multihost as mh
 
-    _inv, hosts = select_hosts(c, inventory, host, group)
+    inv, hosts = select_hosts(c, inventory, host, group)
+    # services over several hosts that a selected host is the head or a worker of: every host of them
+    # is read, so that the head's row carries each worker's state
+    split = []
+    for head, svc_name in mh.services_of_hosts(inv, [h.name for h in hosts]):
+        svc = next(s for s in settings_for(inv.hosts[head]).services if s.name == svc_name)
+        split.append((head, svc_name, mh.workers_of(inv, head, svc)))
+    more = sorted({n for head, _s, ws in split for n in (head, *ws)} - {h.name for h in hosts})
+    hosts = list(hosts) + [inv.hosts[n] for n in more]
     results = status_mod.query_hosts(hosts, config=load_settings(c), forks=forks, timeout=timeout,
                                      metrics=not no_metrics)
     rows = [r for st, settings in results for r in status_mod.host_rows(st, settings)]
+    status_mod.cluster_rows(rows, {st.host: st for st, _ in results}, split)
     unreachable = [unreachable_entry(st.host, st.error or "no answer") for st, _ in results if not st.reachable]
+    worker_of = {(w, svc) for _head, svc, ws in split for w in ws}
     orphans = [
         {"host": st.host, "service": name, "release": st.states[name].current, "unit": st.states[name].unit}
         for st, settings in results if st.reachable
         for name in sorted(st.states) if name not in {s.name for s in (settings.services if settings else [])}
+        and (st.host, name) not in worker_of
     ]
     if json:
         print_json({"rows": [r.to_dict() for r in rows], "orphans": orphans, "unreachable": unreachable})
@@ -271,8 +284,30 @@ def upgrade(c, group=None, host=None, inventory=None, image=None, set_=None, ser
     msg = message or f"upgrade --group {group}" + "".join(f" --image {v}" for v in images.values())
     options = DeployOptions(check=bool(check), accept_new_host_keys=bool(accept_new_host_keys),
                             allow_unpinned=bool(allow_unpinned), message=msg, who=who)
+    # a service over several hosts is one rollout unit with its workers (counted once in its batch)
+    from llmfleet.release import multihost as mh
+
+    own: dict[str, bool] = {}
+    multi: list[tuple[str, str, list[str]]] = []
+    for n in names:
+        ch = changes[n]
+        wanted = [s for s in settings_for(inv.hosts[n]).services if ch.services is None or s.name in ch.services]
+        own[n] = any(not s.workers for s in wanted)
+        multi += [(n, s.name, mh.workers_of(inv, n, s)) for s in wanted if s.workers]
+    units = upgrade_mod.rollout_units(names, own, multi)
+    in_units = {h for u in units for h in u.hosts}
+    for n in names:
+        if n not in in_units:
+            excluded[n] = "no service of its own to deploy"
+    for h in in_units:
+        excluded.pop(h, None)
+    if not units:
+        raise UsageError("upgrade: no selected host has a service to deploy: " +
+                         "; ".join(f"{k}: {v}" for k, v in excluded.items()))
     # every host's deploy prepared (overrides, secrets, pinned images) before any host is touched
-    prepared = upgrade_mod.prepare(inv, names, changes, config=config, options=options)
+    prepared = upgrade_mod.prepare(inv, [h for u in units for h in u.singles], changes, config=config, options=options)
+    prepared_services = {(h, svc): mh.prepare_service(inv, h, svc, config, upgrade_mod._host_options(
+        options, changes[h])) for u in units for h, svc in u.services}
     log = log_line
     for name, why in excluded.items():
         log(f"{name}: not part of this upgrade: {why}")
@@ -282,17 +317,20 @@ def upgrade(c, group=None, host=None, inventory=None, image=None, set_=None, ser
         lambda line: log(line) if line.startswith(("ABORT", "STOP", "rolling back", "pausing")) else None)
     deploy_one = upgrade_mod.deploy_fn(inv, config=config, options=options, changes=changes, log=host_log,
                                        prepared=prepared, bench_gate=bench_gate, bench_dir=config.bench_dir)
+    deploy_unit = upgrade_mod.unit_deploy_fn(inv, units, host_deploy=deploy_one, config=config, options=options,
+                                             changes=changes, log=host_log, prepared_services=prepared_services)
     unreachable: list[dict[str, str]] = []
 
     def deploy(name: str) -> Any:
         from llmfleet.cli.deploy_tasks import never_reached
 
-        outcome = deploy_one(name)
-        if never_reached(outcome):
+        outcome = deploy_unit(name)
+        if not isinstance(outcome, upgrade_mod.UnitOutcome) and never_reached(outcome):
             unreachable.append(unreachable_entry(outcome.host, outcome.reason))
         return outcome
 
-    rollback = upgrade_mod.rollback_fn(inv, config=config, options=options, log=log) if rollback_on_abort else None
+    rollback = (upgrade_mod.unit_rollback_fn(inv, units, config=config, options=options, log=log)
+                if rollback_on_abort else None)
     progress, on_host = None, None
     if json_lines:
         import json as json_mod
@@ -310,7 +348,7 @@ def upgrade(c, group=None, host=None, inventory=None, image=None, set_=None, ser
                 sys.stdout.flush()
 
     report = upgrade_mod.run_upgrade(
-        names, deploy=deploy, serial=serial_list, max_fail_percentage=mfp, forks=forks, pause=pause,
+        [u.key for u in units], deploy=deploy, members={u.key: list(u.hosts) for u in units if len(u.hosts) > 1}, serial=serial_list, max_fail_percentage=mfp, forks=forks, pause=pause,
         rollback_on_abort=bool(rollback_on_abort), rollback=rollback, check=bool(check), log=run_log,
         progress=progress, on_host=on_host,
     )
@@ -361,7 +399,7 @@ def _print_upgrade(report: Any) -> None:
         colour = colours.get(h.result, "red")
         rels = ", ".join(f"{k}={v}" for k, v in sorted(h.releases.items())) or "-"
         last = _changes_text(h.changes) if report.check else h.reason
-        table.add_row(h.host, str(h.batch), f"[{colour}]{h.result}[/{colour}]", rels,
+        table.add_row(h.host + (f" (+{', '.join(x for x in h.hosts if x != h.host)})" if h.hosts else ""), str(h.batch), f"[{colour}]{h.result}[/{colour}]", rels,
                       f"{h.duration_s:.1f}s" if h.result != "skipped" else "-", escape(last or ""))
     console.print(table)
     counts = ", ".join(f"{v} {k}" for k, v in sorted(report.counts().items()))

@@ -34,6 +34,8 @@ from llmfleet.release.secret import secret_if_readable
 from llmfleet.settings import Settings, SshSettings
 
 GPU_MARK = "@@gpu"
+LISTEN_MARK = "@@listen"
+CONTAINER_MARK = "@@worker-container"
 METRICS_TIMEOUT_S = 3.0
 MAX_METRICS_BYTES = 4 * 1024 * 1024
 
@@ -49,7 +51,31 @@ def status_script(root: str) -> str:
         f"echo '{GPU_MARK}'",
         "nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 64 || true",
         "(", watchdog.status_script(root), ") 2>/dev/null || true",
+        # workers of services over several hosts: their containers, and the TCP ports the host listens on
+        f"docker ps -a --filter label=io.llmfleet.role=worker --format '{CONTAINER_MARK} {{{{.Names}}}} {{{{.State}}}}' "
+        "2>/dev/null | head -n 64 || true",
+        f"ss -Hltn 2>/dev/null | awk '{{n = split($4, a, \":\"); print \"{LISTEN_MARK} \" a[n]}}' | sort -u "
+        "| head -n 512 || true",
     ])
+
+
+def parse_listening(stdout: str) -> set[int]:
+    """The TCP ports the host listens on (``status_script``)."""
+    out = set()
+    for line in stdout.splitlines():
+        if line.startswith(LISTEN_MARK + " ") and line[len(LISTEN_MARK) + 1:].strip().isdigit():
+            out.add(int(line[len(LISTEN_MARK) + 1:].strip()))
+    return out
+
+
+def parse_worker_containers(stdout: str) -> dict[str, str]:
+    """Worker containers (``llmfleet-<svc>``) and their state (running, exited, restarting, ...)."""
+    out = {}
+    for line in stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[0] == CONTAINER_MARK:
+            out[parts[1]] = parts[2]
+    return out
 
 
 def parse_card_names(stdout: str) -> list[str]:
@@ -109,6 +135,8 @@ class ServiceRow:
     metrics: dict[str, float | None] | None = None
     note: str = ""
     supervision: dict[str, Any] | None = None  # restarts since the deploy, the last watchdog action
+    role: str = ""  # a service over several hosts: "head" or "worker of HEAD"
+    workers: list[dict[str, Any]] | None = None  # on the head's row: each worker's state (``worker_state``)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -126,6 +154,68 @@ class HostStatus:
     metrics: dict[str, EngineMetrics | str] = field(default_factory=dict)  # service -> metrics or why not
     seconds: float = 0.0
     supervision: dict[str, watchdog.Supervision] = field(default_factory=dict)
+    listening: set[int] = field(default_factory=set)  # TCP ports the host listens on
+    containers: dict[str, str] = field(default_factory=dict)  # worker container -> its state
+
+
+def worker_state(status: HostStatus | None, host: str, service: str) -> dict[str, Any]:
+    """One worker of a service over several hosts, as read by its status probe: its release, unit,
+    container state, cluster port and whether the host listens on it (a Ray worker listens on no
+    port of its own: ``listening`` None), and ``ok``."""
+    d: dict[str, Any] = {"host": host, "reachable": bool(status and status.reachable), "release": None,
+                         "unit": "-", "container": None, "port": None, "listening": None, "ok": False}
+    if status is None or not status.reachable:
+        d["problem"] = (status.error if status else "") or "unreachable"
+        return d
+    st = status.states.get(service)
+    if st is None:
+        d["problem"] = "not deployed"
+        return d
+    info = st.current_release
+    cl = (info.manifest.inputs.get("cluster") if info and info.manifest else None) or {}
+    d["release"], d["unit"] = st.current, st.unit
+    d["container"] = status.containers.get(f"llmfleet-{service}", "absent")
+    if isinstance(cl.get("port"), int):
+        d["port"] = cl["port"]
+        if cl.get("kind") == "rpc":
+            d["listening"] = cl["port"] in status.listening
+    problems = [f"unit {st.unit}"] if st.unit != "active" else []
+    if d["container"] != "running":
+        problems.append(f"container {d['container']}")
+    if d["listening"] is False:
+        problems.append(f"nothing listens on port {d['port']}")
+    d["ok"] = not problems
+    if problems:
+        d["problem"] = ", ".join(problems)
+    return d
+
+
+def worker_label(w: dict[str, Any]) -> str:
+    if w["ok"]:
+        port = f", port {w['port']} listening" if w.get("listening") else ""
+        return f"{w['host']}: container running{port}, release {w['release']}"
+    return f"{w['host']}: {w.get('problem', 'not ok')}" + (f", release {w['release']}" if w.get("release") else "")
+
+
+def cluster_rows(rows: list[ServiceRow], statuses: dict[str, HostStatus],
+                 services: Sequence[tuple[str, str, Sequence[str]]]) -> None:
+    """Services over several hosts ((head, service, workers) from the inventory): the head's row gets
+    each worker's state (``workers``, and a note naming those not ok) and the role ``head``; each
+    worker's row the role ``worker of HEAD`` and its state in the note, in place of "not in the
+    inventory"."""
+    for head, svc, workers in services:
+        states = [worker_state(statuses.get(w), w, svc) for w in workers]
+        for r in rows:
+            if r.host == head and r.service == svc:
+                r.role, r.workers = "head", states
+                bad = [worker_label(w) for w in states if not w["ok"]]
+                said = ("workers: " + "; ".join(bad)) if bad else f"{len(states)} worker(s) up"
+                r.note = "; ".join(x for x in (said, r.note) if x)
+            elif r.host in workers and r.service == svc:
+                w = next(x for x in states if x["host"] == r.host)
+                r.role = f"worker of {head}"
+                rest = r.note.replace("not in the inventory", "").strip("; ")
+                r.note = "; ".join(x for x in (f"worker of {head}: {worker_label(w).split(': ', 1)[1]}", rest) if x)
 
 
 def host_rows(status: HostStatus, settings: HostSettings | None) -> list[ServiceRow]:
@@ -297,7 +387,8 @@ def query_host(
             return HostStatus(host=host.name, reachable=False, error=f"state probe failed: {detail[0][:200]}",
                               seconds=time.monotonic() - t0)
         status = HostStatus(host=host.name, reachable=True, gpus=parse_card_names(res.stdout),
-                            states=rel.parse_state(res.stdout), supervision=watchdog.parse_status(res.stdout))
+                            states=rel.parse_state(res.stdout), supervision=watchdog.parse_status(res.stdout),
+                            listening=parse_listening(res.stdout), containers=parse_worker_containers(res.stdout))
         if metrics and settings:
             for svc in settings.services:
                 st = status.states.get(svc.name)

@@ -6,6 +6,11 @@ quarter-fleet batches, then the rest; a batch whose failed share is strictly gre
 Inside a batch, hosts deploy in parallel, at most ``--forks`` at a time; each runs the whole deploy
 (preflight, pull, switch, health check, automatic rollback of that host on failure).
 
+A service over several hosts (``workers:``) is upgraded as one unit: its head, its workers and the
+selected hosts' own services among them are one step of one batch (``rollout_units``), deployed in
+order (each host's own services, then the service over its hosts, ``multihost.deploy_service``), and
+counted once against the batch's failure budget. Its result row carries the unit's hosts.
+
 An abort starts no new batch. Hosts that already finished stay on the new release unless
 ``rollback_on_abort``, in which case each of them is rolled back to its previous release. Hosts of
 later batches are reported as ``skipped``.
@@ -134,6 +139,98 @@ def host_overrides(services: Sequence[Service], images: dict[str, str], sets: di
 # Orchestration (pure given its functions)
 
 
+# ---------------------------------------------------------------------------------------------
+# Rollout units: a host, or the hosts of services over several hosts together (pure)
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One step of a batch. ``key``: the name it is reported under (a host: the first selected host of
+    it); ``hosts``: every host it touches; ``singles``: hosts whose own services it deploys;
+    ``services``: (head, service) of the services over several hosts it deploys."""
+
+    key: str
+    hosts: tuple[str, ...]
+    singles: tuple[str, ...] = ()
+    services: tuple[tuple[str, str], ...] = ()
+
+
+def rollout_units(selected: Sequence[str], own: dict[str, bool],
+                  multi: Sequence[tuple[str, str, Sequence[str]]]) -> list[Unit]:
+    """Group the selected hosts into rollout units. ``own``: whether a selected host has services of
+    its own to deploy; ``multi``: (head, service, workers) of the services over several hosts being
+    upgraded (their heads selected). Hosts that share such a service are one unit (a deploy takes the
+    lock of every host of it: two units holding one host would refuse each other), in the order of
+    the selection; a worker need not be selected."""
+    parent: dict[str, str] = {}
+
+    def find(x: str) -> str:
+        parent.setdefault(x, x)
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for h in selected:
+        find(h)
+    for head, _svc, workers in multi:
+        for w in workers:
+            parent[find(w)] = find(head)
+    order = list(selected) + [w for _h, _s, ws in multi for w in ws if w not in selected]
+    groups: dict[str, list[str]] = {}
+    for h in order:
+        groups.setdefault(find(h), [])
+        if h not in groups[find(h)]:
+            groups[find(h)].append(h)
+    out = []
+    for members in groups.values():
+        sel = [h for h in members if h in selected]
+        services = tuple((h, s) for h, s, _w in multi if h in members)
+        singles = tuple(h for h in sel if own.get(h))
+        if not singles and not services:
+            continue
+        out.append(Unit(sel[0] if sel else members[0], tuple(sorted(members)), singles, services))
+    return out
+
+
+_WORST = ("error", "failed", "refused", "rolled_back", "interrupted")
+
+
+@dataclass
+class UnitOutcome:
+    """The outcome of one unit, shaped as a host's (``result``, ``releases``, ``reason``, ...)."""
+
+    host: str
+    result: str
+    releases: dict[str, str] = field(default_factory=dict)
+    duration_s: float = 0.0
+    reason: str = ""
+    changes: Any = None
+
+
+def combine(unit: Unit, parts: Sequence[tuple[str, Any]]) -> UnitOutcome:
+    """One result for the unit's parts ((label, outcome) in the order they ran): the worst failure,
+    else ``deployed`` if any part deployed, else ``check``, else ``unchanged``. Releases are keyed
+    ``service@host``."""
+    results = [str(getattr(o, "result", "error")) for _l, o in parts]
+    worst = next((w for w in _WORST if w in results), None)
+    result = worst or ("deployed" if "deployed" in results else "check" if "check" in results else "unchanged")
+    releases: dict[str, str] = {}
+    reasons, changes = [], []
+    for label, o in parts:
+        for host, hout in (getattr(o, "hosts", None) or {}).items():  # a service over several hosts
+            releases |= {f"{k}@{host}": v for k, v in (getattr(hout, "releases", None) or {}).items() if v}
+        releases |= {f"{k}@{getattr(o, 'host', label)}": v for k, v in (getattr(o, "releases", None) or {}).items()
+                     if v and not getattr(o, "hosts", None)}
+        why = str(getattr(o, "reason", "") or "")
+        if why:
+            reasons.append(f"{label}: {why}")
+        if getattr(o, "changes", None):
+            changes.append({label: o.changes})
+    return UnitOutcome(unit.key, result, releases, sum(float(getattr(o, "duration_s", 0) or 0) for _l, o in parts),
+                       "; ".join(reasons), changes or None)
+
+
 @dataclass
 class HostResult:
     host: str
@@ -144,6 +241,7 @@ class HostResult:
     reason: str = ""
     changes: Any = None
     rollback: str | None = None  # result of the rollback on abort, when one ran
+    hosts: list[str] = field(default_factory=list)  # a unit of several hosts: every host of it
 
     @property
     def failed(self) -> bool:
@@ -247,6 +345,7 @@ def run_upgrade(
     stop: threading.Event | None = None,
     progress: Any = None,
     on_host: Callable[[HostResult], None] | None = None,
+    members: dict[str, Sequence[str]] | None = None,
 ) -> UpgradeReport:
     """Deploy ``hosts`` batch by batch. ``deploy(host)`` returns a HostOutcome-like object (``result``,
     ``releases``, ``duration_s``, ``reason``, ``changes``) and should not raise; if it does, the
@@ -256,6 +355,7 @@ def run_upgrade(
     all batches run and nothing aborts. ``stop`` (an Event) ends the rollout after the current batch.
     ``progress`` (a :class:`llmfleet.fleet.progress.LiveLine`) gets each batch's start and end and each
     host's start and result; ``on_host`` is called with each host's result as it finishes.
+    ``members``: for a name that stands for a unit of several hosts, those hosts (its result's ``hosts``).
     """
     if rollback_on_abort and rollback is None and not check:
         raise UsageError("rollback_on_abort needs a rollback function")
@@ -267,7 +367,8 @@ def run_upgrade(
         raise UsageError(f"--pause {pause}: must not be negative")
     t_start = clock()
     plan = batches(list(hosts), list(serial))
-    results = {h: HostResult(host=h, batch=i + 1) for i, b in enumerate(plan) for h in b}
+    results = {h: HostResult(host=h, batch=i + 1, hosts=list((members or {}).get(h) or []))
+               for i, b in enumerate(plan) for h in b}
     report = UpgradeReport(batches=plan, hosts=[results[h] for b in plan for h in b], check=check)
 
     def apply_deploy(res: HostResult, outcome: Any, t0: float) -> None:
@@ -391,5 +492,65 @@ def rollback_fn(inventory: Inventory, *, config: Settings, options: DeployOption
                 log: Callable[[str], None]) -> Callable[[str], Any]:
     def run(host: str) -> Any:
         return rollback_host(inventory, host, config=config, options=options, log=lambda line: log(f"{host}: {line}"))
+
+    return run
+
+
+# ---------------------------------------------------------------------------------------------
+# Units: a host's own services, then the services over several hosts (shell: llmfleet.release.multihost)
+
+
+def unit_deploy_fn(inventory: Inventory, units: Sequence[Unit], *, host_deploy: Callable[[str], Any],
+                   config: Settings, options: DeployOptions, changes: dict[str, HostChange],
+                   log: Callable[[str], None], prepared_services: dict[tuple[str, str], Any] | None = None
+                   ) -> Callable[[str], Any]:
+    """``key -> outcome`` for a rollout unit: ``host_deploy`` for each host's own services, then
+    ``multihost.deploy_service`` for each service over several hosts, one after the other; the
+    first failure ends the unit. A unit of one host with no such service is ``host_deploy`` itself."""
+    by_key = {u.key: u for u in units}
+
+    def run(key: str) -> Any:
+        from llmfleet.release.multihost import deploy_service
+
+        u = by_key[key]
+        if not u.services and u.singles == (key,):
+            return host_deploy(key)
+        parts: list[tuple[str, Any]] = []
+        for h in u.singles:
+            parts.append((h, host_deploy(h)))
+            if str(getattr(parts[-1][1], "result", "error")) in FAILED:
+                return combine(u, parts)
+        for head, svc in u.services:
+            opts = _host_options(options, changes.get(head) or HostChange({}))
+            res = deploy_service(inventory, head, svc, config=config, options=opts, log=log,
+                                 prepared=(prepared_services or {}).get((head, svc)))
+            parts.append((f"{svc} over {', '.join(sorted(res.hosts) or [head])}", res))
+            if res.result in FAILED:
+                break
+        return combine(u, parts)
+
+    return run
+
+
+def unit_rollback_fn(inventory: Inventory, units: Sequence[Unit], *, config: Settings, options: DeployOptions,
+                     log: Callable[[str], None]) -> Callable[[str], Any]:
+    """``key -> outcome`` rolling a unit back: each host's own services, then each service over several
+    hosts on all its hosts together (``multihost.rollback_service``)."""
+    by_key = {u.key: u for u in units}
+    one = rollback_fn(inventory, config=config, options=options, log=log)
+
+    def run(key: str) -> Any:
+        from llmfleet.release.multihost import rollback_service
+
+        u = by_key[key]
+        if not u.services and u.singles == (key,):
+            return one(key)
+        parts: list[tuple[str, Any]] = [(h, one(h)) for h in u.singles]
+        for head, svc in u.services:
+            parts.append((svc, rollback_service(inventory, head, svc, config=config, options=options, log=log)))
+        out = combine(u, parts)
+        if all(str(getattr(o, "result", "")) == "rolled_back" for _l, o in parts):
+            out.result = "rolled_back"
+        return out
 
     return run

@@ -28,6 +28,7 @@ from llmfleet.errors import UsageError
 from llmfleet.images.lock import ImageRef
 from llmfleet.inventory.services import HostSettings, Service, cluster_address_problem
 from llmfleet.release import render as R
+from llmfleet.release import watchdog
 from llmfleet.release.store import Paths
 
 WORKER_TEMPLATE = "worker.yml.j2"
@@ -219,8 +220,8 @@ def render_worker(service: Service, settings: HostSettings, image: ImageRef, clu
                   *, roles_dir: R.Dirs = None, templates_dir: R.Dirs = None) -> R.Rendered:
     """One worker's release: compose (the role's ``templates/worker.yml.j2``), the unit, an empty env file.
 
-    No watchdog files: the watchdog probes HTTP /health, which rpc-server and a Ray worker do not serve;
-    the head's health check covers the workers (it fails when one is gone)."""
+    Its watchdog (``watchdog.worker_script_text``) judges what a worker has instead of HTTP /health:
+    its container runs and, for rpc-server, its port accepts a connection on the cluster address."""
     role = R.load_role(service.engine, roles_dir)
     if role.worker_template is None:
         raise UsageError(f"service {service.name}: the {service.engine} role has no templates/{WORKER_TEMPLATE}")
@@ -267,6 +268,9 @@ def render_worker(service: Service, settings: HostSettings, image: ImageRef, clu
     unit_file = R.unit_name(service)
     files = {R.COMPOSE_FILE: compose_text, unit_file: unit_text, R.ENV_FILE: env_text}
     modes = {R.COMPOSE_FILE: 0o644, unit_file: 0o644, R.ENV_FILE: 0o600}
+    for name, (text, mode) in watchdog.worker_release_files(service, settings, kind=cluster.kind,
+                                                            address=member.address, port=cluster.port).items():
+        files[name], modes[name] = text, mode
     inputs = R.service_inputs(service) | {"cluster": cluster.to_dict(), "role": "worker"}
     return R.Rendered(service=service.name, engine=service.engine, files=files, modes=modes,
                       secret_files=frozenset({R.ENV_FILE}), engine_args=[*(entry or []), *command], image=image,

@@ -52,6 +52,23 @@ def timeout_s(service: Service, settings: HostSettings) -> int:
     return int(service.health.load_timeout_s + 4 * service.health.stage_timeout_s + 120)
 
 
+# Every host of a service over several hosts is armed before the first of them switches. The workers'
+# timers fire first, the head's at least HEAD_AFTER_WORKERS_S later: a head put back (or only restarted)
+# by its timer starts against workers that are already back on their previous release.
+HEAD_AFTER_WORKERS_S = 60
+
+
+def cluster_timeouts(service: Service, head: str, settings_by_host: dict[str, HostSettings]) -> dict[str, int]:
+    """Per host of a service over several hosts, how long its switch may go unconfirmed: one budget for
+    every worker (the largest host budget plus one health stage per worker, checked one after the
+    other before the head), and the head ``HEAD_AFTER_WORKERS_S`` more (it is armed last, so its timer
+    fires after every worker's)."""
+    workers = [h for h in settings_by_host if h != head]
+    base = max(timeout_s(service, s) for s in settings_by_host.values())
+    base += len(workers) * int(service.health.stage_timeout_s)
+    return {h: base + (HEAD_AFTER_WORKERS_S if h == head else 0) for h in settings_by_host}
+
+
 def compose_check_script(paths: store.Paths, release_id: str) -> str:
     """``docker compose config -q`` over the release's compose files (its overrides merged in)."""
     rel = paths.release(release_id)
@@ -68,8 +85,12 @@ def compose_check_script(paths: store.Paths, release_id: str) -> str:
 
 
 def revert_script(paths: store.Paths, *, release_id: str, previous: str | None, token: str, action: str,
-                  timeout: int) -> str:
-    """The script the host timer runs: undo the switch to ``release_id`` unless it was confirmed."""
+                  timeout: int, restart_unswitched: bool = False) -> str:
+    """The script the host timer runs: undo the switch to ``release_id`` unless it was confirmed.
+
+    ``restart_unswitched`` (the head of a service over several hosts): when the switch was never made,
+    restart the release that serves anyway, so that it attaches again to its workers, whose own timers
+    put them back before this one fires (``cluster_timeouts``)."""
     _token(token)
     sdir = paths.service_dir
     root = paths.root.rstrip("/")
@@ -84,6 +105,12 @@ def revert_script(paths: store.Paths, *, release_id: str, previous: str | None, 
     failed = f"host timer revert FAILED: release {release_id} was not confirmed within {int(timeout)} s"
     never = (f"host timer: release {release_id} was not confirmed within {int(timeout)} s but was never made "
              f"current; nothing to undo, the serving release was left running")
+    unswitched = ""
+    if restart_unswitched:
+        never = (f"host timer: release {release_id} was not confirmed within {int(timeout)} s but was never made "
+                 f"current; the serving release was restarted to attach to its workers again")
+        unswitched = (f"\n  [ -z \"$target\" ] || systemctl restart {_q(paths.unit)} >/dev/null 2>&1 || "
+                      f"{{ result=failed; detail={_q(never.replace('was restarted', 'could not be restarted'))}; }}")
     rel = f"releases/{store._check_id(release_id)}"
     return f"""#!/bin/sh
 # Armed by llmfleet before the {action} of service {paths.service} to release {release_id}.
@@ -94,7 +121,7 @@ mv {PENDING} {TAKEN} 2>/dev/null || exit 0
 if [ "$(cat {TAKEN})" != {_q(token)} ]; then rm -f {TAKEN}; exit 0; fi
 if [ "$(readlink current 2>/dev/null)" != {_q(rel)} ]; then
   # the controller vanished between arming and switching: the old release still serves, untouched
-  result=unchanged; detail={_q(never)}; target=$(basename "$(readlink current 2>/dev/null)" | tr -cd 'A-Za-z0-9-')
+  result=unchanged; detail={_q(never)}; target=$(basename "$(readlink current 2>/dev/null)" | tr -cd 'A-Za-z0-9-'){unswitched}
 else
 (
 {back}
@@ -115,7 +142,7 @@ rm -f {TAKEN} {REVERT_SCRIPT}
 
 
 def arm_script(paths: store.Paths, *, release_id: str, previous: str | None, token: str, action: str,
-               timeout: int) -> str:
+               timeout: int, restart_unswitched: bool = False) -> str:
     """Check the compose files, write the revert script and the token, start the timer.
 
     Prints ``@@armed``; exits ``ARM_FAILED_RC`` with ``@@compose-invalid`` or ``@@arm-failed`` and
@@ -125,7 +152,7 @@ def arm_script(paths: store.Paths, *, release_id: str, previous: str | None, tok
     sdir = paths.service_dir
     unit = revert_unit(paths.service)
     script = revert_script(paths, release_id=release_id, previous=previous, token=token, action=action,
-                           timeout=timeout)
+                           timeout=timeout, restart_unswitched=restart_unswitched)
     return "\n".join([
         "(",
         compose_check_script(paths, release_id),

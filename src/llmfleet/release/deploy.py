@@ -396,6 +396,9 @@ def rollback_host(
     names = [s.name for s in host_settings.services]
     if service is not None and service not in names:
         raise UsageError(f"{inv.path}: host {host_name} has no service {service!r} (services: {', '.join(names) or 'none'})")
+    if service is not None and any(s.name == service and s.workers for s in host_settings.services):
+        raise UsageError(f"host {host_name}: service {service} spans hosts: roll back all of them together "
+                         "(`invoke rollback --host` its head or a worker)")
     out = HostOutcome(host=host_name, result=Result.FAILED)
     run_on_host(host, host_settings, out, "rollback", settings=settings, log=log, who=options.who,
                 message=options.message, accept_new_host_keys=options.accept_new_host_keys,
@@ -408,7 +411,8 @@ def rollback_host(
 def run_rollback(run: HostRun, service: str | None, to: str | None, out: HostOutcome) -> None:
     """The rollback after connecting: decide each service's target, then switch, check, go back on failure."""
     states = run.read_state()
-    inv_services = {s.name: s for s in run.host_settings.services}
+    # a service over several hosts goes back on all of them together (multihost.rollback_service)
+    inv_services = {s.name: s for s in run.host_settings.services if not s.workers}
     steps = decide.decide_rollback(states, [n for n in inv_services if service in (None, n)], host=run.host,
                                    service=service, to=to)
     keys = {st.service: resolve_secret(inv_services[st.service].api_key, f"host {run.host}: service {st.service}")

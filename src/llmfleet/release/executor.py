@@ -339,29 +339,33 @@ class HostRun:
     # starts the host-side watchdog), disarm it before going back ourselves. A controller that
     # vanishes in between leaves the host timer to revert.
 
-    def arm(self, paths: Paths, service: Service, release_id: str, previous: str | None, action: str) -> str:
-        """Arm the host's revert of the switch to ``release_id``; the token that confirms it."""
-        token, script = self.arm_script(paths, service, release_id, previous, action)
+    def arm(self, paths: Paths, service: Service, release_id: str, previous: str | None, action: str, *,
+            timeout: int | None = None, restart_unswitched: bool = False) -> str:
+        """Arm the host's revert of the switch to ``release_id``; the token that confirms it.
+        ``timeout``: instead of the host's budget (a service over several hosts sets one per host,
+        ``confirm.cluster_timeouts``); ``restart_unswitched``: see ``confirm.revert_script``."""
+        token, script = self.arm_script(paths, service, release_id, previous, action, timeout=timeout,
+                                        restart_unswitched=restart_unswitched)
         with self.stage(f"{service.name}: arm revert"):
             res = self.run(script, timeout=120)
-        self.armed(service, previous, res)
+        self.armed(service, previous, res, timeout=timeout)
         return token
 
     def arm_script(self, paths: Paths, service: Service, release_id: str, previous: str | None,
-                   action: str) -> tuple[str, str]:
+                   action: str, *, timeout: int | None = None, restart_unswitched: bool = False) -> tuple[str, str]:
         """(token, script) of ``arm``, for a round trip that carries more steps."""
         token = self.token()
-        timeout = confirm.timeout_s(service, self.host_settings)
+        seconds = confirm.timeout_s(service, self.host_settings) if timeout is None else int(timeout)
         return token, confirm.arm_script(paths, release_id=release_id, previous=previous, token=token, action=action,
-                                         timeout=timeout)
+                                         timeout=seconds, restart_unswitched=restart_unswitched)
 
-    def armed(self, service: Service, previous: str | None, res: ssh.Result) -> None:
+    def armed(self, service: Service, previous: str | None, res: ssh.Result, *, timeout: int | None = None) -> None:
         """Judge the arm step's answer: raises ``RemoteError`` when the revert is not armed."""
         armed = confirm.parse_arm(res.rc, res.stdout)
         if not armed.armed:
             raise RemoteError(f"{service.name}: {armed.reason}")
-        timeout = confirm.timeout_s(service, self.host_settings)
-        self.log(f"{service.name}: host reverts to {previous or 'nothing'} in {timeout} s unless confirmed")
+        seconds = confirm.timeout_s(service, self.host_settings) if timeout is None else int(timeout)
+        self.log(f"{service.name}: host reverts to {previous or 'nothing'} in {seconds} s unless confirmed")
 
     def confirm(self, paths: Paths, service: str, token: str | None) -> bool:
         """Confirm the switch and start the watchdog; False when the host timer had already reverted."""

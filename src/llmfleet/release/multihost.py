@@ -440,10 +440,11 @@ def _deploy(ready: PreparedService, hosts: dict[str, _Host], res: ServiceRun, op
     failure: str | None = None
     report = None
     try:
+        failure = _arm_all(workers, hh, svc)
         for w in workers:
-            failure = _switch(w, svc)
             if failure:
                 break
+            failure = _switch(w, svc)
         if failure is None:
             failure, report = _switch_head(hh, svc, cluster, head_health, res, hosts)
     except KeyboardInterrupt:  # Ctrl-C mid-switch: every host back before exiting, as a single-host deploy
@@ -457,24 +458,44 @@ def _deploy(ready: PreparedService, hosts: dict[str, _Host], res: ServiceRun, op
     _roll_back_all(hosts, workers, hh, svc, failure, res)
 
 
+def _arm_all(workers: list[_Host], hh: _Host, svc: Service, action: str = "deploy") -> str | None:
+    """Upload each host's new release and arm its host timer, every host before the first switch:
+    workers in their order, the head last (``confirm.cluster_timeouts``: its timer fires after every
+    worker's, and it restarts the head even when the head's switch was never made, so that a head left
+    by a lost controller attaches again to workers that their own timers put back). A failure's reason."""
+    from llmfleet.release import confirm
+
+    budgets = confirm.cluster_timeouts(svc, hh.name, {h.name: h.run.host_settings for h in [*workers, hh]})
+    for h in [*workers, hh]:
+        assert h.item is not None
+        it, run = h.item, h.run
+        step = it.step
+        try:
+            if step.action == Action.NEW:
+                it.manifest = Manifest.build(it.rendered, step.release_id, host=run.host, who=run.who,
+                                             when=run.now(), llmfleet_version=__version__, message=run.message)
+                files, modes = store.release_files(it.rendered, it.manifest)
+                up = run.run(store.upload_script(it.paths, step.release_id), stdin=store.pack_release(files, modes),
+                             timeout=120)
+                if not store.parse_upload(up.rc, up.stdout):
+                    return (f"{h.name}: upload of release {step.release_id} failed: "
+                            f"{short(up.stderr or up.stdout, 300)}")
+                run.log(f"{svc.name}: uploaded release {step.release_id}")
+            if step.arms_revert:
+                h.token = run.arm(it.paths, svc, step.release_id, step.previous, action, timeout=budgets[h.name],
+                                  restart_unswitched=h.is_head)
+        except RemoteError as exc:
+            return f"{h.name}: {exc}"
+    return None
+
+
 def _switch(h: _Host, svc: Service) -> str | None:
-    """Upload and switch one host's release (a worker, or the head before its checks); a failure's reason."""
+    """Switch one host's uploaded, armed release (a worker, or the head before its checks); a failure's reason."""
     assert h.item is not None
     it, run = h.item, h.run
     step = it.step
     try:
-        if step.action == Action.NEW:
-            it.manifest = Manifest.build(it.rendered, step.release_id, host=run.host, who=run.who, when=run.now(),
-                                         llmfleet_version=__version__, message=run.message)
-            files, modes = store.release_files(it.rendered, it.manifest)
-            up = run.run(store.upload_script(it.paths, step.release_id), stdin=store.pack_release(files, modes),
-                         timeout=120)
-            if not store.parse_upload(up.rc, up.stdout):
-                return f"{h.name}: upload of release {step.release_id} failed: {short(up.stderr or up.stdout, 300)}"
-            run.log(f"{svc.name}: uploaded release {step.release_id}")
         if step.switches:
-            if h.is_head and step.arms_revert:
-                h.token = run.arm(it.paths, svc, step.release_id, step.previous, "deploy")
             h.switched = True
             sw = run.switch(it.paths, step.release_id)
             if not store.parse_switch(sw.rc, sw.stdout):
@@ -538,17 +559,40 @@ def _switch_head(hh: _Host, svc: Service, cluster: C.Cluster,
                 else f"Ray sees {detail['ray_nodes']} live node(s), want {cluster.size}")
         return f"{hh.name}: healthy, but not every worker joined: {want}", report
     hh.run.log(f"{svc.name}: every worker joined ({detail})")
-    try:
-        confirmed = hh.run.confirm(it.paths, svc.name, hh.token)
-    except RemoteError as exc:
-        return f"{hh.name}: confirm: {exc}", report
-    if not confirmed:
-        return f"{hh.name}: healthy, but the host timer reverted it first", report
-    hh.token = None
-    return None, report
+    return _confirm_all([hosts[w.host] for w in cluster.workers], hh, svc), report
+
+
+def _confirm_all(workers: list[_Host], hh: _Host, svc: Service) -> str | None:
+    """Confirm every armed host, in the order their timers fire (workers, then the head: the head's
+    confirmation is the last one); each confirmation also starts that host's watchdog."""
+    for h in [*workers, hh]:
+        if h.token is None:
+            continue
+        assert h.item is not None
+        try:
+            confirmed = h.run.confirm(h.item.paths, svc.name, h.token)
+        except RemoteError as exc:
+            return f"{h.name}: confirm: {exc}"
+        if not confirmed:
+            return f"{h.name}: healthy, but the host timer reverted it first"
+        h.token = None
+    return None
+
+
+def _record_set(hosts: dict[str, _Host], svc: Service, head: str, action: str) -> None:
+    """The releases every host of the service now runs together, appended to each host's history
+    (``clusterset``), in the last round trip."""
+    from llmfleet.release import clusterset
+
+    any_run = next(iter(hosts.values())).run
+    entry = clusterset.record(now=any_run.now(), action=action, head=head,
+                              releases={n: h.item.step.release_id for n, h in hosts.items() if h.item})
+    for h in hosts.values():
+        h.run.defer(clusterset.append_script(Paths(h.run.root, svc.name), entry))
 
 
 def _commit(hosts: dict[str, _Host], svc: Service, res: ServiceRun, report: health.HealthReport | None) -> None:
+    _record_set(hosts, svc, res.head, "deploy")
     for h in hosts.values():
         it = h.item
         assert it is not None
@@ -574,12 +618,12 @@ def _commit(hosts: dict[str, _Host], svc: Service, res: ServiceRun, report: heal
 
 
 def _roll_back_all(hosts: dict[str, _Host], workers: list[_Host], hh: _Host, svc: Service, failure: str,
-                   res: ServiceRun) -> None:
-    """Every host of the service back to its previous release: workers first, then the head."""
+                   res: ServiceRun, action: str = "deploy") -> None:
+    """Every host of the service back to its previous release: workers first, then the head. Each
+    host's timer is stopped just before it goes back (the ones not reached yet keep their timers);
+    a host armed but never switched is only disarmed."""
     assert hh.item is not None
     logs = hh.run.engine_log(hh.item.paths) if hh.switched else ""
-    if hh.switched:
-        hh.run.disarm(hh.item.paths, hh.token)
     hh.run.log(f"{svc.name}: FAILED: {failure}")
     if logs:
         hh.run.log(f"{svc.name}: head engine log: {logs}")
@@ -587,6 +631,8 @@ def _roll_back_all(hosts: dict[str, _Host], workers: list[_Host], hh: _Host, svc
     for h in [*workers, hh]:
         it = h.item
         assert it is not None
+        h.run.disarm(it.paths, h.token)
+        h.token = None
         if not h.switched:
             continue
         if h.is_head and it.health is not None and it.health.get("result") == "unhealthy":
@@ -598,7 +644,7 @@ def _roll_back_all(hosts: dict[str, _Host], workers: list[_Host], hh: _Host, svc
         back = h.run.go_back(it.paths, svc, it.prepared.api_key if h.is_head else None, previous, it.state)
         backs[h.name] = back
         h.run.log(f"{svc.name}: {back.sentence()}")
-        h.run.record(action="deploy", service=svc.name, release_id=it.step.release_id,
+        h.run.record(action=action, service=svc.name, release_id=it.step.release_id,
                      digest=it.prepared.image.digest, result=back.result, detail=f"{failure}; {back.sentence()}")
         h.out.result = Result(back.result)
         h.out.services[svc.name] = ServiceOutcome(svc.name, Result(back.result), it.step.release_id, back.current,
@@ -611,3 +657,200 @@ def _roll_back_all(hosts: dict[str, _Host], workers: list[_Host], hh: _Host, svc
     for h in hosts.values():
         if h.name not in backs:
             h.out.result = Result.UNCHANGED if h.item and h.item.step.action == Action.UNCHANGED else res.result
+
+
+# ---------------------------------------------------------------------------------------------
+# rollback: every host of the service together, to the releases they ran together
+
+
+def services_of_hosts(inv: Inventory, names: list[str], service: str | None = None) -> list[tuple[str, str]]:
+    """(head, service) of every service with workers that one of ``names`` is the head or a worker of
+    (``service``: only that one), each once, in the inventory's order."""
+    out: list[tuple[str, str]] = []
+    wanted = set(names)
+    for head, h in inv.hosts.items():
+        for s in settings_for(h).services:
+            if not s.workers or (service is not None and s.name != service) or (head, s.name) in out:
+                continue
+            if head in wanted or wanted & set(workers_of(inv, head, s)):
+                out.append((head, s.name))
+    return out
+
+
+def _image_of(manifest: Manifest) -> images.ImageRef:
+    """The image a release ran, as its manifest recorded it (what the audit line names)."""
+    m = manifest.image
+    ref = manifest.image_ref or ""
+    return images.ImageRef(key=str(m.get("key") or ref), repository=str(m.get("repository") or ref.split("@")[0]),
+                           digest=manifest.digest, tag=m.get("tag") if isinstance(m.get("tag"), str) else None,
+                           pinned=bool(m.get("pinned", True)),
+                           upstream_repository=str(m.get("upstream_repository") or m.get("repository") or ""))
+
+
+def _cluster_of(service: str, manifest: Manifest) -> C.Cluster | None:
+    """The cluster a worker's release was rendered for (its manifest's inputs)."""
+    d = manifest.inputs.get("cluster")
+    try:
+        head = C.Member(**d["head"])
+        workers = tuple(C.Member(**w) for w in d["workers"])
+        return C.Cluster(service, str(d["kind"]), int(d["port"]), head, workers)
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def rollback_service(inventory: Inventory | str, head: str, service: str, *, to: str | None = None,
+                     config: Settings | dict[str, Any] | None = None, options: DeployOptions, log: Log,
+                     head_health: Callable[[HostRun, HealthTarget], health.HealthReport] = http_health,
+                     connector: Callable[[Host, Settings, bool], Any] = connect) -> ServiceRun:
+    """Every host of a service over several hosts back to the releases they last ran together before
+    the current ones (``clusterset.shared_target``; ``to``: the set holding that release id): locks
+    in sorted order, every host armed, workers switched first, then the head's health and join check,
+    every host confirmed; a failure puts every host back on what it ran before the rollback."""
+    settings = Settings.of(config)
+    inv = inventory if isinstance(inventory, Inventory) else load_inventory(inventory)
+    host = inv.hosts.get(head)
+    if host is None:
+        raise UsageError(f"{inv.path}: no host {head!r}")
+    if to is not None and not decide.is_release_id(to):
+        raise UsageError(f"--to {to!r} is not a release id (like 20261129T120000Z-0123456789); "
+                         f"see `invoke releases --host {head}`")
+    svc = next((s for s in settings_for(host).services if s.name == service), None)
+    if svc is None:
+        raise UsageError(f"{inv.path}: host {head} has no service {service!r}")
+    names = workers_of(inv, head, svc)
+    key = resolve_secret(svc.api_key, f"host {head}: service {service}")
+    t0 = time.monotonic()
+    res = ServiceRun(service=service, head=head, result=Result.FAILED)
+    order = sorted([head, *names])
+    hosts: dict[str, _Host] = {}
+    try:
+        for name in order:
+            h = inv.hosts[name]
+            run = HostRun(name, settings_for(h), None, settings=settings, log=lambda line, n=name: log(f"{n}: {line}"),
+                          who=options.who, message=options.message)
+            hosts[name] = _Host(name, run, HostOutcome(host=name, result=Result.FAILED), name == head)
+            run.remote = connector(h, settings, options.accept_new_host_keys)
+        _rollback(svc, key, hosts, res, to, head_health)
+    except Refusal as exc:
+        res.result, res.reason = Result(exc.result), exc.reason
+    except RemoteError as exc:
+        res.result, res.reason = Result.FAILED, str(exc)
+    finally:
+        for name in order:
+            hh = hosts.get(name)
+            if hh is None:
+                continue
+            if res.result in {Result.REFUSED, Result.FAILED} and not hh.run.audit:
+                hh.run.record(action="rollback", service=service, release_id=None, digest=None, result=res.result,
+                              detail=res.reason)
+            try:
+                hh.run.finish()
+            finally:
+                hh.out.round_trips = getattr(hh.run.remote, "round_trips", 0) or 0
+                if hh.run.remote is not None:
+                    try:
+                        hh.run.remote.close()
+                    except Exception:  # noqa: BLE001,S110 - closing a dead connection must not hide the outcome
+                        pass
+        for hh in hosts.values():
+            hh.out.result = res.result
+            res.hosts[hh.name] = hh.out
+        res.duration_s = round(time.monotonic() - t0, 3)
+    return res
+
+
+def _rollback(svc: Service, key: str | None, hosts: dict[str, _Host], res: ServiceRun, to: str | None,
+              head_health: Callable[[HostRun, HealthTarget], health.HealthReport]) -> None:
+    from llmfleet.release import clusterset
+    from llmfleet.release.executor import service_for_release
+
+    states = {n: h.run.read_state().get(svc.name) for n, h in hosts.items()}
+    history = clusterset.merge([clusterset.parse(h.run.run(clusterset.read_script(Paths(h.run.root, svc.name)),
+                                                           timeout=30).stdout) for h in hosts.values()])
+    target = clusterset.shared_target(svc.name, list(hosts), states, history, to=to)
+    manifests = {}
+    for n, rid in target.releases.items():
+        st = states[n]
+        assert st is not None  # shared_target checked every host has it
+        manifests[n] = st.releases[rid].manifest
+    cluster = next((c for n, m in manifests.items() if n != res.head and m and (c := _cluster_of(svc.name, m))), None)
+    if cluster is None or sorted(cluster.hosts) != sorted(hosts):
+        raise Refusal(Result.FAILED, f"service {svc.name}: the workers' releases {target.time} name no cluster of "
+                                     f"{', '.join(sorted(hosts))}; deploy the version you want instead")
+    res.cluster = cluster.to_dict()
+    for n, h in hosts.items():
+        m = manifests[n]
+        st = states[n]
+        assert m is not None and st is not None
+        rid = target.releases[n]
+        if rid != st.current and not store.parse_image_present(
+                h.run.run(store.image_present_script(m.image_ref or ""), timeout=30).stdout):
+            raise Refusal(Result.FAILED, f"{n}: service {svc.name}: the image of release {rid} ({m.image_ref}) is "
+                                         "no longer on the host; deploy that version instead")
+    for name in sorted(hosts):  # the fixed order, as a deploy
+        hosts[name].run.lock("rollback")
+
+    hh = hosts[res.head]
+    members = {cluster.head.host: cluster.head} | {w.host: w for w in cluster.workers}
+    head_svc = svc
+    for n, h in hosts.items():
+        m, st, rid = manifests[n], states[n], target.releases[n]
+        assert m is not None and st is not None
+        action = Action.UNCHANGED if rid == st.current and st.unit == "active" else (
+            Action.RESTART if rid == st.current else Action.SWITCH)
+        hsvc = service_for_release(svc, m) if h.is_head else svc
+        if h.is_head:
+            head_svc = hsvc
+        h.member = members[n]
+        h.item = _Item(Prepared(hsvc, key if h.is_head else None, _image_of(m)), m.plan_summary() if h.is_head else None,
+                       None, Paths(h.run.root, svc.name), st,  # type: ignore[arg-type]  # nothing is rendered
+                       ServiceStep(svc.name, action, rid, st.current, (f"{st.current} -> {rid}",)), manifest=m)
+        if not h.is_head:
+            h.run.health_fn = worker_health(h.member, cluster.port, cluster.kind)
+        h.out.releases[svc.name] = rid
+    workers = [hosts[w.host] for w in cluster.workers]
+    assert hh.item is not None
+    if hh.item.step.action == Action.UNCHANGED and any(w.item and w.item.step.action != Action.UNCHANGED
+                                                       for w in workers):
+        st = hh.item.step
+        hh.item.step = ServiceStep(st.service, Action.RESTART, st.release_id, st.release_id, ("restart: its workers change",))
+    for h in hosts.values():
+        assert h.item is not None
+        h.out.changes.append(f"{svc.name}: {h.item.step.changes[0]}")
+        h.run.log(f"{svc.name}: rollback {h.item.step.changes[0]} ({'head' if h.is_head else 'worker'})")
+
+    failure: str | None = None
+    report = None
+    try:
+        failure = _arm_all(workers, hh, svc, action="rollback")
+        for w in workers:
+            if failure:
+                break
+            failure = _switch(w, svc)
+        if failure is None:
+            failure, report = _switch_head(hh, head_svc, cluster, head_health, res, hosts)
+    except KeyboardInterrupt:
+        _roll_back_all(hosts, workers, hh, svc, "interrupted", res, action="rollback")
+        raise
+    if failure is not None:
+        _roll_back_all(hosts, workers, hh, svc, failure, res, action="rollback")
+        res.result = Result.FAILED
+        res.reason = f"ROLLBACK FAILED: {res.reason}"
+        return
+    _record_set(hosts, svc, res.head, "rollback")
+    for h in hosts.values():
+        it = h.item
+        assert it is not None
+        rid = it.step.release_id
+        if it.step.action != Action.UNCHANGED:
+            rep = report if h.is_head else None
+            doc = (rep.to_dict() if rep else (it.health or {})) | {"release": rid, "joined": res.joined}
+            h.run.defer(store.mark_healthy_script(it.paths, rid, doc | {"time": h.run.now().isoformat(timespec="seconds"),
+                                                                      "who": h.run.who}))
+        h.run.record(action="rollback", service=svc.name, release_id=rid, digest=it.prepared.image.digest,
+                     result=Result.ROLLED_BACK, detail=f"from {it.step.previous} ({'head' if h.is_head else 'worker'} "
+                                                       "of a multi-host service)")
+        h.out.services[svc.name] = ServiceOutcome(svc.name, Result.ROLLED_BACK, rid, rid, it.step.previous)
+    res.result = Result.ROLLED_BACK
+    res.reason = "; ".join(f"{h.name}: {h.item.step.previous} -> {h.item.step.release_id}"
+                           for h in [*workers, hh] if h.item)

@@ -65,10 +65,29 @@ def deploy_hosts(inventory: Any, names: Sequence[str], *, config: Settings | dic
 
 def rollback_hosts(inventory: Any, names: Sequence[str], *, service: str | None, to: str | None,
                    config: Settings | dict[str, Any], options: Any, forks: int, log: Log) -> list[Any]:
+    """``rollback_host`` on each host for its own services, ``forks`` at a time; then each service over
+    several hosts that a selected host is the head or a worker of, all its hosts together
+    (``multihost.rollback_service``), one at a time; one row per host of it."""
+    from llmfleet.inventory.ansible import Inventory, load_inventory, settings_for
     from llmfleet.release.deploy import rollback_host
+    from llmfleet.release.multihost import rollback_service, services_of_hosts, workers_of
 
-    return run_hosts(lambda n: rollback_host(inventory, n, service=service, to=to, config=config, options=options,
-                                             log=lambda line: log(f"{n}: {line}")), names, forks)
+    inv = inventory if isinstance(inventory, Inventory) else load_inventory(inventory)
+    multi = services_of_hosts(inv, list(names), service)
+    covered: set[str] = set()
+    for head, svc_name in multi:
+        svc = next(s for s in settings_for(inv.hosts[head]).services if s.name == svc_name)
+        covered |= {head, *workers_of(inv, head, svc)}
+    single = []
+    for n in names:
+        own = [s.name for s in settings_for(inv.hosts[n]).services if not s.workers]
+        if n not in covered or (service in own if service is not None else bool(own)):
+            single.append(n)
+    outcomes = run_hosts(lambda n: rollback_host(inv, n, service=service, to=to, config=config, options=options,
+                                                 log=lambda line: log(f"{n}: {line}")), single, forks)
+    return outcomes + [o for head, svc_name in multi
+                       for o in rollback_service(inv, head, svc_name, to=to, config=config, options=options,
+                                                 log=log).host_outcomes()]
 
 
 @dataclass

@@ -49,13 +49,49 @@ def probe_address(bind_address: str) -> str:
     return f"[{bind_address}]" if ":" in bind_address else bind_address
 
 
+_HTTP_PROBE = """if command -v curl >/dev/null 2>&1; then
+  curl -fsS -o /dev/null --max-time "$PROBE_TIMEOUT" "$URL" 2>/dev/null && ok=1 || ok=0
+else
+  [ "$(docker inspect --format '{{.State.Health.Status}}' "$CONTAINER" 2>/dev/null)" = unhealthy ] && ok=0 || ok=1
+fi"""
+
+# A worker of a service over several hosts serves no HTTP: it is healthy while its container runs and
+# (llama.cpp's rpc-server) a socket listens on its port. Listening, not connecting: rpc-server serves one
+# client at a time, so a probe's connection would wait in its accept queue while the head is attached
+# (and, repeated, fill that queue).
+_WORKER_PROBE = """ok=0
+[ "$(docker inspect --format '{{.State.Running}}' "$CONTAINER" 2>/dev/null)" = true ] && ok=1
+if [ "$ok" = 1 ] && [ -n "$PORT" ] && command -v ss >/dev/null 2>&1; then
+  ss -Hltn "( sport = :$PORT )" 2>/dev/null | grep -q . || ok=0
+fi"""
+
+
 def script_text(service: Service, settings: HostSettings, *, bind_address: str) -> str:
+    url = f"http://{probe_address(bind_address)}:{service.port}/health"
+    return _script(service, settings, what="/health probes", target=f"URL={_q(url)}", probe=_HTTP_PROBE)
+
+
+def worker_script_text(service: Service, settings: HostSettings, *, kind: str, address: str, port: int) -> str:
+    """The watchdog of a worker of a service over several hosts (``kind`` rpc: rpc-server on
+    ADDRESS:PORT; ray: a Ray worker, judged by its container alone)."""
+    container = f"llmfleet-{service.name}"
+    if kind == "rpc":
+        what = f"container {container} and rpc-server {probe_address(address)}:{int(port)}"
+        target = f"PORT={int(port)}"
+    else:
+        what = f"container {container} (Ray worker)"
+        target = "PORT=''"
+    return _script(service, settings, what="worker probes (container running"
+                   + (", rpc-server port listening)" if kind == "rpc" else ")"),
+                   target=f"{target}\nURL={_q(what)}", probe=_WORKER_PROBE)
+
+
+def _script(service: Service, settings: HostSettings, *, what: str, target: str, probe: str) -> str:
     wd = settings.watchdog
     sdir = service_dir(settings.root, service.name)
-    url = f"http://{probe_address(bind_address)}:{service.port}/health"
     return f"""#!/bin/sh
 # llmfleet watchdog for service {service.name}: run by {timer_name(service.name)}.timer every {wd.interval_s} s.
-# Restarts the unit after {wd.failures} failed /health probes in a row, at most {wd.max_restarts_per_hour} times an
+# Restarts the unit after {wd.failures} failed {what} in a row, at most {wd.max_restarts_per_hour} times an
 # hour (then it only records that it gave up); appends each action to the host's audit log.
 set -u
 SERVICE={_q(service.name)}
@@ -63,7 +99,7 @@ UNIT={_q(f"llmfleet-{service.name}.service")}
 CONTAINER={_q(f"llmfleet-{service.name}")}
 SERVICE_DIR={_q(sdir)}
 AUDIT={_q(settings.root.rstrip('/') + '/audit.jsonl')}
-URL={_q(url)}
+{target}
 FAILURES={int(wd.failures)}
 MAX_PER_HOUR={int(wd.max_restarts_per_hour)}
 GRACE={int(service.health.load_timeout_s)}
@@ -95,11 +131,7 @@ up=$(cut -d' ' -f1 /proc/uptime)
 age=$(awk -v u="$up" -v s="${{started:-0}}" 'BEGIN {{ printf "%d", u - s / 1000000 }}')
 [ "$age" -ge "$GRACE" ] || exit 0
 
-if command -v curl >/dev/null 2>&1; then
-  curl -fsS -o /dev/null --max-time "$PROBE_TIMEOUT" "$URL" 2>/dev/null && ok=1 || ok=0
-else
-  [ "$(docker inspect --format '{{{{.State.Health.Status}}}}' "$CONTAINER" 2>/dev/null)" = unhealthy ] && ok=0 || ok=1
-fi
+{probe}
 if [ "$ok" = 1 ]; then
   echo 0 > "$STATE.fails"
   rm -f "$STATE.gaveup"
@@ -155,6 +187,19 @@ AccuracySec=1s
 [Install]
 WantedBy=timers.target
 """
+
+
+def worker_release_files(service: Service, settings: HostSettings, *, kind: str, address: str,
+                         port: int) -> dict[str, tuple[str, int]]:
+    """The watchdog files of a worker's release (none when the host turned the watchdog off)."""
+    if not settings.watchdog.enabled:
+        return {}
+    name = timer_name(service.name)
+    return {
+        SCRIPT: (worker_script_text(service, settings, kind=kind, address=address, port=port), 0o755),
+        f"{name}.service": (service_unit_text(service, settings), 0o644),
+        f"{name}.timer": (timer_unit_text(service, settings), 0o644),
+    }
 
 
 def release_files(service: Service, settings: HostSettings) -> dict[str, tuple[str, int]]:

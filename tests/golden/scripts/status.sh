@@ -34,3 +34,5 @@ for s in /opt/llmfleet/services/*/; do
   echo "@@watchdog $name ${r:-0} ${n:-0} ${t:-unknown} $last"
 done
 ) 2>/dev/null || true
+docker ps -a --filter label=io.llmfleet.role=worker --format '@@worker-container {{.Names}} {{.State}}' 2>/dev/null | head -n 64 || true
+ss -Hltn 2>/dev/null | awk '{n = split($4, a, ":"); print "@@listen " a[n]}' | sort -u | head -n 512 || true

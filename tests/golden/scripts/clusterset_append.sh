@@ -1,0 +1,2 @@
+printf '%s\n' '{"action":"deploy","head":"h1","releases":{"h1":"20261129T120000Z-abcdef0123","w1":"20261129T110000Z-0123456789"},"time":"2026-11-29T12:00:00+00:00"}' >> /opt/llmfleet/services/chat/cluster.jsonl
+tail -n 50 /opt/llmfleet/services/chat/cluster.jsonl > /opt/llmfleet/services/chat/cluster.jsonl.tmp && mv -f /opt/llmfleet/services/chat/cluster.jsonl.tmp /opt/llmfleet/services/chat/cluster.jsonl
