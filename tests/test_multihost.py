@@ -357,3 +357,70 @@ def test_inventory_check_plans_a_split_service_over_its_hosts(tmp_path):
         report = {r.host: r for r in check_inventory(inv)}["head"]
         msgs = [f.message for f in report.findings if "does not fit" in f.message]
         assert (msgs == []) is fits, msgs
+
+
+# ---------------------------------------------------------------------------------------------
+# The head's check that it reaches every worker endpoint, before it switches
+
+
+def test_reach_targets_are_the_rpc_endpoints_in_order_and_none_for_ray():
+    _, cl = _cluster(workers=("w2", "w1"), port=50100)
+    assert C.reach_targets(cl) == [("w2", "10.0.0.2", 50100), ("w1", "10.0.0.3", 50100)]
+    _, ray = _cluster(engine="vllm")
+    assert C.reach_targets(ray) == []
+
+
+def test_reach_script_quotes_every_value_and_names_no_host():
+    text = C.reach_script([("w; rm -rf /", "10.0.0.2", 50052), ("w2", "fd00::2", 50053)], timeout_s=2)
+    assert "timeout 2 bash -c 'exec 3<>/dev/tcp/10.0.0.2/50052'" in text
+    assert "timeout 2 bash -c 'exec 3<>/dev/tcp/fd00::2/50053'" in text
+    assert "rm -rf" not in text and "w2" not in text  # targets are named by index
+    assert text.rstrip().endswith('if [ "$bad" != 0 ]; then exit 3; fi')
+
+
+@pytest.mark.parametrize("out, statuses", [
+    ("@@reach 0 ok\n@@reach 1 ok\n", ["ok", "ok"]),
+    ("@@reach 0 ok\n@@reach 1 refused\n", ["ok", "refused"]),
+    ("@@reach 0 timeout\n", ["timeout", "missing"]),
+    ("@@reach 1 unchecked bash: not found\n@@reach 0 unreachable No route to host\n", ["unreachable", "unchecked"]),
+    ("junk\n@@reach x ok\n", ["missing", "missing"]),
+])
+def test_parse_reach(out, statuses):
+    targets = [("w1", "10.0.0.2", 50052), ("w2", "10.0.0.3", 50052)]
+    assert [r.status for r in C.parse_reach(out, targets)] == statuses
+
+
+def test_reach_failure_is_one_line_naming_head_worker_endpoint_and_fix():
+    targets = [("w1", "10.0.0.2", 50052), ("w2", "fd00::3", 50052)]
+    reach = C.parse_reach("@@reach 0 ok\n@@reach 1 refused\n", targets)
+    msg = C.reach_failure("head", reach, "10.0.0.1")
+    assert msg == ("head head cannot reach worker w2 at [fd00::3]:50052 (refused): open TCP port 50052 on w2 to "
+                   "10.0.0.1 (firewall), or set w2's llmfleet_cluster_address to an address head reaches")
+    assert "\n" not in msg
+    ok = C.parse_reach("@@reach 0 ok\n@@reach 1 unchecked bash: not found\n", targets)
+    assert C.reach_failure("head", ok, "10.0.0.1") is None
+    assert "(timeout)" in C.reach_failure("head", C.parse_reach("@@reach 0 timeout\n", targets[:1]), "10.0.0.1")
+
+
+def test_reach_script_runs_against_real_ports():
+    # the script itself under sh, against a listening and a closed loopback port
+    import shutil
+    import socket
+    import subprocess
+
+    if shutil.which("bash") is None or shutil.which("timeout") is None:
+        pytest.skip("needs bash and timeout(1)")
+    with socket.socket() as srv, socket.socket() as probe:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(1)
+        probe.bind(("127.0.0.1", 0))  # bound, never listening: a closed port
+        targets = [("up", "127.0.0.1", srv.getsockname()[1]), ("down", "127.0.0.1", probe.getsockname()[1])]
+        res = subprocess.run(["sh", "-c", C.reach_script(targets)], capture_output=True, text=True, timeout=30)
+    assert res.returncode == 3, res
+    assert [r.status for r in C.parse_reach(res.stdout, targets)] == ["ok", "refused"]
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(1)
+        res = subprocess.run(["sh", "-c", C.reach_script([("up", "127.0.0.1", srv.getsockname()[1])])],
+                             capture_output=True, text=True, timeout=30)
+    assert res.returncode == 0 and res.stdout.strip() == "@@reach 0 ok"

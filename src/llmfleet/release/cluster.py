@@ -297,6 +297,89 @@ def parse_worker_probe(stdout: str) -> tuple[str, bool | None]:
     return unit, port
 
 
+# ---------------------------------------------------------------------------------------------
+# Can the head reach its workers? (run on the head before it switches; parsed here)
+
+REACH_TIMEOUT_S = 3
+
+
+def reach_targets(cluster: Cluster) -> list[tuple[str, str, int]]:
+    """(worker host, address, port) the head must reach before it switches. llama.cpp: each worker's
+    rpc-server endpoint (the head's llama-server connects to it). Ray: none, since its worker ports
+    (node manager, object manager) and NCCL's are picked at random on the workers, so no fixed port is
+    rendered to check; the workers reach the head's Ray port themselves (their start waits for it)."""
+    if cluster.kind != "rpc":
+        return []
+    return [(w.host, w.address, cluster.port) for w in cluster.workers]
+
+
+def reach_script(targets: list[tuple[str, str, int]], timeout_s: int = REACH_TIMEOUT_S) -> str:
+    """On the head: a bounded TCP connect to every worker endpoint (bash's /dev/tcp under timeout(1);
+    no Python on the host). One line per target, by its index: ``@@reach N ok|refused|timeout|
+    unreachable|error|unchecked [detail]``; exits 3 when one is not reachable (so a chained round trip
+    stops before the head's release is touched). ``unchecked``: bash or timeout(1) missing. Only the
+    address (an IP, ``member_for`` checked it) and the port reach the script, quoted."""
+    t = int(timeout_s)
+    lines = ["bad=0"]
+    for i, (_host, addr, port) in enumerate(targets):
+        connect = shlex.quote(f"exec 3<>/dev/tcp/{addr}/{int(port)}")
+        lines += [
+            f"err=$(timeout {t} bash -c {connect} 2>&1 </dev/null); rc=$?",
+            "err=$(printf '%s' \"$err\" | tr '\\n' ' ' | cut -c1-200)",
+            "case \"$rc:$err\" in",
+            f"  0:*) echo '@@reach {i} ok' ;;",
+            f"  124:*|137:*) echo '@@reach {i} timeout'; bad=1 ;;",
+            f"  126:*|127:*) echo \"@@reach {i} unchecked $err\" ;;",
+            f"  *[Rr]efused*) echo '@@reach {i} refused'; bad=1 ;;",
+            f"  *[Nn]o\\ route*|*[Uu]nreachable*) echo \"@@reach {i} unreachable $err\"; bad=1 ;;",
+            f"  *) echo \"@@reach {i} error $err\"; bad=1 ;;",
+            "esac",
+        ]
+    lines.append('if [ "$bad" != 0 ]; then exit 3; fi')
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Reach:
+    host: str
+    address: str
+    port: int
+    status: str  # ok | refused | timeout | unreachable | error | unchecked | missing
+    detail: str = ""
+
+    @property
+    def endpoint(self) -> str:
+        return f"{_host_part(self.address)}:{self.port}"
+
+
+def parse_reach(stdout: str, targets: list[tuple[str, str, int]]) -> list[Reach]:
+    """``reach_script`` output -> one ``Reach`` per target, in the targets' order (``missing``: no line
+    came back for it, e.g. the connection dropped)."""
+    seen: dict[int, tuple[str, str]] = {}
+    for line in stdout.splitlines():
+        parts = line.split(" ", 3)
+        if len(parts) >= 3 and parts[0] == "@@reach" and parts[1].isdigit():
+            seen.setdefault(int(parts[1]), (parts[2], parts[3].strip() if len(parts) > 3 else ""))
+    out = []
+    for i, (h, a, p) in enumerate(targets):
+        status, detail = seen.get(i, ("missing", ""))
+        out.append(Reach(h, a, int(p), status, detail))
+    return out
+
+
+def reach_failure(head: str, reach: list[Reach], head_address: str) -> str | None:
+    """One line for the first worker the head cannot reach (None when every one answered or could not
+    be checked): what failed and the fix."""
+    for r in reach:
+        if r.status in ("ok", "unchecked"):
+            continue
+        why = r.status + (f": {r.detail}" if r.detail else "")
+        return (f"head {head} cannot reach worker {r.host} at {r.endpoint} ({why}): open TCP port {r.port} on "
+                f"{r.host} to {head_address} (firewall), or set {r.host}'s llmfleet_cluster_address to an address "
+                f"{head} reaches")
+    return None
+
+
 _RPC_DEVICE = re.compile(r"using device (RPC\d+) \(([^)]*)\)")
 
 

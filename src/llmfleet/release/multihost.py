@@ -11,11 +11,15 @@ A service with ``workers:`` (``llmfleet.release.cluster`` says what each host ru
 4. take the deploy lock on every host in a fixed order (sorted host names: two deploys that share hosts
    cannot each hold half); pull on every host while the old releases still serve;
 5. switch the workers (each checked: unit active, and for rpc-server its port accepts connections from
-   the host itself), then the head: its staged health check, and the join check (llama.cpp: each worker
+   the host itself); then, from the head, a bounded TCP connect to every worker's rpc-server endpoint
+   (``cluster.reach_script``, in the round trip of the head's arm step: one the head makes anyway), and
+   a worker the head cannot reach stops the deploy there, before the head switches; then the head: its
+   staged health check, and the join check (llama.cpp: each worker
    named as an RPC device in the head's log, or holding an established connection from the head's
    address to its rpc-server; vLLM: Ray's live node count, asked in the head's container);
 6. any failure after the first switch puts every host of the service back: workers first (the head
-   needs them to start), then the head, each on its previous release (or stopped when it had none);
+   needs them to start), then the head, each on its previous release (or stopped when it had none); a
+   head that had not switched yet is restarted on its release (its workers' old containers are gone);
 7. last round trip per host: health marks, prune, audit lines, unlock.
 
 Per-host steps are the single-host deploy's (``executor.HostRun``: lock, pull, upload, switch, arm/confirm
@@ -457,8 +461,33 @@ def _deploy(ready: PreparedService, hosts: dict[str, _Host], res: ServiceRun, op
     _roll_back_all(hosts, workers, hh, svc, failure, res)
 
 
-def _switch(h: _Host, svc: Service) -> str | None:
-    """Upload and switch one host's release (a worker, or the head before its checks); a failure's reason."""
+def _reach_check(h: _Host, cluster: C.Cluster) -> tuple[str, Callable[[Any], str | None]] | None:
+    """The head's bounded TCP connect to every worker endpoint (``cluster.reach_script``) and its judge,
+    for the head's first round trip after its upload; None when the cluster renders no fixed worker port."""
+    targets = C.reach_targets(cluster)
+    if not targets:
+        return None
+
+    def judge(res: Any) -> str | None:
+        if res is None:
+            return f"{h.name}: the check of the workers' ports did not run"
+        reach = C.parse_reach(res.stdout, targets)
+        failure = C.reach_failure(h.name, reach, cluster.head.address)
+        if failure is None and res.rc != 0:
+            failure = f"{h.name}: the check of the workers' ports failed (exit {res.rc}): {short(res.stderr or res.stdout, 200)}"
+        if failure is None:
+            said = ", ".join(f"{r.host} {r.endpoint} {r.status}" + (f" ({r.detail})" if r.detail else "") for r in reach)
+            h.run.log(f"{cluster.service}: head reaches its workers: {said}")
+        return failure
+
+    return C.reach_script(targets), judge
+
+
+def _switch(h: _Host, svc: Service, precheck: tuple[str, Callable[[Any], str | None]] | None = None) -> str | None:
+    """Upload and switch one host's release (a worker, or the head before its checks); a failure's reason.
+
+    ``precheck`` (the head's reach check): a script and its judge, sent in the same round trip as the
+    arm step (else the switch) and before it; a failure stops there, with nothing switched."""
     assert h.item is not None
     it, run = h.item, h.run
     step = it.step
@@ -473,10 +502,37 @@ def _switch(h: _Host, svc: Service) -> str | None:
                 return f"{h.name}: upload of release {step.release_id} failed: {short(up.stderr or up.stdout, 300)}"
             run.log(f"{svc.name}: uploaded release {step.release_id}")
         if step.switches:
+            sw = None
             if h.is_head and step.arms_revert:
-                h.token = run.arm(it.paths, svc, step.release_id, step.previous, "deploy")
-            h.switched = True
-            sw = run.switch(it.paths, step.release_id)
+                token, arm = run.arm_script(it.paths, svc, step.release_id, step.previous, "deploy")
+                if precheck is not None:
+                    with run.stage(f"{svc.name}: reach workers + arm revert"):
+                        pre, armed = run.run_chain([precheck[0], arm], timeout=150)
+                    failure = precheck[1](pre)
+                    if failure:
+                        return failure
+                    if armed is None:
+                        return f"{h.name}: arm step did not run"
+                    precheck = None
+                else:
+                    with run.stage(f"{svc.name}: arm revert"):
+                        armed = run.run(arm, timeout=120)
+                run.armed(svc, step.previous, armed)
+                h.token = token
+            if precheck is not None:
+                h.switched = True  # until the answer says otherwise: a dropped connection leaves it unknown
+                with run.stage(f"{svc.name}: reach workers + switch + restart"):
+                    pre, sw = run.run_chain([precheck[0], store.switch_script(it.paths, step.release_id)],
+                                            timeout=210)
+                failure = precheck[1](pre)
+                if failure:
+                    h.switched = sw is not None  # a failed check stops the round trip before the switch
+                    return failure
+                if sw is None:
+                    return f"{h.name}: switch to {step.release_id} did not run"
+            else:
+                h.switched = True
+                sw = run.switch(it.paths, step.release_id)
             if not store.parse_switch(sw.rc, sw.stdout):
                 return f"{h.name}: switch to {step.release_id} failed: {short(sw.stderr or sw.stdout, 300)}"
             run.log(f"{svc.name}: current -> {step.release_id}, unit restarted")
@@ -515,10 +571,10 @@ def _switch_head(hh: _Host, svc: Service, cluster: C.Cluster,
                  res: ServiceRun, hosts: dict[str, _Host]) -> tuple[str | None, health.HealthReport | None]:
     assert hh.item is not None
     it = hh.item
-    failure = _switch(hh, svc)
+    hh.run.health_fn = head_health  # also for going back, should the head fail before its own checks
+    failure = _switch(hh, svc, _reach_check(hh, cluster))
     if failure:
         return failure, None
-    hh.run.health_fn = head_health
     try:
         report = hh.run.check_health(HealthTarget(svc, it.prepared.api_key, it.paths, it.step.release_id, it.plan),
                                      f"release {it.step.release_id}")
@@ -584,10 +640,14 @@ def _roll_back_all(hosts: dict[str, _Host], workers: list[_Host], hh: _Host, svc
     if logs:
         hh.run.log(f"{svc.name}: head engine log: {logs}")
     backs: dict[str, GoBack] = {}
+    # A head that did not switch still lost its workers' old containers (their RPC connections, their
+    # Ray membership): it is restarted on its own release once they are back, as a deploy that changes
+    # only the workers restarts it.
+    restart_head = (not hh.switched and any(w.switched for w in workers) and hh.item.step.previous is not None)
     for h in [*workers, hh]:
         it = h.item
         assert it is not None
-        if not h.switched:
+        if not h.switched and not (h is hh and restart_head):
             continue
         if h.is_head and it.health is not None and it.health.get("result") == "unhealthy":
             try:
