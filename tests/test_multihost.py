@@ -424,3 +424,67 @@ def test_reach_script_runs_against_real_ports():
         res = subprocess.run(["sh", "-c", C.reach_script([("up", "127.0.0.1", srv.getsockname()[1])])],
                              capture_output=True, text=True, timeout=30)
     assert res.returncode == 0 and res.stdout.strip() == "@@reach 0 ok"
+
+
+# ---------------------------------------------------------------------------------------------
+# llama.cpp images and rpc-server (engine catalog: rpc_server.ships)
+
+
+@pytest.mark.parametrize("image, worker_image, refused", [
+    ("llamacpp:server-cuda-12.8", None, "image llamacpp:server-cuda-12.8"),  # upstream's server image: no RPC
+    ("llamacpp:b5000-cu122", "llamacpp:server-cuda-12.8", "worker_image llamacpp:server-cuda-12.8"),
+    ("llamacpp:server-cuda-12.8", "llamacpp:b5000-cu122", "image llamacpp:server-cuda-12.8"),  # the head needs --rpc
+    ("llamacpp:b5000-cu122", None, None),
+    ("llamacpp:vendored-0.3.36-cu118", None, None),
+    ("llamacpp:lab-cpu", None, None),
+    ("llamacpp:x", None, None),  # not in the catalog: not known either way
+    ("llamacpp:lab-broken", None, None),  # in the catalog, rpc_server not stated
+])
+def test_an_image_known_to_lack_rpc_server_is_refused_in_one_line(image, worker_image, refused):
+    s = svc(image=image, **({"worker_image": worker_image} if worker_image else {}))
+    problem = C.rpc_image_problem(s)
+    if refused is None:
+        assert problem is None
+        C.make_cluster(s, load_role("llamacpp"), C.Member("head", "10.0.0.1"), [C.Member("w1", "10.0.0.2")])
+        return
+    assert problem.startswith(f"service big: {refused} has no rpc-server / RPC backend (engine catalog: ")
+    assert "use an image built with -DGGML_RPC=ON that ships /app/rpc-server" in problem and "\n" not in problem
+    with pytest.raises(UsageError, match="has no rpc-server"):
+        C.make_cluster(s, load_role("llamacpp"), C.Member("head", "10.0.0.1"), [C.Member("w1", "10.0.0.2")])
+
+
+def test_the_catalogs_rpc_claims_match_the_dockerfiles():
+    from llmfleet.knowledge.compat import load_engine_catalog
+
+    cat = load_engine_catalog()
+    repo = Path(__file__).resolve().parents[1] / "dockerfiles"
+    cuda = (repo / "llamacpp-cuda" / "Dockerfile").read_text()
+    assert cat.release("llamacpp:b5000-cu122").rpc_server.ships
+    assert "-DGGML_RPC=ON" in cuda and "/out/rpc-server" in cuda and "COPY --from=build /out/llama-server /out/rpc-server /app/" in cuda
+    script = (repo / "llamacpp-cu118" / "build-llama-server.sh").read_text()
+    assert cat.release("llamacpp:vendored-0.3.36-cu118").rpc_server.ships
+    assert "-DGGML_RPC=ON" in script and '"$out.tmp/rpc-server"' in script and "ggml-rpc" in script
+    lab = (repo / "lab-llamacpp" / "build-llama-server.sh").read_text()
+    assert cat.release("llamacpp:lab-cpu").rpc_server.ships and "-DGGML_RPC=ON" in lab
+    # the role runs the worker where those images put it
+    assert load_role("llamacpp").cluster["worker_entrypoint"] == ["/app/rpc-server"]
+    assert not cat.release("llamacpp:server-cuda-12.8").rpc_server.ships
+
+
+def test_deploy_and_render_refuse_before_any_connection(tmp_path):
+    from llmfleet.cli.service_tasks import _render_service
+    from llmfleet.images.lock import ImageLock, LockedImage
+    from llmfleet.release.deploy import DeployOptions
+    from llmfleet.settings import Settings
+
+    path = _inventory(tmp_path, [svc(image="llamacpp:server-cuda-12.8").model_dump(mode="json", exclude_unset=True)],
+                      {"llmfleet_cluster_address": "10.0.0.2"})
+    with pytest.raises(UsageError, match=r"host head: service big: image llamacpp:server-cuda-12.8 has no rpc-server"):
+        M.prepare_service(path, "head", "big", Settings.of(None), DeployOptions(who="t"))
+    inv = load_inventory(path)
+    hs = inv.settings_for(inv.hosts["head"])
+    lock = ImageLock(images={"llamacpp:server-cuda-12.8": LockedImage(
+        key="llamacpp:server-cuda-12.8", repository="ghcr.io/ggml-org/llama.cpp", digest="sha256:" + "ef" * 32,
+        tag="server-cuda")})
+    with pytest.raises(UsageError, match="image llamacpp:server-cuda-12.8 has no rpc-server"):
+        _render_service(inv, inv.hosts["head"], hs, hs.services[0], lock, Settings.of(None), False)

@@ -106,6 +106,25 @@ def member_for(host: str, settings: HostSettings, discovered: str | None = None)
     return Member(host, str(ipaddress.ip_address(address)), settings.cluster_interface)
 
 
+def rpc_image_problem(service: Service, catalog: Any = None) -> str | None:
+    """A llama.cpp service with workers on an image the engine catalog says has no RPC worker (or no
+    RPC backend in its llama-server): one line naming the service, the image and the fix. None when
+    every image of the service ships it or is not known either way (the workers' start tells then)."""
+    if catalog is None:
+        from llmfleet.knowledge.compat import load_engine_catalog
+
+        catalog = load_engine_catalog()
+    for field, key in (("image", service.image), ("worker_image", service.worker_image or service.image)):
+        rel = catalog.release(key)
+        rpc = getattr(rel, "rpc_server", None)
+        if rpc is not None and not rpc.ships:
+            return (f"service {service.name}: {field} {key} has no rpc-server / RPC backend (engine catalog: "
+                    f"{rpc.source}), which a llama.cpp service with workers needs on the head and every worker: "
+                    "use an image built with -DGGML_RPC=ON that ships /app/rpc-server (catalog rpc_server.ships: "
+                    "true, e.g. llamacpp:b5000-cu122 from dockerfiles/llamacpp-cuda), or remove workers")
+    return None
+
+
 def make_cluster(service: Service, role: R.Role, head: Member, workers: list[Member]) -> Cluster:
     kind = role.cluster.get("kind")
     if not kind:
@@ -113,6 +132,10 @@ def make_cluster(service: Service, role: R.Role, head: Member, workers: list[Mem
                          "(no cluster: section); remove workers")
     if not workers:
         raise UsageError(f"service {service.name}: no workers")
+    if kind == "rpc":
+        problem = rpc_image_problem(service)
+        if problem:
+            raise UsageError(problem)
     return Cluster(service.name, str(kind), cluster_port(service, role), head, tuple(workers))
 
 

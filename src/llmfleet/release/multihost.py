@@ -131,6 +131,11 @@ def prepare_service(inventory: Inventory | str, head: str, service: str, setting
     names = workers_of(inv, head, svc)
     role = load_role(svc.engine)
     port = C.cluster_port(svc, role)
+    if role.cluster.get("kind") == "rpc":  # before any SSH: an image known to lack rpc-server
+        problem = C.rpc_image_problem(svc)
+        if problem:
+            where_file = host.sources.get("llmfleet_services", str(inv.path))
+            raise UsageError(f"{where_file}: host {head}: {problem}")
     key = resolve_secret(svc.api_key, where)
     cache: dict[str, images.ImageLock] = {}
 
