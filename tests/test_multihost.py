@@ -488,3 +488,19 @@ def test_deploy_and_render_refuse_before_any_connection(tmp_path):
         tag="server-cuda")})
     with pytest.raises(UsageError, match="image llamacpp:server-cuda-12.8 has no rpc-server"):
         _render_service(inv, inv.hosts["head"], hs, hs.services[0], lock, Settings.of(None), False)
+
+
+def test_a_worker_goes_back_to_where_its_previous_release_listens():
+    # a deploy that moves the cluster port (or the address) checks the previous release, when going back,
+    # on the endpoint its own render put it on
+    from llmfleet.release.manifest import Manifest
+    from llmfleet.release.store import ReleaseInfo, ServiceState
+
+    _, old = _cluster(workers=("w1", "w2"))
+    man = Manifest(release="r1", service="big", inputs={"cluster": old.to_dict(), "role": "worker"})
+    st = ServiceState(name="big", current="r1", releases={"r1": ReleaseInfo(id="r1", manifest=man)})
+    assert M.release_endpoint(st, "r1", "w2") == ("10.0.0.3", 50052)
+    assert M.release_endpoint(st, "r1", "w9") is None
+    assert M.release_endpoint(st, "nope", "w2") is None and M.release_endpoint(None, "r1", "w2") is None
+    bare = ServiceState(name="big", current="r1", releases={"r1": ReleaseInfo(id="r1", manifest=None)})
+    assert M.release_endpoint(bare, "r1", "w2") is None

@@ -235,26 +235,45 @@ class ServiceRun:
 # Worker health: the unit runs and (rpc) its port answers from the host itself
 
 
-def worker_health(member: C.Member, port: int, kind: str) -> Callable[[HostRun, HealthTarget], health.HealthReport]:
+def release_endpoint(state: store.ServiceState | None, release_id: str | None, host: str) -> tuple[str, int] | None:
+    """(address, port) a worker's release listens on, from its manifest's cluster inputs; None if unknown."""
+    info = state.releases.get(release_id) if state and release_id else None
+    cl = (info.manifest.inputs.get("cluster") if info and info.manifest else None) or {}
+    port = cl.get("port")
+    me = next((w for w in cl.get("workers") or [] if isinstance(w, dict) and w.get("host") == host), None)
+    if not isinstance(port, int) or not me or not isinstance(me.get("address"), str):
+        return None
+    return me["address"], port
+
+
+def worker_health(member: C.Member, port: int, kind: str,
+                  others: dict[str, tuple[str, int]] | None = None) -> Callable[[HostRun, HealthTarget], health.HealthReport]:
+    """A worker's start check; ``others``: the endpoint of another release (the previous one, when going
+    back) by release id: it listens where its own render put it, which a deploy may have changed."""
     def check(run: HostRun, target: HealthTarget) -> health.HealthReport:
-        t0 = time.monotonic()
-        deadline = t0 + target.service.health.stage_timeout_s
-        unit, port_open = "unknown", None
-        while True:
-            res = run.run(C.worker_probe_script(target.paths, member, port, kind), timeout=30)
-            unit, port_open = C.parse_worker_probe(res.stdout)
-            if unit == "active" and port_open is not False:
-                break
-            if unit == "failed" or time.monotonic() > deadline:
-                break
-            time.sleep(WORKER_POLL_S)
-        ok = unit == "active" and port_open is not False
-        what = f"unit {unit}" + ("" if port_open is None else
-                                 f", {member.address}:{port} {'accepts connections' if port_open else 'closed'}")
-        stage = health.StageResult("worker", ok, round(time.monotonic() - t0, 2), what)
-        return health.HealthReport(ok, [stage])
+        addr, p = (others or {}).get(target.release_id, (member.address, port))
+        return _worker_check(run, target, C.Member(member.host, addr, member.interface), p, kind)
 
     return check
+
+
+def _worker_check(run: HostRun, target: HealthTarget, member: C.Member, port: int, kind: str) -> health.HealthReport:
+    t0 = time.monotonic()
+    deadline = t0 + target.service.health.stage_timeout_s
+    unit, port_open = "unknown", None
+    while True:
+        res = run.run(C.worker_probe_script(target.paths, member, port, kind), timeout=30)
+        unit, port_open = C.parse_worker_probe(res.stdout)
+        if unit == "active" and port_open is not False:
+            break
+        if unit == "failed" or time.monotonic() > deadline:
+            break
+        time.sleep(WORKER_POLL_S)
+    ok = unit == "active" and port_open is not False
+    what = f"unit {unit}" + ("" if port_open is None else
+                             f", {member.address}:{port} {'accepts connections' if port_open else 'closed'}")
+    stage = health.StageResult("worker", ok, round(time.monotonic() - t0, 2), what)
+    return health.HealthReport(ok, [stage])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -404,6 +423,10 @@ def _deploy(ready: PreparedService, hosts: dict[str, _Host], res: ServiceRun, op
         p = Prepared(svc, prep.api_key if h.is_head else None, images_by_host[name])
         h.item = _Item(p, summarize(plan) if h.is_head else None, r, Paths(h.run.root, svc.name), st,
                        decide.decide_service(st, r, h.run.now()))
+        back_to = release_endpoint(st, h.item.step.previous, name) if not h.is_head and h.member else None
+        if back_to is not None and h.item.step.previous:
+            assert h.member is not None
+            h.run.health_fn = worker_health(h.member, cluster.port, cluster.kind, {h.item.step.previous: back_to})
         h.out.releases[svc.name] = h.item.step.release_id
         h.out.changes.extend(f"{svc.name}: {c}" for c in h.item.step.changes)
 
