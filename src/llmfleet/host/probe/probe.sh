@@ -61,7 +61,9 @@ probe_main() {
     # The slow groups, at once (each waits for nothing but itself).
     if command -v nvidia-smi >/dev/null 2>&1; then
         group gpu_query gpu_query_part
-        group gpu_banner gpu_banner_part
+        group gpu_banner section nvidia_smi "" 20 nvidia-smi
+        # how the GPUs are linked (NVLink, PCIe switch, host bridge, across the CPUs): preflight's topology
+        group gpu_topo section nvidia_topo "" 20 nvidia-smi topo -m
     fi
     if command -v docker >/dev/null 2>&1; then
         group docker docker_part
@@ -129,13 +131,6 @@ gpu_query_part() {
             --query-gpu=index,name,uuid,pci.bus_id,memory.total,memory.used,memory.free,driver_version \
             --format=csv,noheader,nounits
     fi
-}
-
-# The banner (driver, highest CUDA) and how the GPUs are linked (`nvidia-smi topo -m`: NVLink,
-# PCIe switch, host bridge, across the CPUs), one after the other: one nvidia-smi at a time here.
-gpu_banner_part() {
-    section nvidia_smi "" 20 nvidia-smi
-    section nvidia_topo "" 20 nvidia-smi topo -m
 }
 
 # Container engine: `docker info` once; its JSON names the engine's root folder (for df) and the
