@@ -29,13 +29,14 @@ class Sim:
     """What the simulated hosts hold, and everything done to them in order."""
 
     def __init__(self, *, existing: bool, bad: set[str] = frozenset(), head_unhealthy: bool = False,
-                 unjoined: set[str] = frozenset()) -> None:
+                 unjoined: set[str] = frozenset(), blocked: set[str] = frozenset()) -> None:
         self.events: list[tuple] = []
         self.current = {h: (OLD if existing else None) for h in ADDR}
         self.existing = existing
         self.bad = bad  # hosts whose new release does not come up
         self.head_unhealthy = head_unhealthy
         self.unjoined = unjoined  # workers the head's log has no RPC device of
+        self.blocked = blocked  # workers whose rpc-server port the head cannot reach (refused)
 
     def up(self, host: str) -> bool:
         return self.current[host] is not None and (self.current[host] == OLD or host not in self.bad)
@@ -68,6 +69,27 @@ def fake_run_class(sim: Sim):
             if "journalctl" in script:
                 return SshResult(0, "error: the engine said no\n", "", script)
             return SshResult(0, "@@marked\n", "", script)
+
+        def run_chain(self, scripts, *, timeout=None, stdin=None, stdin_step=None):
+            # the head's reach check rides in its arm step's round trip
+            out = []
+            for sc in scripts:
+                if "@@reach" in sc:
+                    sim.events.append(("reach", self.host))
+                    # targets in the script's order (the workers' order)
+                    order = sorted((sc.index(f"/dev/tcp/{ADDR[h]}/"), h) for h in ADDR
+                                   if h != "head" and f"/dev/tcp/{ADDR[h]}/" in sc)
+                    lines = [f"@@reach {i} {'refused' if h in sim.blocked else 'ok'}" for i, (_, h) in enumerate(order)]
+                    rc = 3 if any(h in sim.blocked for _, h in order) else 0
+                    out.append(SshResult(rc, "\n".join(lines) + "\n", "", sc))
+                    if rc:
+                        return out + [None] * (len(scripts) - len(out))
+                elif "@@armed" in sc:
+                    sim.events.append(("arm", self.host))
+                    out.append(SshResult(0, "@@armed\n", "", sc))
+                else:
+                    out.append(self.run(sc, timeout=timeout))
+            return out
 
         def read_state(self):
             if not sim.existing:
@@ -187,7 +209,9 @@ def test_a_worker_that_does_not_come_up_stops_before_the_head_is_touched(prepare
     assert res.result == "rolled_back", res.reason
     assert "w1: worker release" in res.reason and "closed" in res.reason
     assert ("switch", "head", "new") not in sim.events and ("arm", "head") not in sim.events
-    assert kinds(sim, "go_back") == [("go_back", "w2", "old"), ("go_back", "w1", "old")]
+    # the workers back first; the head, never switched, restarted on its own release (its RPC
+    # connections ended with the workers' old containers)
+    assert kinds(sim, "go_back") == [("go_back", "w2", "old"), ("go_back", "w1", "old"), ("go_back", "head", "old")]
     assert res.hosts["head"].result == "rolled_back"  # its service as a whole went back
     assert all(sim.current[h] == OLD for h in ADDR)
 
@@ -241,3 +265,46 @@ def test_ctrl_c_during_the_head_check_puts_every_host_back_and_releases_every_lo
     assert kinds(sim, "go_back") == [("go_back", "w2", "old"), ("go_back", "w1", "old"), ("go_back", "head", "old")]
     assert [e[1] for e in kinds(sim, "finish")] == ["head", "w1", "w2"]
     assert all(sim.current[h] == OLD for h in ADDR)
+
+
+def test_a_head_that_cannot_reach_a_worker_stops_before_it_is_armed(prepared, monkeypatch):
+    sim = Sim(existing=True, blocked={"w1"})
+    res = deploy(prepared, sim, monkeypatch)
+    assert res.result == "rolled_back", res.reason
+    assert res.reason.startswith("head head cannot reach worker w1 at 10.0.0.2:50052 (refused): open TCP port 50052 "
+                                 "on w1 to 10.0.0.1 (firewall), or set w1's llmfleet_cluster_address")
+    # both workers switched and came up; the head checked them in its arm step's round trip, which stopped
+    # there: never armed, never switched to the new release, nothing to disarm
+    assert kinds(sim, "switch", "reach", "arm") == [("switch", "w2", "new"), ("switch", "w1", "new"),
+                                                    ("reach", "head"), ("switch", "w2", "old"), ("switch", "w1", "old"),
+                                                    ("switch", "head", "old")]
+    assert kinds(sim, "disarm") == [] and kinds(sim, "upload")[-1] == ("upload", "head")
+    assert kinds(sim, "go_back") == [("go_back", "w2", "old"), ("go_back", "w1", "old"), ("go_back", "head", "old")]
+    assert all(sim.current[h] == OLD for h in ADDR)
+    assert [e[1] for e in kinds(sim, "finish")] == ["head", "w1", "w2"]  # every lock released
+
+
+def test_the_reach_check_adds_no_round_trip(prepared, monkeypatch):
+    # the head's reach check and its arm step go in one round trip: the same count as the arm alone
+    sim = Sim(existing=True)
+    sent: list[str] = []
+    real = fake_run_class(sim)
+
+    class Counting(real):
+        def run(self, script, **kw):
+            if self.host == "head":
+                sent.append(script)
+            return super().run(script, **kw)
+
+        def run_chain(self, scripts, **kw):
+            if self.host == "head":
+                sent.append(" + ".join("reach" if "@@reach" in s else "arm" if "@@armed" in s else "?" for s in scripts))
+            return super().run_chain(scripts, **kw)
+
+    monkeypatch.setattr(M, "HostRun", Counting)
+    monkeypatch.setattr(M, "_cluster_preflight", lambda ready, hosts, run, cluster: [None])
+    monkeypatch.setattr(M, "_pulled", lambda run, it, res: None)
+    res = M.deploy_service(prepared.inventory, "head", "big", prepared=prepared, options=DeployOptions(who="t"),
+                           log=lambda line: None, head_health=head_health(sim), connector=lambda h, s, a: Remote(h.name))
+    assert res.result == "deployed", res.reason
+    assert "reach + arm" in sent and not any("@@reach" in s for s in sent if s != "reach + arm")

@@ -407,6 +407,7 @@ def _deploy(ready: PreparedService, hosts: dict[str, _Host], res: ServiceRun, op
     overlay = C.head_overlay(svc, role, cluster, [str(a) for a in (getattr(plan, "engine_args", None) or [])])
     rendered = {hh.name: render(svc, ready.head.settings, prep.image, plan, api_key=prep.api_key, head=overlay,
                                 **search)}
+    hh.run.health_fn = head_health  # its own check, and going back should anything fail before it
     workers: list[_Host] = []
     for w, m in zip(ready.workers, worker_members, strict=True):
         wh = hosts[w.host.name]
@@ -515,7 +516,8 @@ def _switch(h: _Host, svc: Service, precheck: tuple[str, Callable[[Any], str | N
     """Upload and switch one host's release (a worker, or the head before its checks); a failure's reason.
 
     ``precheck`` (the head's reach check): a script and its judge, sent in the same round trip as the
-    arm step (else the switch) and before it; a failure stops there, with nothing switched."""
+    arm step and before it (alone where there is no arm step); a failure stops there, with nothing
+    armed and nothing switched."""
     assert h.item is not None
     it, run = h.item, h.run
     step = it.step
@@ -529,38 +531,28 @@ def _switch(h: _Host, svc: Service, precheck: tuple[str, Callable[[Any], str | N
             if not store.parse_upload(up.rc, up.stdout):
                 return f"{h.name}: upload of release {step.release_id} failed: {short(up.stderr or up.stdout, 300)}"
             run.log(f"{svc.name}: uploaded release {step.release_id}")
+        if precheck is not None and not (step.switches and step.arms_revert):  # no arm round trip to ride in
+            failure = precheck[1](run.run(precheck[0], timeout=60))
+            if failure:
+                return failure
+            precheck = None
         if step.switches:
-            sw = None
             if h.is_head and step.arms_revert:
-                token, arm = run.arm_script(it.paths, svc, step.release_id, step.previous, "deploy")
                 if precheck is not None:
+                    token, arm = run.arm_script(it.paths, svc, step.release_id, step.previous, "deploy")
                     with run.stage(f"{svc.name}: reach workers + arm revert"):
                         pre, armed = run.run_chain([precheck[0], arm], timeout=150)
                     failure = precheck[1](pre)
                     if failure:
-                        return failure
+                        return failure  # nothing armed, nothing switched
                     if armed is None:
-                        return f"{h.name}: arm step did not run"
-                    precheck = None
+                        return f"{h.name}: the arm step did not run"
+                    run.armed(svc, step.previous, armed)
+                    h.token = token
                 else:
-                    with run.stage(f"{svc.name}: arm revert"):
-                        armed = run.run(arm, timeout=120)
-                run.armed(svc, step.previous, armed)
-                h.token = token
-            if precheck is not None:
-                h.switched = True  # until the answer says otherwise: a dropped connection leaves it unknown
-                with run.stage(f"{svc.name}: reach workers + switch + restart"):
-                    pre, sw = run.run_chain([precheck[0], store.switch_script(it.paths, step.release_id)],
-                                            timeout=210)
-                failure = precheck[1](pre)
-                if failure:
-                    h.switched = sw is not None  # a failed check stops the round trip before the switch
-                    return failure
-                if sw is None:
-                    return f"{h.name}: switch to {step.release_id} did not run"
-            else:
-                h.switched = True
-                sw = run.switch(it.paths, step.release_id)
+                    h.token = run.arm(it.paths, svc, step.release_id, step.previous, "deploy")
+            h.switched = True
+            sw = run.switch(it.paths, step.release_id)
             if not store.parse_switch(sw.rc, sw.stdout):
                 return f"{h.name}: switch to {step.release_id} failed: {short(sw.stderr or sw.stdout, 300)}"
             run.log(f"{svc.name}: current -> {step.release_id}, unit restarted")
@@ -599,7 +591,6 @@ def _switch_head(hh: _Host, svc: Service, cluster: C.Cluster,
                  res: ServiceRun, hosts: dict[str, _Host]) -> tuple[str | None, health.HealthReport | None]:
     assert hh.item is not None
     it = hh.item
-    hh.run.health_fn = head_health  # also for going back, should the head fail before its own checks
     failure = _switch(hh, svc, _reach_check(hh, cluster))
     if failure:
         return failure, None
