@@ -288,11 +288,13 @@ def fake_r470_host(tmp_path):
     b.mkdir()
     banner = DATA / "t4-470" / "nvidia-smi.txt"
     nocc = DATA / "t4-470" / "query-nocc.csv"
+    topo = DATA / "topo" / "h200-1gpu-580.txt"  # a one-GPU matrix (no T4 recording of it)
     _fake(b, "nvidia-smi", f"""
 case "$*" in
   *compute_cap*) echo 'Field "compute_cap" is not a valid field to query.'; exit 2 ;;
   *--query-gpu*) cat '{nocc}' ;;
   -L) echo 'GPU 0: Tesla T4 (UUID: GPU-00000000-0000-0000-0000-000000000005)' ;;
+  "topo -m") cat '{topo}' ;;
   *) cat '{banner}' ;;
 esac
 """)
@@ -318,6 +320,7 @@ def test_probe_script_r470_fallback_and_refused_docker(fake_r470_host, tmp_path)
     assert [(g.name, g.compute_capability, g.compute_capability_source) for g in f.gpus] == [
         ("Tesla T4", "7.5", "catalog")]
     assert (f.driver_version, f.cuda_driver_version) == ("470.57.02", "11.4")
+    assert f.gpu_topology and f.gpu_topology.startswith("\tGPU0\tCPU Affinity") and "nvidia_topo" in f.probe_seconds
     assert f.docker.error and f.docker.error.startswith("docker socket refused")
     assert f.compose.v2 == "2.29.7"
     by_path = {m.path: m for m in f.models}
@@ -404,3 +407,71 @@ def test_section_times_and_docker_listings_of_a_refused_engine():
     f = parse(doc)
     assert f.probe_seconds == {"meminfo": 0.07}
     assert f.containers == [] and not any(e.startswith("docker ps") for e in f.errors)  # one error: docker's
+
+
+# ------------------------------------------------------------------------------------------------
+# `nvidia-smi topo -m`: the GPU link matrix (tests/data/nvidia-smi/README.md names each file's origin)
+
+
+@pytest.mark.parametrize("rel, links, kinds", [
+    ("topo/h200-1gpu-580.txt", {}, set()),
+    ("topo/v100-sxm2-4gpu-nvlink.txt", 12, {"NV2"}),
+    ("topo/pcie-2gpu-phb.txt", {(0, 1): "PHB", (1, 0): "PHB"}, {"PHB"}),
+    ("topo/pcie-8gpu-sys.txt", 56, {"SYS"}),
+], ids=["h200-one-gpu-recorded", "v100-sxm2-nvlink", "pcie-phb", "pcie-8-sys"])
+def test_topology_section_from_real_output(rel, links, kinds):
+    from llmfleet.knowledge.preflight import parse_topology
+
+    f = parse(host_doc(*_card("v100-535"), section("nvidia_topo", read(rel).rstrip("\n"))))
+    assert f.gpu_topology is not None and "\x1b" not in f.gpu_topology, f.errors
+    assert f.gpu_topology.lstrip("\t").startswith("GPU0\t")  # the header's escapes are gone
+    got = parse_topology(f.gpu_topology)
+    if isinstance(links, int):
+        assert len(got) == links
+    else:
+        assert got == links
+    assert set(got.values()) == kinds
+    assert not any("topo" in e for e in f.errors)
+
+
+def test_recorded_header_carries_terminal_escapes():
+    # why the parser strips them: the raw header's first cell is not "GPU0"
+    raw = read("topo/h200-1gpu-580.txt")
+    assert raw.startswith("\t\x1b[4mGPU0\t") and "\x1b[0m\n" in raw
+
+
+@pytest.mark.parametrize("body, rc, needle", [
+    (read("driver-not-loaded/nvidia-smi.txt").strip(), 9, "nvidia-smi topo -m failed: driver not loaded"),
+    ("", 127, "nvidia-smi topo -m failed: nvidia-smi exit 127"),
+    ("", 124, "nvidia-smi topo -m failed: nvidia-smi timed out"),
+    ("Invalid combination of input arguments. Please run 'nvidia-smi -h' for help.", 0,
+     'nvidia-smi topo -m printed no GPU matrix: "Invalid combination'),
+])
+def test_topology_failure_is_an_error_line_not_a_crash(body, rc, needle):
+    f = parse(host_doc(*_card("v100-535"), section("nvidia_topo", body, rc)))
+    assert f.gpu_topology is None and f.gpus
+    assert any(e.startswith(needle) for e in f.errors), f.errors
+
+
+def test_topology_cut_short_and_absent():
+    cut = f"=={MARK}== begin nvidia_topo \n\tGPU0\tGPU1\nGPU0\t X \tPIX"  # no end line: the probe died here
+    f = parse(host_doc(*_card("v100-535"), done=False) + cut)
+    assert f.gpu_topology is None and "nvidia-smi topo -m was cut short; GPU links unknown" in f.errors
+    f = parse(host_doc(*_card("v100-535")))  # an older probe, or no nvidia-smi: no section, no error about it
+    assert f.gpu_topology is None and not any("topo" in e for e in f.errors)
+    f = parse(host_doc(section("nvidia_topo", "", 127), tools="nvidia-smi="))  # no GPUs: one error says why
+    assert f.gpu_topology is None and not any("topo" in e for e in f.errors)
+
+
+def test_topology_from_facts_drives_the_preflight_check():
+    from llmfleet.inventory.services import Service
+    from llmfleet.knowledge.preflight import check_service_hosts
+
+    f = parse(host_doc(*_card("v100-535"), section("nvidia_topo", read("topo/v100-sxm2-4gpu-nvlink.txt"))))
+    svc = Service(name="big", engine="vllm", model="llama-3.1-70b-instruct", model_path="/srv/m", image="vllm:x",
+                  quant="gptq-int4", context=8192, gpus=[0, 1])
+    topo = {c.id: c for c in check_service_hosts(svc, {"h1": f}, head="h1")}["topology"]
+    assert topo.status == "pass" and "NV2" in topo.message, topo
+    f.gpu_topology = None
+    topo = {c.id: c for c in check_service_hosts(svc, {"h1": f}, head="h1")}["topology"]
+    assert topo.status == "warn" and "unknown" in topo.message

@@ -128,3 +128,31 @@ def test_memory_free_is_total_minus_used_and_reserved():
 def test_cuda_version_in_banner(driver, cuda):
     cfg = gpu_sim_config("h", "Tesla V100-PCIE-16GB", driver, 1)
     assert f"CUDA Version: {cuda}" in sim.render_banner(cfg, "x")
+
+
+def test_topo_of_one_gpu_reproduces_the_recorded_h200():
+    cfg = configured("NVIDIA H200", "580.159.04", [{}])
+    out, rc = sim.run(["topo", "-m"], cfg, "x", cpus=16)
+    assert rc == 0 and out == (DATA / "topo" / "h200-1gpu-580.txt").read_text()
+
+
+@pytest.mark.parametrize("gpu, count, pairs", [
+    ("Tesla P40", 2, {(0, 1): "PIX"}),  # the lab's gpu-p40-11/12: two PCIe cards on one switch
+    ("Tesla P40", 4, {(0, 1): "PIX", (0, 2): "PHB", (2, 3): "PIX"}),
+    ("Tesla V100-SXM2-32GB", 4, {(0, 1): "NV2", (1, 3): "NV2"}),
+    ("Tesla V100-SXM2-32GB", 8, {(0, 3): "NV2", (0, 4): "SYS", (5, 7): "NV2"}),
+])
+def test_topo_matrix_parses_like_real_output(gpu, count, pairs):
+    from llmfleet.knowledge.preflight import parse_topology
+
+    out, rc = sim.run(["topo", "--matrix"], gpu_sim_config("h", gpu, "535", count), "x")
+    links = parse_topology(out)
+    assert rc == 0 and len(links) == count * (count - 1)
+    for (i, j), kind in pairs.items():
+        assert links[(i, j)] == links[(j, i)] == kind
+
+
+def test_topo_without_matrix_flag_is_refused_and_a_dead_driver_fails():
+    cfg = gpu_sim_config("h", "Tesla P40", "535", 2)
+    assert sim.run(["topo"], cfg, "x")[1] == 2
+    assert sim.run(["topo", "-m"], cfg, "x", driver_dead=True) == (sim.DEAD_DRIVER_MESSAGE, sim.DEAD_DRIVER_RC)

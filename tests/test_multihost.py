@@ -361,3 +361,150 @@ def test_inventory_check_plans_a_split_service_over_its_hosts(tmp_path):
         report = {r.host: r for r in check_inventory(inv)}["head"]
         msgs = [f.message for f in report.findings if "does not fit" in f.message]
         assert (msgs == []) is fits, msgs
+
+
+# ---------------------------------------------------------------------------------------------
+# The head's check that it reaches every worker endpoint, before it switches
+
+
+def test_reach_targets_are_the_rpc_endpoints_in_order_and_none_for_ray():
+    _, cl = _cluster(workers=("w2", "w1"), port=50100)
+    assert C.reach_targets(cl) == [("w2", "10.0.0.2", 50100), ("w1", "10.0.0.3", 50100)]
+    _, ray = _cluster(engine="vllm")
+    assert C.reach_targets(ray) == []
+
+
+def test_reach_script_quotes_every_value_and_names_no_host():
+    text = C.reach_script([("w; rm -rf /", "10.0.0.2", 50052), ("w2", "fd00::2", 50053)], timeout_s=2)
+    assert "timeout 2 bash -c 'exec 3<>/dev/tcp/10.0.0.2/50052'" in text
+    assert "timeout 2 bash -c 'exec 3<>/dev/tcp/fd00::2/50053'" in text
+    assert "rm -rf" not in text and "w2" not in text  # targets are named by index
+    assert text.rstrip().endswith('if [ "$bad" != 0 ]; then exit 3; fi')
+
+
+@pytest.mark.parametrize("out, statuses", [
+    ("@@reach 0 ok\n@@reach 1 ok\n", ["ok", "ok"]),
+    ("@@reach 0 ok\n@@reach 1 refused\n", ["ok", "refused"]),
+    ("@@reach 0 timeout\n", ["timeout", "missing"]),
+    ("@@reach 1 unchecked bash: not found\n@@reach 0 unreachable No route to host\n", ["unreachable", "unchecked"]),
+    ("junk\n@@reach x ok\n", ["missing", "missing"]),
+])
+def test_parse_reach(out, statuses):
+    targets = [("w1", "10.0.0.2", 50052), ("w2", "10.0.0.3", 50052)]
+    assert [r.status for r in C.parse_reach(out, targets)] == statuses
+
+
+def test_reach_failure_is_one_line_naming_head_worker_endpoint_and_fix():
+    targets = [("w1", "10.0.0.2", 50052), ("w2", "fd00::3", 50052)]
+    reach = C.parse_reach("@@reach 0 ok\n@@reach 1 refused\n", targets)
+    msg = C.reach_failure("head", reach, "10.0.0.1")
+    assert msg == ("head head cannot reach worker w2 at [fd00::3]:50052 (refused): open TCP port 50052 on w2 to "
+                   "10.0.0.1 (firewall), or set w2's llmfleet_cluster_address to an address head reaches")
+    assert "\n" not in msg
+    ok = C.parse_reach("@@reach 0 ok\n@@reach 1 unchecked bash: not found\n", targets)
+    assert C.reach_failure("head", ok, "10.0.0.1") is None
+    assert "(timeout)" in C.reach_failure("head", C.parse_reach("@@reach 0 timeout\n", targets[:1]), "10.0.0.1")
+
+
+def test_reach_script_runs_against_real_ports():
+    # the script itself under sh, against a listening and a closed loopback port
+    import shutil
+    import socket
+    import subprocess
+
+    if shutil.which("bash") is None or shutil.which("timeout") is None:
+        pytest.skip("needs bash and timeout(1)")
+    with socket.socket() as srv, socket.socket() as probe:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(1)
+        probe.bind(("127.0.0.1", 0))  # bound, never listening: a closed port
+        targets = [("up", "127.0.0.1", srv.getsockname()[1]), ("down", "127.0.0.1", probe.getsockname()[1])]
+        res = subprocess.run(["sh", "-c", C.reach_script(targets)], capture_output=True, text=True, timeout=30)
+    assert res.returncode == 3, res
+    assert [r.status for r in C.parse_reach(res.stdout, targets)] == ["ok", "refused"]
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(1)
+        res = subprocess.run(["sh", "-c", C.reach_script([("up", "127.0.0.1", srv.getsockname()[1])])],
+                             capture_output=True, text=True, timeout=30)
+    assert res.returncode == 0 and res.stdout.strip() == "@@reach 0 ok"
+
+
+# ---------------------------------------------------------------------------------------------
+# llama.cpp images and rpc-server (engine catalog: rpc_server.ships)
+
+
+@pytest.mark.parametrize("image, worker_image, refused", [
+    ("llamacpp:server-cuda-12.8", None, "image llamacpp:server-cuda-12.8"),  # upstream's server image: no RPC
+    ("llamacpp:b5000-cu122", "llamacpp:server-cuda-12.8", "worker_image llamacpp:server-cuda-12.8"),
+    ("llamacpp:server-cuda-12.8", "llamacpp:b5000-cu122", "image llamacpp:server-cuda-12.8"),  # the head needs --rpc
+    ("llamacpp:b5000-cu122", None, None),
+    ("llamacpp:vendored-0.3.36-cu118", None, None),
+    ("llamacpp:lab-cpu", None, None),
+    ("llamacpp:x", None, None),  # not in the catalog: not known either way
+    ("llamacpp:lab-broken", None, None),  # in the catalog, rpc_server not stated
+])
+def test_an_image_known_to_lack_rpc_server_is_refused_in_one_line(image, worker_image, refused):
+    s = svc(image=image, **({"worker_image": worker_image} if worker_image else {}))
+    problem = C.rpc_image_problem(s)
+    if refused is None:
+        assert problem is None
+        C.make_cluster(s, load_role("llamacpp"), C.Member("head", "10.0.0.1"), [C.Member("w1", "10.0.0.2")])
+        return
+    assert problem.startswith(f"service big: {refused} has no rpc-server / RPC backend (engine catalog: ")
+    assert "use an image built with -DGGML_RPC=ON that ships /app/rpc-server" in problem and "\n" not in problem
+    with pytest.raises(UsageError, match="has no rpc-server"):
+        C.make_cluster(s, load_role("llamacpp"), C.Member("head", "10.0.0.1"), [C.Member("w1", "10.0.0.2")])
+
+
+def test_the_catalogs_rpc_claims_match_the_dockerfiles():
+    from llmfleet.knowledge.compat import load_engine_catalog
+
+    cat = load_engine_catalog()
+    repo = Path(__file__).resolve().parents[1] / "dockerfiles"
+    cuda = (repo / "llamacpp-cuda" / "Dockerfile").read_text()
+    assert cat.release("llamacpp:b5000-cu122").rpc_server.ships
+    assert "-DGGML_RPC=ON" in cuda and "/out/rpc-server" in cuda and "COPY --from=build /out/llama-server /out/rpc-server /app/" in cuda
+    script = (repo / "llamacpp-cu118" / "build-llama-server.sh").read_text()
+    assert cat.release("llamacpp:vendored-0.3.36-cu118").rpc_server.ships
+    assert "-DGGML_RPC=ON" in script and '"$out.tmp/rpc-server"' in script and "ggml-rpc" in script
+    lab = (repo / "lab-llamacpp" / "build-llama-server.sh").read_text()
+    assert cat.release("llamacpp:lab-cpu").rpc_server.ships and "-DGGML_RPC=ON" in lab
+    # the role runs the worker where those images put it
+    assert load_role("llamacpp").cluster["worker_entrypoint"] == ["/app/rpc-server"]
+    assert not cat.release("llamacpp:server-cuda-12.8").rpc_server.ships
+
+
+def test_deploy_and_render_refuse_before_any_connection(tmp_path):
+    from llmfleet.cli.service_tasks import _render_service
+    from llmfleet.images.lock import ImageLock, LockedImage
+    from llmfleet.release.deploy import DeployOptions
+    from llmfleet.settings import Settings
+
+    path = _inventory(tmp_path, [svc(image="llamacpp:server-cuda-12.8").model_dump(mode="json", exclude_unset=True)],
+                      {"llmfleet_cluster_address": "10.0.0.2"})
+    with pytest.raises(UsageError, match=r"host head: service big: image llamacpp:server-cuda-12.8 has no rpc-server"):
+        M.prepare_service(path, "head", "big", Settings.of(None), DeployOptions(who="t"))
+    inv = load_inventory(path)
+    hs = inv.settings_for(inv.hosts["head"])
+    lock = ImageLock(images={"llamacpp:server-cuda-12.8": LockedImage(
+        key="llamacpp:server-cuda-12.8", repository="ghcr.io/ggml-org/llama.cpp", digest="sha256:" + "ef" * 32,
+        tag="server-cuda")})
+    with pytest.raises(UsageError, match="image llamacpp:server-cuda-12.8 has no rpc-server"):
+        _render_service(inv, inv.hosts["head"], hs, hs.services[0], lock, Settings.of(None), False)
+
+
+def test_a_worker_goes_back_to_where_its_previous_release_listens():
+    # a deploy that moves the cluster port (or the address) checks the previous release, when going back,
+    # on the endpoint its own render put it on
+    from llmfleet.release.manifest import Manifest
+    from llmfleet.release.store import ReleaseInfo, ServiceState
+
+    _, old = _cluster(workers=("w1", "w2"))
+    man = Manifest(release="r1", service="big", inputs={"cluster": old.to_dict(), "role": "worker"})
+    st = ServiceState(name="big", current="r1", releases={"r1": ReleaseInfo(id="r1", manifest=man)})
+    assert M.release_endpoint(st, "r1", "w2") == ("10.0.0.3", 50052)
+    assert M.release_endpoint(st, "r1", "w9") is None
+    assert M.release_endpoint(st, "nope", "w2") is None and M.release_endpoint(None, "r1", "w2") is None
+    bare = ServiceState(name="big", current="r1", releases={"r1": ReleaseInfo(id="r1", manifest=None)})
+    assert M.release_endpoint(bare, "r1", "w2") is None

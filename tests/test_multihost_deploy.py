@@ -29,7 +29,7 @@ class Sim:
     """What the simulated hosts hold, and everything done to them in order."""
 
     def __init__(self, *, existing: bool, bad: set[str] = frozenset(), head_unhealthy: bool = False,
-                 unjoined: set[str] = frozenset()) -> None:
+                 unjoined: set[str] = frozenset(), blocked: set[str] = frozenset()) -> None:
         self.events: list[tuple] = []
         self.current = {h: (OLD if existing else None) for h in ADDR}
         self.existing = existing
@@ -39,6 +39,7 @@ class Sim:
         self.armed: dict[str, dict] = {}  # host -> the arm's keyword arguments (timeout, restart_unswitched)
         self.too_late: set[str] = set()  # hosts whose timer reverted before the confirmation
         self.deferred: dict[str, list[str]] = {}  # host -> the scripts of its last round trip
+        self.blocked = blocked  # workers whose rpc-server port the head cannot reach (refused)
 
     def up(self, host: str) -> bool:
         return self.current[host] is not None and (self.current[host] == OLD or host not in self.bad)
@@ -54,6 +55,13 @@ class Remote:
 
 
 def fake_run_class(sim: Sim):
+    def reach(host: str, sc: str) -> SshResult:
+        sim.events.append(("reach", host))
+        # targets in the script's order (the workers' order)
+        order = sorted((sc.index(f"/dev/tcp/{ADDR[h]}/"), h) for h in ADDR if h != "head" and f"/dev/tcp/{ADDR[h]}/" in sc)
+        lines = [f"@@reach {i} {'refused' if h in sim.blocked else 'ok'}" for i, (_, h) in enumerate(order)]
+        return SshResult(3 if any(h in sim.blocked for _, h in order) else 0, "\n".join(lines) + "\n", "", sc)
+
     class FakeRun(HostRun):
         def run(self, script, *, timeout=None, stdin=None, check=False):
             if script.startswith("echo \"@@unit"):
@@ -65,6 +73,8 @@ def fake_run_class(sim: Sim):
             if script == C.rpc_peers_script(50052):  # the worker sees the head's connection, once joined
                 joined = self.host not in sim.unjoined and sim.up("head") and sim.up(self.host)
                 return SshResult(0, ("@@peer 10.0.0.1:41234\n" if joined else "") + "@@end\n", "", script)
+            if "@@reach" in script:
+                return reach(self.host, script)
             if "@@uploaded" in script:
                 sim.events.append(("upload", self.host))
                 return SshResult(0, "@@uploaded\n", "", script)
@@ -200,8 +210,10 @@ def test_a_worker_that_does_not_come_up_stops_before_the_head_is_touched(prepare
     assert res.result == "rolled_back", res.reason
     assert "w1: worker release" in res.reason and "closed" in res.reason
     assert ("switch", "head", "new") not in sim.events
-    assert kinds(sim, "go_back") == [("go_back", "w2", "old"), ("go_back", "w1", "old")]
-    assert ("disarm", "head") in sim.events  # armed, never switched: its timer stopped, nothing else
+    # the workers back first; the head, never switched, restarted on its own release (its RPC
+    # connections ended with the workers' old containers), its timer stopped first
+    assert kinds(sim, "go_back") == [("go_back", "w2", "old"), ("go_back", "w1", "old"), ("go_back", "head", "old")]
+    assert ("disarm", "head") in sim.events
     assert res.hosts["head"].result == "rolled_back"  # its service as a whole went back
     assert all(sim.current[h] == OLD for h in ADDR)
 
@@ -275,3 +287,21 @@ def test_a_worker_reverted_by_its_timer_before_the_confirmation_puts_every_host_
     assert kinds(sim, "confirm") == [("confirm", "w2"), ("confirm", "w1")]  # the head is never confirmed
     assert kinds(sim, "go_back") == [("go_back", "w2", "old"), ("go_back", "w1", "old"), ("go_back", "head", "old")]
     assert all(sim.current[h] == OLD for h in ADDR)
+
+
+def test_a_head_that_cannot_reach_a_worker_stops_before_it_switches(prepared, monkeypatch):
+    sim = Sim(existing=True, blocked={"w1"})
+    res = deploy(prepared, sim, monkeypatch)
+    assert res.result == "rolled_back", res.reason
+    assert res.reason.startswith("head head cannot reach worker w1 at 10.0.0.2:50052 (refused): open TCP port 50052 "
+                                 "on w1 to 10.0.0.1 (firewall), or set w1's llmfleet_cluster_address")
+    # both workers switched and came up; the head checked them (one round trip of its own) and stopped
+    # there: armed with the others, never switched to the new release; its timer stopped before it went back
+    assert kinds(sim, "switch", "reach") == [("switch", "w2", "new"), ("switch", "w1", "new"), ("reach", "head"),
+                                             ("switch", "w2", "old"), ("switch", "w1", "old"), ("switch", "head", "old")]
+    assert ("disarm", "head") in sim.events and kinds(sim, "upload")[-1] == ("upload", "head")
+    assert kinds(sim, "go_back") == [("go_back", "w2", "old"), ("go_back", "w1", "old"), ("go_back", "head", "old")]
+    assert all(sim.current[h] == OLD for h in ADDR)
+    assert [e[1] for e in kinds(sim, "finish")] == ["head", "w1", "w2"]  # every lock released
+
+

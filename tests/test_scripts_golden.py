@@ -104,6 +104,7 @@ SCRIPTS = {
     "clusterset_append": lambda: clusterset.append_script(PATHS, clusterset.record(
         now=NOW, action="deploy", head="h1", releases={"h1": R2, "w1": R1})),
     "clusterset_read": lambda: clusterset.read_script(PATHS),
+    "cluster_reach": lambda: cluster.reach_script([("w1", "10.0.0.12", 50052), ("w2", "fd00::12", 50052)]),
 }
 # The builders of each module that sends remote scripts (or files that run on the host) and the golden
 # files that pin them; a new builder fails test_every_remote_script_builder_has_a_golden_file below.
@@ -117,7 +118,7 @@ PINNED_BUILDERS = {
     audit: {"tail_script": "audit_tail"},
     cluster: {"address_script": "cluster_address", "worker_probe_script": "cluster_worker_probe_rpc",
               "rpc_log_script": "cluster_rpc_log", "ray_nodes_script": "cluster_ray_nodes",
-              "rpc_peers_script": "cluster_rpc_peers"},
+              "rpc_peers_script": "cluster_rpc_peers", "reach_script": "cluster_reach"},
     clusterset: {"append_script": "clusterset_append", "read_script": "clusterset_read"},
 }
 
@@ -158,7 +159,7 @@ def test_every_remote_script_builder_has_a_golden_file(module):
 
 def test_every_script_builder_of_the_cluster_module_has_a_golden_file():
     builders = sorted(n for n in dir(cluster) if n.endswith("_script") and callable(getattr(cluster, n)))
-    assert builders == ["address_script", "ray_nodes_script", "rpc_log_script", "rpc_peers_script",
+    assert builders == ["address_script", "ray_nodes_script", "reach_script", "rpc_log_script", "rpc_peers_script",
                         "worker_probe_script"]
 
 
@@ -169,7 +170,7 @@ def test_every_script_builder_of_the_cluster_module_has_a_golden_file():
                                   "watchdog_sh", "confirm_compose_check", "confirm_revert", "confirm_revert_first",
                                   "confirm_revert_head", "watchdog_worker_rpc", "watchdog_worker_ray",
                                   "cluster_address", "cluster_worker_probe_rpc",
-                                  "cluster_rpc_log", "cluster_ray_nodes", "cluster_rpc_peers",
+                                  "cluster_rpc_log", "cluster_ray_nodes", "cluster_rpc_peers", "cluster_reach",
                                   "clusterset_append", "clusterset_read"])
 def test_golden_scripts_parse_as_posix_sh(name):
     res = subprocess.run(["sh", "-n", str(GOLDEN / f"{name}.sh")], capture_output=True, text=True, timeout=10)

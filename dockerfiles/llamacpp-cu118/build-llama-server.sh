@@ -9,6 +9,9 @@
 #   driver, no GPU) ggml-cuda is skipped and the server runs on the CPU backend.
 # - Host compiler g++-11 for everything (nvcc 11.8 supports gcc <= 11); -O2 host code (device code is
 #   optimised by ptxas at its default -O3 either way).
+# - GGML_RPC: the RPC backend (libggml-rpc.so, loaded like the others) and the RPC worker, written to
+#   OUT_DIR/rpc-server (a service split over several hosts runs it on its workers; tools/rpc/README.md).
+#   The worker target is ggml-rpc-server in newer trees, rpc-server in older ones.
 # - Compile-time cuts that keep what the server uses: FlashAttention kernels only for the default KV
 #   type pairs (GGML_CUDA_FA_ALL_QUANTS=OFF), no NCCL, no tests/examples/UI, no HTTPS client
 #   (LLAMA_OPENSSL=OFF: the fleet stages models on the host, the server never downloads).
@@ -32,11 +35,14 @@ cmake -S "$src" -B "$work/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_INSTALL_RPATH='$ORIGIN' -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON \
   -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TOOLS=ON \
-  -DLLAMA_BUILD_APP=OFF -DLLAMA_LLGUIDANCE=OFF
-cmake --build "$work/build" --target llama-server ggml-cpu ggml-cuda -j "$jobs"
+  -DLLAMA_BUILD_APP=OFF -DLLAMA_LLGUIDANCE=OFF -DGGML_RPC=ON -DGGML_RPC_RDMA=OFF
+rpc_target=ggml-rpc-server
+grep -q 'set(TARGET ggml-rpc-server)' "$src/tools/rpc/CMakeLists.txt" 2>/dev/null || rpc_target=rpc-server
+cmake --build "$work/build" --target llama-server "$rpc_target" ggml-cpu ggml-cuda ggml-rpc -j "$jobs"
 bin="$work/build/bin"
 mkdir -p "$out.tmp"
 cp "$bin/llama-server" "$out.tmp/"
+cp "$bin/$rpc_target" "$out.tmp/rpc-server"
 find "$bin" -maxdepth 1 -name '*.so*' -exec cp -P {} "$out.tmp/" \;
 find "$out.tmp" -type f -exec strip --strip-unneeded {} +
 rm -rf "$out"

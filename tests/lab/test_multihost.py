@@ -4,9 +4,12 @@ with vLLM's own parser when the vLLM lab image is built).
 
 ``gpu-p40-11`` (head, llama-server) and ``gpu-p40-12`` (worker, rpc-server) sit on one lab network; the
 worker's rpc-server binds its eth0 address there (inventory/lab/group_vars/lab_split.yml). Tests run in
-file order: deploy, unchanged redeploy through ``deploy_hosts``, a killed worker failing the head, a
-deploy whose worker dies under it rolling back both hosts, a second version rolled back from the
-worker (both hosts back on the first version's releases, serving).
+file order: deploy, the hosts' GPU links (``nvidia-smi topo -m`` through the probe, preflight's topology
+check, ``llmfleet facts --json``), unchanged redeploy through ``deploy_hosts``, a killed worker failing the
+head, a deploy whose worker dies under it rolling back both hosts, a second version rolled back from the
+worker (both hosts back on the first version's releases, serving), a deploy whose head cannot reach its
+worker's rpc-server (a firewall rule on the worker) stopping before the head switches, status with the
+worker's state, a controller lost after the worker switched (the host timers put both hosts back).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ HEAD, WORKER = "gpu-p40-11", "gpu-p40-12"
 SERVICE = "tiny-split"
 UNIT = f"llmfleet-{SERVICE}.service"
 ROOT = "/opt/llmfleet"
+LLMFLEET = str(Path(sys.executable).parent / "llmfleet")
 FAST = {"load_timeout_s": 20, "stage_timeout_s": 15, "min_tokps": 2, "max_tokens": 16}
 
 
@@ -50,6 +54,7 @@ class Ctx:
         self.lines: list[str] = []
         self.first: dict[str, str] = {}
         self.seconds: dict[str, float] = {}
+        self.round_trips: dict[str, dict[str, int]] = {}
 
     def deploy(self, label: str, on_line=None, **opts):
         self.lines.clear()
@@ -63,6 +68,7 @@ class Ctx:
         res = deploy_service(self.lab.inventory_path, HEAD, SERVICE, config=self.config,
                              options=DeployOptions(**{"who": "tester", **opts}), log=log)
         self.seconds[label] = round(time.monotonic() - t0, 1)
+        self.round_trips[label] = {h: o.round_trips for h, o in res.hosts.items()}
         return res
 
     def state(self, host: str) -> R.ServiceState:
@@ -103,6 +109,7 @@ def ctx(lab, tmp_path_factory):
     c.seconds["hosts-up"] = round(time.monotonic() - t0, 1)
     yield c
     print(f"\nmultihost lab timings (s): {c.seconds}")
+    print(f"multihost SSH round trips per host: {c.round_trips}")
 
 
 def test_split_model_is_served_with_its_second_layer_on_the_worker(ctx):
@@ -117,7 +124,7 @@ def test_split_model_is_served_with_its_second_layer_on_the_worker(ctx):
     (pre,) = res.hosts[HEAD].preflight
     got = {c["id"]: c["status"] for c in pre["checks"]}
     assert pre["hosts"] == [HEAD, WORKER]
-    assert got["gpu-count"] == got["gpu-identical"] == got["driver-match"] == "pass", got
+    assert got["gpu-count"] == got["gpu-identical"] == got["driver-match"] == got["topology"] == "pass", got
     for host in (HEAD, WORKER):
         st = ctx.state(host)
         assert st.current == res.hosts[host].releases[SERVICE] and st.releases[st.current].healthy
@@ -149,6 +156,35 @@ def test_split_model_is_served_with_its_second_layer_on_the_worker(ctx):
     ran = ctx.lab.exec(WORKER, ["sh", "-c", f"rm -f {sdir}/watchdog.state.fails; sed 's/^GRACE=.*/GRACE=0/' "
                                 f"{sdir}/current/watchdog.sh | sh; cat {sdir}/watchdog.state.fails"], check=False)
     assert ran.stdout.strip() == "0", ("the worker's watchdog judged a serving worker unhealthy", ran.stdout, ran.stderr)
+
+
+def test_gpu_links_of_the_split_hosts_are_gathered_and_pass_the_topology_check(ctx, tmp_path):
+    # both hosts have two PCIe P40s (the simulator answers `nvidia-smi topo -m` as a real host does,
+    # header escapes included); a split over both GPUs of each host is judged from the gathered facts
+    from llmfleet.host import facts as F
+    from llmfleet.inventory.ansible import settings_for
+    from llmfleet.knowledge.preflight import check_service_hosts, parse_topology
+
+    found = {}
+    for host in (HEAD, WORKER):
+        with ctx.lab.connect(host) as remote:
+            found[host] = F.gather(remote, root=ROOT)
+        assert parse_topology(found[host].gpu_topology) == {(0, 1): "PIX", (1, 0): "PIX"}, found[host].errors
+        assert not any("topo" in e for e in found[host].errors)
+    svc = next(s for s in settings_for(ctx.lab.inventory().hosts[HEAD]).services if s.name == SERVICE)
+    checks = {c.id: c for c in check_service_hosts(svc.model_copy(update={"gpus": [0, 1]}), found, head=HEAD)}
+    topo = checks["topology"]
+    assert topo.status == "pass" and f"{HEAD}: PIX" in topo.message and "(PCIe)" in topo.message, topo
+    # and `llmfleet facts --json` carries the matrix
+    (tmp_path / "invoke.yaml").write_text(yaml.safe_dump({"llmfleet": {
+        "inventory": ctx.lab.inventory_path, "ssh": {"known_hosts": ctx.lab.config["known_hosts"]}}}))
+    res = subprocess.run([LLMFLEET, "facts", "--host", HEAD, "--json"], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    (doc,) = json.loads(res.stdout)["hosts"]
+    assert "GPU0\t X \tPIX\t" in doc["gpu_topology"] and "GPU1\tPIX\t X " in doc["gpu_topology"]
+    res = subprocess.run([LLMFLEET, "facts", "--host", HEAD], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and "GPU0-GPU1 PIX" in res.stdout, res.stdout
 
 
 def test_unchanged_redeploy_through_deploy_hosts_touches_nothing(ctx):
@@ -235,6 +271,42 @@ def test_rollback_from_a_worker_puts_both_hosts_back_on_the_releases_they_shared
     switched = [line.split(":")[0] for line in lines if f"{SERVICE}: current -> " in line]
     assert switched == [WORKER, HEAD], lines
     assert any("every worker joined" in line for line in lines), lines
+    code, body = ctx.complete()
+    assert code == 200, body
+
+
+def test_a_head_that_cannot_reach_its_worker_stops_before_it_switches(ctx):
+    # the new release moves rpc-server to port 50053, which a firewall on the worker closes to the head's
+    # address (new connections only); the worker itself still reaches its port (its own check passes), so
+    # only the head's check can tell. Going back puts both on 50052 again, which the rule leaves open.
+    head_addr, worker_addr = ctx.address(HEAD), ctx.address(WORKER)
+    rule = ["INPUT", "-p", "tcp", "--dport", "50053", "-s", head_addr, "-m", "conntrack", "--ctstate", "NEW",
+            "-j", "REJECT", "--reject-with", "tcp-reset"]
+    head_before = ctx.state(HEAD).current
+    ctx.lab.exec(WORKER, ["iptables", "-I", *rule])
+    try:
+        res = ctx.deploy("head cannot reach worker", overrides={"cluster_port": 50053}, message="new cluster port")
+    finally:
+        ctx.lab.exec(WORKER, ["iptables", "-D", *rule])
+    want = (f"head {HEAD} cannot reach worker {WORKER} at {worker_addr}:50053 (refused): open TCP port 50053 on "
+            f"{WORKER} to {head_addr} (firewall), or set {WORKER}'s llmfleet_cluster_address to an address "
+            f"{HEAD} reaches; ")
+    assert res.reason.startswith(want), res.reason
+    assert res.result == "rolled_back", res.reason
+    # the worker was up on the new port (its own check, from itself) before the head looked
+    assert f"{WORKER}: {SERVICE}: worker up (healthy)" in ctx.lines, ctx.lines
+    # nothing switched on the head: armed with the others, never pointed at the new release
+    assert not any(line.startswith(f"{HEAD}: {SERVICE}: current -> ") for line in ctx.lines), ctx.lines
+    assert res.hosts[HEAD].services[SERVICE].release != head_before
+    # the worker went back to its previous release, then the head was restarted on its own
+    for host in (HEAD, WORKER):
+        st = ctx.state(host)
+        assert st.current == ctx.first[host] and st.unit == "active", (host, st.current)
+    assert ctx.state(HEAD).current == head_before
+    order = [line.split(":")[0] for line in ctx.lines if "back on release" in line]
+    assert order == [WORKER, HEAD], ctx.lines
+    listen = ctx.lab.exec(WORKER, ["ss", "-Hltn"]).stdout
+    assert f"{worker_addr}:50052" in listen and ":50053" not in listen
     code, body = ctx.complete()
     assert code == 200, body
 

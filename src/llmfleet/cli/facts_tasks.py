@@ -106,6 +106,13 @@ def facts_rows(f) -> list[tuple[str, str]]:
         rows.append((f"GPU {g.index}", f"{g.name}, {mem}{used}, {cc}, {dc}"))
     if not f.gpus:
         rows.append(("GPUs", "none seen"))
+    if len(f.gpus) > 1 or f.gpu_topology:
+        from llmfleet.knowledge.preflight import parse_topology
+
+        links = parse_topology(f.gpu_topology)
+        pairs = [f"GPU{i}-GPU{j} {k}" for (i, j), k in sorted(links.items()) if i < j]
+        rows.append(("GPU links", ("; ".join(pairs[:12]) + (f"; {len(pairs) - 12} more" if len(pairs) > 12 else ""))
+                     if pairs else ("one GPU" if f.gpu_topology else "unknown (no `nvidia-smi topo -m`)")))
     rows.append(("driver", f"{f.driver_version or '-'} (CUDA {f.cuda_driver_version or '?'}"
                  + (f" from {f.cuda_driver_source}" if f.cuda_driver_source else "") + ")"))
     d = f.docker

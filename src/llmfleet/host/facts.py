@@ -115,6 +115,9 @@ class Facts(BaseModel):
     driver_loaded: bool | None = None
     cuda_driver_version: str | None = None  # highest CUDA the driver supports, "12.8"
     cuda_driver_source: Literal["banner", "driver-branch"] | None = None
+    # `nvidia-smi topo -m` as the host printed it (terminal escapes removed): the GPU-to-GPU link matrix
+    # preflight's topology check reads; None when nvidia-smi is missing or the command failed (see errors)
+    gpu_topology: str | None = None
     host_cuda_compat: list[str] = Field(default_factory=list)
     docker: Docker = Field(default_factory=Docker)
     containers: list[Container] = Field(default_factory=list)
@@ -317,6 +320,32 @@ def nvidia_smi_failure(body: str, rc: int | None) -> str:
         return f"nvidia-smi timed out (exit {rc})"
     first = text.splitlines()[0] if text else "(no output)"
     return f"nvidia-smi exit {rc}: {shown(first)}"
+
+
+_ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+TOPOLOGY_CAP = 16384
+_TOPO_ROW_RE = re.compile(r"^\s*GPU\d+\s")
+
+
+def parse_topology_section(body: str, rc: int | None, complete: bool, errors: list[str]) -> str | None:
+    """``nvidia-smi topo -m`` -> the matrix text (legend included), or None with the reason in ``errors``.
+
+    nvidia-smi underlines the header row with terminal escapes even when its output is a pipe
+    (``\\x1b[4mGPU0\\tCPU Affinity...\\x1b[0m``, recorded on driver 580): they are removed, so the
+    header's first cell reads ``GPU0``. The text must hold a ``GPU0`` row; anything else (a refusal,
+    "No devices were found", a cut section) is an error line, never a crash."""
+    text = _ANSI_RE.sub("", body).replace("\r", "")
+    if rc != 0 or not complete:
+        errors.append("nvidia-smi topo -m " + (f"failed: {nvidia_smi_failure(text, rc)}" if complete
+                                                else "was cut short") + "; GPU links unknown")
+        return None
+    if not any(_TOPO_ROW_RE.match(ln) and "X" in ln.split()[1:] for ln in text.splitlines()):
+        errors.append(f"nvidia-smi topo -m printed no GPU matrix: {shown(text.strip() or '(empty)')}")
+        return None
+    if len(text) > TOPOLOGY_CAP:
+        errors.append(f"nvidia-smi topo -m: {len(text)} bytes; kept the first {TOPOLOGY_CAP}")
+        text = text[:TOPOLOGY_CAP]
+    return text.strip("\n")
 
 
 def _versionish(text: str) -> str | None:
@@ -746,6 +775,9 @@ def _parse_gpu_part(facts: Facts, one: Any, gpu_lookup: Any, branches: dict[int,
             errors.append(f"GPU {g.index} {shown(g.name)}: compute capability unknown (driver has no "
                           "compute_cap field and the card is not in the GPU catalog)")
     facts.gpus = gpus
+    topo = one("nvidia_topo")
+    if topo is not None and (gpus or topo.rc == 0):  # no GPUs: the failure above already says why
+        facts.gpu_topology = parse_topology_section(topo.body, topo.rc, topo.complete, errors)
 
 
 def _lookup(gpu_lookup: Any, name: str) -> Any:

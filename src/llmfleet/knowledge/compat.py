@@ -91,6 +91,15 @@ class KvLayout(_Model):
     source: str
 
 
+class RpcWorker(_Model):
+    """llama.cpp: whether the image ships the RPC worker (``rpc-server`` where the role runs it) and a
+    llama-server built with the RPC backend (``--rpc``), which a service split over hosts needs."""
+
+    ships: bool
+    confidence: Literal["H", "M", "U"]
+    source: str
+
+
 class EngineRelease(_Model):
     key: str
     engine: Literal["vllm", "llamacpp"]
@@ -112,6 +121,7 @@ class EngineRelease(_Model):
     flash_attn_default: Literal["off", "auto", "on"] | None = None
     torch: TorchBuild | None = None
     kv_layout: KvLayout | None = None
+    rpc_server: RpcWorker | None = None  # llama.cpp only; None: not known
     image_size_mib: int = 0
     confidence: Literal["H", "M", "U"]
     sources: list[str]

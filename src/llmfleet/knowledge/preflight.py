@@ -834,7 +834,8 @@ def parse_topology(text: str | None) -> dict[tuple[int, int], str]:
     Empty when the text holds no matrix. Pure; unknown tokens are kept as they are."""
     if not text:
         return {}
-    lines = [ln for ln in str(text).splitlines() if ln.strip()]
+    # nvidia-smi underlines the header with terminal escapes, even into a pipe: drop them
+    lines = [ln for ln in re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", str(text)).splitlines() if ln.strip()]
     # The header names the columns (GPU0 GPU1 ... NICs, CPU Affinity); a row is GPUi then its links, "X" to itself.
     header = next((ln for ln in lines if ln.split()[0] == "GPU0" and ln.split()[1:2] != ["X"]), None)
     if header is None:

@@ -30,7 +30,7 @@ PCI_BUSES = [0x18, 0x3B, 0x5E, 0x86, 0xAF, 0xD8, 0x1A, 0x3D]
 # Used only when the catalog file is absent (e.g. a partial checkout).
 FALLBACK_CARDS = [
     {"id": "v100-sxm2-32gb", "names": ["Tesla V100-SXM2-32GB"], "memory_mib": 32768,
-     "compute_capability": "7.0", "data_center": True, "arch": "volta"},
+     "compute_capability": "7.0", "data_center": True, "arch": "volta", "interconnect": "nvlink"},
     {"id": "v100-pcie-16gb", "names": ["Tesla V100-PCIE-16GB"], "memory_mib": 16384,
      "compute_capability": "7.0", "data_center": True, "arch": "volta"},
     {"id": "rtx-4090", "names": ["NVIDIA GeForce RTX 4090"], "memory_mib": 24564,
@@ -99,4 +99,4 @@ def gpu_sim_config(host: str, gpu_name: str, driver: str, count: int, cards=None
             "clocks_max_memory_mhz": 877,
         })
     return {"driver_version": version, "cuda_version": cuda_for_driver(version), "card_id": card["id"],
-            "gpus": gpus}
+            "interconnect": card.get("interconnect", "pcie"), "gpus": gpus}

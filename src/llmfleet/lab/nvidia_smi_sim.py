@@ -10,6 +10,10 @@ banner of drivers >= 530 and the narrower one of older branches.
 Behaviour it reproduces:
 - ``nvidia-smi`` banner with ``Driver Version: X  CUDA Version: Y`` (highest CUDA the driver supports)
 - ``-L``, ``--version`` (drivers >= 510), ``-i/--id`` selection
+- ``topo -m`` / ``topo --matrix``: the GPU link matrix, laid out as recorded on a real H200 (driver 580,
+  header underlined with terminal escapes even into a pipe). Links: an NVLink card (the GPU catalog's
+  ``interconnect``) gives NV2 between the GPUs of one group of four; a PCIe card PIX between the two
+  GPUs of a pair, PHB inside a group of four; SYS across groups (the second CPU)
 - ``--query-gpu=FIELDS --format=csv[,noheader][,nounits]``
 - R470 and older have no ``compute_cap`` field: ``Field "compute_cap" is not a valid field to query.``
   and exit code 2, exactly like an unknown field
@@ -166,6 +170,48 @@ def render_query(cfg: dict, fields_arg: str, fmt: str, ids: list[int] | None = N
     return "".join(line + "\n" for line in lines), 0
 
 
+TOPO_LEGEND = """
+Legend:
+
+  X    = Self
+  SYS  = Connection traversing PCIe as well as the SMP interconnect between NUMA nodes (e.g., QPI/UPI)
+  NODE = Connection traversing PCIe as well as the interconnect between PCIe Host Bridges within a NUMA node
+  PHB  = Connection traversing PCIe as well as a PCIe Host Bridge (typically the CPU)
+  PXB  = Connection traversing multiple PCIe bridges (without traversing the PCIe Host Bridge)
+  PIX  = Connection traversing at most a single PCIe bridge
+  NV#  = Connection traversing a bonded set of # NVLinks
+"""
+FIRST_BRANCH_GPU_NUMA_ID = 535  # the "GPU NUMA ID" column: seen on 535 and 580 output, absent on older
+
+
+def topo_link(cfg: dict, i: int, j: int) -> str:
+    """How GPU i reaches GPU j (i != j) on the simulated board."""
+    if i // 4 != j // 4:
+        return "SYS"
+    if cfg.get("interconnect") == "nvlink":
+        return "NV2"
+    return "PIX" if i // 2 == j // 2 else "PHB"
+
+
+def render_topo(cfg: dict, cpus: int = 16) -> str:
+    """``nvidia-smi topo -m`` for the configured GPUs."""
+    gpus = _gpus(cfg, None)
+    numa_id = driver_branch(cfg["driver_version"]) >= FIRST_BRANCH_GPU_NUMA_ID
+    cols = [f"GPU{g['index']}" for g in gpus] + ["CPU Affinity", "NUMA Affinity"] + (["GPU NUMA ID"] if numa_id else [])
+    lines = ["\t\x1b[4m" + "\t".join(cols) + "\x1b[0m"]
+    sockets = 2 if len(gpus) > 4 else 1
+    per = max(1, cpus // sockets)
+    for g in gpus:
+        i = int(g["index"])
+        node = min(i // 4, sockets - 1)
+        cells = [" X " if int(h["index"]) == i else topo_link(cfg, i, int(h["index"])) for h in gpus]
+        cells += [f"{node * per}-{node * per + per - 1}", str(node)]
+        if numa_id:
+            cells += ["", "N/A"]
+        lines.append(f"GPU{i}\t" + "\t".join(cells))
+    return "\n".join(lines) + "\n" + TOPO_LEGEND
+
+
 def render_list(cfg: dict, ids: list[int] | None = None) -> str:
     return "".join(f"GPU {g['index']}: {g['name']} (UUID: {g['uuid']})\n" for g in _gpus(cfg, ids))
 
@@ -296,10 +342,14 @@ def render_banner(cfg: dict, now: str, ids: list[int] | None = None) -> str:
     return "".join(line + "\n" for line in out)
 
 
-def run(argv: list[str], cfg: dict, now: str, driver_dead: bool = False) -> tuple[str, int]:
+def run(argv: list[str], cfg: dict, now: str, driver_dead: bool = False, cpus: int = 16) -> tuple[str, int]:
     """Dispatch one command line (without argv[0]); returns (stdout text, exit code)."""
     if driver_dead:
         return DEAD_DRIVER_MESSAGE, DEAD_DRIVER_RC
+    if argv[:1] == ["topo"]:
+        if argv[1:] in (["-m"], ["--matrix"]):
+            return render_topo(cfg, cpus), 0
+        return INVALID_ARGS_MESSAGE, 2
     query = fmt = None
     ids: list[int] | None = None
     mode = "banner"
@@ -348,7 +398,7 @@ def main() -> int:  # pragma: no cover - the imperative shell, exercised on lab 
                 cfg = json.load(fh)
         except (OSError, ValueError):
             dead = True
-    out, rc = run(sys.argv[1:], cfg, time.strftime("%a %b %d %H:%M:%S %Y"), dead)
+    out, rc = run(sys.argv[1:], cfg, time.strftime("%a %b %d %H:%M:%S %Y"), dead, os.cpu_count() or 1)
     sys.stdout.write(out)
     return rc
 

@@ -107,6 +107,25 @@ def member_for(host: str, settings: HostSettings, discovered: str | None = None)
     return Member(host, str(ipaddress.ip_address(address)), settings.cluster_interface)
 
 
+def rpc_image_problem(service: Service, catalog: Any = None) -> str | None:
+    """A llama.cpp service with workers on an image the engine catalog says has no RPC worker (or no
+    RPC backend in its llama-server): one line naming the service, the image and the fix. None when
+    every image of the service ships it or is not known either way (the workers' start tells then)."""
+    if catalog is None:
+        from llmfleet.knowledge.compat import load_engine_catalog
+
+        catalog = load_engine_catalog()
+    for field, key in (("image", service.image), ("worker_image", service.worker_image or service.image)):
+        rel = catalog.release(key)
+        rpc = getattr(rel, "rpc_server", None)
+        if rpc is not None and not rpc.ships:
+            return (f"service {service.name}: {field} {key} has no rpc-server / RPC backend (engine catalog: "
+                    f"{rpc.source}), which a llama.cpp service with workers needs on the head and every worker: "
+                    "use an image built with -DGGML_RPC=ON that ships /app/rpc-server (catalog rpc_server.ships: "
+                    "true, e.g. llamacpp:b5000-cu122 from dockerfiles/llamacpp-cuda), or remove workers")
+    return None
+
+
 def make_cluster(service: Service, role: R.Role, head: Member, workers: list[Member]) -> Cluster:
     kind = role.cluster.get("kind")
     if not kind:
@@ -114,6 +133,10 @@ def make_cluster(service: Service, role: R.Role, head: Member, workers: list[Mem
                          "(no cluster: section); remove workers")
     if not workers:
         raise UsageError(f"service {service.name}: no workers")
+    if kind == "rpc":
+        problem = rpc_image_problem(service)
+        if problem:
+            raise UsageError(problem)
     return Cluster(service.name, str(kind), cluster_port(service, role), head, tuple(workers))
 
 
@@ -299,6 +322,89 @@ def parse_worker_probe(stdout: str) -> tuple[str, bool | None]:
         elif line.startswith("@@port"):
             port = line[6:].strip() == "open"
     return unit, port
+
+
+# ---------------------------------------------------------------------------------------------
+# Can the head reach its workers? (run on the head before it switches; parsed here)
+
+REACH_TIMEOUT_S = 3
+
+
+def reach_targets(cluster: Cluster) -> list[tuple[str, str, int]]:
+    """(worker host, address, port) the head must reach before it switches. llama.cpp: each worker's
+    rpc-server endpoint (the head's llama-server connects to it). Ray: none, since its worker ports
+    (node manager, object manager) and NCCL's are picked at random on the workers, so no fixed port is
+    rendered to check; the workers reach the head's Ray port themselves (their start waits for it)."""
+    if cluster.kind != "rpc":
+        return []
+    return [(w.host, w.address, cluster.port) for w in cluster.workers]
+
+
+def reach_script(targets: list[tuple[str, str, int]], timeout_s: int = REACH_TIMEOUT_S) -> str:
+    """On the head: a bounded TCP connect to every worker endpoint (bash's /dev/tcp under timeout(1);
+    no Python on the host). One line per target, by its index: ``@@reach N ok|refused|timeout|
+    unreachable|error|unchecked [detail]``; exits 3 when one is not reachable (so a chained round trip
+    stops before the head's release is touched). ``unchecked``: bash or timeout(1) missing. Only the
+    address (an IP, ``member_for`` checked it) and the port reach the script, quoted."""
+    t = int(timeout_s)
+    lines = ["bad=0"]
+    for i, (_host, addr, port) in enumerate(targets):
+        connect = shlex.quote(f"exec 3<>/dev/tcp/{addr}/{int(port)}")
+        lines += [
+            f"err=$(timeout {t} bash -c {connect} 2>&1 </dev/null); rc=$?",
+            "err=$(printf '%s' \"$err\" | tr '\\n' ' ' | cut -c1-200)",
+            "case \"$rc:$err\" in",
+            f"  0:*) echo '@@reach {i} ok' ;;",
+            f"  124:*|137:*) echo '@@reach {i} timeout'; bad=1 ;;",
+            f"  126:*|127:*) echo \"@@reach {i} unchecked $err\" ;;",
+            f"  *[Rr]efused*) echo '@@reach {i} refused'; bad=1 ;;",
+            f"  *[Nn]o\\ route*|*[Uu]nreachable*) echo \"@@reach {i} unreachable $err\"; bad=1 ;;",
+            f"  *) echo \"@@reach {i} error $err\"; bad=1 ;;",
+            "esac",
+        ]
+    lines.append('if [ "$bad" != 0 ]; then exit 3; fi')
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Reach:
+    host: str
+    address: str
+    port: int
+    status: str  # ok | refused | timeout | unreachable | error | unchecked | missing
+    detail: str = ""
+
+    @property
+    def endpoint(self) -> str:
+        return f"{_host_part(self.address)}:{self.port}"
+
+
+def parse_reach(stdout: str, targets: list[tuple[str, str, int]]) -> list[Reach]:
+    """``reach_script`` output -> one ``Reach`` per target, in the targets' order (``missing``: no line
+    came back for it, e.g. the connection dropped)."""
+    seen: dict[int, tuple[str, str]] = {}
+    for line in stdout.splitlines():
+        parts = line.split(" ", 3)
+        if len(parts) >= 3 and parts[0] == "@@reach" and parts[1].isdigit():
+            seen.setdefault(int(parts[1]), (parts[2], parts[3].strip() if len(parts) > 3 else ""))
+    out = []
+    for i, (h, a, p) in enumerate(targets):
+        status, detail = seen.get(i, ("missing", ""))
+        out.append(Reach(h, a, int(p), status, detail))
+    return out
+
+
+def reach_failure(head: str, reach: list[Reach], head_address: str) -> str | None:
+    """One line for the first worker the head cannot reach (None when every one answered or could not
+    be checked): what failed and the fix."""
+    for r in reach:
+        if r.status in ("ok", "unchecked"):
+            continue
+        why = r.status + (f": {r.detail}" if r.detail else "")
+        return (f"head {head} cannot reach worker {r.host} at {r.endpoint} ({why}): open TCP port {r.port} on "
+                f"{r.host} to {head_address} (firewall), or set {r.host}'s llmfleet_cluster_address to an address "
+                f"{head} reaches")
+    return None
 
 
 _RPC_DEVICE = re.compile(r"using device (RPC\d+) \(([^)]*)\)")

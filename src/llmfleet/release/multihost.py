@@ -10,12 +10,19 @@ A service with ``workers:`` (``llmfleet.release.cluster`` says what each host ru
 3. render the head's and each worker's release; ``decide`` per host; ``check``/``diff`` stop here;
 4. take the deploy lock on every host in a fixed order (sorted host names: two deploys that share hosts
    cannot each hold half); pull on every host while the old releases still serve;
-5. switch the workers (each checked: unit active, and for rpc-server its port accepts connections from
-   the host itself), then the head: its staged health check, and the join check (llama.cpp: each worker
-   named as an RPC device in the head's log, or holding an established connection from the head's
-   address to its rpc-server; vLLM: Ray's live node count, asked in the head's container);
+5. upload every host's release and arm every host's revert timer before the first switch (workers,
+   then the head, whose timer fires last: ``confirm.cluster_timeouts``); switch the workers (each
+   checked: unit active, and for rpc-server its port open on the host itself); then, from the head, a
+   bounded TCP connect to every worker's rpc-server endpoint (``cluster.reach_script``, one round trip):
+   a worker the head cannot reach stops the deploy there, before the head switches; then the head: its
+   staged health check, and the join check (llama.cpp: each worker named as an RPC device in the
+   head's log, or holding an established connection from the head's address to its rpc-server; vLLM:
+   Ray's live node count, asked in the head's container); then every host confirmed, workers first
+   (each confirmation starts that host's watchdog);
 6. any failure after the first switch puts every host of the service back: workers first (the head
-   needs them to start), then the head, each on its previous release (or stopped when it had none);
+   needs them to start), then the head, each on its previous release (or stopped when it had none),
+   each host's timer stopped just before it goes back; a head that had not switched yet is restarted
+   on its release (its workers' old containers are gone);
 7. last round trip per host: health marks, prune, audit lines, unlock.
 
 Per-host steps are the single-host deploy's (``executor.HostRun``: lock, pull, upload, switch, arm/confirm
@@ -127,6 +134,11 @@ def prepare_service(inventory: Inventory | str, head: str, service: str, setting
     names = workers_of(inv, head, svc)
     role = load_role(svc.engine)
     port = C.cluster_port(svc, role)
+    if role.cluster.get("kind") == "rpc":  # before any SSH: an image known to lack rpc-server
+        problem = C.rpc_image_problem(svc)
+        if problem:
+            where_file = host.sources.get("llmfleet_services", str(inv.path))
+            raise UsageError(f"{where_file}: host {head}: {problem}")
     key = resolve_secret(svc.api_key, where)
     cache: dict[str, images.ImageLock] = {}
 
@@ -226,26 +238,45 @@ class ServiceRun:
 # Worker health: the unit runs and (rpc) its port answers from the host itself
 
 
-def worker_health(member: C.Member, port: int, kind: str) -> Callable[[HostRun, HealthTarget], health.HealthReport]:
+def release_endpoint(state: store.ServiceState | None, release_id: str | None, host: str) -> tuple[str, int] | None:
+    """(address, port) a worker's release listens on, from its manifest's cluster inputs; None if unknown."""
+    info = state.releases.get(release_id) if state and release_id else None
+    cl = (info.manifest.inputs.get("cluster") if info and info.manifest else None) or {}
+    port = cl.get("port")
+    me = next((w for w in cl.get("workers") or [] if isinstance(w, dict) and w.get("host") == host), None)
+    if not isinstance(port, int) or not me or not isinstance(me.get("address"), str):
+        return None
+    return me["address"], port
+
+
+def worker_health(member: C.Member, port: int, kind: str,
+                  others: dict[str, tuple[str, int]] | None = None) -> Callable[[HostRun, HealthTarget], health.HealthReport]:
+    """A worker's start check; ``others``: the endpoint of another release (the previous one, when going
+    back) by release id: it listens where its own render put it, which a deploy may have changed."""
     def check(run: HostRun, target: HealthTarget) -> health.HealthReport:
-        t0 = time.monotonic()
-        deadline = t0 + target.service.health.stage_timeout_s
-        unit, port_open = "unknown", None
-        while True:
-            res = run.run(C.worker_probe_script(target.paths, member, port, kind), timeout=30)
-            unit, port_open = C.parse_worker_probe(res.stdout)
-            if unit == "active" and port_open is not False:
-                break
-            if unit == "failed" or time.monotonic() > deadline:
-                break
-            time.sleep(WORKER_POLL_S)
-        ok = unit == "active" and port_open is not False
-        what = f"unit {unit}" + ("" if port_open is None else
-                                 f", {member.address}:{port} {'accepts connections' if port_open else 'closed'}")
-        stage = health.StageResult("worker", ok, round(time.monotonic() - t0, 2), what)
-        return health.HealthReport(ok, [stage])
+        addr, p = (others or {}).get(target.release_id, (member.address, port))
+        return _worker_check(run, target, C.Member(member.host, addr, member.interface), p, kind)
 
     return check
+
+
+def _worker_check(run: HostRun, target: HealthTarget, member: C.Member, port: int, kind: str) -> health.HealthReport:
+    t0 = time.monotonic()
+    deadline = t0 + target.service.health.stage_timeout_s
+    unit, port_open = "unknown", None
+    while True:
+        res = run.run(C.worker_probe_script(target.paths, member, port, kind), timeout=30)
+        unit, port_open = C.parse_worker_probe(res.stdout)
+        if unit == "active" and port_open is not False:
+            break
+        if unit == "failed" or time.monotonic() > deadline:
+            break
+        time.sleep(WORKER_POLL_S)
+    ok = unit == "active" and port_open is not False
+    what = f"unit {unit}" + ("" if port_open is None else
+                             f", {member.address}:{port} {'accepts connections' if port_open else 'closed'}")
+    stage = health.StageResult("worker", ok, round(time.monotonic() - t0, 2), what)
+    return health.HealthReport(ok, [stage])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -379,6 +410,7 @@ def _deploy(ready: PreparedService, hosts: dict[str, _Host], res: ServiceRun, op
     overlay = C.head_overlay(svc, role, cluster, [str(a) for a in (getattr(plan, "engine_args", None) or [])])
     rendered = {hh.name: render(svc, ready.head.settings, prep.image, plan, api_key=prep.api_key, head=overlay,
                                 **search)}
+    hh.run.health_fn = head_health  # its own check, and going back should anything fail before it
     workers: list[_Host] = []
     for w, m in zip(ready.workers, worker_members, strict=True):
         wh = hosts[w.host.name]
@@ -395,6 +427,10 @@ def _deploy(ready: PreparedService, hosts: dict[str, _Host], res: ServiceRun, op
         p = Prepared(svc, prep.api_key if h.is_head else None, images_by_host[name])
         h.item = _Item(p, summarize(plan) if h.is_head else None, r, Paths(h.run.root, svc.name), st,
                        decide.decide_service(st, r, h.run.now()))
+        back_to = release_endpoint(st, h.item.step.previous, name) if not h.is_head and h.member else None
+        if back_to is not None and h.item.step.previous:
+            assert h.member is not None
+            h.run.health_fn = worker_health(h.member, cluster.port, cluster.kind, {h.item.step.previous: back_to})
         h.out.releases[svc.name] = h.item.step.release_id
         h.out.changes.extend(f"{svc.name}: {c}" for c in h.item.step.changes)
 
@@ -445,6 +481,8 @@ def _deploy(ready: PreparedService, hosts: dict[str, _Host], res: ServiceRun, op
             if failure:
                 break
             failure = _switch(w, svc)
+        if failure is None and changed_workers:
+            failure = _reach_workers(hh, cluster)  # from the head, before it switches
         if failure is None:
             failure, report = _switch_head(hh, svc, cluster, head_health, res, hosts)
     except KeyboardInterrupt:  # Ctrl-C mid-switch: every host back before exiting, as a single-host deploy
@@ -487,6 +525,43 @@ def _arm_all(workers: list[_Host], hh: _Host, svc: Service, action: str = "deplo
         except RemoteError as exc:
             return f"{h.name}: {exc}"
     return None
+
+
+def _reach_workers(hh: _Host, cluster: C.Cluster) -> str | None:
+    """From the head, once the workers run their new release and before the head switches: a bounded
+    TCP connect to every worker endpoint (one round trip); a failure's reason (nothing switched on the
+    head: it is armed, and going back disarms it)."""
+    check = _reach_check(hh, cluster)
+    if check is None:
+        return None
+    try:
+        with hh.run.stage(f"{cluster.service}: head reaches workers"):
+            res = hh.run.run(check[0], timeout=60)
+    except RemoteError as exc:
+        return f"{hh.name}: {exc}"
+    return check[1](res)
+
+
+def _reach_check(h: _Host, cluster: C.Cluster) -> tuple[str, Callable[[Any], str | None]] | None:
+    """The head's bounded TCP connect to every worker endpoint (``cluster.reach_script``) and its judge;
+    None when the cluster renders no fixed worker port."""
+    targets = C.reach_targets(cluster)
+    if not targets:
+        return None
+
+    def judge(res: Any) -> str | None:
+        if res is None:
+            return f"{h.name}: the check of the workers' ports did not run"
+        reach = C.parse_reach(res.stdout, targets)
+        failure = C.reach_failure(h.name, reach, cluster.head.address)
+        if failure is None and res.rc != 0:
+            failure = f"{h.name}: the check of the workers' ports failed (exit {res.rc}): {short(res.stderr or res.stdout, 200)}"
+        if failure is None:
+            said = ", ".join(f"{r.host} {r.endpoint} {r.status}" + (f" ({r.detail})" if r.detail else "") for r in reach)
+            h.run.log(f"{cluster.service}: head reaches its workers: {said}")
+        return failure
+
+    return C.reach_script(targets), judge
 
 
 def _switch(h: _Host, svc: Service) -> str | None:
@@ -539,7 +614,6 @@ def _switch_head(hh: _Host, svc: Service, cluster: C.Cluster,
     failure = _switch(hh, svc)
     if failure:
         return failure, None
-    hh.run.health_fn = head_health
     try:
         report = hh.run.check_health(HealthTarget(svc, it.prepared.api_key, it.paths, it.step.release_id, it.plan),
                                      f"release {it.step.release_id}")
@@ -628,12 +702,16 @@ def _roll_back_all(hosts: dict[str, _Host], workers: list[_Host], hh: _Host, svc
     if logs:
         hh.run.log(f"{svc.name}: head engine log: {logs}")
     backs: dict[str, GoBack] = {}
+    # A head that did not switch still lost its workers' old containers (their RPC connections, their
+    # Ray membership): it is restarted on its own release once they are back, as a deploy that changes
+    # only the workers restarts it.
+    restart_head = (not hh.switched and any(w.switched for w in workers) and hh.item.step.previous is not None)
     for h in [*workers, hh]:
         it = h.item
         assert it is not None
         h.run.disarm(it.paths, h.token)
         h.token = None
-        if not h.switched:
+        if not h.switched and not (h is hh and restart_head):
             continue
         if h.is_head and it.health is not None and it.health.get("result") == "unhealthy":
             try:

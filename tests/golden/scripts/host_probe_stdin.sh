@@ -84,6 +84,8 @@ probe_main() {
     if command -v nvidia-smi >/dev/null 2>&1; then
         group gpu_query gpu_query_part
         group gpu_banner section nvidia_smi "" 20 nvidia-smi
+        # how the GPUs are linked (NVLink, PCIe switch, host bridge, across the CPUs): preflight's topology
+        group gpu_topo section nvidia_topo "" 20 nvidia-smi topo -m
     fi
     if command -v docker >/dev/null 2>&1; then
         group docker docker_part
