@@ -897,6 +897,7 @@ def _rollback(svc: Service, key: str | None, hosts: dict[str, _Host], res: Servi
         h.out.changes.append(f"{svc.name}: {h.item.step.changes[0]}")
         h.run.log(f"{svc.name}: rollback {h.item.step.changes[0]} ({'head' if h.is_head else 'worker'})")
 
+    hh.run.health_fn = head_health  # its own check, and going back should anything fail before it
     failure: str | None = None
     report = None
     try:
@@ -905,6 +906,8 @@ def _rollback(svc: Service, key: str | None, hosts: dict[str, _Host], res: Servi
             if failure:
                 break
             failure = _switch(w, svc)
+        if failure is None and any(w.switched for w in workers):
+            failure = _reach_workers(hh, cluster)  # from the head, before it switches
         if failure is None:
             failure, report = _switch_head(hh, head_svc, cluster, head_health, res, hosts)
     except KeyboardInterrupt:
