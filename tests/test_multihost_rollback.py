@@ -150,6 +150,10 @@ def fake_run_class(sim: Sim):
                 return SshResult(0, lines + "@@end\n", "", script)
             if "docker image inspect" in script:
                 return SshResult(0, "@@present\n", "", script)
+            if "@@reach" in script:  # the head reaches every worker (targets in the script's order)
+                sim.events.append(("reach", self.host))
+                n = sum(f"/dev/tcp/{a}/" in script for h, a in ADDR.items() if h != "head")
+                return SshResult(0, "".join(f"@@reach {i} ok\n" for i in range(n)), "", script)
             if script.startswith("echo \"@@unit"):
                 up = sim.up(self.host)
                 return SshResult(0, f"@@unit {'active' if up else 'failed'}\n@@port {'open' if up else 'closed'}\n",
@@ -233,9 +237,9 @@ def test_rollback_puts_every_host_on_the_set_they_shared(inv, monkeypatch):
     assert res.result == "rolled_back", res.reason
     assert sim.current == A
     assert kinds(sim, "lock") == [("lock", "head", "rollback"), ("lock", "w1", "rollback"), ("lock", "w2", "rollback")]
-    assert kinds(sim, "arm", "switch", "confirm") == [
+    assert kinds(sim, "arm", "switch", "reach", "confirm") == [
         ("arm", "w2", "rollback"), ("arm", "w1", "rollback"), ("arm", "head", "rollback"),
-        ("switch", "w2", A["w2"]), ("switch", "w1", A["w1"]), ("switch", "head", A["head"]),
+        ("switch", "w2", A["w2"]), ("switch", "w1", A["w1"]), ("reach", "head"), ("switch", "head", A["head"]),
         ("confirm", "w2"), ("confirm", "w1"), ("confirm", "head")]
     # each host records the set it now runs with the others, and its audit line
     for h in ADDR:
