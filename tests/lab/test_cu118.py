@@ -85,11 +85,15 @@ def test_deploys_and_answers_end_to_end_on_the_cpu_backend(t4, tmp_path):
     assert h["result"] == "healthy" and h["decode_tokps"] > 0
     assert [s["name"] for s in h["stages"]] == ["unit", "container", "health", "models", "completion"]
     # no driver library in the lab: ggml-cuda does not load (silently, in a release build) and the server
-    # runs on the CPU backend it loaded beside it; on a GPU host the log says "loaded CUDA backend"
+    # runs on the CPU backend it loaded beside it. This build logs backend loading only at verbosity 4
+    # (-lv 4; on a GPU host: "loaded CUDA backend"), so ask the server binary in the serving container.
     logs = t4.exec(HOST, ["docker", "logs", f"llmfleet-{SERVICE}"], check=False)
-    text = logs.stdout + logs.stderr
+    assert "loaded CUDA backend" not in logs.stdout + logs.stderr
+    probe = t4.exec(HOST, ["docker", "exec", f"llmfleet-{SERVICE}", "/app/llama-server", "-lv", "4", "--list-devices"],
+                    check=False)
+    text = probe.stdout + probe.stderr
     assert "loaded CPU backend from /app/libggml-cpu" in text, text[-2000:]
-    assert "loaded CUDA backend" not in text
+    assert "loaded CUDA backend" not in text and "CUDA0" not in text, text[-2000:]
     digest = images.load_lock(t4.lock_path).get(CU118_KEY).digest
     image = t4.exec(HOST, ["docker", "inspect", "-f", "{{.Image}} {{.Config.Image}}", f"llmfleet-{SERVICE}"]).stdout
     assert digest in image
