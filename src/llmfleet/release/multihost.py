@@ -323,22 +323,7 @@ def deploy_service(inventory: Inventory | str, head: str, service: str, *, confi
     except RemoteError as exc:
         res.result, res.reason = Result.FAILED, str(exc)
     finally:
-        for name in order:  # the same fixed order: every lock taken is released
-            hh = hosts.get(name)
-            if hh is None:
-                continue
-            if res.result in {Result.REFUSED, Result.FAILED} and not hh.run.audit and not options.check:
-                hh.run.record(action="deploy", service=service, release_id=None, digest=None, result=res.result,
-                              detail=res.reason)
-            try:
-                hh.run.finish(write_audit=not options.check)
-            finally:
-                hh.out.round_trips = getattr(hh.run.remote, "round_trips", 0) or 0
-                if hh.run.remote is not None:
-                    try:
-                        hh.run.remote.close()
-                    except Exception:  # noqa: BLE001,S110 - closing a dead connection must not hide the outcome
-                        pass
+        _finish_hosts(hosts, order, res, service, "deploy", audit=not options.check)
         for hh in hosts.values():
             if hh.out.result == Result.FAILED and res.result != Result.FAILED:
                 hh.out.result = res.result
@@ -691,6 +676,29 @@ def _commit(hosts: dict[str, _Host], svc: Service, res: ServiceRun, report: heal
                 h.run.defer(store.image_remove_script(plan.images))
 
 
+def _finish_hosts(hosts: dict[str, _Host], order: list[str], res: ServiceRun, service: str, action: str, *,
+                  audit: bool) -> None:
+    """Every host's last round trip, in the fixed order (every lock taken is released): a refusal or
+    failure not yet audited gets its line (``audit``: not for --check), then marks, prune, audit, unlock;
+    the round trips counted and the connection closed whatever happened."""
+    for name in order:
+        hh = hosts.get(name)
+        if hh is None:
+            continue
+        if res.result in {Result.REFUSED, Result.FAILED} and not hh.run.audit and audit:
+            hh.run.record(action=action, service=service, release_id=None, digest=None, result=res.result,
+                          detail=res.reason)
+        try:
+            hh.run.finish(write_audit=audit)
+        finally:
+            hh.out.round_trips = getattr(hh.run.remote, "round_trips", 0) or 0
+            if hh.run.remote is not None:
+                try:
+                    hh.run.remote.close()
+                except Exception:  # noqa: BLE001,S110 - closing a dead connection must not hide the outcome
+                    pass
+
+
 def _roll_back_all(hosts: dict[str, _Host], workers: list[_Host], hh: _Host, svc: Service, failure: str,
                    res: ServiceRun, action: str = "deploy") -> None:
     """Every host of the service back to its previous release: workers first, then the head. Each
@@ -814,22 +822,7 @@ def rollback_service(inventory: Inventory | str, head: str, service: str, *, to:
     except RemoteError as exc:
         res.result, res.reason = Result.FAILED, str(exc)
     finally:
-        for name in order:
-            hh = hosts.get(name)
-            if hh is None:
-                continue
-            if res.result in {Result.REFUSED, Result.FAILED} and not hh.run.audit:
-                hh.run.record(action="rollback", service=service, release_id=None, digest=None, result=res.result,
-                              detail=res.reason)
-            try:
-                hh.run.finish()
-            finally:
-                hh.out.round_trips = getattr(hh.run.remote, "round_trips", 0) or 0
-                if hh.run.remote is not None:
-                    try:
-                        hh.run.remote.close()
-                    except Exception:  # noqa: BLE001,S110 - closing a dead connection must not hide the outcome
-                        pass
+        _finish_hosts(hosts, order, res, service, "rollback", audit=True)
         for hh in hosts.values():
             hh.out.result = res.result
             res.hosts[hh.name] = hh.out
