@@ -160,8 +160,11 @@ def test_ctrl_c_during_the_health_check_goes_back_to_the_old_release(ctx):
     )
     over = {"engine_args": ["--ctx-size", "256"], "image": "llamacpp:lab-broken",
             "health": dict(FAST_HEALTH, load_timeout_s=120)}
+    # SIGINT as at a terminal: a run started in the background of a non-interactive shell (nohup ... &)
+    # passes SIGINT on ignored, and Python then installs no KeyboardInterrupt handler
     proc = subprocess.Popen([sys.executable, "-c", code, ctx.lab.inventory_path, HOST, json.dumps(ctx.config),
-                             json.dumps(over)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                             json.dumps(over)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     seen: list[str] = []
     deadline = time.monotonic() + 120
     assert proc.stdout is not None
