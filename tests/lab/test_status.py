@@ -50,8 +50,11 @@ def relaxed_inventory(lab, dest: Path) -> str:
 def invoke(lab, tmp: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     env = dict(os.environ, INVOKE_LLMFLEET_SSH_KNOWN_HOSTS=str(lab.known_hosts),
                INVOKE_LLMFLEET_AUDIT_LOG=str(tmp / "local-audit.jsonl"), COLUMNS="250")
-    argv = [sys.executable, "-m", "invoke", args[0], "-i", str(tmp / "inventory"), *args[1:]]
-    return subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env)
+    # run from the test's folder (a runbook's `facts --out FILE` writes there, not into the checkout);
+    # --search-root finds the project's tasks.py
+    argv = [sys.executable, "-m", "invoke", "--search-root", str(REPO), args[0], "-i", str(tmp / "inventory"),
+            *args[1:]]
+    return subprocess.run(argv, cwd=tmp, capture_output=True, text=True, timeout=timeout, env=env)
 
 
 @pytest.fixture(scope="module")
