@@ -514,39 +514,25 @@ def _arm_all(workers: list[_Host], hh: _Host, svc: Service, action: str = "deplo
 
 def _reach_workers(hh: _Host, cluster: C.Cluster) -> str | None:
     """From the head, once the workers run their new release and before the head switches: a bounded
-    TCP connect to every worker endpoint (one round trip); a failure's reason (nothing switched on the
-    head: it is armed, and going back disarms it)."""
-    check = _reach_check(hh, cluster)
-    if check is None:
-        return None
-    try:
-        with hh.run.stage(f"{cluster.service}: head reaches workers"):
-            res = hh.run.run(check[0], timeout=60)
-    except RemoteError as exc:
-        return f"{hh.name}: {exc}"
-    return check[1](res)
-
-
-def _reach_check(h: _Host, cluster: C.Cluster) -> tuple[str, Callable[[Any], str | None]] | None:
-    """The head's bounded TCP connect to every worker endpoint (``cluster.reach_script``) and its judge;
-    None when the cluster renders no fixed worker port."""
+    TCP connect to every worker endpoint (``cluster.reach_script``, one round trip); a failure's reason
+    (nothing switched on the head: it is armed, and going back disarms it). Nothing to check when the
+    cluster renders no fixed worker port (Ray)."""
     targets = C.reach_targets(cluster)
     if not targets:
         return None
-
-    def judge(res: Any) -> str | None:
-        if res is None:
-            return f"{h.name}: the check of the workers' ports did not run"
-        reach = C.parse_reach(res.stdout, targets)
-        failure = C.reach_failure(h.name, reach, cluster.head.address)
-        if failure is None and res.rc != 0:
-            failure = f"{h.name}: the check of the workers' ports failed (exit {res.rc}): {short(res.stderr or res.stdout, 200)}"
-        if failure is None:
-            said = ", ".join(f"{r.host} {r.endpoint} {r.status}" + (f" ({r.detail})" if r.detail else "") for r in reach)
-            h.run.log(f"{cluster.service}: head reaches its workers: {said}")
-        return failure
-
-    return C.reach_script(targets), judge
+    try:
+        with hh.run.stage(f"{cluster.service}: head reaches workers"):
+            res = hh.run.run(C.reach_script(targets), timeout=60)
+    except RemoteError as exc:
+        return f"{hh.name}: {exc}"
+    reach = C.parse_reach(res.stdout, targets)
+    failure = C.reach_failure(hh.name, reach, cluster.head.address)
+    if failure is None and res.rc != 0:
+        failure = f"{hh.name}: the check of the workers' ports failed (exit {res.rc}): {short(res.stderr or res.stdout, 200)}"
+    if failure is None:
+        said = ", ".join(f"{r.host} {r.endpoint} {r.status}" + (f" ({r.detail})" if r.detail else "") for r in reach)
+        hh.run.log(f"{cluster.service}: head reaches its workers: {said}")
+    return failure
 
 
 def _switch(h: _Host, svc: Service) -> str | None:

@@ -194,12 +194,7 @@ def worker_release_files(service: Service, settings: HostSettings, *, kind: str,
     """The watchdog files of a worker's release (none when the host turned the watchdog off)."""
     if not settings.watchdog.enabled:
         return {}
-    name = timer_name(service.name)
-    return {
-        SCRIPT: (worker_script_text(service, settings, kind=kind, address=address, port=port), 0o755),
-        f"{name}.service": (service_unit_text(service, settings), 0o644),
-        f"{name}.timer": (timer_unit_text(service, settings), 0o644),
-    }
+    return _files(service, settings, worker_script_text(service, settings, kind=kind, address=address, port=port))
 
 
 def release_files(service: Service, settings: HostSettings) -> dict[str, tuple[str, int]]:
@@ -208,9 +203,14 @@ def release_files(service: Service, settings: HostSettings) -> dict[str, tuple[s
         return {}
     from llmfleet.release.render import effective_bind_address
 
+    return _files(service, settings, script_text(service, settings,
+                                                  bind_address=effective_bind_address(service, settings)))
+
+
+def _files(service: Service, settings: HostSettings, script: str) -> dict[str, tuple[str, int]]:
     name = timer_name(service.name)
     return {
-        SCRIPT: (script_text(service, settings, bind_address=effective_bind_address(service, settings)), 0o755),
+        SCRIPT: (script, 0o755),
         f"{name}.service": (service_unit_text(service, settings), 0o644),
         f"{name}.timer": (timer_unit_text(service, settings), 0o644),
     }
