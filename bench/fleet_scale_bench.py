@@ -199,6 +199,8 @@ def run(sizes: list[int], forks_list: list[int], commands: list[str], latency: f
                                   "--forks", str(f), "--timeout", "120"],
         "upgrade-check": lambda inv, f: ["upgrade", "-i", str(inv), "--group", "simfleet", "--check", "--json",
                                          "--forks", str(f)],
+        # a no-change deploy (as recorded: every service on its current, healthy release)
+        "deploy": lambda inv, f: ["deploy", "-i", str(inv), "--group", "simfleet", "--json", "--forks", str(f)],
     }
     results = []
     for n in sizes:

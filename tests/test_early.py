@@ -107,3 +107,83 @@ def test_a_host_key_refusal_met_early_is_the_deploys_refusal(sshd, tmp_path, set
     assert "test-host" in exc.value.reason
     with pytest.raises(HostKeyError):
         connect(ready.host, config=settings.ssh, accept_new_host_keys=False)
+
+
+# -- from the last run: remember / recall -----------------------------------------------------------
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    return tmp_path / "cache" / "llmfleet" / "early"
+
+
+def test_a_deploy_recalls_the_last_runs_connection_and_probe_before_parsing_the_inventory(sshd, tmp_path, settings,
+                                                                                             cache):
+    inv, ready = _prepared(sshd, tmp_path)
+    selection = ("test-host", None, None)
+    assert early.recall(tmp_path / "hosts.yml", selection, settings, accept_new_host_keys=False, forks=5) == 0
+    early.remember(tmp_path / "hosts.yml", selection, [ready], settings)
+    (kept,) = cache.iterdir()
+    assert kept.stat().st_mode & 0o777 == 0o600 and cache.stat().st_mode & 0o777 == 0o700
+    # the next run: the connection opens and the probe goes out from the file alone
+    with connect(ready.host, config=settings.ssh, accept_new_host_keys=True):  # the host key is known
+        pass
+    assert early.recall(tmp_path / "hosts.yml", selection, settings, accept_new_host_keys=False, forks=5) == 1
+    assert early.start([ready], settings, accept_new_host_keys=False, forks=5) == 1  # the guess is kept
+    remote = executor_connect(ready.host, settings, False)
+    found = facts_mod.gather(remote, root=ready.settings.root, model_paths=[ready.services[0].service.model_path],
+                             sudo=True)
+    assert remote.round_trips == 1 and found.releases_read  # the recalled probe was the deploy's probe
+    remote.close()
+
+
+def test_nothing_is_recalled_after_the_inventory_changed_or_for_another_selection(sshd, tmp_path, settings, cache):
+    inv, ready = _prepared(sshd, tmp_path)
+    selection = ("test-host", None, None)
+    early.remember(tmp_path / "hosts.yml", selection, [ready], settings)
+    assert early.recall(tmp_path / "hosts.yml", ("test-host", None, "other"), settings, accept_new_host_keys=False,
+                        forks=5) == 0
+    assert early.recall(tmp_path / "hosts.yml", selection, settings, accept_new_host_keys=False, forks=0) == 0
+    path = tmp_path / "hosts.yml"
+    path.write_text(path.read_text() + "\n# edited\n")
+    assert early.recall(path, selection, settings, accept_new_host_keys=False, forks=5) == 0
+
+
+def test_a_guess_never_accepts_a_host_key_and_one_that_no_longer_fits_is_replaced(sshd, tmp_path, settings, cache):
+    inv, ready = _prepared(sshd, tmp_path)
+    selection = ("test-host", None, None)
+    early.remember(tmp_path / "hosts.yml", selection, [ready], settings)
+    # --accept-new-host-keys: no guess at all (it could record a key for a login the inventory no longer names)
+    assert early.recall(tmp_path / "hosts.yml", selection, settings, accept_new_host_keys=True, forks=5) == 0
+    # a guess with an unknown key fails quietly; the prepared host (here: other SSH settings) is connected anew
+    assert early.recall(tmp_path / "hosts.yml", selection, settings, accept_new_host_keys=False, forks=5) == 1
+    assert not settings.ssh.known_hosts_path.exists()
+    other = Settings.of({"ssh": {"known_hosts": str(tmp_path / "kh"), "connect_timeout": 7}})
+    assert early.start([ready], other, accept_new_host_keys=True, forks=5) == 1
+    remote = executor_connect(ready.host, other, True)
+    assert remote.run(["true"]).ok
+    remote.close()
+
+
+def test_the_file_holds_logins_and_paths_never_secrets(sshd, tmp_path, settings, cache, monkeypatch):
+    monkeypatch.setenv("TEST_EARLY_KEY", "sk-do-not-store-me")
+    inv, ready = _prepared(sshd, tmp_path)
+    svc = ready.services[0]
+    secret_ready = type(ready)(ready.inventory, ready.host, ready.settings,
+                               (type(svc)(svc.service, "sk-do-not-store-me", svc.image),))
+    early.remember(tmp_path / "hosts.yml", ("test-host", None, None), [secret_ready], settings)
+    (kept,) = cache.iterdir()
+    text = kept.read_text()
+    assert "sk-do-not-store-me" not in text
+    assert str(sshd.client_key) in text and svc.service.model_path in text
+
+
+def test_an_executable_inventory_is_never_guessed(sshd, tmp_path, settings, cache):
+    inv, ready = _prepared(sshd, tmp_path)
+    script = tmp_path / "inventory.py"
+    script.write_text("#!/bin/sh\necho '{}'\n")
+    script.chmod(0o755)
+    early.remember(script, ("test-host", None, None), [ready], settings)
+    assert not cache.exists()
+    assert early.recall(script, ("test-host", None, None), settings, accept_new_host_keys=False, forks=5) == 0

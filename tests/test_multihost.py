@@ -17,6 +17,7 @@ from llmfleet.inventory.check import check_inventory
 from llmfleet.inventory.services import Service, cluster_address_problem, host_settings, resolve_workers
 from llmfleet.release import cluster as C
 from llmfleet.release import multihost as M
+from llmfleet.release import service_ops
 from llmfleet.release.render import load_role, render
 
 IMAGE = ImageRef(key="llamacpp:x", repository="reg.lab:5000/llama", digest="sha256:" + "ab" * 32, tag="x", pinned=True,
@@ -110,7 +111,7 @@ def test_inventory_check_reports_bad_workers_on_one_line(tmp_path, workers, work
 
 def test_the_lab_inventory_has_one_multihost_service():
     inv = load_inventory(str(Path(__file__).resolve().parents[1] / "inventory" / "lab"))
-    assert M.multihost_services(inv, list(inv.hosts)) == [("gpu-p40-11", "tiny-split")]
+    assert service_ops.multihost_services(inv, list(inv.hosts)) == [("gpu-p40-11", "tiny-split")]
     assert all(r.ok for r in check_inventory(inv, [inv.hosts["gpu-p40-11"], inv.hosts["gpu-p40-12"]]))
 
 

@@ -11,6 +11,7 @@ from llmfleet.cli.common import (
     console,
     escape,
     host_document,
+    inventory_path,
     load_settings,
     log_line,
     new_table,
@@ -77,27 +78,35 @@ def deploy(c, host=None, group=None, inventory=None, check=False, diff=False, ac
     import time
 
     from llmfleet.release import early
-    from llmfleet.release.prepare import DeployOptions, prepare_host
 
     startup_s, t_select = process_age_s(), time.monotonic()
-    inv, hosts = select_hosts(c, inventory, host, group)
     settings = load_settings(c)
-    # --diff is a --check that also prints diffs: neither takes the lock or writes an audit record.
-    options = DeployOptions(check=bool(check or diff), diff=bool(diff), accept_new_host_keys=bool(accept_new_host_keys),
-                            allow_unpinned=bool(allow_unpinned), message=message or "",
-                            services=[service] if service else None)
-    # Every host prepared first (services, secrets, pinned images): bad input stops here, before any host
-    # is contacted. Then the hosts' connections open and their probes go out while the release
-    # machinery loads (llmfleet.release.early).
-    locks: dict[str, Any] = {}
-    prepared = {h.name: prepare_host(inv, h.name, settings, options, lock_cache=locks) for h in hosts}
-    select_s = time.monotonic() - t_select
+    selection = (host, group, service)
     try:
+        # The connections and probes the last deploy of this selection prepared go out before the
+        # inventory is even parsed, when none of its files changed since (llmfleet.release.early: a
+        # guess, kept only where the prepared hosts resolve to the very same logins).
+        early.recall(inventory_path(c, inventory), selection, settings,
+                     accept_new_host_keys=bool(accept_new_host_keys), forks=forks)
+        from llmfleet.release.prepare import DeployOptions, prepare_host
+
+        inv, hosts = select_hosts(c, inventory, host, group)
+        # --diff is a --check that also prints diffs: neither takes the lock or writes an audit record.
+        options = DeployOptions(check=bool(check or diff), diff=bool(diff),
+                                accept_new_host_keys=bool(accept_new_host_keys), allow_unpinned=bool(allow_unpinned),
+                                message=message or "", services=[service] if service else None)
+        # Every host prepared (services, secrets, pinned images): bad input stops here, and nothing is
+        # changed on any host for it. Then the hosts' connections open and their probes go out while
+        # the release machinery loads (llmfleet.release.early).
+        locks: dict[str, Any] = {}
+        prepared = {h.name: prepare_host(inv, h.name, settings, options, lock_cache=locks) for h in hosts}
+        select_s = time.monotonic() - t_select
         early.start(list(prepared.values()), settings, accept_new_host_keys=options.accept_new_host_keys, forks=forks)
         from llmfleet.release.service_ops import deploy_hosts
 
         outcomes = deploy_hosts(inv, [h.name for h in hosts], config=settings, options=options, forks=forks,
                                 log=log_line, prepared=prepared)
+        early.remember(inventory_path(c, inventory), selection, list(prepared.values()), settings)
     finally:
         early.close_all()
     if timeline or verbose:

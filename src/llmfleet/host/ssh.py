@@ -23,16 +23,18 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import paramiko
 from fabric import Config, Connection
 
 from llmfleet.errors import RemoteError
 from llmfleet.host import trace
-from llmfleet.inventory.ansible import Host
 from llmfleet.inventory.connection import ConnectionSettings, connection_settings
 from llmfleet.settings import Settings, SshSettings
+
+if TYPE_CHECKING:
+    from llmfleet.inventory.ansible import Host
 
 EOF_GRACE_S = 2.0  # how long to wait for the end of the output after the exit status
 # Longest pause between polls of a silent command (the exit status wakes the wait at once; output
@@ -519,7 +521,11 @@ def connect(
 ) -> Remote:
     """Open an SSH connection to an inventory host (strict host-key checking)."""
     ssh = SshSettings.of(config)
-    target = Target.from_host(host, default_user=ssh.user)
+    return connect_target(Target.from_host(host, default_user=ssh.user), ssh, accept_new_host_keys=accept_new_host_keys)
+
+
+def connect_target(target: Target, ssh: SshSettings, *, accept_new_host_keys: bool = False) -> Remote:
+    """Open an SSH connection to a host's resolved login (``Target``; strict host-key checking)."""
     known_hosts = ssh.known_hosts_path
     connect_timeout = int(target.timeout or ssh.connect_timeout)
     connect_kwargs: dict[str, Any] = {"banner_timeout": connect_timeout, "auth_timeout": connect_timeout}
@@ -527,7 +533,7 @@ def connect(
         key_path = os.path.expanduser(str(target.key_file))
         if not os.path.exists(key_path):
             raise RemoteError(
-                f"host {host.name}: ansible_ssh_private_key_file {key_path} does not exist; fix the inventory"
+                f"host {target.name}: ansible_ssh_private_key_file {key_path} does not exist; fix the inventory"
             )
         connect_kwargs["key_filename"] = [key_path]
     conn = Connection(
@@ -555,18 +561,18 @@ def connect(
         raise
     except paramiko.BadHostKeyException as exc:
         raise HostKeyError(
-            f"host {host.name} ({exc.hostname}): HOST KEY CHANGED: got {fingerprint(exc.key)}, expected "
+            f"host {target.name} ({exc.hostname}): HOST KEY CHANGED: got {fingerprint(exc.key)}, expected "
             f"{fingerprint(exc.expected_key)}; if the host was reinstalled, remove the old key with "
             f"ssh-keygen -R {shlex.quote(exc.hostname)} -f {known_hosts} (and ~/.ssh/known_hosts), then rerun"
         ) from None
     except paramiko.AuthenticationException as exc:
         raise RemoteError(
-            f"host {host.name}: SSH authentication failed for user {conn.user!r} at "
+            f"host {target.name}: SSH authentication failed for user {conn.user!r} at "
             f"{target.address}:{conn.port}: {exc}; check ansible_user / ansible_ssh_private_key_file"
         ) from None
     except (paramiko.SSHException, OSError, EOFError) as exc:
         raise RemoteError(
-            f"host {host.name}: cannot connect to {target.address}:{conn.port}: {exc or type(exc).__name__}"
+            f"host {target.name}: cannot connect to {target.address}:{conn.port}: {exc or type(exc).__name__}"
         ) from None
     transport = client.get_transport()
     if transport is not None:

@@ -163,16 +163,6 @@ def prepare_service(inventory: Inventory | str, head: str, service: str, setting
     return PreparedService(inv, ready, tuple(workers))
 
 
-def multihost_services(inv: Inventory, host_names: list[str]) -> list[tuple[str, str]]:
-    """(head, service) of every service with workers whose head is among ``host_names``."""
-    out = []
-    for n in host_names:
-        for s in settings_for(inv.hosts[n]).services:
-            if s.workers:
-                out.append((n, s.name))
-    return out
-
-
 def offline_cluster(inv: Inventory, head: str, service: Service) -> tuple[C.Cluster, dict[str, HostSettings], list[str]]:
     """The cluster as far as the inventory tells it, for ``invoke render`` (no connection): an address
     read from an interface at deploy time is shown as ``<eth0 of HOST>``. Returns the cluster, each

@@ -41,13 +41,19 @@ def run_hosts(fn: Callable[[Any], Any], items: Sequence[Any], forks: int) -> lis
     return list(results.values())
 
 
+def multihost_services(inv: Any, host_names: list[str]) -> list[tuple[str, str]]:
+    """(head, service) of every service with workers whose head is among ``host_names``."""
+    from llmfleet.inventory.ansible import settings_for
+
+    return [(n, s.name) for n in host_names for s in settings_for(inv.hosts[n]).services if s.workers]
+
+
 def deploy_hosts(inventory: Any, names: Sequence[str], *, config: Settings | dict[str, Any], options: Any, forks: int,
                  log: Log, prepared: dict[str, Any] | None = None) -> list[Any]:
     """``deploy_host`` on each host, ``forks`` at a time (each host keeps its own lock and audit).
     ``prepared``: the hosts' ``PreparedHost`` by name, when the caller prepared them already."""
     from llmfleet.inventory.ansible import Inventory, load_inventory
     from llmfleet.release.deploy import deploy_host
-    from llmfleet.release.multihost import deploy_service, multihost_services
 
     inv = inventory if isinstance(inventory, Inventory) else load_inventory(inventory)
     ready = prepared or {}
@@ -57,6 +63,10 @@ def deploy_hosts(inventory: Any, names: Sequence[str], *, config: Settings | dic
     # every host of it locked in a fixed order; one row per host of it.
     multi = [(h, s) for h, s in multihost_services(inv, list(names)) if options.services in (None, [])
              or s in options.services]
+    if not multi:
+        return outcomes
+    from llmfleet.release.multihost import deploy_service  # only with services over several hosts
+
     more = [o for head, svc in multi
             for o in deploy_service(inv, head, svc, config=config, options=options, log=log).host_outcomes()]
     covered = {o.host for o in more}
