@@ -479,3 +479,32 @@ def test_docker_compose_config_accepts_the_rendered_files(tmp_path, engine):
     assert c["healthcheck"]["interval"] == "10s" and c["healthcheck"]["test"][0] == "CMD"
     assert c["cap_drop"] == ["ALL"] and c["security_opt"] == ["no-new-privileges:true"]
     assert c["logging"]["options"]["max-file"] == "5"
+
+
+def test_compiled_templates_are_kept_in_a_private_cache_and_used_only_from_there(tmp_path, monkeypatch):
+    from llmfleet.release import render as R
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    folder = R.template_cache_dir()
+    text = "{{ name | q }} on {{ port }}\n"
+    env = R._env()
+    R._compiled(env, text)
+    (kept,) = folder.iterdir()
+    assert kept.stat().st_mode & 0o777 == 0o600 and folder.stat().st_mode & 0o777 == 0o700
+    # the kept code renders exactly as the template compiled from its text
+    tpl = env.template_class.from_code(env, R._compiled(env, text), env.make_globals(None))
+    assert tpl.render(name="a'b $x", port=8000) == env.from_string(text).render(name="a'b $x", port=8000)
+    R._compiled(env, text + "#")
+    assert len(list(folder.iterdir())) == 2  # another text, another entry
+    # what is kept is what runs; but from a folder others can write to, nothing is read (nor written)
+    import marshal
+
+    def rendered() -> str:
+        return env.template_class.from_code(env, R._compiled(env, text), env.make_globals(None)).render(name="n", port=1)
+
+    planted = marshal.dumps(env.compile("planted\n"))
+    kept.write_bytes(planted)
+    assert rendered() == "planted\n"
+    folder.chmod(0o777)
+    assert rendered() == '"n" on 1\n'
+    assert kept.read_bytes() == planted
