@@ -11,12 +11,14 @@ import os
 import sys
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from invoke.exceptions import Exit
 
 from llmfleet.errors import LlmfleetError
-from llmfleet.settings import Settings
+
+if TYPE_CHECKING:
+    from llmfleet.settings import Settings
 
 
 class _LazyConsole:
@@ -116,6 +118,8 @@ def handles_errors(fn: Callable) -> Callable:
 def load_settings(c) -> Settings:
     """llmfleet's settings from Invoke's config (invoke.yaml, ~/.invoke.yaml, -f, INVOKE_LLMFLEET_*),
     built once per task and passed down."""
+    from llmfleet.settings import Settings
+
     return Settings.of(c.config.get("llmfleet", {}) or {})
 
 

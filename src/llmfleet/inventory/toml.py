@@ -6,7 +6,6 @@ Top-level tables are groups with ``hosts`` (table of host tables), ``vars`` (tab
 
 from __future__ import annotations
 
-import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,8 @@ from llmfleet.inventory.ansible import Builder, expand_hosts
 
 
 def parse_toml_inventory(b: Builder, path: Path, text: str) -> None:
+    import tomllib  # only for TOML inventories: every command loads an inventory, few are TOML
+
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
