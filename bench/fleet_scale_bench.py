@@ -13,7 +13,9 @@ bench/data/simfleet-lab-node.json; then removes the lab host.
 ``run`` starts a simulated fleet (``python -m llmfleet.lab.simfleet``: one process, one loopback port per
 host, paramiko's server side answering from the recording, each answer delayed by the time the real
 host took) and, for each fleet size and forks value, runs the controller as its own process
-(``llmfleet status --no-metrics`` and ``llmfleet upgrade --check``) and reports its wall time, CPU time
+(``llmfleet status --no-metrics`` and ``llmfleet upgrade --check``; ``--commands deploy``: a no-change
+``deploy``, which with ``--hosts 1 --forks 1`` is one deploy against a host that answers like the lab
+host did, on its own CPU) and reports its wall time, CPU time
 (user+sys, whole process, and per host past a one-host run), peak memory (max RSS), peak open file
 descriptors and threads (sampled every 50 ms from /proc), and how many hosts failed. The server's
 unmatched commands are printed: a stale recording shows up as failures, never as a fast run.
