@@ -20,18 +20,21 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llmfleet.errors import LlmfleetError, RemoteError
 from llmfleet.host import ssh
 from llmfleet.inventory.ansible import Host
 from llmfleet.inventory.services import HostSettings, Service
 from llmfleet.knowledge.planner import PlanSummary
-from llmfleet.release import audit, confirm, decide, early, health, store, watchdog
+from llmfleet.release import audit, decide, early, store
 from llmfleet.release.decide import GoBack, HostOutcome, Refusal, Result
 from llmfleet.release.manifest import Manifest
 from llmfleet.release.store import Paths
 from llmfleet.settings import Settings
+
+if TYPE_CHECKING:
+    from llmfleet.release import health
 
 LOG_LINES = 200
 HOST_TIMER = "confirm_timeout_s too short for this service's load?"
@@ -125,11 +128,13 @@ class HealthTarget:
     started: store.UnitProbe | None = None  # the state the switch's round trip saw after the restart
 
 
-HealthFn = Callable[["HostRun", HealthTarget], health.HealthReport]
+HealthFn = Callable[["HostRun", HealthTarget], "health.HealthReport"]
 
 
 def http_health(run: HostRun, target: HealthTarget) -> health.HealthReport:
     """The staged health check over HTTP through an SSH-forwarded port (llmfleet.release.health)."""
+    from llmfleet.release import health  # the HTTP client: only when a release is checked
+
     svc = target.service
 
     def probe() -> store.UnitProbe:
@@ -354,6 +359,8 @@ class HostRun:
     def arm_script(self, paths: Paths, service: Service, release_id: str, previous: str | None,
                    action: str, *, timeout: int | None = None, restart_unswitched: bool = False) -> tuple[str, str]:
         """(token, script) of ``arm``, for a round trip that carries more steps."""
+        from llmfleet.release import confirm  # only a deploy that switches arms
+
         token = self.token()
         seconds = confirm.timeout_s(service, self.host_settings) if timeout is None else int(timeout)
         return token, confirm.arm_script(paths, release_id=release_id, previous=previous, token=token, action=action,
@@ -361,6 +368,8 @@ class HostRun:
 
     def armed(self, service: Service, previous: str | None, res: ssh.Result, *, timeout: int | None = None) -> None:
         """Judge the arm step's answer: raises ``RemoteError`` when the revert is not armed."""
+        from llmfleet.release import confirm
+
         armed = confirm.parse_arm(res.rc, res.stdout)
         if not armed.armed:
             raise RemoteError(f"{service.name}: {armed.reason}")
@@ -369,6 +378,8 @@ class HostRun:
 
     def confirm(self, paths: Paths, service: str, token: str | None) -> bool:
         """Confirm the switch and start the watchdog; False when the host timer had already reverted."""
+        from llmfleet.release import confirm, watchdog
+
         if token is None:  # nothing was armed (a verify of the current release): start its watchdog
             with self.stage(f"{service}: watchdog on"):
                 self.run(watchdog.install_snippet(paths.service_dir, service), timeout=60)
@@ -382,6 +393,8 @@ class HostRun:
 
     def disarm(self, paths: Paths, token: str | None) -> None:
         """Stop the host timer before going back ourselves; if this fails the timer still reverts."""
+        from llmfleet.release import confirm
+
         if token is None:
             return
         try:
