@@ -7,9 +7,18 @@ and paramiko are imported inside the task bodies, so `invoke --list` starts fast
 
 from __future__ import annotations
 
+import atexit
+import gc
+
 from invoke import Collection
 
 from llmfleet.cli import flags
+
+# A command's last act: CPython's final garbage collections walk every object the run made (~0.1 s
+# after a deploy, for memory the process is about to give back). Moving them out of the collector's
+# reach at exit skips that walk; nothing that matters is left to it (files and connections are closed
+# by the code that opened them, the standard streams are flushed by the interpreter).
+atexit.register(gc.freeze)
 
 flags.install()  # usage errors: one line, exit 2 (also under Invoke's own `invoke` program)
 
