@@ -19,6 +19,11 @@ from llmfleet.cli import flags
 # reach at exit skips that walk; nothing that matters is left to it (files and connections are closed
 # by the code that opened them, the standard streams are flushed by the interpreter).
 atexit.register(gc.freeze)
+# Start-up creates ~100,000 long-lived objects (modules, classes, models); at CPython's default
+# threshold (a young collection every 700 allocations, 140 of them for a deploy) the collector spends
+# ~0.1 s walking them. Young collections every 20,000 allocations keep garbage cycles (a fleet run's
+# closed connections) collected while costing a fraction of that.
+gc.set_threshold(20_000, 10, 10)
 
 flags.install()  # usage errors: one line, exit 2 (also under Invoke's own `invoke` program)
 
