@@ -4,6 +4,8 @@ its code, and is still one round trip; what nobody takes is closed; errors reach
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import yaml
 
@@ -187,3 +189,18 @@ def test_an_executable_inventory_is_never_guessed(sshd, tmp_path, settings, cach
     early.remember(script, ("test-host", None, None), [ready], settings)
     assert not cache.exists()
     assert early.recall(script, ("test-host", None, None), settings, accept_new_host_keys=False, forks=5) == 0
+
+
+def test_only_the_latest_selections_are_kept(sshd, tmp_path, settings, cache, monkeypatch):
+    inv, ready = _prepared(sshd, tmp_path)
+    monkeypatch.setattr(early, "MAX_KEPT", 3)
+    for n in range(5):
+        selection = (f"host-{n}", None, None)
+        early.remember(tmp_path / "hosts.yml", selection, [ready], settings)
+        written = early._cache_file(early._sources(tmp_path / "hosts.yml"), selection)
+        os.utime(written, ns=(n * 10**9, n * 10**9))  # one second apart, whatever the clock's grain
+    assert len(list(cache.iterdir())) == 3
+    assert early.recall(tmp_path / "hosts.yml", ("host-4", None, None), settings, accept_new_host_keys=False,
+                        forks=5) == 1
+    assert early.recall(tmp_path / "hosts.yml", ("host-0", None, None), settings, accept_new_host_keys=False,
+                        forks=5) == 0

@@ -43,6 +43,7 @@ from llmfleet.settings import Settings, SshSettings
 PROBE_TIMEOUT_S = 180.0  # as facts.gather's default
 CACHE_VERSION = 1
 MAX_INVENTORY_FILES = 2000  # an inventory folder larger than this is not fingerprinted (no guess)
+MAX_KEPT = 64  # selections remembered; the least recently written go first
 
 
 @dataclass
@@ -212,6 +213,9 @@ def remember(inventory: str | os.PathLike[str] | Sequence[str], selection: Seque
         with os.fdopen(fd, "w") as fh:
             json.dump(record, fh)  # key order kept: a login's options compare in their own order
         os.replace(tmp, out)
+        kept = sorted(out.parent.glob("*.json"), key=lambda p: p.stat().st_mtime_ns)
+        for old in kept[:-MAX_KEPT]:
+            old.unlink(missing_ok=True)
     except OSError:
         pass
 
