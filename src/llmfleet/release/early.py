@@ -131,7 +131,7 @@ def _fingerprint(sources: Sequence[Path]) -> list[list[Any]] | None:
                 continue
             if not source.is_dir():
                 return None
-            for folder, dirs, files in os.walk(source):
+            for folder, dirs, files in os.walk(source, followlinks=True):
                 dirs.sort()
                 for name in sorted(files):
                     path = os.path.join(folder, name)
