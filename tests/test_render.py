@@ -256,10 +256,10 @@ def test_unit_file():
     # in the foreground (systemd owns the lifecycle); a leftover of a crashed run is replaced
     assert s["ExecStart"] == (f"{compose} up --no-color --no-log-prefix --abort-on-container-exit "
                               "--force-recreate --remove-orphans")
-    # a crashed run's stopped container goes before the start (a running one is left to up)
+    # the run before's stopped container goes before the start (a running one is left to up)
     assert s["ExecStartPre"] == "-/bin/sh -c '/usr/bin/docker rm llmfleet-chat >/dev/null 2>&1 || true'"
-    # the stop removes the container and keeps the project's network for the next start
-    assert s["ExecStop"] == f"{compose} rm --stop --force"
+    # the stop stops the container (its grace period) and keeps it and the project's network
+    assert s["ExecStop"] == "-/bin/sh -c '/usr/bin/docker stop llmfleet-chat >/dev/null'"
     assert int(s["TimeoutStopSec"]) == 90
     assert cp["Install"]["WantedBy"] == "multi-user.target"
 
@@ -472,8 +472,8 @@ def test_compose_overrides_become_a_second_file_named_by_the_unit():
     assert over == {"services": {"engine": {"environment": {"X": "a$$b"}, "mem_limit": "64g"}}}
     unit = r.files["llmfleet-chat.service"]
     compose = "/usr/bin/docker compose -p llmfleet-chat -f compose.yml -f compose.override.yml"
-    assert unit.count("-f compose.yml -f compose.override.yml") == 2  # up and the stop's rm
-    assert f"ExecStart={compose} up " in unit and f"ExecStop={compose} rm --stop --force" in unit
+    assert unit.count("-f compose.yml -f compose.override.yml") == 1  # up: the only compose run
+    assert f"ExecStart={compose} up " in unit
     plain = _render()
     assert "compose.override.yml" not in plain.files
     assert "compose.override.yml" not in plain.files["llmfleet-chat.service"]

@@ -470,7 +470,7 @@ def duration_s(value: Any) -> float | None:
 
 
 def unit_stop_timeout_s(service: Service) -> int:
-    """The unit's ``TimeoutStopSec``: its stop (``docker compose rm --stop``) waits the container's
+    """The unit's ``TimeoutStopSec``: its stop (``docker stop``) waits the container's
     ``stop_grace_period``, 30 s unless ``compose_overrides`` sets another; a longer one gets the same
     margin over it, so systemd never kills the stop half-way."""
     grace = duration_s(service.compose_overrides.get("stop_grace_period", STOP_GRACE_S))
