@@ -14,7 +14,8 @@ then, for each condition, runs the `invoke deploy` command line ``--runs`` times
 Conditions: ``quiet`` (whatever else this machine runs; its load average is printed) and ``busy``
 (this script starts one CPU-bound process per core for the duration). Printed per condition and kind:
 median, min-max spread, SSH round trips and, for a changed deploy, the engine's model load (the health
-check's /health stage; the engine's own time, not llmfleet's). ``--timeline`` prints the timeline
+check's /health stage; the engine's own time, not llmfleet's) and the round trip that switches and
+restarts (median and spread over the runs). ``--timeline`` prints the timeline
 (`deploy --timeline`) of the median no-change and changed run.
 """
 
@@ -78,13 +79,25 @@ def model_load_s(outcome: dict) -> float:
     return sum(s["seconds"] for h in outcome["health"].values() for s in h.get("stages", []) if s["name"] == "health")
 
 
+def switch_s(outcome: dict) -> float | None:
+    """The seconds of the round trip that switches and restarts (upload, arm, switch, restart, the wait
+    for the container): None in a deploy that switched nothing."""
+    got = [st["seconds"] for st in outcome["timeline"] if "switch + restart" in st["stage"]]
+    return sum(got) if got else None
+
+
 def summary(runs: list[tuple[float, dict]]) -> dict:
     walls = [w for w, _ in runs]
     med = statistics.median(walls)
-    return {"runs": len(runs), "median_s": round(med, 3), "min_s": round(min(walls), 3), "max_s": round(max(walls), 3),
-            "round_trips": statistics.median(o["round_trips"] for _, o in runs),
-            "model_load_s": round(statistics.median(model_load_s(o) for _, o in runs), 3),
-            "timeline": min(runs, key=lambda r: abs(r[0] - med))[1]["timeline"]}
+    out = {"runs": len(runs), "median_s": round(med, 3), "min_s": round(min(walls), 3), "max_s": round(max(walls), 3),
+           "round_trips": statistics.median(o["round_trips"] for _, o in runs),
+           "model_load_s": round(statistics.median(model_load_s(o) for _, o in runs), 3),
+           "timeline": min(runs, key=lambda r: abs(r[0] - med))[1]["timeline"]}
+    switches = [s for s in (switch_s(o) for _, o in runs) if s is not None]
+    if switches:
+        out["switch_s"] = {"median_s": round(statistics.median(switches), 3), "min_s": round(min(switches), 3),
+                           "max_s": round(max(switches), 3)}
+    return out
 
 
 def measure(inv: Path, cfg: Path, host: str, runs: int, base_ctx: int) -> dict:
@@ -150,6 +163,11 @@ def main() -> int:
             s = r[key]
             print(f"{cond:<8} {name:<10} {s['median_s']:>9.2f} {s['min_s']:>6.2f}-{s['max_s']:<6.2f} "
                   f"{s['round_trips']:>11.0f} {s['model_load_s']:>13.2f}  {r['load_before']}")
+            if "switch_s" in s:
+                sw = s["switch_s"]
+                print(f"{'':<8} {'':<10} {sw['median_s']:>9.2f} {sw['min_s']:>6.2f}-{sw['max_s']:<6.2f} "
+                      f"{'':>11} {'':>13}  of which the switch round trip (upload, arm, switch, restart, "
+                      "container start)")
     if args.timeline:
         for cond, r in results["conditions"].items():
             print(f"\n{cond}:")

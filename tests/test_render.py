@@ -252,9 +252,41 @@ def test_unit_file():
     assert int(s["TimeoutStartSec"]) >= 1800
     assert s["StandardOutput"] == "journal"
     assert s["WorkingDirectory"] == "/opt/llmfleet/services/chat/current"
-    assert " up " in s["ExecStart"] and "-d" not in s["ExecStart"].split()
-    assert s["ExecStop"].split()[-3:-2] == ["down"] or " down" in s["ExecStop"]
+    compose = "/usr/bin/docker compose -p llmfleet-chat -f compose.yml"
+    # in the foreground (systemd owns the lifecycle); a leftover of a crashed run is replaced
+    assert s["ExecStart"] == (f"{compose} up --no-color --no-log-prefix --abort-on-container-exit "
+                              "--force-recreate --remove-orphans")
+    # the run before's stopped container goes before the start (a running one is left to up)
+    assert s["ExecStartPre"] == "-/bin/sh -c '/usr/bin/docker rm llmfleet-chat >/dev/null 2>&1 || true'"
+    # the stop stops the container (its grace period) and keeps it and the project's network
+    assert s["ExecStop"] == "-/bin/sh -c '/usr/bin/docker stop llmfleet-chat >/dev/null'"
+    assert int(s["TimeoutStopSec"]) == 90
     assert cp["Install"]["WantedBy"] == "multi-user.target"
+
+
+@pytest.mark.parametrize(("value", "seconds"), [
+    ("30s", 30.0), ("1m30s", 90.0), ("1.5h", 5400.0), ("500ms", 0.5), (45, 45.0), (2.5, 2.5),
+    ("", None), ("30", None), ("abc", None), ("30s junk", None), (True, None), (None, None),
+])
+def test_duration_s(value, seconds):
+    from llmfleet.release.render import duration_s
+
+    assert duration_s(value) == seconds
+
+
+@pytest.mark.parametrize(("overrides", "timeout"), [
+    ({}, 90),  # the templates' 30 s grace period
+    ({"stop_grace_period": "10s"}, 90),  # never below the default
+    ({"stop_grace_period": "2m"}, 180),  # the same 60 s margin over a longer grace period
+    ({"stop_grace_period": "100.2s"}, 161),
+    ({"stop_grace_period": "soon"}, 90),  # not a duration: compose config -q refuses it before a switch
+])
+def test_unit_stop_timeout_covers_the_grace_period(overrides, timeout):
+    r = _render(compose_overrides=overrides) if overrides else _render()
+    cp = configparser.ConfigParser(strict=False, interpolation=None)
+    cp.optionxform = str  # type: ignore[assignment]
+    cp.read_string(r.files["llmfleet-chat.service"])
+    assert int(cp["Service"]["TimeoutStopSec"]) == timeout
 
 
 def test_content_hash_tracks_every_input():
@@ -439,7 +471,9 @@ def test_compose_overrides_become_a_second_file_named_by_the_unit():
     over = yaml.safe_load(r.files["compose.override.yml"])
     assert over == {"services": {"engine": {"environment": {"X": "a$$b"}, "mem_limit": "64g"}}}
     unit = r.files["llmfleet-chat.service"]
-    assert unit.count("-f compose.yml -f compose.override.yml") == 3
+    compose = "/usr/bin/docker compose -p llmfleet-chat -f compose.yml -f compose.override.yml"
+    assert unit.count("-f compose.yml -f compose.override.yml") == 1  # up: the only compose run
+    assert f"ExecStart={compose} up " in unit
     plain = _render()
     assert "compose.override.yml" not in plain.files
     assert "compose.override.yml" not in plain.files["llmfleet-chat.service"]

@@ -65,6 +65,8 @@ def test_remove_takes_unit_containers_releases_and_the_images_it_alone_used(tmp_
     assert "systemctl stop llmfleet-chat.service" in calls and "systemctl disable llmfleet-chat.service" in calls
     assert "docker compose -p llmfleet-chat -f compose.yml down --remove-orphans --timeout 30" in calls
     assert "docker ps -aq --filter label=io.llmfleet.service=chat" in calls
+    # the unit's stop keeps the compose project's network; removing the service removes it too
+    assert "docker network rm llmfleet-chat_default" in calls
     assert f"docker image rm {REF}" in calls
     assert calls.index("systemctl stop llmfleet-chat.service") < calls.index(f"docker image rm {REF}")
 

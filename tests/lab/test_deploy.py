@@ -1,8 +1,8 @@
 """deploy / rollback end to end in the lab: real sshd, systemd, Docker, llama-server and vLLM (CPU).
 
 The llama.cpp tests share one host (``gpu-v100-02``, brought up here) and run in file order: first
-deploy, no-change redeploy, --check/--diff, changed flags, broken image, speed floor, concurrency,
-interrupted deploys, hostile values, rollback. The vLLM test uses ``gpu-4090-01``.
+deploy, no-change redeploy, --check/--diff, changed flags, a killed engine restarted by systemd,
+broken image, speed floor, concurrency, interrupted deploys, hostile values, rollback. The vLLM test uses ``gpu-4090-01``.
 """
 
 from __future__ import annotations
@@ -127,6 +127,44 @@ def test_changed_flags_make_a_new_release(ctx):
     assert 5 <= o.round_trips <= 6, [(t["stage"], t["round_trips"]) for t in o.timeline]
     stages = [t["stage"] for t in o.timeline]
     assert "tiny: upload + arm revert + switch + restart + container start" in stages and "lock + pull" in stages
+
+
+def test_a_killed_engine_is_restarted_by_systemd_in_a_new_container_on_the_kept_network(ctx):
+    """compose exits with the engine; systemd runs no ExecStop then, so the stopped container stays
+    until the restart (RestartSec later), whose ExecStartPre removes it before `up` makes a new one on
+    the project's network, which no stop removed."""
+
+    def look() -> tuple[str, str, str]:
+        c = ctx.lab.exec(HOST, ["docker", "inspect", "-f", "{{.Id}} {{.State.Status}}", CONTAINER], check=False)
+        cid, status = (c.stdout.split() + ["", ""])[:2] if c.returncode == 0 else ("", "absent")
+        unit = ctx.lab.exec(HOST, ["systemctl", "is-active", UNIT], check=False).stdout.strip()
+        return cid, status, unit
+
+    network = ctx.lab.exec(HOST, ["docker", "network", "inspect", "-f", "{{.Id}}", "llmfleet-tiny_default"]).stdout
+    old, status, unit = look()
+    assert (status, unit) == ("running", "active")
+    restarts = int(ctx.lab.exec(HOST, ["systemctl", "show", "-p", "NRestarts", "--value", UNIT]).stdout)
+    ctx.lab.exec(HOST, ["docker", "kill", CONTAINER])
+    time.sleep(1)
+    assert look()[:2] == (old, "exited")  # the crashed run's container, until the restart
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (look()[0] not in ("", old) and look()[1:] == ("running", "active")):
+        time.sleep(0.5)
+    new, status, unit = look()
+    assert new not in ("", old) and (status, unit) == ("running", "active"), (new, status, unit)
+    assert int(ctx.lab.exec(HOST, ["systemctl", "show", "-p", "NRestarts", "--value", UNIT]).stdout) == restarts + 1
+    ids = ctx.lab.exec(HOST, ["docker", "ps", "-aq", "--no-trunc", "--filter", "label=io.llmfleet.service=tiny"]).stdout
+    assert ids.split() == [new]  # no leftover beside it
+    assert ctx.lab.exec(HOST, ["docker", "network", "inspect", "-f", "{{.Id}}", "llmfleet-tiny_default"]).stdout == network
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if ctx.health_now() == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    assert ctx.health_now() == 200
 
 
 def test_broken_image_rolls_back_and_the_old_release_still_answers(ctx):

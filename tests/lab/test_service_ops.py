@@ -100,12 +100,20 @@ def test_stop_and_start(proj):
     doc = proj.json("stop", "--host", HOST, "--service", "tiny")
     assert doc["hosts"][0]["result"] == "stopped"
     assert proj.unit_state() != "active"
+    # the unit's stop is a docker stop: the container stays, stopped, and so does the project's network
+    stopped = proj.lab.exec(HOST, ["docker", "inspect", "-f", "{{.Id}} {{.State.Status}}", "llmfleet-tiny"]).stdout.split()
+    assert stopped[1] == "exited"
+    network = proj.lab.exec(HOST, ["docker", "network", "inspect", "-f", "{{.Id}}", "llmfleet-tiny_default"]).stdout
     row = proj.json("status", "--host", HOST, "--no-metrics")["rows"][0]
     assert row["unit"] != "active"
     doc = proj.json("start", "--host", HOST, "--service", "tiny")
     assert doc["hosts"][0]["result"] == "started", doc
     assert doc["hosts"][0]["health"]["tiny"], doc  # the deploy's staged health check passed
     assert proj.unit_state() == "active"
+    # the start removed the stopped container before up made a new one on the same network
+    ids = proj.lab.exec(HOST, ["docker", "ps", "-aq", "--no-trunc", "--filter", "name=^llmfleet-tiny$"]).stdout.split()
+    assert len(ids) == 1 and ids[0] != stopped[0]
+    assert proj.lab.exec(HOST, ["docker", "network", "inspect", "-f", "{{.Id}}", "llmfleet-tiny_default"]).stdout == network
     actions = [(r["action"], r["result"]) for r in proj.host_audit()[-2:]]
     assert actions == [("stop", "stopped"), ("start", "started")]
 
@@ -140,6 +148,9 @@ def test_a_service_dropped_from_the_inventory_is_an_orphan_and_remove_cleans_it(
     gone = proj.lab.exec(HOST, ["sh", "-c", f"ls {ROOT}/services; ls /etc/systemd/system/{UNIT}; "
                                 "docker ps -aq --filter label=io.llmfleet.service=tiny"], check=False)
     assert gone.stdout.strip() == "" and "No such file" in gone.stderr
+    # and the compose project's network, which the unit's stop keeps
+    net = proj.lab.exec(HOST, ["docker", "network", "ls", "-q", "--filter", "name=^llmfleet-tiny_default$"])
+    assert net.stdout.strip() == ""
     assert proj.unit_state() != "active"
     last = proj.host_audit()[-1]
     assert (last["action"], last["service"], last["result"]) == ("remove", "tiny", "removed")

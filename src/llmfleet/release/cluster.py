@@ -279,12 +279,14 @@ def render_worker(service: Service, settings: HostSettings, image: ImageRef, clu
         unit_path=f"{R.UNIT_DIR}/{R.unit_name(service)}",
         service_dir=R.service_dir(settings, service),
         project=R.project_name(service),
+        container=R.project_name(service),
         compose_files=[R.COMPOSE_FILE],
         docker=R.DOCKER,
         start_interval=600,
         start_burst=5,
         restart_sec=10,
         timeout_start=service.health.load_timeout_s + 120,
+        timeout_stop=R.UNIT_STOP_TIMEOUT_S,
     )
     env_text = R._template(R.template_text("service.env.j2", templates_dir)).render(service_name=service.name,
                                                                                      secrets={})

@@ -50,6 +50,10 @@ LOG_MAX_FILE = 5
 DEFAULT_BIND_ADDRESS = "0.0.0.0"
 ENV_FILE = "service.env"
 SECRET_MASK = "********"
+STOP_GRACE_S = 30  # the roles' compose templates: stop_grace_period: 30s
+UNIT_STOP_TIMEOUT_S = 90  # the unit's TimeoutStopSec: the grace period, the compose runs, a margin
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(us|ms|s|m|h)")
+_DURATION_UNIT_S = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 _SECRET_FORBIDDEN = re.compile(r"['\n\r\x00]")
 
 
@@ -498,6 +502,30 @@ def unit_name(service: Service | str) -> str:
     return f"llmfleet-{name}.service"
 
 
+def duration_s(value: Any) -> float | None:
+    """A compose duration (``30s``, ``1m30s``, ``1.5h``; a bare number is seconds) in seconds; None
+    when it is not one (``docker compose config`` on the host judges it before any switch)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return float(value)
+    text = str(value).strip()
+    parts = _DURATION_PART.findall(text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        return None
+    return sum(float(n) * _DURATION_UNIT_S[u] for n, u in parts)
+
+
+def unit_stop_timeout_s(service: Service) -> int:
+    """The unit's ``TimeoutStopSec``: its stop (``docker stop``) waits the container's
+    ``stop_grace_period``, 30 s unless ``compose_overrides`` sets another; a longer one gets the same
+    margin over it, so systemd never kills the stop half-way."""
+    grace = duration_s(service.compose_overrides.get("stop_grace_period", STOP_GRACE_S))
+    if grace is None:
+        return UNIT_STOP_TIMEOUT_S
+    return max(UNIT_STOP_TIMEOUT_S, int(grace + 0.999) + UNIT_STOP_TIMEOUT_S - STOP_GRACE_S)
+
+
 def project_name(service: Service | str) -> str:
     name = service if isinstance(service, str) else service.name
     return f"llmfleet-{name}"
@@ -594,12 +622,14 @@ def render(
         unit_path=f"{UNIT_DIR}/{unit_name(service)}",
         service_dir=sdir,
         project=project_name(service),
+        container=project_name(service),
         compose_files=[COMPOSE_FILE] + ([COMPOSE_OVERRIDE_FILE] if service.compose_overrides else []),
         docker=DOCKER,
         start_interval=max(600, 2 * service.health.load_timeout_s),
         start_burst=5,
         restart_sec=10,
         timeout_start=service.health.load_timeout_s + 120,
+        timeout_stop=unit_stop_timeout_s(service),
     )
     secrets = {role.api_key_env: api_key} if api_key is not None else {}
     env_text = _template(template_text("service.env.j2", templates_dir)).render(service_name=service.name, secrets=secrets)

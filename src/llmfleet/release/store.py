@@ -711,8 +711,9 @@ def service_start_script(paths: Paths) -> str:
 
 
 def service_remove_script(paths: Paths, image_refs: list[str]) -> str:
-    """Remove a service from the host: unit (stopped, disabled, file deleted), its containers, its
-    releases folder, and the images ``image_refs`` (those no other service's release uses)."""
+    """Remove a service from the host: unit (stopped, disabled, file deleted), its containers and its
+    compose project's network, its releases folder, and the images ``image_refs`` (those no other
+    service's release uses)."""
     sdir, unit = q(paths.service_dir), q(paths.unit)
     label = q(f"label={SERVICE_LABEL}={paths.service}")
     lines = [
@@ -725,6 +726,9 @@ def service_remove_script(paths: Paths, image_refs: list[str]) -> str:
         f"ids=$({DOCKER} ps -aq --filter {label} 2>/dev/null)",
         f'[ -z "$ids" ] || {DOCKER} rm -f $ids >/dev/null 2>&1 || true',
         f"{DOCKER} rm -f {q(paths.container)} >/dev/null 2>&1 || true",
+        # the unit's stop keeps the project's network for its next start; compose's down above
+        # removes it when the current release's compose file is there
+        f"{DOCKER} network rm {q(paths.container + '_default')} >/dev/null 2>&1 || true",
         f"rm -f -- {q(paths.unit_path)}",
         "systemctl daemon-reload",
         f"systemctl reset-failed {unit} >/dev/null 2>&1 || true",

@@ -6,6 +6,7 @@ fi
 ids=$(docker ps -aq --filter label=io.llmfleet.service=chat 2>/dev/null)
 [ -z "$ids" ] || docker rm -f $ids >/dev/null 2>&1 || true
 docker rm -f llmfleet-chat >/dev/null 2>&1 || true
+docker network rm llmfleet-chat_default >/dev/null 2>&1 || true
 rm -f -- /etc/systemd/system/llmfleet-chat.service
 systemctl daemon-reload
 systemctl reset-failed llmfleet-chat.service >/dev/null 2>&1 || true
