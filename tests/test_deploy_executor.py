@@ -365,6 +365,14 @@ def test_a_lock_script_that_fails_is_a_failure_not_a_refusal():
     assert o.result == "failed" and "cannot take the deploy lock: mkdir: Read-only file system" in o.reason
 
 
+def test_a_round_trip_that_never_reached_its_first_step_is_a_failure_naming_the_answer():
+    # e.g. sudo refusing before the script starts: no step marker at all, the host's own message
+    r = Run([state(), Command(S.chain_script([acquire().cmd, pull().cmd]), out="",
+                              err="sudo: a password is required", exit=1)])
+    o = r.deploy()
+    assert o.result == "failed" and "cannot take the deploy lock: sudo: a password is required" in o.reason
+
+
 def test_prune_after_success_in_the_last_round_trip():
     refs = {R1: "img@1", R2: "img@2", R3: "img@3", R4: "img@4", R5: "img@5", R6: REF}
     st = svc_state({r: (OTHER, True) for r in (R1, R2, R3, R4, R5, R6)}, R6, refs=refs)

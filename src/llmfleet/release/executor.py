@@ -213,8 +213,11 @@ class HostRun:
         if len(scripts) == 1:
             return [self.run(scripts[0], timeout=timeout, stdin=stdin)]
         res = self.run(store.chain_script(scripts, stdin_step=stdin_step), timeout=timeout, stdin=stdin)
+        parts = store.split_chain(res.stdout, len(scripts))
+        if parts[0] is None:  # the script never reached its first step (sudo refused, no shell): its answer
+            parts[0] = (res.rc or -1, res.stdout)
         out: list[ssh.Result | None] = []
-        for script, part in zip(scripts, store.split_chain(res.stdout, len(scripts)), strict=True):
+        for script, part in zip(scripts, parts, strict=True):
             if part is None:
                 out.append(None)
                 continue
