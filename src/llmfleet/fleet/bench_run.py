@@ -185,7 +185,8 @@ class Samplers:
         failures = 0
         from llmfleet.fleet.metrics import engine_metrics
 
-        with httpx.Client(base_url=self.base_url, timeout=httpx.Timeout(METRICS_TIMEOUT_S), trust_env=False) as c:
+        with httpx.Client(base_url=self.base_url, timeout=httpx.Timeout(METRICS_TIMEOUT_S), trust_env=False,
+                          verify=not self.base_url.startswith("http://")) as c:  # no TLS, no CA bundle to load
             while not self._stop.is_set() and len(self.metrics) < MAX_SAMPLES:
                 t = self.clock()
                 try:

@@ -347,7 +347,7 @@ def fetch_metrics(remote: Any, service: Service, timeout: float = METRICS_TIMEOU
         headers["Authorization"] = f"Bearer {key}"
     try:
         with remote.forward(service.port) as local_port, httpx.Client(
-            timeout=httpx.Timeout(timeout), trust_env=False
+            timeout=httpx.Timeout(timeout), trust_env=False, verify=False  # plain HTTP into the tunnel: no TLS
         ) as client:
             with client.stream("GET", f"http://127.0.0.1:{local_port}/metrics", headers=headers) as resp:
                 if resp.status_code != 200:
