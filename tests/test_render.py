@@ -516,25 +516,27 @@ def test_docker_compose_config_accepts_the_rendered_files(tmp_path, engine):
 
 
 def test_compiled_templates_are_kept_in_a_private_cache_and_used_only_from_there(tmp_path, monkeypatch):
+    from llmfleet import cache
     from llmfleet.release import render as R
+    from llmfleet.release import template_cache
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    folder = R.template_cache_dir()
+    folder = cache.cache_dir(template_cache.CACHE)
     text = "{{ name | q }} on {{ port }}\n"
     env = R._env()
-    R._compiled(env, text)
+    template_cache.code_for(env, text)
     (kept,) = folder.iterdir()
     assert kept.stat().st_mode & 0o777 == 0o600 and folder.stat().st_mode & 0o777 == 0o700
     # the kept code renders exactly as the template compiled from its text
-    tpl = env.template_class.from_code(env, R._compiled(env, text), env.make_globals(None))
+    tpl = env.template_class.from_code(env, template_cache.code_for(env, text), env.make_globals(None))
     assert tpl.render(name="a'b $x", port=8000) == env.from_string(text).render(name="a'b $x", port=8000)
-    R._compiled(env, text + "#")
+    template_cache.code_for(env, text + "#")
     assert len(list(folder.iterdir())) == 2  # another text, another entry
     # what is kept is what runs; but from a folder others can write to, nothing is read (nor written)
     import marshal
 
     def rendered() -> str:
-        return env.template_class.from_code(env, R._compiled(env, text), env.make_globals(None)).render(name="n", port=1)
+        return env.template_class.from_code(env, template_cache.code_for(env, text), env.make_globals(None)).render(name="n", port=1)
 
     planted = marshal.dumps(env.compile("planted\n"))
     kept.write_bytes(planted)

@@ -31,6 +31,11 @@ class _LazyConsole:
         self._stderr = stderr
         self._console: Any = None
 
+    @property
+    def in_use(self) -> bool:
+        """Whether the rich Console was made (something printed through it, or a live display runs)."""
+        return self._console is not None
+
     def __getattr__(self, name: str) -> Any:
         if self._console is None:
             from rich.console import Console
@@ -209,7 +214,7 @@ def log_line(line: str) -> None:
     from datetime import UTC, datetime
 
     text = f"{datetime.now(UTC):%H:%M:%S} {line}"
-    if err_console._console is None:
+    if not err_console.in_use:
         sys.stderr.write(text + "\n")
         sys.stderr.flush()
     else:

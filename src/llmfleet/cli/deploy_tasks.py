@@ -81,12 +81,12 @@ def deploy(c, host=None, group=None, inventory=None, check=False, diff=False, ac
 
     startup_s, t_select = process_age_s(), time.monotonic()
     settings = load_settings(c)
-    selection = (host, group, service)
+    source, selection = inventory_path(c, inventory), (host, group, service)
     try:
         # The connections and probes the last deploy of this selection prepared go out before the
         # inventory is even parsed, when none of its files changed since (llmfleet.release.early: a
         # guess, kept only where the prepared hosts resolve to the very same logins).
-        early.recall(inventory_path(c, inventory), selection, settings,
+        early.recall(source, selection, settings,
                      accept_new_host_keys=bool(accept_new_host_keys), forks=forks)
         from llmfleet.release.prepare import DeployOptions, prepare_host
 
@@ -106,7 +106,7 @@ def deploy(c, host=None, group=None, inventory=None, check=False, diff=False, ac
 
         outcomes = deploy_hosts(inv, [h.name for h in hosts], config=settings, options=options, forks=forks,
                                 log=log_line, prepared=prepared)
-        early.remember(inventory_path(c, inventory), selection, list(prepared.values()), settings)
+        early.remember(source, selection, list(prepared.values()), settings)
     finally:
         early.close_all()
     if timeline or verbose:

@@ -37,6 +37,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from llmfleet import cache
 from llmfleet.host import probe, ssh
 from llmfleet.settings import Settings, SshSettings
 
@@ -44,6 +45,7 @@ PROBE_TIMEOUT_S = 180.0  # as facts.gather's default
 CACHE_VERSION = 1
 MAX_INVENTORY_FILES = 2000  # an inventory folder larger than this is not fingerprinted (no guess)
 MAX_KEPT = 64  # selections remembered; the least recently written go first
+CACHE = "early"  # llmfleet.cache folder
 
 
 @dataclass
@@ -151,14 +153,13 @@ def _sources(inventory: str | os.PathLike[str] | Sequence[str | os.PathLike[str]
     return [Path(i).resolve() for i in items]
 
 
-def cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
-    return Path(base) / "llmfleet" / "early"
+def _cache_name(sources: Sequence[Path], selection: Sequence[Any]) -> str:
+    name = json.dumps([[str(p) for p in sources], list(selection)], default=str)
+    return hashlib.sha256(name.encode()).hexdigest()[:32] + ".json"
 
 
 def _cache_file(sources: Sequence[Path], selection: Sequence[Any]) -> Path:
-    name = json.dumps([[str(p) for p in sources], list(selection)], default=str)
-    return cache_dir() / (hashlib.sha256(name.encode()).hexdigest()[:32] + ".json")
+    return cache.cache_dir(CACHE) / _cache_name(sources, selection)
 
 
 def recall(inventory: str | os.PathLike[str] | Sequence[str], selection: Sequence[Any], settings: Settings, *,
@@ -167,9 +168,12 @@ def recall(inventory: str | os.PathLike[str] | Sequence[str], selection: Sequenc
     prepared, when no file of the inventory changed since; returns how many were started."""
     if accept_new_host_keys:
         return 0
+    folder = cache.private_dir(CACHE, create=False)
+    if folder is None:
+        return 0
     try:
         sources = _sources(inventory)
-        record = json.loads(_cache_file(sources, selection).read_text())
+        record = json.loads((folder / _cache_name(sources, selection)).read_text())
         if record.get("version") != CACHE_VERSION or record.get("files") != _fingerprint(sources):
             return 0
         hosts = record["hosts"]
@@ -205,15 +209,13 @@ def remember(inventory: str | os.PathLike[str] | Sequence[str], selection: Seque
         hosts.append({"target": target, "root": ready.settings.root,
                       "model_paths": [p.service.model_path for p in ready.services]})
     record = {"version": CACHE_VERSION, "files": files, "hosts": hosts}
+    folder = cache.private_dir(CACHE)
+    if folder is None:
+        return
+    # key order kept: a login's options compare in their own order
+    cache.write_private(folder / _cache_name(sources, selection), json.dumps(record).encode())
     try:
-        out = _cache_file(sources, selection)
-        out.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        tmp = out.with_suffix(f".{os.getpid()}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            json.dump(record, fh)  # key order kept: a login's options compare in their own order
-        os.replace(tmp, out)
-        kept = sorted(out.parent.glob("*.json"), key=lambda p: p.stat().st_mtime_ns)
+        kept = sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime_ns)
         for old in kept[:-MAX_KEPT]:
             old.unlink(missing_ok=True)
     except OSError:

@@ -15,10 +15,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import marshal
 import os
 import re
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -333,52 +331,11 @@ def _env() -> jinja2.Environment:
 def _template(text: str) -> jinja2.Template:
     """A template (a role's compose file, the unit, the env file), compiled once per process and keyed
     by its text: a compile costs more than the whole render, and a fleet run renders once per host.
-    Across runs the compiled code is kept on disk (``_compiled``): ~15 ms per template per command."""
+    Across runs the compiled code is kept (``llmfleet.release.template_cache``)."""
+    from llmfleet.release import template_cache
+
     env = _env()
-    return env.template_class.from_code(env, _compiled(env, text), env.make_globals(None))
-
-
-TEMPLATE_CACHE_VERSION = 1  # raise when _env()'s options change: they shape the compiled code
-
-
-def template_cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
-    return Path(base) / "llmfleet" / "templates"
-
-
-def _private_dir(path: Path) -> bool:
-    """The folder exists (made 0700 if not) and only this user can write it: compiled code is run."""
-    try:
-        path.mkdir(parents=True, exist_ok=True, mode=0o700)
-        st = path.stat()
-    except OSError:
-        return False
-    return st.st_uid == os.getuid() and not st.st_mode & 0o022
-
-
-def _compiled(env: jinja2.Environment, text: str) -> Any:
-    """The template's compiled code, from a private cache keyed by its text, Jinja's and Python's
-    versions (as Jinja's own bytecode cache does for file templates), or compiled and kept there."""
-    key = hashlib.sha256(f"{TEMPLATE_CACHE_VERSION}\0{jinja2.__version__}\0{sys.version}\0{text}".encode()).hexdigest()
-    folder = template_cache_dir()
-    path = folder / f"{key[:40]}.code"
-    private = _private_dir(folder)
-    if private:
-        try:
-            return marshal.loads(path.read_bytes())
-        except (OSError, EOFError, ValueError, TypeError):
-            pass
-    code = env.compile(text)
-    if private:
-        tmp = folder / f".{key[:40]}.{os.getpid()}.tmp"
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(marshal.dumps(code))
-            os.replace(tmp, path)
-        except OSError:
-            pass
-    return code
+    return env.template_class.from_code(env, template_cache.code_for(env, text), env.make_globals(None))
 
 
 @dataclass(frozen=True)

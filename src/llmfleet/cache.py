@@ -1,0 +1,41 @@
+"""llmfleet's per-user cache folders: ``$XDG_CACHE_HOME/llmfleet/<name>`` (default ``~/.cache/llmfleet``).
+
+What is kept there only saves time (the next deploy's guessed connections, compiled templates);
+deleting a folder is always safe. A folder is used only while this user owns it and no one else can
+write to it: what is read back steers connections or is run as code.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def cache_dir(name: str) -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    return Path(base) / "llmfleet" / name
+
+
+def private_dir(name: str, *, create: bool = True) -> Path | None:
+    """The cache folder ``name`` (made 0700 when missing and ``create``); None when it is missing, cannot
+    be made, or someone other than this user could write to it."""
+    path = cache_dir(name)
+    try:
+        if create:
+            path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        st = path.stat()
+    except OSError:
+        return None
+    return path if st.st_uid == os.getuid() and not st.st_mode & 0o022 else None
+
+
+def write_private(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` (0600) through a temporary file and a rename; best effort."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
