@@ -60,6 +60,9 @@ _DIRS = {"registry": "lab-registry", "host": "lab-host", "llamacpp": "lab-llamac
 CU118_TOOLKIT = f"{IMAGE_PREFIX}/cu118-toolkit"
 CU118_SOURCES = "non-free.sources"  # gets this machine's Debian mirror when staged
 CU118_SCRIPT = "build-llama-server.sh"
+# dockerfiles/lab-llamacpp's build of llama-server (not part of the image's context): the script and
+# the unity-build settings it loads; both are in the cached binary's key.
+LLAMA_BUILD_FILES = ("build-llama-server.sh", "unity-build.cmake")
 # What the image is built for (CMAKE_CUDA_ARCHITECTURES; the catalog entry and the Dockerfile's ARG say
 # the same, tests/test_cu118.py). A narrower list (e.g. "75-real" for the lab's T4) is a quicker build
 # whose image carries only those kernels: images.inspect records what the binary really has.
@@ -351,11 +354,11 @@ def llama_sdist(prog: Progress) -> Path:
 
 
 def llama_server_binary(prog: Progress) -> Path:
-    """Build llama-server (and rpc-server beside it) once per (sdist, build script) and cache them
-    outside the repository; returns the llama-server path."""
-    script = DOCKERFILES / "lab-llamacpp" / "build-llama-server.sh"
+    """Build llama-server (and rpc-server beside it) once per (sdist, build script, unity-build
+    settings) and cache them outside the repository; returns the llama-server path."""
+    script, unity = (DOCKERFILES / "lab-llamacpp" / name for name in LLAMA_BUILD_FILES)
     sdist = llama_sdist(prog)
-    key = file_hash(sdist, script)
+    key = file_hash(sdist, script, unity)
     out = cache_dir() / "llama-server" / key / "llama-server"
     if out.exists() and out.with_name("rpc-server").exists():
         return out
@@ -363,7 +366,7 @@ def llama_server_binary(prog: Progress) -> Path:
     env = compile_env(cache_dir(), ccache=shutil.which("ccache"), ninja=shutil.which("ninja"))
     Path(env["TMPDIR"]).mkdir(parents=True, exist_ok=True)
     cached = " with ccache" if "CCACHE_DIR" in env else ""
-    task = prog.task(f"llama.cpp: build llama-server + rpc-server ({key}{cached}, ~9 min on 2 cores cold)",
+    task = prog.task(f"llama.cpp: build llama-server + rpc-server ({key}{cached}, ~5 min on 2 cores cold)",
                      total=None)
     jobs = str(os.cpu_count() or 2)
     proc = subprocess.Popen(["sh", str(script), str(sdist), str(out), jobs], stdout=subprocess.PIPE,
@@ -480,7 +483,8 @@ def _stage_context(key: str, prog: Progress, binary: Path | None = None, *, with
         sources.write_text(fill_mirror(sources.read_text(), debian_mirror()))
     elif key == "llamacpp":
         binary = binary or llama_server_binary(prog)
-        (ctx / "build-llama-server.sh").unlink()
+        for name in LLAMA_BUILD_FILES:
+            (ctx / name).unlink()
         rootfs = ctx / "rootfs"
         (rootfs / "usr/bin").mkdir(parents=True)
         shutil.copy2(binary, rootfs / "usr/bin/llama-server")
