@@ -475,3 +475,21 @@ def test_topology_from_facts_drives_the_preflight_check():
     f.gpu_topology = None
     topo = {c.id: c for c in check_service_hosts(svc, {"h1": f}, head="h1")}["topology"]
     assert topo.status == "warn" and "unknown" in topo.message
+
+
+def test_the_probe_and_what_it_starts_run_at_low_priority(fake_docker_host, tmp_path):
+    # the engine the probe checks keeps the host's CPU: every command the probe starts is niced by 10
+    # more than the probe's caller (renice on the probe's own shell)
+    b, calls = fake_docker_host
+    nice = tmp_path / "nice-seen"
+    docker = b / "docker"
+    docker.write_text(docker.read_text().replace(
+        "#!/bin/sh\n", f"#!/bin/sh\nawk '{{print $19}}' /proc/$$/stat >>'{nice}'\n", 1))
+    env = {"PATH": f"{b}:/usr/bin:/bin", "HOME": str(tmp_path), "TMPDIR": str(tmp_path)}
+    caller = os.getpriority(os.PRIO_PROCESS, 0)
+    res = subprocess.run(["sh", "-s", "--", MARK, str(tmp_path / "root")], input=probe_sh(), capture_output=True,
+                         env=env, timeout=60)
+    assert res.returncode == 0, res.stderr
+    seen = {int(v) for v in nice.read_text().split()}
+    assert seen == {min(caller + 10, 19)}
+    assert parse(res.stdout.decode()).docker.server_version == "27.5.1"  # the probe itself still works

@@ -124,7 +124,7 @@ def _ref_facts(locked: LockedImage) -> dict[str, Any]:
 def parse_lock(text: str, path: str = "images.lock") -> ImageLock:
     """Parse images.lock text. Accepts ``{images: {KEY: {...}}}`` or the bare mapping."""
     try:
-        data = yamlload.safe_load(text) or {}
+        data = yamlload.safe_load(text, keep=True) or {}
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
@@ -615,7 +615,7 @@ def load_build_spec(name: str, root: Path | None = None) -> BuildSpec:
                          f"{', '.join(known) or 'none'}")
     path = root / name / "image.yaml"
     try:
-        data = yamlload.safe_load(path.read_text(encoding="utf-8")) or {}
+        data = yamlload.safe_load(path.read_text(encoding="utf-8"), keep=True) or {}
     except yaml.YAMLError:
         raise UsageError(f"{path}: not valid YAML") from None
     for field_name in ("catalog_key", "repository", "tag", "bases"):

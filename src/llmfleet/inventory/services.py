@@ -42,7 +42,7 @@ _IFNAME_RE = r"^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,14}$"
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, str_max_length=MAX_STRING)
+    model_config = ConfigDict(extra="forbid", frozen=True, str_max_length=MAX_STRING, defer_build=True)
 
 
 def _vault_in(v: Any) -> Any:
@@ -70,7 +70,7 @@ class SecretRef(_Strict):
 
     Inventories never hold a plain value."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True, str_max_length=MAX_STRING)
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True, str_max_length=MAX_STRING, defer_build=True)
 
     from_env: str | None = Field(None, description="environment variable on the machine running llmfleet")
     from_file: str | None = Field(None, description="file on the machine running llmfleet (mode 0600)")

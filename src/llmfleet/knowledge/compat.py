@@ -35,7 +35,7 @@ class Verdict:
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
 
 class Kernels(_Model):
@@ -198,7 +198,7 @@ class EngineCatalog(_Model):
 
 def parse_engine_catalog(text: str, path: str = "engines.yaml") -> EngineCatalog:
     try:
-        data = yamlload.safe_load(text)
+        data = yamlload.safe_load(text, keep=True)
     except yaml.YAMLError as exc:
         raise UsageError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from None
     if not isinstance(data, dict):

@@ -135,7 +135,7 @@ def _load_role(engine: str, dirs: tuple[str, ...]) -> Role:
             raise UsageError(f"no role for engine {engine!r}: no role at all in {where} (a broken install? "
                              "reinstall llmfleet)")
         raise UsageError(f"no role for engine {engine!r} in {where}; roles there: {', '.join(found)}")
-    d = yamlload.safe_load(base.joinpath("defaults.yml").read_text(encoding="utf-8")) or {}
+    d = yamlload.safe_load(base.joinpath("defaults.yml").read_text(encoding="utf-8"), keep=True) or {}
     tpl = base / "templates" / "compose.yml.j2"
     if not tpl.is_file():
         raise UsageError(f"{base}: role {engine!r} has no templates/compose.yml.j2")

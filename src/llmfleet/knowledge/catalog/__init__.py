@@ -22,7 +22,7 @@ LAYER_TYPES = (FULL, SLIDING, LINEAR)
 
 def _read_yaml(name: str) -> dict[str, Any]:
     text = resources.files(__package__).joinpath(name).read_text(encoding="utf-8")
-    data = yamlload.safe_load(text)
+    data = yamlload.safe_load(text, keep=True)
     if not isinstance(data, dict):
         raise UsageError(f"catalog {name}: expected a mapping at the top level")
     return data
