@@ -229,10 +229,11 @@ def run(sizes: list[int], forks_list: list[int], commands: list[str], latency: f
                                 for _ in range(repeat)]
                         walls = [r["wall_s"] for r in runs]
                         best = sorted(runs, key=lambda r: r["wall_s"])[len(runs) // 2]
-                        per_host_ms = (best["cpu_s"] - one["cpu_s"]) / max(1, n - 1) * 1000
+                        # the controller's CPU for each host past the first (none for a fleet of one)
+                        per_host_ms = (best["cpu_s"] - one["cpu_s"]) / (n - 1) * 1000 if n > 1 else None
                         row = {"side": side, "command": cmd, "hosts": n, "forks": forks, **best,
                                "wall_spread_s": [min(walls), max(walls)],
-                               "cpu_per_host_ms": round(per_host_ms, 1), "one_host_cpu_s": one["cpu_s"],
+                               "cpu_per_host_ms": round(per_host_ms, 1) if per_host_ms is not None else None, "one_host_cpu_s": one["cpu_s"],
                                "hosts_per_min": round(n / best["wall_s"] * 60), "load": load()}
                         results.append(row)
                         print(json.dumps(row), flush=True)
@@ -249,7 +250,7 @@ def run(sizes: list[int], forks_list: list[int], commands: list[str], latency: f
     for r in results:
         print(f"{r['side']:<7} {r['command']:<14} {r['hosts']:>5} {r['forks']:>5}  {r['wall_s']:>6} "
               f"({r['wall_spread_s'][0]}-{r['wall_spread_s'][1]})".ljust(44)
-              + f"{r['hosts_per_min']:>9}  {r['cpu_s']:>5}  {r['cpu_per_host_ms']:>11}  {r['maxrss_mib']:>10}  "
+              + f"{r['hosts_per_min']:>9}  {r['cpu_s']:>5}  {'-' if r['cpu_per_host_ms'] is None else r['cpu_per_host_ms']:>11}  {r['maxrss_mib']:>10}  "
               f"{r['peak_fds']:>3}  {r['peak_threads']:>3}  {r['failed_hosts']}")
     if results:
         print(f"median wall over runs; machine load at the end {load()}")
