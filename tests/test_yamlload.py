@@ -52,13 +52,9 @@ def test_a_folder_others_can_write_to_is_neither_read_nor_written(folder, monkey
     folder.mkdir(parents=True)
     folder.chmod(0o777)
     planted = {"key7": "planted"}
-    import hashlib
     import marshal
-    import sys
 
-    import yaml
-    key = hashlib.sha256(f"{yaml.__version__}\0{yamlload.SafeLoader.__name__}\0{sys.version}\0{BIG}".encode()).hexdigest()
-    (folder / f"{key[:40]}.data").write_bytes(marshal.dumps(planted))
+    (folder / f"{yamlload.cache_key(BIG)[:40]}.marshal").write_bytes(marshal.dumps(planted))
     assert yamlload.safe_load(BIG, keep=True)["key7"] == {"name": "value 7", "list": [1, 2.5, True, None, "x"]}
     assert len(list(folder.iterdir())) == 1  # only the planted file: nothing written there
 
@@ -76,3 +72,18 @@ def test_the_catalogs_are_kept_and_an_inventory_with_a_secret_is_not(folder, tmp
     load_inventory(inv)
     assert set(folder.iterdir()) == before
     assert not any(b"sk-topsecret" in p.read_bytes() for p in folder.iterdir())
+
+
+def test_the_parsers_stay_pure_and_only_their_loaders_keep(folder, tmp_path):
+    from llmfleet.images.lock import PACKAGED_LOCK, load_lock, parse_lock
+    from llmfleet.knowledge import compat
+
+    compat.parse_engine_catalog(compat.ENGINES_PATH.read_text(encoding="utf-8"))
+    lock = tmp_path / "images.lock"  # the packaged lock (over the size worth keeping)
+    lock.write_text(PACKAGED_LOCK.read_text())
+    parse_lock(lock.read_text())
+    assert not folder.exists() or not list(folder.iterdir())
+    compat.load_engine_catalog.cache_clear()
+    compat.load_engine_catalog()
+    load_lock(lock)
+    assert len(list(folder.iterdir())) == 2

@@ -7,8 +7,11 @@ write to it: what is read back steers connections or is run as code.
 
 from __future__ import annotations
 
+import marshal
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 
 def cache_dir(name: str) -> Path:
@@ -39,3 +42,25 @@ def write_private(path: Path, data: bytes) -> None:
         os.replace(tmp, path)
     except OSError:
         tmp.unlink(missing_ok=True)
+
+
+def kept(name: str, key: str, make: Callable[[], Any]) -> Any:
+    """``make()``'s value, kept as ``marshal`` data under ``key`` (a content hash of everything the
+    value depends on) in the private cache folder ``name`` and read back from there next time. Nothing
+    is read or written when the folder is not private to this user; a value ``marshal`` cannot hold is
+    returned without being kept."""
+    folder = private_dir(name)
+    if folder is None:
+        return make()
+    path = folder / f"{key[:40]}.marshal"
+    try:
+        return marshal.loads(path.read_bytes())
+    except (OSError, EOFError, ValueError, TypeError):
+        pass
+    value = make()
+    try:
+        blob = marshal.dumps(value)
+    except ValueError:
+        return value
+    write_private(path, blob)
+    return value

@@ -14,7 +14,6 @@ of every command). A value ``marshal`` cannot hold (a YAML timestamp) just leave
 from __future__ import annotations
 
 import hashlib
-import marshal
 import sys
 from typing import Any
 
@@ -34,22 +33,12 @@ def safe_load(text: str, *, keep: bool = False) -> Any:
         return _parse(text)
     from llmfleet import cache
 
-    folder = cache.private_dir(CACHE)
-    if folder is None:
-        return _parse(text)
-    key = hashlib.sha256(f"{yaml.__version__}\0{SafeLoader.__name__}\0{sys.version}\0{text}".encode()).hexdigest()
-    path = folder / f"{key[:40]}.data"
-    try:
-        return marshal.loads(path.read_bytes())
-    except (OSError, EOFError, ValueError, TypeError):
-        pass
-    data = _parse(text)
-    try:
-        blob = marshal.dumps(data)
-    except ValueError:  # a date or another object marshal cannot hold
-        return data
-    cache.write_private(path, blob)
-    return data
+    return cache.kept(CACHE, cache_key(text), lambda: _parse(text))
+
+
+def cache_key(text: str) -> str:
+    """What a kept parse depends on: the text, PyYAML's version and loader, Python's version."""
+    return hashlib.sha256(f"{yaml.__version__}\0{SafeLoader.__name__}\0{sys.version}\0{text}".encode()).hexdigest()
 
 
 def _parse(text: str) -> Any:

@@ -121,10 +121,11 @@ def _ref_facts(locked: LockedImage) -> dict[str, Any]:
             "torch_archs": locked.torch_archs, "archs_source": locked.archs_source}
 
 
-def parse_lock(text: str, path: str = "images.lock") -> ImageLock:
-    """Parse images.lock text. Accepts ``{images: {KEY: {...}}}`` or the bare mapping."""
+def parse_lock(text: str, path: str = "images.lock", *, keep: bool = False) -> ImageLock:
+    """Parse images.lock text. Accepts ``{images: {KEY: {...}}}`` or the bare mapping. Pure unless
+    ``keep`` (``load_lock``: the parse through the cache)."""
     try:
-        data = yamlload.safe_load(text, keep=True) or {}
+        data = yamlload.safe_load(text, keep=keep) or {}
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
@@ -193,7 +194,7 @@ def load_lock(path: str | Path | None = None) -> ImageLock:
     text = p.read_text(encoding="utf-8")
     cached = _LOCK_CACHE.get(str(p))
     if cached is None or cached[0] != text:
-        cached = (text, parse_lock(text, path=str(p)))
+        cached = (text, parse_lock(text, path=str(p), keep=True))
         _LOCK_CACHE[str(p)] = cached
     return ImageLock(images=dict(cached[1].images), path=cached[1].path)
 

@@ -196,9 +196,10 @@ class EngineCatalog(_Model):
         return self.images.get(key)
 
 
-def parse_engine_catalog(text: str, path: str = "engines.yaml") -> EngineCatalog:
+def parse_engine_catalog(text: str, path: str = "engines.yaml", *, keep: bool = False) -> EngineCatalog:
+    """The engine catalog from its text (pure unless ``keep``: the loader's parse through the cache)."""
     try:
-        data = yamlload.safe_load(text, keep=True)
+        data = yamlload.safe_load(text, keep=keep)
     except yaml.YAMLError as exc:
         raise UsageError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from None
     if not isinstance(data, dict):
@@ -228,7 +229,7 @@ def load_engine_catalog(path: str | None = None) -> EngineCatalog:
         text = p.read_text(encoding="utf-8")
     except OSError as exc:
         raise UsageError(f"{p}: cannot read the engine catalog: {exc.strerror}") from None
-    return parse_engine_catalog(text, str(p))
+    return parse_engine_catalog(text, str(p), keep=True)
 
 
 def driver_branches() -> dict[int, str]:

@@ -8,7 +8,6 @@ kept is exactly what compiling the text gives.
 from __future__ import annotations
 
 import hashlib
-import marshal
 import sys
 from typing import Any
 
@@ -21,17 +20,7 @@ VERSION = 1  # raise when render._env()'s options change: they shape the compile
 
 
 def code_for(env: jinja2.Environment, text: str) -> Any:
-    """The template's compiled code: read from the cache, or compiled and kept there. Nothing is read
-    or written when the folder is not private to this user (the code is run)."""
+    """The template's compiled code: read from the cache, or compiled and kept there (``cache.kept``:
+    nothing is read or written when the folder is not private to this user; the code is run)."""
     key = hashlib.sha256(f"{VERSION}\0{jinja2.__version__}\0{sys.version}\0{text}".encode()).hexdigest()
-    folder = cache.private_dir(CACHE)
-    path = folder / f"{key[:40]}.code" if folder is not None else None
-    if path is not None:
-        try:
-            return marshal.loads(path.read_bytes())
-        except (OSError, EOFError, ValueError, TypeError):
-            pass
-    code = env.compile(text)
-    if path is not None:
-        cache.write_private(path, marshal.dumps(code))
-    return code
+    return cache.kept(CACHE, key, lambda: env.compile(text))
