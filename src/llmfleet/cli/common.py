@@ -113,7 +113,9 @@ def handles_errors(fn: Callable) -> Callable:
         try:
             return fn(*args, **kwargs)
         except LlmfleetError as exc:
-            raise Exit(f"error: {exc}", code=exc.exit_code) from None
+            from llmfleet.cli.flags import hints
+
+            raise Exit(hints(f"error: {exc}"), code=exc.exit_code) from None
         except KeyboardInterrupt:
             raise Exit("interrupted", code=130) from None
 

@@ -199,13 +199,68 @@ def _traced(fn: Callable) -> Callable:
 # ---------------------------------------------------------------------------------------------
 # Usage errors: one line, exit 2 (for Invoke's own Program too)
 
+# Invoke's core flags (Program.core_args and task_args) llmfleet does not take -> why. They change how
+# *local shell commands* run, and llmfleet runs none: accepted and ignored, `--dry` would let a deploy
+# start. The `llmfleet` program does not offer them; under `invoke` those that reach a task are refused.
+REFUSED: dict[str, str] = {
+    "command-timeout": "give the task's own --timeout, or set llmfleet.ssh.command_timeout in invoke.yaml",
+    "debug": "give -v after the task name to see each remote command",
+    "dry": "llmfleet runs no local shell commands; see what a deploy would change with `{prog} deploy --check --diff`",
+    "echo": "give -v after the task name to see each remote command",
+    "hide": "llmfleet runs no local shell commands",
+    "list-depth": "`{prog} --list` lists every task",
+    "list-format": "`{prog} --list` lists every task",
+    "prompt-for-sudo-password": "remote sudo follows the inventory (ansible_become)",
+    "pty": "llmfleet runs no local shell commands",
+    "warn-only": "llmfleet runs no local shell commands",
+    "write-pyc": "not an llmfleet setting",
+    "collection": "llmfleet's tasks are built in",
+    "no-dedupe": "not an llmfleet setting",
+    "search-root": "llmfleet's tasks are built in",
+}
+REFUSED_SHORT: dict[str, str] = {"T": "command-timeout", "d": "debug", "R": "dry", "e": "echo", "D": "list-depth",
+                                 "F": "list-format", "p": "pty", "w": "warn-only", "c": "collection",
+                                 "r": "search-root"}
+# Refused under the stock `invoke` program too (it needs -c, -r, -d, -D, -F for itself)
+REFUSED_UNDER_INVOKE = ("command-timeout", "dry", "echo", "hide", "prompt-for-sudo-password", "pty", "warn-only")
+# The command the user typed, for hints (`llmfleet ...` or `invoke ...`); set when a Program runs.
+PROG = "invoke"
+
+
+def refused_flag(token: str) -> str | None:
+    """The Invoke core flag ``token`` names (``--dry``, ``-R``, ``--hide=x``, ``-T5``), if llmfleet refuses it."""
+    if token.startswith("--"):
+        name = token[2:].split("=", 1)[0]
+        return name if name in REFUSED else None
+    if token.startswith("-") and len(token) >= 2:
+        return REFUSED_SHORT.get(token[1])
+    return None
+
+
+def refusal(token: str, prog: str, *, before_task: bool = False) -> str:
+    """One line refusing Invoke core flag ``token``."""
+    name = refused_flag(token) or token.lstrip("-")
+    why = REFUSED.get(name, "not an llmfleet flag").format(prog=prog)
+    shown = token.split("=", 1)[0] if token.startswith("--") else token[:2]
+    long = f" (--{name})" if shown != f"--{name}" else ""
+    return f"error: llmfleet does not take Invoke's {shown}{long}{' before the task name' if before_task else ''}: {why}"
+
+
+def hints(text: str) -> str:
+    """A message's command hints in the words the user typed (`llmfleet deploy`, not `invoke deploy`)."""
+    return text if PROG == "invoke" else text.replace("`invoke ", f"`{PROG} ")
+
+
 _NO_IDEA = re.compile(r"^No idea what '(.*)' is!$")
 _NEEDS = re.compile(r"^Flag <\w+: (\S+?)(?: \(.*?\))? .*> needed value and was not given one!$")
 _NO_VALUE = re.compile(r"^Flag <\w+: (\S+?)(?: \(.*?\))? .*> doesn't take any value!$")
 
 
-def usage_line(exc: ParseError) -> str:
-    """Invoke's parse error as one line that names the task and the flag."""
+def usage_line(exc: ParseError, prog: str | None = None, tasks: Any = ()) -> str:
+    """Invoke's parse error as one line that names the task and the flag (and the closest known name)."""
+    from llmfleet.suggest import did_you_mean
+
+    prog = prog or PROG
     msg = str(exc).strip()
     ctx = getattr(exc, "context", None)
     task = getattr(ctx, "name", None)
@@ -213,16 +268,30 @@ def usage_line(exc: ParseError) -> str:
     if m := _NO_IDEA.match(msg):
         what = m.group(1)
         if what.startswith("-"):
-            return f"error: {where}no flag {what} (`invoke --help {task or 'TASK'}` lists the flags)"
+            if refused_flag(what):
+                return refusal(what, prog)
+            known = sorted(getattr(ctx, "flags", {}) or {}) if ctx is not None else []
+            hint = did_you_mean(what.split("=", 1)[0], [k for k in known if k.startswith("--")], cutoff=0.7)
+            return f"error: {where}no flag {what}{hint} (`{prog} --help {task or 'TASK'}` lists the flags)"
+        hint = did_you_mean(what, tasks)
         if task:
-            return f"error: {what!r} is neither a task nor a flag of {task} (`invoke --help {task}`)"
-        return f"error: no task {what!r} (`invoke --list` shows the tasks)"
+            return f"error: {what!r} is neither a task nor a flag of {task}{hint} (`{prog} --help {task}`)"
+        return f"error: no task {what!r}{hint} (`{prog} --list` shows the tasks)"
     if m := _NEEDS.match(msg):
         return f"error: {where}{_flag(m.group(1))} needs a value"
     if m := _NO_VALUE.match(msg):
         return f"error: {where}{_flag(m.group(1))} takes no value"
     first = msg.splitlines()[0] if msg else "bad command line"
     return f"error: {where}{first}"
+
+
+def _prog(program: Program) -> str:
+    """The command the user typed: `llmfleet`, or `invoke`/`inv` (also under `python -m invoke`)."""
+    name = getattr(program, "_binary", None) or ""
+    if name and "[" not in name:  # Invoke's own program calls itself "inv[oke]"
+        return name
+    called = getattr(program, "argv", None) and program.called_as
+    return called if called in ("invoke", "inv") else "invoke"
 
 
 def _flag(name: str) -> str:
@@ -241,10 +310,32 @@ def install() -> None:
             try:
                 return method(self, *args, **kwargs)
             except ParseError as exc:
-                raise Exit(usage_line(exc), code=2) from None
+                coll = getattr(self, "collection", None)
+                tasks = list(coll.task_names) if coll is not None else []
+                raise Exit(usage_line(exc, _prog(self), tasks), code=2) from None
 
         return wrapper
 
+    run = Program.run
+
+    @functools.wraps(run)
+    def run_naming_the_program(self: Program, *args: Any, **kwargs: Any) -> Any:
+        global PROG
+        PROG = _prog(self)
+        return run(self, *args, **kwargs)
+
+    cleanup = Program.parse_cleanup
+
+    @functools.wraps(cleanup)
+    def cleanup_refusing(self: Program) -> Any:
+        # `invoke --dry deploy`, `invoke status -e`: flags for local shell commands llmfleet never runs
+        for name in REFUSED_UNDER_INVOKE:
+            if name in self.args and self.args[name].value:
+                raise Exit(refusal(f"--{name}", _prog(self)), code=2)
+        return cleanup(self)
+
+    Program.run = run_naming_the_program
+    Program.parse_cleanup = cleanup_refusing
     Program.parse_tasks = exit_2(Program.parse_tasks)
     Program.parse_cleanup = exit_2(Program.parse_cleanup)
 
@@ -264,4 +355,42 @@ def install() -> None:
         return names, text
 
     ParserContext.help_for = help_with_metavar
+    _help_before_positionals()
     Program._llmfleet_flags = True
+
+
+def _help_before_positionals() -> None:
+    """``TASK -h`` / ``TASK --help`` is help even for a task whose positional argument is still missing
+    (``images.pin -h``): Invoke's parser would take the flag as the argument's value."""
+    from invoke.parser.parser import ParseMachine
+
+    handle = ParseMachine.handle
+
+    @functools.wraps(handle)
+    def handle_help_first(self: ParseMachine, token: str) -> None:
+        ctx = self.context
+        if (ctx is not None and ctx.name and ctx.missing_positional_args and not self.waiting_for_flag_value
+                and token not in ctx.flags and token not in ctx.inverse_flags):
+            if token in ("-h", "--help") and self.initial is not None and token in self.initial.flags:
+                self.initial.flags[token].value = ctx.name
+                return None
+            if token.startswith("-") and len(token) > 1 and not token[1:2].isdigit():
+                # a flag where the positional argument belongs (`images.pin --dry`): never its value
+                self.error(f"No idea what {token!r} is!")
+        return handle(self, token)
+
+    complete = ParseMachine.complete_context
+
+    @functools.wraps(complete)
+    def complete_unless_help(self: ParseMachine) -> None:
+        ctx = self.context
+        helped = self.initial is not None and "help" in self.initial.args and ctx is not None and ctx.name \
+            and self.initial.args["help"].value == ctx.name
+        if helped and ctx.missing_positional_args:
+            if ctx not in self.result:
+                self.result.append(ctx)
+            return None
+        return complete(self)
+
+    ParseMachine.handle = handle_help_first
+    ParseMachine.complete_context = complete_unless_help
