@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from llmfleet.fleet import status
+from llmfleet.fleet import speed, status
 from llmfleet.host import probe
 from llmfleet.inventory.services import host_settings
 from llmfleet.release import audit, cluster, clusterset, confirm, watchdog
@@ -105,6 +105,7 @@ SCRIPTS = {
         now=NOW, action="deploy", head="h1", releases={"h1": R2, "w1": R1})),
     "clusterset_read": lambda: clusterset.read_script(PATHS),
     "cluster_reach": lambda: cluster.reach_script([("w1", "10.0.0.12", 50052), ("w2", "fd00::12", 50052)]),
+    "speed": lambda: speed.speed_script(ROOT, ["chat", "embed"]),
 }
 # The builders of each module that sends remote scripts (or files that run on the host) and the golden
 # files that pin them; a new builder fails test_every_remote_script_builder_has_a_golden_file below.
@@ -120,6 +121,7 @@ PINNED_BUILDERS = {
               "rpc_log_script": "cluster_rpc_log", "ray_nodes_script": "cluster_ray_nodes",
               "rpc_peers_script": "cluster_rpc_peers", "reach_script": "cluster_reach"},
     clusterset: {"append_script": "clusterset_append", "read_script": "clusterset_read"},
+    speed: {"speed_script": "speed"},
 }
 
 
@@ -171,7 +173,7 @@ def test_every_script_builder_of_the_cluster_module_has_a_golden_file():
                                   "confirm_revert_head", "watchdog_worker_rpc", "watchdog_worker_ray",
                                   "cluster_address", "cluster_worker_probe_rpc",
                                   "cluster_rpc_log", "cluster_ray_nodes", "cluster_rpc_peers", "cluster_reach",
-                                  "clusterset_append", "clusterset_read"])
+                                  "clusterset_append", "clusterset_read", "speed"])
 def test_golden_scripts_parse_as_posix_sh(name):
     res = subprocess.run(["sh", "-n", str(GOLDEN / f"{name}.sh")], capture_output=True, text=True, timeout=10)
     assert res.returncode == 0, res.stderr

@@ -426,4 +426,7 @@ def query_hosts(
     results = run_on_hosts(one, list(hosts), forks=forks, timeout=timeout * 2 + 5)
     statuses = [r.value if r.ok and r.value is not None else HostStatus(host=r.host.name, reachable=False, error=r.error or "")
                 for r in results]
+    from llmfleet.fleet.speed import remember_status  # the fleet's decode history (docs/deploy.md)
+
+    remember_status(statuses, hosts)
     return [(s, settings[s.host]) for s in statuses]
