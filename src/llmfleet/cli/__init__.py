@@ -45,7 +45,8 @@ ns = Collection()
 ns.configure(
     {
         "llmfleet": {
-            "inventory": "inventory/lab/",
+            # None: -i, else as Ansible finds it (ANSIBLE_INVENTORY, ansible.cfg, ./inventory)
+            "inventory": None,
             "ssh": {
                 "connect_timeout": 10,
                 "command_timeout": 120,

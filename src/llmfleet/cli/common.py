@@ -51,7 +51,7 @@ err_console: Any = _LazyConsole(stderr=True)
 
 
 INVENTORY_HELP = ("inventory source: file, folder, script or 'h1,h2,' host list; repeat -i to merge several "
-                  "(default: llmfleet.inventory in invoke.yaml)")
+                  "(default: as Ansible finds it: ANSIBLE_INVENTORY, ansible.cfg, ./inventory)")
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None):  # noqa: ANN001
@@ -80,13 +80,15 @@ def cfg(c, key: str, default: Any = None) -> Any:
 
 
 def inventory_path(c, inventory: str | list[str] | None) -> str | list[str]:
-    """The ``-i`` sources: one path (str), or a list when ``-i`` was repeated."""
+    """The ``-i`` sources: one path (str), or a list when there are several. Without ``-i``, found as
+    Ansible finds it (llmfleet.inventory.discover): llmfleet.inventory in invoke.yaml, ANSIBLE_INVENTORY,
+    ansible.cfg's [defaults] inventory, ./inventory."""
+    from llmfleet.inventory.discover import find
+
     if isinstance(inventory, list | tuple):
-        inventory = list(inventory) if len(inventory) > 1 else (inventory[0] if inventory else None)
-    if inventory:
-        return inventory
-    default = cfg(c, "inventory", "inventory/lab/")
-    return list(default) if isinstance(default, list | tuple) and len(default) > 1 else default
+        inventory = list(inventory) if inventory else None
+    found = find(inventory, cfg(c, "inventory"), os.environ, os.getcwd(), os.path.expanduser("~"))
+    return found.sources[0] if len(found.sources) == 1 else found.sources
 
 
 def repeatable_inventory(collection) -> None:

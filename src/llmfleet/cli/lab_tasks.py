@@ -72,7 +72,7 @@ def setup(c, vllm=False, cu118=False, cu118_archs=None, quiet=False, json=False)
 
 @fleet_task(
     help={
-        "inventory": "lab inventory (default: llmfleet.inventory in invoke.yaml, 'inventory/lab/')",
+        "inventory": "lab inventory (default: as for every task: ANSIBLE_INVENTORY, ansible.cfg, ./inventory)",
         "hosts": "comma-separated host names to bring up (default: every host that sets lab_gpu)",
         "name": f"lab name: container/network prefix (default ${paths.LAB_NAME_ENV} or '{paths.DEFAULT_LAB_NAME}')",
         "json": "print the result as JSON",
