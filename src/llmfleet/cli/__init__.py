@@ -39,6 +39,7 @@ from llmfleet.cli import (  # noqa: E402 - after install(): the task modules dec
     ops_tasks,
     plan_tasks,
     service_tasks,
+    speed_tasks,
 )
 
 ns = Collection()
@@ -63,6 +64,7 @@ ns.configure(
             # llmfleet_roles_path / llmfleet_templates_path); docs/deploy.md
             "roles_path": None,
             "templates_path": None,
+            "speed_overlay": None,  # a speed overlay file `invoke plan` shows (`invoke speed --write`; docs/planner.md)
         }
     }
 )
@@ -77,6 +79,7 @@ ns.add_task(ops_tasks.releases)
 ns.add_task(ops_tasks.audit)
 ns.add_task(ops_tasks.upgrade)
 ns.add_task(bench_tasks.bench)
+ns.add_task(speed_tasks.speed)
 ns.add_collection(images_tasks.ns)
 ns.add_task(deploy_tasks.deploy)
 ns.add_task(deploy_tasks.rollback)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import shlex
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from llmfleet.cli.common import console, escape, inventory_path, load_settings, print_json
 from llmfleet.cli.flags import FRACTION, POSITIVE, TOKENS, Number, fleet_task
@@ -109,7 +110,71 @@ def _split_rows(p: Plan) -> list[tuple[str, str]]:
     return rows
 
 
-def render_plan(p: Plan, title: str | None = None) -> None:
+def fleet_measured(p: Plan, records: list[Any], overlay: list[Any]) -> dict[str, Any] | None:
+    """What the fleet measured for the plan's card/engine/image/model/quant/context (the speed cache
+    that ``invoke status`` and ``invoke speed`` fill; ``llmfleet.release.speed_history``), and the
+    speed overlay's entry for its card class; None when there is neither."""
+    import statistics
+
+    from llmfleet.release import speed_history as sh
+    from llmfleet.release import speed_overlay
+
+    key = sh.key_for(p, p.image)
+    if key is None:
+        return None
+    rs = sh.runs(records, key)
+    others = [r for r in sh.runs(records, key, same_class=True) if r.key.image != key.image]
+    entry = speed_overlay.entry_for(overlay, key)
+    if not rs and not others and entry is None:
+        return None
+    vals = [r.tokps for r in rs]
+    return {
+        "key": key.to_dict(),
+        "line": sh.measured_line(records, key),
+        "runs": len(rs), "hosts": sorted({r.host for r in rs}),
+        "min": min(vals) if vals else None, "max": max(vals) if vals else None,
+        "median": statistics.median(vals) if vals else None,
+        "other_images": sh.measured_line(others, key, same_class=True),
+        "overlay": None if entry is None else {"line": entry.line(), "median": entry.median, "count": entry.count,
+                                               "fitted_efficiency": entry.fitted, "source": entry.source},
+    }
+
+
+def _fleet_rows(fm: dict[str, Any] | None) -> list[tuple[str, str]]:
+    if not fm:
+        return []
+    rows = []
+    if fm["line"]:
+        rows.append(("fleet measured", fm["line"] + " (this image; `invoke speed`)"))
+    if fm["other_images"]:
+        rows.append(("other images", fm["other_images"] + " (same card class, other images)"))
+    if fm["overlay"]:
+        rows.append(("speed overlay", fm["overlay"]["line"]))
+    return rows
+
+
+def _fleet_sources(c) -> tuple[list[Any], list[Any]]:
+    """The cached records and the configured speed overlay's entries (``llmfleet.speed_overlay``); an
+    overlay that cannot be read is a warning, never the plan's failure."""
+    from llmfleet.cli.common import cfg, err_console
+    from llmfleet.release import speed_cache, speed_overlay
+
+    records = speed_cache.load()
+    path = cfg(c, "speed_overlay")
+    if not path:
+        return records, []
+    try:
+        text = Path(str(path)).expanduser().read_text(encoding="utf-8")
+    except OSError as exc:
+        err_console.print(f"[yellow]warning[/yellow]: llmfleet.speed_overlay {escape(str(path))}: {escape(exc.strerror or str(exc))}")
+        return records, []
+    entries, problems = speed_overlay.parse_overlay(text)
+    for problem in problems:
+        err_console.print(f"[yellow]warning[/yellow]: llmfleet.speed_overlay {escape(str(path))}: {escape(problem)}")
+    return records, entries
+
+
+def render_plan(p: Plan, title: str | None = None, fleet: dict[str, Any] | None = None) -> None:
     from rich.table import Table
 
     verdict = "[green]FITS[/green]" if p.fits else "[red]DOES NOT FIT[/red]"
@@ -145,6 +210,8 @@ def render_plan(p: Plan, title: str | None = None) -> None:
         ("engine flags", shlex.join(p.engine_args)),
     ]
     rows[9:9] = _split_rows(p)
+    at = next(i for i, (k, _v) in enumerate(rows) if k == "decode realistic") + 1
+    rows[at:at] = _fleet_rows(fleet)
     for k, v in rows:
         t.add_row(k, v if k in ("resident",) else escape(v))
     console.print(t)
@@ -238,13 +305,15 @@ def plan_task(c, model=None, quant=None, gpu=None, host=None, gpus=None, context
             plans[svc.name] = plan_for_service(svc, card, n_gpus or 1, facts=facts, hosts=n_hosts,
                                                network_gbps=gbps, network_latency_us=network_latency_us,
                                                driver=driver or None)
+        records, overlay = _fleet_sources(c)
+        fleet = {k: fleet_measured(p, records, overlay) for k, p in plans.items()}
         if json:
             print_json({"host": host, "fits": all(p.fits for p in plans.values()),
-                        "services": {k: p.to_dict() for k, p in plans.items()}})
+                        "services": {k: p.to_dict() | {"fleet_measured": fleet[k]} for k, p in plans.items()}})
         else:
             for name, p in plans.items():
                 render_plan(p, title=f"{host} / {name}: {p.model} ({p.quant}) on {p.gpus} x {p.gpu_name}, {p.engine}: "
-                            + ("[green]FITS[/green]" if p.fits else "[red]DOES NOT FIT[/red]"))
+                            + ("[green]FITS[/green]" if p.fits else "[red]DOES NOT FIT[/red]"), fleet=fleet[name])
         bad = [k for k, p in plans.items() if not p.fits]
         if bad:
             raise CheckFailed(f"host {host}: {', '.join(bad)} do(es) not fit {plans[bad[0]].gpu_name}")
@@ -264,10 +333,11 @@ def plan_task(c, model=None, quant=None, gpu=None, host=None, gpus=None, context
         driver=driver or (facts.driver_version if facts is not None else None) or None,
     )
     p = plan(req)
+    fleet = fleet_measured(p, *_fleet_sources(c))
     if json:
-        print_json(p.to_dict())
+        print_json(p.to_dict() | {"fleet_measured": fleet})
     else:
-        render_plan(p)
+        render_plan(p, fleet=fleet)
     if not p.fits:
         first = p.notes[0] if p.notes else "does not fit"
         hosts_txt = f" on each of {p.hosts} hosts" if p.hosts > 1 else ""
