@@ -68,6 +68,7 @@ def test_speed_reads_the_hosts_keeps_what_it_read_and_writes_an_overlay(fleet, m
     # one healthy run (R1, by its health check); R2 failed its check and does not count
     assert row["measured"] == {"count": 1, "min": 118.4, "max": 118.4, "median": 118.4, "hosts": ["up"]}
     assert row["predicted"] == [90.0, 150.0] and row["verdict"] == "within"
+    assert row["median_vs_ceiling"] == 0.592  # 118.4 of a 200 tok/s ceiling
     assert row["efficiency"]["planner"] and row["efficiency"]["fitted"]
     assert doc["hosts_read"] == ["up"] and doc["unreachable"] == []
     # the bench result was read too, and kept

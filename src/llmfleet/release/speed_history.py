@@ -544,6 +544,7 @@ class ClassSummary:
                          "hosts": list(self.hosts_measured)},
             "predicted": list(self.predicted) if self.predicted else None, "ceiling": self.ceiling,
             "verdict": self.verdict,
+            "median_vs_ceiling": round(self.median / self.ceiling, 3) if self.ceiling else None,
             "efficiency": {"planner": list(self.efficiency) if self.efficiency else None, "fitted": self.fitted},
             "source": self.source, "runs": [r.to_dict() for r in self.runs],
         }
