@@ -438,3 +438,11 @@ def test_overlay_round_trip_and_its_source():
 def test_an_odd_overlay_is_a_problem_line_never_an_error(text, problem):
     entries, problems = speed_overlay.parse_overlay(text)
     assert entries == [] and problems[0].startswith(problem)
+
+
+def test_a_hosts_state_read_again_keeps_bench_records_of_releases_it_still_holds(folder):
+    speed_cache.remember({"h1": [rec("h1", 110.0, source="bench"), rec("h1", 90.0, release=R2, source="bench")]})
+    out = state_output({"chat": (R1, {R1: (manifest(R1), healthy(118.4))})})  # R2 was pruned since
+    fleet_speed.remember_hosts({"h1": store.parse_state(out)})
+    assert sorted((r.release, r.source, r.tokps) for r in speed_cache.load()) == [
+        (R1, "bench", 110.0), (R1, "health", 118.4)]

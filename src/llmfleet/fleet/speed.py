@@ -109,20 +109,25 @@ def query_speeds(hosts: Sequence[Any], *, config: Any = None, forks: int = 10, t
     return out
 
 
-def remember_status(statuses: Sequence[Any], hosts: Sequence[Any] = ()) -> None:
-    """Keep the health records ``invoke status`` read (its ``HostStatus`` list), best effort: a status
-    run never fails over the cache. Bench results are not in the status probe's answer, so a host's
-    bench records kept earlier stay until ``invoke speed`` reads the host again."""
-    labs = {h.name for h in hosts if is_lab(h)}
+def remember_hosts(states_by_host: dict[str, Any], labs: Sequence[str] = ()) -> None:
+    """Keep the health records in each host's release state just read (``{host: store.parse_state's
+    answer}``: a deploy's or status's read). Bench results are not in that state: the bench records
+    kept earlier for releases the host still holds stay (``invoke speed`` reads them again). Best
+    effort: a run never fails over the cache."""
     try:
         cached_bench = [r for r in speed_cache.load() if r.source == "bench"]
         by_host: dict[str, list[SpeedRecord]] = {}
-        for st in statuses:
-            if not getattr(st, "reachable", False):
-                continue
-            present = {(st.host, name, rid) for name, s in st.states.items() for rid in s.releases}
-            by_host[st.host] = [*records_from_state(st.host, st.states, lab=st.host in labs),
-                                *(r for r in cached_bench if r.host == st.host and r.run in present)]
+        for host, states in states_by_host.items():
+            present = {(host, name, rid) for name, s in (states or {}).items() for rid in s.releases}
+            by_host[host] = [*records_from_state(host, states, lab=host in labs),
+                             *(r for r in cached_bench if r.host == host and r.run in present)]
         speed_cache.remember(by_host)
-    except Exception:  # noqa: BLE001,S110 - the cache only adds history; status never fails over it
+    except Exception:  # noqa: BLE001,S110 - the cache only adds history; a run never fails over it
         pass
+
+
+def remember_status(statuses: Sequence[Any], hosts: Sequence[Any] = ()) -> None:
+    """Keep the health records ``invoke status`` read (its ``HostStatus`` list; unreachable hosts keep
+    what was kept of them)."""
+    remember_hosts({st.host: st.states for st in statuses if getattr(st, "reachable", False)},
+                   [h.name for h in hosts if is_lab(h)])
