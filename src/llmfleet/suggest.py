@@ -16,8 +16,11 @@ def close_matches(word: str, known: Iterable[str], n: int = 3, cutoff: float = 0
 
 
 def did_you_mean(word: str, known: Iterable[str], cutoff: float = 0.6) -> str:
-    """``" (did you mean 'x'?)"`` or ``""``: a suffix for an error line."""
+    """``" (did you mean 'x'?)"`` or ``""``: a suffix for an error line. A second name is offered only
+    when it is about as close as the first."""
     found = close_matches(word, known, n=2, cutoff=cutoff)
     if not found:
         return ""
+    ratio = [difflib.SequenceMatcher(None, str(word).lower(), f.lower()).ratio() for f in found]
+    found = [f for f, r in zip(found, ratio, strict=True) if r >= ratio[0] - 0.05]
     return f" (did you mean {' or '.join(repr(f) for f in found)}?)"

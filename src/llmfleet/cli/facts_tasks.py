@@ -17,6 +17,7 @@ from llmfleet.cli.common import (
 )
 from llmfleet.cli.flags import fleet_task
 from llmfleet.errors import RemoteError, UsageError
+from llmfleet.suggest import did_you_mean
 
 VERBOSE_HELP = "print each remote command (secrets masked) with its exit status and duration"
 
@@ -189,7 +190,8 @@ def preflight(c, host=None, group=None, service=None, inventory=None, json=False
             svcs = [s for s in settings.services if s.name == service]
             if not svcs and len(hosts) == 1:
                 known = ", ".join(s.name for s in settings.services) or "none"
-                raise UsageError(f"{inv.path}: host {h.name} has no service {service!r} (services: {known})")
+                raise UsageError(f"{inv.path}: host {h.name} has no service {service!r}"
+                                 f"{did_you_mean(service, [s.name for s in settings.services])} (services: {known})")
             if not svcs:
                 continue
         lock = images.load_lock(images_lock_path(h.vars, inv.path, cfg(c, "images_lock")))
@@ -249,7 +251,8 @@ def _preflight_saved(c, host, group, service, inventory, json, allow_unpinned, f
         svcs = [s for s in settings.services if s.name == service]
         if not svcs:
             known = ", ".join(s.name for s in settings.services) or "none"
-            raise UsageError(f"{inv.path}: host {h.name} has no service {service!r} (services: {known})")
+            raise UsageError(f"{inv.path}: host {h.name} has no service {service!r}"
+                                 f"{did_you_mean(service, [s.name for s in settings.services])} (services: {known})")
     p = Path(facts_path)
     try:
         data = _json.loads(p.read_text(encoding="utf-8"))

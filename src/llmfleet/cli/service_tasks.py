@@ -24,6 +24,7 @@ from llmfleet.cli.common import (
 from llmfleet.cli.deploy_tasks import VERBOSE_HELP
 from llmfleet.cli.flags import LINES, POSITIVE, SECONDS, fleet_task
 from llmfleet.errors import CheckFailed, UsageError
+from llmfleet.suggest import did_you_mean
 
 DEFAULT_FORKS = 5
 LOG_TIMEOUT = 30.0  # seconds for `logs` without -f
@@ -122,7 +123,8 @@ def render(c, host=None, group=None, service=None, out=None, inventory=None, all
         svcs = [s for s in settings.services if not service or s.name == service]
         if service and not svcs and len(hosts) == 1:
             known = ", ".join(s.name for s in settings.services) or "none"
-            raise UsageError(f"{inv.path}: host {h.name} has no service {service!r} (services: {known})")
+            raise UsageError(f"{inv.path}: host {h.name} has no service {service!r}"
+                                 f"{did_you_mean(service, [s.name for s in settings.services])} (services: {known})")
         lock = images.load_lock(images_lock_path(h.vars, inv.path, conf.images_lock))
         docs.append({"host": h.name, "services": [_render_service(inv, h, settings, s, lock, conf, bool(allow_unpinned))
                                                   for s in svcs]})

@@ -63,7 +63,9 @@ def pick_service(host: Host, settings: HostSettings, name: str | None) -> Servic
         for s in services:
             if s.name == name:
                 return s
-        raise UsageError(f"host {host.name} has no service {name!r} (services: {', '.join(names) or 'none'})")
+        from llmfleet.suggest import did_you_mean
+
+        raise UsageError(f"host {host.name} has no service {name!r}{did_you_mean(name, names)} (services: {', '.join(names) or 'none'})")
     if not services:
         raise UsageError(f"host {host.name} has no llmfleet_services in the inventory")
     if len(services) > 1:

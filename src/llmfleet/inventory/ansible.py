@@ -107,8 +107,13 @@ class Inventory:
             what = f"--host {host!r}" if host else f"--group {group!r}"
             if host and group:
                 what = f"--host {host!r} with --group {group!r}"
+            from llmfleet.suggest import did_you_mean
+
+            hint = did_you_mean(host, self.hosts) if host and not re.search(r"[*?\[!&~,:]", host) else ""
+            if group and not host and not re.search(r"[*?\[!&~,:]", group):
+                hint = did_you_mean(group, [g for g in self.groups if g != "all"])
             raise UsageError(
-                f"{self.path}: {what} matches no host; hosts: {', '.join(self.hosts) or '(none)'}; "
+                f"{self.path}: {what} matches no host{hint}; hosts: {', '.join(self.hosts) or '(none)'}; "
                 f"groups: {', '.join(g for g in self.groups if g not in ('all',))}"
             )
         return [self.hosts[n] for n in names]

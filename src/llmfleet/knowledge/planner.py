@@ -609,6 +609,23 @@ def _resolve_model(model: str | ModelSpec) -> ModelSpec:
     return find_model(text)  # a catalog name, alias or Hugging Face id ("Qwen/Qwen2.5-7B-Instruct")
 
 
+def _resolve_model_id(model: str | ModelSpec) -> tuple[ModelSpec, Any]:
+    """``_resolve_model``, and for a quantized repository id or GGUF file name that is not there
+    (``Qwen/Qwen2.5-32B-Instruct-GPTQ-Int4``, ``Qwen2.5-7B-Instruct-Q4_K_M.gguf``) whose base is in the
+    catalog: that model, with what was assumed (``model_ids.Assumed``: its quant and a note)."""
+    try:
+        return _resolve_model(model), None
+    except UsageError:
+        if not isinstance(model, str) or os.path.exists(os.path.expanduser(model)):
+            raise
+        from llmfleet.knowledge.model_ids import split_quantized
+
+        assumed = split_quantized(model)
+        if assumed is None:
+            raise
+        return find_model(assumed.model), assumed
+
+
 def _quant_named(name: str) -> Quant:
     """A catalog quant, or for a GGUF file of a type the catalog lacks, a stand-in named after it."""
     try:
@@ -645,8 +662,8 @@ def _resolve(req: PlanRequest) -> _Resolved:
     if gmu is not None and not 0.0 < gmu <= 1.0:
         raise UsageError(f"--gpu-memory-utilization must be in (0, 1], got {gmu}")
     gpu = req.gpu if isinstance(req.gpu, Gpu) else find_gpu(str(req.gpu))
-    spec = _resolve_model(req.model)
-    quant = find_quant(req.quant) if req.quant else None
+    spec, assumed = _resolve_model_id(req.model)
+    quant = find_quant(req.quant) if req.quant else (find_quant(assumed.quant) if assumed else None)
     cat = compat.load_engine_catalog()
     release = cat.release(req.image) if req.image else None
     if req.image and release is None:
@@ -669,7 +686,7 @@ def _resolve(req: PlanRequest) -> _Resolved:
     if req.split_mode == "row" and req.hosts > 1:
         raise UsageError("--split-mode row splits matrices over the CUDA devices of one host; RPC devices take "
                          "whole layers: use --split-mode layer with --hosts")
-    notes: list[str] = []
+    notes: list[str] = [assumed.said] if assumed else []
 
     if quant is not None:
         pass

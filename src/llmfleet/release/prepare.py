@@ -69,7 +69,9 @@ def load_host(inventory: Inventory | str | os.PathLike[str], host_name: str) -> 
     inv = inventory if isinstance(inventory, Inventory) else load_inventory(inventory)
     host = inv.hosts.get(host_name)
     if host is None:
-        raise UsageError(f"{inv.path}: no host {host_name!r}; hosts: {', '.join(inv.hosts) or '(none)'}")
+        from llmfleet.suggest import did_you_mean
+
+        raise UsageError(f"{inv.path}: no host {host_name!r}{did_you_mean(host_name, inv.hosts)}; hosts: {', '.join(inv.hosts) or '(none)'}")
     return inv, host, settings_for(host)
 
 
@@ -88,7 +90,9 @@ def prepare_host(inventory: Inventory | str, host_name: str, settings: Settings,
         names = {s.name for s in chosen}
         unknown = [s for s in options.services if s not in names]
         if unknown:
-            raise UsageError(f"{inv.path}: host {host.name} has no service {unknown[0]!r} "
+            from llmfleet.suggest import did_you_mean
+
+            raise UsageError(f"{inv.path}: host {host.name} has no service {unknown[0]!r}{did_you_mean(unknown[0], names)} "
                              f"(services: {', '.join(sorted(names)) or 'none'})")
         chosen = [s for s in chosen if s.name in options.services]
     # A service with workers spans hosts: llmfleet.release.multihost deploys it on all of them together.

@@ -13,6 +13,7 @@ from typing import Any
 
 from llmfleet import yamlload
 from llmfleet.errors import UsageError
+from llmfleet.suggest import did_you_mean
 
 FULL = "full_attention"
 SLIDING = "sliding_attention"
@@ -114,7 +115,8 @@ def find_gpu(name_or_id: str) -> Gpu:
         if key == gpu.id or key in {_norm(n) for n in gpu.names}:
             return gpu
     known = ", ".join(g.id for g in load_gpus())
-    raise UsageError(f"unknown GPU {name_or_id!r}; known (id or nvidia-smi name): {known}")
+    hint = did_you_mean(key, [g.id for g in load_gpus()] + [n for g in load_gpus() for n in g.names])
+    raise UsageError(f"unknown GPU {name_or_id!r}{hint}; known (id or nvidia-smi name): {known}")
 
 
 # ------------------------------------------------------------------------------------------ quants
@@ -221,7 +223,8 @@ def find_quant(name: str) -> Quant:
         if group and base_key in names and q.group_size:
             return q.with_group_size(group)
     known = ", ".join(q.name for q in load_quants())
-    raise UsageError(f"unknown quantization {name!r}; known: {known} (GPTQ/AWQ take -gNN for a group size)")
+    hint = did_you_mean(_norm(name), [q.name for q in load_quants()] + [a for q in load_quants() for a in q.aliases])
+    raise UsageError(f"unknown quantization {name!r}{hint}; known: {known} (GPTQ/AWQ take -gNN for a group size)")
 
 
 def find_gguf_quant(file_type: int) -> Quant | None:
@@ -367,7 +370,8 @@ def find_model(name: str) -> ModelSpec:
         if key in {m.name, *(a.lower() for a in m.aliases)} or (m.hf_id and key == m.hf_id.lower()):
             return m
     known = ", ".join(m.name for m in load_models())
-    raise UsageError(f"unknown model {name!r}; known: {known} (or give a model folder or a .gguf file)")
+    hint = did_you_mean(key, [n for m in load_models() for n in (m.name, *m.aliases, m.hf_id or "") if n])
+    raise UsageError(f"unknown model {name!r}{hint}; known: {known} (or give a model folder or a .gguf file)")
 
 
 # ------------------------------------------------------------------------------ planner assumptions
