@@ -11,6 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from llmfleet.inventory.services import host_settings
+from llmfleet.knowledge.planner import PlanSummary
 from llmfleet.release import health as H
 from llmfleet.release.store import UnitProbe
 
@@ -70,8 +71,8 @@ def test_stream_stats_excludes_prefill_and_prefers_usage():
 # the floor
 
 
-class _Plan:
-    decode_tokps_expected = (40.0, 60.0)
+def _Plan(low: float = 40.0, high: float = 60.0, **kw) -> PlanSummary:  # noqa: N802 - reads as a type
+    return PlanSummary(decode_tokps_realistic=(low, high), **kw)
 
 
 def _svc_settings(health: dict | None = None, **host):
@@ -87,12 +88,13 @@ def _svc_settings(health: dict | None = None, **host):
     ("plan", "expected"),
     [
         (_Plan(), 40.0),
-        ({"decode_tokps_expected": [12.0, 30.0]}, 12.0),
-        ({"decode_tokps_realistic": 7.5}, 7.5),
-        ({"decode_tokps_expected": {"low": 3.0, "high": 9.0}}, 3.0),
-        ({"decode_tokps_expected": [0, 0]}, None),
-        ({}, None),
+        (_Plan(12.0, 30.0), 12.0),
+        (_Plan(0.0, 0.0), None),
+        (PlanSummary(), None),
         (None, None),
+        # a manifest's plan read back (the deploy's seam): only the typed field counts
+        (PlanSummary.from_dict({"decode_tokps_realistic": [7.5, 9.0]}), 7.5),
+        (PlanSummary.from_dict({"decode_tokps_expected": [12.0, 30.0]}), None),
     ],
 )
 def test_realistic_tokps(plan, expected):
@@ -137,7 +139,7 @@ def test_default_floor_separates_the_field_reports_resident_and_offloaded_runs()
     """V100 32 GB, 27B INT4: resident llama.cpp 24 tok/s, vLLM 42-64; offloaded 4 tok/s. With a plan
     whose realistic low end is the resident llama.cpp figure, the default floor passes every resident
     run and fails the offloaded one, and the measured 1/8-offload cut (4.5x) too."""
-    plan = {"decode_tokps_expected": [24.0, 64.0]}
+    plan = _Plan(24.0, 64.0)
     svc, hs = _svc_settings()
     floor = H.decode_floor(svc, hs, plan)
     for resident in (24.0, 42.0, 64.0):
@@ -309,23 +311,22 @@ def test_every_wait_is_bounded_in_time():
 
 
 def test_the_planners_own_floor_is_the_default_and_explicit_settings_still_win():
-    """A plan from the speed model carries health_floor_tokps (its decode with 1/8 of the layers off
-    the GPU); without explicit settings the deploy applies it. H200, Qwen2.5-32B shape Q4_0
-    (decode-measurements.md): all layers on the GPU 81.3-92.7 tok/s, 56 of 64 layers 20.8 tok/s."""
-    from llmfleet.knowledge.planner import PlanRequest, plan
+    """A plan from the speed model carries health_floor_tokps; without explicit settings the deploy
+    applies it, from the planner's object, from its summary and from the summary a release's manifest
+    holds (the seam the deploy passes). H200, Qwen2.5-32B shape Q4_0: all layers on the GPU measured
+    81.3-92.7 tok/s on an H200 by llmfleet."""
+    from llmfleet.knowledge.planner import PlanRequest, plan, summarize
 
     p = plan(PlanRequest(model="qwen2.5-32b-instruct", quant="q4_0", gpu="h200-141gb", context=4096))
+    assert p.health_floor_tokps is not None
     svc, hs = _svc_settings()
-    floor = H.decode_floor(svc, hs, p)
-    assert floor.tokps == pytest.approx(p.health_floor_tokps) and "1/8 of the layers" in floor.source
-    for resident in (81.3, 92.7):
-        assert H.judge_speed(resident, floor).ok
-    assert not H.judge_speed(20.8, floor).ok  # the measured one-eighth offload
+    for seam in (summarize(p), PlanSummary.from_dict(p.to_dict())):
+        floor = H.decode_floor(svc, hs, seam)
+        assert floor.tokps == pytest.approx(p.health_floor_tokps) and "planner's floor" in floor.source
+        for resident in (81.3, 92.7):
+            assert H.judge_speed(resident, floor).ok
     svc, hs = _svc_settings({"floor_fraction": 0.5})
-    assert H.decode_floor(svc, hs, p).tokps == pytest.approx(0.5 * p.decode_tokps_realistic[0])
-    assert H.decode_floor(svc, hs, p.to_dict()).tokps == pytest.approx(0.5 * p.decode_tokps_realistic[0])
-    svc, hs = _svc_settings()
-    assert H.decode_floor(svc, hs, p.to_dict()).tokps == pytest.approx(p.health_floor_tokps)  # JSON plans too
+    assert H.decode_floor(svc, hs, summarize(p)).tokps == pytest.approx(0.5 * p.decode_tokps_realistic[0])
 
 
 def test_a_wait_polls_soon_then_backs_off_and_stays_bounded():
@@ -350,3 +351,48 @@ def test_a_wait_polls_soon_then_backs_off_and_stays_bounded():
     assert rep.failed.name == "unit" and "within 2s" in rep.message
     assert pauses == [0.05, 0.1, 0.2, 0.4, 0.5, 0.5, 0.25]
     assert probes[0] == len(pauses) + 1 and now[0] == pytest.approx(2.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# the residency stage: the engine's own report, before any speed is measured
+
+
+def _verdict(text: str, mode: str = "gpu"):
+    from llmfleet.knowledge.engines.loadlog import ComputeApps, parse_llamacpp
+    from llmfleet.release.residency import judge
+    from tests.test_residency import PLAN
+
+    return lambda: judge(parse_llamacpp(text), ComputeApps(used_mib={7: 6100.0}), {7}, PLAN, mode)
+
+
+def test_a_layer_off_the_gpu_fails_the_check_whatever_the_speed(engine_factory):
+    from tests.test_residency import GPU_PARTIAL
+
+    e = engine_factory()
+    rep = checker(e.url, residency=_verdict(GPU_PARTIAL)).run()
+    assert not rep.ok and rep.failed.name == "residency"
+    assert "offloaded 20/33 layers to GPU" in rep.message  # the engine's own line, quoted
+    assert "completion" not in [s.name for s in rep.stages]  # no speed was needed to decide
+    assert rep.to_dict()["residency"]["status"] == "fail"
+
+
+def test_a_resident_engine_passes_the_residency_stage_and_is_recorded(engine_factory):
+    from tests.test_residency import GPU_FULL
+
+    e = engine_factory()
+    rep = checker(e.url, residency=_verdict(GPU_FULL)).run()
+    assert rep.ok, rep.message
+    assert [s.name for s in rep.stages] == ["unit", "container", "health", "models", "residency", "completion"]
+    assert rep.to_dict()["residency"]["engine_report"]["layers_offloaded"] == 33
+
+
+def test_unreadable_evidence_is_a_warn_never_a_crash(engine_factory):
+    e = engine_factory()
+
+    def broken():
+        raise ValueError("the round trip answered nothing")
+
+    rep = checker(e.url, residency=broken).run()
+    assert rep.ok and "WARN" in rep.stages[4].message and "answered nothing" in rep.stages[4].message
+    rep = checker(e.url, residency=_verdict("")).run()  # a log rotated away
+    assert rep.ok and "residency is unproven" in rep.stages[4].message

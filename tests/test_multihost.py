@@ -15,6 +15,7 @@ from llmfleet.images.lock import ImageRef
 from llmfleet.inventory.ansible import load_inventory
 from llmfleet.inventory.check import check_inventory
 from llmfleet.inventory.services import Service, cluster_address_problem, host_settings, resolve_workers
+from llmfleet.knowledge.planner import PlanSummary
 from llmfleet.release import cluster as C
 from llmfleet.release import multihost as M
 from llmfleet.release import service_ops
@@ -155,7 +156,7 @@ def _compose(text: str) -> dict:
 def test_llamacpp_head_names_every_worker_in_order_and_keeps_its_published_port():
     s, cl = _cluster(workers=("w2", "w1"), port=50100)
     hs = host_settings("head", {"llmfleet_bind_address": "127.0.0.1"})
-    r = render(s, hs, IMAGE, {"engine_args": ["-ngl", "99", "--tensor-split", "1,1,2"]},
+    r = render(s, hs, IMAGE, PlanSummary(engine_args=("-ngl", "99", "--tensor-split", "1,1,2")),
                head=C.head_overlay(s, load_role("llamacpp"), cl, []))
     args = r.engine_args
     assert args[args.index("--rpc") + 1] == "10.0.0.2:50100,10.0.0.3:50100"
@@ -205,8 +206,8 @@ def test_worker_release_changes_with_the_head_address_only_where_it_matters():
 def test_vllm_head_starts_ray_waits_for_the_workers_then_serves():
     s, cl = _cluster("vllm")
     hs = host_settings("head", {"llmfleet_bind_address": "10.0.0.1"})
-    plan = {"engine_args": ["--tensor-parallel-size", "2"]}
-    r = render(s, hs, VIMAGE, plan, head=C.head_overlay(s, load_role("vllm"), cl, plan["engine_args"]))
+    plan = PlanSummary(engine_args=("--tensor-parallel-size", "2"))
+    r = render(s, hs, VIMAGE, plan, head=C.head_overlay(s, load_role("vllm"), cl, list(plan.engine_args)))
     eng = _compose(r.files["compose.yml"])
     assert eng["network_mode"] == "host" and "ports" not in eng
     assert eng["entrypoint"][:2] == ["/bin/sh", "-c"]

@@ -17,6 +17,7 @@ import pytest
 
 from llmfleet.images.lock import ImageLock, LockedImage, resolve
 from llmfleet.inventory.services import host_settings
+from llmfleet.knowledge.planner import PlanSummary
 from llmfleet.release import decide as Dc
 from llmfleet.release import store as R
 from llmfleet.release.manifest import Manifest
@@ -37,7 +38,7 @@ def rendered(**svc):
     base.update(svc)
     hs = host_settings("h1", {"llmfleet_services": [base]})
     s = hs.services[0]
-    return render(s, hs, resolve(s.image, LOCK), {"engine_args": ["-ngl", "99"]},
+    return render(s, hs, resolve(s.image, LOCK), PlanSummary(engine_args=("-ngl", "99")),
                   api_key="sk-secret-123" if s.api_key else None)
 
 

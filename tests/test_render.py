@@ -14,6 +14,7 @@ import yaml
 from llmfleet.errors import UsageError
 from llmfleet.images.lock import ImageLock, LockedImage, resolve
 from llmfleet.inventory.services import host_settings
+from llmfleet.knowledge.planner import PlanSummary
 from llmfleet.release.render import load_role, mask_env, merge_engine_args, render, split_flags
 
 DIGEST = "sha256:" + "ab" * 32
@@ -138,13 +139,13 @@ def test_positional_value_is_refused():
 
 
 def test_plan_flags_then_overrides_reach_the_command():
-    plan = {"engine_args": ["--max-model-len", "4096", "--gpu-memory-utilization", "0.9"]}
+    plan = PlanSummary(engine_args=("--max-model-len", "4096", "--gpu-memory-utilization", "0.9"))
     r = _render(plan=plan, engine_args=["--gpu-memory-utilization", "0.95"])
     cmd = _compose(r)["command"]
     assert cmd[cmd.index("--gpu-memory-utilization") + 1] == "0.95"
     assert cmd.count("--gpu-memory-utilization") == 1
     assert cmd[cmd.index("--max-model-len") + 1] == "4096"
-    assert r.plan == plan
+    assert PlanSummary.from_dict(r.plan) == plan  # the manifest holds the plan as data, read back the same
 
 
 def test_secrets_only_in_env_file():

@@ -20,6 +20,7 @@ import pytest
 from llmfleet.fleet import speed, status
 from llmfleet.host import probe
 from llmfleet.inventory.services import host_settings
+from llmfleet.knowledge.engines import for_engine
 from llmfleet.release import audit, cluster, clusterset, confirm, watchdog
 from llmfleet.release import store as S
 
@@ -49,6 +50,8 @@ SCRIPTS = {
     "engine_log": lambda: S.logs_script(PATHS, 200),
     "mark_healthy": lambda: S.mark_healthy_script(PATHS, R2, {"result": "healthy", "decode_tokps": 42.5}),
     "unit_probe": lambda: S.unit_probe_script(PATHS),
+    "evidence_llamacpp": lambda: S.evidence_script(PATHS, for_engine("llamacpp").load_log_grep),
+    "evidence_vllm": lambda: S.evidence_script(PATHS, for_engine("vllm").load_log_grep, 100),
     "unit_wait": lambda: S.unit_wait_script(PATHS, 20),
     "chain_lock_pull": lambda: S.chain_script([S.lock_acquire_script(ROOT, HOLDER), S.pull_script(REF)]),
     "current_files": lambda: S.current_files_script(ROOT, ["chat", "embed"]),
@@ -146,7 +149,7 @@ def test_every_script_builder_of_the_release_store_has_a_golden_file():
               "image_remove_script", "lock_acquire_script", "lock_release_script", "lock_status_script",
               "lock_break_script", "audit_append_script", "final_script", "service_stop_script",
               "service_start_script", "service_remove_script", "service_logs_script", "bench_write_script",
-              "bench_read_script", "unit_wait_script", "chain_script"}
+              "bench_read_script", "unit_wait_script", "chain_script", "evidence_script"}
     assert set(builders) <= pinned, f"a new script builder needs a golden file: {sorted(set(builders) - pinned)}"
 
 

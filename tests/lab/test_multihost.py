@@ -29,6 +29,7 @@ import yaml
 
 from llmfleet.images.lock import ImageRef
 from llmfleet.inventory.services import Service, host_settings
+from llmfleet.knowledge.planner import PlanSummary
 from llmfleet.release import cluster as C
 from llmfleet.release import store as R
 from llmfleet.release.deploy import DeployOptions
@@ -386,7 +387,7 @@ def _vllm_cluster(tmp: Path) -> tuple[Path, list[str]]:
     img = ImageRef(key="vllm:lab-cpu", repository="lab-registry:5000/lab/vllm-cpu", digest="sha256:" + "ab" * 32,
                    tag="lab", pinned=True, upstream_repository="lab-registry:5000/lab/vllm-cpu")
     plan_args = ["--tensor-parallel-size", "1"]
-    head = render(svc, host_settings("head", {"llmfleet_bind_address": "10.0.0.1"}), img, {"engine_args": plan_args},
+    head = render(svc, host_settings("head", {"llmfleet_bind_address": "10.0.0.1"}), img, PlanSummary(engine_args=tuple(plan_args)),
                   head=C.head_overlay(svc, role, cl, plan_args))
     worker = C.render_worker(svc, host_settings("w1", {}), img, cl, cl.workers[0])
     for name, r in (("head", head), ("worker", worker)):

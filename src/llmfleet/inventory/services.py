@@ -96,6 +96,12 @@ class HealthSettings(_Strict):
     # (the lab's CPU engines stand in for a simulated card); see docs/deploy.md.
     min_tokps: Annotated[float, Field(gt=0.0, le=1_000_000.0)] | None = None
     max_tokens: Annotated[int, Field(ge=1, le=4096)] = 64
+    # Where the engine must hold the model, checked from its own load report after each start
+    # (release/residency.py): gpu (every planned layer and the KV cache on the GPU), cpu (an engine
+    # that runs on the CPU by design, as the lab's: devices not checked, the layer count, weights and
+    # KV capacity still are), off (not checked; the health report says so). Unset: the host's
+    # llmfleet_health_residency, else gpu.
+    residency: Literal["gpu", "cpu", "off"] | None = None
 
 
 class Service(_Strict):
@@ -291,6 +297,10 @@ def check_compose_overrides(v: dict[str, Any]) -> dict[str, Any]:
 class HostSettings(_Strict):
     """All ``llmfleet_*`` variables of one host, after Ansible-style merging."""
 
+    def residency_for(self, service: Service) -> Literal["gpu", "cpu", "off"]:
+        """Where the service's engine must hold its model (the service's setting, the host's, else gpu)."""
+        return service.health.residency or self.health_residency or "gpu"
+
     services: list[Service] = Field(default_factory=list)
     gpu: str | None = Field(None, description="card (catalog id or nvidia-smi name) when facts are not gathered")
     root: Annotated[str, Field(pattern=r"^/[A-Za-z0-9._/-]*$")] = "/opt/llmfleet"
@@ -303,6 +313,7 @@ class HostSettings(_Strict):
     templates_path: str | list[str] | None = None
     health_floor_fraction: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
     health_min_tokps: Annotated[float, Field(gt=0.0, le=1_000_000.0)] | None = None
+    health_residency: Literal["gpu", "cpu", "off"] | None = None  # a service's health.residency wins
     bind_address: str | None = None
     allow_unauthenticated: bool = False
     # Host-side supervision of every service (docs/services.md): probe period, failed probes before a

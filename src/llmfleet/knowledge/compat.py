@@ -100,6 +100,15 @@ class RpcWorker(_Model):
     source: str
 
 
+class LoadLog(_Model):
+    """llama.cpp: the ``-lv`` at which the build prints its load lines (layers offloaded, buffers per
+    device, KV cache), which the residency check reads; None: printed at the default verbosity."""
+
+    verbosity: int | None
+    confidence: Literal["H", "M", "U"]
+    source: str
+
+
 class EngineRelease(_Model):
     key: str
     engine: Literal["vllm", "llamacpp"]
@@ -122,6 +131,7 @@ class EngineRelease(_Model):
     torch: TorchBuild | None = None
     kv_layout: KvLayout | None = None
     rpc_server: RpcWorker | None = None  # llama.cpp only; None: not known
+    load_log: LoadLog | None = None  # llama.cpp only; None: not known (the lines may be missing: a WARN)
     image_size_mib: int = 0
     confidence: Literal["H", "M", "U"]
     sources: list[str]

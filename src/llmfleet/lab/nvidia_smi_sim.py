@@ -15,6 +15,10 @@ Behaviour it reproduces:
   ``interconnect``) gives NV2 between the GPUs of one group of four; a PCIe card PIX between the two
   GPUs of a pair, PHB inside a group of four; SYS across groups (the second CPU)
 - ``--query-gpu=FIELDS --format=csv[,noheader][,nounits]``
+- ``--query-compute-apps=pid,process_name,used_memory,gpu_uuid --format=csv[,noheader][,nounits]``:
+  the processes running in the host's Docker containers (the lab's engines), each with its real
+  resident memory (VmRSS) standing in for GPU memory, on GPU 0; when /proc cannot be read it says
+  so and exits 3 instead of inventing figures
 - R470 and older have no ``compute_cap`` field: ``Field "compute_cap" is not a valid field to query.``
   and exit code 2, exactly like an unknown field
 - "dead driver" mode: when ``/etc/llmfleet-sim/driver-dead`` exists every call fails like a host
@@ -30,6 +34,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 
 SIM_DIR = "/etc/llmfleet-sim"
 CONFIG_PATH = f"{SIM_DIR}/gpus.json"
@@ -168,6 +173,69 @@ def render_query(cfg: dict, fields_arg: str, fmt: str, ids: list[int] | None = N
     for g in _gpus(cfg, ids):
         lines.append(", ".join(_field_value(f, g, cfg, nounits) for f in fields))
     return "".join(line + "\n" for line in lines), 0
+
+
+APP_FIELDS: dict[str, str | None] = {"pid": None, "process_name": None, "name": None, "used_memory": "MiB",
+                                     "used_gpu_memory": "MiB", "gpu_uuid": None, "gpu_bus_id": None}
+CANNOT_READ_PROCS = "nvidia-smi simulator: cannot read the container processes' memory from /proc\n"
+
+
+def render_compute_apps(cfg: dict, fields_arg: str, fmt: str, procs: list[dict] | None) -> tuple[str, int]:
+    """``--query-compute-apps=FIELDS --format=FMT``; ``procs``: [{pid, name, used_mib}] or None (unreadable)."""
+    opts = [o.strip() for o in fmt.split(",") if o.strip()]
+    if not opts or opts[0] != "csv" or any(o not in ("csv", "noheader", "nounits") for o in opts):
+        return f'"{fmt}" is not a valid format.\n', 2
+    fields = [f.strip() for f in fields_arg.split(",") if f.strip()]
+    for f in fields:
+        if f not in APP_FIELDS:
+            return f'Field "{f}" is not a valid field to query.\n\n', 2
+    if procs is None:
+        return CANNOT_READ_PROCS, 3
+    nounits = "nounits" in opts
+    gpu = (cfg.get("gpus") or [{}])[0]
+    lines = []
+    if "noheader" not in opts:
+        lines.append(", ".join(f"{f} [{APP_FIELDS[f]}]" if APP_FIELDS[f] else f for f in fields))
+    for p in procs:
+        vals = []
+        for f in fields:
+            if f == "pid":
+                vals.append(str(p["pid"]))
+            elif f in ("process_name", "name"):
+                vals.append(str(p.get("name", "")))
+            elif f in ("used_memory", "used_gpu_memory"):
+                vals.append(f"{int(p['used_mib'])}" + ("" if nounits else " MiB"))
+            elif f == "gpu_uuid":
+                vals.append(str(gpu.get("uuid", "")))
+            else:
+                vals.append(str(gpu.get("pci_bus_id", gpu.get("bus_id", ""))))
+        lines.append(", ".join(vals))
+    return "".join(line + "\n" for line in lines), 0
+
+
+def container_processes(proc: str = "/proc") -> list[dict] | None:  # pragma: no cover - reads this host
+    """Processes inside Docker containers with their resident memory (MiB); None when /proc is unreadable."""
+    try:
+        pids = [d for d in os.listdir(proc) if d.isdigit()]
+    except OSError:
+        return None
+    out = []
+    for pid in sorted(pids, key=int):
+        try:
+            with open(f"{proc}/{pid}/cgroup", encoding="utf-8") as fh:
+                cg = fh.read()
+            if "docker" not in cg and "containerd" not in cg:
+                continue
+            with open(f"{proc}/{pid}/status", encoding="utf-8") as fh:
+                status = fh.read()
+            with open(f"{proc}/{pid}/comm", encoding="utf-8") as fh:
+                name = fh.read().strip()
+        except OSError:
+            continue
+        rss = next((ln.split()[1] for ln in status.splitlines() if ln.startswith("VmRSS:")), None)
+        if rss and rss.isdigit() and int(rss) > 0:
+            out.append({"pid": int(pid), "name": name, "used_mib": int(rss) // 1024})
+    return out
 
 
 TOPO_LEGEND = """
@@ -342,8 +410,10 @@ def render_banner(cfg: dict, now: str, ids: list[int] | None = None) -> str:
     return "".join(line + "\n" for line in out)
 
 
-def run(argv: list[str], cfg: dict, now: str, driver_dead: bool = False, cpus: int = 16) -> tuple[str, int]:
-    """Dispatch one command line (without argv[0]); returns (stdout text, exit code)."""
+def run(argv: list[str], cfg: dict, now: str, driver_dead: bool = False, cpus: int = 16,
+        procs: Callable[[], list[dict] | None] = lambda: []) -> tuple[str, int]:
+    """Dispatch one command line (without argv[0]); returns (stdout text, exit code). ``procs``
+    lists the container processes for ``--query-compute-apps`` (called only for that query)."""
     if driver_dead:
         return DEAD_DRIVER_MESSAGE, DEAD_DRIVER_RC
     if argv[:1] == ["topo"]:
@@ -356,7 +426,9 @@ def run(argv: list[str], cfg: dict, now: str, driver_dead: bool = False, cpus: i
     i = 0
     while i < len(argv):
         a = argv[i]
-        if a.startswith("--query-gpu="):
+        if a.startswith("--query-compute-apps="):
+            query, mode = a.split("=", 1)[1], "apps"
+        elif a.startswith("--query-gpu="):
             query, mode = a.split("=", 1)[1], "query"
         elif a == "--query-gpu" and i + 1 < len(argv):
             query, mode = argv[i + 1], "query"
@@ -378,6 +450,10 @@ def run(argv: list[str], cfg: dict, now: str, driver_dead: bool = False, cpus: i
         else:
             return INVALID_ARGS_MESSAGE, 2
         i += 1
+    if mode == "apps":
+        if not fmt:
+            return "Option --format must be specified when using --query-compute-apps.\n", 2
+        return render_compute_apps(cfg, query or "", fmt, procs())
     if mode == "query":
         if not fmt:
             return "Option --format must be specified when using --query-gpu.\n", 2
@@ -398,7 +474,8 @@ def main() -> int:  # pragma: no cover - the imperative shell, exercised on lab 
                 cfg = json.load(fh)
         except (OSError, ValueError):
             dead = True
-    out, rc = run(sys.argv[1:], cfg, time.strftime("%a %b %d %H:%M:%S %Y"), dead, os.cpu_count() or 1)
+    out, rc = run(sys.argv[1:], cfg, time.strftime("%a %b %d %H:%M:%S %Y"), dead, os.cpu_count() or 1,
+                  container_processes)
     sys.stdout.write(out)
     return rc
 

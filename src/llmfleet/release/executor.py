@@ -34,7 +34,8 @@ from llmfleet.release.store import Paths
 from llmfleet.settings import Settings
 
 if TYPE_CHECKING:
-    from llmfleet.release import health
+    from llmfleet.release import health, residency
+    from llmfleet.release.speed_history import FleetGate
 
 LOG_LINES = 200
 HOST_TIMER = "confirm_timeout_s too short for this service's load?"
@@ -126,6 +127,8 @@ class HealthTarget:
     release_id: str
     plan: PlanSummary | None
     started: store.UnitProbe | None = None  # the state the switch's round trip saw after the restart
+    fleet: FleetGate | None = None  # the floor from the fleet's own earlier runs (release.speed_history)
+    residency: bool = True  # compare the engine's load report with the plan (a worker's check does not)
 
 
 HealthFn = Callable[["HostRun", HealthTarget], "health.HealthReport"]
@@ -142,6 +145,7 @@ def http_health(run: HostRun, target: HealthTarget) -> health.HealthReport:
 
     with run.remote.forward(svc.port) as local_port:
         return health.HealthChecker(
+            residency=(lambda: residency_check(run, target)) if target.residency else None,
             probe=probe,
             base_url=f"http://127.0.0.1:{local_port}",
             served_name=svc.public_name,
@@ -149,11 +153,27 @@ def http_health(run: HostRun, target: HealthTarget) -> health.HealthReport:
             load_timeout_s=svc.health.load_timeout_s,
             stage_timeout_s=svc.health.stage_timeout_s,
             max_tokens=svc.health.max_tokens,
-            floor=health.decode_floor(svc, run.host_settings, target.plan),
+            floor=health.decode_floor(svc, run.host_settings, target.plan, target.fleet),
             realistic=health.realistic_tokps(target.plan),
             progress=lambda line: run.log(f"{svc.name}:{line}"),
             initial=target.started,
         ).run()
+
+
+def residency_check(run: HostRun, target: HealthTarget) -> residency.Residency:
+    """One round trip for the engine's load lines, the container's processes and nvidia-smi's GPU
+    memory per process, judged against the release's plan (``llmfleet.release.residency``)."""
+    from llmfleet.knowledge.engines import for_engine, loadlog
+    from llmfleet.release import residency
+
+    svc = target.service
+    know = for_engine(svc.engine)
+    res = run.run(store.evidence_script(target.paths, know.load_log_grep), timeout=30)
+    ev = store.parse_evidence(res.stdout)
+    report = know.parse_load_log(ev.log)
+    apps = loadlog.parse_compute_apps(ev.smi_text, ev.smi_rc) if ev.complete else None
+    return residency.judge(report, apps, set(ev.pids), target.plan, run.host_settings.residency_for(svc),
+                          engine=svc.engine)
 
 
 class HostRun:

@@ -8,9 +8,14 @@ Stages, each with its own time budget and a progress line:
    listen until it has loaded (connections are refused or, through the SSH tunnel, reset). This
    stage gets the service's ``load_timeout_s`` (minutes for a 27B model);
 4. ``models``: ``GET /v1/models`` lists the served name;
-5. ``completion``: a streamed chat completion; time to first token and decode tok/s are measured and
-   compared with the planner's realistic decode figure times a floor fraction. Far below it means
-   the weights are probably not resident on the GPU (the field reports' 4 instead of 64 tok/s).
+5. ``residency``: what the engine itself reported while loading (llama.cpp's layers and buffers per
+   device, vLLM's weights and KV cache tokens) and nvidia-smi's GPU memory per process, compared with
+   the plan (``llmfleet.release.residency``). A layer off the GPU, weights in host memory beyond the
+   plan, weights far from the plan or a KV cache below context x concurrency fail here, quoting the
+   engine's line, whatever the decode speed; a line the log does not hold is a WARN naming it;
+6. ``completion``: a streamed chat completion; time to first token and decode tok/s are measured and
+   compared with a floor (``decode_floor``: the service's or host's setting, else the fleet's own
+   earlier measurements of the same combination, else the planner's sanity bound).
 
 HTTP goes to a local port that the caller forwards over SSH, so no firewall opening is needed.
 Every loop is bounded in count and in time. The SSE parsing and the arithmetic are pure functions.
@@ -29,12 +34,14 @@ from llmfleet.release.store import UnitProbe
 if TYPE_CHECKING:  # httpx loads when a check runs: a deploy with nothing to check never needs it
     import httpx
 
-# The default decode floor comes from the planner's speed model (``health_floor_tokps`` of the
-# plan): the fastest the card decodes with one eighth of the layers off the GPU, so any such
-# offload lands below it and every resident run above it (docs/planner.md "Health floor" has the
-# table per card). Without that figure (an old plan dict) the floor falls back to a fraction of the
-# realistic low end: 0.25, below every resident run of the H200 and field measurements and above
-# their offloaded ones (1/8 of the layers off the GPU: 0.22x of resident; decode-measurements.md).
+    from llmfleet.inventory.services import HostSettings, Service
+    from llmfleet.knowledge.planner import PlanSummary
+    from llmfleet.release.residency import Residency
+    from llmfleet.release.speed_history import FleetGate
+
+# Without any floor of its own (a plan without ``health_floor_tokps``) the floor falls back to a
+# fraction of the realistic low end. Residency is decided by the engine's own report (stage
+# ``residency``); the speed floor only catches what that report cannot show.
 DEFAULT_FLOOR_FRACTION = 0.25
 MAX_POLLS = 10_000
 PROMPT = "Count from one to one hundred, separated by spaces."
@@ -143,37 +150,15 @@ def stream_stats(t_start: float, events: list[tuple[float, dict[str, Any]]], t_e
     )
 
 
-def _plan_value(plan: Any, name: str) -> Any:
-    return plan.get(name) if isinstance(plan, dict) else getattr(plan, name, None)
-
-
-def realistic_tokps(plan: Any) -> float | None:
+def realistic_tokps(plan: PlanSummary | None) -> float | None:
     """The planner's realistic batch-1 decode figure (the low end of its speed model's range)."""
-    if plan is None:
-        return None
-    for name in ("decode_tokps_realistic", "decode_tokps_expected", "decode_tokps_realistic_range",
-                 "decode_tokps_range"):
-        v = _plan_value(plan, name)
-        if isinstance(v, int | float) and not isinstance(v, bool) and v > 0:
-            return float(v)
-        if isinstance(v, list | tuple) and v and all(isinstance(x, int | float) for x in v):
-            low = float(min(v))
-            if low > 0:
-                return low
-        if isinstance(v, dict):
-            for k in ("low", "min", "lo"):
-                if isinstance(v.get(k), int | float) and v[k] > 0:
-                    return float(v[k])
-    return None
+    return plan.realistic_low if plan is not None else None
 
 
-def model_floor_tokps(plan: Any) -> float | None:
-    """The planner's own health floor (``health_floor_tokps``): its speed model's decode with one
-    eighth of the layers off the GPU. None when the plan has none."""
-    if plan is None:
-        return None
-    v = _plan_value(plan, "health_floor_tokps")
-    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) and v > 0 else None
+def model_floor_tokps(plan: PlanSummary | None) -> float | None:
+    """The planner's own health floor (``health_floor_tokps``): a sanity bound from its speed model
+    (docs/planner.md "Health floor"). None when the plan has none."""
+    return plan.health_floor_tokps if plan is not None else None
 
 
 @dataclass(frozen=True)
@@ -188,38 +173,45 @@ def _explicit(settings: Any, name: str) -> bool:
     return settings is not None and name in getattr(settings, "model_fields_set", set())
 
 
-def decode_floor(service: Any, settings: Any = None, plan: Any = None) -> Floor:
+def decode_floor(service: Service, settings: HostSettings | None = None, plan: PlanSummary | None = None,
+                 fleet: FleetGate | None = None) -> Floor:
     """The floor for one service, first match wins:
 
     1. the service's ``health.min_tokps`` (an absolute figure);
     2. the service's ``health.floor_fraction`` when set explicitly, times the planner's realistic figure;
     3. the host's ``llmfleet_health_min_tokps``;
     4. the host's ``llmfleet_health_floor_fraction`` times the realistic figure;
-    5. the planner's ``health_floor_tokps`` (its speed model with 1/8 of the layers off the GPU);
-    6. the default 0.25 times the realistic figure (a plan without its own floor).
+    5. the fleet's own measurements: a fraction of the median decode of earlier healthy runs of the
+       same card, engine, image, model, quant and context class (``release.speed_history``);
+    6. the planner's ``health_floor_tokps`` (a sanity bound below every public measurement of the card);
+    7. the default 0.25 times the realistic figure (a plan without its own floor).
 
     A fraction of 0 turns the floor off. No realistic figure (no plan) means no floor, and says so.
     An absolute floor is for engines that do not run on the card the plan is for: the lab's CPU
     engines stand in for a simulated card, so the lab inventory declares ``min_tokps`` (docs/deploy.md).
+    Whether the weights are on the GPU is decided by the residency stage from the engine's own
+    report, not by this floor.
     """
-    h = getattr(service, "health", None)
+    h = service.health
     realistic = realistic_tokps(plan)
-    if h is not None and getattr(h, "min_tokps", None) is not None:
+    if h.min_tokps is not None:
         return Floor(float(h.min_tokps), f"the service's health.min_tokps {h.min_tokps:g} tok/s")
     fraction: float | None = None
     who = "default"
-    if h is not None and _explicit(h, "floor_fraction"):
+    if _explicit(h, "floor_fraction"):
         fraction, who = float(h.floor_fraction), "the service's health.floor_fraction"
-    elif settings is not None and getattr(settings, "health_min_tokps", None) is not None:
+    elif settings is not None and settings.health_min_tokps is not None:
         return Floor(float(settings.health_min_tokps),
                      f"the host's llmfleet_health_min_tokps {settings.health_min_tokps:g} tok/s")
-    elif settings is not None and getattr(settings, "health_floor_fraction", None) is not None:
+    elif settings is not None and settings.health_floor_fraction is not None:
         fraction, who = float(settings.health_floor_fraction), "the host's llmfleet_health_floor_fraction"
     if fraction is None:
+        if fleet is not None:
+            return Floor(fleet.tokps, fleet.source)
         own = model_floor_tokps(plan)
         if own is not None:
-            return Floor(own, f"the planner's floor {own:.1f} tok/s: its speed model's decode with 1/8 of the layers "
-                              "off the GPU (docs/planner.md)")
+            return Floor(own, f"the planner's floor {own:.1f} tok/s: a sanity bound below every public measurement "
+                              "of this card class (docs/planner.md)")
         fraction = DEFAULT_FLOOR_FRACTION
     if fraction <= 0:
         return Floor(None, f"decode floor disabled ({who} is 0)")
@@ -283,6 +275,8 @@ class HealthReport:
     tokens: int | None = None
     floor_tokps: float | None = None
     realistic_tokps: float | None = None
+    floor_source: str = ""
+    residency: dict[str, Any] | None = None  # residency.Residency.to_dict()
 
     @property
     def failed(self) -> StageResult | None:
@@ -304,6 +298,8 @@ class HealthReport:
             "tokens": self.tokens,
             "floor_tokps": self.floor_tokps,
             "realistic_tokps": self.realistic_tokps,
+            **({"floor_source": self.floor_source} if self.floor_source else {}),
+            **({"residency": self.residency} if self.residency is not None else {}),
         }
 
 
@@ -329,6 +325,8 @@ class HealthChecker:
     floor: Floor = Floor(None, "no floor given")
     realistic: float | None = None
     measure_speed: bool = True
+    # The residency check (one SSH round trip after /v1/models answers): None skips the stage.
+    residency: Callable[[], Residency] | None = None
     # A wait polls soon after it starts, then less often: poll_min_s, doubled up to poll_interval_s
     # (a tiny model answers /health within a fraction of a second; a 27B one takes minutes).
     poll_min_s: float = 0.05
@@ -359,13 +357,15 @@ class HealthChecker:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
     def run(self) -> HealthReport:
-        report = HealthReport(ok=False, realistic_tokps=self.realistic)
+        report = HealthReport(ok=False, realistic_tokps=self.realistic, floor_source=self.floor.source)
         stages: list[tuple[str, Callable[[httpx.Client], str]]] = [
             ("unit", self._unit),
             ("container", self._container),
             ("health", self._health),
             ("models", self._models),
         ]
+        if self.residency is not None:
+            stages.append(("residency", lambda c: self._residency(report)))
         if self.measure_speed:
             stages.append(("completion", lambda c: self._completion(c, report)))
         import httpx
@@ -489,6 +489,19 @@ class HealthChecker:
             raise _StageFailed(f"/v1/models lists {ids[:5]!r}, not the served name {self.served_name!r}")
 
         return self._poll(self.stage_timeout_s, step, f"/v1/models listing {self.served_name!r}")
+
+    def _residency(self, report: HealthReport) -> str:
+        assert self.residency is not None
+        try:
+            verdict = self.residency()
+        except Exception as exc:  # noqa: BLE001 - host output or a dropped round trip: a WARN, never a crash
+            report.residency = {"status": "warn", "findings": [{"status": "warn", "what": "evidence",
+                                                                "message": f"could not be read: {exc}"}]}
+            return f"WARN: the engine's load report could not be read ({type(exc).__name__}: {exc})"
+        report.residency = verdict.to_dict()
+        if verdict.status == "fail":
+            raise _StageFailed(verdict.message)
+        return verdict.message
 
     def _completion(self, c: httpx.Client, report: HealthReport) -> str:
         import httpx

@@ -23,7 +23,7 @@ from functools import lru_cache
 from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jinja2
 import yaml
@@ -33,6 +33,9 @@ from llmfleet.errors import UsageError
 from llmfleet.images.lock import ImageRef
 from llmfleet.inventory.services import HostSettings, Service
 from llmfleet.release.state_reader import MANIFEST_FILE  # noqa: F401 - re-exported: one name for writer and reader
+
+if TYPE_CHECKING:
+    from llmfleet.knowledge.planner import Plan, PlanSummary
 
 # The roles and templates shipped inside the package (read with importlib.resources, so an installed
 # wheel renders exactly what a checkout renders). Overrides are searched first: see search_paths().
@@ -272,36 +275,19 @@ def merge_engine_args(plan_args: list[str], overrides: list[str], role: Role) ->
 
 
 # ---------------------------------------------------------------------------------------------
-# Plan access (the planner's object, a dict, or None)
+# Plan access: the planner's ``Plan`` (a deploy), its ``PlanSummary`` (a release read back), or None
 
 
-def _plan_get(plan: Any, name: str, default: Any = None) -> Any:
-    if plan is None:
-        return default
-    if isinstance(plan, dict):
-        return plan.get(name, default)
-    return getattr(plan, name, default)
+def plan_engine_args(plan: Plan | PlanSummary | None) -> list[str]:
+    return [str(a) for a in plan.engine_args] if plan is not None else []
 
 
-def plan_engine_args(plan: Any) -> list[str]:
-    args = _plan_get(plan, "engine_args", None) or []
-    return [str(a) for a in args]
-
-
-def plan_summary(plan: Any) -> dict[str, Any] | None:
-    """The plan as plain data for the manifest (whatever form the planner returns)."""
+def plan_summary(plan: Plan | PlanSummary | None) -> dict[str, Any] | None:
+    """The plan as plain data for the manifest: the whole ``Plan`` (``Plan.to_dict``), or a summary's
+    fields; ``PlanSummary.from_dict`` reads either back."""
     if plan is None:
         return None
-    if isinstance(plan, dict):
-        data = dict(plan)
-    elif hasattr(plan, "to_dict"):
-        data = plan.to_dict()
-    elif hasattr(plan, "model_dump"):
-        data = plan.model_dump(mode="json")
-    elif hasattr(plan, "__dataclass_fields__"):
-        data = dataclasses.asdict(plan)
-    else:
-        data = {"engine_args": plan_engine_args(plan)}
+    data = plan.to_dict() if hasattr(plan, "to_dict") else dataclasses.asdict(plan)
     return json.loads(json.dumps(data, default=str))
 
 
@@ -504,7 +490,7 @@ def render(
     service: Service,
     settings: HostSettings,
     image: ImageRef,
-    plan: Any = None,
+    plan: Plan | PlanSummary | None = None,
     *,
     api_key: str | None = None,
     bind_address: str | None = None,

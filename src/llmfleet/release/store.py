@@ -388,6 +388,74 @@ def mark_healthy_script(paths: Paths, release_id: str, health: dict[str, Any]) -
     return f"printf '%s\\n' {q(text)} > {q(paths.release(release_id) + '/health.json')} && echo '@@marked'"
 
 
+# ---------------------------------------------------------------------------------------------
+# The residency check's evidence (llmfleet.release.residency)
+
+EVIDENCE_LOG_LINES = 400
+MAX_EVIDENCE_PIDS = 4096
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What the evidence round trip answered: the engine's load lines, the container's processes
+    (host PIDs) and nvidia-smi's GPU memory per process (its text and exit code)."""
+
+    log: str = ""
+    pids: frozenset[int] = frozenset()
+    smi_text: str = ""
+    smi_rc: int | None = None
+    complete: bool = False  # every marker arrived
+
+
+def evidence_script(paths: Paths, grep: str, lines: int = EVIDENCE_LOG_LINES) -> str:
+    """One round trip: the lines of the current container's log that ``grep`` (an extended regular
+    expression, the engine's ``load_log_grep``) selects, at most ``lines`` of them and read as text
+    whatever bytes the log holds; the container's processes; ``nvidia-smi --query-compute-apps``."""
+    c = q(paths.container)
+    return "\n".join([
+        "echo @@log",
+        f"{DOCKER} logs {c} 2>&1 | grep -a -E -e {q(grep)} | head -n {max(1, int(lines))}",
+        f"echo \"@@pids $({DOCKER} top {c} -eo pid 2>/dev/null | tr -s ' \\n' '  ')\"",
+        "echo @@smi",
+        "out=$(nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits 2>&1); rc=$?",
+        "printf '%s\\n' \"$out\" | head -n 64",
+        "echo \"@@smi-rc $rc\"",
+    ])
+
+
+def parse_evidence(stdout: str) -> Evidence:
+    """Never raises: missing parts stay empty and ``complete`` says whether every marker came."""
+    log: list[str] = []
+    smi: list[str] = []
+    pids: set[int] = set()
+    rc: int | None = None
+    where = None
+    seen = set()
+    for line in (stdout or "").splitlines():
+        if line == "@@log":
+            where = "log"
+            seen.add(where)
+        elif line.startswith("@@pids"):
+            where = None
+            seen.add("pids")
+            pids = {int(p) for p in line[6:].split() if p.isdigit()}
+            if len(pids) > MAX_EVIDENCE_PIDS:
+                pids = set(sorted(pids)[:MAX_EVIDENCE_PIDS])
+        elif line == "@@smi":
+            where = "smi"
+            seen.add(where)
+        elif line.startswith("@@smi-rc"):
+            where = None
+            seen.add("rc")
+            v = line[8:].strip()
+            rc = int(v) if v.lstrip("-").isdigit() else None
+        elif where == "log":
+            log.append(line)
+        elif where == "smi":
+            smi.append(line)
+    return Evidence("\n".join(log), frozenset(pids), "\n".join(smi), rc, seen == {"log", "pids", "smi", "rc"})
+
+
 @dataclass(frozen=True)
 class UnitProbe:
     """The unit's and the container's state, as one health-check round trip saw them."""

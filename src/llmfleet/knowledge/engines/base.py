@@ -28,6 +28,9 @@ What a new engine (SGLang, TGI, ...) must provide, and nothing else:
      compatibility, or None for the generic rule;
    - ``kv_layout(release, cc)``: what the build keeps for sliding-window layers;
    - ``engine_args(...)``: the flags for a plan (the planner calls it instead of branching);
+   - ``load_log_grep`` and ``parse_load_log(text)``: which lines of its log tell where the weights
+     went and how large the KV cache is, and their parser (``loadlog.LoadReport``), for the
+     residency check after a start (``release.residency``);
    - for the planner: ``tensor_parallel`` (True: weights and KV shard over the cards; False: the
      cards' memory adds up, layers split), ``quant_family`` (``hf`` or ``gguf``: the family of the
      smaller quantizations it ranks), ``serves_only_quant_family`` (refuse other families),
@@ -53,6 +56,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
     from llmfleet.knowledge.compat import EngineCatalog, EngineRelease, EngineRules, Verdict
+    from llmfleet.knowledge.engines.loadlog import LoadReport
 
 
 @dataclass(frozen=True)
@@ -78,6 +82,7 @@ class EngineKnowledge:
     health_path: ClassVar[str] = "/health"
     ready_status: ClassVar[int] = 200
     metrics_flag: ClassVar[str | None] = None
+    load_log_grep: ClassVar[str] = ""  # grep -E pattern selecting the load lines of its log
     # llmfleet metric (fleet.metrics.EngineMetrics field) -> the engine's Prometheus names, newest first
     metrics: ClassVar[dict[str, tuple[str, ...]]] = {}
     # planner facts (see the module docstring)
@@ -132,3 +137,7 @@ class EngineKnowledge:
 
     def engine_args(self, **plan: Any) -> list[str]:
         raise NotImplementedError
+
+    def parse_load_log(self, text: str) -> LoadReport | None:
+        """What the engine reported while loading; None when the engine has no parser."""
+        return None

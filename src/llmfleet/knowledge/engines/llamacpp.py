@@ -6,6 +6,7 @@ from typing import Any, ClassVar
 
 from llmfleet.knowledge import compat
 from llmfleet.knowledge.compat import EngineRelease, EngineRules, Verdict
+from llmfleet.knowledge.engines import loadlog
 from llmfleet.knowledge.engines.base import EngineKnowledge
 
 _FA_OFF = ("off", "0", "false")
@@ -30,6 +31,7 @@ class LlamaCppKnowledge(EngineKnowledge):
     needs_torch_kernels = False
     health_path = "/health"
     metrics_flag = "--metrics"
+    load_log_grep = loadlog.LLAMACPP_GREP
     metrics: ClassVar[dict[str, tuple[str, ...]]] = {
         "requests_running": ("llamacpp:requests_processing",),
         "requests_waiting": ("llamacpp:requests_deferred",),
@@ -85,6 +87,9 @@ class LlamaCppKnowledge(EngineKnowledge):
         return Verdict("pass", f"KV cache {kv}/{kv_v} on llama.cpp" + (f"; {v.message}" if kv_v in
                                                                         rules.kv_needs_flash_attn else ""))
 
+    def parse_load_log(self, text: str) -> loadlog.LoadReport:
+        return loadlog.parse_llamacpp(text)
+
     def engine_args(self, *, num_layers: int, resident: bool, gpu_layers: int, context: int, concurrency: int,
                     kv_flag: str, release: EngineRelease | None = None,
                     rules: EngineRules | None = None, split_mode: str | None = None,
@@ -104,6 +109,9 @@ class LlamaCppKnowledge(EngineKnowledge):
         if tensor_split and len(tensor_split) > 1:
             # Several devices (local GPUs, and RPC devices first when the head has --rpc workers).
             args += ["--split-mode", split_mode or "layer", "--tensor-split", ",".join(str(s) for s in tensor_split)]
+        if release is not None and release.load_log is not None and release.load_log.verbosity:
+            # the load lines the residency check reads (offloaded layers, buffers per device, KV cache)
+            args += ["-lv", str(release.load_log.verbosity)]
         needs_fa = rules.kv_needs_flash_attn if rules is not None else []
         if kv_flag in needs_fa and release is not None and fa_default(release) == "off":
             args += flash_attn_on_args(release)

@@ -7,6 +7,7 @@ from typing import Any, ClassVar
 
 from llmfleet.knowledge import compat
 from llmfleet.knowledge.compat import EngineCatalog, EngineRelease, EngineRules, Verdict
+from llmfleet.knowledge.engines import loadlog
 from llmfleet.knowledge.engines.base import EngineKnowledge, KvLayoutInfo
 
 _GIB = 1024**3
@@ -27,6 +28,7 @@ class VllmKnowledge(EngineKnowledge):
     needs_torch_kernels = True
     inspect_method = "python"
     health_path = "/health"
+    load_log_grep = loadlog.VLLM_GREP
     metrics: ClassVar[dict[str, tuple[str, ...]]] = {
         "requests_running": ("vllm:num_requests_running",),
         "requests_waiting": ("vllm:num_requests_waiting",),
@@ -184,6 +186,9 @@ class VllmKnowledge(EngineKnowledge):
             return None
         inverse = {m: f for f, m in rules.quantization_flag.items() if m != "from-quant"}
         return inverse.get(method, quant.vllm)
+
+    def parse_load_log(self, text: str) -> loadlog.LoadReport:
+        return loadlog.parse_vllm(text)
 
     def engine_args(self, *, quantization: str | None, float16: bool, gpu_memory_utilization: float,
                     context: int, concurrency: int, kv_flag: str, gpus: int, offload_bytes: float = 0.0,
