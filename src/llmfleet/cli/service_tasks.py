@@ -45,6 +45,11 @@ def _render_service(inv: Any, host: Any, settings: Any, svc: Any, lock: Any, con
     from llmfleet.release.secret import resolve_secret
 
     where = f"host {host.name}: service {svc.name}"
+    from llmfleet.inventory.check import image_engine_mismatch
+
+    mismatch = image_engine_mismatch(svc.image, svc.engine, lock)
+    if mismatch:
+        raise UsageError(f"{inv.path}: {where}: {mismatch}")
     notes: list[str] = []
     ref = images.resolve(svc.image, lock, mirrors=dict(settings.image_mirrors), allow_unpinned=allow_unpinned,
                          where=where)

@@ -182,7 +182,10 @@ def check_host(
                     err(f"{at}: quant {s.quant!r} is a {quant.family} format; engine {s.engine} takes "
                         f"{'GGUF quants (q4_k_m, q8_0, ...)' if want == 'gguf' else 'Hugging Face formats (fp16, awq-int4, ...)'}")
                     quant = None
-        if lock is not None:
+        mismatch = image_engine_mismatch(s.image, s.engine, lock)
+        if mismatch:
+            err(f"{at}: {mismatch}")
+        elif lock is not None:
             try:
                 images.resolve(s.image, lock, mirrors=mirrors, where=at)
             except UsageError as exc:
@@ -192,10 +195,6 @@ def check_host(
                          f"deploy needs `invoke images.pin` first (or --allow-unpinned)")
                 else:
                     err(str(exc))
-            else:
-                locked = lock.get(s.image)
-                if locked is not None and locked.engine != s.engine:
-                    err(f"{at}: image {s.image!r} is a {locked.engine} image, but the service's engine is {s.engine}")
         if card is None:
             continue
         if s.quant and quant is None:
@@ -221,3 +220,32 @@ def check_inventory(
     inventory: Inventory, hosts: Iterable[Host] | None = None, *, lock_for: Callable[[Host], Any] | None = None
 ) -> list[HostReport]:
     return [check_host(h, inventory, lock_for=lock_for) for h in (hosts if hosts is not None else inventory.hosts.values())]
+
+
+def image_engine(image: str, lock: Any = None) -> str | None:
+    """The engine an image key serves: its images.lock entry's engine, else the engine catalog's
+    (engines.yaml), else the key's ENGINE: prefix when it names a known engine; None for a full
+    reference (``repo@sha256:...``) nothing describes."""
+    locked = lock.get(image) if lock is not None else None
+    if locked is not None and getattr(locked, "engine", None):
+        return str(locked.engine)
+    from llmfleet.knowledge import compat
+
+    release = compat.load_engine_catalog().release(image)
+    if release is not None:
+        return release.engine
+    head, sep, _ = image.partition(":")
+    return head if sep and "/" not in head and head in ENGINE_NAMES else None
+
+
+ENGINE_NAMES = ("vllm", "llamacpp")
+
+
+def image_engine_mismatch(image: str, engine: str, lock: Any = None) -> str | None:
+    """One line when ``image`` is another engine's image than the service's ``engine`` (a llama.cpp
+    service given ``vllm:0.19.1`` would start vLLM with llama-server's flags); None when it fits."""
+    found = image_engine(image, lock)
+    if found is None or found == engine:
+        return None
+    return (f"image {image!r} is a {found} image, but the service's engine is {engine}; give a {engine} image "
+            f"(`invoke images.list` shows them) or set engine: {found}")

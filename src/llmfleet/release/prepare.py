@@ -101,6 +101,11 @@ def prepare_host(inventory: Inventory | str, host_name: str, settings: Settings,
     for svc in chosen:
         where = f"host {host.name}: service {svc.name}"
         svc = apply_overrides(svc, options.overrides, where)
+        from llmfleet.inventory.check import image_engine_mismatch
+
+        mismatch = image_engine_mismatch(svc.image, svc.engine, lock)
+        if mismatch:
+            raise UsageError(f"{inv.path}: host {host.name}: service {svc.name}: {mismatch}")
         key = resolve_secret(svc.api_key, where)
         ref = images.resolve(svc.image, lock, mirrors=dict(host_settings.image_mirrors),
                              allow_unpinned=options.allow_unpinned, where=where)
