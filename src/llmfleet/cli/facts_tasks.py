@@ -259,7 +259,10 @@ def _preflight_saved(c, host, group, service, inventory, json, allow_unpinned, f
     except OSError as exc:
         raise UsageError(f"{p}: cannot read the saved facts: {exc.strerror}") from None
     except ValueError as exc:
-        raise UsageError(f"{p}: not JSON ({exc}); save facts with `invoke facts --host {h.name} --json > {p}`") from None
+        from llmfleet.knowledge.preflight import facts_file_for
+
+        raise UsageError(f"{p}: not JSON ({exc}); save facts with `invoke facts --host {h.name} --out "
+                         f"{facts_file_for(h.name, str(p))}` and pass that file with --facts") from None
     saved = facts_from_saved(data, h.name, str(p))
     found, notes = apply_assumptions(saved, assumed, compat.load_engine_catalog())
     lock = images.load_lock(images_lock_path(h.vars, inv.path, cfg(c, "images_lock")))

@@ -36,7 +36,7 @@ def _lock_path(c, lock: str | None) -> Path:
     return Path(lock).expanduser() if lock else img.lock_path_for(None, None, cfg(c, "images_lock"))
 
 
-def _writable_lock(path: Path) -> Path:
+def _writable_lock(path: Path, announce: bool = True) -> Path:
     """Where a change to ``path`` goes: never into the installed package. A project without a lock of
     its own gets ./images.lock, started from the packaged one (comments and entries kept)."""
     if path.resolve() != Path(str(img.PACKAGED_LOCK)).resolve() or _in_checkout():
@@ -44,7 +44,8 @@ def _writable_lock(path: Path) -> Path:
     own = Path(img.PROJECT_LOCK)
     if not own.exists():
         own.write_text(img.packaged_lock_text(), encoding="utf-8")
-        err_console.print(f"created {own} from the images.lock shipped with llmfleet")
+        if announce:
+            err_console.print(f"created {own} from the images.lock shipped with llmfleet")
     return own
 
 
@@ -80,9 +81,20 @@ def _mirrors(c, inventory: str | None, host: str | None, group: str | None) -> d
 
 
 def _dockerfiles(c) -> Path:
-    """The dockerfiles/ folder: config ``llmfleet.dockerfiles`` (env INVOKE_LLMFLEET_DOCKERFILES), else the repository's."""
+    """The dockerfiles/ folder: config ``llmfleet.dockerfiles`` (env INVOKE_LLMFLEET_DOCKERFILES), else the
+    one beside llmfleet's source, else ./dockerfiles. A folder that is not there is a usage error."""
     configured = cfg(c, "dockerfiles")
-    return Path(configured).expanduser() if configured else img.DOCKERFILES_DIR
+    if configured:
+        root = Path(configured).expanduser()
+        where = f"{root} (llmfleet.dockerfiles)"
+    else:
+        root = img.DOCKERFILES_DIR if img.DOCKERFILES_DIR.is_dir() else Path("dockerfiles")
+        where = "./dockerfiles"
+    if not root.is_dir():
+        raise UsageError(f"no dockerfiles folder at {where}: images.build and images.lint read "
+                         "dockerfiles/NAME/Dockerfile and image.yaml; run from a folder that has one, or set "
+                         "llmfleet.dockerfiles in invoke.yaml")
+    return root
 
 
 def _client(insecure: str | None):
@@ -124,10 +136,20 @@ def pin(c, refs, inventory=None, lock=None, registry_mirror=False, host=None, gr
     if registry_mirror:
         mirrors = _mirrors(c, inventory, host, group)
         specs = [img.through_mirror(s, mirrors) for s in specs]
-    path = _writable_lock(_lock_path(c, lock))
-    entries = img.pin(specs, _client(insecure), path)
-    if inspect:
-        entries = _inspect_pinned(entries, specs, path, quiet=json)
+    own = Path(img.PROJECT_LOCK)
+    fresh = not own.exists()
+    path = _writable_lock(_lock_path(c, lock), announce=False)
+    created = fresh and own.exists()
+    try:
+        entries = img.pin(specs, _client(insecure), path)
+        if inspect:
+            entries = _inspect_pinned(entries, specs, path, quiet=json)
+    except BaseException:
+        if created:  # a failed pin leaves nothing behind (a stale copy would hide later packaged pins)
+            own.unlink(missing_ok=True)
+        raise
+    if created:
+        err_console.print(f"created {own} from the images.lock shipped with llmfleet")
     if json:
         print_json({"lock": str(path), "pinned": {e.key: img.entry_dict(e) for e in entries}})
         return
@@ -324,7 +346,11 @@ def list_(c, lock=None, json=False):
     path = _lock_path(c, lock)
     lock_data = img.load_lock(path)
     catalog = _catalog_images()
-    builds = {s.catalog_key: s.name for s in img.all_build_specs(_dockerfiles(c))}
+    try:
+        root = _dockerfiles(c)
+    except UsageError:  # no dockerfiles/ here: nothing listed as buildable
+        root = None
+    builds = {s.catalog_key: s.name for s in img.all_build_specs(root)} if root is not None else {}
     rows = []
     for key in sorted(set(lock_data.images) | {k for k, r in catalog.items() if not r.cpu}):
         e = lock_data.get(key)

@@ -726,6 +726,17 @@ ASSUMABLE = {
 }
 
 
+def facts_file_for(host: str, given: str) -> str:
+    """A file name to save ``host``'s facts in, for a hint: never ``given`` (the file the user passed,
+    which a hint must not suggest overwriting)."""
+    import os
+
+    name = f"facts-{host}.json"
+    if os.path.basename(str(given)) == name or os.path.exists(name):
+        name = f"facts-{host}-new.json"
+    return name
+
+
 def facts_from_saved(data: Any, host: str, path: str) -> Facts:
     """The facts of ``host`` from what ``invoke facts --json`` printed (``{"hosts": [...], "unreachable":
     [...]}``; also one object, or a list of them). Pure. Raises UsageError naming the file and what is wrong."""
@@ -738,7 +749,7 @@ def facts_from_saved(data: Any, host: str, path: str) -> Facts:
     if not match:
         seen = ", ".join(sorted(str(e.get("host")) for e in entries)) or "none"
         raise UsageError(f"{path}: no facts for host {host} (hosts in the file: {seen}); save them with "
-                         f"`invoke facts --host {host} --json > {path}`")
+                         f"`invoke facts --host {host} --out {facts_file_for(host, path)}` and pass that file")
     entry = match[0]
     if "error" in entry and "gpus" not in entry:
         raise UsageError(f"{path}: the saved facts of {host} are an error ({str(entry['error'])[:120]}); "
