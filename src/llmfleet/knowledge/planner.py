@@ -707,7 +707,8 @@ def _resolve(req: PlanRequest) -> _Resolved:
         names = ", ".join(q.name for q in load_quants() if q.family == know.quant_family)
         raise UsageError(f"{know.label} serves {know.quant_family.upper()} files, not {quant.name}; pick one of: {names}")
     if know.quant_family != "gguf" and quant.family == "gguf":
-        notes.append("vLLM's GGUF support is experimental and slower than llama.cpp (engines-gpus-drivers.md s2.4)")
+        notes.append("vLLM's GGUF support is experimental and under-optimized (https://docs.vllm.ai/en/latest/features/"
+                     "quantization/gguf/); llama.cpp serves GGUF natively")
 
     computed = compute_weights(spec, quant)
     use_files = spec.file_weights_bytes is not None and (
