@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 
 from llmfleet.images.lock import ImageLock, LockedImage, resolve
 from llmfleet.inventory.services import HostSettings, host_settings
+from llmfleet.knowledge.planner import PlanSummary
 from llmfleet.release.manifest import Manifest
 from llmfleet.release.render import Rendered, render
 from llmfleet.release.store import ReleaseInfo, ServiceState
@@ -34,7 +35,7 @@ def host(**svc) -> HostSettings:
 def rendered(**svc) -> Rendered:
     hs = host(**svc)
     s = hs.services[0]
-    return render(s, hs, resolve(s.image, LOCK), {"engine_args": ["-ngl", "99"]},
+    return render(s, hs, resolve(s.image, LOCK), PlanSummary(engine_args=("-ngl", "99")),
                   api_key="sk-secret-123" if s.api_key else None)
 
 

@@ -136,10 +136,10 @@ class Run:
             raise answer
         return answer
 
-    def deploy(self) -> D.HostOutcome:
+    def deploy(self, plans: list | None = None) -> D.HostOutcome:
         ready = D.PreparedHost(None, None, HS, (D.Prepared(SVC, None, resolve(SVC.image, LOCK)),))  # type: ignore[arg-type]
         try:
-            D.run_deploy(self.run, ready, self.out, D.DeployOptions(), plans=[None])
+            D.run_deploy(self.run, ready, self.out, D.DeployOptions(), plans=plans or [None])
         except D.Refusal as exc:
             self.out.result, self.out.reason = exc.result, exc.reason
         return self.out

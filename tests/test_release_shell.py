@@ -17,6 +17,7 @@ from llmfleet.errors import UsageError
 from llmfleet.images.lock import ImageLock, LockedImage, resolve
 from llmfleet.inventory.ansible import load_inventory
 from llmfleet.inventory.services import host_settings
+from llmfleet.knowledge.planner import PlanSummary
 from llmfleet.release import decide as Dc
 from llmfleet.release import deploy as D
 from llmfleet.release import executor as E
@@ -113,7 +114,7 @@ def _rendered(**svc):
     })
     hs = host_settings("h", {"llmfleet_services": [svc_dict(**svc)]})
     s = hs.services[0]
-    return render(s, hs, resolve(s.image, lock), {"engine_args": ["-ngl", "99"]},
+    return render(s, hs, resolve(s.image, lock), PlanSummary(engine_args=("-ngl", "99")),
                   api_key="sek" if s.api_key else None)
 
 

@@ -264,3 +264,43 @@ def test_the_lab_says_so_explicitly_and_a_service_may_differ():
     plain = host_settings("h", {"llmfleet_services": [
         {"name": "a", "engine": "llamacpp", "model": "m", "model_path": "/m.gguf", "image": "llamacpp:x"}]})
     assert plain.residency_for(plain.services[0]) == "gpu"
+
+
+# ---------------------------------------------------------------------------------------------
+# the shell: one round trip on a host (the scripted remote), parsed and judged
+
+
+def _evidence(log_text: str, pids: str = "PID 4242", smi: str = "4242, 6100", rc: int = 0) -> str:
+    return f"@@log\n{log_text.rstrip()}\n@@pids {pids}\n@@smi\n{smi}\n@@smi-rc {rc}\n"
+
+
+@pytest.mark.parametrize(
+    ("answer", "engine_args", "status", "says"),
+    [
+        (_evidence(GPU_FULL), [], "pass", "33/33 layers offloaded as planned"),
+        (_evidence(GPU_PARTIAL), [], "fail", "offloaded 20/33 layers to GPU"),
+        # the operator asked for a smaller context on the command line: the engine gave what was asked
+        (_evidence(GPU_FULL.replace("4096 cells", "1024 cells")), ["-c", "2048"], "pass", ">= 2,048"),
+        (_evidence(GPU_FULL.replace("4096 cells", "1024 cells")), [], "fail", "the command line asks 8,192"),
+        # a connection that dropped after the log: the second witness is missing, said so
+        ("@@log\n" + GPU_FULL, [], "warn", "ended before nvidia-smi answered"),
+        (_evidence(GPU_FULL, smi="No devices were found", rc=6), [], "warn", "No devices were found"),
+    ],
+)
+def test_residency_check_on_a_host(answer, engine_args, status, says):
+    from llmfleet.release import executor as E
+    from llmfleet.settings import Settings
+    from tests.fake_remote import Command, FakeRemote
+
+    hs = host_settings("h1", {"llmfleet_services": [
+        {"name": "chat", "engine": "llamacpp", "model": "m", "model_path": "/m.gguf", "image": "llamacpp:x",
+         "engine_args": engine_args}]})
+    svc = hs.services[0]
+    paths = store.Paths("/opt/llmfleet", "chat")
+    plan = PlanSummary(**{**PLAN.__dict__, "engine_args": ("-ngl", "33", "-c", "8192", "-np", "2")})
+    remote = FakeRemote([Command(store.evidence_script(paths, for_engine("llamacpp").load_log_grep), out=answer)])
+    run = E.HostRun("h1", hs, remote, settings=Settings.of({"audit_log": "/dev/null"}), log=lambda _: None)
+    v = E.residency_check(run, E.HealthTarget(svc, None, paths, "", plan))
+    remote.assert_done()
+    assert v.status == status, v.message
+    assert says in v.message

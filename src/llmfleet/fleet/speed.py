@@ -17,14 +17,10 @@ from typing import Any
 from llmfleet.errors import LlmfleetError
 from llmfleet.release import speed_cache
 from llmfleet.release import store as rel
+from llmfleet.release.speed_cache import is_lab, remember_hosts  # noqa: F401 - re-exported
 from llmfleet.release.speed_history import SpeedRecord, records_from_state
 
 BENCH_MARK = "@@bench-service"
-
-
-def is_lab(host: Any) -> bool:
-    """A lab host (docs/lab.md): its engines run on the CPU for a simulated card."""
-    return bool(getattr(host, "vars", {}).get("lab_gpu"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -107,23 +103,6 @@ def query_speeds(hosts: Sequence[Any], *, config: Any = None, forks: int = 10, t
            for r in results]
     speed_cache.remember({h.host: h.records for h in out if h.reachable})
     return out
-
-
-def remember_hosts(states_by_host: dict[str, Any], labs: Sequence[str] = ()) -> None:
-    """Keep the health records in each host's release state just read (``{host: store.parse_state's
-    answer}``: a deploy's or status's read). Bench results are not in that state: the bench records
-    kept earlier for releases the host still holds stay (``invoke speed`` reads them again). Best
-    effort: a run never fails over the cache."""
-    try:
-        cached_bench = [r for r in speed_cache.load() if r.source == "bench"]
-        by_host: dict[str, list[SpeedRecord]] = {}
-        for host, states in states_by_host.items():
-            present = {(host, name, rid) for name, s in (states or {}).items() for rid in s.releases}
-            by_host[host] = [*records_from_state(host, states, lab=host in labs),
-                             *(r for r in cached_bench if r.host == host and r.run in present)]
-        speed_cache.remember(by_host)
-    except Exception:  # noqa: BLE001,S110 - the cache only adds history; a run never fails over it
-        pass
 
 
 def remember_status(statuses: Sequence[Any], hosts: Sequence[Any] = ()) -> None:

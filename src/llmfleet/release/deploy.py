@@ -27,7 +27,7 @@ import importlib
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llmfleet import __version__
 from llmfleet.errors import LlmfleetError, RemoteError, UsageError
@@ -60,6 +60,9 @@ from llmfleet.release.secret import resolve_secret
 from llmfleet.release.store import Paths
 from llmfleet.settings import Settings
 
+if TYPE_CHECKING:
+    from llmfleet.release.speed_history import FleetGate
+
 RESULTS = tuple(r.value for r in Result)
 
 
@@ -90,6 +93,7 @@ class _Item:
     step: ServiceStep
     manifest: Manifest | None = None
     health: dict[str, Any] | None = None
+    fleet: FleetGate | None = None  # the floor from the fleet's earlier runs of the same combination
 
     @property
     def name(self) -> str:
@@ -192,6 +196,7 @@ def run_deploy(run: HostRun, ready: PreparedHost, out: HostOutcome, options: Dep
                       timeout=60 + run.settings.pull_timeout * len(pulling) if pulling else None)
     for it, res in zip(pulling, pulled, strict=True):
         _pulled(run, it, res)
+    _fleet_gates(run, ready, todo, states)
     for it in items:
         if it.step.action == Action.UNCHANGED:
             _unchanged(run, it, out)
@@ -208,6 +213,31 @@ def run_deploy(run: HostRun, ready: PreparedHost, out: HostOutcome, options: Dep
     out.reason = "; ".join(f"{it.name} on {it.step.release_id}" for it in todo)
     after = decide.state_after(states, {it.name: (it.step.release_id, it.manifest, it.health) for it in todo})
     _prune(run, decide.prune_plan(after, run.host_settings.keep_releases))
+    _remember_speeds(run, ready, after)
+
+
+def _fleet_gates(run: HostRun, ready: PreparedHost, todo: list[_Item], states: dict[str, store.ServiceState]) -> None:
+    """The fleet's own floor for each release to check: earlier healthy runs of the same card,
+    engine, image, model, quant and context class, on this host (the state just read) and on the
+    hosts this machine read before (``speed_cache``). Best effort: no history, no gate."""
+    from llmfleet.release import speed_cache, speed_history
+
+    try:
+        cached = speed_cache.load(exclude=[run.host])
+        for it in todo:
+            it.fleet = speed_history.gate_for(it.plan, it.prepared.image, host=run.host, states=states,
+                                              cached=cached, lab=speed_cache.is_lab(ready.host))
+            if it.fleet is not None:
+                run.log(f"{it.name}: decode floor from the fleet: {it.fleet.source}")
+    except (OSError, ValueError) as exc:
+        run.log(f"warning: the fleet's speed history could not be read ({exc}); the planner's floor applies")
+
+
+def _remember_speeds(run: HostRun, ready: PreparedHost, after: dict[str, store.ServiceState]) -> None:
+    """Keep this host's health records (the new release's too) for later gates and ``invoke plan``."""
+    from llmfleet.release import speed_cache
+
+    speed_cache.remember_hosts({run.host: after}, [run.host] if speed_cache.is_lab(ready.host) else [])
 
 
 def _decide(run: HostRun, ready: PreparedHost, plans: list[Any], states: dict[str, store.ServiceState]) -> list[_Item]:
@@ -313,7 +343,7 @@ def _switch_and_check(run: HostRun, it: _Item) -> ServiceOutcome:
                 started = store.parse_unit_probe(results["container start"].stdout)
         else:
             switched = True  # verify: the release is current and running; only its health is unknown
-        report = run.check_health(HealthTarget(svc, it.prepared.api_key, paths, rid, it.plan, started),
+        report = run.check_health(HealthTarget(svc, it.prepared.api_key, paths, rid, it.plan, started, it.fleet),
                                   f"release {rid}")
     except KeyboardInterrupt:
         if switched:

@@ -153,11 +153,19 @@ def http_health(run: HostRun, target: HealthTarget) -> health.HealthReport:
             load_timeout_s=svc.health.load_timeout_s,
             stage_timeout_s=svc.health.stage_timeout_s,
             max_tokens=svc.health.max_tokens,
-            floor=health.decode_floor(svc, run.host_settings, target.plan, target.fleet),
+            floor=floor_for(run, target),
             realistic=health.realistic_tokps(target.plan),
             progress=lambda line: run.log(f"{svc.name}:{line}"),
             initial=target.started,
         ).run()
+
+
+def floor_for(run: HostRun, target: HealthTarget) -> health.Floor:
+    """The decode floor the health check applies to ``target`` (``health.decode_floor``: the
+    service's, the host's, the fleet's, the planner's, in that order)."""
+    from llmfleet.release import health
+
+    return health.decode_floor(target.service, run.host_settings, target.plan, target.fleet)
 
 
 def residency_check(run: HostRun, target: HealthTarget) -> residency.Residency:
@@ -171,9 +179,11 @@ def residency_check(run: HostRun, target: HealthTarget) -> residency.Residency:
     res = run.run(store.evidence_script(target.paths, know.load_log_grep), timeout=30)
     ev = store.parse_evidence(res.stdout)
     report = know.parse_load_log(ev.log)
-    apps = loadlog.parse_compute_apps(ev.smi_text, ev.smi_rc) if ev.complete else None
+    apps = (loadlog.parse_compute_apps(ev.smi_text, ev.smi_rc) if ev.complete else
+            loadlog.ComputeApps(error="the evidence round trip ended before nvidia-smi answered"))
+    args = [*(target.plan.engine_args if target.plan else ()), *svc.engine_args]  # the operator's flags last
     return residency.judge(report, apps, set(ev.pids), target.plan, run.host_settings.residency_for(svc),
-                          engine=svc.engine)
+                          engine=svc.engine, args_kv_tokens=know.kv_tokens_asked(args))
 
 
 class HostRun:

@@ -15,7 +15,8 @@ What fails (``health.residency: gpu``, the default):
   table on the CPU; ``--n-cpu-moe`` or ``-ot ...=CPU`` move experts there while the layer count still
   says every layer is offloaded: only the per-device model buffers show it);
 - no model buffer on any GPU (the container did not get the GPU: the engine fell back to the CPU);
-- the KV cache in host memory, or smaller than the plan's context x concurrency;
+- the KV cache in host memory, or smaller than the command line asks (llama.cpp ``-c``; vLLM
+  ``--max-model-len`` x ``--max-num-seqs``; the plan's context x concurrency when they do not say);
 - weights far from the plan (another file, another quantization than planned);
 - the container's processes hold less GPU memory than the plan's weights (nvidia-smi, the second
   witness).
@@ -119,18 +120,27 @@ def _weights_size(found_mib: float, plan_mib: float | None, line: str, what: str
     return Finding("pass", "weights", said)
 
 
-def _kv_capacity(have: int | None, plan: PlanSummary | None, line: str, unit: str) -> Finding | None:
-    if have is None or plan is None or not plan.context:
+def _kv_capacity(have: int | None, asked: int | None, asked_how: str, line: str, unit: str) -> Finding | None:
+    if have is None or not asked:
         return None
-    need = plan.context * (plan.concurrency or 1)
-    if have < need:
-        return Finding("fail", "kv", f"the KV cache holds {have:,} {unit}, the plan asks context {plan.context:,} x "
-                                     f"concurrency {plan.concurrency or 1} = {need:,} (lower the context or the "
-                                     "concurrency, or free GPU memory)", line)
-    return Finding("pass", "kv", f"KV cache {have:,} {unit} >= {need:,}")
+    if have < asked:
+        return Finding("fail", "kv", f"the KV cache holds {have:,} {unit}, {asked_how} asks {asked:,} (lower the "
+                                     "context or the concurrency, or free GPU memory)", line)
+    return Finding("pass", "kv", f"KV cache {have:,} {unit} >= {asked:,}")
 
 
-def _llamacpp(rep: LoadReport, plan: PlanSummary | None, mode: Mode) -> list[Finding]:
+def kv_asked(plan: PlanSummary | None, args_asked: int | None) -> tuple[int | None, str]:
+    """The KV tokens the release asks for, and who asks: the command line's own flags (an operator's
+    engine_args override the plan's), else the plan's context x concurrency."""
+    if args_asked:
+        return args_asked, "the command line"
+    if plan is not None and plan.context:
+        return plan.context * (plan.concurrency or 1), (f"the plan (context {plan.context:,} x concurrency "
+                                                         f"{plan.concurrency or 1})")
+    return None, ""
+
+
+def _llamacpp(rep: LoadReport, plan: PlanSummary | None, mode: Mode, asked: tuple[int | None, str]) -> list[Finding]:
     out: list[Finding] = []
     line = rep.lines.get("offloaded", "")
     if rep.layers_offloaded is not None and rep.layers_total is not None:
@@ -178,7 +188,7 @@ def _llamacpp(rep: LoadReport, plan: PlanSummary | None, mode: Mode) -> list[Fin
             and (plan is None or plan.resident is not False):
         out.append(Finding("fail", "kv", "the KV cache is in host memory (--no-kv-offload?)",
                            " | ".join(v for k, v in rep.lines.items() if k.startswith("kv buffer "))))
-    kv = _kv_capacity(rep.kv_cells, plan, rep.lines.get("kv", ""), "cells")
+    kv = _kv_capacity(rep.kv_cells, asked[0], asked[1], rep.lines.get("kv", ""), "cells")
     if kv:
         out.append(kv)
     return out
@@ -192,7 +202,7 @@ def _is_host_key(key: str) -> bool:
     return _is_host(key.split(" ", 2)[-1])
 
 
-def _vllm(rep: LoadReport, plan: PlanSummary | None) -> list[Finding]:
+def _vllm(rep: LoadReport, plan: PlanSummary | None, asked: tuple[int | None, str]) -> list[Finding]:
     out: list[Finding] = []
     if rep.weights_gib is not None and plan is not None:
         per_gpu = plan.weights_per_gpu_bytes
@@ -201,7 +211,7 @@ def _vllm(rep: LoadReport, plan: PlanSummary | None) -> list[Finding]:
         f = _weights_size(rep.weights_gib * 1024, _mib(per_gpu), rep.lines.get("weights", ""), "weights per GPU")
         if f:
             out.append(f)
-    kv = _kv_capacity(rep.kv_tokens, plan, rep.lines.get("kv", ""), "tokens")
+    kv = _kv_capacity(rep.kv_tokens, asked[0], asked[1], rep.lines.get("kv", ""), "tokens")
     if kv:
         out.append(kv)
     return out
@@ -232,8 +242,11 @@ def _gpu_memory(apps: ComputeApps | None, pids: set[int], plan: PlanSummary | No
 
 
 def judge(report: LoadReport | None, apps: ComputeApps | None, pids: set[int], plan: PlanSummary | None,
-          mode: Mode = "gpu", *, engine: str = "") -> Residency:
-    """The verdict on one started release (see the module's docstring for the rules)."""
+          mode: Mode = "gpu", *, engine: str = "", args_kv_tokens: int | None = None) -> Residency:
+    """The verdict on one started release (see the module's docstring for the rules).
+    ``args_kv_tokens``: the KV tokens the release's command line asks for (the engine's
+    ``kv_tokens_asked``), which an operator's engine_args may have set below the plan."""
+    asked = kv_asked(plan, args_kv_tokens)
     if mode == "off":
         return Residency("pass", (Finding("pass", "log", "residency check off (health.residency: off)"),), report,
                          mode=mode)
@@ -244,9 +257,9 @@ def judge(report: LoadReport | None, apps: ComputeApps | None, pids: set[int], p
                                                "build that prints other words): residency is unproven"))
     else:
         if report.engine == "llamacpp":
-            findings += _llamacpp(report, plan, mode)
+            findings += _llamacpp(report, plan, mode, asked)
         elif report.engine == "vllm":
-            findings += _vllm(report, plan)
+            findings += _vllm(report, plan, asked)
         if report.unread:
             findings.append(Finding("warn", "log", "could not read " + ", ".join(report.unread)))
     smi, used = _gpu_memory(apps, pids, plan, mode, engine)

@@ -16,12 +16,12 @@ or written when the folder is not private to this user; an unreadable file is an
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 from llmfleet import cache
-from llmfleet.release.speed_history import SpeedRecord
+from llmfleet.release.speed_history import SpeedRecord, records_from_state
 
 CACHE = "speed"
 FILE = "records.json"
@@ -80,3 +80,25 @@ def remember(by_host: dict[str, list[SpeedRecord]], now: datetime | None = None)
     text = json.dumps({"schema": SCHEMA, "hosts": hosts}, sort_keys=True, separators=(",", ":"))
     cache.write_private(folder / FILE, text.encode())
     return (folder / FILE).exists()
+
+
+def is_lab(host: Any) -> bool:
+    """A lab host (docs/lab.md): its engines run on the CPU for a simulated card."""
+    return bool(getattr(host, "vars", {}).get("lab_gpu"))
+
+
+def remember_hosts(states_by_host: dict[str, Any], labs: Sequence[str] = ()) -> None:
+    """Keep the health records in each host's release state just read (``{host: store.parse_state's
+    answer}``: a deploy's or status's read). Bench results are not in that state: the bench records
+    kept earlier for releases the host still holds stay (``invoke speed`` reads them again). Best
+    effort: a run never fails over the cache."""
+    try:
+        cached_bench = [r for r in load() if r.source == "bench"]
+        by_host: dict[str, list[SpeedRecord]] = {}
+        for host, states in states_by_host.items():
+            present = {(host, name, rid) for name, s in (states or {}).items() for rid in s.releases}
+            by_host[host] = [*records_from_state(host, states, lab=host in labs),
+                             *(r for r in cached_bench if r.host == host and r.run in present)]
+        remember(by_host)
+    except Exception:  # noqa: BLE001,S110 - the cache only adds history; a run never fails over it
+        pass

@@ -30,7 +30,8 @@ What a new engine (SGLang, TGI, ...) must provide, and nothing else:
    - ``engine_args(...)``: the flags for a plan (the planner calls it instead of branching);
    - ``load_log_grep`` and ``parse_load_log(text)``: which lines of its log tell where the weights
      went and how large the KV cache is, and their parser (``loadlog.LoadReport``), for the
-     residency check after a start (``release.residency``);
+     residency check after a start (``release.residency``); ``kv_tokens_asked(args)``: the KV
+     tokens a command line asks for, which the engine's report is compared with;
    - for the planner: ``tensor_parallel`` (True: weights and KV shard over the cards; False: the
      cards' memory adds up, layers split), ``quant_family`` (``hf`` or ``gguf``: the family of the
      smaller quantizations it ranks), ``serves_only_quant_family`` (refuse other families),
@@ -141,3 +142,19 @@ class EngineKnowledge:
     def parse_load_log(self, text: str) -> LoadReport | None:
         """What the engine reported while loading; None when the engine has no parser."""
         return None
+
+    def kv_tokens_asked(self, args: list[str]) -> int | None:
+        """The KV tokens the command line asks for (the last value of each flag wins, as the engine
+        reads them); None when the flags do not say."""
+        return None
+
+
+def last_flag_value(args: list[str], names: tuple[str, ...]) -> str | None:
+    """The value of the last of ``names`` in ``args`` (``--flag value`` or ``--flag=value``)."""
+    found = None
+    for i, a in enumerate(args):
+        if a in names and i + 1 < len(args):
+            found = args[i + 1]
+        elif "=" in a and a.split("=", 1)[0] in names:
+            found = a.split("=", 1)[1]
+    return found

@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 from llmfleet.knowledge import compat
 from llmfleet.knowledge.compat import EngineRelease, EngineRules, Verdict
 from llmfleet.knowledge.engines import loadlog
-from llmfleet.knowledge.engines.base import EngineKnowledge
+from llmfleet.knowledge.engines.base import EngineKnowledge, last_flag_value
 
 _FA_OFF = ("off", "0", "false")
 _FA_VALUES = ("on", "off", "auto", "1", "0", "true", "false")
@@ -89,6 +89,11 @@ class LlamaCppKnowledge(EngineKnowledge):
 
     def parse_load_log(self, text: str) -> loadlog.LoadReport:
         return loadlog.parse_llamacpp(text)
+
+    def kv_tokens_asked(self, args: list[str]) -> int | None:
+        """``-c``: the whole KV context, shared by the slots (0 means the model's own length)."""
+        v = last_flag_value(args, ("-c", "--ctx-size"))
+        return int(v) if v is not None and v.isdigit() and int(v) > 0 else None
 
     def engine_args(self, *, num_layers: int, resident: bool, gpu_layers: int, context: int, concurrency: int,
                     kv_flag: str, release: EngineRelease | None = None,

@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 from llmfleet.knowledge import compat
 from llmfleet.knowledge.compat import EngineCatalog, EngineRelease, EngineRules, Verdict
 from llmfleet.knowledge.engines import loadlog
-from llmfleet.knowledge.engines.base import EngineKnowledge, KvLayoutInfo
+from llmfleet.knowledge.engines.base import EngineKnowledge, KvLayoutInfo, last_flag_value
 
 _GIB = 1024**3
 
@@ -189,6 +189,14 @@ class VllmKnowledge(EngineKnowledge):
 
     def parse_load_log(self, text: str) -> loadlog.LoadReport:
         return loadlog.parse_vllm(text)
+
+    def kv_tokens_asked(self, args: list[str]) -> int | None:
+        """``--max-model-len`` x ``--max-num-seqs``: every sequence at its full length."""
+        length = last_flag_value(args, ("--max-model-len",))
+        seqs = last_flag_value(args, ("--max-num-seqs",))
+        if length is None or not length.isdigit():
+            return None
+        return int(length) * (int(seqs) if seqs is not None and seqs.isdigit() else 1)
 
     def engine_args(self, *, quantization: str | None, float16: bool, gpu_memory_utilization: float,
                     context: int, concurrency: int, kv_flag: str, gpus: int, offload_bytes: float = 0.0,
