@@ -166,30 +166,32 @@ def _quants_data() -> dict[str, Any]:
     return _read_yaml("quants.yaml")
 
 
+def _quant_from_entry(e: dict[str, Any]) -> Quant:
+    return Quant(
+        name=str(e["name"]),
+        family=str(e["family"]),
+        bits=float(e["bits"]),
+        aliases=tuple(str(a) for a in e.get("aliases", ())),
+        weight_bits=e.get("weight_bits"),
+        group_size=e.get("group_size"),
+        group_bits=float(e.get("group_bits", 0.0)),
+        per_channel_scale=bool(e.get("per_channel_scale", False)),
+        min_compute_capability=str(e.get("min_compute_capability", "0.0")),
+        vllm=e.get("vllm"),
+        gguf_file_type=e.get("gguf_file_type"),
+        base=e.get("base"),
+        rules=tuple(sorted((str(k), str(v)) for k, v in (e.get("rules") or {}).items())),
+        needs_bf16_for_dtype=bool(e.get("needs_bf16_for_dtype", False)),
+        experts_only=bool(e.get("experts_only", False)),
+        sources=tuple(e.get("sources", ())),
+    )
+
+
 @functools.cache
 def load_quants() -> tuple[Quant, ...]:
     out = []
     for e in _quants_data().get("quants", []):
-        out.append(
-            Quant(
-                name=str(e["name"]),
-                family=str(e["family"]),
-                bits=float(e["bits"]),
-                aliases=tuple(str(a) for a in e.get("aliases", ())),
-                weight_bits=e.get("weight_bits"),
-                group_size=e.get("group_size"),
-                group_bits=float(e.get("group_bits", 0.0)),
-                per_channel_scale=bool(e.get("per_channel_scale", False)),
-                min_compute_capability=str(e.get("min_compute_capability", "0.0")),
-                vllm=e.get("vllm"),
-                gguf_file_type=e.get("gguf_file_type"),
-                base=e.get("base"),
-                rules=tuple(sorted((str(k), str(v)) for k, v in (e.get("rules") or {}).items())),
-                needs_bf16_for_dtype=bool(e.get("needs_bf16_for_dtype", False)),
-                experts_only=bool(e.get("experts_only", False)),
-                sources=tuple(e.get("sources", ())),
-            )
-        )
+        out.append(_quant_from_entry(e))
     return tuple(out)
 
 
@@ -343,24 +345,23 @@ _MODEL_KEYS = {
 }  # fmt: skip
 
 
+def _model_from_entry(e: dict[str, Any]) -> ModelSpec:
+    kwargs = {k: e[k] for k in _MODEL_KEYS if k in e and e[k] is not None}
+    layer_types = layer_types_from_interval(
+        int(e["num_layers"]), e.get("full_attention_interval"), e.get("other_layer_type")
+    )
+    return ModelSpec(
+        name=str(e["name"]),
+        aliases=tuple(str(a) for a in e.get("aliases", ())),
+        sources=tuple(e.get("sources", ())),
+        layer_types=layer_types,
+        **kwargs,
+    )
+
+
 @functools.cache
 def load_models() -> tuple[ModelSpec, ...]:
-    out = []
-    for e in _read_yaml("models.yaml").get("models", []):
-        kwargs = {k: e[k] for k in _MODEL_KEYS if k in e and e[k] is not None}
-        layer_types = layer_types_from_interval(
-            int(e["num_layers"]), e.get("full_attention_interval"), e.get("other_layer_type")
-        )
-        out.append(
-            ModelSpec(
-                name=str(e["name"]),
-                aliases=tuple(str(a) for a in e.get("aliases", ())),
-                sources=tuple(e.get("sources", ())),
-                layer_types=layer_types,
-                **kwargs,
-            )
-        )
-    return tuple(out)
+    return tuple(_model_from_entry(e) for e in _read_yaml("models.yaml").get("models", []))
 
 
 def find_model(name: str) -> ModelSpec:
@@ -433,10 +434,12 @@ def engine_assumptions(engine: str) -> EngineAssumptions:
 class SpeedAssumptions:
     """The batch-1 decode speed model of one engine (planner.yaml ``speed``):
 
-        time per token = bytes read / (bandwidth x efficiency) + layers x per-layer cost + per-token cost
+        time per token = bytes read / (bandwidth x efficiency) + layers x per-layer cost
+                         + MoE layers x MoE per-layer cost + per-token cost
 
     ``efficiency`` is per memory class of the card (gpus.yaml memory_type); ``default`` covers classes
-    without measurements. Each pair is (low, high); the low efficiency goes with the high cost."""
+    without measurements. Each pair is (low, high); the low efficiency goes with the high cost. The
+    per-layer costs differ with and without CUDA graphs (``cuda_graphs_for``)."""
 
     engine: str
     efficiency: dict[str, tuple[float, float]]
@@ -444,10 +447,19 @@ class SpeedAssumptions:
     per_layer_us: tuple[float, float]
     per_layer_us_by_class: dict[str, tuple[float, float]]
     per_token_us: tuple[float, float]
-    legacy_per_layer_us: tuple[float, float] | None
+    legacy_per_layer_us: tuple[float, float] | None  # per-layer cost without CUDA graphs
     cost_sources: tuple[str, ...]
     floor_share_offloaded: float
     floor_sources: tuple[str, ...]
+    moe_layer_us: tuple[float, float] = (0.0, 0.0)
+    moe_layer_us_no_graphs: tuple[float, float] | None = None
+    graphs_min_cc: str | None = None  # None: the engine's costs do not depend on CUDA graphs
+    graphs_min_cc_newer_builds: str | None = None
+    graphs_sources: tuple[str, ...] = ()
+    no_dp4a_below_cc: str | None = None
+    no_dp4a_factor: tuple[float, float] = (1.0, 1.0)
+    no_dp4a_sources: tuple[str, ...] = ()
+    floor_share_of_low: float = 0.5
 
     def efficiency_for(self, memory_type: str) -> tuple[str, tuple[float, float]]:
         """(class used, (low, high)) for a card's memory type."""
@@ -456,6 +468,36 @@ class SpeedAssumptions:
 
     def per_layer_for(self, efficiency_class: str) -> tuple[float, float]:
         return self.per_layer_us_by_class.get(efficiency_class, self.per_layer_us)
+
+    def cuda_graphs_for(self, compute_capability: str | None) -> bool | None:
+        """Whether the engine decodes as a CUDA graph on a card: True, False, or None where it depends
+        on the build (the range then spans both)."""
+        if self.graphs_min_cc is None:
+            return True
+        cc = _cc_tuple(compute_capability)
+        if cc is None:
+            return None
+        if cc >= _cc_tuple(self.graphs_min_cc):
+            return True
+        newer = _cc_tuple(self.graphs_min_cc_newer_builds)
+        return None if newer is not None and cc >= newer else False
+
+    def efficiency_factor(self, compute_capability: str | None) -> tuple[float, float]:
+        """(low, high) factor on the efficiency: below 1 on cards without DP4A."""
+        cc, limit = _cc_tuple(compute_capability), _cc_tuple(self.no_dp4a_below_cc)
+        if cc is not None and limit is not None and cc < limit:
+            return self.no_dp4a_factor
+        return (1.0, 1.0)
+
+
+def _cc_tuple(cc: str | None) -> tuple[int, int] | None:
+    if not cc:
+        return None
+    major, _, minor = str(cc).partition(".")
+    try:
+        return int(major), int(minor or 0)
+    except ValueError:
+        return None
 
 
 def _pair(d: dict[str, Any], where: str) -> tuple[float, float]:
@@ -482,19 +524,32 @@ def speed_assumptions(engine: str) -> SpeedAssumptions:
         eff_src[str(cls)] = tuple(d.get("sources", ()))
     if "default" not in eff:
         raise UsageError(f"catalog planner.yaml engines.{engine}.speed.efficiency: needs a default class")
-    legacy = sp.get("legacy_per_layer_us")
+    legacy = sp.get("per_layer_us_no_graphs") or sp.get("legacy_per_layer_us")
+    moe_ng = sp.get("moe_layer_us_no_graphs")
+    graphs = sp.get("cuda_graphs") or {}
+    where = f"engines.{engine}.speed"
     return SpeedAssumptions(
         engine=engine,
         efficiency=eff,
         efficiency_sources=eff_src,
-        per_layer_us=_pair(sp["per_layer_us"], f"engines.{engine}.speed.per_layer_us"),
-        per_layer_us_by_class={str(k): _pair(v, f"engines.{engine}.speed.per_layer_us_by_class.{k}")
+        per_layer_us=_pair(sp["per_layer_us"], f"{where}.per_layer_us"),
+        per_layer_us_by_class={str(k): _pair(v, f"{where}.per_layer_us_by_class.{k}")
                                for k, v in (sp.get("per_layer_us_by_class") or {}).items()},
-        per_token_us=_pair(sp.get("per_token_us") or {"low": 0, "high": 0}, f"engines.{engine}.speed.per_token_us"),
-        legacy_per_layer_us=_pair(legacy, f"engines.{engine}.speed.legacy_per_layer_us") if legacy else None,
+        per_token_us=_pair(sp.get("per_token_us") or {"low": 0, "high": 0}, f"{where}.per_token_us"),
+        legacy_per_layer_us=_pair(legacy, f"{where}.per_layer_us_no_graphs") if legacy else None,
         cost_sources=tuple(sp.get("cost_sources", ())),
         floor_share_offloaded=float(sp.get("floor_share_offloaded", 0.125)),
         floor_sources=tuple(sp.get("floor_sources", ())),
+        moe_layer_us=_pair(sp.get("moe_layer_us") or {"low": 0, "high": 0}, f"{where}.moe_layer_us"),
+        moe_layer_us_no_graphs=_pair(moe_ng, f"{where}.moe_layer_us_no_graphs") if moe_ng else None,
+        graphs_min_cc=str(graphs["min_cc"]) if graphs.get("min_cc") else None,
+        graphs_min_cc_newer_builds=str(graphs["min_cc_newer_builds"]) if graphs.get("min_cc_newer_builds") else None,
+        graphs_sources=tuple(graphs.get("sources", ())),
+        no_dp4a_below_cc=str(sp["no_dp4a_below_cc"]) if sp.get("no_dp4a_below_cc") else None,
+        no_dp4a_factor=_pair(sp.get("no_dp4a_efficiency_factor") or {"low": 1, "high": 1},
+                             f"{where}.no_dp4a_efficiency_factor"),
+        no_dp4a_sources=tuple(sp.get("no_dp4a_sources", ())),
+        floor_share_of_low=float(sp.get("floor_share_of_low", 0.5)),
     )
 
 
@@ -564,9 +619,65 @@ def min_context() -> int:
     return int(_planner_data().get("min_context", 1024))
 
 
+# ------------------------------------------------------------------------- public decode record
+
+
+@dataclass(frozen=True)
+class PublicDecode:
+    """One public batch-1 decode figure (decode_public.yaml), its model and quant resolved."""
+
+    id: str
+    card: Gpu
+    engine: str
+    build: str
+    cuda_graphs: bool | None
+    model: ModelSpec
+    quant: Quant
+    test: str
+    context: int
+    tokps: float
+    offloaded: bool
+    offload: str
+    source: str
+    date: str
+    confidence: str
+    notes: str = ""
+    reads_output_layer: bool = True
+
+
+@functools.cache
+def load_public_decode() -> tuple[PublicDecode, ...]:
+    """The public record of batch-1 decode speed the speed model and the health floor are held to."""
+    data = _read_yaml("decode_public.yaml")
+    shapes = {str(e["name"]): _model_from_entry(e) for e in data.get("shapes") or []}
+    quants = {str(e["name"]): _quant_from_entry(e) for e in data.get("quants") or []}
+    out, seen = [], set()
+    for e in data.get("figures") or []:
+        fid = str(e["id"])
+        if fid in seen:
+            raise UsageError(f"catalog decode_public.yaml: figure id {fid!r} appears twice")
+        seen.add(fid)
+        for key in ("card", "engine", "model", "quant", "context", "tokps", "offloaded", "source", "date"):
+            if e.get(key) is None:
+                raise UsageError(f"catalog decode_public.yaml: figure {fid} lacks {key}")
+        model = shapes.get(str(e["model"])) or find_model(str(e["model"]))
+        quant = quants.get(str(e["quant"])) or find_quant(str(e["quant"]))
+        graphs = e.get("cuda_graphs")
+        out.append(PublicDecode(
+            id=fid, card=find_gpu(str(e["card"])), engine=str(e["engine"]), build=str(e.get("build") or ""),
+            cuda_graphs=None if graphs is None else bool(graphs), model=model, quant=quant,
+            test=str(e.get("test") or ""), context=int(e["context"]), tokps=float(e["tokps"]),
+            offloaded=bool(e["offloaded"]), offload=str(e.get("offload") or ""), source=str(e["source"]),
+            date=str(e["date"]), confidence=str(e.get("confidence") or "U"), notes=str(e.get("notes") or ""),
+            reads_output_layer=bool(e.get("reads_output_layer", True)),
+        ))
+    return tuple(out)
+
+
 __all__ = [
     "FULL", "LINEAR", "SLIDING", "EngineAssumptions", "Gpu", "ModelSpec", "Quant", "engine_assumptions",
     "find_gguf_quant", "find_gpu", "find_model", "find_quant", "ggml_type_bits", "kv_dtypes",
     "layer_types_from_interval", "load_gpus", "load_models", "load_quants", "min_context", "SpeedAssumptions",
     "speed_assumptions", "default_memory_reserved_mib", "ParallelAssumptions", "parallel_assumptions",
+    "PublicDecode", "load_public_decode",
 ]  # fmt: skip
