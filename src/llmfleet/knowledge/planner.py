@@ -800,6 +800,8 @@ class DecodeSpeed:
     efficiency_class: str
     efficiency: tuple[float, float]
     per_layer_us: tuple[float, float]
+    moe_layer_us: tuple[float, float] = (0.0, 0.0)
+    cuda_graphs: bool | None = True
 
 
 def decode_speed(
@@ -812,55 +814,80 @@ def decode_speed(
     host_gbps: tuple[float, float] | None = None,
     legacy: bool = False,
     extra_us: tuple[float, float] = (0.0, 0.0),
+    *,
+    moe_layers: int = 0,
+    cuda_graphs: bool | None = True,
+    compute_capability: str | None = None,
 ) -> DecodeSpeed:
-    """time per token = gpu_bytes / (bandwidth x efficiency) + layers x per-layer cost + per-token
-    cost + host_bytes / host bandwidth; the low speed pairs the low efficiency with the high costs.
-    ``legacy``: llama.cpp builds before CUDA graphs (planner.yaml legacy_per_layer_us). ``extra_us``:
-    (low, high) microseconds per token of communication (all-reduces, network hops) added on top."""
+    """time per token = gpu_bytes / (bandwidth x efficiency) + layers x per-layer cost + MoE layers x
+    MoE per-layer cost + per-token cost + host_bytes / host bandwidth; the low speed pairs the low
+    efficiency with the high costs. ``cuda_graphs``: the build decodes as one CUDA graph (True), launches
+    every kernel from the host (False), or either (None: low end without graphs, high end with);
+    ``legacy`` is the old name of ``cuda_graphs=False``. ``compute_capability`` scales the efficiency
+    on cards without DP4A (planner.yaml no_dp4a_*). ``extra_us``: (low, high) microseconds per token of
+    communication (all-reduces, network hops) added on top."""
     sp = speed_assumptions(engine)
     cls, (e_lo, e_hi) = sp.efficiency_for(memory_type)
-    c_lo, c_hi = (sp.legacy_per_layer_us if legacy and sp.legacy_per_layer_us else sp.per_layer_for(cls))
+    f_lo, f_hi = sp.efficiency_factor(compute_capability)
+    e_lo, e_hi = e_lo * f_lo, e_hi * f_hi
+    graphs = False if legacy else cuda_graphs
+    with_g = sp.per_layer_for(cls)
+    without_g = sp.legacy_per_layer_us or with_g
+    moe_g = sp.moe_layer_us
+    moe_ng = sp.moe_layer_us_no_graphs or moe_g
+    if graphs is True:
+        (c_lo, c_hi), (m_lo, m_hi) = with_g, moe_g
+    elif graphs is False:
+        (c_lo, c_hi), (m_lo, m_hi) = without_g, moe_ng
+    else:
+        (c_lo, c_hi), (m_lo, m_hi) = (with_g[0], without_g[1]), (moe_g[0], moe_ng[1])
     p_lo, p_hi = sp.per_token_us
     bw = bandwidth_gbps * GB
     h_lo, h_hi = host_gbps or (1.0, 1.0)
     x_lo, x_hi = extra_us
-    t_slow = (gpu_bytes / (bw * e_lo) + (layers * c_hi + p_hi + x_hi) * 1e-6
+    t_slow = (gpu_bytes / (bw * e_lo) + (layers * c_hi + moe_layers * m_hi + p_hi + x_hi) * 1e-6
               + (host_bytes / (h_lo * GB) if host_bytes else 0.0))
-    t_fast = (gpu_bytes / (bw * e_hi) + (layers * c_lo + p_lo + x_lo) * 1e-6
+    t_fast = (gpu_bytes / (bw * e_hi) + (layers * c_lo + moe_layers * m_lo + p_lo + x_lo) * 1e-6
               + (host_bytes / (h_hi * GB) if host_bytes else 0.0))
-    return DecodeSpeed(1.0 / t_slow, 1.0 / t_fast, cls, (e_lo, e_hi), (c_lo, c_hi))
+    return DecodeSpeed(1.0 / t_slow, 1.0 / t_fast, cls, (e_lo, e_hi), (c_lo, c_hi), (m_lo, m_hi), graphs)
 
 
 def health_floor(engine: str, gpu: Gpu, read_bytes: float, layer_read_bytes: float, layers: int,
                  offload_gbps: tuple[float, float], gpus: int = 1,
-                 extra_us: tuple[float, float] = (0.0, 0.0)) -> tuple[float, DecodeSpeed, DecodeSpeed, str]:
+                 extra_us: tuple[float, float] = (0.0, 0.0), moe_layers: int = 0,
+                 ) -> tuple[float, DecodeSpeed, DecodeSpeed, str]:
     """(floor tok/s, resident speed, speed with a share of the layers in host memory, why).
 
-    The floor is the fastest the card decodes with ``floor_share_offloaded`` (1/8) of the layers'
-    weights off the GPU (host memory for llama.cpp, PCIe for vLLM): every such offload decodes at or
-    below it. When that is not below the slowest resident prediction, the model cannot tell the two
-    apart on this card: the floor drops to 0.9 x the resident low end and says so."""
+    The default floor is a sanity bound, not a residency test (the engine's load report decides
+    residency; a fleet's own measured floor takes over where it has history): ``floor_share_of_low``
+    (0.5) x the slowest resident prediction for the card (its CUDA-graph state, at ``read_bytes``), which
+    sits below every public healthy figure of the card class (catalog decode_public.yaml). It fails gross
+    offloads; whether it also fails an offload of ``floor_share_offloaded`` (1/8) of the layers (host
+    memory for llama.cpp, PCIe for vLLM) depends on the card, and the reason says which."""
     sp = speed_assumptions(engine)
     share = sp.floor_share_offloaded
+    graphs = sp.cuda_graphs_for(gpu.compute_capability)
+    cc = gpu.compute_capability
     per_gpu = read_bytes / gpus
-    resident = decode_speed(engine, gpu.bandwidth_gbps, gpu.memory_type, per_gpu, layers, extra_us=extra_us)
+    resident = decode_speed(engine, gpu.bandwidth_gbps, gpu.memory_type, per_gpu, layers, extra_us=extra_us,
+                            moe_layers=moe_layers, cuda_graphs=graphs, compute_capability=cc)
     off_bytes = layer_read_bytes / gpus * share
+    moves = for_engine(engine).offload_moves_layers
     offloaded = decode_speed(engine, gpu.bandwidth_gbps, gpu.memory_type, per_gpu - off_bytes,
-                             layers - int(layers * share) if for_engine(engine).offload_moves_layers else layers,
-                             host_bytes=off_bytes, host_gbps=offload_gbps, extra_us=extra_us)
-    if offloaded.high < resident.low:
-        thin = resident.low / offloaded.high < 1.1
-        return (offloaded.high, resident, offloaded,
-                f"the fastest decode with {share:.3g} of the layers off the GPU ({offloaded.high:.1f} tok/s): "
-                f"any such offload is slower, every resident run faster ({resident.low:.1f} tok/s at the least)"
-                + ("; the margin is under 10 % on this card (slow memory: an offload costs little), so a busy "
-                   "host can fail the gate: set health.min_tokps from a measured run if it does" if thin else ""))
-    floor = 0.9 * resident.low
-    return (floor, resident, offloaded,
-            f"0.9 x the slowest resident prediction ({resident.low:.1f} tok/s): on this card a {share:.3g} offload "
-            f"({offloaded.low:.1f}-{offloaded.high:.1f} tok/s) overlaps the resident range, so the floor catches "
-            "larger offloads only; set health.min_tokps from a measured run to catch it")
-
+                             layers - int(layers * share) if moves else layers,
+                             host_bytes=off_bytes, host_gbps=offload_gbps, extra_us=extra_us,
+                             moe_layers=moe_layers - int(moe_layers * share) if moves else moe_layers,
+                             cuda_graphs=graphs, compute_capability=cc)
+    floor = sp.floor_share_of_low * resident.low
+    why = (f"{sp.floor_share_of_low:g} x the slowest resident prediction ({resident.low:.1f} tok/s): a sanity bound "
+           "below every public healthy figure of this card class (catalog decode_public.yaml), not a residency "
+           "test; ")
+    if offloaded.high < floor:
+        why += f"it also fails {share:.3g} of the layers off the GPU (at most {offloaded.high:.1f} tok/s)"
+    else:
+        why += (f"{share:.3g} of the layers off the GPU ({offloaded.low:.1f}-{offloaded.high:.1f} tok/s) passes it "
+                "on this card, only larger offloads fail; set health.min_tokps from a measured run to catch smaller ones")
+    return floor, resident, offloaded, why
 
 
 def _round_down(n: int, step: int) -> int:
@@ -1127,19 +1154,29 @@ def _plan(req: PlanRequest, with_suggestions: bool) -> Plan:
     off_gbps = (a.offload_gbps_low, a.offload_gbps_high)
     # The health probe decodes a short answer to a short prompt: its floor is for that context.
     probe_read = weights_read + layout.per_sequence(min(context, HEALTH_PROBE_CONTEXT))
+    moe_layers = sum(1 for i in range(spec.num_layers) if spec.is_moe_layer(i))
     floor, _, eighth, floor_why = health_floor(
         engine, gpu, probe_read * (n if tp else 1), layer_read, spec.num_layers, off_gbps, gpus=n if tp else 1,
-        extra_us=extra)
-    resident_speed = decode_speed(engine, gpu.bandwidth_gbps, gpu.memory_type, read_bytes, spec.num_layers,
-                                  extra_us=extra)
-    expected = (resident_speed.low, resident_speed.high)
+        extra_us=extra, moe_layers=moe_layers)
     sp = speed_assumptions(engine)
+    graphs = sp.cuda_graphs_for(gpu.compute_capability)
+    resident_speed = decode_speed(engine, gpu.bandwidth_gbps, gpu.memory_type, read_bytes, spec.num_layers,
+                                  extra_us=extra, moe_layers=moe_layers, cuda_graphs=graphs,
+                                  compute_capability=gpu.compute_capability)
+    expected = (resident_speed.low, resident_speed.high)
     eff_lo, eff_hi = resident_speed.efficiency
+    graphs_text = {True: "with CUDA graphs", False: "without CUDA graphs",
+                   None: "without CUDA graphs at the low end, with them at the high end (it depends on the build)"}
     eff_text = (
         f"time per token = bytes read / ({gpu.bandwidth_gbps:.0f} GB/s x {eff_lo:.2f}-{eff_hi:.2f}) + "
         f"{spec.num_layers} layers x {resident_speed.per_layer_us[0]:.0f}-{resident_speed.per_layer_us[1]:.0f} us"
+        + (f" + {moe_layers} MoE layers x {resident_speed.moe_layer_us[0]:.0f}-{resident_speed.moe_layer_us[1]:.0f} us"
+           if moe_layers and resident_speed.moe_layer_us[1] else "")
         + (f" + {sp.per_token_us[0] / 1000:.1f}-{sp.per_token_us[1] / 1000:.1f} ms per token" if sp.per_token_us[1] else "")
-        + f" ({engine}, memory class {resident_speed.efficiency_class}): "
+        + f" ({engine}, memory class {resident_speed.efficiency_class}"
+        + (f", {graphs_text[graphs]}" if sp.graphs_min_cc else "")
+        + (", no DP4A on this card" if sp.efficiency_factor(gpu.compute_capability) != (1.0, 1.0) else "")
+        + "): "
         + "; ".join(sp.efficiency_sources.get(resident_speed.efficiency_class, ()) + sp.cost_sources)
         + (f"; split over {devices_n} cards: + {comm.low_us / 1000:.2f}-{comm.high_us / 1000:.2f} ms per token ({comm.text})"
            if comm.text else "")
@@ -1166,8 +1203,11 @@ def _plan(req: PlanRequest, with_suggestions: bool) -> Plan:
         # MoE experts only the active share is read.
         host_read = offload_bytes * min(1.0, weights.read_per_token / max(1, weights.loaded_bytes(engine)))
         gpu_read = max(0.0, read_bytes - host_read)
-        off_speed = decode_speed(engine, gpu.bandwidth_gbps, gpu.memory_type, gpu_read,
-                                 gpu_layers if not tp else spec.num_layers, host_bytes=host_read, host_gbps=off_gbps)
+        on_gpu_layers = gpu_layers if not tp else spec.num_layers
+        off_speed = decode_speed(engine, gpu.bandwidth_gbps, gpu.memory_type, gpu_read, on_gpu_layers,
+                                 host_bytes=host_read, host_gbps=off_gbps,
+                                 moe_layers=moe_layers * on_gpu_layers // max(1, spec.num_layers),
+                                 cuda_graphs=graphs, compute_capability=gpu.compute_capability)
         t_min = gpu_read / bw + host_read / (a.offload_gbps_high * GB)
         t_lo, t_hi = 1.0 / off_speed.low, 1.0 / off_speed.high
         ceiling = 1.0 / t_min
