@@ -12,12 +12,8 @@ PRIVATE = re.compile(r"engines-gpus-drivers\.md|decode-measurements\.md|lab-fact
 # Still citing private notes; being rewritten with the speed model (their public sources are in
 # the same lines, e.g. astroC86/gpu-datasheet, vLLM's docs): shrink this list, never grow it.
 PENDING = {
-    "src/llmfleet/knowledge/catalog/gpus.yaml",
     "src/llmfleet/knowledge/catalog/models.yaml",
-    "src/llmfleet/knowledge/catalog/planner.yaml",
     "src/llmfleet/knowledge/catalog/engines.yaml",
-    "docs/planner.md",
-    "docs/deploy.md",
 }
 
 
