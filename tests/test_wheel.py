@@ -1,4 +1,4 @@
-"""`pip install llmfleet` deploys: the wheel carries the roles, templates and a default images.lock, and an
+"""`pip install llmfleet-ops` deploys: the wheel carries the roles, templates and a default images.lock, and an
 installed llmfleet renders from a folder that holds only an inventory (no checkout anywhere near it).
 
 The lab half (deploying with the installed wheel) is tests/lab/test_service_ops.py.
@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import zipfile
 from pathlib import Path
 
 import pytest
 
-from tests.wheel_fixture import clean_env
+from tests.wheel_fixture import REPO, clean_env
 
 INVENTORY = """\
 all:
@@ -65,6 +66,8 @@ def test_each_declared_dependency_earns_its_place(installed_wheel):
     names = {re.split(r"[<>=!~; \[]", r, maxsplit=1)[0].lower() for r in core}
     assert "docker" not in names  # the lab talks to Docker through its CLI (docs/lab.md says why)
     assert "numpy" not in names and 'numpy<3,>=1.26; extra == "lab"' in meta
+    assert "gguf" not in names and 'gguf<1,>=0.10; extra == "gguf"' in meta  # only where a .gguf file is read
+    assert "cryptography" in names  # inventory/vault.py imports it: declared, not borrowed from paramiko
     modules = {"pyyaml": "yaml", "prometheus-client": "prometheus_client"}
     src = "\n".join(p.read_text() for p in (Path(__file__).resolve().parents[1] / "src").rglob("*.py"))
     for name in sorted(names):
@@ -117,3 +120,67 @@ def test_a_usage_error_from_the_installed_script_is_one_line(installed_wheel, pr
     res = installed_wheel.run("status", "--forks", "abc", "-i", "inventory/", cwd=project)
     assert res.returncode == 2
     assert res.stderr.strip().splitlines() == ["error: --forks: 'abc' is not a whole number, 1 or more"]
+
+
+def test_the_distribution_has_its_own_name_and_a_license(installed_wheel):
+    meta = installed_wheel.metadata()
+    assert re.search(r"^Name: llmfleet-ops$", meta, re.M), meta[:300]
+    assert "License: Apache-2.0" in meta or "License-Expression: Apache-2.0" in meta
+    assert any(n.endswith("LICENSE") and ".dist-info/" in n for n in installed_wheel.names())
+    show = subprocess.run([installed_wheel.python, "-m", "pip", "show", "llmfleet-ops"], capture_output=True,
+                          text=True, timeout=120, env=clean_env())
+    assert show.returncode == 0 and "Name: llmfleet-ops" in show.stdout
+    assert Path(installed_wheel.llmfleet).exists()  # the command keeps its name
+
+
+def readme_pip_block() -> list[str]:
+    """The commands of README's "Install with pip" block, comments dropped."""
+    text = (REPO / "README.md").read_text()
+    section = text.split("## Install with pip", 1)[1]
+    block = section.split("```bash\n", 1)[1].split("```", 1)[0]
+    return [line.split("  #", 1)[0].strip() for line in block.splitlines() if line.strip()]
+
+
+def fixture_lock(images_used: list[str]) -> str:
+    """The packaged images.lock with the images the inventory names pinned, as `images.pin` would leave it
+    (no registry is reachable from a test)."""
+    text = (REPO / "src/llmfleet/images/images.lock").read_text()
+    for n, key in enumerate(images_used, 1):
+        head, sep, tail = text.partition(f"\n  {key}:\n")
+        assert sep, f"{key} is not in the packaged lock"
+        tail = tail.replace("    digest: null\n", f"    digest: sha256:{str(n) * 64}\n", 1)
+        text = head + sep + tail
+    return text
+
+
+def test_the_readme_pip_commands_work_as_written(installed_wheel, tmp_path):
+    """From a folder holding only a copy of inventory/example/: the README's commands, as written."""
+    lines = readme_pip_block()
+    assert lines[0] == "pipx install llmfleet-ops" and "python3 -m pip install llmfleet-ops" in \
+        (REPO / "README.md").read_text()
+    # the install itself: the fixture installed the wheel by that name into a fresh venv (offline)
+    assert lines[1] == "mkdir fleet && cd fleet"
+    env = {**clean_env(), "PATH": f"{installed_wheel.venv / 'bin'}:/usr/bin:/bin", "HOME": str(tmp_path),
+           "COLUMNS": "200", "QWEN32B_API_KEY": "k", "ANSIBLE_CONFIG": str(tmp_path / "none.cfg")}
+    env.pop("ANSIBLE_INVENTORY", None)
+    sh = shutil.which("bash") or "/bin/bash"
+    subprocess.run([sh, "-c", lines[1]], cwd=tmp_path, check=True, env=env, timeout=60)
+    fleet = tmp_path / "fleet"
+    shutil.copytree(REPO / "inventory/example", fleet / "inventory")
+    ran = []
+    for line in lines[2:]:
+        if line.startswith("llmfleet images.pin"):
+            (fleet / "images.lock").write_text(fixture_lock(["vllm:0.19.1-volta", "llamacpp:b5000-cu122"]))
+            ran.append(line)
+            continue
+        res = subprocess.run([sh, "-c", line], cwd=fleet, capture_output=True, text=True, timeout=180, env=env)
+        assert "Traceback" not in res.stderr, (line, res.stderr[-2000:])
+        if line.startswith("llmfleet deploy"):
+            # everything up to the connection works; this machine has no key for the example's hosts
+            assert res.returncode == 1, (line, res.stdout[-2000:], res.stderr[-2000:])
+            assert "ansible_ssh_private_key_file" in res.stdout + res.stderr
+        else:
+            assert res.returncode == 0, (line, res.stdout[-2000:], res.stderr[-2000:])
+        ran.append(line)
+    assert any(x.startswith("llmfleet render") for x in ran) and any(x.startswith("llmfleet deploy") for x in ran)
+    assert sorted(p.name for p in fleet.iterdir()) == ["images.lock", "inventory"]  # nothing else left behind

@@ -5,7 +5,7 @@ The wheel is installed with ``--no-deps``; its dependencies come from the virtua
 added as a plain path (a ``.pth`` line: that folder's own ``.pth`` files, the checkout's editable
 install among them, are not read), so ``import llmfleet`` can only find the wheel. With
 ``LLMFLEET_TEST_WHEEL_DEPS=pip`` pip resolves and installs the dependencies too, as a user's
-``pip install llmfleet`` would (from the package index pip is configured with; slower).
+``pip install llmfleet-ops`` would (from the package index pip is configured with; slower).
 """
 
 from __future__ import annotations
@@ -66,18 +66,19 @@ def build_and_install(tmp: Path) -> InstalledWheel:
     # share setuptools' build/ folder, and the checkout is left as it was.
     source = tmp / "source"
     shutil.copytree(REPO / "src", source / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy2(REPO / name, source / name)
     dist = tmp / "dist"
     _run([sys.executable, "-m", "build", "--wheel", "--outdir", str(dist), str(source)], timeout=600)
-    (wheel,) = dist.glob("llmfleet-*.whl")
+    (wheel,) = dist.glob("llmfleet_ops-*.whl")
     venv = tmp / "venv"
     _run([sys.executable, "-m", "venv", str(venv)], timeout=300)
     pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
     if os.environ.get("LLMFLEET_TEST_WHEEL_DEPS") == "pip":
-        _run([*pip, str(wheel)], timeout=900)
+        _run([*pip, "--find-links", str(dist), "llmfleet-ops"], timeout=900)
     else:
-        _run([*pip, "--no-deps", "--no-index", str(wheel)], timeout=300)
+        # by its distribution name, as a user's `pip install llmfleet-ops` would (offline: from dist/)
+        _run([*pip, "--no-deps", "--no-index", "--find-links", str(dist), "llmfleet-ops"], timeout=300)
         site = Path(_run([str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"])
                     .stdout.strip())
         (site / "llmfleet-test-deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
