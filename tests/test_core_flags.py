@@ -190,3 +190,14 @@ def test_the_connection_detector_sees_a_connection(no_network, capsys):
                            capsys)
     assert code != 0 and no_network, "no connection attempt was recorded"
     no_network.clear()
+
+
+def test_warnings_and_check_findings_name_the_command_typed(tmp_path):
+    """`inventory --check` warnings, like errors, say `llmfleet images.pin` when llmfleet was typed."""
+    import shutil
+
+    shutil.copytree(REPO / "inventory/example", tmp_path / "inventory")
+    res = subprocess.run([LLMFLEET, "inventory", "--check"], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                         env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+    assert res.returncode == 0, res.stderr
+    assert "`llmfleet images.pin`" in res.stderr and "`invoke " not in res.stderr

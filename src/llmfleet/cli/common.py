@@ -58,7 +58,9 @@ def _show_warning(message, category, filename, lineno, file=None, line=None):  #
     from llmfleet.inventory.values import InventoryWarning
 
     if issubclass(category, InventoryWarning):
-        err_console.print(f"[yellow]warning[/yellow]: {escape(str(message))}")
+        from llmfleet.cli.flags import hints
+
+        err_console.print(f"[yellow]warning[/yellow]: {escape(hints(str(message)))}")
     else:
         _default_show_warning(message, category, filename, lineno, file, line)
 

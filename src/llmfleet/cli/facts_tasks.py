@@ -15,7 +15,7 @@ from llmfleet.cli.common import (
     select_hosts,
     unreachable_entry,
 )
-from llmfleet.cli.flags import fleet_task
+from llmfleet.cli.flags import fleet_task, hints
 from llmfleet.errors import RemoteError, UsageError
 from llmfleet.suggest import did_you_mean
 
@@ -289,5 +289,5 @@ def _print_report(r) -> None:
         t.add_column(col, overflow="fold")
     for ch in r.checks:
         style = _STYLE.get(ch.status, "")
-        t.add_row(ch.id, f"[{style}]{ch.status.upper()}[/]", escape(ch.message), escape(ch.fix))
+        t.add_row(ch.id, f"[{style}]{ch.status.upper()}[/]", escape(hints(ch.message)), escape(hints(ch.fix)))
     console.print(t)

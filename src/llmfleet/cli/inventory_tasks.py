@@ -89,10 +89,12 @@ def inventory(c, inventory=None, list=False, host=None, check=False, limit=None,
             addr = r.address or "?"
             table.add_row(escape(h.name), escape(addr), escape(", ".join(h.groups) or "ungrouped"), escape(svc))
         console.print(table)
+        from llmfleet.cli.flags import hints
+
         for f in warnings:
-            err_console.print(f"[yellow]warning[/yellow]: {escape(f.message)}")
+            err_console.print(f"[yellow]warning[/yellow]: {escape(hints(f.message))}")
         for f in errors[:-1]:
-            err_console.print(f"error: {escape(f.message)}")
+            err_console.print(f"error: {escape(hints(f.message))}")
     if errors:
         # bad input: exit 2; one line per error (the last one through the error handler)
         raise InventoryError(f"{len(errors)} error(s) in {inv.path}" if json else errors[-1].message)
