@@ -156,3 +156,36 @@ def test_topo_without_matrix_flag_is_refused_and_a_dead_driver_fails():
     cfg = gpu_sim_config("h", "Tesla P40", "535", 2)
     assert sim.run(["topo"], cfg, "x")[1] == 2
     assert sim.run(["topo", "-m"], cfg, "x", driver_dead=True) == (sim.DEAD_DRIVER_MESSAGE, sim.DEAD_DRIVER_RC)
+
+
+@pytest.mark.parametrize(
+    ("argv", "procs", "out", "rc"),
+    [
+        (["--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+         [{"pid": 812, "name": "llama-server", "used_mib": 41}], "812, 41\n", 0),
+        (["--query-compute-apps=pid,process_name,used_memory", "--format=csv"],
+         [{"pid": 812, "name": "llama-server", "used_mib": 41}],
+         "pid, process_name, used_memory [MiB]\n812, llama-server, 41 MiB\n", 0),
+        # no engine running: the header only, as the real nvidia-smi prints it
+        (["--query-compute-apps=pid,used_memory", "--format=csv"], [], "pid, used_memory [MiB]\n", 0),
+        # /proc unreadable: it says so instead of inventing figures
+        (["--query-compute-apps=pid,used_memory", "--format=csv"], None, sim.CANNOT_READ_PROCS, 3),
+        (["--query-compute-apps=pid,bogus", "--format=csv"], [], 'Field "bogus" is not a valid field to query.\n\n', 2),
+        (["--query-compute-apps=pid"], [], "Option --format must be specified when using --query-compute-apps.\n", 2),
+    ],
+)
+def test_compute_apps_from_the_container_processes(argv, procs, out, rc):
+    cfg = gpu_sim_config("h", "Tesla V100-SXM2-32GB", "535", 1)
+    assert sim.run(argv, cfg, "now", procs=lambda: procs) == (out, rc)
+
+
+def test_container_processes_reads_only_docker_containers(tmp_path):
+    for pid, cg, rss in ((10, "0::/system.slice/docker-abc.scope", 42000), (11, "0::/init.scope", 9000),
+                         (12, "0::/docker/def", 0)):
+        d = tmp_path / str(pid)
+        d.mkdir()
+        (d / "cgroup").write_text(cg + "\n")
+        (d / "status").write_text(f"Name:\tx\nVmRSS:\t{rss} kB\n")
+        (d / "comm").write_text("llama-server\n")
+    assert sim.container_processes(str(tmp_path)) == [{"pid": 10, "name": "llama-server", "used_mib": 41}]
+    assert sim.container_processes(str(tmp_path / "missing")) is None

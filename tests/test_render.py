@@ -545,3 +545,21 @@ def test_compiled_templates_are_kept_in_a_private_cache_and_used_only_from_there
     folder.chmod(0o777)
     assert rendered() == '"n" on 1\n'
     assert kept.read_bytes() == planted
+
+
+@pytest.mark.parametrize(
+    ("engine_args", "env_value"),
+    [
+        ([], "sk-abc123"),
+        (["-lv", "3"], "sk-abc123"),
+        (["-lv", "4"], "sk-abc123,sk-abc123"),  # llama-server would log "****c123" for a single key
+        (["--verbosity=5"], "sk-abc123,sk-abc123"),
+    ],
+)
+def test_a_verbose_llama_server_gets_the_key_listed_twice_so_no_fragment_reaches_its_log(engine_args, env_value):
+    hs = _settings(engine="llamacpp", image="llamacpp:b5000-cu122", model_path="/m.gguf",
+                   api_key={"from_env": "X"}, engine_args=engine_args)
+    s = hs.services[0]
+    r = render(s, hs, resolve(s.image, LOCK), api_key="sk-abc123")
+    assert f"LLAMA_API_KEY='{env_value}'\n" in r.files["service.env"]
+    assert "abc123" not in r.files["compose.yml"]

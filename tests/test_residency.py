@@ -134,6 +134,13 @@ def test_llamacpp_older_builds_and_odd_bytes(text, field, value):
     assert getattr(parse_llamacpp(text), field) == value
 
 
+def test_vllm_lab_cpu_log_is_read():
+    """vLLM 0.32 on the CPU prints the KV tokens and the concurrency on one line, and no weights size."""
+    rep = parse_vllm(log("vllm-lab-cpu-0.32.0.log"))
+    assert rep.kv_tokens == 2_097_152 and rep.max_concurrency == (512, 4096.0) and rep.build == "0.32.0"
+    assert rep.weights_gib is None and any("Model loading took" in u for u in rep.unread)
+
+
 def test_vllm_load_lines():
     rep = parse_vllm(VLLM_LOG)
     assert rep.weights_gib == pytest.approx(5.211) and rep.kv_tokens == 842016
@@ -236,6 +243,9 @@ def _apps(mib: float | None) -> ComputeApps:
         (VLLM_LOG, VPLAN, _apps(130000), "gpu", "pass", None, "KV cache 842,016 tokens >= 262,144"),
         (VLLM_LOG, PlanSummary(**{**VPLAN.__dict__, "concurrency": 32}), _apps(130000), "gpu", "fail", "kv",
          "GPU KV cache size: 842,016 tokens"),
+        # the lab's vLLM CPU engine: KV capacity compared, the missing weights line a WARN naming it
+        (log("vllm-lab-cpu-0.32.0.log"), PlanSummary(engine="vllm", context=512, concurrency=2), _apps(900), "cpu",
+         "warn", "log", "KV cache 2,097,152 tokens >= 1,024"),
     ],
 )
 def test_judge(text, plan, apps, mode, status, what, says):

@@ -83,7 +83,7 @@ def test_deploys_and_answers_end_to_end_on_the_cpu_backend(t4, tmp_path):
     assert o.result == "deployed", (o.reason, lines[-20:])
     h = o.health[SERVICE]
     assert h["result"] == "healthy" and h["decode_tokps"] > 0
-    assert [s["name"] for s in h["stages"]] == ["unit", "container", "health", "models", "completion"]
+    assert [s["name"] for s in h["stages"]] == ["unit", "container", "health", "models", "residency", "completion"]
     # no driver library in the lab: ggml-cuda does not load (silently, in a release build) and the server
     # runs on the CPU backend it loaded beside it. The serving process's own memory map says which
     # backend libraries it loaded (this build logs backend loading only at verbosity 4, from a log

@@ -74,7 +74,15 @@ def test_first_deploy(ctx):
     assert st.current == rid and st.releases[rid].healthy and st.unit == "active"
     h = o.health["tiny"]
     assert h["result"] == "healthy" and h["decode_tokps"] > 0 and h["ttft_s"] is not None
-    assert [s["name"] for s in h["stages"]] == ["unit", "container", "health", "models", "completion"]
+    assert [s["name"] for s in h["stages"]] == ["unit", "container", "health", "models", "residency", "completion"]
+    # the engine's own load report, read back and compared with the plan (the lab's CPU engine keeps its
+    # layers in host memory by design: llmfleet_health_residency: cpu in the lab inventory)
+    res = h["residency"]
+    assert res["status"] == "pass" and res["mode"] == "cpu", res
+    rep = res["engine_report"]
+    assert rep["layers_offloaded"] == rep["layers_total"] and rep["kv_cells"] >= 512 and rep["build"]
+    assert any(f["what"] == "layers" and f["status"] == "pass" for f in res["findings"])
+    assert res.get("gpu_memory_mib", 0) > 0  # the nvidia-smi simulator's witness: the engine's real memory
     # the secrets file is 0600 in the release folder; the manifest names the digest and who
     mode = ctx.lab.exec(HOST, ["stat", "-c", "%a", f"{ROOT}/services/tiny/releases/{rid}/service.env"]).stdout.strip()
     assert mode == "600"
@@ -222,6 +230,37 @@ def test_ctrl_c_during_the_health_check_goes_back_to_the_old_release(ctx):
     assert ctx.lab.exec(HOST, ["test", "-d", f"{ROOT}/locks/deploy"], check=False).returncode != 0  # unlocked
     last = ctx.audit()[-1]
     assert last["result"] == "rolled_back" and "interrupted" in last["detail"]
+
+
+def test_fewer_gpu_layers_than_the_model_has_are_rolled_back_by_the_engines_own_report(ctx):
+    """-ngl below the model's layer count: the engine says so in its load log, and the deploy goes back
+    although the speed clears the floor (the CPU engine decodes fast either way)."""
+    good = ctx.state().current
+    o = ctx.deploy(overrides={"engine_args": ["-ngl", "1"], "health": FAST_HEALTH})
+    assert o.result == "rolled_back", o.reason
+    assert "stage residency failed" in o.reason and "offloaded 1/3 layers to GPU" in o.reason, o.reason
+    assert f"back on release {good}" in o.reason
+    h = o.health["tiny"]
+    assert h["residency"]["engine_report"]["layers_offloaded"] == 1
+    assert "completion" not in [s["name"] for s in h["stages"]]  # decided before any speed was measured
+    assert ctx.state().current == good and ctx.health_now() == 200
+
+
+def test_a_second_deploy_is_gated_by_the_first_ones_measured_speed(ctx):
+    """No floor set on the service or host: the fleet's own healthy runs of this combination set it.
+    The lab's runs decode at hundreds of tok/s, so 0.6 x their median fails a release that the planner's
+    floor alone would pass; the floor names the runs it came from."""
+    good = ctx.state().current
+    gated = {k: v for k, v in FAST_HEALTH.items() if k != "min_tokps"}
+    o = ctx.deploy(overrides={"health": gated, "engine_args": ["--ctx-size", "448"]})
+    floor_lines = [ln for ln in ctx.lines if "decode floor from the fleet" in ln]
+    assert floor_lines and "healthy runs" in floor_lines[0] and HOST in floor_lines[0], ctx.lines
+    h = o.health["tiny"]
+    assert "healthy runs" in h.get("floor_source", ""), h
+    if o.result == "deployed":  # it decoded at its usual speed: above 0.6 x the median
+        assert h["decode_tokps"] >= h["floor_tokps"]
+    else:  # a busy shared machine slowed it below the fleet's floor: the floor said why
+        assert o.result == "rolled_back" and "median" in o.reason and ctx.state().current == good
 
 
 def test_decode_below_the_floor_is_not_resident_and_rolls_back(ctx):
@@ -410,6 +449,10 @@ def test_vllm_first_deploy_and_no_change_redeploy(lab, ctx):
     assert o.result == "deployed", o.reason + "\n" + "\n".join(ctx.lines[-20:])
     h = o.health["tiny-vllm"]
     assert h["result"] == "healthy" and h["tokens"] > 0
+    # vLLM's own KV capacity, read from its log and compared with what the command line asks
+    res = h["residency"]
+    assert res["engine_report"]["kv_tokens"] >= 512 * 2, res
+    assert any(f["what"] == "kv" and f["status"] == "pass" and ">= 1,024" in f["message"] for f in res["findings"])
     before = ctx.started_at(VLLM_HOST, "llmfleet-tiny-vllm")
     again = ctx.deploy(host=VLLM_HOST, overrides=slow)
     assert again.result == "unchanged"

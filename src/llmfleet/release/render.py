@@ -90,6 +90,10 @@ class Role:
     container: dict[str, Any] = field(default_factory=dict)
     cluster: dict[str, Any] = field(default_factory=dict)  # multi-host serving; empty: none
     worker_template: str | None = None  # templates/worker.yml.j2: what a worker host runs
+    # The engine prints a fragment of a single API key at this log verbosity or above; the key is then
+    # listed twice (the engine reads a comma-separated list) so it prints only the count. None: never.
+    api_key_listed_from_verbosity: int | None = None
+    verbosity_flags: tuple[str, ...] = ()
 
     def flag(self, name: str) -> Flag | None:
         for f in self.flags:
@@ -158,6 +162,9 @@ def _load_role(engine: str, dirs: tuple[str, ...]) -> Role:
         template=template,
         container=dict(d.get("container") or {}),
         cluster=dict(d.get("cluster") or {}),
+        api_key_listed_from_verbosity=(int(d["api_key_listed_from_verbosity"])
+                                       if d.get("api_key_listed_from_verbosity") is not None else None),
+        verbosity_flags=tuple(str(x) for x in d.get("verbosity_flags", [])),
         worker_template=wtpl.read_text(encoding="utf-8") if wtpl.is_file() else None,
     )
 
@@ -289,6 +296,25 @@ def plan_summary(plan: Plan | PlanSummary | None) -> dict[str, Any] | None:
         return None
     data = plan.to_dict() if hasattr(plan, "to_dict") else dataclasses.asdict(plan)
     return json.loads(json.dumps(data, default=str))
+
+
+def api_key_value(role: Role, api_key: str, args: list[str]) -> str:
+    """The API key as the env file gives it to the engine: listed twice where the engine would log a
+    fragment of a single key at the verbosity the command line sets (llama-server at -lv 4 logs
+    ``api_keys: ****`` and the last four characters, tools/server/server-http.cpp; with two keys it
+    logs only their count). Both entries are the same key: no other key is accepted."""
+    level = role.api_key_listed_from_verbosity
+    if level is None or "," in api_key:
+        return api_key
+    value = None
+    for i, a in enumerate(args):
+        if a in role.verbosity_flags and i + 1 < len(args):
+            value = args[i + 1]
+        elif "=" in a and a.split("=", 1)[0] in role.verbosity_flags:
+            value = a.split("=", 1)[1]
+    if value is not None and value.lstrip("-").isdigit() and int(value) >= level:
+        return f"{api_key},{api_key}"
+    return api_key
 
 
 # ---------------------------------------------------------------------------------------------
@@ -574,7 +600,7 @@ def render(
         timeout_start=service.health.load_timeout_s + 120,
         timeout_stop=unit_stop_timeout_s(service),
     )
-    secrets = {role.api_key_env: api_key} if api_key is not None else {}
+    secrets = {role.api_key_env: api_key_value(role, api_key, args)} if api_key is not None else {}
     env_text = _template(template_text("service.env.j2", templates_dir)).render(service_name=service.name, secrets=secrets)
 
     unit_file = unit_name(service)

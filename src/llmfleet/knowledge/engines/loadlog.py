@@ -217,7 +217,7 @@ def parse_llamacpp(text: str) -> LoadReport:
 
 VLLM_GREP = (r"Model loading took|Loading model weights took|KV cache memory|KV cache size|Maximum concurrency|"
              r"backend|Kernel for|MoE config|configuration from .* for MoE|vLLM API server version|"
-             r"GPU blocks|CPU blocks")
+             r"LLM engine \(v|GPU blocks|CPU blocks")
 
 _RE_V_WEIGHTS = re.compile(r"(?:Model loading took|Loading model weights took) ([\d.]+) ?(GiB|GB|MiB)")
 _RE_V_KVMEM = re.compile(r"Available KV cache memory: ([\d.]+) ?(GiB|GB|MiB)")
@@ -227,7 +227,7 @@ _RE_V_BLOCKS = re.compile(r"# GPU blocks: (\d+)")
 _RE_V_BACKEND = re.compile(r"Using ([A-Za-z0-9_.]+?|[A-Za-z0-9_ ]+?) (?:attention )?backend")
 _RE_V_KERNEL = re.compile(r"Using (\w+Kernel) for (\w+)")
 _RE_V_MOE = re.compile(r"Using (default MoE config)|Using configuration from (\S+) for MoE layer")
-_RE_V_VERSION = re.compile(r"vLLM API server version:? ?v?([\w.+-]+)")
+_RE_V_VERSION = re.compile(r"vLLM API server version:? ?v?([\w.+-]+)|LLM engine \(v([\w.+-]+)\)")
 
 
 def _gib(value: str, unit: str) -> float | None:
@@ -257,10 +257,9 @@ def parse_vllm(text: str) -> LoadReport:
             lines["kv_memory"] = ln
             continue
         m = _RE_V_KVTOK.search(ln)
-        if m:
+        if m:  # newer releases print the concurrency on the same line
             d["kv_tokens"] = _int(m.group(1))
             lines["kv"] = ln
-            continue
         m = _RE_V_CONC.search(ln)
         if m:
             tokens, x = _int(m.group(1)), _num(m.group(2))
@@ -284,7 +283,7 @@ def parse_vllm(text: str) -> LoadReport:
             continue
         m = _RE_V_VERSION.search(ln)
         if m:
-            d["build"] = m.group(1)
+            d["build"] = m.group(1) or m.group(2)
             lines["build"] = ln
             continue
         m = _RE_V_BLOCKS.search(ln)
