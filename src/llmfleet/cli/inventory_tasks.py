@@ -32,7 +32,7 @@ def _lock_for(c, inv):
     iterable=["inventory"],
     help={
         "inventory": "inventory source: file, folder, script or 'h1,h2,' host list; repeat -i to merge several "
-                     "(default: llmfleet.inventory in invoke.yaml, 'inventory/lab/')",
+                     "(default: as Ansible finds it: ANSIBLE_INVENTORY, ansible.cfg, ./inventory)",
         "list": "print every group and host as JSON, like `ansible-inventory --list`",
         "host": "print one host's merged variables as JSON, like `ansible-inventory --host NAME`",
         "check": "validate everything checkable offline (schema, catalogs, images.lock, GPUs, ports, plans); "
