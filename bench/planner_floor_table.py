@@ -1,6 +1,7 @@
 """Print (or write into docs/planner.md) the health-floor table: per catalog card, the speed model's
-resident decode range for Llama-3.1-8B Q4_K_M on llama.cpp at the health probe's context, the fastest
-decode with one eighth of the layers in host memory, and the floor a deploy applies.
+resident decode range for Llama-3.1-8B Q4_K_M on llama.cpp at the health probe's context, the range
+with one eighth of the layers in host memory, the default floor a deploy applies (0.5 x the resident
+low end) and whether that floor catches such an offload (always / sometimes / no).
 
 Pure arithmetic from the catalogs (no GPU). Run: python bench/planner_floor_table.py [--write]
 tests/test_planner_models.py checks the docs table equals this output.
