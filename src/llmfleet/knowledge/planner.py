@@ -1177,7 +1177,8 @@ def _plan(req: PlanRequest, with_suggestions: bool) -> Plan:
         + (f", {graphs_text[graphs]}" if sp.graphs_min_cc else "")
         + (", no DP4A on this card" if sp.efficiency_factor(gpu.compute_capability) != (1.0, 1.0) else "")
         + "): "
-        + "; ".join(sp.efficiency_sources.get(resident_speed.efficiency_class, ()) + sp.cost_sources)
+        + "; ".join(sp.efficiency_sources.get(resident_speed.efficiency_class, ()) + sp.cost_sources
+                    + (sp.no_dp4a_sources if sp.efficiency_factor(gpu.compute_capability) != (1.0, 1.0) else ()))
         + (f"; split over {devices_n} cards: + {comm.low_us / 1000:.2f}-{comm.high_us / 1000:.2f} ms per token ({comm.text})"
            if comm.text else "")
     )
