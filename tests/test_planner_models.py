@@ -2,7 +2,7 @@
 
 Sources are named next to each figure: model cards (parameter counts), published GGUF file sizes
 (bartowski and llama-bench listings), llama.cpp's src/llama-quant.cpp (llama_tensor_get_type),
-llama.cpp PR tables (batch-1 decode speed), decode-measurements.md (H200 runs) and a device run
+llama.cpp PR tables and catalog/decode_public.yaml (batch-1 decode speed), the H200 runs measured by llmfleet and a device run
 (CUDA-visible memory on an H200).
 """
 
@@ -252,7 +252,7 @@ def test_llama_bench_file_sizes_of_the_speed_figures():
     for model, quant, gib in (("llama-2-7b", find_quant("q4_0"), 3.56), ("llama-2-7b", find_quant("f16-gguf"), 12.55),
                               ("llama-3.1-8b-instruct", find_quant("q4_0"), 4.33)):
         assert compute_weights(find_model(model), quant).total_bytes / GIB == pytest.approx(gib, abs=0.01), model
-    # decode-measurements.md: random-weight "all matrices Q4_0" files of 4.29 and 18.43 GB
+    # measured on an H200 by llmfleet, 2026-12-01: random-weight "all matrices Q4_0" files of 4.29 and 18.43 GB
     for model, gb in (("qwen2.5-7b-instruct", 4.29), ("qwen2.5-32b-instruct", 18.43)):
         assert compute_weights(find_model(model), pure_q4_0).total_bytes / GB == pytest.approx(gb, rel=0.005)
 
