@@ -66,7 +66,7 @@ def test_each_declared_dependency_earns_its_place(installed_wheel):
     names = {re.split(r"[<>=!~; \[]", r, maxsplit=1)[0].lower() for r in core}
     assert "docker" not in names  # the lab talks to Docker through its CLI (docs/lab.md says why)
     assert "numpy" not in names and 'numpy<3,>=1.26; extra == "lab"' in meta
-    assert "gguf" not in names and 'gguf<1,>=0.10; extra == "gguf"' in meta  # only where a .gguf file is read
+    assert "gguf" not in names and 'gguf<1,>=0.10; extra == "lab"' in meta  # the lab writes GGUF; reading needs none
     assert "cryptography" in names  # inventory/vault.py imports it: declared, not borrowed from paramiko
     modules = {"pyyaml": "yaml", "prometheus-client": "prometheus_client"}
     src = "\n".join(p.read_text() for p in (Path(__file__).resolve().parents[1] / "src").rglob("*.py"))

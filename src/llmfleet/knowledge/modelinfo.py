@@ -4,7 +4,7 @@
   ``text_config``), its ``quantization_config``, and the safetensors headers (the first 8 bytes give
   the length of a JSON table of every tensor's dtype, shape and byte range; nothing else is read).
   When only ``model.safetensors.index.json`` is present its ``metadata.total_size`` is used.
-- GGUF file (the ``gguf`` extra): the header and tensor table through the ``gguf`` package (architecture, shapes, the
+- GGUF file: the header and tensor table (``gguf_header``, the standard library only) (architecture, shapes, the
   file type, each tensor's ggml type and byte size). The tensor data is memory-mapped, never read.
 
 Returns a ``catalog.ModelSpec`` with ``origin`` "hf" or "gguf" and the ``file_*`` figures set, so
@@ -353,13 +353,10 @@ def _per_layer(value: Any, n: int) -> list[int] | None:
 
 
 def read_gguf(path: Path) -> ModelSpec:
+    from llmfleet.knowledge.gguf_header import GGUFHeader  # the standard library only: no gguf, no numpy
+
     try:
-        from gguf import GGUFReader
-    except ImportError:  # gguf (and numpy) are an extra: a deploy never reads a local .gguf file
-        raise UsageError(f"{path}: reading a .gguf file's header needs the gguf extra: "
-                         "pip install 'llmfleet-ops[gguf]' (or give the catalog model and --quant)") from None
-    try:
-        reader = GGUFReader(str(path), "r")
+        reader = GGUFHeader(str(path), "r")
     except Exception as exc:
         raise UsageError(f"{path}: not a readable GGUF file ({type(exc).__name__}: {exc})") from None
     arch = _field(reader, "general.architecture")
