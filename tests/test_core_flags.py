@@ -173,6 +173,11 @@ def test_a_closed_pipe_ends_quietly(tmp_path):
                          capture_output=True, text=True, timeout=60)
     assert res.stderr == "", res.stderr
     assert res.stdout.strip() == "Subcommands:"
+    # the reader gone before a byte is written: every write meets a closed pipe
+    p = subprocess.Popen([LLMFLEET, "--list"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdout.close()
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=60) == 141 and err == "", err
 
 
 def test_hints_name_the_command_typed(no_network, capsys):
