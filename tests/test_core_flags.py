@@ -206,3 +206,24 @@ def test_warnings_and_check_findings_name_the_command_typed(tmp_path):
                          env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
     assert res.returncode == 0, res.stderr
     assert "`llmfleet images.pin`" in res.stderr and "`invoke " not in res.stderr
+
+
+def test_under_invoke_a_missing_or_broken_config_file_is_one_line(tmp_path):
+    """The stock `invoke` program (tasks.py) too: -f that is not there, a malformed -f or invoke.yaml."""
+    import shutil
+
+    (tmp_path / "broken.yaml").write_text("a: [\n")
+    project = tmp_path / "project"
+    project.mkdir()
+    shutil.copy(REPO / "tasks.py", project / "tasks.py")
+    (project / "invoke.yaml").write_text("llmfleet:\n  x: [\n")
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": str(REPO / "src")}
+    for argv, cwd, says in (
+        (["-f", "/nonexistent.yaml", "status"], REPO, "error: -f /nonexistent.yaml: no such config file"),
+        (["-f", str(tmp_path / "broken.yaml"), "status"], REPO, "broken.yaml line 2: not valid YAML"),
+        (["--list"], project, "invoke.yaml line 3: not valid YAML"),
+    ):
+        res = subprocess.run([sys.executable, "-m", "invoke", *argv], cwd=cwd, capture_output=True, text=True,
+                             timeout=60, env=env)
+        assert res.returncode == 2, (argv, res.stderr[-2000:])
+        assert res.stderr.strip().splitlines() == [res.stderr.strip()] and says in res.stderr, (argv, res.stderr)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -334,6 +335,34 @@ def install() -> None:
                 raise Exit(refusal(f"--{name}", _prog(self)), code=2)
         return cleanup(self)
 
+    update = Program.update_config
+
+    @functools.wraps(update)
+    def update_config_checked(self: Program, merge: bool = True) -> Any:
+        # `invoke -f FILE`: a file that is not there is an error, not silently skipped
+        path = self.args.config.value if "config" in self.args else None
+        if path and not os.path.exists(os.path.expanduser(str(path))):
+            raise Exit(f"error: -f {path}: no such config file", code=2)
+        return update(self, merge)
+
+    from invoke.config import Config
+
+    load_yaml = Config._load_yaml
+
+    @functools.wraps(load_yaml)
+    def load_yaml_one_line(self: Config, path: Any) -> Any:
+        import invoke.config
+
+        try:
+            return load_yaml(self, path)
+        except invoke.config.yaml.YAMLError as exc:  # Invoke's own (vendored) yaml  # a malformed invoke.yaml under `invoke`: one line naming file and line
+            mark = getattr(exc, "problem_mark", None)
+            where = f" line {mark.line + 1}" if mark is not None else ""
+            raise Exit(f"error: {path}{where}: not valid YAML ({getattr(exc, 'problem', None) or exc})",
+                       code=2) from None
+
+    Program.update_config = update_config_checked
+    Config._load_yaml = load_yaml_one_line
     Program.run = run_naming_the_program
     Program.parse_cleanup = cleanup_refusing
     Program.parse_tasks = exit_2(Program.parse_tasks)
