@@ -10,7 +10,7 @@ from pathlib import Path
 from invoke import Collection
 
 from llmfleet.cli.common import cfg, console, err_console, inventory_path, print_json
-from llmfleet.cli.flags import fleet_task
+from llmfleet.cli.flags import fleet_task, hints
 from llmfleet.errors import CheckFailed, UsageError
 
 
@@ -249,7 +249,7 @@ def build(c, name, resolve_base=False, build_arg=None, tag=None, dry_run=False, 
                       + (f"; torch {result.torch} {' '.join(result.torch_archs)}" if result.torch else ""))
     except CheckFailed as exc:
         err_console.print(f"could not inspect {ref}: {exc}")
-    console.print(f"built {ref}; pin it with `invoke images.pin {spec.catalog_key.replace(':', '=', 1)} --inspect`")
+    console.print(hints(f"built {ref}; pin it with `invoke images.pin {spec.catalog_key.replace(':', '=', 1)} --inspect`"))
 
 
 def _inspect_pinned(entries: list, specs: list, path: Path, *, quiet: bool) -> list:

@@ -8,7 +8,7 @@ from pathlib import Path
 from invoke import Collection
 
 from llmfleet.cli.common import console, inventory_path, new_table, print_json
-from llmfleet.cli.flags import fleet_task
+from llmfleet.cli.flags import fleet_task, hints
 from llmfleet.errors import UsageError
 from llmfleet.lab import paths
 
@@ -66,7 +66,7 @@ def setup(c, vllm=False, cu118=False, cu118_archs=None, quiet=False, json=False)
         console.print(f"pinned {key} {digest}")
     for key in report.unpinned:
         flag = "--cu118" if key == lab_setup.CU118_KEY else "--vllm"
-        console.print(f"[yellow]not built[/yellow] {key} (listed unpinned; `invoke lab.setup {flag}` builds it)")
+        console.print(hints(f"[yellow]not built[/yellow] {key} (listed unpinned; `invoke lab.setup {flag}` builds it)"))
     console.print(f"lock {report.lock}; container mode {report.mode}; {report.seconds}s")
 
 
@@ -131,10 +131,10 @@ def status(c, name=None, json=False):
     for r in rows:
         ssh = f"127.0.0.1:{r.port}" + ("" if r.ssh else " (down)") if r.port else "-"
         table.add_row(r.name, r.state, ssh, r.ip or "-", r.gpu or "-", f"{r.mem_mib:.0f}" if r.mem_mib is not None else "-")
-    console.print(table if rows else f"lab {lab}: no hosts (invoke lab.up)")
+    console.print(table if rows else hints(f"lab {lab}: no hosts (`invoke lab.up`)"))
     for other, count in others.items():
-        console.print(f"also on this machine: lab {other} ({count} host(s)); "
-                      f"`invoke lab.status --name {other}`, `invoke lab.down --name {other}`")
+        console.print(hints(f"also on this machine: lab {other} ({count} host(s)); "
+                            f"`invoke lab.status --name {other}`, `invoke lab.down --name {other}`"))
 
 
 ns = Collection("lab")

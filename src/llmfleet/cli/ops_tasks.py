@@ -16,7 +16,7 @@ from llmfleet.cli.common import (
     select_hosts,
     unreachable_entry,
 )
-from llmfleet.cli.flags import LINES, PERCENT, POSITIVE, SECONDS, SECONDS_OR_ZERO, fleet_task
+from llmfleet.cli.flags import LINES, PERCENT, POSITIVE, SECONDS, SECONDS_OR_ZERO, fleet_task, hints
 from llmfleet.errors import CheckFailed, UsageError
 
 DEFAULT_FORKS = 10
@@ -91,8 +91,9 @@ def status(c, host=None, group=None, inventory=None, json=False, forks=DEFAULT_F
             )
         console.print(table)
         for o in orphans:
-            console.print(f"[yellow]orphan[/yellow]: {o['host']}/{escape(o['service'])} runs there but is no longer in "
-                          f"the inventory; remove it with `invoke remove --host {o['host']} --service {o['service']}`")
+            console.print(hints(f"[yellow]orphan[/yellow]: {o['host']}/{escape(o['service'])} runs there but is no "
+                                f"longer in the inventory; remove it with `invoke remove --host {o['host']} "
+                                f"--service {o['service']}`"))
         if unreachable:
             console.print(f"[red]{len(unreachable)} host(s) unreachable[/red]: "
                           + ", ".join(u["host"] for u in unreachable))

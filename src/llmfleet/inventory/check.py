@@ -208,7 +208,7 @@ def check_host(
         if not p.fits:
             cards = f"{p.gpus} x {card.id}" + (f" on each of {n_hosts} hosts" if n_hosts > 1 else "")
             msg = (f"{at}: the plan does not fit {cards} ({s.model}, {p.quant}, context {p.context}, "
-                   f"{p.concurrency} sequence(s)); see invoke plan --host {host.name}")
+                   f"{p.concurrency} sequence(s)); see `invoke plan --host {host.name}`")
             if s.gpus == "all":
                 warn(msg + " (gpus: all: the host's card count decides; planned on one card)")
             else:
