@@ -314,3 +314,23 @@ def test_residency_check_on_a_host(answer, engine_args, status, says):
     remote.assert_done()
     assert v.status == status, v.message
     assert says in v.message
+
+
+def test_a_release_is_judged_by_its_own_command_line_not_todays_inventory():
+    """Going back to an earlier release: its manifest's flags (a smaller -c) are what it was asked for,
+    not the plan's nor the flags of the inventory being deployed now."""
+    from llmfleet.release import executor as E
+    from llmfleet.settings import Settings
+    from tests.fake_remote import Command, FakeRemote
+
+    hs = host_settings("h1", {"llmfleet_services": [
+        {"name": "chat", "engine": "llamacpp", "model": "m", "model_path": "/m.gguf", "image": "llamacpp:x",
+         "engine_args": ["-ngl", "1"]}]})
+    paths = store.Paths("/opt/llmfleet", "chat")
+    plan = PlanSummary(**{**PLAN.__dict__, "engine_args": ("-ngl", "33", "-c", "8192", "-np", "2")})
+    answer = _evidence(GPU_FULL.replace("4096 cells", "1024 cells"))
+    for args, status in ((("-ngl", "33", "-c", "8192", "-np", "2", "-c", "2048"), "pass"), ((), "fail")):
+        remote = FakeRemote([Command(store.evidence_script(paths, for_engine("llamacpp").load_log_grep), out=answer)])
+        run = E.HostRun("h1", hs, remote, settings=Settings.of({"audit_log": "/dev/null"}), log=lambda _: None)
+        v = E.residency_check(run, E.HealthTarget(hs.services[0], None, paths, "", plan, engine_args=args))
+        assert v.status == status, v.message

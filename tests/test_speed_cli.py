@@ -131,7 +131,8 @@ def test_plan_shows_the_fleets_figures_beside_its_prediction(fleet, monkeypatch)
     key = sh.key_for(doc, doc["image"])
     monkeypatch.setenv("XDG_CACHE_HOME", str(fleet["cache"]))
     speed_cache.remember({h: [sh.SpeedRecord(key=key, host=h, service="chat", release=R1, time="", tokps=t,
-                                             source="health", healthy=True)]
+                                             source="health", healthy=True, ceiling=doc["decode_tokps_ceiling"],
+                                             predicted=tuple(doc["decode_tokps_realistic"]))]
                           for h, t in (("gpu-v100-01", 117.0), ("gpu-v100-02", 121.0), ("gpu-v100-03", 119.0))})
     res = run(fleet, *args, "--json")
     fm = json.loads(res.stdout)["fleet_measured"]
@@ -144,5 +145,14 @@ def test_plan_shows_the_fleets_figures_beside_its_prediction(fleet, monkeypatch)
     assert run(fleet, "speed", "--write", str(out)).returncode == 0
     res = run(fleet, *args, env={"INVOKE_LLMFLEET_SPEED_OVERLAY": str(out)})
     assert res.returncode == 0 and "speed overlay" in res.stdout and "measured on gpu-v100-01" in res.stdout
+    # ... and the plan is made again with the efficiency the fleet measured: its realistic range now
+    # holds the measured median, and it says where the efficiency came from
+    res = run(fleet, *args, "--json", env={"INVOKE_LLMFLEET_SPEED_OVERLAY": str(out)})
+    calibrated = json.loads(res.stdout)
+    lo, hi = calibrated["decode_tokps_realistic"]
+    assert lo <= 119.0 <= hi * 1.02, (lo, hi)
+    assert (lo, hi) != tuple(doc["decode_tokps_realistic"])
+    assert "fitted to this fleet's measurements" in calibrated["efficiency_assumption"]
+    assert "measured on gpu-v100-01" in calibrated["efficiency_assumption"]
     res = run(fleet, *args, env={"INVOKE_LLMFLEET_SPEED_OVERLAY": str(fleet["tmp"] / "missing.yaml")})
     assert res.returncode == 0 and "warning" in res.stderr and "missing.yaml" in res.stderr

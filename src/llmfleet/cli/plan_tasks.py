@@ -140,6 +140,18 @@ def fleet_measured(p: Plan, records: list[Any], overlay: list[Any]) -> dict[str,
     }
 
 
+def calibration(p: Plan, overlay: list[Any]) -> tuple[float, str] | None:
+    """The fitted efficiency the speed overlay holds for the plan's card class, with its source, for
+    planning again with it (``PlanRequest.measured_efficiency``); None without one."""
+    from llmfleet.release import speed_history as sh
+    from llmfleet.release import speed_overlay
+
+    entry = speed_overlay.entry_for(overlay, sh.key_for(p, p.image))
+    if entry is None or entry.fitted is None:
+        return None
+    return entry.fitted, f"speed overlay: {entry.source}"
+
+
 def _fleet_rows(fm: dict[str, Any] | None) -> list[tuple[str, str]]:
     if not fm:
         return []
@@ -294,6 +306,7 @@ def plan_task(c, model=None, quant=None, gpu=None, host=None, gpus=None, context
         if not settings.services:
             raise UsageError(f"host {host}: no llmfleet_services to plan; give --model")
         plans = {}
+        records, overlay = _fleet_sources(c)
         for svc in settings.services:
             overrides = {k: v for k, v in {
                 "quant": quant, "context": ctx, "concurrency": conc, "kv_dtype": kv_dtype, "engine": engine,
@@ -305,7 +318,11 @@ def plan_task(c, model=None, quant=None, gpu=None, host=None, gpus=None, context
             plans[svc.name] = plan_for_service(svc, card, n_gpus or 1, facts=facts, hosts=n_hosts,
                                                network_gbps=gbps, network_latency_us=network_latency_us,
                                                driver=driver or None)
-        records, overlay = _fleet_sources(c)
+            measured = calibration(plans[svc.name], overlay)
+            if measured is not None:  # planned again with the efficiency this fleet measured
+                plans[svc.name] = plan_for_service(svc, card, n_gpus or 1, facts=facts, hosts=n_hosts,
+                                                   network_gbps=gbps, network_latency_us=network_latency_us,
+                                                   driver=driver or None, measured_efficiency=measured)
         fleet = {k: fleet_measured(p, records, overlay) for k, p in plans.items()}
         if json:
             print_json({"host": host, "fits": all(p.fits for p in plans.values()),
@@ -333,7 +350,11 @@ def plan_task(c, model=None, quant=None, gpu=None, host=None, gpus=None, context
         driver=driver or (facts.driver_version if facts is not None else None) or None,
     )
     p = plan(req)
-    fleet = fleet_measured(p, *_fleet_sources(c))
+    records, overlay = _fleet_sources(c)
+    measured = calibration(p, overlay)
+    if measured is not None:  # planned again with the efficiency this fleet measured
+        p = plan(dataclasses.replace(req, measured_efficiency=measured))
+    fleet = fleet_measured(p, records, overlay)
     if json:
         print_json(p.to_dict() | {"fleet_measured": fleet})
     else:

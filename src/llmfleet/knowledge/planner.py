@@ -88,6 +88,9 @@ class PlanRequest:
     # The host's NVIDIA driver (facts, or --driver): the default image is one that runs on it, and an
     # image given is judged against it (a note with what runs instead: compat.driver_alternatives).
     driver: str | None = None
+    # The bandwidth efficiency a fleet measured for this card class (``invoke speed --write``: the
+    # speed overlay's fitted figure) and where: it replaces the catalog's range in the realistic figure.
+    measured_efficiency: tuple[float, str] | None = None
 
 
 # ------------------------------------------------------------------------------------------ weights
@@ -818,6 +821,7 @@ def decode_speed(
     moe_layers: int = 0,
     cuda_graphs: bool | None = True,
     compute_capability: str | None = None,
+    efficiency: tuple[float, float] | None = None,
 ) -> DecodeSpeed:
     """time per token = gpu_bytes / (bandwidth x efficiency) + layers x per-layer cost + MoE layers x
     MoE per-layer cost + per-token cost + host_bytes / host bandwidth; the low speed pairs the low
@@ -825,11 +829,12 @@ def decode_speed(
     every kernel from the host (False), or either (None: low end without graphs, high end with);
     ``legacy`` is the old name of ``cuda_graphs=False``. ``compute_capability`` scales the efficiency
     on cards without DP4A (planner.yaml no_dp4a_*). ``extra_us``: (low, high) microseconds per token of
-    communication (all-reduces, network hops) added on top."""
+    communication (all-reduces, network hops) added on top. ``efficiency``: a measured (low, high)
+    instead of the catalog's (a fleet's fitted figure already holds the card's own factors)."""
     sp = speed_assumptions(engine)
     cls, (e_lo, e_hi) = sp.efficiency_for(memory_type)
     f_lo, f_hi = sp.efficiency_factor(compute_capability)
-    e_lo, e_hi = e_lo * f_lo, e_hi * f_hi
+    e_lo, e_hi = (e_lo * f_lo, e_hi * f_hi) if efficiency is None else efficiency
     graphs = False if legacy else cuda_graphs
     with_g = sp.per_layer_for(cls)
     without_g = sp.legacy_per_layer_us or with_g
@@ -1160,9 +1165,11 @@ def _plan(req: PlanRequest, with_suggestions: bool) -> Plan:
         extra_us=extra, moe_layers=moe_layers)
     sp = speed_assumptions(engine)
     graphs = sp.cuda_graphs_for(gpu.compute_capability)
+    measured = req.measured_efficiency
     resident_speed = decode_speed(engine, gpu.bandwidth_gbps, gpu.memory_type, read_bytes, spec.num_layers,
                                   extra_us=extra, moe_layers=moe_layers, cuda_graphs=graphs,
-                                  compute_capability=gpu.compute_capability)
+                                  compute_capability=gpu.compute_capability,
+                                  efficiency=(measured[0], measured[0]) if measured else None)
     expected = (resident_speed.low, resident_speed.high)
     eff_lo, eff_hi = resident_speed.efficiency
     graphs_text = {True: "with CUDA graphs", False: "without CUDA graphs",
@@ -1181,6 +1188,8 @@ def _plan(req: PlanRequest, with_suggestions: bool) -> Plan:
                     + (sp.no_dp4a_sources if sp.efficiency_factor(gpu.compute_capability) != (1.0, 1.0) else ()))
         + (f"; split over {devices_n} cards: + {comm.low_us / 1000:.2f}-{comm.high_us / 1000:.2f} ms per token ({comm.text})"
            if comm.text else "")
+        + (f"; efficiency {measured[0]:.2f} fitted to this fleet's measurements instead of the catalog's range "
+           f"({measured[1]})" if measured else "")
     )
 
     gpu_layers = spec.num_layers
@@ -1596,6 +1605,7 @@ def plan_for_service(
     network_gbps: float | None = None,
     network_latency_us: float | None = None,
     driver: str | None = None,
+    measured_efficiency: tuple[float, str] | None = None,
 ) -> Plan:
     """Plan an inventory Service (llmfleet.inventory.services.Service) on a card. ``driver``: the
     host's NVIDIA driver (default: the facts'), for the image's driver note.
@@ -1676,6 +1686,7 @@ def plan_for_service(
         gpus_available=(len(facts.gpus) if facts is not None and getattr(facts, "gpus", None) else int(gpu_count))
         if max(len(getattr(facts, "gpus", None) or []), int(gpu_count)) > 1 else None,
         driver=driver or getattr(facts, "driver_version", None) or None,
+        measured_efficiency=measured_efficiency,
     )
     result = plan(req)
     if facts_note:

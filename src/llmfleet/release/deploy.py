@@ -343,7 +343,8 @@ def _switch_and_check(run: HostRun, it: _Item) -> ServiceOutcome:
                 started = store.parse_unit_probe(results["container start"].stdout)
         else:
             switched = True  # verify: the release is current and running; only its health is unknown
-        report = run.check_health(HealthTarget(svc, it.prepared.api_key, paths, rid, it.plan, started, it.fleet),
+        report = run.check_health(HealthTarget(svc, it.prepared.api_key, paths, rid, it.plan, started, it.fleet,
+                                               engine_args=tuple(it.rendered.engine_args)),
                                   f"release {rid}")
     except KeyboardInterrupt:
         if switched:
@@ -466,7 +467,8 @@ def run_rollback(run: HostRun, service: str | None, to: str | None, out: HostOut
                                          f"{short(res.stderr or res.stdout, 300)}")
         run.log(f"{step.service}: current -> {step.target}, unit restarted")
         report = run.check_health(HealthTarget(svc, keys.get(step.service), paths, step.target,
-                                               step.manifest.plan_summary()), f"release {step.target}")
+                                               step.manifest.plan_summary(), engine_args=step.manifest.engine_args),
+                                  f"release {step.target}")
         if report.ok and not run.confirm(paths, step.service, token):
             raise Refusal(Result.FAILED, f"{step.service}: release {step.target} was healthy, but the host timer "
                                          f"reverted it to {step.previous or 'nothing'} first ({HOST_TIMER})")

@@ -129,6 +129,9 @@ class HealthTarget:
     started: store.UnitProbe | None = None  # the state the switch's round trip saw after the restart
     fleet: FleetGate | None = None  # the floor from the fleet's own earlier runs (release.speed_history)
     residency: bool = True  # compare the engine's load report with the plan (a worker's check does not)
+    # the release's own engine flags (the rendered command line, or the manifest's): what the engine was
+    # asked for; empty: the plan's flags, then the service's
+    engine_args: tuple[str, ...] = ()
 
 
 HealthFn = Callable[["HostRun", HealthTarget], "health.HealthReport"]
@@ -181,7 +184,7 @@ def residency_check(run: HostRun, target: HealthTarget) -> residency.Residency:
     report = know.parse_load_log(ev.log)
     apps = (loadlog.parse_compute_apps(ev.smi_text, ev.smi_rc) if ev.complete else
             loadlog.ComputeApps(error="the evidence round trip ended before nvidia-smi answered"))
-    args = [*(target.plan.engine_args if target.plan else ()), *svc.engine_args]  # the operator's flags last
+    args = list(target.engine_args) or [*(target.plan.engine_args if target.plan else ()), *svc.engine_args]
     return residency.judge(report, apps, set(ev.pids), target.plan, run.host_settings.residency_for(svc),
                           engine=svc.engine, args_kv_tokens=know.kv_tokens_asked(args))
 
@@ -451,7 +454,8 @@ class HostRun:
             info = state.releases.get(previous) if state else None
             manifest = info.manifest if info else None
             target = HealthTarget(service_for_release(service, manifest), api_key, paths, previous,
-                                  manifest.plan_summary() if manifest else None)
+                                  manifest.plan_summary() if manifest else None,
+                                  engine_args=manifest.engine_args if manifest else ())
             report = self.check_health(target, f"previous release {previous}")
         except LlmfleetError as exc:
             return GoBack(GoBack.ERROR, previous, str(exc))

@@ -576,7 +576,8 @@ def _switch_head(hh: _Host, svc: Service, cluster: C.Cluster,
     if failure:
         return failure, None
     try:
-        report = hh.run.check_health(HealthTarget(svc, it.prepared.api_key, it.paths, it.step.release_id, it.plan),
+        report = hh.run.check_health(HealthTarget(svc, it.prepared.api_key, it.paths, it.step.release_id, it.plan,
+                                                  engine_args=tuple(it.rendered.engine_args) if it.rendered else ()),
                                      f"release {it.step.release_id}")
     except RemoteError as exc:
         return f"{hh.name}: {exc}", None

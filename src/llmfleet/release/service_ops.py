@@ -259,7 +259,8 @@ def _health(remote: Any, settings: Any, svc: Any, paths: Paths, state: store.Ser
     except UsageError as exc:
         return None, f"health not checked: {exc}"
     run = HostRun(remote.name, settings, remote, settings=Settings.of(config), log=log)
-    target = HealthTarget(svc, key, paths, info.id if info else "", manifest.plan_summary() if manifest else None)
+    target = HealthTarget(svc, key, paths, info.id if info else "", manifest.plan_summary() if manifest else None,
+                          engine_args=manifest.engine_args if manifest else ())
     report = http_health(run, target)
     return report.ok, report.message
 
