@@ -92,3 +92,71 @@ def test_the_plan_uses_the_quant_and_says_what_it_assumed():
 def test_an_unknown_quantized_id_is_still_unknown():
     with pytest.raises(UsageError, match="unknown model 'Nope/Nothing-AWQ'"):
         plan(PlanRequest(model="Nope/Nothing-AWQ", gpu="a100-sxm4-80gb"))
+
+
+def _two_hosts(tmp_path: Path):
+    """A service over two hosts ("big", head h1, worker w1) and a host with a service of its own."""
+    import yaml
+
+    big = {"name": "big", "engine": "llamacpp", "model": "m", "model_path": "/srv/models/m.gguf",
+           "image": "llamacpp:x", "workers": ["w1"]}
+    chat = {"name": "chat", "engine": "llamacpp", "model": "m", "model_path": "/srv/models/m.gguf",
+            "image": "llamacpp:x"}
+    hosts = {"h1": {"ansible_host": "127.0.0.1", "llmfleet_cluster_address": "10.0.0.1", "llmfleet_services": [big]},
+             "w1": {"ansible_host": "127.0.0.1", "llmfleet_cluster_address": "10.0.0.2"},
+             "solo": {"ansible_host": "127.0.0.1", "llmfleet_services": [chat]}}
+    (tmp_path / "hosts.yml").write_text(yaml.safe_dump({"all": {"hosts": hosts}}))
+    return load_inventory(str(tmp_path))
+
+
+def test_a_service_typo_says_did_you_mean_for_a_service_over_several_hosts(tmp_path):
+    from llmfleet.release import multihost as M
+    from llmfleet.release.deploy import DeployOptions
+    from llmfleet.settings import Settings
+
+    inv = _two_hosts(tmp_path)
+    with pytest.raises(UsageError, match=r"has no service 'bgi' \(did you mean 'big'\?\) \(services: big\)"):
+        M.prepare_service(inv, "h1", "bgi", Settings(), DeployOptions())
+    with pytest.raises(UsageError, match=r"has no service 'bgi' \(did you mean 'big'\?\) \(services: big\)"):
+        M.rollback_service(inv, "h1", "bgi", options=DeployOptions(), log=lambda line: None,
+                           connector=lambda *a: pytest.fail("connected"))
+
+
+def test_a_rollback_service_typo_says_did_you_mean(tmp_path):
+    from llmfleet.release.deploy import DeployOptions, rollback_host
+
+    inv = _two_hosts(tmp_path)
+    with pytest.raises(UsageError, match=r"host solo has no service 'caht' \(did you mean 'chat'\?\) \(services: chat\)"):
+        rollback_host(inv, "solo", service="caht", options=DeployOptions(), log=lambda line: None)
+
+
+def test_stop_start_remove_of_a_service_typo_say_did_you_mean(tmp_path, monkeypatch):
+    """The host runs "chat": stopping "caht" touches nothing and the reason names the closest service the
+    host runs; logs of a typo name the closest service of the inventory."""
+    from llmfleet.host import ssh
+    from llmfleet.inventory.ansible import settings_for
+    from llmfleet.release import service_ops
+    from tests.fake_remote import Command, FakeRemote
+
+    inv = _two_hosts(tmp_path)
+    h = inv.hosts["solo"]
+    for action in ("stop", "start", "remove"):
+        remote = FakeRemote([Command(None, "@@acquired\n"), Command(None, "@@service chat\n@@unit active\n"),
+                             Command(None, "")], name="solo")
+        monkeypatch.setattr(ssh, "connect", lambda *a, r=remote, **k: r)
+        r = service_ops.service_op(h, settings_for(h), action, ["caht"], config={"audit_log": str(tmp_path / "a")})
+        assert (r.result, r.services) == ("absent", {"caht": "absent"}), action
+        assert r.reason == "no service caht on the host (did you mean 'chat'?)", action
+        remote.assert_done()
+
+    class Ctx(FakeRemote):
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.close()
+
+    monkeypatch.setattr(ssh, "connect", lambda *a, **k: Ctx([Command(None, "@@absent\n")], name="solo"))
+    with pytest.raises(UsageError, match=r"no service 'caht' deployed there \(did you mean 'chat'\?\)"):
+        service_ops.logs(h, settings_for(h), "caht", lines=10, follow=False, seconds=5, config={},
+                         on_line=lambda line: None)

@@ -426,7 +426,10 @@ def rollback_host(
                          f"see `invoke releases --host {host_name}`")
     names = [s.name for s in host_settings.services]
     if service is not None and service not in names:
-        raise UsageError(f"{inv.path}: host {host_name} has no service {service!r} (services: {', '.join(names) or 'none'})")
+        from llmfleet.suggest import did_you_mean
+
+        raise UsageError(f"{inv.path}: host {host_name} has no service {service!r}{did_you_mean(service, names)} "
+                         f"(services: {', '.join(names) or 'none'})")
     if service is not None and any(s.name == service and s.workers for s in host_settings.services):
         raise UsageError(f"host {host_name}: service {service} spans hosts: roll back all of them together "
                          "(`invoke rollback --host` its head or a worker)")

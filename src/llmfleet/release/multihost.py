@@ -128,7 +128,11 @@ def prepare_service(inventory: Inventory | str, head: str, service: str, setting
     hs = settings_for(host)
     found = next((s for s in hs.services if s.name == service), None)
     if found is None:
-        raise UsageError(f"{inv.path}: host {head} has no service {service!r}")
+        from llmfleet.suggest import did_you_mean
+
+        names = [s.name for s in hs.services]
+        raise UsageError(f"{inv.path}: host {head} has no service {service!r}{did_you_mean(service, names)} "
+                         f"(services: {', '.join(names) or 'none'})")
     where = f"host {head}: service {service}"
     svc = apply_overrides(found, options.overrides, where)
     names = workers_of(inv, head, svc)
@@ -779,7 +783,11 @@ def rollback_service(inventory: Inventory | str, head: str, service: str, *, to:
                          f"see `invoke releases --host {head}`")
     svc = next((s for s in settings_for(host).services if s.name == service), None)
     if svc is None:
-        raise UsageError(f"{inv.path}: host {head} has no service {service!r}")
+        from llmfleet.suggest import did_you_mean
+
+        names = [s.name for s in settings_for(host).services]
+        raise UsageError(f"{inv.path}: host {head} has no service {service!r}{did_you_mean(service, names)} "
+                         f"(services: {', '.join(names) or 'none'})")
     names = workers_of(inv, head, svc)
     key = resolve_secret(svc.api_key, f"host {head}: service {service}")
     t0 = time.monotonic()

@@ -232,7 +232,10 @@ def service_op(host: Any, settings: Any, action: str, services: Sequence[str] | 
             done = [r for r in results if r not in ("failed", "absent")]
             out.result = "failed" if failed else (done[0] if done else "absent")
             if not failed and not done:
-                out.reason = f"no service {', '.join(names)} on the host"
+                from llmfleet.suggest import did_you_mean
+
+                hint = did_you_mean(names[0], sorted(set(states) - set(names))) if len(names) == 1 else ""
+                out.reason = f"no service {', '.join(names)} on the host{hint}"
     except _Held as exc:
         out.result, out.reason = "refused", str(exc)
     except LlmfleetError as exc:
@@ -318,7 +321,10 @@ def logs(host: Any, settings: Any, service: str, *, lines: int, follow: bool, se
         probe = remote.run(f"[ -d {store.q(paths.service_dir)} ] && echo '@@present' || echo '@@absent'",
                            sudo=True, timeout=30)
         if "@@absent" in probe.stdout:
-            raise UsageError(f"host {host.name}: no service {service!r} deployed there "
+            from llmfleet.suggest import did_you_mean
+
+            hint = did_you_mean(service, [s.name for s in settings.services if s.name != service])
+            raise UsageError(f"host {host.name}: no service {service!r} deployed there{hint} "
                              f"(`invoke status --host {host.name}` lists them)")
         if not follow:
             res = remote.run(store.service_logs_script(paths, lines), sudo=True, timeout=seconds)
