@@ -230,11 +230,22 @@ def test_an_absent_tie_word_embeddings_means_tied_and_gemma_2_9b_has_its_publish
         ("qwen3-30b-a3b", "f16-gguf", 61.10, 0.002, "Qwen3-30B-A3B-bf16.gguf 61.10GB"),
         # bartowski/openai_gpt-oss-20b-GGUF (b6096): MXFP4 experts, everything else Q8_0
         ("gpt-oss-20b", "mxfp4-moe", 12.1, 0.01, "gpt-oss-20b-MXFP4.gguf 12.1GB"),
+        # every published quant keeps the expert FFNs at MXFP4 (bartowski README; unsloth/gpt-oss-20b-GGUF)
+        ("gpt-oss-20b", "q4_k_m", 11.6, 0.01, "unsloth gpt-oss-20b-Q4_K_M.gguf about 11.6GB"),
+        ("gpt-oss-20b", "q6_k", 12.04, 0.01, "bartowski gpt-oss-20b-Q6_K.gguf 12.04GB, FFN kept at MXFP4"),
     ],
 )
 def test_gguf_sizes_follow_llama_tensor_get_type(model, quant, published_gb, tol, source):
     w = compute_weights(find_model(model), find_quant(quant))
     assert w.total_bytes / GB == pytest.approx(published_gb, rel=tol), source
+
+
+@pytest.mark.parametrize("gpu", ["v100-sxm2-16gb", "t4"])
+def test_gpt_oss_20b_q4_k_m_fits_a_16_gb_card_because_its_experts_stay_mxfp4(gpu):
+    # Published Q4_K_M files are ~11.6 GB (experts MXFP4), not the 15.8 GB of a K-quant mix of every tensor.
+    p = P("gpt-oss-20b", "q4_k_m", gpu=gpu, engine="llamacpp", context=8192)
+    assert p.weights_bytes / GB < 12.0
+    assert p.fits and p.resident
 
 
 def test_fused_qkv_takes_the_attn_v_rule_and_changes_the_size():

@@ -269,6 +269,8 @@ class _GgufTypes:
         return self._fallback(self.quant.rule("token_embd") or self.base, row) if self.quantized else self.base
 
     def matrix(self, m: _Mat, layer: int) -> str:
+        if m.quantize and m.role.endswith("_exps") and self.spec.gguf_expert_type:
+            return self.spec.gguf_expert_type  # kept as published (gpt-oss: MXFP4 in every quant)
         if not self.quantized or not m.quantize:
             return "f32" if not m.quantize else self.base
         t = self.base

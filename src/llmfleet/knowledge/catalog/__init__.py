@@ -300,6 +300,9 @@ class ModelSpec:
     file_quant: str | None = None  # quant name detected from the files
     file_group_size: int | None = None
     file_expert_bytes: int | None = None  # routed-expert tensors (GGUF *_exps), all experts
+    # The ggml type the routed experts keep in the published GGUF files of every quant (gpt-oss: the
+    # checkpoint's MXFP4 experts are not requantized); None: llama-quantize's mix decides.
+    gguf_expert_type: str | None = None
 
     def __post_init__(self) -> None:
         if not self.layer_types:
@@ -341,7 +344,7 @@ _MODEL_KEYS = {
     "params_published", "model_type", "hf_id", "num_experts", "num_experts_per_tok", "moe_intermediate",
     "shared_intermediate", "moe_first_layer", "moe_bias", "mla_kv_lora_rank", "mla_q_lora_rank",
     "mla_qk_nope_head_dim", "mla_qk_rope_head_dim", "mla_v_head_dim", "attention_bias", "mtp_layers",
-    "linear_state_bytes", "fused_qkv", "fused_gate_up", "active_params_published",
+    "linear_state_bytes", "fused_qkv", "fused_gate_up", "active_params_published", "gguf_expert_type",
 }  # fmt: skip
 
 
