@@ -261,6 +261,18 @@ def test_sass_with_a_suffix_runs_only_on_that_cc():
         ("vllm:0.10.1.1", "fp8", [], T4, "fail", "fp8_w8a8 needs 8.9, fp8_marlin needs 8.0", "FP8 W8A8 needs"),
         ("vllm:0.19.1", "fp8", [], RTX4090, "pass", "fp8_w8a8 runs on compute capability 8.9", ""),
         ("vllm:0.19.1", "fp8", [], A100, "warn", "weight-only FP8", ""),
+        # --quantization fp8 takes the same path: Fp8LinearMethod uses Marlin below 8.9 (vllm fp8.py use_marlin)
+        ("vllm:0.19.1", "fp8", ["--quantization", "fp8"], A100, "warn", "weight-only FP8", ""),
+        ("vllm:0.10.1.1", None, ["--quantization", "fp8"], ("NVIDIA A10", "8.6", True), "warn", "W8A16", ""),
+        ("vllm:0.19.1", "fp8", ["--quantization", "fp8"], V100, "fail", "fp8_marlin needs 7.5", "GPTQ"),
+        # MXFP4 (gpt-oss): Mxfp4Config min capability 80; Hopper native, Ampere through Marlin MXFP4
+        ("vllm:0.19.1", "mxfp4", [], H200, "pass", "mxfp4 runs on compute capability 9.0", ""),
+        ("vllm:0.20.0", "mxfp4", [], ("NVIDIA H100 80GB HBM3", "9.0", True), "pass", "mxfp4 runs", ""),
+        ("vllm:0.19.1", "mxfp4", [], A100, "pass", "mxfp4 runs on compute capability 8.0", ""),
+        ("vllm:0.10.1.1", "mxfp4", [], A100, "pass", "mxfp4 runs", ""),
+        ("vllm:0.19.1", "mxfp4", ["--quantization", "mxfp4"], H200, "pass", "mxfp4 runs", ""),
+        ("vllm:0.19.1", "mxfp4", [], T4, "fail", "mxfp4 needs 8.0", ""),
+        ("vllm:0.9.2", "mxfp4", [], H200, "fail", "mxfp4 is not in this release", ""),
         ("vllm:0.19.1", "int8", ["--quantization", "compressed-tensors"], T4, "pass", "int8_w8a8", ""),
         ("vllm:0.19.1", "int8", [], V100, "fail", "int8_w8a8 needs 7.5", "GPTQ"),
         ("vllm:0.19.1", "bogus-q", [], A100, "fail", "does not know quantization 'bogus-q'", "use one of"),
@@ -315,6 +327,10 @@ def test_dtype(image, quant, args, gpu, status, said, fix):
          "VLLM_ATTENTION_BACKEND"),
         ("vllm:0.10.1.1", [], {"VLLM_ATTENTION_BACKEND": "FLASHINFER"}, T4, "pass", "FLASHINFER runs", ""),
         ("vllm:0.20.0", [], {}, T4, "pass", "picks TRITON_ATTN", ""),
+        # FlashInferBackend.supports_compute_capability: 7.5-12.1 (vllm v1/attention/backends/flashinfer.py)
+        ("vllm:0.19.1", ["--attention-backend", "FLASHINFER"], {}, V100, "fail", "needs compute capability 7.5",
+         "TRITON_ATTN"),
+        ("vllm:0.19.1", ["--attention-backend", "FLASHINFER"], {}, T4, "pass", "FLASHINFER runs", ""),
         ("llamacpp:b5000-cu122", ["-fa", "on"], {}, P40, "fail", "takes a bare -fa switch", "bare -fa"),
         ("llamacpp:b5000-cu122", ["-fa"], {}, P40, "pass", "flash attention (bare)", ""),
         ("llamacpp:server-cuda-12.8", ["-fa"], {}, P40, "fail", "takes -fa on|off|auto", "-fa on"),
@@ -367,6 +383,19 @@ def test_kv_dtype(image, kv, args, env, gpu, status, said, fix):
     assert v.status == status, v
     assert said in v.message, v.message
     assert fix in v.fix, v.fix
+
+
+def test_no_fix_text_recommends_flashinfer_on_a_v100():
+    for key, r in CAT.images.items():
+        if r.cpu or r.engine != "vllm":
+            continue
+        rules = CAT.engines["vllm"]
+        for args in ([], ["--attention-backend", "FLASH_ATTN"], ["--attention-backend", "XFORMERS"]):
+            v = compat.check_attention(r, args, {}, "7.0")
+            assert "FLASHINFER" not in v.fix, (key, v)
+        for kv in ("fp8", "fp8_e4m3", "fp8_e5m2"):
+            v = compat.check_kv_dtype(r, rules, kv, [], {}, "7.0")
+            assert "FLASHINFER" not in v.fix, (key, v)
 
 
 # ------------------------------------------------------------------------------------------------

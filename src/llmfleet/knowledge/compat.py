@@ -125,6 +125,8 @@ class EngineRelease(_Model):
     kernels: Kernels = Field(default_factory=Kernels)
     v1_min_cc: str | None = None
     quantizations: dict[str, str] = Field(default_factory=dict)
+    # method -> where its floor was read (a method absent from ``quantizations`` is not in the release)
+    quantization_sources: dict[str, str] = Field(default_factory=dict)
     attention: Attention | None = None
     flash_attn_flag: Literal["value", "bare"] | None = None
     flash_attn_default: Literal["off", "auto", "on"] | None = None
@@ -142,7 +144,8 @@ class EngineRelease(_Model):
 
 class EngineRules(_Model):
     quant_methods: dict[str, list[str]]
-    quantization_flag: dict[str, str] = Field(default_factory=dict)
+    # flag value -> method, or methods best first (the engine picks the first the card runs)
+    quantization_flag: dict[str, str | list[str]] = Field(default_factory=dict)
     dtype_needs_bf16: list[str] = Field(default_factory=list)
     kv_dtypes: list[str]
     kv_needs_flash_attn: list[str] = Field(default_factory=list)
@@ -692,7 +695,7 @@ def quant_methods(rules: EngineRules, rel: EngineRelease, quant: str | None, arg
     flag = _arg_value(args, "--quantization", "-q")
     if flag and rules.quantization_flag.get(flag.lower()) != "from-quant":
         method = rules.quantization_flag.get(flag.lower())
-        return f"--quantization {flag}", [method] if method else []
+        return f"--quantization {flag}", ([method] if isinstance(method, str) else list(method)) if method else []
     q = (quant or _engine(rel).default_quant).lower()
     return q, list(rules.quant_methods.get(q, []))
 
@@ -727,7 +730,8 @@ def check_quantization(rel: EngineRelease, rules: EngineRules, quant: str | None
                        "add the card to catalog/gpus.yaml")
     usable = [m for m in methods if _cc_ok(t, rel.quantizations.get(m))]
     if not usable:
-        need = ", ".join(f"{m} needs {rel.quantizations.get(m, '?')}" for m in methods)
+        need = ", ".join(f"{m} needs {rel.quantizations[m]}" if m in rel.quantizations
+                         else f"{m} is not in this release" for m in methods)
         return Verdict(
             "fail",
             f"{asked} does not run on compute capability {cc} in {rel.key} ({need})",

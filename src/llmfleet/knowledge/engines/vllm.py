@@ -184,7 +184,11 @@ class VllmKnowledge(EngineKnowledge):
             return quant.vllm  # nothing runs on the card: the preflight's rules refuse it
         if method == "none":
             return None
-        inverse = {m: f for f, m in rules.quantization_flag.items() if m != "from-quant"}
+        inverse: dict[str, str] = {}
+        for f, ms in rules.quantization_flag.items():
+            for m in [ms] if isinstance(ms, str) else ms:
+                if m != "from-quant":
+                    inverse.setdefault(m, f)
         return inverse.get(method, quant.vllm)
 
     def parse_load_log(self, text: str) -> loadlog.LoadReport:
