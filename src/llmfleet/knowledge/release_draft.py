@@ -1,0 +1,348 @@
+"""Draft an engine-catalog entry (catalog/engines.yaml ``images:``) from what a vLLM release publishes.
+
+``invoke catalog.release vllm==X`` fetches the release's wheel from the package index pip is
+configured for (``pip download --no-deps``), reads
+
+- its ``METADATA``: the exact torch pin (``Requires-Dist: torch==...``);
+- the GPU architectures of its CUDA libraries (``vllm/*.so``) with llmfleet's fatbin reader: the
+  core ``_C`` library is the kernel list a card needs (every model calls it); the others (flash
+  attention, MLA, MoE, ...) are listed per library;
+
+then fetches the torch wheel of that pin the same way and reads
+
+- its ``METADATA``: the CUDA runtime it was built against (``nvidia-cuda-runtime*==X.Y.Z``);
+- the architectures of ``torch/lib/libtorch_cuda.so``: the torch build's arch list, in
+  TORCH_CUDA_ARCH_LIST notation (``"12.0+PTX"`` where it also carries PTX).
+
+Every field of the draft names its source (the wheel file) and a confidence. What a wheel does not
+publish (attention backends, quantization floors, the image's exact toolkit update) is left out and
+listed under ``not_drafted``. The pure part (``draft_vllm``) takes the files' contents; the fetching
+part (``fetch_wheel``, ``read_wheel``) is separate so tests need no network.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from llmfleet.errors import UsageError
+from llmfleet.images import fatbin
+
+REPOSITORY = {"vllm": "docker.io/vllm/vllm-openai"}
+CORE_LIBRARY = re.compile(r"^vllm/_C(?:_stable_libtorch)?(?:\.abi3|\.cpython[^/]*)?\.so$")
+TORCH_LIBRARY = "torch/lib/libtorch_cuda.so"
+# pip's platform tags for a Linux x86_64 host with glibc 2.39 (pip takes only the tags given): vLLM has
+# published manylinux1, manylinux_2_28 and manylinux_2_31 wheels
+PLATFORMS = (*(f"manylinux_2_{m}_x86_64" for m in range(39, 16, -1)), "manylinux2014_x86_64", "manylinux1_x86_64")
+PYTHON = "3.12"
+
+
+@dataclass
+class Wheel:
+    """What llmfleet reads from one wheel: its file name, METADATA text and the archs of its .so files."""
+
+    filename: str
+    metadata: str
+    libraries: dict[str, tuple[list[str], list[str]]] = field(default_factory=dict)  # path -> (sass, ptx)
+
+
+def parse_spec(text: str) -> tuple[str, str]:
+    """``vllm==0.33.0`` -> ("vllm", "0.33.0"). Only vLLM releases are drafted from wheels."""
+    m = re.fullmatch(r"\s*(vllm)\s*==\s*([0-9][0-9A-Za-z.+-]*)\s*", text or "")
+    if not m:
+        raise UsageError(f"expected ENGINE==VERSION such as vllm==0.33.0, got {text!r}")
+    return m.group(1), m.group(2)
+
+
+def requires(metadata: str, name: str) -> str | None:
+    """The exact pin (``==X``) of ``name`` in a METADATA's unconditional Requires-Dist lines."""
+    want = name.lower().replace("_", "-")
+    for line in metadata.splitlines():
+        if not line.startswith("Requires-Dist:"):
+            continue
+        spec = line.split(":", 1)[1].strip()
+        if ";" in spec and "extra ==" in spec.split(";", 1)[1]:
+            continue
+        m = re.match(r"([A-Za-z0-9_.-]+)(?:\[[^\]]*\])?\s*\(?\s*==\s*([^\s,;)]+)", spec)
+        if m and m.group(1).lower().replace("_", "-") == want:
+            return m.group(2)
+    return None
+
+
+def metadata_field(metadata: str, key: str) -> str | None:
+    for line in metadata.splitlines():
+        if line.startswith(f"{key}:"):
+            return line.split(":", 1)[1].strip()
+        if not line.strip():
+            break  # headers end at the first blank line
+    return None
+
+
+def torch_cuda(metadata: str) -> str | None:
+    """The CUDA runtime a torch wheel was built against, "major.minor", from its nvidia-* pins
+    (``nvidia-cuda-runtime-cu12==12.8.90``, ``nvidia-cuda-runtime==13.0.96``)."""
+    for line in metadata.splitlines():
+        m = re.match(r"Requires-Dist:\s*nvidia-cuda-runtime(?:-cu\d+)?\s*\(?==\s*(\d+)\.(\d+)", line)
+        if m:
+            return f"{m.group(1)}.{m.group(2)}"
+    for line in metadata.splitlines():
+        m = re.match(r"Requires-Dist:\s*cuda-toolkit(?:\[[^\]]*\])?\s*\(?==\s*(\d+)\.(\d+)", line)
+        if m:
+            return f"{m.group(1)}.{m.group(2)}"
+    return None
+
+
+def library_archs(data: bytes) -> tuple[list[str], list[str]]:
+    """(SASS, PTX) of one shared library; ([], []) for a file that is not ELF."""
+    try:
+        return fatbin.fatbin_archs(data)
+    except fatbin.NotElf:
+        return [], []
+
+
+def read_wheel(path: Path, only: re.Pattern[str] | str | None = None) -> Wheel:
+    """METADATA and the fatbin archs of the wheel's ``.so`` files (``only``: those paths alone)."""
+    try:
+        z = zipfile.ZipFile(path)
+    except (OSError, zipfile.BadZipFile) as exc:
+        raise UsageError(f"{path.name}: not a readable wheel ({exc})") from None
+    with z:
+        names = z.namelist()
+        meta = next((n for n in names if n.endswith(".dist-info/METADATA")), None)
+        if meta is None:
+            raise UsageError(f"{path.name}: no .dist-info/METADATA in the wheel")
+        wheel = Wheel(path.name, z.read(meta).decode("utf-8", "replace"))
+        for n in names:
+            if not re.search(r"\.so(\.\d+)*$", n):
+                continue
+            if isinstance(only, str) and n != only:
+                continue
+            if isinstance(only, re.Pattern) and not only.search(n):
+                continue
+            wheel.libraries[n] = library_archs(z.read(n))
+    return wheel
+
+
+def fetch_wheel(requirement: str, dest: Path, *, pip: list[str] | None = None, timeout: float = 1800) -> Path:
+    """``pip download --no-deps`` one Linux x86_64 wheel into ``dest``; UsageError (one line) when the
+    release does not exist, has no such wheel, or the index cannot be reached."""
+    cmd = [*(pip or [sys.executable, "-m", "pip"]), "download", "--no-deps", "--no-cache-dir", "--only-binary=:all:",
+           "--python-version", PYTHON, "--disable-pip-version-check", "-d", str(dest)]
+    for p in PLATFORMS:
+        cmd += ["--platform", p]
+    cmd.append(requirement)
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                             env={**os.environ, "PIP_NO_INPUT": "1"})
+    except subprocess.TimeoutExpired:
+        raise UsageError(f"{requirement}: pip download took over {timeout:.0f} s") from None
+    except OSError as exc:
+        raise UsageError(f"cannot run pip: {exc.strerror}") from None
+    out = res.stdout + res.stderr
+    wheels = sorted(dest.glob("*.whl"))
+    if res.returncode == 0 and wheels:
+        return wheels[0]
+    unreachable = re.search(r"NewConnectionError|Failed to establish|Could not fetch URL|ConnectionError|"
+                            r"Max retries exceeded|Temporary failure in name resolution|timed out", out)
+    if unreachable:
+        raise UsageError(f"{requirement}: the package index pip is configured for cannot be reached "
+                         "(no network?); nothing written")
+    if re.search(r"No matching distribution found|Could not find a version", out):
+        raise UsageError(f"{requirement}: no such release with a Linux x86_64 wheel on the package index "
+                         "(`pip index versions NAME` lists the published ones); nothing written")
+    last = next((ln.strip() for ln in reversed(out.splitlines()) if ln.strip()), f"exit {res.returncode}")
+    raise UsageError(f"{requirement}: pip download failed: {last}")
+
+
+def min_driver_for(cuda: str | None, toolkits: dict[str, list[str]]) -> str | None:
+    """The GA row of the CUDA toolkit table for "major.minor" (a later update of the toolkit may need more)."""
+    rows = toolkits.get(cuda or "")
+    return rows[0] if rows else None
+
+
+def _file_source(w: Wheel) -> str:
+    name = re.match(r"([^-]+)-([^-]+)-", w.filename)
+    project, version = (name.group(1), name.group(2)) if name else ("", "")
+    return f"PyPI {project} {version}: {w.filename}"
+
+
+def core_libraries(vllm: Wheel) -> dict[str, tuple[list[str], list[str]]]:
+    """The wheel's core ``_C`` library (its archs); UsageError when it carries no CUDA kernels."""
+    core = {p: a for p, a in vllm.libraries.items() if CORE_LIBRARY.match(p)}
+    if not any(s or p for s, p in core.values()):
+        raise UsageError(f"{vllm.filename}: no CUDA kernels in vllm/_C (a CPU or non-CUDA wheel); nothing written")
+    return core
+
+
+def draft_vllm(vllm: Wheel, torch: Wheel | None, toolkits: dict[str, list[str]]) -> dict[str, Any]:
+    """The draft of a vLLM release entry from its wheel and its torch wheel (None: not read).
+
+    Returns {"key", "entry" (the engines.yaml fields drafted), "provenance" (field -> {source,
+    confidence}), "libraries" (every .so -> sass/ptx), "not_drafted" (fields to write by hand)}.
+    Raises UsageError when the vLLM wheel has no CUDA kernels."""
+    version = metadata_field(vllm.metadata, "Version") or ""
+    src = _file_source(vllm)
+    core = core_libraries(vllm)
+    sass = sorted({a for s, _ in core.values() for a in s}, key=_cc_key)
+    ptx = sorted({a for _, p in core.values() for a in p}, key=_cc_key)
+    core_names = ", ".join(sorted(core))
+    torch_pin = requires(vllm.metadata, "torch")
+    prov: dict[str, dict[str, str]] = {
+        "version": {"source": f"{src}, METADATA Version", "confidence": "H"},
+        "kernels": {"source": f"{src}, {core_names}: .nv_fatbin read by llmfleet.images.fatbin "
+                              f"(SASS {' '.join(sass) or '-'}; PTX {' '.join(ptx) or '-'})", "confidence": "H"},
+        "tag": {"source": "vLLM's image tags are v<version> (docker.io/vllm/vllm-openai)", "confidence": "M"},
+    }
+    entry: dict[str, Any] = {
+        "engine": "vllm", "version": version, "repository": REPOSITORY["vllm"], "tag": f"v{version}", "cpu": False,
+    }
+    torch_entry: dict[str, Any] = {"version": torch_pin}
+    not_drafted = ["quantizations", "attention", "v1_min_cc", "kv_layout", "image_size_mib"]
+    if torch_pin:
+        prov["torch.version"] = {"source": f"{src}, METADATA 'Requires-Dist: torch=={torch_pin}'", "confidence": "H"}
+    else:
+        prov["torch.version"] = {"source": f"{src}: METADATA pins no torch version", "confidence": "U"}
+    cuda = None
+    if torch is not None:
+        tsrc = _file_source(torch)
+        cuda = torch_cuda(torch.metadata)
+        lib = torch.libraries.get(TORCH_LIBRARY)
+        if lib is not None and (lib[0] or lib[1]):
+            torch_entry["archs"] = fatbin.lock_archs(*lib)
+            prov["torch.archs"] = {"source": f"{tsrc}, {TORCH_LIBRARY}: .nv_fatbin read by llmfleet.images.fatbin",
+                                   "confidence": "H"}
+        else:
+            prov["torch.archs"] = {"source": f"{tsrc}: no {TORCH_LIBRARY} with CUDA kernels", "confidence": "U"}
+            not_drafted.append("torch.archs")
+        if cuda:
+            torch_entry["cuda"] = cuda
+            prov["torch.cuda"] = {"source": f"{tsrc}, METADATA nvidia-cuda-runtime pin", "confidence": "H"}
+    else:
+        not_drafted.append("torch.archs")
+    if cuda:
+        entry["cuda"] = cuda
+        prov["cuda"] = {"source": "the CUDA of the torch wheel vLLM pins (its published image builds on the same "
+                                  "CUDA; the exact toolkit update is in vLLM's docker/versions.json, not read)",
+                        "confidence": "M"}
+        driver = min_driver_for(cuda, toolkits)
+        if driver:
+            entry["min_driver"] = driver
+            prov["min_driver"] = {"source": f"CUDA {cuda} GA row of engines.yaml cuda_toolkits (a later toolkit "
+                                            "update in the image may need a later driver)", "confidence": "M"}
+    else:
+        not_drafted += ["cuda", "min_driver"]
+    entry["cuda_compat_in_image"] = True
+    prov["cuda_compat_in_image"] = {"source": "vLLM's images build on nvidia/cuda bases, which carry cuda-compat",
+                                    "confidence": "M"}
+    entry["kernels"] = {"sass": sass, "ptx": ptx}
+    torch_conf = "H" if torch_pin and "archs" in torch_entry else ("M" if torch_pin else "U")
+    entry["torch"] = {**torch_entry, "confidence": torch_conf,
+                      "sources": [f"{k}: {v['source']} ({v['confidence']})" for k, v in prov.items()
+                                  if k.startswith("torch.")]}
+    entry["confidence"] = "H" if torch_conf == "H" else "M"
+    entry["sources"] = [f"kernels: {prov['kernels']['source']} (H)",
+                        *([f"cuda {cuda}, min_driver: {prov['cuda']['source']}; {prov['min_driver']['source']} (M)"]
+                          if cuda and "min_driver" in prov else [])]
+    libs = {p: {"sass": s, "ptx": q} for p, (s, q) in sorted(vllm.libraries.items())}
+    return {"key": f"vllm:{version}", "entry": entry, "provenance": prov, "libraries": libs,
+            "not_drafted": not_drafted}
+
+
+def _cc_key(cc: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", cc))
+
+
+def draft_release(spec: str, toolkits: dict[str, list[str]], *, wheel: Path | None = None,
+                  torch_wheel: Path | None = None, with_torch: bool = True,
+                  pip: list[str] | None = None) -> dict[str, Any]:
+    """Fetch (or take the given files) and draft. Downloads go to a temporary folder that is removed
+    before this returns, whatever happens."""
+    engine, version = parse_spec(spec)
+    with tempfile.TemporaryDirectory(prefix="llmfleet-release-") as tmp:
+        tmpdir = Path(tmp)
+        if wheel is None:
+            (tmpdir / "vllm").mkdir()
+            wheel = fetch_wheel(f"{engine}=={version}", tmpdir / "vllm", pip=pip)
+        vw = read_wheel(wheel)
+        if (metadata_field(vw.metadata, "Name") or "").lower() != engine:
+            raise UsageError(f"{wheel.name}: not a {engine} wheel")
+        got = metadata_field(vw.metadata, "Version")
+        if got != version:
+            raise UsageError(f"{wheel.name}: version {got}, not {version}")
+        core_libraries(vw)  # before any torch download
+        if wheel.parent == tmpdir / "vllm":
+            wheel.unlink()  # the largest file: gone before the torch wheel comes
+        tw = None
+        pin = requires(vw.metadata, "torch")
+        if torch_wheel is not None:
+            tw = read_wheel(torch_wheel, TORCH_LIBRARY)
+        elif with_torch and pin:
+            (tmpdir / "torch").mkdir()
+            path = fetch_wheel(f"torch=={pin}", tmpdir / "torch", pip=pip)
+            tw = read_wheel(path, TORCH_LIBRARY)
+            path.unlink()
+        return draft_vllm(vw, tw, toolkits)
+
+
+DRAFT_HEADER = ("# Drafts of catalog/engines.yaml `images:` entries, written by `catalog.release`. llmfleet does not\n"
+                "# read this file: copy an entry into the catalog after adding what a wheel does not publish\n"
+                "# (not_drafted), and keep its provenance as the entry's sources.\n")
+
+
+def render_drafts(drafts: list[dict[str, Any]]) -> str:
+    """YAML: images (key -> entry), provenance, libraries and not_drafted per key."""
+    import yaml
+
+    doc = {
+        "images": {d["key"]: d["entry"] for d in drafts},
+        "provenance": {d["key"]: d["provenance"] for d in drafts},
+        "not_drafted": {d["key"]: d["not_drafted"] for d in drafts},
+        "libraries": {d["key"]: {p: f"sass {' '.join(a['sass']) or '-'}; ptx {' '.join(a['ptx']) or '-'}"
+                                 for p, a in d["libraries"].items()} for d in drafts},
+    }
+    return yaml.safe_dump(doc, sort_keys=False, width=120, allow_unicode=True)
+
+
+def write_draft(path: Path, draft: dict[str, Any], packaged: Path) -> None:
+    """Add (or replace) one draft in a draft file, atomically; never the packaged catalog."""
+    import yaml
+
+    if path.resolve() == packaged.resolve():
+        raise UsageError(f"{path}: the packaged catalog is not written by catalog.release; give a draft file")
+    drafts: list[dict[str, Any]] = []
+    if path.exists():
+        try:
+            doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise UsageError(f"{path}: not a readable draft file ({str(exc).splitlines()[0]})") from None
+        if not isinstance(doc, dict) or not isinstance(doc.get("images", {}), dict):
+            raise UsageError(f"{path}: not a draft file written by catalog.release")
+        for key, entry in (doc.get("images") or {}).items():
+            if key == draft["key"]:
+                continue
+            libs = (doc.get("libraries") or {}).get(key) or {}
+            drafts.append({"key": key, "entry": entry, "provenance": (doc.get("provenance") or {}).get(key, {}),
+                           "not_drafted": (doc.get("not_drafted") or {}).get(key, []),
+                           "libraries": {p: _parse_lib(v) for p, v in libs.items()}})
+    drafts.append(draft)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_text(DRAFT_HEADER + render_drafts(drafts), encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise UsageError(f"{path}: cannot write: {exc.strerror}") from None
+
+
+def _parse_lib(text: str) -> dict[str, list[str]]:
+    m = re.fullmatch(r"sass (.*); ptx (.*)", str(text))
+    if not m:
+        return {"sass": [], "ptx": []}
+    return {k: [] if v == "-" else v.split() for k, v in zip(("sass", "ptx"), m.groups(), strict=True)}

@@ -1,0 +1,204 @@
+"""catalog.release: a catalog entry drafted from a vLLM release's published wheels.
+
+The drafting is tested from recorded METADATA files (vllm 0.33.0 and torch 2.14.0 as published on
+PyPI, headers only) and tiny synthetic wheels whose .so files carry a fatbin section; the CLI's bad
+input (no such release, no network, a wheel without CUDA kernels, the packaged catalog as --write
+target) without any network: pip is pointed at an empty local index or a closed local port."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+from llmfleet.errors import UsageError
+from llmfleet.knowledge import compat
+from llmfleet.knowledge import release_draft as rd
+from tests.test_images_inspect import _container, make_elf
+
+DATA = Path(__file__).parent / "data" / "release"
+VLLM_META = (DATA / "METADATA-vllm-0.33.0").read_text()
+TORCH_META = (DATA / "METADATA-torch-2.14.0").read_text()
+LLMFLEET = str(Path(sys.executable).parent / "llmfleet")
+TOOLKITS = compat.load_engine_catalog().cuda_toolkits
+
+
+def _so(sass: list[int], ptx: list[int]) -> bytes:
+    return make_elf({b".text": b"\x90" * 16,
+                     b".nv_fatbin": _container([(2, s) for s in sass] + [(1, p) for p in ptx])})
+
+
+def _wheel(path: Path, metadata: str, dist: str, files: dict[str, bytes]) -> Path:
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr(f"{dist}.dist-info/METADATA", metadata)
+        for name, data in files.items():
+            z.writestr(name, data)
+    return path
+
+
+@pytest.fixture
+def wheels(tmp_path):
+    vllm = _wheel(tmp_path / "vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl", VLLM_META, "vllm-0.33.0", {
+        # the core library as 0.33.0 publishes it (SASS 7.5-12.0, some PTX), and one backend library
+        "vllm/_C_stable_libtorch.abi3.so": _so([75, 80, 86, 89, 90, 100, 120], [80, 89, 90]),
+        "vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so": _so([80], [80]),
+        "vllm/cumem_allocator.abi3.so": make_elf({b".text": b"\x90" * 16}),
+        "vllm/__init__.py": b"",
+    })
+    torch = _wheel(tmp_path / "torch-2.14.0-cp312-cp312-manylinux_2_28_x86_64.whl", TORCH_META, "torch-2.14.0", {
+        "torch/lib/libtorch_cuda.so": _so([75, 80, 86, 89, 90, 100, 103, 120, 121], [121]),
+    })
+    cpu = _wheel(tmp_path / "vllm-0.33.0-cp38-abi3-linux_x86_64.whl", VLLM_META, "vllm-0.33.0", {
+        "vllm/_C.abi3.so": make_elf({b".text": b"\x90" * 16}),
+    })
+    return vllm, torch, cpu
+
+
+def test_the_torch_pin_is_read_from_the_recorded_metadata():
+    assert rd.requires(VLLM_META, "torch") == "2.14.0"
+    assert rd.requires(VLLM_META, "zentorch") is None  # only under an extra
+    assert rd.metadata_field(VLLM_META, "Version") == "0.33.0"
+
+
+@pytest.mark.parametrize(("line", "cuda"), [
+    ("Requires-Dist: nvidia-cuda-runtime-cu12==12.8.90; platform_system == \"Linux\"", "12.8"),
+    ("Requires-Dist: nvidia-cuda-runtime==13.0.96; platform_system == \"Linux\"", "13.0"),
+    ("Requires-Dist: cuda-toolkit[cublas,cudart]==13.0.3; platform_system == \"Linux\"", "13.0"),
+    ("Requires-Dist: filelock", None),
+])
+def test_the_torch_builds_cuda_is_read_from_its_nvidia_pins(line, cuda):
+    assert rd.torch_cuda(f"Name: torch\n{line}\n") == cuda
+
+
+def test_recorded_torch_metadata_says_cuda_13_0():
+    assert rd.torch_cuda(TORCH_META) == "13.0"
+
+
+@pytest.mark.parametrize("bad", ["vllm", "vllm=0.33", "llamacpp==b5000", "", "vllm==", "torch==2.14.0"])
+def test_a_bad_spec_is_a_usage_error(bad):
+    with pytest.raises(UsageError):
+        rd.parse_spec(bad)
+
+
+def test_the_draft_from_the_wheels_names_a_source_and_confidence_for_every_field(wheels):
+    vllm, torch, _ = wheels
+    d = rd.draft_release("vllm==0.33.0", TOOLKITS, wheel=vllm, torch_wheel=torch)
+    e = d["entry"]
+    assert d["key"] == "vllm:0.33.0" and e["tag"] == "v0.33.0"
+    assert e["kernels"] == {"sass": ["7.5", "8.0", "8.6", "8.9", "9.0", "10.0", "12.0"], "ptx": ["8.0", "8.9", "9.0"]}
+    assert e["torch"]["version"] == "2.14.0" and e["torch"]["cuda"] == "13.0"
+    assert e["torch"]["archs"] == ["7.5", "8.0", "8.6", "8.9", "9.0", "10.0", "10.3", "12.0", "12.1+PTX"]
+    assert e["cuda"] == "13.0" and e["min_driver"] == TOOLKITS["13.0"][0]
+    assert e["torch"]["confidence"] == "H" and e["confidence"] == "H"
+    for name in ("kernels", "torch.version", "torch.archs", "torch.cuda", "cuda", "min_driver"):
+        p = d["provenance"][name]
+        assert p["source"] and p["confidence"] in ("H", "M", "U"), name
+    assert "vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl" in d["provenance"]["kernels"]["source"]
+    assert d["libraries"]["vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so"] == {"sass": ["8.0"], "ptx": ["8.0"]}
+    assert "attention" in d["not_drafted"] and "quantizations" in d["not_drafted"]
+    # the draft is a valid catalog entry as it stands
+    rel = compat.EngineRelease.model_validate({**e, "key": d["key"]})
+    assert compat.kernel_coverage(rel, "7.0") is None and compat.kernel_coverage(rel, "8.6") == ("sass", "8.6")
+
+
+def test_without_the_torch_wheel_the_arch_list_is_left_out_and_said_so(wheels):
+    vllm, _, _ = wheels
+    d = rd.draft_release("vllm==0.33.0", TOOLKITS, wheel=vllm, with_torch=False)
+    assert "archs" not in d["entry"]["torch"] and "torch.archs" in d["not_drafted"]
+    assert d["entry"]["torch"]["confidence"] == "M" and d["entry"]["confidence"] == "M"
+
+
+def test_a_wheel_without_cuda_kernels_is_refused(wheels):
+    _, _, cpu = wheels
+    with pytest.raises(UsageError, match="no CUDA kernels"):
+        rd.draft_release("vllm==0.33.0", TOOLKITS, wheel=cpu, with_torch=False)
+
+
+def test_a_wheel_of_another_version_is_refused(wheels):
+    vllm, _, _ = wheels
+    with pytest.raises(UsageError, match="version 0.33.0, not 0.32.0"):
+        rd.draft_release("vllm==0.32.0", TOOLKITS, wheel=vllm, with_torch=False)
+
+
+def test_the_draft_file_keeps_earlier_drafts_and_never_is_the_packaged_catalog(wheels, tmp_path):
+    vllm, torch, _ = wheels
+    d = rd.draft_release("vllm==0.33.0", TOOLKITS, wheel=vllm, torch_wheel=torch)
+    out = tmp_path / "drafts.yaml"
+    other = {**d, "key": "vllm:0.32.0", "entry": {**d["entry"], "version": "0.32.0"}}
+    rd.write_draft(out, other, compat.ENGINES_PATH)
+    rd.write_draft(out, d, compat.ENGINES_PATH)
+    rd.write_draft(out, d, compat.ENGINES_PATH)  # the same key again: replaced, not repeated
+    doc = yaml.safe_load(out.read_text())
+    assert list(doc["images"]) == ["vllm:0.32.0", "vllm:0.33.0"]
+    assert doc["provenance"]["vllm:0.33.0"]["kernels"]["confidence"] == "H"
+    with pytest.raises(UsageError, match="packaged catalog"):
+        rd.write_draft(compat.ENGINES_PATH, d, compat.ENGINES_PATH)
+
+
+# --------------------------------------------------------------------------- the CLI's bad input
+
+
+def _run(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([LLMFLEET, "catalog.release", *args], cwd=cwd, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **env})
+
+
+def _one_line_exit_2(res: subprocess.CompletedProcess, text: str) -> None:
+    assert res.returncode == 2, res.stderr
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and text in lines[0], res.stderr
+    assert res.stdout == ""
+
+
+def _offline_pip(tmp_path: Path, index: str) -> dict[str, str]:
+    cfg = tmp_path / "pip.conf"
+    cfg.write_text("[global]\n")
+    return {"PIP_CONFIG_FILE": str(cfg), "PIP_INDEX_URL": index, "PIP_EXTRA_INDEX_URL": "", "PIP_FIND_LINKS": "",
+            "PIP_RETRIES": "1", "PIP_TIMEOUT": "2"}
+
+
+def test_cli_a_release_that_does_not_exist(tmp_path):
+    index = tmp_path / "index"
+    (index / "vllm").mkdir(parents=True)
+    (index / "vllm" / "index.html").write_text("<html><body></body></html>")
+    res = _run(["vllm==0.99.0", "--write", "d.yaml"], tmp_path, **_offline_pip(tmp_path, index.as_uri()))
+    _one_line_exit_2(res, "no such release")
+    assert not (tmp_path / "d.yaml").exists()
+
+
+def test_cli_no_network(tmp_path):
+    res = _run(["vllm==0.33.0", "--write", "d.yaml"], tmp_path, **_offline_pip(tmp_path, "http://127.0.0.1:9/simple/"))
+    _one_line_exit_2(res, "cannot be reached")
+    assert not (tmp_path / "d.yaml").exists()
+
+
+def test_cli_a_wheel_without_cuda_libraries(wheels, tmp_path):
+    _, _, cpu = wheels
+    res = _run(["vllm==0.33.0", "--wheel", str(cpu), "--no-torch", "--write", "d.yaml"], tmp_path)
+    _one_line_exit_2(res, "no CUDA kernels")
+    assert not (tmp_path / "d.yaml").exists()
+
+
+def test_cli_refuses_to_write_the_packaged_catalog(wheels, tmp_path):
+    vllm, _, _ = wheels
+    before = compat.ENGINES_PATH.read_bytes()
+    res = _run(["vllm==0.33.0", "--wheel", str(vllm), "--no-torch", "--write", str(compat.ENGINES_PATH)], tmp_path)
+    _one_line_exit_2(res, "packaged catalog")
+    assert compat.ENGINES_PATH.read_bytes() == before
+
+
+def test_cli_json_and_yaml_drafts_from_local_wheels(wheels, tmp_path):
+    import json
+
+    vllm, torch, _ = wheels
+    res = _run(["vllm==0.33.0", "--wheel", str(vllm), "--torch-wheel", str(torch), "--json"], tmp_path)
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(res.stdout)
+    assert doc["entry"]["torch"]["archs"][-1] == "12.1+PTX"
+    res = _run(["vllm==0.33.0", "--wheel", str(vllm), "--torch-wheel", str(torch)], tmp_path)
+    assert res.returncode == 0 and yaml.safe_load(res.stdout)["images"]["vllm:0.33.0"]["torch"]["version"] == "2.14.0"
