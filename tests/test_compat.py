@@ -434,3 +434,22 @@ def test_driver_branch_table_matches_the_toolkit_table():
 def test_bad_catalog_is_a_one_line_usage_error(text, error):
     with pytest.raises(UsageError, match=error):
         compat.parse_engine_catalog(text, "engines.yaml")
+
+
+@pytest.mark.parametrize(
+    ("gpu", "driver", "modules", "fails", "said"),
+    [
+        # R580 is the last branch for Maxwell, Pascal and Volta (NVIDIA Unix graphics feature deprecation schedule)
+        (V100, "595.45.04", "proprietary", True, "R580 is the last branch for Maxwell, Pascal and Volta"),
+        (P40, "590.48.01", None, True, "does not drive Tesla P40"),
+        (V100, "580.95.05", "proprietary", False, ""),
+        (T4, "595.45.04", "open", False, ""),
+        # the open kernel modules never drove pre-Turing cards
+        (V100, "580.95.05", "open", True, "open kernel modules"),
+    ],
+)
+def test_a_driver_that_does_not_drive_the_card_fails(gpu, driver, modules, fails, said):
+    name, cc, dc = gpu
+    v = compat.check_cuda_driver(rel("llamacpp:b5000-cu122"), CAT, driver=driver, cuda_driver=None, gpu_name=name,
+                                 cc=cc, data_center=dc, today=BEFORE_R535_EOL, kernel_modules=modules, **NO_FWD)
+    assert (v.status == "fail" and said in v.message) is fails, v

@@ -176,6 +176,17 @@ def test_nvidia_smi_missing_but_module_loaded_reads_proc():
     assert f.driver_version == "580.159.04" and f.driver_loaded is True
     assert f.cuda_driver_version == "13.0" and f.cuda_driver_source == "driver-branch"
     assert "nvidia-smi not found on PATH (the NVIDIA driver module is loaded)" in f.errors
+    assert f.driver_kernel_modules == "open"  # "NVIDIA UNIX Open Kernel Module for x86_64"
+
+
+def test_proprietary_kernel_modules_are_told_apart_from_the_open_ones():
+    body = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.183.06  Release Build  (dvs-builder@U16)  "
+    f = parse(host_doc(section("proc_driver", body), tools="nvidia-smi="))
+    assert f.driver_kernel_modules == "proprietary"
+    # the lab's simulated hosts: open modules from R560, but only on Turing and newer cards
+    from llmfleet.lab.nvidia_smi_sim import render_proc_version
+    assert "Open Kernel Module" in render_proc_version({"driver_version": "570.133.07", "gpus": [{"compute_cap": "8.0"}]})
+    assert "Open" not in render_proc_version({"driver_version": "570.133.07", "gpus": [{"compute_cap": "7.0"}]})
 
 
 @pytest.mark.parametrize(

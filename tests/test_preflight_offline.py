@@ -109,6 +109,19 @@ def test_preflight_from_saved_facts_and_an_assumed_driver_upgrade(tmp_path):
     assert res.returncode == (0 if all(c["status"] != "fail" for c in checks.values()) else 1)
 
 
+def test_an_assumed_driver_after_r580_fails_on_a_v100(tmp_path):
+    """R580 is the last branch for Maxwell, Pascal and Volta (NVIDIA's Unix graphics feature
+    deprecation schedule): the driver-upgrade pre-check on a V100 must refuse R595."""
+    hosts, facts = _setup(tmp_path)
+    res = inv("preflight", "-i", str(hosts), "--host", "gpu-v100-07", "--facts", str(facts),
+              "--assume", "driver=595.45.04", "--json")
+    assert res.returncode == 1, res.stderr
+    (report,) = json.loads(res.stdout)["reports"]
+    check = {c["id"]: c for c in report["checks"]}["cuda-driver"]
+    assert check["status"] == "fail" and "R580 is the last branch" in check["message"], check
+    assert "R580" in check["fix"]
+
+
 @pytest.mark.parametrize(("args", "said"), [
     (["--assume", "driver=570.133.07"], "--assume needs --facts"),
     (["--facts", "FACTS", "--assume", "colour=blue"], "unknown key 'colour'"),

@@ -137,3 +137,24 @@ def test_troubleshooting_covers_the_field_reports_symptoms():
         title = sec.splitlines()[0]
         assert "**Diagnose**" in sec, f"{title}: no Diagnose step"
         assert commands(sec), f"{title}: names no llmfleet command"
+
+
+def test_the_driver_upgrade_pre_check_refuses_a_branch_that_drops_the_card():
+    """The runbook's own pre-check command (an assumed R590+ driver on a V100) is a FAIL: R580 is the
+    last branch for Maxwell, Pascal and Volta."""
+    from llmfleet.knowledge import compat
+    from llmfleet.knowledge.preflight import apply_assumptions, parse_assumptions
+    from tests.test_preflight import facts_for, run, svc
+
+    text = (RUNBOOKS / "driver-upgrade.md").read_text()
+    pre = [c for c in commands(text, fenced_only=True) if "--assume driver=59" in c]
+    assert pre, "driver-upgrade.md shows no pre-check with an R590+ driver"
+    assume = shlex.split(pre[0])[shlex.split(pre[0]).index("--assume") + 1]
+    cat = compat.load_engine_catalog()
+    facts, _ = apply_assumptions(facts_for("v100-535"), parse_assumptions([assume]), cat)
+    checks = {c.id: c for c in run("v100-535", svc(), facts=facts).checks}
+    assert checks["cuda-driver"].status == "fail", checks["cuda-driver"]
+    assert "R580 is the last branch" in checks["cuda-driver"].message
+    # the same driver on a Turing card is judged on CUDA alone
+    t4, _ = apply_assumptions(facts_for("t4-470"), parse_assumptions([assume]), cat)
+    assert "last branch" not in {c.id: c for c in run("t4-470", svc(), facts=t4).checks}["cuda-driver"].message

@@ -113,6 +113,8 @@ class Facts(BaseModel):
     nvidia_smi: str | None = None  # path, None when missing
     driver_version: str | None = None
     driver_loaded: bool | None = None
+    # "open" / "proprietary" from /proc/driver/nvidia/version ("Open Kernel Module" or not); None: unread
+    driver_kernel_modules: Literal["open", "proprietary"] | None = None
     cuda_driver_version: str | None = None  # highest CUDA the driver supports, "12.8"
     cuda_driver_source: Literal["banner", "driver-branch"] | None = None
     # `nvidia-smi topo -m` as the host printed it (terminal escapes removed): the GPU-to-GPU link matrix
@@ -712,6 +714,8 @@ def _parse_gpu_part(facts: Facts, one: Any, gpu_lookup: Any, branches: dict[int,
     proc = one("proc_driver")
     if proc is not None and proc.rc == 0:
         facts.driver_loaded = True
+        if "Kernel Module" in proc.body:
+            facts.driver_kernel_modules = "open" if "Open Kernel Module" in proc.body else "proprietary"
     if facts.nvidia_smi is None and q is None:
         if proc is not None and proc.rc == 0:
             errors.append("nvidia-smi not found on PATH (the NVIDIA driver module is loaded)")

@@ -195,6 +195,20 @@ class VllmCuda11(_Model):
     releases: list[Cuda11Wheels]
 
 
+class DriverCardSupport(_Model):
+    """Cards below ``below_cc`` are driven by no branch after ``last_branch``, and never by the open
+    kernel modules (below ``open_modules_min_cc``)."""
+
+    below_cc: str
+    architectures: str
+    last_branch: int
+    confidence: Literal["H", "M", "U"]
+    source: str
+    open_modules_min_cc: str
+    open_modules_confidence: Literal["H", "M", "U"]
+    open_modules_source: str
+
+
 class EngineCatalog(_Model):
     cuda_toolkits: dict[str, list[str]]
     driver_branches: dict[int, str]
@@ -204,6 +218,7 @@ class EngineCatalog(_Model):
     engines: dict[str, EngineRules]
     images: dict[str, EngineRelease]
     vllm_cuda11_wheels: VllmCuda11 | None = None
+    driver_card_support: DriverCardSupport | None = None
 
     def release(self, key: str) -> EngineRelease | None:
         return self.images.get(key)
@@ -484,6 +499,35 @@ def check_architecture(rel: EngineRelease, gpu_name: str | None, cc: str | None)
     )
 
 
+def check_driver_drives_card(cat: EngineCatalog, driver: str | None, gpu_name: str | None, cc: str | None,
+                             kernel_modules: str | None = None) -> Verdict | None:
+    """A FAIL when the driver does not drive this card at all (a branch after the last one for its
+    architecture, or the open kernel modules on a card they never supported); None otherwise. Pure."""
+    support = cat.driver_card_support
+    t, dv = cc_tuple(cc), version_tuple(driver)
+    if support is None or t is None or dv is None:
+        return None
+    card = f"{gpu_name or 'the card'} (compute capability {cc})"
+    if t < (cc_tuple(support.below_cc) or (0, 0)) and dv[0] > support.last_branch:
+        return Verdict(
+            "fail",
+            f"driver {driver} (branch R{dv[0]}) does not drive {card}: R{support.last_branch} is the last branch for "
+            f"{support.architectures} GPUs (confidence {support.confidence}: {support.source}); after this upgrade "
+            "nvidia-smi lists no such GPU",
+            f"keep this host on an R{support.last_branch} (or older) driver; R{support.last_branch} is a long-term "
+            "support branch",
+        )
+    if kernel_modules == "open" and t < (cc_tuple(support.open_modules_min_cc) or (0, 0)):
+        return Verdict(
+            "fail",
+            f"driver {driver} runs NVIDIA's open kernel modules, which do not drive {card} (confidence "
+            f"{support.open_modules_confidence}: {support.open_modules_source})",
+            "install the proprietary kernel modules of the same driver (e.g. the .run installer with "
+            "-m=kernel, or the distribution's non-open driver package)",
+        )
+    return None
+
+
 def check_cuda_driver(
     rel: EngineRelease,
     cat: EngineCatalog,
@@ -498,6 +542,7 @@ def check_cuda_driver(
     env: dict[str, str] | None = None,
     default_runtime: str | None = None,
     today: str | None = None,
+    kernel_modules: str | None = None,
 ) -> Verdict:
     """Image CUDA vs host driver: native, forward compatibility (data-center card, a listed driver
     branch before its end of life, cuda-compat in the image, a toolkit that loads it), or
@@ -513,6 +558,9 @@ def check_cuda_driver(
     if dv is None or len(dv) < 2:
         return Verdict("fail", f"driver version {driver[:80]!r} does not parse",
                        "check `nvidia-smi` on the host; expected something like 570.133.07")
+    card_gone = check_driver_drives_card(cat, driver, gpu_name, cc, kernel_modules)
+    if card_gone is not None:
+        return card_gone
     img = cuda_major_minor(rel.cuda)
     min_dv = version_tuple(rel.min_driver) or ()
     native = cuda_major_minor(cuda_driver) or cuda_major_minor(branch_cuda(driver, cat.driver_branches))

@@ -300,7 +300,11 @@ def render_version(cfg: dict) -> tuple[str, int]:
 def render_proc_version(cfg: dict) -> str:
     """Text of /proc/driver/nvidia/version for this driver (simulated)."""
     v = cfg["driver_version"]
-    kind = "Open Kernel Module for x86_64" if driver_branch(v) >= 560 else "x86_64 Kernel Module"
+    # The open kernel modules (the default from R560) drive only Turing and newer: a host with an older
+    # card runs the proprietary modules (NVIDIA blog 'Transitions Fully Towards Open-Source GPU Kernel Modules').
+    ccs = [float(g.get("compute_cap") or 0) for g in cfg.get("gpus", [])]
+    turing_up = bool(ccs) and min(ccs) >= 7.5
+    kind = "Open Kernel Module for x86_64" if driver_branch(v) >= 560 and turing_up else "x86_64 Kernel Module"
     return (
         f"NVRM version: NVIDIA UNIX {kind}  {v}  Release Build  (dvs-builder@U16-I3-B07-4-1)  \n"
         "GCC version:  gcc version 12.2.0 (Debian 12.2.0-14+deb12u1) \n"
