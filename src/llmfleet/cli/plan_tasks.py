@@ -186,6 +186,22 @@ def _fleet_sources(c) -> tuple[list[Any], list[Any]]:
     return records, entries
 
 
+def _floor_text(p: Plan) -> str:
+    """The health floor with the context it is computed at: the health probe's short one, which reads
+    less KV per token than the planned context, so the floor can be above that context's ceiling."""
+    from llmfleet.knowledge.planner import HEALTH_PROBE_CONTEXT
+
+    if p.health_floor_tokps is None or not p.decode_tokps_offload_eighth:
+        return "none"
+    probe = min(p.context, HEALTH_PROBE_CONTEXT)
+    text = (f"{p.health_floor_tokps:,.1f} tok/s with the health probe's {probe:,} tokens in context (1/8 of the "
+            f"layers off the GPU there: {p.decode_tokps_offload_eighth[0]:,.1f}-{p.decode_tokps_offload_eighth[1]:,.1f} tok/s)")
+    if p.health_floor_tokps > p.decode_tokps_ceiling:
+        text += (f"; above the ceiling at {p.context:,} tokens, where each token also reads the KV of "
+                 f"{p.context:,} tokens, the health check's only {probe:,}")
+    return text
+
+
 def render_plan(p: Plan, title: str | None = None, fleet: dict[str, Any] | None = None) -> None:
     from rich.table import Table
 
@@ -212,12 +228,12 @@ def render_plan(p: Plan, title: str | None = None, fleet: dict[str, Any] | None 
                       f"[red]no[/red]: {p.gpu_layers} of {p.total_layers} layers would fit")),
         ("max context", f"{p.max_context_tokens:,} tokens at {p.concurrency} concurrent sequence(s)"),
         ("max concurrency", f"{p.max_concurrency:,} sequences at {p.context:,} tokens"),
-        ("decode ceiling", f"{p.decode_tokps_ceiling:,.1f} tok/s at batch 1 (bandwidth / bytes read per token)"),
+        ("decode ceiling", f"{p.decode_tokps_ceiling:,.1f} tok/s at batch 1 with {p.context:,} tokens in context "
+                           "(bandwidth / bytes read per token: the weights and that sequence's KV)"),
         ("decode realistic", f"{p.decode_tokps_realistic[0]:,.1f}-{p.decode_tokps_realistic[1]:,.1f} tok/s "
+                             f"with {p.context:,} tokens in context "
                              f"({p.efficiency[0]:.0%}-{p.efficiency[1]:.0%} of the ceiling; speed model below)"),
-        ("health floor", (f"{p.health_floor_tokps:,.1f} tok/s (1/8 of the layers off the GPU: "
-                          f"{p.decode_tokps_offload_eighth[0]:,.1f}-{p.decode_tokps_offload_eighth[1]:,.1f} tok/s)")
-         if p.health_floor_tokps is not None and p.decode_tokps_offload_eighth else "none"),
+        ("health floor", _floor_text(p)),
         ("image", p.image or "none in the catalog runs on this card"),
         ("engine flags", shlex.join(p.engine_args)),
     ]
