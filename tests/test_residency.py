@@ -334,3 +334,88 @@ def test_a_release_is_judged_by_its_own_command_line_not_todays_inventory():
         run = E.HostRun("h1", hs, remote, settings=Settings.of({"audit_log": "/dev/null"}), log=lambda _: None)
         v = E.residency_check(run, E.HealthTarget(hs.services[0], None, paths, "", plan, engine_args=args))
         assert v.status == status, v.message
+
+
+# ---------------------------------------------------------------------------------------------
+# real GPU starts: llama-server from the llama-cpp-python 0.3.36 tree on an H200 (tests/data/engine-logs/README.md)
+
+
+def _h200(run: str) -> tuple[str, ComputeApps, set[int]]:
+    """(log, nvidia-smi's answer, the server's PIDs) of one recorded start: ``run`` as in the file names."""
+    csv = LOGS / f"nvidia-smi-compute-apps-llamacpp-{run}.noheader.csv"
+    if not csv.exists():
+        csv = LOGS / f"nvidia-smi-compute-apps-llamacpp-{run.removesuffix('-lv4')}.noheader.csv"
+    apps = parse_compute_apps(csv.read_text())
+    return log(f"llamacpp-0.3.36-h200-{run}.log"), apps, set(apps.used_mib)
+
+
+def _plan_8b():
+    from llmfleet.knowledge.planner import PlanRequest, plan, summarize
+
+    return summarize(plan(PlanRequest(model="llama-3.1-8b-instruct", quant="q4_k_m", gpu="h200-141gb",
+                                      engine="llamacpp", context=16384, concurrency=4, kv_dtype="q8_0")))
+
+
+def test_the_planners_weights_match_what_llama_cpp_allocated_on_the_h200():
+    """The plan for the 8B Q4_K_M shape puts 4,403 MiB on the GPU and keeps the 282 MiB embedding table
+    in host memory; the engine's own buffers on the H200 say the same to the MiB."""
+    p = _plan_8b()
+    rep = parse_llamacpp(log("llamacpp-0.3.36-h200-full-lv4.log"))
+    assert rep.model_buffers_mib == {"CUDA0": 4403.49, "CPU_Mapped": 281.81}
+    assert p.weights_gpu_bytes / MIB == pytest.approx(4403.49, abs=1)
+    assert (p.weights_bytes - p.weights_gpu_bytes) / MIB == pytest.approx(281.81, abs=1)
+    assert rep.kv_cells == 16384 * 4 and rep.kv_types == ("q8_0", "q8_0")
+
+
+@pytest.mark.parametrize(
+    ("name", "status", "says"),
+    [
+        ("full-lv4", "pass", "33/33 layers offloaded as planned"),
+        ("partial-ngl20-lv4", "fail", "offloaded 20/33 layers to GPU"),
+        ("full-default", "warn", "residency is unproven"),  # the build's default verbosity hides the lines
+    ],
+)
+def test_real_h200_starts_judged_against_the_plan(name, status, says):
+    text, apps, pids = _h200(name)
+    v = R.judge(parse_llamacpp(text), apps, pids, _plan_8b(), "gpu")
+    assert v.status == status, v.message
+    assert says in v.message
+    assert v.gpu_memory_mib and v.gpu_memory_mib > 4403  # nvidia-smi's witness: the engine's process
+
+
+def test_real_h200_moe_experts_on_the_cpu_are_caught_by_the_host_buffer():
+    """--n-cpu-moe 4: the engine still says every layer is offloaded; its CPU buffer grew tenfold."""
+    full = parse_llamacpp(log("llamacpp-0.3.36-h200-moe-full-lv4.log"))
+    gpu, host = full.gpu_weights_mib, full.host_weights_mib
+    plan = PlanSummary(engine="llamacpp", resident=True, gpu_layers=full.layers_total - 1,
+                       total_layers=full.layers_total - 1, context=4096, concurrency=4,
+                       weights_bytes=int((gpu + host) * MIB), weights_gpu_bytes=int(gpu * MIB))
+    text, apps, pids = _h200("moe-full-lv4")
+    assert R.judge(full, apps, pids, plan, "gpu").status == "pass"
+    text, apps, pids = _h200("moe-ncpumoe4-lv4")
+    rep = parse_llamacpp(text)
+    assert rep.layers_offloaded == rep.layers_total  # the layer count does not show it
+    v = R.judge(rep, apps, pids, plan, "gpu")
+    assert v.status == "fail" and any(f.what == "host weights" for f in v.findings if f.status == "fail")
+    assert "CPU_Mapped model buffer size =  3159.17 MiB" in v.message
+
+
+@pytest.mark.parametrize(("quant", "name", "weights_gib", "kv_tokens"),
+                         [("bf16", "bf16", 15.0, 896_912), ("gptq-int4", "gptq-int4", 5.39, 975_664)])
+def test_real_h200_vllm_starts_match_the_plan(quant, name, weights_gib, kv_tokens):
+    """vLLM 0.26 on an H200 with the flags render writes (dummy weights of the Llama-3.1-8B shape): its
+    weights and KV tokens agree with the plan within 1 %, and the verdict passes. nvidia-smi lists
+    the engine-core child, not the API server: every process of the container is looked up."""
+    from llmfleet.knowledge.planner import PlanRequest, plan, summarize
+
+    p = summarize(plan(PlanRequest(model="llama-3.1-8b-instruct", quant=quant, gpu="h200-141gb", engine="vllm",
+                                   context=16384, concurrency=4)))
+    rep = parse_vllm(log(f"vllm-0.26.0-h200-llama8b-{name}.log"))
+    assert (rep.weights_gib, rep.kv_tokens) == (weights_gib, kv_tokens)
+    assert rep.weights_gib * 1024 == pytest.approx(p.weights_per_gpu_bytes / MIB, rel=0.02)
+    assert rep.kv_tokens == pytest.approx(p.kv_cache_tokens, rel=0.01)
+    apps = parse_compute_apps((LOGS / f"nvidia-smi-compute-apps-vllm-{name}.noheader.csv").read_text())
+    container = set(apps.used_mib) | {1}  # the API server (PID 1 in the container's view) holds no GPU memory
+    v = R.judge(rep, apps, container, p, "gpu", args_kv_tokens=for_engine("vllm").kv_tokens_asked(list(p.engine_args)))
+    assert v.status == "pass", v.message
+    assert "KV cache 975,664" in v.message or "KV cache 896,912" in v.message
