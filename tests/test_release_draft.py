@@ -51,7 +51,11 @@ def wheels(tmp_path):
         "vllm/__init__.py": b"",
     })
     torch = _wheel(tmp_path / "torch-2.14.0-cp312-cp312-manylinux_2_28_x86_64.whl", TORCH_META, "torch-2.14.0", {
-        "torch/lib/libtorch_cuda.so": _so([75, 80, 86, 89, 90, 100, 103, 120, 121], [121]),
+        # two object files built for TORCH_CUDA_ARCH_LIST (12.0 also as PTX), one of them with an
+        # arch-specific extra (sm_103a CUTLASS kernels): the extra is not the build's list
+        "torch/lib/libtorch_cuda.so": make_elf({b".nv_fatbin": _container(
+            [(2, s) for s in (75, 80, 86, 90, 100, 120)] + [(1, 120)]) + _container(
+            [(2, s) for s in (75, 80, 86, 90, 100, 103, 120)] + [(1, 120)])}),
     })
     cpu = _wheel(tmp_path / "vllm-0.33.0-cp38-abi3-linux_x86_64.whl", VLLM_META, "vllm-0.33.0", {
         "vllm/_C.abi3.so": make_elf({b".text": b"\x90" * 16}),
@@ -92,14 +96,15 @@ def test_the_draft_from_the_wheels_names_a_source_and_confidence_for_every_field
     assert d["key"] == "vllm:0.33.0" and e["tag"] == "v0.33.0"
     assert e["kernels"] == {"sass": ["7.5", "8.0", "8.6", "8.9", "9.0", "10.0", "12.0"], "ptx": ["8.0", "8.9", "9.0"]}
     assert e["torch"]["version"] == "2.14.0" and e["torch"]["cuda"] == "13.0"
-    assert e["torch"]["archs"] == ["7.5", "8.0", "8.6", "8.9", "9.0", "10.0", "10.3", "12.0", "12.1+PTX"]
+    assert e["torch"]["archs"] == ["7.5", "8.0", "8.6", "9.0", "10.0", "12.0+PTX"]
+    assert "SASS 10.3 in 1 of 2" in d["provenance"]["torch.archs"]["source"]
     assert e["cuda"] == "13.0" and e["min_driver"] == TOOLKITS["13.0"][0]
     assert e["torch"]["confidence"] == "H" and e["confidence"] == "H"
     for name in ("kernels", "torch.version", "torch.archs", "torch.cuda", "cuda", "min_driver"):
         p = d["provenance"][name]
         assert p["source"] and p["confidence"] in ("H", "M", "U"), name
     assert "vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl" in d["provenance"]["kernels"]["source"]
-    assert d["libraries"]["vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so"] == {"sass": ["8.0"], "ptx": ["8.0"]}
+    assert d["libraries"]["vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so"] == {"sass": ["8.0"], "ptx": ["8.0"], "containers": 1}
     assert "attention" in d["not_drafted"] and "quantizations" in d["not_drafted"]
     # the draft is a valid catalog entry as it stands
     rel = compat.EngineRelease.model_validate({**e, "key": d["key"]})
@@ -120,9 +125,18 @@ def test_a_wheel_without_cuda_kernels_is_refused(wheels):
 
 
 def test_a_wheel_of_another_version_is_refused(wheels):
-    vllm, _, _ = wheels
+    vllm, torch, _ = wheels
     with pytest.raises(UsageError, match="version 0.33.0, not 0.32.0"):
         rd.draft_release("vllm==0.32.0", TOOLKITS, wheel=vllm, with_torch=False)
+    with pytest.raises(UsageError, match="not the torch 2.14.0 wheel"):
+        rd.draft_release("vllm==0.33.0", TOOLKITS, wheel=vllm, torch_wheel=vllm)
+
+
+def test_an_arch_few_object_files_carry_is_partial_not_the_librarys():
+    lib = rd.LibArchs(116, {"7.5": 60, "8.0": 71, "12.0": 83}, {"8.0": 19, "9.0": 8})
+    assert lib.archs(rd.VLLM_SHARE) == (["7.5", "8.0", "12.0"], [])
+    assert lib.partial(rd.VLLM_SHARE) == ["PTX 8.0 in 19 of 116", "PTX 9.0 in 8 of 116"]
+    assert lib.archs() == (["7.5", "8.0", "12.0"], ["8.0", "9.0"])
 
 
 def test_the_draft_file_keeps_earlier_drafts_and_never_is_the_packaged_catalog(wheels, tmp_path):
@@ -199,6 +213,6 @@ def test_cli_json_and_yaml_drafts_from_local_wheels(wheels, tmp_path):
     res = _run(["vllm==0.33.0", "--wheel", str(vllm), "--torch-wheel", str(torch), "--json"], tmp_path)
     assert res.returncode == 0, res.stderr
     doc = json.loads(res.stdout)
-    assert doc["entry"]["torch"]["archs"][-1] == "12.1+PTX"
+    assert doc["entry"]["torch"]["archs"][-1] == "12.0+PTX"
     res = _run(["vllm==0.33.0", "--wheel", str(vllm), "--torch-wheel", str(torch)], tmp_path)
     assert res.returncode == 0 and yaml.safe_load(res.stdout)["images"]["vllm:0.33.0"]["torch"]["version"] == "2.14.0"

@@ -60,12 +60,13 @@ def elf_sections(data: bytes) -> dict[bytes, bytes]:
     return out
 
 
-def fatbin_entries(blob: bytes) -> list[tuple[int, int]]:
-    """(kind, sm_version) of every entry of the fatbin containers in ``blob`` (one section may hold
-    several containers back to back, 8-byte aligned)."""
-    out: list[tuple[int, int]] = []
+def fatbin_containers(blob: bytes) -> list[list[tuple[int, int]]]:
+    """(kind, sm_version) of the entries of each fatbin container in ``blob`` (one section may hold
+    several containers back to back, 8-byte aligned; nvcc writes one per object file)."""
+    out: list[list[tuple[int, int]]] = []
+    total = 0
     pos = 0
-    while pos + 16 <= len(blob) and len(out) < _MAX_ENTRIES:
+    while pos + 16 <= len(blob) and total < _MAX_ENTRIES:
         magic, _version, hsize, fat_size = struct.unpack_from("<IHHQ", blob, pos)
         if magic != FATBIN_MAGIC:
             pos += 8  # padding between containers
@@ -73,16 +74,45 @@ def fatbin_entries(blob: bytes) -> list[tuple[int, int]]:
         start = pos + hsize
         end = min(start + fat_size, len(blob))
         e = start
-        while e + 32 <= end and len(out) < _MAX_ENTRIES:
+        entries: list[tuple[int, int]] = []
+        while e + 32 <= end and total < _MAX_ENTRIES:
             kind, _ev, ehsize, payload = struct.unpack_from("<HHIQ", blob, e)
             sm = struct.unpack_from("<I", blob, e + 28)[0]
             if ehsize < 32 or kind not in (KIND_PTX, KIND_ELF):
                 break
-            out.append((kind, sm))
+            entries.append((kind, sm))
+            total += 1
             e += ehsize + payload
+        out.append(entries)
         pos = max(end, pos + 16)
         pos += -pos % 8
     return out
+
+
+def fatbin_entries(blob: bytes) -> list[tuple[int, int]]:
+    """(kind, sm_version) of every entry of the fatbin containers in ``blob``."""
+    return [entry for container in fatbin_containers(blob) for entry in container]
+
+
+def arch_shares(data: bytes) -> tuple[int, dict[str, int], dict[str, int]]:
+    """How widely each architecture is carried in an ELF file's fatbins: (number of non-empty
+    containers, SASS arch -> containers carrying it, PTX arch -> containers carrying it). An arch of
+    the build's list (TORCH_CUDA_ARCH_LIST, CMAKE_CUDA_ARCHITECTURES) is in (nearly) every container;
+    one that only a few arch-specific kernels carry (sm_90a, sm_103a CUTLASS kernels) is in a few.
+    Raises NotElf for a file that is not ELF."""
+    sections = elf_sections(data)
+    n = 0
+    sass: dict[str, int] = {}
+    ptx: dict[str, int] = {}
+    for name in _SECTIONS:
+        for container in fatbin_containers(sections.get(name, b"")):
+            if not container:
+                continue
+            n += 1
+            for kind, sm in set(container):
+                target = sass if kind == KIND_ELF else ptx
+                target[_cc(sm)] = target.get(_cc(sm), 0) + 1
+    return n, sass, ptx
 
 
 def fatbin_archs(data: bytes) -> tuple[list[str], list[str]]:

@@ -50,7 +50,35 @@ class Wheel:
 
     filename: str
     metadata: str
-    libraries: dict[str, tuple[list[str], list[str]]] = field(default_factory=dict)  # path -> (sass, ptx)
+    libraries: dict[str, LibArchs] = field(default_factory=dict)  # path -> its archs
+
+
+@dataclass
+class LibArchs:
+    """The fatbin of one shared library: containers (one per object file nvcc linked in) and, per
+    arch, how many of them carry SASS / PTX for it."""
+
+    containers: int = 0
+    sass: dict[str, int] = field(default_factory=dict)
+    ptx: dict[str, int] = field(default_factory=dict)
+
+    def archs(self, share: float = 0.0) -> tuple[list[str], list[str]]:
+        """(SASS, PTX) archs carried by more than ``share`` of the containers (0: by any), sorted."""
+        def pick(counts: dict[str, int]) -> list[str]:
+            return sorted((a for a, n in counts.items() if n > share * self.containers or (share >= 1 and
+                                                                                          n == self.containers)),
+                          key=_cc_key)
+        return pick(self.sass), pick(self.ptx)
+
+    def partial(self, share: float) -> list[str]:
+        """The archs carried by ``share`` of the containers or fewer: "SASS 8.9 in 1 of 444"."""
+        out = []
+        for kind, counts in (("SASS", self.sass), ("PTX", self.ptx)):
+            for a in sorted(counts, key=_cc_key):
+                n = counts[a]
+                if not (n > share * self.containers or (share >= 1 and n == self.containers)):
+                    out.append(f"{kind} {a} in {n} of {self.containers}")
+        return out
 
 
 def parse_spec(text: str) -> tuple[str, str]:
@@ -99,12 +127,12 @@ def torch_cuda(metadata: str) -> str | None:
     return None
 
 
-def library_archs(data: bytes) -> tuple[list[str], list[str]]:
-    """(SASS, PTX) of one shared library; ([], []) for a file that is not ELF."""
+def library_archs(data: bytes) -> LibArchs:
+    """The fatbin archs of one shared library (nothing for a file that is not ELF)."""
     try:
-        return fatbin.fatbin_archs(data)
+        return LibArchs(*fatbin.arch_shares(data))
     except fatbin.NotElf:
-        return [], []
+        return LibArchs()
 
 
 def read_wheel(path: Path, only: re.Pattern[str] | str | None = None) -> Wheel:
@@ -173,10 +201,19 @@ def _file_source(w: Wheel) -> str:
     return f"PyPI {project} {version}: {w.filename}"
 
 
-def core_libraries(vllm: Wheel) -> dict[str, tuple[list[str], list[str]]]:
+# vLLM's core library is built for its arch list, but many of its object files only for some of it
+# (Marlin from 8.0, CUTLASS sm90a/sm100a kernels): an arch is the library's when at least a quarter
+# of its object files carry it; rarer ones (a PTX fallback of a few kernels) are listed as partial.
+VLLM_SHARE = 0.25
+# torch builds every object file of libtorch_cuda for TORCH_CUDA_ARCH_LIST; arch-specific extras
+# (sm_103a, sm_121a kernels) are in a few files only: the build's list is what every file carries.
+TORCH_SHARE = 1.0
+
+
+def core_libraries(vllm: Wheel) -> dict[str, LibArchs]:
     """The wheel's core ``_C`` library (its archs); UsageError when it carries no CUDA kernels."""
     core = {p: a for p, a in vllm.libraries.items() if CORE_LIBRARY.match(p)}
-    if not any(s or p for s, p in core.values()):
+    if not any(a.containers for a in core.values()):
         raise UsageError(f"{vllm.filename}: no CUDA kernels in vllm/_C (a CPU or non-CUDA wheel); nothing written")
     return core
 
@@ -190,14 +227,19 @@ def draft_vllm(vllm: Wheel, torch: Wheel | None, toolkits: dict[str, list[str]])
     version = metadata_field(vllm.metadata, "Version") or ""
     src = _file_source(vllm)
     core = core_libraries(vllm)
-    sass = sorted({a for s, _ in core.values() for a in s}, key=_cc_key)
-    ptx = sorted({a for _, p in core.values() for a in p}, key=_cc_key)
+    sass = sorted({a for lib in core.values() for a in lib.archs(VLLM_SHARE)[0]}, key=_cc_key)
+    ptx = sorted({a for lib in core.values() for a in lib.archs(VLLM_SHARE)[1]}, key=_cc_key)
+    partial = [p for lib in core.values() for p in lib.partial(VLLM_SHARE)]
+    containers = sum(lib.containers for lib in core.values())
     core_names = ", ".join(sorted(core))
     torch_pin = requires(vllm.metadata, "torch")
     prov: dict[str, dict[str, str]] = {
         "version": {"source": f"{src}, METADATA Version", "confidence": "H"},
-        "kernels": {"source": f"{src}, {core_names}: .nv_fatbin read by llmfleet.images.fatbin "
-                              f"(SASS {' '.join(sass) or '-'}; PTX {' '.join(ptx) or '-'})", "confidence": "H"},
+        "kernels": {"source": f"{src}, {core_names}: .nv_fatbin read by llmfleet.images.fatbin, {containers} "
+                              f"object files (SASS {' '.join(sass) or '-'}; PTX {' '.join(ptx) or '-'}; an arch counts "
+                              f"when over {VLLM_SHARE:.0%} of them carry it"
+                              + (f"; partial: {', '.join(partial)}" if partial else "") + ")",
+                    "confidence": "H"},
         "tag": {"source": "vLLM's image tags are v<version> (docker.io/vllm/vllm-openai)", "confidence": "M"},
     }
     entry: dict[str, Any] = {
@@ -214,9 +256,12 @@ def draft_vllm(vllm: Wheel, torch: Wheel | None, toolkits: dict[str, list[str]])
         tsrc = _file_source(torch)
         cuda = torch_cuda(torch.metadata)
         lib = torch.libraries.get(TORCH_LIBRARY)
-        if lib is not None and (lib[0] or lib[1]):
-            torch_entry["archs"] = fatbin.lock_archs(*lib)
-            prov["torch.archs"] = {"source": f"{tsrc}, {TORCH_LIBRARY}: .nv_fatbin read by llmfleet.images.fatbin",
+        if lib is not None and lib.containers:
+            tpartial = lib.partial(TORCH_SHARE)
+            torch_entry["archs"] = fatbin.lock_archs(*lib.archs(TORCH_SHARE))
+            prov["torch.archs"] = {"source": f"{tsrc}, {TORCH_LIBRARY}: .nv_fatbin read by llmfleet.images.fatbin: "
+                                             f"the archs all {lib.containers} object files carry"
+                                             + (f" (arch-specific extras: {', '.join(tpartial)})" if tpartial else ""),
                                    "confidence": "H"}
         else:
             prov["torch.archs"] = {"source": f"{tsrc}: no {TORCH_LIBRARY} with CUDA kernels", "confidence": "U"}
@@ -250,7 +295,8 @@ def draft_vllm(vllm: Wheel, torch: Wheel | None, toolkits: dict[str, list[str]])
     entry["sources"] = [f"kernels: {prov['kernels']['source']} (H)",
                         *([f"cuda {cuda}, min_driver: {prov['cuda']['source']}; {prov['min_driver']['source']} (M)"]
                           if cuda and "min_driver" in prov else [])]
-    libs = {p: {"sass": s, "ptx": q} for p, (s, q) in sorted(vllm.libraries.items())}
+    libs = {p: {"sass": lib.archs()[0], "ptx": lib.archs()[1], "containers": lib.containers}
+            for p, lib in sorted(vllm.libraries.items())}
     return {"key": f"vllm:{version}", "entry": entry, "provenance": prov, "libraries": libs,
             "not_drafted": not_drafted}
 
@@ -283,6 +329,10 @@ def draft_release(spec: str, toolkits: dict[str, list[str]], *, wheel: Path | No
         pin = requires(vw.metadata, "torch")
         if torch_wheel is not None:
             tw = read_wheel(torch_wheel, TORCH_LIBRARY)
+            tv = metadata_field(tw.metadata, "Version")
+            if (metadata_field(tw.metadata, "Name") or "").lower() != "torch" or (pin and (tv or "").split("+")[0] != pin):
+                raise UsageError(f"{torch_wheel.name}: not the torch {pin} wheel that {engine} {version} pins "
+                                 f"(it is {metadata_field(tw.metadata, 'Name')} {tv})")
         elif with_torch and pin:
             (tmpdir / "torch").mkdir()
             path = fetch_wheel(f"torch=={pin}", tmpdir / "torch", pip=pip)
@@ -305,7 +355,7 @@ def render_drafts(drafts: list[dict[str, Any]]) -> str:
         "provenance": {d["key"]: d["provenance"] for d in drafts},
         "not_drafted": {d["key"]: d["not_drafted"] for d in drafts},
         "libraries": {d["key"]: {p: f"sass {' '.join(a['sass']) or '-'}; ptx {' '.join(a['ptx']) or '-'}"
-                                 for p, a in d["libraries"].items()} for d in drafts},
+                                 for p, a in d["libraries"].items() if a.get("containers", 1)} for d in drafts},
     }
     return yaml.safe_dump(doc, sort_keys=False, width=120, allow_unicode=True)
 
