@@ -375,6 +375,27 @@ def test_attention(image, args, env, gpu, status, said, fix):
         ("llamacpp:b5000-cu122", "auto", ["-ctk", "q8_0"], {}, P40, "fail", "needs flash attention", "-ctv f16"),
         ("llamacpp:server-cuda-12.8", "q8_0", [], {}, P40, "pass", "flash attention auto", ""),
         ("llamacpp:b5000-cu122", "auto", ["-ctk", "q8_0", "-ctv", "f16"], {}, P40, "pass", "q8_0/f16", ""),
+        # ggml-cuda flash attention without GGML_CUDA_FA_ALL_QUANTS: K and V of one type among
+        # f16/bf16/q4_0/q8_0, or K q8_0 with V q4_0 (fattn.cu ggml_cuda_get_best_fattn_kernel)
+        ("llamacpp:server-cuda-12.8", "q4_1", ["-fa", "on"], {}, P40, "fail",
+         "no CUDA flash-attention kernel for K q4_1 / V q4_1", "-ctk q8_0 -ctv q4_0"),
+        ("llamacpp:server-cuda-12.8", "q5_0", [], {}, A100, "fail", "built without GGML_CUDA_FA_ALL_QUANTS",
+         "GGML_CUDA_FA_ALL_QUANTS=ON"),
+        ("llamacpp:vendored-0.3.36-cu118", "q5_1", [], {}, T4, "fail", "-DGGML_CUDA_FA_ALL_QUANTS=OFF", "q8_0"),
+        ("llamacpp:vendored-0.3.36-cu118", "iq4_nl", ["-fa", "on"], {}, T4, "fail", "K iq4_nl / V iq4_nl", "q4_0"),
+        ("llamacpp:b5000-cu122", "q4_1", ["-fa"], {}, P40, "fail", "K q4_1 / V q4_1", "q8_0"),
+        ("llamacpp:server-cuda-12.8", "auto", ["-ctk", "q8_0", "-ctv", "q4_0", "-fa", "on"], {}, P40, "pass",
+         "q8_0/q4_0", ""),
+        ("llamacpp:server-cuda-12.8", "auto", ["-ctk", "q4_0", "-ctv", "q8_0", "-fa", "on"], {}, P40, "fail",
+         "K q4_0 / V q8_0", ""),
+        ("llamacpp:server-cuda-12.8", "q4_0", ["-fa", "on"], {}, P40, "pass", "q4_0/q4_0", ""),
+        ("llamacpp:server-cuda-12.8", "bf16", ["-fa", "on"], {}, A100, "pass", "bf16/bf16", ""),
+        # K only quantized: -fa auto turns flash attention off, which an f16 V does not need; -fa on does not
+        ("llamacpp:server-cuda-12.8", "auto", ["-ctk", "q4_1", "-ctv", "f16"], {}, P40, "pass", "q4_1/f16", ""),
+        ("llamacpp:server-cuda-12.8", "auto", ["-ctk", "q4_1", "-ctv", "f16", "-fa", "on"], {}, P40, "fail",
+         "runs on the CPU", ""),
+        ("llamacpp:server-cuda-12.8", "auto", ["-ctk", "q4_1", "-ctv", "f16", "-fa", "off"], {}, P40, "pass", "", ""),
+        ("llamacpp:lab-cpu", "q4_1", ["-fa", "on"], {}, P40, "pass", "q4_1/q4_1", ""),
     ],
 )
 def test_kv_dtype(image, kv, args, env, gpu, status, said, fix):
@@ -453,3 +474,16 @@ def test_a_driver_that_does_not_drive_the_card_fails(gpu, driver, modules, fails
     v = compat.check_cuda_driver(rel("llamacpp:b5000-cu122"), CAT, driver=driver, cuda_driver=None, gpu_name=name,
                                  cc=cc, data_center=dc, today=BEFORE_R535_EOL, kernel_modules=modules, **NO_FWD)
     assert (v.status == "fail" and said in v.message) is fails, v
+
+
+def test_every_llamacpp_gpu_image_records_its_fa_all_quants_flag_with_a_source():
+    for key, r in CAT.images.items():
+        if r.engine == "llamacpp" and not r.cpu:
+            assert r.fa_all_quants is not None and r.fa_all_quants.source, key
+    assert CAT.release("llamacpp:vendored-0.3.36-cu118").fa_all_quants.enabled is False
+    # the catalog and the build files this repository builds the images from agree
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1] / "dockerfiles"
+    assert "-DGGML_CUDA_FA_ALL_QUANTS=OFF" in (root / "llamacpp-cu118" / "build-llama-server.sh").read_text()
+    assert "FA_ALL_QUANTS=ON" not in (root / "llamacpp-cuda" / "Dockerfile").read_text()
+    assert CAT.release("llamacpp:b5000-cu122").fa_all_quants.enabled is False

@@ -100,6 +100,24 @@ class RpcWorker(_Model):
     source: str
 
 
+class BuildFlag(_Model):
+    """A build option of the image (llama.cpp: GGML_CUDA_FA_ALL_QUANTS), with where it was read."""
+
+    enabled: bool
+    confidence: Literal["H", "M", "U"]
+    source: str
+
+
+class CudaFlashAttnKv(_Model):
+    """llama.cpp: the K/V cache types ggml-cuda's flash attention has kernels for."""
+
+    types: list[str]
+    mixed: list[list[str]] = Field(default_factory=list)
+    all_quants_types: list[str]
+    confidence: Literal["H", "M", "U"]
+    source: str
+
+
 class LoadLog(_Model):
     """llama.cpp: the ``-lv`` at which the build prints its load lines (layers offloaded, buffers per
     device, KV cache), which the residency check reads; None: printed at the default verbosity."""
@@ -134,6 +152,7 @@ class EngineRelease(_Model):
     kv_layout: KvLayout | None = None
     rpc_server: RpcWorker | None = None  # llama.cpp only; None: not known
     load_log: LoadLog | None = None  # llama.cpp only; None: not known (the lines may be missing: a WARN)
+    fa_all_quants: BuildFlag | None = None  # llama.cpp GPU builds: GGML_CUDA_FA_ALL_QUANTS; None: not known
     image_size_mib: int = 0
     confidence: Literal["H", "M", "U"]
     sources: list[str]
@@ -149,6 +168,7 @@ class EngineRules(_Model):
     dtype_needs_bf16: list[str] = Field(default_factory=list)
     kv_dtypes: list[str]
     kv_needs_flash_attn: list[str] = Field(default_factory=list)
+    cuda_flash_attn_kv: CudaFlashAttnKv | None = None
 
 
 class CompatRule(_Model):

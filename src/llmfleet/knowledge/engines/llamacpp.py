@@ -84,6 +84,9 @@ class LlamaCppKnowledge(EngineKnowledge):
         v = v_cache_verdict(rel, rules, kv_v, flash_attn_setting(args))
         if v.status != "pass":
             return v
+        fa = cuda_fa_pair_verdict(rel, rules, kv, kv_v, flash_attn_setting(args))
+        if fa is not None:
+            return fa
         return Verdict("pass", f"KV cache {kv}/{kv_v} on llama.cpp" + (f"; {v.message}" if kv_v in
                                                                         rules.kv_needs_flash_attn else ""))
 
@@ -161,6 +164,48 @@ def v_cache_verdict(rel: EngineRelease, rules: EngineRules, kv_v: str, fa: str |
                                "refuses the context: V cache quantization requires flash attention)",
                        f"add {' '.join(flash_attn_on_args(rel))}, or use -ctv f16")
     return Verdict("pass", f"quantized V cache {kv_v} with flash attention {effective}")
+
+
+def _cache_type(t: str) -> str:
+    return "f16" if t in ("auto", "fp16") else t
+
+
+def cuda_fa_pair_verdict(rel: EngineRelease, rules: EngineRules, kv_k: str, kv_v: str,
+                         fa: str | None) -> Verdict | None:
+    """Has ggml-cuda a flash-attention kernel for this K/V cache pair in this build? None when flash
+    attention is off or the pair runs; a FAIL when it does not (a WARN when the build flag is not
+    known). Pure, from ``engines.llamacpp.cuda_flash_attn_kv`` and the image's ``fa_all_quants``."""
+    table = rules.cuda_flash_attn_kv
+    if rel.cpu or table is None:
+        return None
+    effective = fa if fa is not None else fa_default(rel)
+    effective = "on" if effective == "bare" else effective
+    if effective in _FA_OFF:
+        return None
+    k, v = _cache_type(kv_k), _cache_type(kv_v)
+    flag = rel.fa_all_quants
+    all_quants = flag is not None and flag.enabled
+    if all_quants:
+        runs = k in table.all_quants_types and v in table.all_quants_types
+    else:
+        runs = (k == v and k in table.types) or [k, v] in table.mixed
+    if runs or (effective == "auto" and v not in rules.kv_needs_flash_attn):
+        return None  # auto turns flash attention off, which an unquantized V cache does not need
+    pairs = ", ".join(table.types) + "".join(f"; K {a} with V {b}" for a, b in table.mixed)
+    built = ("built with GGML_CUDA_FA_ALL_QUANTS" if all_quants else
+             "built without GGML_CUDA_FA_ALL_QUANTS" if flag is not None else
+             "whose GGML_CUDA_FA_ALL_QUANTS setting is not known (the default is OFF)")
+    what = (f"{rel.key} ({built}{f', confidence {flag.confidence}: {flag.source}' if flag is not None else ''}) has no "
+            f"CUDA flash-attention kernel for K {k} / V {v}: without that flag ggml-cuda takes K and V of one type "
+            f"({pairs}) ({table.source})")
+    then = ("with -fa on the attention runs on the CPU; with -fa auto flash attention is turned off"
+            + (", and the quantized V cache then stops the context" if v in rules.kv_needs_flash_attn else ""))
+    fix = ("use -ctk and -ctv of one type among " + ", ".join(t for t in table.types if t != "f32")
+           + "".join(f", or -ctk {a} -ctv {b}" for a, b in table.mixed)
+           + "; or an image built with -DGGML_CUDA_FA_ALL_QUANTS=ON")
+    if flag is None:
+        return Verdict("warn", f"{what}; {then}", fix)
+    return Verdict("fail", f"{what}; {then}", fix)
 
 
 KNOWLEDGE = LlamaCppKnowledge()
