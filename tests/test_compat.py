@@ -487,3 +487,63 @@ def test_every_llamacpp_gpu_image_records_its_fa_all_quants_flag_with_a_source()
     assert "-DGGML_CUDA_FA_ALL_QUANTS=OFF" in (root / "llamacpp-cu118" / "build-llama-server.sh").read_text()
     assert "FA_ALL_QUANTS=ON" not in (root / "llamacpp-cuda" / "Dockerfile").read_text()
     assert CAT.release("llamacpp:b5000-cu122").fa_all_quants.enabled is False
+
+
+# NVIDIA_REQUIRE_CUDA of the nvidia/cuda 12.8 bases (docker image inspect of nvidia/cuda:12.8.1-*): brand
+# exceptions for the 470, 535, 550, 560 and 565 branches, none for GeForce. The 12.4 bases still listed
+# geforce. The toolkit ORs the space-separated alternatives and ANDs the comma-separated terms.
+_BRANDS_128 = ["unknown", "grid", "tesla", "nvidia", "quadro", "quadrortx", "nvidiartx", "vapps", "vpc", "vcs",
+               "vws", "cloudgaming"]
+REQUIRE_128 = "cuda>=12.8 " + " ".join(f"brand={b},driver>={d},driver<{d + 1}" for d in (470, 535, 550, 560, 565)
+                                       for b in _BRANDS_128)
+REQUIRE_124 = "cuda>=12.4 " + " ".join(f"brand={b},driver>={d},driver<{d + 1}" for d in (470, 525, 535)
+                                       for b in ["tesla", "nvidia", "geforce", "geforcertx", "titan"])
+
+
+@pytest.mark.parametrize(
+    ("image", "require", "gpu", "drv", "env", "status", "said", "fix"),
+    [
+        # GeForce on R550 (CUDA 12.4), a CUDA 12.8 image: the toolkit refuses it
+        ("llamacpp:server-cuda-12.8", REQUIRE_128, RTX4090, D550, None, "fail",
+         "the NVIDIA container toolkit refuses to start", "NVIDIA_DISABLE_REQUIRE=1"),
+        ("vllm:0.10.1.1", REQUIRE_128, RTX4090, D550, None, "fail", "brand geforce/geforcertx", "after which: WARN"),
+        # lifted: minor-version compatibility decides again
+        ("llamacpp:server-cuda-12.8", REQUIRE_128, RTX4090, D550, {"NVIDIA_DISABLE_REQUIRE": "1"}, "warn",
+         "minor-version compatibility", ""),
+        # a data-center card on a listed branch is admitted by a brand exception
+        ("vllm:0.10.1.1", REQUIRE_128, A100, D550, None, "warn", "Triton", ""),
+        # the 12.4 bases admitted GeForce on R535
+        ("llamacpp:b5000-cu122", REQUIRE_124.replace("cuda>=12.4", "cuda>=12.4"), RTX4090, D535, None, "pass",
+         "native", ""),
+        # native: the cuda>= term alone admits it
+        ("llamacpp:server-cuda-12.8", REQUIRE_128, RTX4090, D570, None, "pass", "native", ""),
+    ],
+)
+def test_the_image_nvidia_require_cuda_is_judged_as_the_toolkit_does(image, require, gpu, drv, env, status, said, fix):
+    r = rel(image).model_copy(update={"require_cuda": require})
+    name, cc, dc = gpu
+    v = compat.check_cuda_driver(r, CAT, driver=drv[0], cuda_driver=drv[1], gpu_name=name, cc=cc, data_center=dc,
+                                 env=env, today=BEFORE_R535_EOL, **NO_FWD)
+    assert v.status == status, v
+    assert said in v.message, v.message
+    assert fix in v.fix, v.fix
+
+
+def test_without_the_image_requirement_string_a_geforce_stays_a_warn():
+    v = cuda_verdict("llamacpp:vendored-0.3.36-cu118", RTX4090, D470)
+    assert v.status == "warn"
+    r = rel("vllm:0.10.1.1")
+    assert r.require_cuda is None
+    v = compat.check_cuda_driver(r, CAT, driver=D550[0], cuda_driver=D550[1], gpu_name=RTX4090[0], cc="8.9",
+                                 data_center=False, **NO_FWD)
+    assert v.status == "warn", v
+
+
+def test_require_cuda_terms():
+    sat = compat.require_cuda_satisfied
+    assert sat("cuda>=12.8", driver="550.54.15", cuda="12.4", cc="8.9", brands={"geforce"}) == (False, "")
+    assert sat(REQUIRE_124, driver="535.183.06", cuda="12.2", cc="8.9", brands={"geforce"})[0] is True
+    assert sat(REQUIRE_128, driver="550.54.15", cuda="12.4", cc="8.0", brands=None)[0] is None
+    assert compat.card_brands("NVIDIA GeForce RTX 3090", False) == {"geforce", "geforcertx"}
+    assert compat.card_brands("Tesla V100-SXM2-32GB", True) == {"tesla"}
+    assert compat.card_brands("NVIDIA H200", True) == {"nvidia", "tesla"}

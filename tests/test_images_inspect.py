@@ -158,6 +158,7 @@ def test_inspecting_a_llamacpp_image_reads_its_cuda_library():
     r = ins.inspect_image("llamacpp:server-cuda-12.8", "ghcr.io/ggml-org/llama.cpp@sha256:" + "ab" * 32,
                           runner=docker)
     assert r.cuda == "12.8.1" and r.engine_version == "b6123 (deadbee)"
+    assert r.require_cuda is None  # this image's config sets no NVIDIA_REQUIRE_CUDA
     assert r.archs == ("8.6", "8.9", "5.0-virtual", "6.1-virtual", "7.0-virtual", "7.5-virtual", "8.0-virtual",
                        "9.0-virtual")
     assert "app/libggml-cuda.so" in r.files
@@ -205,6 +206,33 @@ def test_inspecting_a_vllm_image_and_preflight_prefers_the_inspected_facts():
     assert "torch 2.7.1+cu128," in v100.message
     t4 = compat.check_architecture(rel, "Tesla T4", "7.5")
     assert t4.status == "pass" and "inspected from the image" in t4.message
+
+
+def test_the_image_nvidia_require_cuda_is_read_kept_in_the_lock_and_judged():
+    """NVIDIA_REQUIRE_CUDA is read from the image's config, kept in images.lock, and preflight judges it as
+    the container toolkit does: a GeForce card on a driver below the image's CUDA is refused."""
+    require = ("cuda>=12.8 brand=tesla,driver>=535,driver<536 brand=nvidia,driver>=535,driver<536 "
+               "brand=tesla,driver>=550,driver<551 brand=nvidia,driver>=550,driver<551")
+    docker = FakeDocker({"Env": ["CUDA_VERSION=12.8.1", "NVIDIA_REQUIRE_CUDA=" + require]},
+                        {"python3": (0, VLLM_PROBE_OUT.encode(), b"")})
+    r = ins.inspect_image("vllm:0.10.1.1", "docker.io/vllm/vllm-openai@sha256:" + "cd" * 32, runner=docker)
+    assert r.require_cuda == require and r.to_dict()["require_cuda"] == require
+    entry = LockedImage("vllm:0.10.1.1", "docker.io/vllm/vllm-openai", "sha256:" + "cd" * 32, "v0.10.1.1", "12.8.1")
+    from llmfleet.images.lock import ImageLock
+    back = parse_lock(render_lock(ImageLock({entry.key: ins.apply(entry, r)}))).get(entry.key)
+    assert back.require_cuda == require
+    ref = ImageRef(key=entry.key, repository=entry.repository, digest=entry.digest, tag=entry.tag, pinned=True,
+                   upstream_repository=entry.repository, cuda=back.cuda, archs=back.archs, torch=back.torch,
+                   torch_cuda=back.torch_cuda, torch_archs=back.torch_archs, archs_source=back.archs_source,
+                   require_cuda=back.require_cuda)
+    rel, _ = release_for(ref, CAT)
+    assert rel.require_cuda == require
+    host = {"driver": "550.54.15", "cuda_driver": "12.4", "cc": "8.9", "toolkit_version": "1.17.8", "runtimes": ["runc"]}
+    v = compat.check_cuda_driver(rel, CAT, gpu_name="NVIDIA GeForce RTX 4090", data_center=False, **host)
+    assert v.status == "fail" and "refuses to start" in v.message and "inspected from the image" in v.message
+    v = compat.check_cuda_driver(rel, CAT, gpu_name="NVIDIA A100-SXM4-80GB", data_center=True,
+                                 **{**host, "cc": "8.0"})
+    assert v.status == "warn" and "admits it through 'brand=" in v.message, v
 
 
 def test_an_image_that_is_not_here_is_a_clear_failure():

@@ -51,12 +51,13 @@ class Inspection:
     archs: tuple[str, ...] = ()  # the engine's own kernels, lock notation
     files: tuple[str, ...] = ()  # what the kernels were read from
     notes: tuple[str, ...] = ()
+    require_cuda: str | None = None  # the image's NVIDIA_REQUIRE_CUDA (what the container toolkit checks)
 
     def to_dict(self) -> dict[str, Any]:
         return {"key": self.key, "ref": self.ref, "engine": self.engine, "engine_version": self.engine_version,
                 "cuda": self.cuda, "torch": self.torch, "torch_cuda": self.torch_cuda,
                 "torch_archs": list(self.torch_archs), "archs": list(self.archs), "files": list(self.files),
-                "notes": list(self.notes)}
+                "notes": list(self.notes), "require_cuda": self.require_cuda}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -236,6 +237,7 @@ def apply(entry: LockedImage, ins: Inspection, *, keep_cuda_when_unknown: bool =
         torch_archs=ins.torch_archs,
         archs_source="inspected",
         engine_version=ins.engine_version,
+        require_cuda=ins.require_cuda,
     )
 
 
@@ -274,9 +276,12 @@ def inspect_image(key: str, ref: str, *, runner: Runner | None = None, docker: s
     cuda = image_cuda(config)
     from llmfleet.knowledge.engines import for_engine
 
+    require = (config.get("env") or {}).get("NVIDIA_REQUIRE_CUDA") or None
     if for_engine(engine).inspect_method == "python":
-        return _inspect_vllm(ctx, key, ref, cuda)
-    return _inspect_llamacpp(ctx, key, ref, cuda, config)
+        ins = _inspect_vllm(ctx, key, ref, cuda)
+    else:
+        ins = _inspect_llamacpp(ctx, key, ref, cuda, config)
+    return replace(ins, require_cuda=require)
 
 
 def _inspect_vllm(ctx: _Ctx, key: str, ref: str, cuda: str | None) -> Inspection:

@@ -55,6 +55,7 @@ class LockedImage:
     torch_archs: tuple[str, ...] = ()  # torch.cuda.get_arch_list() (or the build's TORCH_CUDA_ARCH_LIST)
     archs_source: str | None = None  # catalog | inspected (read from the image by images.inspect)
     engine_version: str | None = None  # the engine's own version string, when inspected
+    require_cuda: str | None = None  # the image's NVIDIA_REQUIRE_CUDA, when inspected
 
     @property
     def engine(self) -> str:
@@ -86,6 +87,7 @@ class ImageRef:
     torch_cuda: str | None = None
     torch_archs: tuple[str, ...] = ()
     archs_source: str | None = None
+    require_cuda: str | None = None  # NVIDIA_REQUIRE_CUDA as read from the image (images.inspect)
 
     @property
     def pull_ref(self) -> str:
@@ -112,13 +114,15 @@ class ImageRef:
             "torch_cuda": self.torch_cuda,
             "torch_archs": list(self.torch_archs),
             "archs_source": self.archs_source,
+            "require_cuda": self.require_cuda,
         }
 
 
 def _ref_facts(locked: LockedImage) -> dict[str, Any]:
     """The image facts an ImageRef carries over from its lock entry."""
     return {"cuda": locked.cuda, "archs": locked.archs, "torch": locked.torch, "torch_cuda": locked.torch_cuda,
-            "torch_archs": locked.torch_archs, "archs_source": locked.archs_source}
+            "torch_archs": locked.torch_archs, "archs_source": locked.archs_source,
+            "require_cuda": locked.require_cuda}
 
 
 def parse_lock(text: str, path: str = "images.lock", *, keep: bool = False) -> ImageLock:
@@ -181,6 +185,7 @@ def parse_lock(text: str, path: str = "images.lock", *, keep: bool = False) -> I
             torch_archs=tuple(str(a) for a in torch_archs),
             archs_source=str(archs_source) if archs_source is not None else None,
             engine_version=str(entry["engine_version"]) if entry.get("engine_version") is not None else None,
+            require_cuda=str(entry["require_cuda"]) if entry.get("require_cuda") is not None else None,
         )
     return ImageLock(images=images, path=path)
 
@@ -329,7 +334,7 @@ LOCK_HEADER = """\
 
 
 _ENTRY_ORDER = ("repository", "tag", "digest", "digest_source", "cuda", "archs", "torch", "torch_cuda",
-                "torch_archs", "archs_source", "engine_version", "source", "verified")
+                "torch_archs", "archs_source", "engine_version", "require_cuda", "source", "verified")
 
 
 def entry_dict(img: LockedImage) -> dict[str, Any]:
@@ -346,6 +351,7 @@ def entry_dict(img: LockedImage) -> dict[str, Any]:
         "torch_archs": list(img.torch_archs),
         "archs_source": img.archs_source,
         "engine_version": img.engine_version,
+        "require_cuda": img.require_cuda,
         "source": img.source,
         "verified": dict(img.verified) if img.verified else None,
     }
@@ -520,7 +526,8 @@ def pin(specs: list[PinSpec] | dict[str, str], client: Any, lock_path: str | Pat
         if old is not None and old.digest == digest and old.archs_source == "inspected":
             # the same bytes: what images.inspect read from them still holds
             entry = replace(entry, cuda=old.cuda, archs=old.archs, torch=old.torch, torch_cuda=old.torch_cuda,
-                            torch_archs=old.torch_archs, archs_source="inspected", engine_version=old.engine_version)
+                            torch_archs=old.torch_archs, archs_source="inspected", engine_version=old.engine_version,
+                            require_cuda=old.require_cuda)
         entries.append(entry)
     write_lock(merge(lock, entries), lock_path)
     return entries

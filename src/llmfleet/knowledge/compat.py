@@ -140,6 +140,9 @@ class EngineRelease(_Model):
     # The image sets NVIDIA_REQUIRE_CUDA or CUDA_VERSION (the nvidia/cuda bases): the NVIDIA runtime then
     # refuses a driver below that CUDA unless NVIDIA_DISABLE_REQUIRE=1.
     nvidia_require_cuda: bool = True
+    # The NVIDIA_REQUIRE_CUDA string itself, read from the image (images.inspect, images.lock): the
+    # container toolkit's check is judged from it; None: not read (the check can only WARN).
+    require_cuda: str | None = None
     kernels: Kernels = Field(default_factory=Kernels)
     v1_min_cc: str | None = None
     quantizations: dict[str, str] = Field(default_factory=dict)
@@ -548,6 +551,69 @@ def check_driver_drives_card(cat: EngineCatalog, driver: str | None, gpu_name: s
     return None
 
 
+# NVIDIA Container Toolkit, "Specialized Configurations with Docker" (docs.nvidia.com/datacenter/
+# cloud-native/container-toolkit/latest/docker-specialized.html): in NVIDIA_REQUIRE_*, "space-separated
+# constraints are ORed, comma-separated constraints are ANDed"; NVIDIA_REQUIRE_CUDA: "If the version of the
+# NVIDIA driver is insufficient to run this version of CUDA, the container will not be started";
+# NVIDIA_DISABLE_REQUIRE: "Single switch to disable all the constraints of the form NVIDIA_REQUIRE_*".
+REQUIRE_SOURCE = ("NVIDIA Container Toolkit docs, Specialized Configurations with Docker: space-separated "
+                  "constraints are ORed, comma-separated ANDed; the container is not started otherwise")
+_REQ_RE = re.compile(r"^(cuda|driver|arch|brand)(>=|<=|==|=|>|<)(.+)$")
+
+
+def card_brands(gpu_name: str | None, data_center: bool | None) -> set[str] | None:
+    """The NVML brand names a card may report, from its nvidia-smi name (lowercase, as the toolkit's
+    ``brand=`` constraint spells them); None when the name does not tell."""
+    name = (gpu_name or "").lower()
+    if "geforce" in name:
+        return {"geforce", "geforcertx"}
+    if "titan" in name:
+        return {"titan", "titanrtx"}
+    if "quadro" in name:
+        return {"quadro", "quadrortx"}
+    if "tesla" in name:
+        return {"tesla"}
+    if re.search(r"\brtx\b", name):
+        return {"nvidiartx", "nvidia"}
+    if data_center:
+        return {"nvidia", "tesla"}
+    return None
+
+
+def _req_term(term: str, *, driver: str, cuda: str | None, cc: str | None,
+              brands: set[str] | None) -> bool | None:
+    m = _REQ_RE.match(term.strip())
+    if not m:
+        return None
+    what, op, value = m.groups()
+    if what == "brand":
+        if brands is None:
+            return None
+        return (value.lower() in brands) == (op in ("=", "=="))
+    have = {"cuda": version_tuple(cuda), "driver": version_tuple(driver),
+            "arch": cc_tuple(cc)}[what]
+    want = version_tuple(value) if what != "arch" else cc_tuple(value)
+    if have is None or want is None:
+        return None
+    n = max(len(have), len(want))
+    a, b = tuple(have) + (0,) * (n - len(have)), tuple(want) + (0,) * (n - len(want))
+    return {">=": a >= b, "<=": a <= b, ">": a > b, "<": a < b, "=": a == b, "==": a == b}[op]
+
+
+def require_cuda_satisfied(text: str, *, driver: str, cuda: str | None, cc: str | None,
+                           brands: set[str] | None) -> tuple[bool | None, str]:
+    """How the container toolkit judges an NVIDIA_REQUIRE_CUDA string on this host: (True: it starts,
+    False: it refuses, None: cannot tell), and the alternative that admits it. Pure."""
+    unknown = False
+    for alt in text.split():
+        results = [_req_term(t, driver=driver, cuda=cuda, cc=cc, brands=brands) for t in alt.split(",")]
+        if all(r is True for r in results):
+            return True, alt
+        if not any(r is False for r in results):
+            unknown = True
+    return (None if unknown else False), ""
+
+
 def check_cuda_driver(
     rel: EngineRelease,
     cat: EngineCatalog,
@@ -596,6 +662,33 @@ def check_cuda_driver(
     cov = kernel_coverage(rel, str(cc)) if cc_tuple(cc) else None
     card = gpu_name or "the card"
     upgrade = f"upgrade the driver to >= {need} (CUDA {rel.cuda})"
+    # 0. The container toolkit's own check of the image's NVIDIA_REQUIRE_CUDA (when read from the image).
+    disabled = str((env or {}).get("NVIDIA_DISABLE_REQUIRE", "")).lower() in ("1", "true", "yes")
+    admitted = ""
+    if rel.require_cuda and rel.nvidia_require_cuda and not disabled:
+        brands = card_brands(gpu_name, data_center)
+        ok, alt = require_cuda_satisfied(rel.require_cuda, driver=driver, cuda=native_s if native else None,
+                                         cc=cc, brands=brands)
+        if ok is False:
+            first = rel.require_cuda.split()[0]
+            listed = sorted({m.group(1) for m in re.finditer(r"brand=([a-z]+)", rel.require_cuda)})
+            branches = sorted({int(m.group(1)) for m in re.finditer(r"driver>=(\d+)", rel.require_cuda)})
+            brand_s = "/".join(sorted(brands)) if brands else "unknown"
+            after = check_cuda_driver(rel, cat, driver=driver, cuda_driver=cuda_driver, gpu_name=gpu_name, cc=cc,
+                                      data_center=data_center, toolkit_version=toolkit_version, runtimes=runtimes,
+                                      env={**(env or {}), "NVIDIA_DISABLE_REQUIRE": "1"},
+                                      default_runtime=default_runtime, today=today)
+            return Verdict(
+                "fail",
+                f"the NVIDIA container toolkit refuses to start {rel.key} on driver {driver} (CUDA {native_s}): its "
+                f"NVIDIA_REQUIRE_CUDA ({_facts_note(rel)}) asks {first}, and its exceptions (brand "
+                f"{', '.join(listed) or 'none'} on driver branches {', '.join(f'R{b}' for b in branches) or 'none'}) "
+                f"do not cover {card} (brand {brand_s}) on R{dv[0]} ({REQUIRE_SOURCE})",
+                f"{upgrade}; or set NVIDIA_DISABLE_REQUIRE=1 in the service's env, after which: {after.status.upper()} "
+                f"({after.message[:160]})",
+            )
+        if ok is True and not alt.startswith("cuda"):
+            admitted = f"; the image's NVIDIA_REQUIRE_CUDA admits it through '{alt}'"
     # 1. Forward compatibility: the image's own newer libcuda (full feature set, PTX JIT included).
     fwd_reason, fwd_note = forward_compat_gap(rel, cat, card, data_center, toolkit_version, runtimes, driver,
                                               default_runtime=default_runtime, today=today)
@@ -603,7 +696,7 @@ def check_cuda_driver(
         return Verdict(
             "warn",
             f"driver {driver} supports CUDA {native_s} < {rel.cuda}; {rel.key} runs through forward compatibility "
-            f"(its cuda-compat libcuda on data-center {card}; {fwd_note})",
+            f"(its cuda-compat libcuda on data-center {card}; {fwd_note}){admitted}",
             f"{upgrade} for native support",
         )
     # 2. Minor-version compatibility: same major, driver above the floor, a limited feature set.
@@ -628,8 +721,10 @@ def check_cuda_driver(
             return special
         if not rel.nvidia_require_cuda:
             require = "; the image sets no NVIDIA_REQUIRE_CUDA or CUDA_VERSION, so the NVIDIA runtime does not refuse the driver"
-        elif (env or {}).get("NVIDIA_DISABLE_REQUIRE") == "1":
+        elif disabled:
             require = ""
+        elif admitted:
+            require = admitted
         else:
             require = "; the image's NVIDIA_REQUIRE_CUDA may stop the container (NVIDIA_DISABLE_REQUIRE=1 lifts it)"
         kernel = f"SASS for {_sm(cov[1])}, no PTX JIT needed" if cov is not None else "SASS"

@@ -205,6 +205,9 @@ def release_for(image_ref: Any, catalog: EngineCatalog) -> tuple[EngineRelease |
                          else "images.lock"],
             )
             update["facts_source"] = source
+    require = getattr(image_ref, "require_cuda", None)
+    if require and not rel.cpu:
+        update["require_cuda"] = str(require)
     return (rel.model_copy(update=update) if update else rel), notes
 
 
