@@ -563,3 +563,47 @@ def test_a_verbose_llama_server_gets_the_key_listed_twice_so_no_fragment_reaches
     r = render(s, hs, resolve(s.image, LOCK), api_key="sk-abc123")
     assert f"LLAMA_API_KEY='{env_value}'\n" in r.files["service.env"]
     assert "abc123" not in r.files["compose.yml"]
+
+
+@pytest.mark.parametrize(
+    ("image", "gpu", "ptx_only"),
+    [
+        # llamacpp:server-cuda-12.8 (CMAKE_CUDA_ARCHITECTURES 50-virtual 61-virtual 70-virtual 75-virtual
+        # 80-virtual 86-real 89-real 90-virtual 120a-real): PTX only on a P40, V100, T4 or A100
+        ("llamacpp:server-cuda-12.8", "p40", True),
+        ("llamacpp:server-cuda-12.8", "v100-sxm2-32gb", True),
+        ("llamacpp:server-cuda-12.8", "rtx-4090", False),
+        ("llamacpp:b5000-cu122", "p40", False),
+    ],
+)
+def test_a_ptx_only_card_gets_a_cuda_jit_cache_volume(image, gpu, ptx_only):
+    """The driver JIT-compiles PTX at every container start unless its cache (CUDA_CACHE_PATH, default
+    ~/.nv/ComputeCache) survives: a named volume and CUDA_CACHE_PATH/CUDA_CACHE_MAXSIZE where the
+    planned card has only PTX in the image, nothing otherwise."""
+    lock = ImageLock(images={image: LockedImage(image, "ghcr.io/ggml-org/llama.cpp", DIGEST, "server-cuda")})
+    hs = _settings(engine="llamacpp", image=image, model_path="/srv/models/q.gguf", gpus=[0])
+    s = hs.services[0]
+    r = render(s, hs, resolve(s.image, lock), PlanSummary(engine="llamacpp", gpu=gpu))
+    doc = yaml.safe_load(r.files["compose.yml"])
+    c = doc["services"]["engine"]
+    volumes = [v for v in c["volumes"] if v["type"] == "volume"]
+    env = c.get("environment") or {}
+    if ptx_only:
+        assert volumes == [{"type": "volume", "source": "engine-cache", "target": "/tmp"}]
+        assert doc["volumes"]["engine-cache"]["name"] == "llmfleet-chat-cache"
+        assert env["CUDA_CACHE_PATH"] == "/tmp/cuda-jit" and env["CUDA_CACHE_MAXSIZE"] == "4294967296"
+    else:
+        assert volumes == [] and "CUDA_CACHE_PATH" not in env and "volumes" not in doc
+
+
+def test_vllm_keeps_its_compile_cache_and_adds_the_jit_cache_only_where_ptx_runs():
+    from llmfleet.release.render import container_settings, load_role
+
+    role = load_role("vllm", None)
+    s = _settings(gpus=[0]).services[0]
+    plain = container_settings(role, s)
+    jit = container_settings(role, s, jit_cache=True)
+    assert "CUDA_CACHE_PATH" not in plain["environment"]
+    assert jit["cache_volume"] == plain["cache_volume"] and jit["cache_target"] == "/var/cache/llmfleet-engine"
+    assert jit["environment"]["CUDA_CACHE_PATH"] == "/var/cache/llmfleet-engine/cuda-jit"
+    assert jit["environment"]["TRITON_CACHE_DIR"] == plain["environment"]["TRITON_CACHE_DIR"]

@@ -517,7 +517,7 @@ def check_architecture(rel: EngineRelease, gpu_name: str | None, cc: str | None)
     return Verdict(
         "pass",
         f"{rel.key} has only PTX ({_sm(arch)}) for {label} ({cc}){torch_note}: the driver JIT-compiles it at first "
-        "start (minutes; keep ~/.nv/ComputeCache in a volume), and needs native driver support for CUDA "
+        "start (minutes; the release keeps the JIT cache on a volume, CUDA_CACHE_PATH, so later starts reuse it), and needs native driver support for CUDA "
         f"{rel.cuda} ({src})",
     )
 

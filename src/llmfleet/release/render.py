@@ -409,7 +409,33 @@ def gpu_count(service: Service) -> int | None:
     return None if service.gpus == "all" else len(service.gpus)
 
 
-def container_settings(role: Role, service: Service) -> dict[str, Any]:
+def jit_cache_for(image: Any, plan: Any) -> str | None:
+    """Why the release needs a CUDA JIT cache volume, or None: the planned card has only PTX in the
+    image (its kernels are JIT-compiled at every start unless the cache survives). Judged from the
+    image's kernels (catalog, or images.lock / images.inspect) and the plan's card."""
+    gpu_id = getattr(plan, "gpu", None) if plan is not None else None
+    gpu_id = getattr(gpu_id, "id", gpu_id)
+    if not gpu_id:
+        return None
+    from llmfleet.errors import UsageError as _Usage
+    from llmfleet.knowledge import compat
+    from llmfleet.knowledge.catalog import find_gpu
+    from llmfleet.knowledge.preflight import release_for
+
+    try:
+        gpu = find_gpu(str(gpu_id))
+        rel, _ = release_for(image, compat.load_engine_catalog())
+    except _Usage:
+        return None
+    if rel is None or rel.cpu or not gpu.compute_capability:
+        return None
+    cov = compat.kernel_coverage(rel, gpu.compute_capability)
+    if cov is None or cov[0] != "ptx":
+        return None
+    return f"{rel.key} has only PTX ({compat.sm(cov[1])}) for {gpu.name} ({gpu.compute_capability})"
+
+
+def container_settings(role: Role, service: Service, jit_cache: bool = False) -> dict[str, Any]:
     """The container around the engine, from the role's ``container:`` section and the service:
     the engine's own port, the healthcheck (its start period is the service's load budget), the
     user, ulimits, the compile-cache volume, and shared memory (a private /dev/shm for one GPU,
@@ -427,6 +453,12 @@ def container_settings(role: Role, service: Service) -> dict[str, Any]:
             "start_period": f"{service.health.load_timeout_s}s",
         }
     cache = c.get("cache") or None
+    jit = c.get("jit_cache") or None
+    environment = {str(k): str(v) for k, v in ((cache or {}).get("environment") or {}).items()}
+    if jit_cache and jit:
+        if cache is None:
+            cache = {"target": jit["target"]}
+        environment |= {str(k): str(v) for k, v in (jit.get("environment") or {}).items()}
     ipc, shm = role.ipc, role.shm_size
     if ipc == "host" and gpu_count(service) == 1 and c.get("single_gpu_shm_size"):
         ipc, shm = None, str(c["single_gpu_shm_size"])
@@ -437,7 +469,7 @@ def container_settings(role: Role, service: Service) -> dict[str, Any]:
         "ulimits": {str(k): int(v) for k, v in (c.get("ulimits") or {}).items()},
         "cache_volume": f"{project_name(service)}-cache" if cache else None,
         "cache_target": cache["target"] if cache else None,
-        "environment": {str(k): str(v) for k, v in ((cache or {}).get("environment") or {}).items()},
+        "environment": environment,
         "ipc": ipc,
         "shm_size": shm,
     }
@@ -534,7 +566,7 @@ def render(
         )
 
     merged = merge_engine_args(plan_engine_args(plan), list(service.engine_args), role)
-    box = container_settings(role, service)
+    box = container_settings(role, service, jit_cache=jit_cache_for(image, plan) is not None)
     bind = bind_address or effective_bind_address(service, settings)
     fill = {"model": role.model_target, "port": str(box["port"]), "served_name": service.public_name,
             "listen": "0.0.0.0"}
