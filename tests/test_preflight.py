@@ -151,7 +151,7 @@ def test_a_good_service_passes_and_checks_come_in_the_documented_order():
     assert report.ok, [c for c in report.checks if c.status == "fail"]
     ids = [c.id for c in report.checks]
     assert ids == [i for i in CHECK_IDS if i in ids]
-    assert set(ids) >= set(CHECK_IDS) - {"facts"}
+    assert set(ids) >= set(CHECK_IDS) - {"facts", "known-issue"}  # known-issue only when one applies
 
 
 def test_json_shape():
@@ -330,3 +330,28 @@ def test_unauthenticated_public_port_refuses_the_preflight():
     report = run("v100-535", svc(bind_address="0.0.0.0"))
     assert not report.ok
     assert by_id(report)["bind"].status == "fail"
+
+
+def test_vllm_36357_the_v100_releases_carry_the_fix_and_an_unfixed_release_warns_for_multimodal_models():
+    """vllm#36357 (multimodal encoder profiling hangs on V100, from v0.17) is fixed by PR #36472 (merged
+    2026-03-09), before the v0.19 line: the catalog's V100 vLLM releases say so and get no WARN; a release
+    without the fix WARNs with the issue link, for multimodal models only."""
+    from llmfleet.knowledge import compat
+
+    cat = compat.load_engine_catalog()
+    for key in ("vllm:0.19.1", "vllm:0.19.1-volta"):
+        rel = cat.release(key)
+        (issue,) = [i for i in rel.known_issues if i.id == "vllm#36357"]
+        assert issue.fixed and "36472" in issue.source and issue.url.endswith("/issues/36357")
+        assert compat.check_known_issues(rel, "7.0", multimodal=True) is None
+    v = run("v100-535", svc(engine="vllm", model="gemma-3-27b-it", quant="gptq-int4"))
+    assert "known-issue" not in [c.id for c in v.checks]
+    unfixed = cat.release("vllm:0.19.1").model_copy(update={"known_issues": [
+        i.model_copy(update={"fixed": False}) for i in cat.release("vllm:0.19.1").known_issues]})
+    w = compat.check_known_issues(unfixed, "7.0", multimodal=True)
+    assert w is not None and w.status == "warn" and "https://github.com/vllm-project/vllm/issues/36357" in w.message
+    assert compat.check_known_issues(unfixed, "7.0", multimodal=False) is None
+    assert compat.check_known_issues(unfixed, "8.0", multimodal=True) is None
+    checks = run_checks("h", svc(engine="vllm", model="gemma-3-27b-it", quant="gptq-int4"), facts_for("v100-535"),
+                        None, release=unfixed)
+    assert [c.status for c in checks if c.id == "known-issue"] == ["warn"]

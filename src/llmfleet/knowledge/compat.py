@@ -118,6 +118,20 @@ class CudaFlashAttnKv(_Model):
     source: str
 
 
+class KnownIssue(_Model):
+    """An engine bug tied to cards (``cc``: "7.0-7.5", "8.9+", ...), and whether this release carries
+    its fix. Unfixed: the preflight WARNs (for multimodal models only when ``multimodal_only``)."""
+
+    id: str  # "vllm#36357"
+    url: str
+    summary: str
+    cc: str
+    multimodal_only: bool = False
+    fixed: bool
+    confidence: Literal["H", "M", "U"]
+    source: str
+
+
 class LoadLog(_Model):
     """llama.cpp: the ``-lv`` at which the build prints its load lines (layers offloaded, buffers per
     device, KV cache), which the residency check reads; None: printed at the default verbosity."""
@@ -156,6 +170,7 @@ class EngineRelease(_Model):
     rpc_server: RpcWorker | None = None  # llama.cpp only; None: not known
     load_log: LoadLog | None = None  # llama.cpp only; None: not known (the lines may be missing: a WARN)
     fa_all_quants: BuildFlag | None = None  # llama.cpp GPU builds: GGML_CUDA_FA_ALL_QUANTS; None: not known
+    known_issues: list[KnownIssue] = Field(default_factory=list)
     image_size_mib: int = 0
     confidence: Literal["H", "M", "U"]
     sources: list[str]
@@ -612,6 +627,22 @@ def require_cuda_satisfied(text: str, *, driver: str, cuda: str | None, cc: str 
         if not any(r is False for r in results):
             unknown = True
     return (None if unknown else False), ""
+
+
+def check_known_issues(rel: EngineRelease, cc: str | None, multimodal: bool) -> Verdict | None:
+    """A WARN naming each known engine bug this release has on this card (and model kind) without its
+    fix; None when there is none. Pure."""
+    t = cc_tuple(cc)
+    if t is None or rel.cpu:
+        return None
+    hits = [i for i in rel.known_issues
+            if not i.fixed and cc_in_spec(t, i.cc)[0] and (multimodal or not i.multimodal_only)]
+    if not hits:
+        return None
+    said = "; ".join(f"{i.id} ({i.url}): {i.summary} (confidence {i.confidence}: {i.source})" for i in hits)
+    return Verdict("warn", f"{rel.key} on compute capability {cc} has a known issue without its fix: {said}",
+                   "use a release that carries the fix (catalog/engines.yaml known_issues), or the workaround the "
+                   "issue names")
 
 
 def check_cuda_driver(

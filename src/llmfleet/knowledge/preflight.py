@@ -32,8 +32,8 @@ IMAGE_DISK_FACTOR = 1.5
 GPU_BUSY_FRACTION = 0.05
 # Every check id, in the order run_checks emits them (docs/preflight.md describes each).
 CHECK_IDS = (
-    "image", "gpu", "cuda-driver", "arch", "quant", "dtype", "attention", "kv-dtype", "plan", "docker",
-    "gpu-runtime", "compose", "disk-image", "model-files", "disk-model", "port", "bind", "facts",
+    "image", "gpu", "cuda-driver", "arch", "quant", "dtype", "attention", "kv-dtype", "known-issue", "plan",
+    "docker", "gpu-runtime", "compose", "disk-image", "model-files", "disk-model", "port", "bind", "facts",
 )
 
 
@@ -359,6 +359,9 @@ def run_checks(
                 checks.append(_c("dtype", compat.check_dtype(rel, rules, quant, args, cc, _bf16(gpu))))
                 checks.append(_c("attention", compat.check_attention(rel, args, env, cc)))
                 checks.append(_c("kv-dtype", compat.check_kv_dtype(rel, rules, service.kv_dtype, args, env, cc)))
+            issue = compat.check_known_issues(rel, cc, _is_multimodal(service))
+            if issue is not None:
+                checks.append(_c("known-issue", issue))
 
     checks.append(_plan_check(service, plan, plan_error))
     checks.append(_docker_check(facts))
@@ -375,6 +378,16 @@ def run_checks(
         checks.append(Check("facts", "warn", f"the probe reported: {shown}",
                             "see `invoke facts --host " + host_name + "` for everything it found"))
     return checks
+
+
+def _is_multimodal(service: Service) -> bool:
+    """The service's model carries a vision tower (catalog ``vision_params``); False when not known."""
+    from llmfleet.knowledge.catalog import find_model
+
+    try:
+        return (find_model(service.model).vision_params or 0) > 0
+    except UsageError:
+        return False
 
 
 def _image_desc(rel: EngineRelease) -> str:
