@@ -735,7 +735,8 @@ def _resolve(req: PlanRequest) -> _Resolved:
                           f"with kernels for compute capability {gpu.compute_capability}{on_driver}); "
                           "pass --image KEY for another"
                           + (f"; on this driver: {verdict.message}" if verdict is not None and verdict.status == "warn"
-                             else ""))
+                             else "")
+                          + _newer_without_kernels(cat, engine, release, gpu))
         elif release is not None:
             image_note = (f"no catalog {engine} image with kernels for compute capability {gpu.compute_capability} "
                           f"runs on driver {req.driver}: judged against {release.key}; "
@@ -773,6 +774,37 @@ def _default_release(cat: Any, engine: str, gpu: Gpu, driver: str | None = None)
         version = tuple(int(x) for x in m.group(1).split(".")) if m else (1 << 30,)  # a floating tag: newest
         found.append((runs, window, version, -pos, rel))
     return max(found, key=lambda f: f[:4])[4] if found else None
+
+
+def _release_version(rel: Any) -> tuple[int, ...] | None:
+    m = re.match(r"v?(\d+(?:\.\d+)+)", rel.version)
+    return tuple(int(x) for x in m.group(1).split(".")) if m else None
+
+
+def _newer_without_kernels(cat: Any, engine: str, release: Any, gpu: Gpu) -> str:
+    """"; vllm:0.20.0 ... vllm:0.33.0 (newer) have no kernels for CC 7.0" where the catalog holds newer
+    releases of the engine that do not run on the card: the default is then the last one that does."""
+    mine = _release_version(release)
+    if mine is None:
+        return ""
+    newer = []
+    for rel in cat.images.values():
+        v = _release_version(rel)
+        if rel.engine == engine and not rel.cpu and v is not None and v > mine \
+                and compat.kernel_coverage(rel, gpu.compute_capability) is None:
+            newer.append((v, rel))
+    if not newer:
+        return ""
+    newer.sort(key=lambda n: n[0])
+    first, last = newer[0][1], newer[-1][1]
+    span = first.key if first is last else f"{first.key} to {last.key}"
+    why = ""
+    if first.torch is not None and compat.kernels_cover(first.torch.kernels, gpu.compute_capability) is None:
+        why = f" (from {first.key} on, the torch build has none either: torch {first.torch.version})"
+    n = len(newer)
+    return (f"; {release.key} is the newest {engine} release in the catalog that runs on compute capability "
+            f"{gpu.compute_capability}: the {n} newer release{'s' if n > 1 else ''} ({span}) "
+            f"{'have' if n > 1 else 'has'} no kernels for it{why}")
 
 
 def _driver_host(gpu: Gpu, driver: str) -> dict[str, Any]:
