@@ -110,10 +110,12 @@ def test_inventory_check_reports_bad_workers_on_one_line(tmp_path, workers, work
         assert "hosts.yml" in errors[0] and "host head" in errors[0]
 
 
-def test_the_lab_inventory_has_one_multihost_service():
+def test_the_lab_inventory_has_two_multihost_services():
     inv = load_inventory(str(Path(__file__).resolve().parents[1] / "inventory" / "lab"))
-    assert service_ops.multihost_services(inv, list(inv.hosts)) == [("gpu-p40-11", "tiny-split")]
-    assert all(r.ok for r in check_inventory(inv, [inv.hosts["gpu-p40-11"], inv.hosts["gpu-p40-12"]]))
+    assert service_ops.multihost_services(inv, list(inv.hosts)) == [("gpu-p40-11", "tiny-split"),
+                                                                    ("gpu-4090-11", "tiny-vllm-split")]
+    pair = [inv.hosts[h] for h in ("gpu-p40-11", "gpu-p40-12", "gpu-4090-11", "gpu-4090-12")]
+    assert all(r.ok for r in check_inventory(inv, pair))
 
 
 # -- addresses -------------------------------------------------------------------------------------
@@ -244,6 +246,21 @@ def test_vllm_worker_joins_the_head_with_the_model_mounted():
     assert eng["network_mode"] == "host" and eng["ipc"] == "host"
     assert eng["volumes"][0]["source"] == "/srv/models/m" and eng["volumes"][0]["read_only"] is True
     assert eng["environment"]["VLLM_HOST_IP"] == "10.0.0.3"
+
+
+def test_a_workers_container_gets_the_services_compose_overrides_as_the_head_does():
+    # e.g. the memlock limit of hosts whose Docker cannot raise it to unlimited (the role's -1): without
+    # it the worker's container never starts ("error setting rlimit type 8: operation not permitted")
+    s, cl = _cluster("vllm")
+    s = s.model_copy(update={"compose_overrides": {"ulimits": {"memlock": 8388608}}})
+    r = C.render_worker(s, host_settings("w1", {}), VIMAGE, cl, cl.workers[0])
+    assert yaml.safe_load(r.files["compose.override.yml"]) == {"services": {"engine": {"ulimits": {"memlock": 8388608}}}}
+    assert r.modes["compose.override.yml"] == 0o644
+    assert "-f compose.yml -f compose.override.yml" in r.files["llmfleet-big.service"]
+    plain = C.render_worker(s.model_copy(update={"compose_overrides": {}}), host_settings("w1", {}), VIMAGE, cl,
+                            cl.workers[0])
+    assert "compose.override.yml" not in plain.files and "compose.override.yml" not in plain.files["llmfleet-big.service"]
+    assert plain.content_hash != r.content_hash
 
 
 def test_single_host_render_is_unchanged_by_the_cluster_support():

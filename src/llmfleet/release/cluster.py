@@ -241,7 +241,9 @@ def worker_argv(cluster: Cluster, member: Member, role: R.Role) -> tuple[list[st
 
 def render_worker(service: Service, settings: HostSettings, image: ImageRef, cluster: Cluster, member: Member,
                   *, roles_dir: R.Dirs = None, templates_dir: R.Dirs = None) -> R.Rendered:
-    """One worker's release: compose (the role's ``templates/worker.yml.j2``), the unit, an empty env file.
+    """One worker's release: compose (the role's ``templates/worker.yml.j2``) with the service's
+    ``compose_overrides`` as its second file, as on the head (e.g. a memlock limit the hosts need), the
+    unit, an empty env file.
 
     Its watchdog (``watchdog.worker_script_text``) judges what a worker has instead of HTTP /health:
     its container runs and, for rpc-server, its port accepts a connection on the cluster address."""
@@ -280,7 +282,7 @@ def render_worker(service: Service, settings: HostSettings, image: ImageRef, clu
         service_dir=R.service_dir(settings, service),
         project=R.project_name(service),
         container=R.project_name(service),
-        compose_files=[R.COMPOSE_FILE],
+        compose_files=[R.COMPOSE_FILE] + ([R.COMPOSE_OVERRIDE_FILE] if service.compose_overrides else []),
         docker=R.DOCKER,
         start_interval=600,
         start_burst=5,
@@ -293,6 +295,8 @@ def render_worker(service: Service, settings: HostSettings, image: ImageRef, clu
     unit_file = R.unit_name(service)
     files = {R.COMPOSE_FILE: compose_text, unit_file: unit_text, R.ENV_FILE: env_text}
     modes = {R.COMPOSE_FILE: 0o644, unit_file: 0o644, R.ENV_FILE: 0o600}
+    if service.compose_overrides:  # the service's container settings hold for its workers' containers too
+        files[R.COMPOSE_OVERRIDE_FILE], modes[R.COMPOSE_OVERRIDE_FILE] = R.compose_override_text(service), 0o644
     for name, (text, mode) in watchdog.worker_release_files(service, settings, kind=cluster.kind,
                                                             address=member.address, port=cluster.port).items():
         files[name], modes[name] = text, mode
