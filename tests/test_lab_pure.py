@@ -66,6 +66,7 @@ def test_lab_inventory_describes_the_issue_hosts():
     assert services["gpu-4090-01"][0]["engine"] == "vllm"
     # the multi-host pair: the head serves, the worker has no service of its own
     assert services["gpu-p40-11"][0]["workers"] == ["gpu-p40-12"] and services.pop("gpu-p40-12") == []
+    assert services["gpu-4090-11"][0]["workers"] == ["gpu-4090-12"] and services.pop("gpu-4090-12") == []
     assert specs["gpu-p40-11"].gpu_count == specs["gpu-p40-12"].gpu_count == 2
     for n, svc in services.items():
         assert inv.hosts[n].vars["ansible_user"] == "deploy" and inv.hosts[n].vars["ansible_become"] is True
