@@ -216,3 +216,51 @@ def test_cli_json_and_yaml_drafts_from_local_wheels(wheels, tmp_path):
     assert doc["entry"]["torch"]["archs"][-1] == "12.0+PTX"
     res = _run(["vllm==0.33.0", "--wheel", str(vllm), "--torch-wheel", str(torch)], tmp_path)
     assert res.returncode == 0 and yaml.safe_load(res.stdout)["images"]["vllm:0.33.0"]["torch"]["version"] == "2.14.0"
+
+
+# --------------------------------------------------------------------------- llama.cpp tags
+
+LLAMACPP = DATA / "llamacpp"  # stand-ins for the tag's Dockerfile and CMake files (see their headers)
+
+
+@pytest.mark.parametrize(("cuda", "archs"), [
+    ("11.8.0", ["50-virtual", "61-virtual", "70-virtual", "75-virtual", "80-virtual", "86-real", "89-real", "90-virtual"]),
+    ("12.8.1", ["50-virtual", "61-virtual", "70-virtual", "75-virtual", "80-virtual", "86-real", "89-real", "90-virtual",
+                "120a-real"]),
+    ("13.0.2", ["75-virtual", "80-virtual", "86-real", "89-real", "90-virtual", "120a-real", "121a-real"]),
+])
+def test_cmake_default_architectures_follow_the_cuda_version(cuda, archs):
+    text = (LLAMACPP / rd.CUDA_CMAKE).read_text()
+    assert rd.cmake_default_archs(text, cuda) == archs
+    assert rd.cmake_default_archs("project(x)\n", cuda) is None
+
+
+def test_a_llamacpp_draft_equals_the_hand_written_server_cuda_entry():
+    d = rd.draft_llamacpp("b7000", rd.read_llamacpp_checkout(LLAMACPP), TOOLKITS)
+    e, hand = d["entry"], compat.load_engine_catalog().images["llamacpp:server-cuda-12.8"]
+    assert (e["cuda"], e["min_driver"]) == (hand.cuda, hand.min_driver)
+    assert e["kernels"] == {"sass": hand.kernels.sass, "ptx": hand.kernels.ptx}
+    assert e["rpc_server"]["ships"] is False and e["fa_all_quants"]["enabled"] is False
+    assert "CUDA_DOCKER_ARCH=default" in d["provenance"]["kernels"]["source"]
+    compat.EngineRelease.model_validate({**e, "key": d["key"]})
+
+
+def test_a_dockerfile_arch_list_wins_and_flags_it_sets_are_read(tmp_path):
+    files = rd.read_llamacpp_checkout(LLAMACPP)
+    files[rd.CUDA_DOCKERFILE] = files[rd.CUDA_DOCKERFILE].replace(
+        "ARG CUDA_DOCKER_ARCH=default", "ARG CUDA_DOCKER_ARCH=61-real;70-real;86").replace(
+        "-DGGML_CUDA=ON", "-DGGML_CUDA=ON -DGGML_RPC=ON -DGGML_CUDA_FA_ALL_QUANTS=ON").replace(
+        "COPY --from=build /app/full/llama-server /app", "COPY --from=build /app/full/llama-server /app/full/rpc-server /app")
+    e = rd.draft_llamacpp("b7001", files, TOOLKITS)["entry"]
+    assert e["kernels"] == {"sass": ["6.1", "7.0", "8.6"], "ptx": ["8.6"]}
+    assert e["rpc_server"]["ships"] is True and e["fa_all_quants"]["enabled"] is True
+
+
+def test_cli_llamacpp_needs_a_checkout(tmp_path):
+    res = _run(["llamacpp@b7000", "--write", "d.yaml"], tmp_path)
+    _one_line_exit_2(res, "--source DIR")
+    res = _run(["llamacpp@b7000", "--source", str(tmp_path), "--write", "d.yaml"], tmp_path)
+    _one_line_exit_2(res, "not in the checkout")
+    assert not (tmp_path / "d.yaml").exists()
+    res = _run(["llamacpp@b7000", "--source", str(LLAMACPP), "--write", "d.yaml"], tmp_path)
+    assert res.returncode == 0 and "llamacpp:b7000" in yaml.safe_load((tmp_path / "d.yaml").read_text())["images"]

@@ -85,7 +85,7 @@ def parse_spec(text: str) -> tuple[str, str]:
     """``vllm==0.33.0`` -> ("vllm", "0.33.0"). Only vLLM releases are drafted from wheels."""
     m = re.fullmatch(r"\s*(vllm)\s*==\s*([0-9][0-9A-Za-z.+-]*)\s*", text or "")
     if not m:
-        raise UsageError(f"expected ENGINE==VERSION such as vllm==0.33.0, got {text!r}")
+        raise UsageError(f"expected vllm==VERSION (vllm==0.33.0) or llamacpp@TAG (llamacpp@b7000), got {text!r}")
     return m.group(1), m.group(2)
 
 
@@ -396,3 +396,192 @@ def _parse_lib(text: str) -> dict[str, list[str]]:
     if not m:
         return {"sass": [], "ptx": []}
     return {k: [] if v == "-" else v.split() for k, v in zip(("sass", "ptx"), m.groups(), strict=True)}
+
+
+# ------------------------------------------------------------------------------------------------
+# llama.cpp: a tag publishes no wheel; its image is built by .devops/cuda.Dockerfile with the CMake
+# defaults of ggml/src/ggml-cuda/CMakeLists.txt. Both are read from a checkout of the tag.
+
+LLAMACPP_REPOSITORY = "ghcr.io/ggml-org/llama.cpp"
+CUDA_CMAKE = "ggml/src/ggml-cuda/CMakeLists.txt"
+GGML_CMAKE = "ggml/CMakeLists.txt"
+CUDA_DOCKERFILE = ".devops/cuda.Dockerfile"
+
+
+def parse_llamacpp_spec(text: str) -> str | None:
+    """``llamacpp@b7000`` (or ``llama.cpp@b7000``) -> "b7000"; None for another spec."""
+    m = re.fullmatch(r"\s*llama(?:\.)?cpp\s*@\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*", text or "")
+    return m.group(1) if m else None
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", text)[:3])
+
+
+def _cmake_condition(cond: str, cuda: str, options: dict[str, bool]) -> bool:
+    """A CMake if() condition of the arch block: AND/OR/NOT of options and VERSION_* comparisons of
+    CUDAToolkit_VERSION (CMAKE_VERSION comparisons: a recent CMake, true)."""
+    def atom(text: str) -> bool:
+        text = text.strip().strip("()").strip()
+        if text.startswith("NOT "):
+            return not atom(text[4:])
+        m = re.fullmatch(r'(\w+)\s+(VERSION_LESS|VERSION_LESS_EQUAL|VERSION_GREATER|VERSION_GREATER_EQUAL|'
+                         r'VERSION_EQUAL)\s+"?([\d.]+)"?', text)
+        if m:
+            if m.group(1) != "CUDAToolkit_VERSION":
+                return True
+            a, b = _version(cuda), _version(m.group(3))
+            n = max(len(a), len(b))
+            a, b = a + (0,) * (n - len(a)), b + (0,) * (n - len(b))
+            return {"VERSION_LESS": a < b, "VERSION_LESS_EQUAL": a <= b, "VERSION_GREATER": a > b,
+                    "VERSION_GREATER_EQUAL": a >= b, "VERSION_EQUAL": a == b}[m.group(2)]
+        return options.get(text, False)
+
+    return any(all(atom(a) for a in re.split(r"\s+AND\s+", part)) for part in re.split(r"\s+OR\s+", cond))
+
+
+def cmake_default_archs(text: str, cuda: str, options: dict[str, bool] | None = None) -> list[str] | None:
+    """CMAKE_CUDA_ARCHITECTURES as ggml-cuda's CMakeLists.txt sets it when none is given, for a
+    CUDA toolkit version (GGML_NATIVE off, as the Dockerfile builds); None when the file has no such
+    block. 12X archs are rewritten to 12Xa where the file does so."""
+    opts = {"GGML_NATIVE": False, **(options or {})}
+    start = re.search(r"if\s*\(\s*NOT\s+DEFINED\s+CMAKE_CUDA_ARCHITECTURES\s*\)", text)
+    if not start:
+        return None
+    archs: list[str] = []
+    stack: list[tuple[bool, bool]] = []  # (this branch active, some branch of this if taken)
+    depth_active = True
+    for raw in text[start.end():].splitlines():
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        m = re.match(r"(if|elseif)\s*\((.*)\)\s*$", line)
+        if m and m.group(1) == "if":
+            ok = depth_active and _cmake_condition(m.group(2), cuda, opts)
+            stack.append((ok, ok))
+            depth_active = ok
+            continue
+        if m:  # elseif
+            if not stack:
+                break
+            _, taken = stack.pop()
+            parent = all(a for a, _ in stack)
+            ok = parent and not taken and _cmake_condition(m.group(2), cuda, opts)
+            stack.append((ok, taken or ok))
+            depth_active = ok
+            continue
+        if re.match(r"else\s*\(", line):
+            if not stack:
+                break
+            _, taken = stack.pop()
+            ok = all(a for a, _ in stack) and not taken
+            stack.append((ok, True))
+            depth_active = ok
+            continue
+        if re.match(r"endif\s*\(", line):
+            if not stack:
+                break  # the end of the NOT DEFINED block
+            stack.pop()
+            depth_active = all(a for a, _ in stack)
+            continue
+        if not depth_active:
+            continue
+        m = re.match(r"(list\s*\(\s*APPEND|set\s*\()\s*CMAKE_CUDA_ARCHITECTURES\s+(.*)\)\s*$", line)
+        if m:
+            values = [v.strip('"') for v in m.group(2).split()]
+            archs = archs + values if m.group(1).startswith("list") else values
+    if re.search(r"12\[0-9\].*a", text) and re.search(r"REGEX REPLACE", text):
+        archs = [re.sub(r"^(12\d)((?:-real|-virtual)?)$", r"\1a\2", a) for a in archs]
+    return archs
+
+
+def _cmake_option(text: str, name: str) -> bool | None:
+    m = re.search(rf'option\s*\(\s*{name}\s+"[^"]*"\s+(ON|OFF)\s*\)', text)
+    return None if m is None else m.group(1) == "ON"
+
+
+def _docker_arg(text: str, name: str) -> str | None:
+    m = re.search(rf"^\s*ARG\s+{name}=(\S+)", text, re.M)
+    return m.group(1).strip('"') if m else None
+
+
+def _docker_define(text: str, name: str) -> bool | None:
+    m = re.search(rf"-D{name}=(ON|OFF|1|0|TRUE|FALSE)", text, re.I)
+    return None if m is None else m.group(1).upper() in ("ON", "1", "TRUE")
+
+
+def draft_llamacpp(tag: str, files: dict[str, str], toolkits: dict[str, list[str]],
+                   where: str = "") -> dict[str, Any]:
+    """The draft of a llama.cpp CUDA image entry from a tag's files (path -> text): the Dockerfile's
+    CUDA version and CMake flags, the CMake default architectures at that CUDA, the RPC worker and
+    GGML_CUDA_FA_ALL_QUANTS. ``where`` names the checkout in the sources."""
+    from llmfleet.knowledge.compat import parse_archs
+
+    at = f"ggml-org/llama.cpp at {tag}" + (f" ({where})" if where else "")
+    docker = files.get(CUDA_DOCKERFILE)
+    cuda_cmake = files.get(CUDA_CMAKE)
+    if docker is None or cuda_cmake is None:
+        missing = [p for p in (CUDA_DOCKERFILE, CUDA_CMAKE) if p not in files]
+        raise UsageError(f"llama.cpp {tag}: {', '.join(missing)} not in the checkout; nothing written")
+    cuda = _docker_arg(docker, "CUDA_VERSION")
+    if not cuda:
+        raise UsageError(f"llama.cpp {tag}: {CUDA_DOCKERFILE} sets no CUDA_VERSION; nothing written")
+    prov: dict[str, dict[str, str]] = {
+        "cuda": {"source": f"{at}: {CUDA_DOCKERFILE} ARG CUDA_VERSION={cuda}", "confidence": "H"}}
+    docker_arch = _docker_arg(docker, "CUDA_DOCKER_ARCH") or "default"
+    if docker_arch != "default":
+        archs = [a for a in re.split(r"[;,\s]+", docker_arch) if a]
+        prov["kernels"] = {"source": f"{at}: {CUDA_DOCKERFILE} CUDA_DOCKER_ARCH={docker_arch}", "confidence": "H"}
+    else:
+        found = cmake_default_archs(cuda_cmake, cuda)
+        if not found:
+            raise UsageError(f"llama.cpp {tag}: no default CMAKE_CUDA_ARCHITECTURES in {CUDA_CMAKE}; nothing written")
+        archs = found
+        prov["kernels"] = {"source": f"{at}: {CUDA_DOCKERFILE} builds with CUDA_DOCKER_ARCH=default and "
+                                     f"GGML_NATIVE=OFF, so {CUDA_CMAKE}'s defaults for CUDA {cuda}: "
+                                     f"{' '.join(archs)}", "confidence": "H"}
+    # CMake: a bare "86" is SASS and PTX for 8.6 (compat.parse_archs reads a bare number as SASS only)
+    kernels = parse_archs([x for a in archs for x in ((a,) if re.search(r"-(real|virtual)$", a) or not a[:1].isdigit()
+                                                       else (f"{a}-real", f"{a}-virtual"))])
+    if kernels is None or not (kernels.sass or kernels.ptx):
+        raise UsageError(f"llama.cpp {tag}: architectures {archs} do not parse; nothing written")
+    mm = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", cuda)
+    rows = toolkits.get(f"{mm.group(1)}.{mm.group(2)}", []) if mm else []
+    update = int(mm.group(3) or 0) if mm else 0
+    entry: dict[str, Any] = {"engine": "llamacpp", "version": tag, "repository": LLAMACPP_REPOSITORY,
+                             "tag": f"server-cuda-{tag}", "cpu": False, "cuda": cuda}
+    prov["tag"] = {"source": "llama.cpp's release workflow tags images server-cuda-<build>", "confidence": "M"}
+    if rows:
+        entry["min_driver"] = rows[min(update, len(rows) - 1)]
+        prov["min_driver"] = {"source": f"CUDA {cuda} row of engines.yaml cuda_toolkits", "confidence": "H"}
+    entry["cuda_compat_in_image"] = True
+    prov["cuda_compat_in_image"] = {"source": f"{CUDA_DOCKERFILE}: nvidia/cuda runtime base", "confidence": "M"}
+    entry["kernels"] = {"sass": list(kernels.sass), "ptx": list(kernels.ptx)}
+    rpc = _docker_define(docker, "GGML_RPC")
+    server_stage = docker[docker.rfind("AS server"):] if "AS server" in docker else ""
+    ships = bool(rpc) and "rpc-server" in server_stage
+    entry["rpc_server"] = {"ships": ships, "confidence": "H",
+                           "source": f"{at}: {CUDA_DOCKERFILE}: GGML_RPC {'ON' if rpc else 'not set'}, the server "
+                                     f"stage {'copies' if 'rpc-server' in server_stage else 'does not copy'} rpc-server"}
+    fa = _docker_define(docker, "GGML_CUDA_FA_ALL_QUANTS")
+    fa_src = f"{CUDA_DOCKERFILE} sets it {'ON' if fa else 'OFF'}"
+    if fa is None:
+        fa = _cmake_option(files.get(GGML_CMAKE, ""), "GGML_CUDA_FA_ALL_QUANTS")
+        fa_src = (f"{CUDA_DOCKERFILE} does not set it; {GGML_CMAKE} option default "
+                  f"{'ON' if fa else 'OFF'}" if fa is not None else "")
+    if fa is not None:
+        entry["fa_all_quants"] = {"enabled": bool(fa), "confidence": "H", "source": f"{at}: {fa_src}"}
+    entry["confidence"] = "H"
+    entry["sources"] = [f"kernels: {prov['kernels']['source']} (H)", f"cuda: {prov['cuda']['source']} (H)"]
+    return {"key": f"llamacpp:{tag}", "entry": entry, "provenance": prov, "libraries": {},
+            "not_drafted": ["flash_attn_flag", "flash_attn_default", "kv_layout", "load_log", "image_size_mib"]}
+
+
+def read_llamacpp_checkout(root: Path) -> dict[str, str]:
+    """The files draft_llamacpp reads, from a checkout of the tag (those present)."""
+    out = {}
+    for rel in (CUDA_DOCKERFILE, CUDA_CMAKE, GGML_CMAKE):
+        p = root / rel
+        if p.is_file():
+            out[rel] = p.read_text(encoding="utf-8", errors="replace")
+    return out
