@@ -261,8 +261,9 @@ def test_a_second_deploy_is_gated_by_the_first_ones_measured_speed(ctx):
     if o.result == "deployed":  # it decoded at its usual speed: above 0.6 x the median
         assert h["decode_tokps"] >= h["floor_tokps"]
         # back to a release with the lab's absolute floor: a later test's rollback may land on this one,
-        # and without min_tokps it would be judged against the simulated card's figures
-        again = ctx.deploy(overrides={"health": FAST_HEALTH, "engine_args": ["--ctx-size", "448"]})
+        # and without min_tokps it would be judged against the simulated card's figures (health settings
+        # alone make no new release: the flags differ too)
+        again = ctx.deploy(overrides={"health": FAST_HEALTH, "engine_args": ["--ctx-size", "464"]})
         assert again.result == "deployed", again.reason
     else:  # a busy shared machine slowed it below the fleet's floor: the floor said why
         assert o.result == "rolled_back" and "median" in o.reason and ctx.state().current == good
