@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from llmfleet.errors import UsageError
+from llmfleet.images import published
 from llmfleet.knowledge import compat
 from llmfleet.knowledge import release_draft as rd
 from tests.test_images_inspect import _container, make_elf
@@ -91,7 +92,7 @@ def test_a_bad_spec_is_a_usage_error(bad):
 
 def test_the_draft_from_the_wheels_names_a_source_and_confidence_for_every_field(wheels):
     vllm, torch, _ = wheels
-    d = rd.draft_release("vllm==0.33.0", TOOLKITS, wheel=vllm, torch_wheel=torch)
+    d = published.draft_release("vllm==0.33.0", TOOLKITS, wheel=vllm, torch_wheel=torch)
     e = d["entry"]
     assert d["key"] == "vllm:0.33.0" and e["tag"] == "v0.33.0"
     assert e["kernels"] == {"sass": ["7.5", "8.0", "8.6", "8.9", "9.0", "10.0", "12.0"], "ptx": ["8.0", "8.9", "9.0"]}
@@ -113,7 +114,7 @@ def test_the_draft_from_the_wheels_names_a_source_and_confidence_for_every_field
 
 def test_without_the_torch_wheel_the_arch_list_is_left_out_and_said_so(wheels):
     vllm, _, _ = wheels
-    d = rd.draft_release("vllm==0.33.0", TOOLKITS, wheel=vllm, with_torch=False)
+    d = published.draft_release("vllm==0.33.0", TOOLKITS, wheel=vllm, with_torch=False)
     assert "archs" not in d["entry"]["torch"] and "torch.archs" in d["not_drafted"]
     assert d["entry"]["torch"]["confidence"] == "M" and d["entry"]["confidence"] == "M"
 
@@ -121,15 +122,15 @@ def test_without_the_torch_wheel_the_arch_list_is_left_out_and_said_so(wheels):
 def test_a_wheel_without_cuda_kernels_is_refused(wheels):
     _, _, cpu = wheels
     with pytest.raises(UsageError, match="no CUDA kernels"):
-        rd.draft_release("vllm==0.33.0", TOOLKITS, wheel=cpu, with_torch=False)
+        published.draft_release("vllm==0.33.0", TOOLKITS, wheel=cpu, with_torch=False)
 
 
 def test_a_wheel_of_another_version_is_refused(wheels):
     vllm, torch, _ = wheels
     with pytest.raises(UsageError, match="version 0.33.0, not 0.32.0"):
-        rd.draft_release("vllm==0.32.0", TOOLKITS, wheel=vllm, with_torch=False)
+        published.draft_release("vllm==0.32.0", TOOLKITS, wheel=vllm, with_torch=False)
     with pytest.raises(UsageError, match="not the torch 2.14.0 wheel"):
-        rd.draft_release("vllm==0.33.0", TOOLKITS, wheel=vllm, torch_wheel=vllm)
+        published.draft_release("vllm==0.33.0", TOOLKITS, wheel=vllm, torch_wheel=vllm)
 
 
 def test_an_arch_few_object_files_carry_is_partial_not_the_librarys():
@@ -141,17 +142,17 @@ def test_an_arch_few_object_files_carry_is_partial_not_the_librarys():
 
 def test_the_draft_file_keeps_earlier_drafts_and_never_is_the_packaged_catalog(wheels, tmp_path):
     vllm, torch, _ = wheels
-    d = rd.draft_release("vllm==0.33.0", TOOLKITS, wheel=vllm, torch_wheel=torch)
+    d = published.draft_release("vllm==0.33.0", TOOLKITS, wheel=vllm, torch_wheel=torch)
     out = tmp_path / "drafts.yaml"
     other = {**d, "key": "vllm:0.32.0", "entry": {**d["entry"], "version": "0.32.0"}}
-    rd.write_draft(out, other, compat.ENGINES_PATH)
-    rd.write_draft(out, d, compat.ENGINES_PATH)
-    rd.write_draft(out, d, compat.ENGINES_PATH)  # the same key again: replaced, not repeated
+    published.write_draft(out, other, compat.ENGINES_PATH)
+    published.write_draft(out, d, compat.ENGINES_PATH)
+    published.write_draft(out, d, compat.ENGINES_PATH)  # the same key again: replaced, not repeated
     doc = yaml.safe_load(out.read_text())
     assert list(doc["images"]) == ["vllm:0.32.0", "vllm:0.33.0"]
     assert doc["provenance"]["vllm:0.33.0"]["kernels"]["confidence"] == "H"
     with pytest.raises(UsageError, match="packaged catalog"):
-        rd.write_draft(compat.ENGINES_PATH, d, compat.ENGINES_PATH)
+        published.write_draft(compat.ENGINES_PATH, d, compat.ENGINES_PATH)
 
 
 # --------------------------------------------------------------------------- the CLI's bad input
@@ -236,7 +237,7 @@ def test_cmake_default_architectures_follow_the_cuda_version(cuda, archs):
 
 
 def test_a_llamacpp_draft_equals_the_hand_written_server_cuda_entry():
-    d = rd.draft_llamacpp("b7000", rd.read_llamacpp_checkout(LLAMACPP), TOOLKITS)
+    d = rd.draft_llamacpp("b7000", published.read_llamacpp_checkout(LLAMACPP), TOOLKITS)
     e, hand = d["entry"], compat.load_engine_catalog().images["llamacpp:server-cuda-12.8"]
     assert (e["cuda"], e["min_driver"]) == (hand.cuda, hand.min_driver)
     assert e["kernels"] == {"sass": hand.kernels.sass, "ptx": hand.kernels.ptx}
@@ -246,7 +247,7 @@ def test_a_llamacpp_draft_equals_the_hand_written_server_cuda_entry():
 
 
 def test_a_dockerfile_arch_list_wins_and_flags_it_sets_are_read(tmp_path):
-    files = rd.read_llamacpp_checkout(LLAMACPP)
+    files = published.read_llamacpp_checkout(LLAMACPP)
     files[rd.CUDA_DOCKERFILE] = files[rd.CUDA_DOCKERFILE].replace(
         "ARG CUDA_DOCKER_ARCH=default", "ARG CUDA_DOCKER_ARCH=61-real;70-real;86").replace(
         "-DGGML_CUDA=ON", "-DGGML_CUDA=ON -DGGML_RPC=ON -DGGML_CUDA_FA_ALL_QUANTS=ON").replace(

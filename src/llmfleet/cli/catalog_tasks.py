@@ -33,6 +33,7 @@ def release(c, spec, write=None, json=False, wheel=None, torch_wheel=None, no_to
     kernels) is one line, exit 2, and nothing written."""
     from llmfleet.cli.common import print_json
     from llmfleet.errors import UsageError
+    from llmfleet.images import published
     from llmfleet.knowledge import compat
     from llmfleet.knowledge import release_draft as rd
 
@@ -47,12 +48,12 @@ def release(c, spec, write=None, json=False, wheel=None, torch_wheel=None, no_to
         if source is None or not Path(source).is_dir():
             raise UsageError(f"{spec}: give --source DIR, a checkout of the tag (git clone --depth 1 --branch {tag} "
                              "of ggml-org/llama.cpp)" + (f"; {source} is not a folder" if source else ""))
-        draft = rd.draft_llamacpp(tag, rd.read_llamacpp_checkout(Path(source)), toolkits, where=str(source))
+        draft = rd.draft_llamacpp(tag, published.read_llamacpp_checkout(Path(source)), toolkits, where=str(source))
     else:
-        draft = rd.draft_release(spec, toolkits, wheel=Path(wheel) if wheel else None,
+        draft = published.draft_release(spec, toolkits, wheel=Path(wheel) if wheel else None,
                                  torch_wheel=Path(torch_wheel) if torch_wheel else None, with_torch=not no_torch)
     if write is not None:
-        rd.write_draft(Path(write), draft, compat.ENGINES_PATH)
+        published.write_draft(Path(write), draft, compat.ENGINES_PATH)
         if json:
             print_json({**draft, "written": str(write)})
         else:

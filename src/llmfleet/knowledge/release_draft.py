@@ -16,20 +16,15 @@ then fetches the torch wheel of that pin the same way and reads
 
 Every field of the draft names its source (the wheel file) and a confidence. What a wheel does not
 publish (attention backends, quantization floors, the image's exact toolkit update) is left out and
-listed under ``not_drafted``. The pure part (``draft_vllm``) takes the files' contents; the fetching
-part (``fetch_wheel``, ``read_wheel``) is separate so tests need no network.
+listed under ``not_drafted``. Pure: this module takes the files' contents; fetching and reading the
+files (``pip download``, the wheel's zip, a llama.cpp checkout, the draft file) is
+``llmfleet.images.published``.
 """
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
-import tempfile
-import zipfile
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from llmfleet.errors import UsageError
@@ -38,10 +33,6 @@ from llmfleet.images import fatbin
 REPOSITORY = {"vllm": "docker.io/vllm/vllm-openai"}
 CORE_LIBRARY = re.compile(r"^vllm/_C(?:_stable_libtorch)?(?:\.abi3|\.cpython[^/]*)?\.so$")
 TORCH_LIBRARY = "torch/lib/libtorch_cuda.so"
-# pip's platform tags for a Linux x86_64 host with glibc 2.39 (pip takes only the tags given): vLLM has
-# published manylinux1, manylinux_2_28 and manylinux_2_31 wheels
-PLATFORMS = (*(f"manylinux_2_{m}_x86_64" for m in range(39, 16, -1)), "manylinux2014_x86_64", "manylinux1_x86_64")
-PYTHON = "3.12"
 
 
 @dataclass
@@ -133,60 +124,6 @@ def library_archs(data: bytes) -> LibArchs:
         return LibArchs(*fatbin.arch_shares(data))
     except fatbin.NotElf:
         return LibArchs()
-
-
-def read_wheel(path: Path, only: re.Pattern[str] | str | None = None) -> Wheel:
-    """METADATA and the fatbin archs of the wheel's ``.so`` files (``only``: those paths alone)."""
-    try:
-        z = zipfile.ZipFile(path)
-    except (OSError, zipfile.BadZipFile) as exc:
-        raise UsageError(f"{path.name}: not a readable wheel ({exc})") from None
-    with z:
-        names = z.namelist()
-        meta = next((n for n in names if n.endswith(".dist-info/METADATA")), None)
-        if meta is None:
-            raise UsageError(f"{path.name}: no .dist-info/METADATA in the wheel")
-        wheel = Wheel(path.name, z.read(meta).decode("utf-8", "replace"))
-        for n in names:
-            if not re.search(r"\.so(\.\d+)*$", n):
-                continue
-            if isinstance(only, str) and n != only:
-                continue
-            if isinstance(only, re.Pattern) and not only.search(n):
-                continue
-            wheel.libraries[n] = library_archs(z.read(n))
-    return wheel
-
-
-def fetch_wheel(requirement: str, dest: Path, *, pip: list[str] | None = None, timeout: float = 1800) -> Path:
-    """``pip download --no-deps`` one Linux x86_64 wheel into ``dest``; UsageError (one line) when the
-    release does not exist, has no such wheel, or the index cannot be reached."""
-    cmd = [*(pip or [sys.executable, "-m", "pip"]), "download", "--no-deps", "--no-cache-dir", "--only-binary=:all:",
-           "--python-version", PYTHON, "--disable-pip-version-check", "-d", str(dest)]
-    for p in PLATFORMS:
-        cmd += ["--platform", p]
-    cmd.append(requirement)
-    try:
-        res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                             env={**os.environ, "PIP_NO_INPUT": "1"})
-    except subprocess.TimeoutExpired:
-        raise UsageError(f"{requirement}: pip download took over {timeout:.0f} s") from None
-    except OSError as exc:
-        raise UsageError(f"cannot run pip: {exc.strerror}") from None
-    out = res.stdout + res.stderr
-    wheels = sorted(dest.glob("*.whl"))
-    if res.returncode == 0 and wheels:
-        return wheels[0]
-    unreachable = re.search(r"NewConnectionError|Failed to establish|Could not fetch URL|ConnectionError|"
-                            r"Max retries exceeded|Temporary failure in name resolution|timed out", out)
-    if unreachable:
-        raise UsageError(f"{requirement}: the package index pip is configured for cannot be reached "
-                         "(no network?); nothing written")
-    if re.search(r"No matching distribution found|Could not find a version", out):
-        raise UsageError(f"{requirement}: no such release with a Linux x86_64 wheel on the package index "
-                         "(`pip index versions NAME` lists the published ones); nothing written")
-    last = next((ln.strip() for ln in reversed(out.splitlines()) if ln.strip()), f"exit {res.returncode}")
-    raise UsageError(f"{requirement}: pip download failed: {last}")
 
 
 def min_driver_for(cuda: str | None, toolkits: dict[str, list[str]]) -> str | None:
@@ -305,42 +242,6 @@ def _cc_key(cc: str) -> tuple[int, ...]:
     return tuple(int(x) for x in re.findall(r"\d+", cc))
 
 
-def draft_release(spec: str, toolkits: dict[str, list[str]], *, wheel: Path | None = None,
-                  torch_wheel: Path | None = None, with_torch: bool = True,
-                  pip: list[str] | None = None) -> dict[str, Any]:
-    """Fetch (or take the given files) and draft. Downloads go to a temporary folder that is removed
-    before this returns, whatever happens."""
-    engine, version = parse_spec(spec)
-    with tempfile.TemporaryDirectory(prefix="llmfleet-release-") as tmp:
-        tmpdir = Path(tmp)
-        if wheel is None:
-            (tmpdir / "vllm").mkdir()
-            wheel = fetch_wheel(f"{engine}=={version}", tmpdir / "vllm", pip=pip)
-        vw = read_wheel(wheel)
-        if (metadata_field(vw.metadata, "Name") or "").lower() != engine:
-            raise UsageError(f"{wheel.name}: not a {engine} wheel")
-        got = metadata_field(vw.metadata, "Version")
-        if got != version:
-            raise UsageError(f"{wheel.name}: version {got}, not {version}")
-        core_libraries(vw)  # before any torch download
-        if wheel.parent == tmpdir / "vllm":
-            wheel.unlink()  # the largest file: gone before the torch wheel comes
-        tw = None
-        pin = requires(vw.metadata, "torch")
-        if torch_wheel is not None:
-            tw = read_wheel(torch_wheel, TORCH_LIBRARY)
-            tv = metadata_field(tw.metadata, "Version")
-            if (metadata_field(tw.metadata, "Name") or "").lower() != "torch" or (pin and (tv or "").split("+")[0] != pin):
-                raise UsageError(f"{torch_wheel.name}: not the torch {pin} wheel that {engine} {version} pins "
-                                 f"(it is {metadata_field(tw.metadata, 'Name')} {tv})")
-        elif with_torch and pin:
-            (tmpdir / "torch").mkdir()
-            path = fetch_wheel(f"torch=={pin}", tmpdir / "torch", pip=pip)
-            tw = read_wheel(path, TORCH_LIBRARY)
-            path.unlink()
-        return draft_vllm(vw, tw, toolkits)
-
-
 DRAFT_HEADER = ("# Drafts of catalog/engines.yaml `images:` entries, written by `catalog.release`. llmfleet does not\n"
                 "# read this file: copy an entry into the catalog after adding what a wheel does not publish\n"
                 "# (not_drafted), and keep its provenance as the entry's sources.\n")
@@ -360,38 +261,7 @@ def render_drafts(drafts: list[dict[str, Any]]) -> str:
     return yaml.safe_dump(doc, sort_keys=False, width=120, allow_unicode=True)
 
 
-def write_draft(path: Path, draft: dict[str, Any], packaged: Path) -> None:
-    """Add (or replace) one draft in a draft file, atomically; never the packaged catalog."""
-    import yaml
-
-    if path.resolve() == packaged.resolve():
-        raise UsageError(f"{path}: the packaged catalog is not written by catalog.release; give a draft file")
-    drafts: list[dict[str, Any]] = []
-    if path.exists():
-        try:
-            doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        except (OSError, yaml.YAMLError) as exc:
-            raise UsageError(f"{path}: not a readable draft file ({str(exc).splitlines()[0]})") from None
-        if not isinstance(doc, dict) or not isinstance(doc.get("images", {}), dict):
-            raise UsageError(f"{path}: not a draft file written by catalog.release")
-        for key, entry in (doc.get("images") or {}).items():
-            if key == draft["key"]:
-                continue
-            libs = (doc.get("libraries") or {}).get(key) or {}
-            drafts.append({"key": key, "entry": entry, "provenance": (doc.get("provenance") or {}).get(key, {}),
-                           "not_drafted": (doc.get("not_drafted") or {}).get(key, []),
-                           "libraries": {p: _parse_lib(v) for p, v in libs.items()}})
-    drafts.append(draft)
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        tmp.write_text(DRAFT_HEADER + render_drafts(drafts), encoding="utf-8")
-        os.replace(tmp, path)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise UsageError(f"{path}: cannot write: {exc.strerror}") from None
-
-
-def _parse_lib(text: str) -> dict[str, list[str]]:
+def parse_library_line(text: str) -> dict[str, list[str]]:
     m = re.fullmatch(r"sass (.*); ptx (.*)", str(text))
     if not m:
         return {"sass": [], "ptx": []}
@@ -575,13 +445,3 @@ def draft_llamacpp(tag: str, files: dict[str, str], toolkits: dict[str, list[str
     entry["sources"] = [f"kernels: {prov['kernels']['source']} (H)", f"cuda: {prov['cuda']['source']} (H)"]
     return {"key": f"llamacpp:{tag}", "entry": entry, "provenance": prov, "libraries": {},
             "not_drafted": ["flash_attn_flag", "flash_attn_default", "kv_layout", "load_log", "image_size_mib"]}
-
-
-def read_llamacpp_checkout(root: Path) -> dict[str, str]:
-    """The files draft_llamacpp reads, from a checkout of the tag (those present)."""
-    out = {}
-    for rel in (CUDA_DOCKERFILE, CUDA_CMAKE, GGML_CMAKE):
-        p = root / rel
-        if p.is_file():
-            out[rel] = p.read_text(encoding="utf-8", errors="replace")
-    return out
