@@ -251,7 +251,7 @@ def _apps(mib: float | None) -> ComputeApps:
 def test_judge(text, plan, apps, mode, status, what, says):
     engine = plan.engine
     rep = for_engine(engine).parse_load_log(text)
-    v = R.judge(rep, apps, {4242}, plan, mode, engine=engine)
+    v = R.judge(rep, apps, {4242}, plan, mode)
     assert v.status == status, v.message
     if what:
         assert any(f.what == what and f.status == status for f in v.findings), v.findings

@@ -186,7 +186,7 @@ def residency_check(run: HostRun, target: HealthTarget) -> residency.Residency:
             loadlog.ComputeApps(error="the evidence round trip ended before nvidia-smi answered"))
     args = list(target.engine_args) or [*(target.plan.engine_args if target.plan else ()), *svc.engine_args]
     return residency.judge(report, apps, set(ev.pids), target.plan, run.host_settings.residency_for(svc),
-                          engine=svc.engine, args_kv_tokens=know.kv_tokens_asked(args))
+                           args_kv_tokens=know.kv_tokens_asked(args))
 
 
 class HostRun:

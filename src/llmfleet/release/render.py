@@ -306,12 +306,9 @@ def api_key_value(role: Role, api_key: str, args: list[str]) -> str:
     level = role.api_key_listed_from_verbosity
     if level is None or "," in api_key:
         return api_key
-    value = None
-    for i, a in enumerate(args):
-        if a in role.verbosity_flags and i + 1 < len(args):
-            value = args[i + 1]
-        elif "=" in a and a.split("=", 1)[0] in role.verbosity_flags:
-            value = a.split("=", 1)[1]
+    from llmfleet.knowledge.compat import arg_value
+
+    value = arg_value(args, *role.verbosity_flags)
     if value is not None and value.lstrip("-").isdigit() and int(value) >= level:
         return f"{api_key},{api_key}"
     return api_key

@@ -161,8 +161,8 @@ def _llamacpp(rep: LoadReport, plan: PlanSummary | None, mode: Mode, asked: tupl
             out.append(Finding("warn", "layers", f"the engine put {n} of {m} layers on the GPU (no plan to compare)",
                                line))
     gpu_mib, host_mib = rep.gpu_weights_mib, rep.host_weights_mib
-    host_lines = " | ".join(v for k, v in rep.lines.items() if k.startswith("model buffer ") and
-                            _is_host_key(k))
+    host_lines = " | ".join(v for k, v in rep.lines.items()
+                            if k.startswith("model buffer ") and is_host_buffer(k.removeprefix("model buffer ")))
     if mode == "gpu" and rep.model_buffers_mib:
         if gpu_mib <= 0 and host_mib > 0:
             out.append(Finding("fail", "gpu", "no model buffer on any GPU: every weight is in host memory (is the "
@@ -184,7 +184,7 @@ def _llamacpp(rep: LoadReport, plan: PlanSummary | None, mode: Mode, asked: tupl
             (v for k, v in rep.lines.items() if k.startswith("model buffer ")), ""), "model buffers")
         if f:
             out.append(f)
-    if mode == "gpu" and rep.kv_buffers_mib and all(_is_host(k) for k in rep.kv_buffers_mib) \
+    if mode == "gpu" and rep.kv_buffers_mib and all(is_host_buffer(k) for k in rep.kv_buffers_mib) \
             and (plan is None or plan.resident is not False):
         out.append(Finding("fail", "kv", "the KV cache is in host memory (--no-kv-offload?)",
                            " | ".join(v for k, v in rep.lines.items() if k.startswith("kv buffer "))))
@@ -192,14 +192,6 @@ def _llamacpp(rep: LoadReport, plan: PlanSummary | None, mode: Mode, asked: tupl
     if kv:
         out.append(kv)
     return out
-
-
-def _is_host(name: str) -> bool:
-    return is_host_buffer(name)
-
-
-def _is_host_key(key: str) -> bool:
-    return _is_host(key.split(" ", 2)[-1])
 
 
 def _vllm(rep: LoadReport, plan: PlanSummary | None, asked: tuple[int | None, str]) -> list[Finding]:
@@ -217,8 +209,8 @@ def _vllm(rep: LoadReport, plan: PlanSummary | None, asked: tuple[int | None, st
     return out
 
 
-def _gpu_memory(apps: ComputeApps | None, pids: set[int], plan: PlanSummary | None, mode: Mode,
-                engine: str) -> tuple[Finding | None, float | None]:
+def _gpu_memory(apps: ComputeApps | None, pids: set[int], plan: PlanSummary | None,
+                mode: Mode) -> tuple[Finding | None, float | None]:
     if apps is None:
         return None, None
     if mode == "cpu":  # recorded, not compared: the engine holds the model in host memory by design
@@ -248,7 +240,7 @@ def _gpu_memory(apps: ComputeApps | None, pids: set[int], plan: PlanSummary | No
 
 
 def judge(report: LoadReport | None, apps: ComputeApps | None, pids: set[int], plan: PlanSummary | None,
-          mode: Mode = "gpu", *, engine: str = "", args_kv_tokens: int | None = None) -> Residency:
+          mode: Mode = "gpu", *, args_kv_tokens: int | None = None) -> Residency:
     """The verdict on one started release (see the module's docstring for the rules).
     ``args_kv_tokens``: the KV tokens the release's command line asks for (the engine's
     ``kv_tokens_asked``), which an operator's engine_args may have set below the plan."""
@@ -257,7 +249,6 @@ def judge(report: LoadReport | None, apps: ComputeApps | None, pids: set[int], p
         return Residency("pass", (Finding("pass", "log", "residency check off (health.residency: off)"),), report,
                          mode=mode)
     findings: list[Finding] = []
-    engine = engine or (report.engine if report else "")
     if report is None or (not report.lines and report.unread):
         findings.append(Finding("warn", "log", "the engine's load lines could not be read (log rotated away, or a "
                                                "build that prints other words): residency is unproven"))
@@ -268,7 +259,7 @@ def judge(report: LoadReport | None, apps: ComputeApps | None, pids: set[int], p
             findings += _vllm(report, plan, asked)
         if report.unread:
             findings.append(Finding("warn", "log", "could not read " + ", ".join(report.unread)))
-    smi, used = _gpu_memory(apps, pids, plan, mode, engine)
+    smi, used = _gpu_memory(apps, pids, plan, mode)
     if smi:
         findings.append(smi)
     if mode == "cpu":

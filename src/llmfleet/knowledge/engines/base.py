@@ -148,13 +148,3 @@ class EngineKnowledge:
         reads them); None when the flags do not say."""
         return None
 
-
-def last_flag_value(args: list[str], names: tuple[str, ...]) -> str | None:
-    """The value of the last of ``names`` in ``args`` (``--flag value`` or ``--flag=value``)."""
-    found = None
-    for i, a in enumerate(args):
-        if a in names and i + 1 < len(args):
-            found = args[i + 1]
-        elif "=" in a and a.split("=", 1)[0] in names:
-            found = a.split("=", 1)[1]
-    return found

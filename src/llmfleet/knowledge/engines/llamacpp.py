@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 from llmfleet.knowledge import compat
 from llmfleet.knowledge.compat import EngineRelease, EngineRules, Verdict
 from llmfleet.knowledge.engines import loadlog
-from llmfleet.knowledge.engines.base import EngineKnowledge, last_flag_value
+from llmfleet.knowledge.engines.base import EngineKnowledge
 
 _FA_OFF = ("off", "0", "false")
 _FA_VALUES = ("on", "off", "auto", "1", "0", "true", "false")
@@ -95,7 +95,7 @@ class LlamaCppKnowledge(EngineKnowledge):
 
     def kv_tokens_asked(self, args: list[str]) -> int | None:
         """``-c``: the whole KV context, shared by the slots (0 means the model's own length)."""
-        v = last_flag_value(args, ("-c", "--ctx-size"))
+        v = compat.arg_value(args, "-c", "--ctx-size")
         return int(v) if v is not None and v.isdigit() and int(v) > 0 else None
 
     def engine_args(self, *, num_layers: int, resident: bool, gpu_layers: int, context: int, concurrency: int,

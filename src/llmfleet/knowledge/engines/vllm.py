@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 from llmfleet.knowledge import compat
 from llmfleet.knowledge.compat import EngineCatalog, EngineRelease, EngineRules, Verdict
 from llmfleet.knowledge.engines import loadlog
-from llmfleet.knowledge.engines.base import EngineKnowledge, KvLayoutInfo, last_flag_value
+from llmfleet.knowledge.engines.base import EngineKnowledge, KvLayoutInfo
 
 _GIB = 1024**3
 
@@ -196,8 +196,8 @@ class VllmKnowledge(EngineKnowledge):
 
     def kv_tokens_asked(self, args: list[str]) -> int | None:
         """``--max-model-len`` x ``--max-num-seqs``: every sequence at its full length."""
-        length = last_flag_value(args, ("--max-model-len",))
-        seqs = last_flag_value(args, ("--max-num-seqs",))
+        length = compat.arg_value(args, "--max-model-len")
+        seqs = compat.arg_value(args, "--max-num-seqs")
         if length is None or not length.isdigit():
             return None
         return int(length) * (int(seqs) if seqs is not None and seqs.isdigit() else 1)
