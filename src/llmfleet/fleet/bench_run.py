@@ -41,6 +41,7 @@ from llmfleet.inventory.services import HostSettings, Service
 from llmfleet.release import health as health_mod
 from llmfleet.release import store
 from llmfleet.release.manifest import Manifest
+from llmfleet.release.speed_cache import is_lab
 from llmfleet.settings import Settings
 
 DEFAULT_BENCH_DIR = "~/.local/state/llmfleet/bench"
@@ -78,11 +79,6 @@ def resolve_api_key(service: Service, where: str) -> str | None:
     from llmfleet.release.secret import resolve_secret
 
     return resolve_secret(service.api_key, where)
-
-
-def is_lab_host(host: Host) -> bool:
-    """A lab host (docs/lab.md): the engine runs on the CPU while the card is simulated."""
-    return bool(host.vars.get("lab_gpu"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -376,7 +372,7 @@ def _run(host: Host, settings: HostSettings, service: Service, api_key: str | No
     manifest = info.manifest if info else None
     paths = store.Paths(settings.root, service.name)
     notes: list[str] = []
-    lab = is_lab_host(host)
+    lab = is_lab(host)
     if lab:
         notes.append("lab host: the engine runs on the CPU and nvidia-smi is the lab's simulator, so GPU memory is "
                      "the simulator's configured figure and the plan's card figures do not describe this engine")

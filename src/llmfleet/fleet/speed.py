@@ -17,7 +17,7 @@ from typing import Any
 from llmfleet.errors import LlmfleetError
 from llmfleet.release import speed_cache
 from llmfleet.release import store as rel
-from llmfleet.release.speed_cache import is_lab, remember_hosts  # noqa: F401 - re-exported
+from llmfleet.release.speed_cache import is_lab, remember_hosts
 from llmfleet.release.speed_history import SpeedRecord, records_from_state
 
 BENCH_MARK = "@@bench-service"
