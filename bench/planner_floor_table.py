@@ -18,19 +18,25 @@ sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "src"))
 
 
+def write_between_markers(marker: str, table: str, doc: Path = REPO / "docs/planner.md") -> bool:
+    """Replace what stands between ``<!-- marker -->`` and ``<!-- /marker -->`` in ``doc``; False (and a
+    line on stderr) when the markers are not there once."""
+    text = doc.read_text(encoding="utf-8")
+    new, n = re.subn(rf"<!-- {marker} -->\n.*?\n<!-- /{marker} -->",
+                     lambda _: f"<!-- {marker} -->\n{table}\n<!-- /{marker} -->", text, flags=re.S)
+    if n != 1:
+        print(f"{doc.relative_to(REPO)}: no <!-- {marker} --> markers", file=sys.stderr)
+        return False
+    doc.write_text(new, encoding="utf-8")
+    return True
+
+
 def main() -> int:
     from test_planner_models import render_floor_table
 
     table = render_floor_table()
-    if "--write" in sys.argv[1:]:
-        doc = REPO / "docs/planner.md"
-        text = doc.read_text(encoding="utf-8")
-        new, n = re.subn(r"<!-- floor-table -->\n.*?\n<!-- /floor-table -->",
-                         lambda _: f"<!-- floor-table -->\n{table}\n<!-- /floor-table -->", text, flags=re.S)
-        if n != 1:
-            print("docs/planner.md: no <!-- floor-table --> markers", file=sys.stderr)
-            return 2
-        doc.write_text(new, encoding="utf-8")
+    if "--write" in sys.argv[1:] and not write_between_markers("floor-table", table):
+        return 2
     print(table)
     return 0
 

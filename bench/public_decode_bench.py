@@ -12,7 +12,6 @@ tests/test_public_decode.py checks every row and that the docs table equals this
 
 from __future__ import annotations
 
-import re
 import sys
 from pathlib import Path
 
@@ -22,19 +21,14 @@ sys.path.insert(0, str(REPO / "src"))
 
 
 def main() -> int:
+    from planner_floor_table import write_between_markers
+
     from test_public_decode import OFFLOAD_EXCEPTIONS, OUT_OF_SCOPE, counts, render_public_table, rows
 
     rs = rows()
     table = render_public_table(rs)
-    if "--write" in sys.argv[1:]:
-        doc = REPO / "docs/planner.md"
-        text = doc.read_text(encoding="utf-8")
-        new, n = re.subn(r"<!-- public-decode -->\n.*?\n<!-- /public-decode -->",
-                         lambda _: f"<!-- public-decode -->\n{table}\n<!-- /public-decode -->", text, flags=re.S)
-        if n != 1:
-            print("docs/planner.md: no <!-- public-decode --> markers", file=sys.stderr)
-            return 2
-        doc.write_text(new, encoding="utf-8")
+    if "--write" in sys.argv[1:] and not write_between_markers("public-decode", table):
+        return 2
     print(table)
     failed, passed = counts(rs)
     healthy = [r for r in rs if not r.fig.offloaded]
