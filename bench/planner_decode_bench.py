@@ -19,7 +19,8 @@ import json
 import time
 
 SHAPES = {
-    # layers, hidden, heads, kv_heads, head_dim, ffn, vocab (engines-gpus-drivers.md s6)
+    # layers, hidden, heads, kv_heads, head_dim, ffn, vocab: the models' config.json on Hugging Face
+    # (https://huggingface.co/Qwen/Qwen2.5-7B-Instruct/blob/main/config.json, .../Qwen2.5-32B-Instruct/...)
     "qwen2.5-7b": (28, 3584, 28, 4, 128, 18944, 152064),
     "qwen2.5-32b": (64, 5120, 40, 8, 128, 27648, 152064),
 }
