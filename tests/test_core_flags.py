@@ -180,6 +180,17 @@ def test_a_closed_pipe_ends_quietly(tmp_path):
     assert p.wait(timeout=60) == 141 and err == "", err
 
 
+@pytest.mark.parametrize("args", [["--list"], ["speed", "-h"], ["catalog.release", "--help"]])
+def test_a_closed_pipe_ends_quietly_under_invoke_too(args):
+    """Stock `invoke` loads the tasks (and llmfleet's handling) after its run began: listing, help and
+    a task's output still end quietly when the reader has gone."""
+    invoke = str(Path(sys.executable).parent / "invoke")
+    p = subprocess.Popen([invoke, *args], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdout.close()
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=60) == 141 and err == "", err
+
+
 def test_hints_name_the_command_typed(no_network, capsys):
     _code, _out, err = run(["deploy", "--nope"], capsys)
     assert "`llmfleet --help deploy`" in err

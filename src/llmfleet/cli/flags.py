@@ -21,6 +21,7 @@ import functools
 import inspect
 import os
 import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -317,6 +318,25 @@ def install() -> None:
 
         return wrapper
 
+    def quiet_on_closed_pipe(method: Callable) -> Callable:
+        """The reader went away (`llmfleet --list | head -1`, `invoke TASK -h | head`, `... status | head`):
+        end quietly with 141, as a Unix tool killed by SIGPIPE would. Wraps ``run`` (llmfleet's program)
+        and the steps that print, which stock ``invoke`` reaches after loading the tasks (and so this)."""
+
+        @functools.wraps(method)
+        def wrapper(self: Program, *args: Any, **kwargs: Any) -> Any:
+            try:
+                result = method(self, *args, **kwargs)
+                sys.stdout.flush()
+                return result
+            except BrokenPipeError:
+                # Python would complain once more while flushing stdout at exit: point it at /dev/null.
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, sys.stdout.fileno())
+                sys.exit(141)
+
+        return wrapper
+
     run = Program.run
 
     @functools.wraps(run)
@@ -366,7 +386,9 @@ def install() -> None:
     Program.run = run_naming_the_program
     Program.parse_cleanup = cleanup_refusing
     Program.parse_tasks = exit_2(Program.parse_tasks)
-    Program.parse_cleanup = exit_2(Program.parse_cleanup)
+    Program.parse_cleanup = quiet_on_closed_pipe(exit_2(Program.parse_cleanup))
+    Program.execute = quiet_on_closed_pipe(Program.execute)
+    Program.run = quiet_on_closed_pipe(Program.run)
 
     help_for = ParserContext.help_for
 

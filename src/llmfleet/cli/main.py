@@ -13,7 +13,6 @@ and ignored - ``--dry`` must never let a deploy start.
 from __future__ import annotations
 
 import os
-import sys
 
 from invoke import Program
 from invoke.exceptions import Exit
@@ -120,13 +119,4 @@ program = LlmfleetProgram(namespace=ns, version=__version__, name="llmfleet", bi
 
 
 def main() -> None:
-    try:
-        program.run()
-        sys.stdout.flush()
-    except BrokenPipeError:
-        # The reader went away (`llmfleet --list | head -1`): end quietly, as a Unix tool killed by SIGPIPE
-        # would. Python would complain once more while flushing stdout at exit: point it at /dev/null.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        sys.exit(141)
-
+    program.run()  # a closed pipe ends quietly with 141 (flags.install)
