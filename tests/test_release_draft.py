@@ -265,3 +265,19 @@ def test_cli_llamacpp_needs_a_checkout(tmp_path):
     assert not (tmp_path / "d.yaml").exists()
     res = _run(["llamacpp@b7000", "--source", str(LLAMACPP), "--write", "d.yaml"], tmp_path)
     assert res.returncode == 0 and "llamacpp:b7000" in yaml.safe_load((tmp_path / "d.yaml").read_text())["images"]
+
+
+def test_downloads_say_what_they_fetch_and_how_large_it_was(wheels, tmp_path):
+    """A download takes minutes for a CUDA wheel: each one is announced and then reported (size, time).
+    The 'index' here is a stand-in pip that copies the recorded wheels into the download folder."""
+    fake_pip = tmp_path / "pip.sh"
+    src = wheels[0].parent
+    fake_pip.write_text('#!/bin/sh\nd=""; while [ $# -gt 0 ]; do [ "$1" = -d ] && d=$2; last=$1; shift; done\n'
+                        f'case "$last" in vllm==*) cp {src}/vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl "$d"/;;\n'
+                        f'  torch==*) cp {src}/torch-2.14.0-*.whl "$d"/;; esac\n')
+    fake_pip.chmod(0o755)
+    lines: list[str] = []
+    d = published.draft_release("vllm==0.33.0", TOOLKITS, pip=[str(fake_pip)], progress=lines.append)
+    assert d["key"] == "vllm:0.33.0"
+    assert [ln.split(":")[0] for ln in lines] == ["vllm==0.33.0"] * 2 + ["torch==2.14.0"] * 2
+    assert "pip download" in lines[0] and " MB in " in lines[1] and "torch-2.14.0" in lines[3]

@@ -50,8 +50,16 @@ def release(c, spec, write=None, json=False, wheel=None, torch_wheel=None, no_to
                              "of ggml-org/llama.cpp)" + (f"; {source} is not a folder" if source else ""))
         draft = rd.draft_llamacpp(tag, published.read_llamacpp_checkout(Path(source)), toolkits, where=str(source))
     else:
-        draft = published.draft_release(spec, toolkits, wheel=Path(wheel) if wheel else None,
-                                 torch_wheel=Path(torch_wheel) if torch_wheel else None, with_torch=not no_torch)
+        from llmfleet.cli.common import err_console
+
+        with err_console.status(f"{spec}: drafting") as shown:
+            def progress(line: str) -> None:
+                err_console.print(line)
+                shown.update(line)
+
+            draft = published.draft_release(spec, toolkits, wheel=Path(wheel) if wheel else None,
+                                            torch_wheel=Path(torch_wheel) if torch_wheel else None,
+                                            with_torch=not no_torch, progress=progress)
     if write is not None:
         published.write_draft(Path(write), draft, compat.ENGINES_PATH)
         if json:

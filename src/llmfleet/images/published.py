@@ -11,7 +11,9 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -93,17 +95,26 @@ def fetch_wheel(requirement: str, dest: Path, *, pip: list[str] | None = None, t
     raise UsageError(f"{requirement}: pip download failed: {last}")
 
 
+def _fetch(requirement: str, dest: Path, pip: list[str] | None, progress: Callable[[str], None]) -> Path:
+    progress(f"{requirement}: pip download --no-deps (a CUDA wheel is hundreds of MB)")
+    t0 = time.monotonic()
+    path = fetch_wheel(requirement, dest, pip=pip)
+    progress(f"{requirement}: {path.name}, {path.stat().st_size / 1e6:,.0f} MB in {time.monotonic() - t0:.0f} s; "
+             "reading its libraries")
+    return path
+
+
 def draft_release(spec: str, toolkits: dict[str, list[str]], *, wheel: Path | None = None,
                   torch_wheel: Path | None = None, with_torch: bool = True,
-                  pip: list[str] | None = None) -> dict[str, Any]:
+                  pip: list[str] | None = None, progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
     """Fetch (or take the given files) and draft. Downloads go to a temporary folder that is removed
-    before this returns, whatever happens."""
+    before this returns, whatever happens; ``progress`` gets a line per download."""
     engine, version = parse_spec(spec)
     with tempfile.TemporaryDirectory(prefix="llmfleet-release-") as tmp:
         tmpdir = Path(tmp)
         if wheel is None:
             (tmpdir / "vllm").mkdir()
-            wheel = fetch_wheel(f"{engine}=={version}", tmpdir / "vllm", pip=pip)
+            wheel = _fetch(f"{engine}=={version}", tmpdir / "vllm", pip, progress)
         vw = read_wheel(wheel)
         if (metadata_field(vw.metadata, "Name") or "").lower() != engine:
             raise UsageError(f"{wheel.name}: not a {engine} wheel")
@@ -123,7 +134,7 @@ def draft_release(spec: str, toolkits: dict[str, list[str]], *, wheel: Path | No
                                  f"(it is {metadata_field(tw.metadata, 'Name')} {tv})")
         elif with_torch and pin:
             (tmpdir / "torch").mkdir()
-            path = fetch_wheel(f"torch=={pin}", tmpdir / "torch", pip=pip)
+            path = _fetch(f"torch=={pin}", tmpdir / "torch", pip, progress)
             tw = read_wheel(path, TORCH_LIBRARY)
             path.unlink()
         return draft_vllm(vw, tw, toolkits)
