@@ -419,3 +419,22 @@ def test_real_h200_vllm_starts_match_the_plan(quant, name, weights_gib, kv_token
     v = R.judge(rep, apps, container, p, "gpu", args_kv_tokens=for_engine("vllm").kv_tokens_asked(list(p.engine_args)))
     assert v.status == "pass", v.message
     assert "KV cache 975,664" in v.message or "KV cache 896,912" in v.message
+
+
+def test_the_catalogs_load_log_verbosity_holds_against_the_recorded_logs():
+    """Every llama.cpp image names whether its build hides the load lines, with a source and a
+    confidence; the builds of the llama-cpp-python 0.3.36 tree say -lv 4, and the logs of that tree
+    (the lab's CPU build and the H200's CUDA build) show exactly that: nothing at the default
+    verbosity, every line at -lv 4."""
+    from llmfleet.knowledge import compat
+
+    cat = compat.load_engine_catalog()
+    llama = [r for r in cat.images.values() if r.engine == "llamacpp"]
+    assert llama and all(r.load_log is not None and r.load_log.source and r.load_log.confidence for r in llama)
+    for key in ("llamacpp:vendored-0.3.36-cu118", "llamacpp:lab-cpu"):
+        rel = cat.images[key]
+        assert rel.load_log.verbosity == 4 and "0.3.36" in rel.load_log.source
+    for default, verbose in (("llamacpp-lab-cpu-full-default.log", "llamacpp-lab-cpu-full-lv4.log"),
+                             ("llamacpp-0.3.36-h200-full-default.log", "llamacpp-0.3.36-h200-full-lv4.log")):
+        assert parse_llamacpp(log(default)).layers_offloaded is None
+        assert parse_llamacpp(log(verbose)).unread == ()
