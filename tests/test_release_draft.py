@@ -276,8 +276,11 @@ def test_downloads_say_what_they_fetch_and_how_large_it_was(wheels, tmp_path):
                         f'case "$last" in vllm==*) cp {src}/vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl "$d"/;;\n'
                         f'  torch==*) cp {src}/torch-2.14.0-*.whl "$d"/;; esac\n')
     fake_pip.chmod(0o755)
-    lines: list[str] = []
-    d = published.draft_release("vllm==0.33.0", TOOLKITS, pip=[str(fake_pip)], progress=lines.append)
+    steps: list[tuple[str, bool]] = []
+    d = published.draft_release("vllm==0.33.0", TOOLKITS, pip=[str(fake_pip)],
+                                progress=lambda line, done: steps.append((line, done)))
     assert d["key"] == "vllm:0.33.0"
+    lines = [ln for ln, _ in steps]
     assert [ln.split(":")[0] for ln in lines] == ["vllm==0.33.0"] * 2 + ["torch==2.14.0"] * 2
+    assert [done for _, done in steps] == [False, True, False, True]
     assert "pip download" in lines[0] and " MB in " in lines[1] and "torch-2.14.0" in lines[3]

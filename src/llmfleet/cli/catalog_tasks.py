@@ -53,9 +53,10 @@ def release(c, spec, write=None, json=False, wheel=None, torch_wheel=None, no_to
         from llmfleet.cli.common import err_console
 
         with err_console.status(f"{spec}: drafting") as shown:
-            def progress(line: str) -> None:
-                err_console.print(line)
-                shown.update(line)
+            def progress(line: str, done: bool) -> None:
+                shown.update(line)  # the spinner's line, on a terminal
+                if done:  # a finished download stays in the output (a failed one is the error's one line)
+                    err_console.print(line)
 
             draft = published.draft_release(spec, toolkits, wheel=Path(wheel) if wheel else None,
                                             torch_wheel=Path(torch_wheel) if torch_wheel else None,

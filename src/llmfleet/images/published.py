@@ -95,20 +95,23 @@ def fetch_wheel(requirement: str, dest: Path, *, pip: list[str] | None = None, t
     raise UsageError(f"{requirement}: pip download failed: {last}")
 
 
-def _fetch(requirement: str, dest: Path, pip: list[str] | None, progress: Callable[[str], None]) -> Path:
-    progress(f"{requirement}: pip download --no-deps (a CUDA wheel is hundreds of MB)")
+Progress = Callable[[str, bool], None]  # (line, done): a step begun, or one finished
+
+
+def _fetch(requirement: str, dest: Path, pip: list[str] | None, progress: Progress) -> Path:
+    progress(f"{requirement}: pip download --no-deps (a CUDA wheel is hundreds of MB)", False)
     t0 = time.monotonic()
     path = fetch_wheel(requirement, dest, pip=pip)
     progress(f"{requirement}: {path.name}, {path.stat().st_size / 1e6:,.0f} MB in {time.monotonic() - t0:.0f} s; "
-             "reading its libraries")
+             "reading its libraries", True)
     return path
 
 
 def draft_release(spec: str, toolkits: dict[str, list[str]], *, wheel: Path | None = None,
                   torch_wheel: Path | None = None, with_torch: bool = True,
-                  pip: list[str] | None = None, progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+                  pip: list[str] | None = None, progress: Progress = lambda line, done: None) -> dict[str, Any]:
     """Fetch (or take the given files) and draft. Downloads go to a temporary folder that is removed
-    before this returns, whatever happens; ``progress`` gets a line per download."""
+    before this returns, whatever happens; ``progress`` is told when each download begins and ends."""
     engine, version = parse_spec(spec)
     with tempfile.TemporaryDirectory(prefix="llmfleet-release-") as tmp:
         tmpdir = Path(tmp)
