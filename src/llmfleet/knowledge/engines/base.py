@@ -44,7 +44,23 @@ What a new engine (SGLang, TGI, ...) must provide, and nothing else:
      ``attention_backend_env`` (the variable that picks an attention backend, if the engine has
      several: the planner then tries the release's other backends when the KV dtype fails on the
      default one), ``quantization_flag(release, rules, quant, cc)`` (the quantization flag value
-     the release uses for a quant on the card, None for no flag).
+     the release uses for a quant on the card, None for no flag); ``split_word`` / ``cross_host_word``
+     (the split over one host's cards and over hosts, for people), ``foreign_quant_note`` (a note when
+     a quant of another family is planned), ``offload_where`` (where offloaded weights run, for
+     people), ``fp16_activations`` (True: a card without bf16, or an fp16 quant, runs the model's
+     activations in float16), ``deploy_adds(hosts, gpus)`` (what the deploy adds for a split over
+     hosts, in words);
+   - for a service over several hosts (``release.cluster``, ``release.watchdog``, ``fleet.status``):
+     ``cluster_kind`` (the engine's distributed runtime: ``rpc``, ``ray``; None: one host only; the
+     role's ``cluster.kind`` says the same), ``workers_load_model`` (True: every worker reads the model
+     from its own ``model_path``; False: the head sends the tensors), ``workers_join_head`` (True: the
+     workers connect to the runtime the head starts, and the head waits for them; False: the head
+     connects to each worker), ``worker_serves_port`` (True: a worker listens on the cluster port, so
+     its watchdog, status and the head's reach check test that port), ``worker_runtime`` (what a
+     worker runs, for people), ``checks_worker_image`` (True: the engine catalog says per image
+     whether it ships the worker, and an image known to lack it is refused before any SSH),
+     ``cluster_head_args(endpoints, size, given)`` (the head's flags for its workers) and
+     ``cluster_env(address, interface)`` (the environment every member's container needs).
 4. The engine name in the few closed lists that validate input: ``compat.EngineRelease.engine``,
    ``inventory.services.Service.engine``, the ``images.lock`` key pattern (``images.lock._KEY_RE``).
 5. A lab image (``dockerfiles/lab-<name>``, ``lab/images.py``) so the end-to-end tests run it.
@@ -52,6 +68,7 @@ What a new engine (SGLang, TGI, ...) must provide, and nothing else:
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -97,6 +114,18 @@ class EngineKnowledge:
     sizes_from_host_file: ClassVar[bool] = False
     plan_default_quant: ClassVar[str | None] = None
     attention_backend_env: ClassVar[str | None] = None
+    split_word: ClassVar[str] = "layer split"
+    cross_host_word: ClassVar[str] = "RPC"
+    foreign_quant_note: ClassVar[str] = ""
+    offload_where: ClassVar[str] = "host memory (CPU)"
+    fp16_activations: ClassVar[bool] = False
+    # multi-host facts (see the module docstring)
+    cluster_kind: ClassVar[str | None] = None
+    workers_load_model: ClassVar[bool] = False
+    workers_join_head: ClassVar[bool] = False
+    worker_serves_port: ClassVar[bool] = False
+    worker_runtime: ClassVar[str] = ""
+    checks_worker_image: ClassVar[bool] = False
 
     # -------------------------------------------------------------------- kernels and driver
     def arch_fix(self, rel: EngineRelease, cc: str) -> str:
@@ -148,3 +177,17 @@ class EngineKnowledge:
         reads them); None when the flags do not say."""
         return None
 
+    # -------------------------------------------------------------------- several hosts
+    def deploy_adds(self, hosts: int, gpus: int) -> list[str]:
+        """What the deploy side adds for a plan split over ``hosts`` hosts of ``gpus`` cards, in words."""
+        return []
+
+    def cluster_head_args(self, *, endpoints: Sequence[str], size: int, given: Callable[[str], bool]) -> list[str]:
+        """The head's flags for its workers: ``endpoints`` are the workers' ``ADDR:PORT`` in the
+        inventory's order, ``size`` the hosts in all, ``given(flag)`` whether the service's own flags
+        (or the plan's) already set a flag."""
+        return []
+
+    def cluster_env(self, address: str, interface: str | None) -> dict[str, str]:
+        """The environment a member's container needs on the cluster network (its address, its NIC)."""
+        return {}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 from llmfleet.knowledge import compat
@@ -23,6 +24,16 @@ class LlamaCppKnowledge(EngineKnowledge):
     embedding_on_gpu = False  # llama-model.cpp keeps the input layer on the CPU
     offload_moves_layers = True  # -ngl: layers left off the GPU run on the CPU
     sizes_from_host_file = True
+    split_word = "layer split"
+    cross_host_word = "llama.cpp RPC"
+    offload_where = "host memory (CPU)"
+    # several hosts: the head's llama-server drives rpc-server on each worker (tools/rpc/README.md)
+    cluster_kind = "rpc"
+    workers_load_model = False  # the head sends each RPC device its tensors
+    workers_join_head = False  # the head connects to every worker's rpc-server (--rpc)
+    worker_serves_port = True
+    worker_runtime = "rpc-server"
+    checks_worker_image = True  # engines.yaml rpc_server.ships per image
     label = "llama.cpp"
     model_is_file = True
     default_quant = "gguf"
@@ -39,6 +50,20 @@ class LlamaCppKnowledge(EngineKnowledge):
         "generation_tokens_total": ("llamacpp:tokens_predicted_total",),
         "prompt_tokens_total": ("llamacpp:prompt_tokens_total",),
     }
+
+    def deploy_adds(self, hosts: int, gpus: int) -> list[str]:
+        if hosts <= 1:
+            return []
+        return [
+            f"`--rpc HOST:PORT,...` on the head, the {hosts - 1} worker(s) in the inventory's order: the "
+            f"--tensor-split shares are {gpus} per worker in that order (RPC devices come first), then the head's {gpus}",
+            f"`rpc-server` on each worker exposing its {gpus} GPU(s) as RPC devices, on a port the head can reach "
+            "and nothing else can",
+        ]
+
+    def cluster_head_args(self, *, endpoints: Sequence[str], size: int, given: Callable[[str], bool]) -> list[str]:
+        """``--rpc w1:PORT,w2:PORT``: the workers' rpc-server endpoints, in the inventory's order."""
+        return ["--rpc", ",".join(endpoints)]
 
     def arch_fix(self, rel: EngineRelease, cc: str) -> str:
         return "use a llama.cpp image built with SASS for this card, e.g. llamacpp:b5000-cu122"

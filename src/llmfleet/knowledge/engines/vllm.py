@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 from llmfleet.knowledge import compat
@@ -22,6 +23,18 @@ class VllmKnowledge(EngineKnowledge):
     embedding_on_gpu = True
     plan_default_quant = "bf16"  # a plan without --quant sizes the model's 16-bit weights
     attention_backend_env = "VLLM_ATTENTION_BACKEND"
+    split_word = "tensor parallel"
+    cross_host_word = "pipeline parallel"
+    foreign_quant_note = ("vLLM's GGUF support is experimental and under-optimized (https://docs.vllm.ai/en/latest/"
+                          "features/quantization/gguf/); llama.cpp serves GGUF natively")
+    offload_where = "host memory over PCIe (--cpu-offload-gb)"
+    fp16_activations = True  # --dtype float16 on a card without bf16
+    # several hosts: a Ray cluster, one pipeline stage per host (docs/serving/parallelism_scaling.md)
+    cluster_kind = "ray"
+    workers_load_model = True  # each stage loads its layers from the worker's own model path
+    workers_join_head = True  # `ray start --address HEAD:PORT` on the workers; the head waits for them
+    worker_serves_port = False  # Ray's worker ports are picked at random
+    worker_runtime = "Ray worker"
     label = "vLLM"
     model_is_file = False
     default_quant = "fp16"
@@ -36,6 +49,33 @@ class VllmKnowledge(EngineKnowledge):
         "generation_tokens_total": ("vllm:generation_tokens_total",),
         "prompt_tokens_total": ("vllm:prompt_tokens_total",),
     }
+
+    # -------------------------------------------------------------------- several hosts
+    def deploy_adds(self, hosts: int, gpus: int) -> list[str]:
+        if hosts <= 1:
+            return []
+        return [
+            f"a Ray cluster over the {hosts} hosts before `vllm serve` on the head: `ray start --head` there, "
+            "`ray start --address HEAD:PORT` on each worker (vLLM places one pipeline stage per host)",
+            "NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME (and VLLM_HOST_IP) naming each host's interface on the "
+            "hosts' network; host networking and enough shared memory for the engine containers",
+        ]
+
+    def cluster_head_args(self, *, endpoints: Sequence[str], size: int, given: Callable[[str], bool]) -> list[str]:
+        """One pipeline stage per host over Ray, unless the service's flags say otherwise."""
+        args: list[str] = []
+        if not given("--pipeline-parallel-size"):
+            args += ["--pipeline-parallel-size", str(size)]
+        if not given("--distributed-executor-backend"):
+            args += ["--distributed-executor-backend", "ray"]
+        return args
+
+    def cluster_env(self, address: str, interface: str | None) -> dict[str, str]:
+        """The member's address for vLLM and Ray; NCCL and Gloo on the cluster network's NIC."""
+        env = {"VLLM_HOST_IP": address, "RAY_NODE_IP_ADDRESS": address}
+        if interface:
+            env |= {"NCCL_SOCKET_IFNAME": interface, "GLOO_SOCKET_IFNAME": interface}
+        return env
 
     # -------------------------------------------------------------------- kernels and driver
     def arch_fix(self, rel: EngineRelease, cc: str) -> str:
