@@ -241,6 +241,70 @@ def push_image(reg: Registry, repo: str, tag: str, payload: str = "hello") -> st
         return digest
 
 
+OCI_INDEX = "application/vnd.oci.image.index.v1+json"
+
+
+def _layer(files: dict[str, bytes]) -> tuple[bytes, str]:
+    """A gzip-compressed tar layer holding ``files``; (compressed bytes, diff_id of the tar)."""
+    import gzip
+    import io
+    import tarfile
+
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, data in sorted(files.items()):
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.mtime = len(data), 0o644, 0
+            tar.addfile(info, io.BytesIO(data))
+    tar_bytes = raw.getvalue()
+    return gzip.compress(tar_bytes, mtime=0), "sha256:" + hashlib.sha256(tar_bytes).hexdigest()
+
+
+def push_loadable_image(reg: Registry, repo: str, tag: str, files: dict[str, bytes] | None = None,
+                        *, index: bool = True) -> dict[str, str]:
+    """Push an image ``docker load`` can run: a real gzip tar layer and a config whose diff_ids match,
+    under an OCI index with linux/amd64 and linux/arm64 entries (``index=False``: the manifest alone).
+    Returns the digests: ``ref`` (what the tag points at), ``manifest`` (linux/amd64), ``config``
+    (the image ID a classic store gives it), ``layer``."""
+    files = files or {"hello.txt": b"hello from a bundle\n"}
+    out: dict[str, str] = {}
+    entries = []
+    with httpx.Client(auth=reg.client_auth(), timeout=10) as client:
+        for arch in (("amd64", "arm64") if index else ("amd64",)):
+            layer, diff_id = _layer({**files, "arch": arch.encode()})
+            layer_digest = _put_blob(client, reg, repo, layer)
+            config = json.dumps({"architecture": arch, "os": "linux", "config": {"Cmd": ["/bin/true"]},
+                                 "rootfs": {"type": "layers", "diff_ids": [diff_id]}}).encode()
+            config_digest = _put_blob(client, reg, repo, config)
+            manifest = json.dumps({
+                "schemaVersion": 2, "mediaType": MANIFEST_V2,
+                "config": {"mediaType": "application/vnd.docker.container.image.v1+json", "size": len(config),
+                           "digest": config_digest},
+                "layers": [{"mediaType": "application/vnd.docker.image.rootfs.diff.tar.gzip", "size": len(layer),
+                            "digest": layer_digest}],
+            }).encode()
+            digest = "sha256:" + hashlib.sha256(manifest).hexdigest()
+            r = client.put(f"{reg.url}/v2/{repo}/manifests/{digest if index else tag}", content=manifest,
+                           headers={"Content-Type": MANIFEST_V2})
+            assert r.status_code == 201, r.text
+            entries.append({"mediaType": MANIFEST_V2, "digest": digest, "size": len(manifest),
+                            "platform": {"architecture": arch, "os": "linux"}})
+            if arch == "amd64":
+                out.update(manifest=digest, config=config_digest, layer=layer_digest, ref=digest)
+        if index:
+            body = json.dumps({"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": entries}).encode()
+            r = client.put(f"{reg.url}/v2/{repo}/manifests/{tag}", content=body, headers={"Content-Type": OCI_INDEX})
+            assert r.status_code == 201, r.text
+            out["ref"] = r.headers["docker-content-digest"]
+    return out
+
+
+def blob_path(reg: Registry, digest: str) -> Path:
+    """Where the registry's filesystem storage keeps a blob (to damage it in a test)."""
+    hexd = digest.split(":", 1)[1]
+    return reg.dir / "data" / "docker" / "registry" / "v2" / "blobs" / "sha256" / hexd[:2] / hexd / "data"
+
+
 def delete_manifest(reg: Registry, repo: str, digest: str) -> None:
     with httpx.Client(auth=reg.client_auth(), timeout=10) as client:
         r = client.delete(f"{reg.url}/v2/{repo}/manifests/{digest}")

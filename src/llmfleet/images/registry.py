@@ -1,9 +1,14 @@
-"""Resolve image tags to digests with the Registry HTTP API v2 (Docker Hub, ghcr.io, private mirrors).
+"""Resolve image tags to digests, and fetch manifests and blobs, with the Registry HTTP API v2 (Docker Hub,
+ghcr.io, private mirrors).
 
 ``parse_reference`` is pure. ``RegistryClient`` does the HTTP: a HEAD (then GET) of the manifest
 with every manifest media type accepted, answering 401 challenges with Bearer tokens or Basic auth,
 credentials from the usual Docker config (``~/.docker/config.json`` ``auths``). Credentials never
 appear in errors or logs. Every request has a timeout; the redirect and retry count is bounded.
+
+For image archives (``llmfleet.bundle``): ``image_manifest`` takes an index's linux/amd64 entry,
+``fetch_blob`` streams a blob to disk hashing it while writing (a partial file is resumed with a
+Range request; a bounded number of attempts; the file appears only with the right sha256).
 """
 
 from __future__ import annotations
@@ -33,6 +38,13 @@ MANIFEST_TYPES = ", ".join(
         "application/vnd.docker.distribution.manifest.v2+json",
     ]
 )
+INDEX_TYPES = frozenset({"application/vnd.oci.image.index.v1+json",
+                         "application/vnd.docker.distribution.manifest.list.v2+json"})
+IMAGE_TYPES = frozenset({"application/vnd.oci.image.manifest.v1+json",
+                         "application/vnd.docker.distribution.manifest.v2+json"})
+MAX_MANIFEST = 4 * 1024 * 1024
+CHUNK = 1024 * 1024
+PLATFORM = "linux/amd64"  # what the fleet's hosts run
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 _COMPONENT = re.compile(r"^[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*$")
 _TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
@@ -229,34 +241,50 @@ class RegistryClient:
             self._tokens[key] = token
         return {"Authorization": f"Bearer {self._tokens[key]}"}
 
-    def _manifest(self, ref: Reference, method: str) -> httpx.Response:
-        target = ref.digest or ref.tag or "latest"
-        url = f"{self._base(ref.registry)}/v2/{ref.repository}/manifests/{target}"
-        headers = {"Accept": MANIFEST_TYPES}
+    def _client(self, ref: Reference) -> httpx.Client:
         import httpx
 
-        try:
-            # loopback never goes through an HTTP proxy from the environment
-            with httpx.Client(follow_redirects=True, max_redirects=5, timeout=self.timeout,
-                              trust_env=not self._loopback(ref.registry)) as client:
-                resp = client.request(method, url, headers=headers)
-                for attempt in range(2):  # a cached token may have expired: fetch a fresh one once
-                    if resp.status_code != 401 or "www-authenticate" not in resp.headers:
-                        break
-                    if attempt == 1:
-                        self._tokens.clear()
-                    headers.update(self._auth_header(ref, resp.headers["www-authenticate"], client))
-                    resp = client.request(method, url, headers=headers)
-                    if "Bearer" not in headers["Authorization"]:
-                        break  # Basic credentials do not expire; a second try would be refused again
-        except httpx.HTTPError as exc:
-            raise RemoteError(f"{ref.registry}: cannot reach registry: {type(exc).__name__}: {exc}") from None
+        # loopback never goes through an HTTP proxy from the environment
+        return httpx.Client(follow_redirects=True, max_redirects=5, timeout=self.timeout,
+                            trust_env=not self._loopback(ref.registry))
+
+    def _send(self, ref: Reference, client: httpx.Client, method: str, url: str, headers: dict[str, str],
+              *, stream: bool = False) -> httpx.Response:
+        """One request, answering the registry's 401 challenge (a cached token may have expired: a
+        fresh one is fetched once). ``stream``: the body is not read (the caller closes the response)."""
+        resp = client.send(client.build_request(method, url, headers=headers), stream=stream)
+        for attempt in range(2):
+            if resp.status_code != 401 or "www-authenticate" not in resp.headers:
+                break
+            resp.close()
+            if attempt == 1:
+                self._tokens.clear()
+            headers.update(self._auth_header(ref, resp.headers["www-authenticate"], client))
+            resp = client.send(client.build_request(method, url, headers=headers), stream=stream)
+            if "Bearer" not in headers["Authorization"]:
+                break  # Basic credentials do not expire; a second try would be refused again
+        return resp
+
+    @staticmethod
+    def _check(ref: Reference, resp: httpx.Response, what: str) -> None:
         if resp.status_code == 404:
-            raise NotFound(f"{ref}: not found in {ref.registry} (no such repository, tag or digest)")
+            raise NotFound(f"{ref}: {what} not found in {ref.registry} (no such repository, tag or digest)")
         if resp.status_code in (401, 403):
             raise RemoteError(f"{ref}: access denied by {ref.registry}; check `docker login {ref.registry}`")
         if resp.status_code >= 400:
-            raise RemoteError(f"{ref}: registry answered HTTP {resp.status_code}")
+            raise RemoteError(f"{ref}: registry answered HTTP {resp.status_code} for {what}")
+
+    def _manifest(self, ref: Reference, method: str) -> httpx.Response:
+        target = ref.digest or ref.tag or "latest"
+        url = f"{self._base(ref.registry)}/v2/{ref.repository}/manifests/{target}"
+        import httpx
+
+        try:
+            with self._client(ref) as client:
+                resp = self._send(ref, client, method, url, {"Accept": MANIFEST_TYPES})
+        except httpx.HTTPError as exc:
+            raise RemoteError(f"{ref.registry}: cannot reach registry: {type(exc).__name__}: {exc}") from None
+        self._check(ref, resp, "manifest")
         return resp
 
     def resolve(self, reference: str | Reference) -> str:
@@ -282,9 +310,186 @@ class RegistryClient:
         return True
 
 
+    # -- manifests and blobs: what an image archive needs (bundle.create) -------------------------
+
+    def manifest(self, reference: str | Reference) -> tuple[str, str, bytes]:
+        """(digest, media type, body) of the manifest or index a reference names; a pinned digest
+        is checked against the body's sha256."""
+        ref = parse_reference(reference) if isinstance(reference, str) else reference
+        resp = self._manifest(ref, "GET")
+        body = resp.content
+        if len(body) > MAX_MANIFEST:
+            raise RemoteError(f"{ref}: manifest of {len(body)} bytes is larger than {MAX_MANIFEST}")
+        digest = manifest_digest(body)
+        if ref.digest and digest != ref.digest:
+            raise RemoteError(f"{ref}: registry returned a manifest whose sha256 is {digest}, not the pinned digest")
+        media_type = resp.headers.get("content-type", "").split(";", 1)[0].strip()
+        return digest, media_type or _media_type_of(body), body
+
+    def image_manifest(self, reference: str | Reference, platform: str = PLATFORM) -> ImageManifest:
+        """The image manifest to run on ``platform`` (``os/arch``): the reference's own manifest, or
+        the entry of its index (manifest list) for that platform, fetched by digest."""
+        ref = parse_reference(reference) if isinstance(reference, str) else reference
+        digest, media_type, body = self.manifest(ref)
+        index_digest = None
+        if media_type in INDEX_TYPES or (not media_type and _media_type_of(body) in INDEX_TYPES):
+            entry = pick_platform(_json(ref, body), platform, where=str(ref))
+            index_digest = digest
+            sub = Reference(ref.registry, ref.repository, None, entry["digest"])
+            digest, media_type, body = self.manifest(sub)
+        return parse_image_manifest(body, media_type, digest, where=str(ref), index_digest=index_digest)
+
+    def fetch_blob(self, reference: str | Reference, digest: str, dest: Path, *, size: int | None = None,
+                   attempts: int = 3) -> int:
+        """Stream one blob to ``dest``, hashing while writing; the file appears only when its sha256 is
+        ``digest`` (a ``.part`` file is resumed with a Range request on the next attempt). A file
+        already at ``dest`` with that sha256 is kept. Returns its size. Bounded: ``attempts`` tries,
+        each request with the client's timeout between bytes."""
+        ref = parse_reference(reference) if isinstance(reference, str) else reference
+        if not _DIGEST.match(digest):
+            raise RemoteError(f"{ref}: blob digest {digest[:80]!r} is not sha256:<64 hex>")
+        if dest.is_file() and file_sha256(dest) == digest:
+            return dest.stat().st_size
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        part = dest.with_name(dest.name + ".part")
+        url = f"{self._base(ref.registry)}/v2/{ref.repository}/blobs/{digest}"
+        import httpx
+
+        last = ""
+        for _ in range(max(1, attempts)):
+            have = part.stat().st_size if part.is_file() else 0
+            h = hashlib.sha256()
+            if have:
+                with part.open("rb") as fh:
+                    for chunk in iter(lambda fh=fh: fh.read(CHUNK), b""):
+                        h.update(chunk)
+            headers = {"Range": f"bytes={have}-"} if have else {}
+            try:
+                with self._client(ref) as client:
+                    resp = self._send(ref, client, "GET", url, headers, stream=True)
+                    try:
+                        if have and resp.status_code == 416 and size is not None and have >= size:
+                            pass  # the part holds every byte already
+                        else:
+                            if resp.status_code not in (200, 206):
+                                resp.read()
+                                self._check(ref, resp, f"blob {digest}")
+                                raise RemoteError(f"{ref}: registry answered HTTP {resp.status_code} for blob {digest}")
+                            if resp.status_code == 200 and have:  # no range support: start over
+                                have, h = 0, hashlib.sha256()
+                            with part.open("ab" if have else "wb") as out:
+                                for chunk in resp.iter_bytes(CHUNK):
+                                    h.update(chunk)
+                                    out.write(chunk)
+                                    have += len(chunk)
+                                    if size is not None and have > size:
+                                        break
+                    finally:
+                        resp.close()
+            except httpx.HTTPError as exc:
+                last = f"{type(exc).__name__}: {exc}"
+                continue
+            got = "sha256:" + h.hexdigest()
+            if got == digest and (size is None or have == size):
+                part.replace(dest)
+                return have
+            part.unlink(missing_ok=True)  # wrong bytes are never resumed
+            last = f"received {have} bytes with sha256 {got}" + (f", expected {size} bytes" if size is not None else "")
+        raise RemoteError(f"{ref}: blob {digest} could not be fetched intact after {max(1, attempts)} attempts ({last})")
+
+
 def manifest_digest(body: bytes) -> str:
     return "sha256:" + hashlib.sha256(body).hexdigest()
 
 
 def describe(ref: Reference) -> dict[str, Any]:
     return {"registry": ref.registry, "repository": ref.repository, "tag": ref.tag, "digest": ref.digest}
+
+
+# ------------------------------------------------------------------------------------------------
+# Image manifests (pure)
+
+
+
+@dataclass(frozen=True)
+class ImageManifest:
+    """One platform's image manifest: its digest and bytes, its config and layer descriptors, and
+    the index it was picked from (None when the reference named the image manifest itself)."""
+
+    digest: str
+    media_type: str
+    body: bytes
+    config: dict[str, Any]
+    layers: tuple[dict[str, Any], ...]
+    index_digest: str | None = None
+
+    @property
+    def image_id(self) -> str:
+        """What a classic Docker image store calls the image once loaded: its config's digest."""
+        return str(self.config["digest"])
+
+
+def _json(ref: Any, body: bytes) -> dict[str, Any]:
+    try:
+        data = json.loads(body)
+    except ValueError:
+        raise RemoteError(f"{ref}: the registry's manifest is not JSON") from None
+    if not isinstance(data, dict):
+        raise RemoteError(f"{ref}: the registry's manifest is not a JSON object")
+    return data
+
+
+def _media_type_of(body: bytes) -> str:
+    """A manifest's media type from its own ``mediaType`` (OCI makes it optional: an index has
+    ``manifests``, an image ``config``)."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return ""
+    if not isinstance(data, dict):
+        return ""
+    if isinstance(data.get("mediaType"), str):
+        return data["mediaType"]
+    if "manifests" in data:
+        return "application/vnd.oci.image.index.v1+json"
+    return "application/vnd.oci.image.manifest.v1+json" if "config" in data else ""
+
+
+def pick_platform(index: dict[str, Any], platform: str = PLATFORM, *, where: str = "image") -> dict[str, Any]:
+    """The entry of an index for ``os/arch[/variant]`` (attestation entries, whose platform is
+    unknown/unknown, never match)."""
+    want = platform.split("/")
+    seen = []
+    for entry in index.get("manifests") or []:
+        if not isinstance(entry, dict) or not _DIGEST.match(str(entry.get("digest", ""))):
+            continue
+        p = entry.get("platform") or {}
+        have = [str(p.get("os", "")), str(p.get("architecture", ""))] + ([str(p["variant"])] if p.get("variant") else [])
+        seen.append("/".join(have))
+        if have[:2] == want[:2] and (len(want) < 3 or have[2:3] == want[2:3]):
+            return entry
+    raise RemoteError(f"{where}: the index has no {platform} image (it has: {', '.join(seen) or 'none'})")
+
+
+def parse_image_manifest(body: bytes, media_type: str, digest: str, *, where: str = "image",
+                         index_digest: str | None = None) -> ImageManifest:
+    """An image manifest's config and layers, each descriptor with a sha256 digest and a size."""
+    data = _json(where, body)
+    media_type = media_type or _media_type_of(body)
+    if data.get("schemaVersion") != 2 or media_type not in IMAGE_TYPES:
+        raise RemoteError(f"{where}: manifest type {media_type or 'unknown'!r} is not an image manifest "
+                          "(schema 2 or OCI); re-push the image with a current client")
+    descs = [data.get("config"), *(data.get("layers") or [])]
+    for d in descs:
+        if not isinstance(d, dict) or not _DIGEST.match(str(d.get("digest", ""))) or not isinstance(d.get("size"), int):
+            raise RemoteError(f"{where}: manifest {digest} has a descriptor without a sha256 digest and size")
+    return ImageManifest(digest=digest, media_type=media_type, body=body, config=descs[0], layers=tuple(descs[1:]),
+                         index_digest=index_digest)
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(CHUNK), b""):
+            h.update(chunk)
+    return "sha256:" + h.hexdigest()
