@@ -21,12 +21,13 @@ from typing import Any
 
 import httpx
 
-from llmfleet.errors import LlmfleetError
+from llmfleet.errors import LlmfleetError, UsageError
 from llmfleet.fleet.metrics import EngineMetrics, engine_metrics
 from llmfleet.host import ssh
 from llmfleet.host.group import run_on_hosts
 from llmfleet.inventory.ansible import Host, settings_for
 from llmfleet.inventory.services import HostSettings, Service
+from llmfleet.knowledge import engines
 from llmfleet.release import audit as audit_mod
 from llmfleet.release import store as rel
 from llmfleet.release import watchdog
@@ -177,7 +178,7 @@ def worker_state(status: HostStatus | None, host: str, service: str) -> dict[str
     d["container"] = status.containers.get(f"llmfleet-{service}", "absent")
     if isinstance(cl.get("port"), int):
         d["port"] = cl["port"]
-        if cl.get("kind") == "rpc":
+        if _worker_serves_port(cl.get("kind")):
             d["listening"] = cl["port"] in status.listening
     problems = [f"unit {st.unit}"] if st.unit != "active" else []
     if d["container"] != "running":
@@ -188,6 +189,15 @@ def worker_state(status: HostStatus | None, host: str, service: str) -> dict[str
     if problems:
         d["problem"] = ", ".join(problems)
     return d
+
+
+def _worker_serves_port(kind: Any) -> bool:
+    """Whether a worker of this cluster kind listens on the cluster port (llama.cpp's rpc-server does; a
+    Ray worker does not); False for a kind no engine has (a manifest from another version)."""
+    try:
+        return isinstance(kind, str) and engines.for_cluster_kind(kind).worker_serves_port
+    except UsageError:
+        return False
 
 
 def worker_label(w: dict[str, Any]) -> str:

@@ -37,6 +37,7 @@ from llmfleet.fleet.rollout import batch_aborts, batches
 from llmfleet.host.group import run_on_hosts
 from llmfleet.inventory.ansible import Inventory
 from llmfleet.inventory.services import Service
+from llmfleet.knowledge import engines
 from llmfleet.release.deploy import DeployOptions, PreparedHost, deploy_host, prepare_host, rollback_host
 from llmfleet.settings import Settings
 
@@ -68,8 +69,8 @@ def parse_image(values: Sequence[str] | str | None) -> dict[str, str]:
         engine, version = engine.strip(), version.strip()
         if not sep or not engine or not version:
             raise UsageError(f"--image {raw!r}: expected ENGINE=VERSION, e.g. --image llamacpp=b6123")
-        if engine not in ("vllm", "llamacpp"):
-            raise UsageError(f"--image {raw!r}: engine must be vllm or llamacpp")
+        if engine not in engines.names():
+            raise UsageError(f"--image {raw!r}: engine must be {' or '.join(engines.names())}")
         if engine in out:
             raise UsageError(f"--image: engine {engine} given twice")
         out[engine] = version if ":" in version else f"{engine}:{version}"

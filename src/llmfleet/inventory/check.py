@@ -19,6 +19,8 @@ from llmfleet.inventory.ansible import Host, Inventory
 from llmfleet.inventory.connection import connection_settings
 from llmfleet.inventory.services import HostSettings, Service, host_settings_all, resolve_workers
 from llmfleet.inventory.templating import TemplateError, resolve_namespace
+from llmfleet.knowledge.engines import for_engine
+from llmfleet.knowledge.engines import names as engine_names
 
 
 @dataclass(frozen=True)
@@ -177,7 +179,7 @@ def check_host(
             except UsageError as exc:
                 err(f"{at}: quant: {exc}")
             else:
-                want = "gguf" if s.engine == "llamacpp" else "hf"
+                want = for_engine(s.engine).quant_family
                 if quant.family != want:
                     err(f"{at}: quant {s.quant!r} is a {quant.family} format; engine {s.engine} takes "
                         f"{'GGUF quants (q4_k_m, q8_0, ...)' if want == 'gguf' else 'Hugging Face formats (fp16, awq-int4, ...)'}")
@@ -235,10 +237,7 @@ def image_engine(image: str, lock: Any = None) -> str | None:
     if release is not None:
         return release.engine
     head, sep, _ = image.partition(":")
-    return head if sep and "/" not in head and head in ENGINE_NAMES else None
-
-
-ENGINE_NAMES = ("vllm", "llamacpp")
+    return head if sep and "/" not in head and head in engine_names() else None
 
 
 def image_engine_mismatch(image: str, engine: str, lock: Any = None) -> str | None:

@@ -27,6 +27,8 @@ from typing import Any
 from llmfleet.errors import UsageError
 from llmfleet.images.lock import ImageRef
 from llmfleet.inventory.services import HostSettings, Service, cluster_address_problem
+from llmfleet.knowledge import engines
+from llmfleet.knowledge.engines import EngineKnowledge
 from llmfleet.release import render as R
 from llmfleet.release import watchdog
 from llmfleet.release.store import Paths
@@ -49,10 +51,15 @@ class Cluster:
     """Who runs what: the head (serves the API) and the workers, in the inventory's order."""
 
     service: str
-    kind: str  # rpc | ray
+    kind: str  # the engine's runtime (engines' cluster_kind): rpc | ray
     port: int
     head: Member
     workers: tuple[Member, ...]
+
+    @property
+    def runtime(self) -> EngineKnowledge:
+        """The engine whose runtime this is: what differs by it is asked of its knowledge."""
+        return engines.for_cluster_kind(self.kind)
 
     @property
     def size(self) -> int:
@@ -133,7 +140,7 @@ def make_cluster(service: Service, role: R.Role, head: Member, workers: list[Mem
                          "(no cluster: section); remove workers")
     if not workers:
         raise UsageError(f"service {service.name}: no workers")
-    if kind == "rpc":
+    if engines.for_cluster_kind(str(kind)).checks_worker_image:
         problem = rpc_image_problem(service)
         if problem:
             raise UsageError(problem)
@@ -163,12 +170,7 @@ def parse_address(stdout: str) -> str | None:
 
 
 def _env(cluster: Cluster, member: Member) -> dict[str, str]:
-    if cluster.kind != "ray":
-        return {}
-    env = {"VLLM_HOST_IP": member.address, "RAY_NODE_IP_ADDRESS": member.address}
-    if member.interface:
-        env |= {"NCCL_SOCKET_IFNAME": member.interface, "GLOO_SOCKET_IFNAME": member.interface}
-    return env
+    return cluster.runtime.cluster_env(member.address, member.interface)
 
 
 def _has(args: list[str], role: R.Role, name: str) -> bool:
@@ -202,23 +204,23 @@ def ray_head_command(cluster: Cluster, role: R.Role) -> str:
 
 
 def head_overlay(service: Service, role: R.Role, cluster: Cluster, plan_args: list[str]) -> R.HeadOverlay:
-    """What the head's render adds for its workers."""
-    if cluster.kind == "rpc":
-        return R.HeadOverlay(args=("--rpc", ",".join(cluster.endpoints)))
-    args: list[str] = []
+    """What the head's render adds for its workers: the engine's flags for them; where the workers join
+    the head's runtime (Ray), the head's container starts it and waits for them first."""
     merged = list(plan_args) + list(service.engine_args)
-    if not _has(merged, role, "--pipeline-parallel-size"):
-        args += ["--pipeline-parallel-size", str(cluster.size)]
-    if not _has(merged, role, "--distributed-executor-backend"):
-        args += ["--distributed-executor-backend", "ray"]
+    runtime = cluster.runtime
+    args = runtime.cluster_head_args(endpoints=cluster.endpoints, size=cluster.size,
+                                     given=lambda flag: _has(merged, role, flag))
+    if not runtime.workers_join_head:
+        return R.HeadOverlay(args=tuple(args))
     return R.HeadOverlay(args=tuple(args), entrypoint=("/bin/sh", "-c", ray_head_command(cluster, role),
                                                        "llmfleet-ray-head"),
                          environment=tuple(sorted(_env(cluster, cluster.head).items())), host_network=True)
 
 
 def worker_argv(cluster: Cluster, member: Member, role: R.Role) -> tuple[list[str] | None, list[str]]:
-    """(entrypoint, command) of a worker's container."""
-    if cluster.kind == "rpc":
+    """(entrypoint, command) of a worker's container: the worker server on its port (the head connects
+    to it), or (the workers join the head) a wait for the head's runtime port, then the runtime."""
+    if not cluster.runtime.workers_join_head:
         entry = [str(a) for a in role.cluster.get("worker_entrypoint", ["/app/rpc-server"])]
         return entry, ["--host", member.address, "--port", str(cluster.port)]
     c = role.cluster
@@ -311,9 +313,10 @@ def render_worker(service: Service, settings: HostSettings, image: ImageRef, clu
 
 
 def worker_probe_script(paths: Paths, member: Member, port: int, kind: str) -> str:
-    """A worker's unit state, and (rpc) whether its rpc-server accepts connections on ADDR:PORT."""
+    """A worker's unit state, and (a worker that serves a port: rpc-server) whether it accepts
+    connections on ADDR:PORT."""
     lines = [f"echo \"@@unit $(systemctl is-active {shlex.quote(paths.unit)} 2>/dev/null)\""]
-    if kind == "rpc":
+    if engines.for_cluster_kind(kind).worker_serves_port:
         addr = shlex.quote(member.address)
         lines.append(f"if timeout 3 bash -c \"exec 3<>/dev/tcp/{addr}/{int(port)}\" 2>/dev/null; "
                      "then echo '@@port open'; else echo '@@port closed'; fi")
@@ -341,7 +344,7 @@ def reach_targets(cluster: Cluster) -> list[tuple[str, str, int]]:
     rpc-server endpoint (the head's llama-server connects to it). Ray: none, since its worker ports
     (node manager, object manager) and NCCL's are picked at random on the workers, so no fixed port is
     rendered to check; the workers reach the head's Ray port themselves (their start waits for it)."""
-    if cluster.kind != "rpc":
+    if not cluster.runtime.worker_serves_port:
         return []
     return [(w.host, w.address, cluster.port) for w in cluster.workers]
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmfleet.inventory.services import HostSettings, Service
+from llmfleet.knowledge import engines
 
 SCRIPT = "watchdog.sh"
 STATE = "watchdog.state"  # <service dir>/watchdog.state.{fails,restarts,last,gaveup}
@@ -75,14 +76,15 @@ def worker_script_text(service: Service, settings: HostSettings, *, kind: str, a
     """The watchdog of a worker of a service over several hosts (``kind`` rpc: rpc-server on
     ADDRESS:PORT; ray: a Ray worker, judged by its container alone)."""
     container = f"llmfleet-{service.name}"
-    if kind == "rpc":
-        what = f"container {container} and rpc-server {probe_address(address)}:{int(port)}"
+    runtime = engines.for_cluster_kind(kind)
+    if runtime.worker_serves_port:
+        what = f"container {container} and {runtime.worker_runtime} {probe_address(address)}:{int(port)}"
         target = f"PORT={int(port)}"
     else:
-        what = f"container {container} (Ray worker)"
+        what = f"container {container} ({runtime.worker_runtime})"
         target = "PORT=''"
     return _script(service, settings, what="worker probes (container running"
-                   + (", rpc-server port listening)" if kind == "rpc" else ")"),
+                   + (f", {runtime.worker_runtime} port listening)" if runtime.worker_serves_port else ")"),
                    target=f"{target}\nURL={_q(what)}", probe=_WORKER_PROBE)
 
 

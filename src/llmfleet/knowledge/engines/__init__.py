@@ -42,8 +42,8 @@ def for_engine(name: str) -> EngineKnowledge:
 
 
 def names() -> list[str]:
-    """Every engine llmfleet knows, sorted."""
-    return sorted(_all())
+    """Every engine llmfleet knows, in the registry's order (vLLM first, as messages list them)."""
+    return list(_all())
 
 
 def for_cluster_kind(kind: str) -> EngineKnowledge:
