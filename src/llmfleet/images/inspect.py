@@ -278,13 +278,13 @@ def inspect_image(key: str, ref: str, *, runner: Runner | None = None, docker: s
 
     require = (config.get("env") or {}).get("NVIDIA_REQUIRE_CUDA") or None
     if for_engine(engine).inspect_method == "python":
-        ins = _inspect_vllm(ctx, key, ref, cuda)
+        ins = _inspect_vllm(ctx, key, ref, cuda, engine)
     else:
-        ins = _inspect_llamacpp(ctx, key, ref, cuda, config)
+        ins = _inspect_llamacpp(ctx, key, ref, cuda, config, engine)
     return replace(ins, require_cuda=require)
 
 
-def _inspect_vllm(ctx: _Ctx, key: str, ref: str, cuda: str | None) -> Inspection:
+def _inspect_vllm(ctx: _Ctx, key: str, ref: str, cuda: str | None, engine: str) -> Inspection:
     rc, out, err = ctx.run(vllm_argv(ref, ctx.docker), TIMEOUT_S)
     data = parse_vllm_probe(out.decode("utf-8", "replace"))
     notes = []
@@ -296,7 +296,7 @@ def _inspect_vllm(ctx: _Ctx, key: str, ref: str, cuda: str | None) -> Inspection
     if not libs:
         notes.append("no fatbin in vLLM's compiled extensions (a CPU build, or none found)")
     return Inspection(
-        key=key, ref=ref, engine="vllm", engine_version=data.get("vllm"), cuda=cuda,
+        key=key, ref=ref, engine=engine, engine_version=data.get("vllm"), cuda=cuda,
         torch=data.get("torch"), torch_cuda=data.get("torch_cuda"),
         torch_archs=torch_archs_from_flags(data.get("torch_arch_flags")),
         archs=tuple(fatbin.lock_archs(list(data.get("engine_sass") or []), list(data.get("engine_ptx") or []))),
@@ -304,7 +304,8 @@ def _inspect_vllm(ctx: _Ctx, key: str, ref: str, cuda: str | None) -> Inspection
     )
 
 
-def _inspect_llamacpp(ctx: _Ctx, key: str, ref: str, cuda: str | None, config: dict[str, Any]) -> Inspection:
+def _inspect_llamacpp(ctx: _Ctx, key: str, ref: str, cuda: str | None, config: dict[str, Any],
+                      engine: str) -> Inspection:
     entry = (config.get("entrypoint") or ["/app/llama-server"])[0]
     folder = str(Path(entry).parent) if entry.startswith("/") else "/app"
     rc, out, err = ctx.run(create_argv(ref, ctx.docker), 60)
@@ -321,7 +322,7 @@ def _inspect_llamacpp(ctx: _Ctx, key: str, ref: str, cuda: str | None, config: d
     rc, vout, verr = ctx.run(llama_version_argv(ref, ctx.docker), 120)
     version = parse_llama_version((vout + verr).decode("utf-8", "replace"))
     notes = [] if (sass or ptx) else [f"no CUDA kernels in {folder} (a CPU build)"]
-    return Inspection(key=key, ref=ref, engine="llamacpp", engine_version=version, cuda=cuda,
+    return Inspection(key=key, ref=ref, engine=engine, engine_version=version, cuda=cuda,
                       archs=tuple(fatbin.lock_archs(sass, ptx)), files=tuple(files), notes=tuple(notes))
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from llmfleet import yamlload
 from llmfleet.errors import UsageError
@@ -142,8 +142,17 @@ class LoadLog(_Model):
 
 
 class EngineRelease(_Model):
+    @field_validator("engine")
+    @classmethod
+    def _known_engine(cls, value: str) -> str:
+        from llmfleet.knowledge import engines
+
+        if value not in engines.names():
+            raise ValueError(f"engine {value!r} is not one llmfleet knows ({', '.join(engines.names())})")
+        return value
+
     key: str
-    engine: Literal["vllm", "llamacpp"]
+    engine: str  # one of engines.names() (_known_engine)
     version: str
     repository: str
     tag: str

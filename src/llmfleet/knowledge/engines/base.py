@@ -61,8 +61,9 @@ What a new engine (SGLang, TGI, ...) must provide, and nothing else:
      whether it ships the worker, and an image known to lack it is refused before any SSH),
      ``cluster_head_args(endpoints, size, given)`` (the head's flags for its workers) and
      ``cluster_env(address, interface)`` (the environment every member's container needs).
-4. The engine name in the few closed lists that validate input: ``compat.EngineRelease.engine``,
-   ``inventory.services.Service.engine``, the ``images.lock`` key pattern (``images.lock._KEY_RE``).
+4. The engine name in the few closed lists that validate input: ``inventory.services.Service.engine``,
+   the ``images.lock`` key pattern (``images.lock._KEY_RE``). Everything else asks ``engines.names()``
+   (``compat.EngineRelease.engine``, ``inventory.check``, ``fleet.upgrade``, the planner).
 5. A lab image (``dockerfiles/lab-<name>``, ``lab/images.py``) so the end-to-end tests run it.
 """
 
