@@ -1,7 +1,7 @@
 """What an engine release publishes, read from where it is published: its wheels (``pip download
 --no-deps`` from the package index pip is configured for, or files given), a checkout of a llama.cpp
 tag, and the draft file ``catalog.release --write`` keeps. The imperative shell of
-``llmfleet.knowledge.release_draft``, which drafts from the contents alone.
+``llmfleet.images.release_draft``, which drafts from the contents alone.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from llmfleet.errors import UsageError
-from llmfleet.knowledge.release_draft import (
+from llmfleet.images.release_draft import (
     CUDA_CMAKE,
     CUDA_DOCKERFILE,
     DRAFT_HEADER,

@@ -29,6 +29,7 @@ from typing import Any
 
 from llmfleet.errors import UsageError
 from llmfleet.images import fatbin
+from llmfleet.knowledge.compat import parse_archs
 
 REPOSITORY = {"vllm": "docker.io/vllm/vllm-openai"}
 CORE_LIBRARY = re.compile(r"^vllm/_C(?:_stable_libtorch)?(?:\.abi3|\.cpython[^/]*)?\.so$")
@@ -385,8 +386,6 @@ def draft_llamacpp(tag: str, files: dict[str, str], toolkits: dict[str, list[str
     """The draft of a llama.cpp CUDA image entry from a tag's files (path -> text): the Dockerfile's
     CUDA version and CMake flags, the CMake default architectures at that CUDA, the RPC worker and
     GGML_CUDA_FA_ALL_QUANTS. ``where`` names the checkout in the sources."""
-    from llmfleet.knowledge.compat import parse_archs
-
     at = f"ggml-org/llama.cpp at {tag}" + (f" ({where})" if where else "")
     docker = files.get(CUDA_DOCKERFILE)
     cuda_cmake = files.get(CUDA_CMAKE)
