@@ -493,7 +493,7 @@ def test_a_rollback_the_host_timer_reverted_is_a_failure():
 def _probed(monkeypatch, st: S.ServiceState, *, cut_short: bool) -> list[bool]:
     """The probe as one round trip whose facts carry the release state (the preflight's checks are
     test_preflight's); returns the ``sudo`` of each probe sent."""
-    from llmfleet.host import facts as F
+    from llmfleet.knowledge import facts as F
 
     sent_sudo: list[bool] = []
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from llmfleet.cli.facts_tasks import _print_facts, _print_report
-from llmfleet.host.facts import Facts, GpuFact
+from llmfleet.knowledge.facts import Facts, GpuFact
 from llmfleet.knowledge.preflight import Check, Report
 
 

@@ -618,8 +618,8 @@ def test_plan_for_service_uses_the_service_fields():
 
 
 def test_plan_for_service_takes_real_memory_and_cards_from_facts():
-    from llmfleet.host.facts import Facts, ModelFile
-    from llmfleet.host.facts import GpuFact as FactGpu
+    from llmfleet.knowledge.facts import Facts, ModelFile
+    from llmfleet.knowledge.facts import GpuFact as FactGpu
 
     facts = Facts(host="h", gpus=[FactGpu(index=0, name="Tesla V100-SXM2-32GB", memory_total_mib=32510,
                                           catalog_id="v100-sxm2-32gb")],
@@ -694,8 +694,8 @@ def test_cli_host_from_the_inventory(tmp_path):
 
 
 def test_the_lab_services_plan_from_the_catalog_and_the_hosts_facts():
-    from llmfleet.host.facts import Facts, ModelFile
-    from llmfleet.host.facts import GpuFact as FactGpu
+    from llmfleet.knowledge.facts import Facts, ModelFile
+    from llmfleet.knowledge.facts import GpuFact as FactGpu
 
     gguf = _service(name="tiny", engine="llamacpp", model="tiny-qwen2", quant=None, context=512, concurrency=1,
                     model_path="/srv/models/tiny-qwen2-gguf/tiny-qwen2.gguf")

@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from llmfleet.host.facts import Container, Disk, ModelFile
 from llmfleet.images import lock as images
 from llmfleet.inventory.services import HostSettings, Service
+from llmfleet.knowledge.facts import Container, Disk, ModelFile
 from llmfleet.knowledge.preflight import (
     CHECK_IDS,
-    check_host,
-    images_lock_path,
     parse_archs,
     release_for,
     run_checks,
 )
+from llmfleet.release.preflight import check_host
 from tests.test_facts import _card, body_rc, host_doc, parse, section
 
 DIGEST = "sha256:" + "ab" * 32
@@ -281,10 +280,10 @@ def test_parse_archs_refuses_junk():
 def test_images_lock_path(tmp_path):
     inv = tmp_path / "inv"
     inv.mkdir()
-    assert images_lock_path({"llmfleet_images_lock": "../.lab/images.lock"}, str(inv), None) == str(
+    assert images.images_lock_path({"llmfleet_images_lock": "../.lab/images.lock"}, str(inv), None) == str(
         inv / "../.lab/images.lock")
-    assert images_lock_path({}, str(inv), "/etc/llmfleet/images.lock") == "/etc/llmfleet/images.lock"
-    assert images_lock_path({}, str(inv / "hosts.yml"), None) is None
+    assert images.images_lock_path({}, str(inv), "/etc/llmfleet/images.lock") == "/etc/llmfleet/images.lock"
+    assert images.images_lock_path({}, str(inv / "hosts.yml"), None) is None
 
 
 def test_forward_compat_on_r470_with_a_toolkit_that_loads_it_is_a_warn_naming_the_unconfirmed_eol():

@@ -18,7 +18,7 @@ from llmfleet.host import facts as facts_mod
 from llmfleet.host.ssh import connect
 from llmfleet.images import lock as images
 from llmfleet.inventory.ansible import Host, load_inventory, settings_for
-from llmfleet.knowledge.preflight import preflight_host
+from llmfleet.release.preflight import preflight_host
 
 LLMFLEET = str(Path(sys.executable).parent / "llmfleet")
 

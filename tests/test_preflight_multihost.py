@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from llmfleet.host.facts import Facts, GpuFact
 from llmfleet.inventory.services import Service
+from llmfleet.knowledge.facts import Facts, GpuFact
 from llmfleet.knowledge.preflight import MULTI_CHECK_IDS, check_service_hosts, parse_topology
 
 V100 = "Tesla V100-SXM2-32GB"
@@ -144,7 +144,7 @@ def test_the_plan_check_of_a_split_service_plans_it_over_its_hosts():
 def test_check_host_plans_a_split_service_over_the_hosts_it_is_given():
     from llmfleet.images import lock as images
     from llmfleet.inventory.services import HostSettings
-    from llmfleet.knowledge.preflight import check_host
+    from llmfleet.release.preflight import check_host
 
     svc = _svc(engine="llamacpp", quant="q4_k_m", gpus=[0, 1], image="llamacpp:server-cuda-12.8")
     facts = _facts("h", n=2, name=P40, mib=22919, cc="6.1", catalog="p40")

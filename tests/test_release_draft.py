@@ -18,8 +18,8 @@ import yaml
 
 from llmfleet.errors import UsageError
 from llmfleet.images import published
-from llmfleet.knowledge import compat
 from llmfleet.images import release_draft as rd
+from llmfleet.knowledge import compat
 from tests.test_images_inspect import _container, make_elf
 
 DATA = Path(__file__).parent / "data" / "release"

@@ -16,9 +16,9 @@ import yaml
 
 from llmfleet.images import lock as images
 from llmfleet.inventory.ansible import settings_for
-from llmfleet.knowledge.preflight import images_lock_path, preflight_host
 from llmfleet.lab.setup import CU118_KEY
 from llmfleet.release.deploy import DeployOptions, deploy_host
+from llmfleet.release.preflight import preflight_host
 
 pytestmark = pytest.mark.lab
 
@@ -56,7 +56,7 @@ def t4(request):
 
 def _preflight(lab):
     host = lab.inventory().hosts[HOST]
-    lock = images.load_lock(images_lock_path(host.vars, lab.inventory_path, None))
+    lock = images.load_lock(images.images_lock_path(host.vars, lab.inventory_path, None))
     return preflight_host(host, settings_for(host), lock=lock, config=lab.config)
 
 

@@ -13,7 +13,7 @@ import yaml
 
 from llmfleet.images import lock as images
 from llmfleet.inventory.ansible import settings_for
-from llmfleet.knowledge.preflight import images_lock_path, preflight_host
+from llmfleet.release.preflight import preflight_host
 
 pytestmark = pytest.mark.lab
 LLMFLEET = str(Path(sys.executable).parent / "llmfleet")
@@ -22,7 +22,7 @@ LLMFLEET = str(Path(sys.executable).parent / "llmfleet")
 def _preflight(lab, name: str):
     inv = lab.inventory()
     host = inv.hosts[name]
-    lock = images.load_lock(images_lock_path(host.vars, lab.inventory_path, None))
+    lock = images.load_lock(images.images_lock_path(host.vars, lab.inventory_path, None))
     return preflight_host(host, settings_for(host), lock=lock, config=lab.config)
 
 

@@ -34,8 +34,8 @@ def release(c, spec, write=None, json=False, wheel=None, torch_wheel=None, no_to
     from llmfleet.cli.common import print_json
     from llmfleet.errors import UsageError
     from llmfleet.images import published
-    from llmfleet.knowledge import compat
     from llmfleet.images import release_draft as rd
+    from llmfleet.knowledge import compat
 
     for name, value in (("--wheel", wheel), ("--torch-wheel", torch_wheel)):
         if value is not None and not Path(value).is_file():

@@ -174,7 +174,7 @@ def preflight(c, host=None, group=None, service=None, inventory=None, json=False
     """
     from llmfleet.images import lock as images
     from llmfleet.inventory.ansible import settings_for
-    from llmfleet.knowledge.preflight import images_lock_path, preflight_host
+    from llmfleet.release.preflight import preflight_host
 
     if assume and not facts:
         raise UsageError("--assume needs --facts FILE (assumptions apply to saved facts; a live preflight "
@@ -194,7 +194,7 @@ def preflight(c, host=None, group=None, service=None, inventory=None, json=False
                                  f"{did_you_mean(service, [s.name for s in settings.services])} (services: {known})")
             if not svcs:
                 continue
-        lock = images.load_lock(images_lock_path(h.vars, inv.path, cfg(c, "images_lock")))
+        lock = images.load_lock(images.images_lock_path(h.vars, inv.path, cfg(c, "images_lock")))
         selected.append((h, settings, svcs, lock))
     if not selected:
         raise UsageError(f"{inv.path}: no selected host has service {service!r}")
@@ -230,13 +230,8 @@ def _preflight_saved(c, host, group, service, inventory, json, allow_unpinned, f
     from llmfleet.images import lock as images
     from llmfleet.inventory.ansible import settings_for
     from llmfleet.knowledge import compat
-    from llmfleet.knowledge.preflight import (
-        apply_assumptions,
-        check_saved,
-        facts_from_saved,
-        images_lock_path,
-        parse_assumptions,
-    )
+    from llmfleet.knowledge.preflight import apply_assumptions, facts_from_saved, parse_assumptions
+    from llmfleet.release.preflight import check_saved
 
     if group or not host:
         raise UsageError("--facts judges one host: give --host NAME (the host the facts were saved from)")
@@ -265,7 +260,7 @@ def _preflight_saved(c, host, group, service, inventory, json, allow_unpinned, f
                          f"{facts_file_for(h.name, str(p))}` and pass that file with --facts") from None
     saved = facts_from_saved(data, h.name, str(p))
     found, notes = apply_assumptions(saved, assumed, compat.load_engine_catalog())
-    lock = images.load_lock(images_lock_path(h.vars, inv.path, cfg(c, "images_lock")))
+    lock = images.load_lock(images.images_lock_path(h.vars, inv.path, cfg(c, "images_lock")))
     reports = check_saved(h.name, settings, found, lock=lock, source=str(p), assumed_notes=notes, services=svcs,
                           allow_unpinned=allow_unpinned)
     if json:

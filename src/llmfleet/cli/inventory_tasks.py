@@ -13,13 +13,12 @@ from llmfleet.errors import InventoryError, UsageError
 
 def _lock_for(c, inv):
     from llmfleet.images import lock as images
-    from llmfleet.knowledge.preflight import images_lock_path
 
     configured = common.cfg(c, "images_lock")
     cache: dict[str | None, object] = {}
 
     def lock_for(host):
-        path = images_lock_path(host.vars, inv.path, configured)
+        path = images.images_lock_path(host.vars, inv.path, configured)
         if path not in cache:
             p = Path(path) if path else images.default_lock_path()
             cache[path] = images.load_lock(path) if p.exists() else None

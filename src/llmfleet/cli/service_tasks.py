@@ -118,7 +118,6 @@ def render(c, host=None, group=None, service=None, out=None, inventory=None, all
     """Show the compose file, systemd unit and env file a deploy would write (secrets masked); connects nowhere."""
     from llmfleet.images import lock as images
     from llmfleet.inventory.ansible import settings_for
-    from llmfleet.knowledge.preflight import images_lock_path
 
     inv, hosts = select_hosts(c, inventory, host, group)
     conf = load_settings(c)
@@ -130,7 +129,7 @@ def render(c, host=None, group=None, service=None, out=None, inventory=None, all
             known = ", ".join(s.name for s in settings.services) or "none"
             raise UsageError(f"{inv.path}: host {h.name} has no service {service!r}"
                                  f"{did_you_mean(service, [s.name for s in settings.services])} (services: {known})")
-        lock = images.load_lock(images_lock_path(h.vars, inv.path, conf.images_lock))
+        lock = images.load_lock(images.images_lock_path(h.vars, inv.path, conf.images_lock))
         docs.append({"host": h.name, "services": [_render_service(inv, h, settings, s, lock, conf, bool(allow_unpinned))
                                                   for s in svcs]})
     if service and not any(d["services"] for d in docs):

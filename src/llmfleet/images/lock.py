@@ -591,6 +591,14 @@ def lock_path_for(hostvars: dict[str, Any] | None, inventory_path: str | None, c
     return Path(configured).expanduser() if configured else default_lock_path()
 
 
+def images_lock_path(hostvars: dict[str, Any], inventory_path: str, configured: str | None) -> str | None:
+    """Which images.lock a host uses (``lock_path_for``), or None for the default one at the repository
+    root."""
+    if not hostvars.get("llmfleet_images_lock") and not configured:
+        return None
+    return str(lock_path_for(hostvars, inventory_path, configured))
+
+
 # ------------------------------------------------------------------------------------------------
 # Building the images upstream does not ship (dockerfiles/NAME/ + image.yaml)
 

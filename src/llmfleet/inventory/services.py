@@ -34,6 +34,7 @@ _ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 # engine_args / env hold at most MAX_ITEMS entries: a value pasted by mistake (a whole file, a runaway
 # template) is refused with its field instead of travelling into compose files and command lines.
 MAX_STRING = 4096
+DEFAULT_BIND_ADDRESS = "0.0.0.0"  # a service publishes its port here unless told otherwise
 MAX_ITEMS = 256
 _SHOWN = 60  # characters of a refused value an error message shows
 _PLAIN_KEY = re.compile(r"^[A-Za-z0-9_.\[\]-]{1,64}$")
@@ -300,6 +301,17 @@ class HostSettings(_Strict):
     def residency_for(self, service: Service) -> Literal["gpu", "cpu", "off"]:
         """Where the service's engine must hold its model (the service's setting, the host's, else gpu)."""
         return service.health.residency or self.health_residency or "gpu"
+
+    def bind_address_for(self, service: Service) -> str:
+        """The address the service's port is published on: its ``bind_address``, else the host's
+        ``llmfleet_bind_address``, else 0.0.0.0."""
+        return service.bind_address or self.bind_address or DEFAULT_BIND_ADDRESS
+
+    def allow_unauthenticated_for(self, service: Service) -> bool:
+        """Whether the service may publish its port without an API key (the service's setting wins)."""
+        if service.allow_unauthenticated is not None:
+            return service.allow_unauthenticated
+        return bool(self.allow_unauthenticated)
 
     services: list[Service] = Field(default_factory=list)
     gpu: str | None = Field(None, description="card (catalog id or nvidia-smi name) when facts are not gathered")

@@ -6,8 +6,8 @@ facts (``llmfleet.host.facts``), the capacity plan (``llmfleet.knowledge.planner
 prints them; deploy runs the same checks and stops before any change when one fails. A check never
 raises on odd facts: it says what it saw.
 
-Thin shell at the bottom: ``preflight_host`` connects, gathers the facts in one round trip and runs
-the checks for each service of the host.
+The shell is ``llmfleet.release.preflight``: it resolves each service's image, connects, gathers the
+facts in one round trip and runs the checks for each service of the host.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ import re
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
-from llmfleet.errors import LlmfleetError, RemoteError, UsageError
-from llmfleet.host.facts import Facts, GpuFact, ModelFile
+from llmfleet.errors import LlmfleetError, UsageError
 from llmfleet.inventory.services import HostSettings, Service
 from llmfleet.knowledge import compat, engines
 from llmfleet.knowledge.compat import EngineCatalog, EngineRelease, Kernels, Verdict
+from llmfleet.knowledge.facts import Facts, GpuFact, ModelFile
 
 Status = Literal["pass", "warn", "fail"]
 
@@ -209,16 +209,6 @@ def release_for(image_ref: Any, catalog: EngineCatalog) -> tuple[EngineRelease |
     if require and not rel.cpu:
         update["require_cuda"] = str(require)
     return (rel.model_copy(update=update) if update else rel), notes
-
-
-def images_lock_path(hostvars: dict[str, Any], inventory_path: str, configured: str | None) -> str | None:
-    """Which images.lock a host uses (``llmfleet.images.lock.lock_path_for``), or None for the default
-    one at the repository root."""
-    from llmfleet.images.lock import lock_path_for
-
-    if not hostvars.get("llmfleet_images_lock") and not configured:
-        return None
-    return str(lock_path_for(hostvars, inventory_path, configured))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -631,44 +621,7 @@ def _port_check(service: Service, facts: Facts) -> Check:
 
 
 # ------------------------------------------------------------------------------------------------
-# One host: resolve, plan and check every service (pure), then the thin SSH shell
-
-
-def check_host(
-    host_name: str,
-    settings: HostSettings,
-    facts: Facts,
-    *,
-    lock: Any,
-    services: list[Service] | None = None,
-    allow_unpinned: bool = False,
-    catalog: EngineCatalog | None = None,
-    today: str | None = None,
-    hosts_by_service: dict[str, int] | None = None,
-) -> list[Report]:
-    """Reports for the given services of a host (default: all of them) from facts already gathered
-    (``today``, ``YYYY-MM-DD``, dates the driver branches' end of life; None: today). ``hosts_by_service``:
-    the hosts a service split over several spans (head and workers, groups expanded); the plan check
-    plans it over them (absent: ``plan_for``'s default)."""
-    from llmfleet.images import lock as images
-
-    chosen = settings.services if services is None else services
-    if not chosen:
-        return [Report(host_name, None, [Check("services", "warn", f"{host_name} has no llmfleet_services",
-                                               "add services to the inventory (docs/inventory.md)")])]
-    reports: list[Report] = []
-    for svc in chosen:
-        image_ref, image_error = None, None
-        try:
-            image_ref = images.resolve(svc.image, lock, mirrors=dict(settings.image_mirrors),
-                                       allow_unpinned=allow_unpinned, where=f"host {host_name}: service {svc.name}")
-        except UsageError as exc:
-            image_error = str(exc).split(": image ", 1)[-1]
-        plan, plan_error = plan_for(svc, facts, settings, hosts=(hosts_by_service or {}).get(svc.name))
-        checks = run_checks(host_name, svc, facts, plan, image_ref, catalog=catalog, plan_error=plan_error,
-                            image_error=image_error, today=today, settings=settings)
-        reports.append(Report(host_name, svc.name, checks))
-    return reports
+# One host (``llmfleet.release.preflight`` resolves each service's image, plans it and runs these)
 
 
 def bind_check(service: Service, settings: HostSettings | None) -> Check:
@@ -677,17 +630,15 @@ def bind_check(service: Service, settings: HostSettings | None) -> Check:
     host's firewall (ufw, firewalld), so a host firewall does not make such a port private."""
     import ipaddress
 
-    from llmfleet.release.render import effective_allow_unauthenticated, effective_bind_address
-
     hs = settings or HostSettings()
-    addr = effective_bind_address(service, hs)
+    addr = hs.bind_address_for(service)
     loopback = ipaddress.ip_address(addr).is_loopback
     where = f"service {service.name} publishes port {service.port} on {addr}"
     if loopback:
         return Check("bind", "pass", f"{where} (loopback: reachable from the host only)")
     if service.api_key is not None:
         return Check("bind", "pass", f"{where}, with an API key")
-    if effective_allow_unauthenticated(service, hs):
+    if hs.allow_unauthenticated_for(service):
         return Check("bind", "warn", f"{where} without an API key (allow_unauthenticated: true): anyone who "
                      "reaches the address can use the model; Docker's published ports bypass the host firewall",
                      "set api_key: {from_env: VAR}, or bind_address: 127.0.0.1 behind a proxy")
@@ -701,32 +652,6 @@ def unreachable(host_name: str, error: str, services: list[Service]) -> list[Rep
     """What a host that could not be reached reports: one failed ``ssh`` check per service."""
     check = Check("ssh", "fail", error, "check the address, user and key in the inventory, and that sshd runs")
     return [Report(host_name, s.name, [check]) for s in services] or [Report(host_name, None, [check])]
-
-
-def preflight_host(
-    host: Any,
-    settings: HostSettings,
-    *,
-    lock: Any,
-    config: Any = None,  # Settings, SshSettings or the ssh section as a dict (host.ssh.connect)
-    services: list[Service] | None = None,
-    accept_new_host_keys: bool = False,
-    allow_unpinned: bool = False,
-) -> tuple[Facts | None, list[Report]]:
-    """Connect (strict host keys), gather the facts in one round trip, run the checks.
-
-    Never raises for the host's own failures: an SSH failure becomes a failed ``ssh`` check.
-    """
-    from llmfleet.host import facts as facts_mod
-    from llmfleet.host import ssh
-
-    chosen = settings.services if services is None else services
-    try:
-        with ssh.connect(host, config=config, accept_new_host_keys=accept_new_host_keys) as remote:
-            found = facts_mod.gather(remote, root=settings.root, model_paths=[s.model_path for s in chosen])
-    except RemoteError as exc:
-        return None, unreachable(host.name, str(exc), chosen)
-    return found, check_host(host.name, settings, found, lock=lock, services=chosen, allow_unpinned=allow_unpinned)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -826,23 +751,6 @@ def apply_assumptions(facts: Facts, assumed: dict[str, str], catalog: EngineCata
         if assumed["default_runtime"] not in f.docker.runtimes:
             f.docker.runtimes = [*f.docker.runtimes, assumed["default_runtime"]]
     return f, notes
-
-
-def check_saved(host_name: str, settings: HostSettings, facts: Facts, *, lock: Any, source: str,
-                assumed_notes: list[str], services: list[Service] | None = None, allow_unpinned: bool = False,
-                catalog: EngineCatalog | None = None, today: str | None = None) -> list[Report]:
-    """``check_host`` on saved facts, each report with a leading ``offline`` WARN that says the host
-    was not contacted, where the facts came from and what was assumed."""
-    reports = check_host(host_name, settings, facts, lock=lock, services=services, allow_unpinned=allow_unpinned,
-                         catalog=catalog, today=today)
-    said = f"judged without connecting, from facts saved in {source}"
-    if assumed_notes:
-        said += "; assumed: " + "; ".join(assumed_notes)
-    note = Check("offline", "warn", said, f"run `invoke preflight --host {host_name}` against the host itself "
-                                          "before deploying")
-    for r in reports:
-        r.checks.insert(0, note)
-    return reports
 
 
 # ------------------------------------------------------------------------------------------------

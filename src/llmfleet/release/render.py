@@ -391,14 +391,7 @@ def mask_env(text: str) -> str:
 
 
 def effective_bind_address(service: Service, settings: HostSettings) -> str:
-    """The service's ``bind_address``, else the host's ``llmfleet_bind_address``, else 0.0.0.0."""
-    return service.bind_address or settings.bind_address or DEFAULT_BIND_ADDRESS
-
-
-def effective_allow_unauthenticated(service: Service, settings: HostSettings) -> bool:
-    if service.allow_unauthenticated is not None:
-        return service.allow_unauthenticated
-    return bool(settings.allow_unauthenticated)
+    return settings.bind_address_for(service)  # TEMP: until release/watchdog.py calls it
 
 
 def gpu_count(service: Service) -> int | None:
@@ -564,7 +557,7 @@ def render(
 
     merged = merge_engine_args(plan_engine_args(plan), list(service.engine_args), role)
     box = container_settings(role, service, jit_cache=jit_cache_for(image, plan) is not None)
-    bind = bind_address or effective_bind_address(service, settings)
+    bind = bind_address or settings.bind_address_for(service)
     fill = {"model": role.model_target, "port": str(box["port"]), "served_name": service.public_name,
             "listen": "0.0.0.0"}
     if head.host_network:  # no published port: the engine itself listens on the bind address
