@@ -13,7 +13,7 @@ import pytest
 from llmfleet.errors import UsageError
 from llmfleet.images.lock import ImageLock, LockedImage
 from llmfleet.inventory.ansible import load_inventory
-from llmfleet.inventory.check import check_inventory, image_engine, image_engine_mismatch
+from llmfleet.release.check import check_inventory, image_engine, image_engine_mismatch
 
 REPO = Path(__file__).resolve().parents[1]
 LLMFLEET = str(Path(sys.executable).parent / "llmfleet")

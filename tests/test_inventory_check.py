@@ -11,7 +11,7 @@ from pathlib import Path
 
 from llmfleet.images.lock import ImageLock, LockedImage
 from llmfleet.inventory.ansible import load_inventory
-from llmfleet.inventory.check import check_inventory
+from llmfleet.release.check import check_inventory
 
 REPO = Path(__file__).resolve().parents[1]
 

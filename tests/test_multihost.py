@@ -13,12 +13,12 @@ import yaml
 from llmfleet.errors import InventoryError, UsageError
 from llmfleet.images.lock import ImageRef
 from llmfleet.inventory.ansible import load_inventory
-from llmfleet.inventory.check import check_inventory
 from llmfleet.inventory.services import Service, cluster_address_problem, host_settings, resolve_workers
 from llmfleet.knowledge.planner import PlanSummary
 from llmfleet.release import cluster as C
 from llmfleet.release import multihost as M
 from llmfleet.release import service_ops
+from llmfleet.release.check import check_inventory
 from llmfleet.release.render import load_role, render
 
 IMAGE = ImageRef(key="llamacpp:x", repository="reg.lab:5000/llama", digest="sha256:" + "ab" * 32, tag="x", pinned=True,

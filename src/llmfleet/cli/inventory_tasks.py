@@ -48,7 +48,7 @@ def inventory(c, inventory=None, list=False, host=None, check=False, limit=None,
     from rich.table import Table
 
     from llmfleet.inventory.ansible import load_inventory
-    from llmfleet.inventory.check import check_inventory
+    from llmfleet.release.check import check_inventory
 
     # its warnings print on stderr (cli.common)
     inv = load_inventory(inventory_path(c, inventory), vault_password_file=vault_password_file)

@@ -48,7 +48,6 @@ COMPOSE_FILE = "compose.yml"
 COMPOSE_OVERRIDE_FILE = "compose.override.yml"
 LOG_MAX_SIZE = "20m"
 LOG_MAX_FILE = 5
-DEFAULT_BIND_ADDRESS = "0.0.0.0"
 ENV_FILE = "service.env"
 SECRET_MASK = "********"
 STOP_GRACE_S = 30  # the roles' compose templates: stop_grace_period: 30s

@@ -5,7 +5,9 @@ resolved), the GPU name in the card catalog, each service's quant in the quant c
 engine's family: GGUF for llama.cpp, Hugging Face formats for vLLM), its image key in the
 images.lock the host uses (and of the service's engine), GPU indexes given to one service only, one
 service per host port, and the plan fitting the declared ``llmfleet_gpu``. Connection variables
-llmfleet does not honour are warnings. Pure apart from reading the catalogs and images.lock.
+llmfleet does not honour are warnings. Pure apart from reading the catalogs and images.lock. It sits
+in release/ because it asks what a deploy would ask: the catalogs, images.lock, the planner and the
+engine roles a multi-host service renders with.
 """
 
 from __future__ import annotations
@@ -15,12 +17,18 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from llmfleet.errors import LlmfleetError, UsageError
+from llmfleet.images import lock as images
 from llmfleet.inventory.ansible import Host, Inventory
 from llmfleet.inventory.connection import connection_settings
 from llmfleet.inventory.services import HostSettings, Service, host_settings_all, resolve_workers
 from llmfleet.inventory.templating import TemplateError, resolve_namespace
+from llmfleet.knowledge import compat
+from llmfleet.knowledge.catalog import find_gpu, find_quant
 from llmfleet.knowledge.engines import for_engine
 from llmfleet.knowledge.engines import names as engine_names
+from llmfleet.knowledge.planner import plan_for_service
+from llmfleet.release import cluster
+from llmfleet.release.render import load_role
 
 
 @dataclass(frozen=True)
@@ -86,9 +94,7 @@ def _worker_findings(inventory: Inventory, head: str, service: Service) -> tuple
     """A multi-host service's workers (resolved) and what is wrong with them: known hosts or groups, not
     the head, each once, an engine whose role renders workers, no clash with a worker's own services
     (name, cluster port)."""
-    from llmfleet.release import cluster
-    from llmfleet.release.multihost import worker_conflicts
-    from llmfleet.release.render import load_role
+    from llmfleet.release.multihost import worker_conflicts  # multihost imports the deploy machinery
 
     def group_hosts(name: str) -> list[str] | None:
         return inventory.group_hosts(name) if name in inventory.groups else None
@@ -115,10 +121,6 @@ def check_host(
     lock_for: Callable[[Host], Any] | None = None,
 ) -> HostReport:
     """Every offline finding for one host. ``lock_for(host)`` gives the ImageLock its keys resolve in."""
-    from llmfleet.images import lock as images
-    from llmfleet.knowledge.catalog import find_gpu, find_quant
-    from llmfleet.knowledge.planner import plan_for_service
-
     findings: list[Finding] = []
 
     def err(msg: str) -> None:
@@ -231,8 +233,6 @@ def image_engine(image: str, lock: Any = None) -> str | None:
     locked = lock.get(image) if lock is not None else None
     if locked is not None and getattr(locked, "engine", None):
         return str(locked.engine)
-    from llmfleet.knowledge import compat
-
     release = compat.load_engine_catalog().release(image)
     if release is not None:
         return release.engine
