@@ -35,8 +35,9 @@ phase "bootstrap"
 bash scripts/bootstrap.sh
 export PATH="$PWD/.venv/bin:$PATH"
 
-phase "ruff"
+phase "ruff, import contracts (lint-imports), types (mypy)"
 ruff check .
+lint-imports --no-cache
 
 phase "lab setup: Docker engine, registry, host and llama.cpp images (log: .cache/lab-setup.log)"
 invoke lab.setup > .cache/lab-setup.log 2>&1 &
