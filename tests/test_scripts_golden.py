@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from llmfleet.bundle import load as bundle_load
 from llmfleet.fleet import speed, status
 from llmfleet.host import probe
 from llmfleet.inventory.services import host_settings
@@ -44,6 +45,7 @@ SCRIPTS = {
     "state": lambda: S.state_script(ROOT),
     "upload": lambda: S.upload_script(PATHS, R2),
     "pull": lambda: S.pull_script(REF),
+    "pull_loaded": lambda: S.pull_script("reg.lab:5000/llamacpp:sha256-" + "cd" * 32, loaded=True),
     "image_present": lambda: S.image_present_script(REF),
     "switch": lambda: S.switch_script(PATHS, R2),
     "stop": lambda: S.stop_script(PATHS, forget_current=True),
@@ -74,6 +76,7 @@ SCRIPTS = {
     "service_start": lambda: S.service_start_script(PATHS),
     "service_remove": lambda: S.service_remove_script(PATHS, [REF]),
     "service_logs_follow": lambda: S.service_logs_script(PATHS, 100, follow=True, seconds=30),
+    "service_present": lambda: S.service_present_script(PATHS),
     "host_probe_command": lambda: shlex.join(probe.probe_command("llmfleet-0123abcd", ROOT, ["/srv/models/m it's.gguf"])),
     "host_probe_stdin": lambda: probe.probe_sh().decode(),
     "confirm_arm": lambda: confirm.arm_script(PATHS, release_id=R2, previous=R1, token=CONFIRM_TOKEN, action="deploy",
@@ -109,6 +112,11 @@ SCRIPTS = {
     "clusterset_read": lambda: clusterset.read_script(PATHS),
     "cluster_reach": lambda: cluster.reach_script([("w1", "10.0.0.12", 50052), ("w2", "fd00::12", 50052)]),
     "speed": lambda: speed.speed_script(ROOT, ["chat", "embed"]),
+    "bundle_present": lambda: bundle_load.present_script(["sha256:" + "cd" * 32, "sha256:" + "ef" * 32]),
+    "bundle_load": lambda: bundle_load.load_script("/opt/llmfleet/bundle/llamacpp_b1.tar", "sha256:" + "ef" * 32,
+                                                   "reg.lab:5000/llamacpp:sha256-" + "cd" * 32),
+    "bundle_tag": lambda: bundle_load.load_script(None, "sha256:" + "ef" * 32,
+                                                  "reg.lab:5000/llamacpp:sha256-" + "cd" * 32),
 }
 # The builders of each module that sends remote scripts (or files that run on the host) and the golden
 # files that pin them; a new builder fails test_every_remote_script_builder_has_a_golden_file below.
@@ -125,6 +133,7 @@ PINNED_BUILDERS = {
               "rpc_peers_script": "cluster_rpc_peers", "reach_script": "cluster_reach"},
     clusterset: {"append_script": "clusterset_append", "read_script": "clusterset_read"},
     speed: {"speed_script": "speed"},
+    bundle_load: {"present_script": "bundle_present", "load_script": "bundle_load"},
 }
 
 
@@ -149,7 +158,8 @@ def test_every_script_builder_of_the_release_store_has_a_golden_file():
               "image_remove_script", "lock_acquire_script", "lock_release_script", "lock_status_script",
               "lock_break_script", "audit_append_script", "final_script", "service_stop_script",
               "service_start_script", "service_remove_script", "service_logs_script", "bench_write_script",
-              "bench_read_script", "unit_wait_script", "chain_script", "evidence_script"}
+              "bench_read_script", "unit_wait_script", "chain_script", "evidence_script",
+              "loaded_image_script", "service_present_script"}
     assert set(builders) <= pinned, f"a new script builder needs a golden file: {sorted(set(builders) - pinned)}"
 
 
@@ -176,7 +186,8 @@ def test_every_script_builder_of_the_cluster_module_has_a_golden_file():
                                   "confirm_revert_head", "watchdog_worker_rpc", "watchdog_worker_ray",
                                   "cluster_address", "cluster_worker_probe_rpc",
                                   "cluster_rpc_log", "cluster_ray_nodes", "cluster_rpc_peers", "cluster_reach",
-                                  "clusterset_append", "clusterset_read", "speed"])
+                                  "clusterset_append", "clusterset_read", "speed", "pull_loaded",
+                                  "bundle_present", "bundle_load", "bundle_tag"])
 def test_golden_scripts_parse_as_posix_sh(name):
     res = subprocess.run(["sh", "-n", str(GOLDEN / f"{name}.sh")], capture_output=True, text=True, timeout=10)
     assert res.returncode == 0, res.stderr

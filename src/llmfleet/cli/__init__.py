@@ -29,6 +29,7 @@ flags.install()  # usage errors: one line, exit 2 (also under Invoke's own `invo
 
 from llmfleet.cli import (  # noqa: E402 - after install(): the task modules declare FleetTasks
     bench_tasks,
+    bundle_tasks,
     catalog_tasks,
     common,
     deploy_tasks,
@@ -91,5 +92,6 @@ ns.add_task(service_tasks.remove)
 ns.add_collection(Collection("lock", lock_tasks.status, lock_tasks.release))
 ns.add_collection(lab_tasks.ns)
 ns.add_collection(catalog_tasks.ns)
+ns.add_collection(bundle_tasks.ns)
 
 common.repeatable_inventory(ns)

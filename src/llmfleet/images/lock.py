@@ -71,6 +71,12 @@ class ImageLock:
         return self.images.get(key)
 
 
+def local_tag(repository: str, digest: str) -> str:
+    """The name of an image loaded from a bundle: the repository tagged by the pinned digest
+    (``repo:sha256-<hex>``), so another pin is another name and compose never looks it up remotely."""
+    return f"{repository}:sha256-{digest.split(':', 1)[1]}"
+
+
 @dataclass(frozen=True)
 class ImageRef:
     """What a release runs: ``pull_ref`` is what the host pulls and what compose names."""
@@ -88,9 +94,14 @@ class ImageRef:
     torch_archs: tuple[str, ...] = ()
     archs_source: str | None = None
     require_cuda: str | None = None  # NVIDIA_REQUIRE_CUDA as read from the image (images.inspect)
+    # From a bundle (deploy --bundle): the image is loaded, never pulled; compose names it by its
+    # ``local_tag`` and the deploy checks this image ID (its config digest), not a repo digest.
+    image_id: str | None = None
 
     @property
     def pull_ref(self) -> str:
+        if self.image_id and self.digest:
+            return local_tag(self.repository, self.digest)
         if self.digest:
             return f"{self.repository}@{self.digest}"
         return f"{self.repository}:{self.tag or 'latest'}"
@@ -115,6 +126,7 @@ class ImageRef:
             "torch_archs": list(self.torch_archs),
             "archs_source": self.archs_source,
             "require_cuda": self.require_cuda,
+            **({"image_id": self.image_id} if self.image_id else {}),
         }
 
 

@@ -289,8 +289,11 @@ def parse_upload(rc: int, stdout: str) -> bool:
 # Image pull and verification
 
 
-def pull_script(ref: str) -> str:
-    """Pull unless present, then print the repo digests the engine knows for it."""
+def pull_script(ref: str, *, loaded: bool = False) -> str:
+    """Pull unless present, then print the repo digests the engine knows for it. ``loaded``: an image
+    from a bundle (deploy --bundle): never pulled; ``loaded_image_script`` instead."""
+    if loaded:
+        return loaded_image_script(ref)
     fmt = "{{range .RepoDigests}}{{println .}}{{end}}"
     return "\n".join([  # one `docker image inspect` when the image is there (the usual case)
         f"if ! digests=$({DOCKER} image inspect --format {q(fmt)} {q(ref)} 2>/dev/null); then",
@@ -318,6 +321,31 @@ def digest_verified(repo_digests: list[str], digest: str | None) -> bool:
     if digest is None:
         return False
     return any(d.rsplit("@", 1)[-1] == digest for d in repo_digests)
+
+
+def loaded_image_script(ref: str) -> str:
+    """A bundle's image, named by its local tag: never pulled (a classic image store records no repo
+    digest for a loaded image): print the image ID the engine has under ``ref``, exit 4 if none."""
+    fmt = "{{.Id}}"
+    return "\n".join([
+        f"if ! id=$({DOCKER} image inspect --format {q(fmt)} {q(ref)} 2>/dev/null); then",
+        "  echo '@@absent'",
+        "  exit 4",
+        "fi",
+        'echo "@@id $id"',
+    ])
+
+
+def loaded_problem(rc: int, stdout: str, ref: str, image_id: str) -> str | None:
+    """Why a bundle's image may not run (``loaded_image_script``'s answer), or None when the engine
+    holds ``ref`` with exactly ``image_id``."""
+    lines = stdout.splitlines()
+    if rc != 0 or "@@absent" in lines:
+        return f"{ref} is not on the host; `invoke deploy --bundle DIR` loads it from the bundle"
+    got = next((ln.split(" ", 1)[1].strip() for ln in lines if ln.startswith("@@id ")), None)
+    if got != image_id:
+        return f"{ref} has image ID {got or '?'} on the host, not {image_id} from the bundle; refusing to run it"
+    return None
 
 
 def image_present_script(ref: str) -> str:
