@@ -34,6 +34,7 @@ from llmfleet.knowledge.catalog import (
     EngineAssumptions,
     Gpu,
     ModelSpec,
+    ParallelAssumptions,
     Quant,
     default_memory_reserved_mib,
     engine_assumptions,
@@ -47,7 +48,7 @@ from llmfleet.knowledge.catalog import (
     parallel_assumptions,
     speed_assumptions,
 )
-from llmfleet.knowledge.engines import for_engine
+from llmfleet.knowledge.engines import EngineKnowledge, KvLayoutInfo, for_engine
 
 ENGINES = ("vllm", "llamacpp")
 # Tokens in context while the health check measures decode speed (a one-line prompt and a short
@@ -966,7 +967,7 @@ def _split_devices(r: _Resolved, req: PlanRequest, split_mode: str, fixed_gpu: f
     per_layer = w.layer_bytes / max(1, layers)
     head = loaded - w.layer_bytes  # embeddings, output layer, final norm, vision tower (what is loaded)
     out: list[_Device] = []
-    if for_engine(engine).tensor_parallel:
+    if split_mode == "tensor":
         # K/V projections replicated when tp > KV heads (QKVParallelLinear): each GPU keeps 1/kv_heads.
         kv_proj = 0.0
         if n > spec.kv_heads > 0 and not spec.is_mla:
@@ -1030,7 +1031,7 @@ def _comm_cost(req: PlanRequest, r: _Resolved, pa: Any, split_mode: str, devices
     """Time per token the split adds on top of reading the weights (planner.yaml ``parallel``)."""
     spec, n, hosts = r.spec, req.gpus, req.hosts
     gbps, lat = _network(req, pa)
-    if for_engine(r.engine).tensor_parallel:
+    if split_mode == "tensor":
         kind, link = _interconnect(req, r.gpu)
         return (parallel.allreduce_cost(pa, interconnect=kind, link_gbps=link, tp=n, layers=spec.num_layers,
                                         hidden=spec.hidden)
@@ -1053,7 +1054,7 @@ def _split_notes(req: PlanRequest, r: _Resolved, pa: Any, split_mode: str, devic
         return []
     out: list[str] = []
     ms = f"{comm.low_us / 1000:.2f}-{comm.high_us / 1000:.2f} ms per token"
-    if for_engine(r.engine).tensor_parallel:
+    if split_mode == "tensor":
         kind, link = _interconnect(req, r.gpu)
         if n > 1:
             heads = parallel.kv_heads_per_gpu(spec.kv_heads, n)
@@ -1098,62 +1099,109 @@ def _split_notes(req: PlanRequest, r: _Resolved, pa: Any, split_mode: str, devic
     return out
 
 
-def _plan(req: PlanRequest, with_suggestions: bool) -> Plan:
-    r = _resolve(req)
-    spec, quant, gpu, engine, weights = r.spec, r.quant, r.gpu, r.engine, r.weights
-    a: EngineAssumptions = engine_assumptions(engine)
-    notes = list(r.notes)
-    problems: list[str] = []  # why it does not fit: shown first
-    n = req.gpus
-    hosts = req.hosts
-    tp = for_engine(engine).tensor_parallel
-    pa = parallel_assumptions()
-    split_mode = "tensor" if tp else (req.split_mode or "layer")
-    devices_n = n * hosts
+# ------------------------------------------------------------------------------------------ plan steps
+#
+# ``_plan`` composes small pure steps, each returning a frozen record: ``_budget`` (one card's memory
+# and the basis the fit runs on), ``_fit`` (the KV layout and the context search), ``_speed`` (batch-1
+# decode, the split's communication, the health floor), ``_offload`` (what a plan that is not resident
+# does), ``_flags`` (the engine flags, judged by the preflight's rules) and ``_notes`` (the notes and
+# refusals, in the order people read them). What differs by engine is asked of its knowledge
+# (``llmfleet.knowledge.engines``); what differs by the split is the budget's ``split_mode``.
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Memory of a plan: one card's budget, and the basis the fit runs on: per card for a tensor
+    parallel split (every layer is sharded over the host's cards), all cards together for a layer or
+    row split (the cards' memory adds up)."""
+
+    gpu_memory_utilization: float
+    card_bytes: float  # one card: CUDA-visible memory (memory.total less the driver's) x utilization
+    devices: int  # cards in all (gpus x hosts)
+    shards: int  # cards each layer is sharded over: the host's gpus for tensor parallel, else 1
+    split_mode: str  # tensor | layer | row
+    basis_bytes: float  # the budget on the basis
+    fixed_bytes: float  # the engine's fixed overhead on the basis
+    weights_gpu_bytes: int  # weights the engine loads to GPU memory, all cards
+    basis_weights_bytes: float  # of them on the basis
+
+    @property
+    def tensor(self) -> bool:
+        return self.split_mode == "tensor"
+
+
+def _budget(req: PlanRequest, r: _Resolved, know: EngineKnowledge, a: EngineAssumptions) -> Budget:
+    gpu, devices = r.gpu, req.gpus * req.hosts
+    split_mode = req.split_mode or know.split_modes[0]
+    tensor = split_mode == "tensor"
     gmu = req.gpu_memory_utilization or a.gpu_memory_utilization
-    # The engines see the CUDA-visible total: memory.total less what the driver reserves.
     reserved_mib = gpu.memory_reserved_mib if gpu.memory_reserved_mib is not None else default_memory_reserved_mib()
-    visible = gpu.memory_bytes - reserved_mib * 2**20
-    budget_gpu = visible * gmu
+    card = (gpu.memory_bytes - reserved_mib * 2**20) * gmu
+    loaded = r.weights.loaded_bytes(r.engine)  # llama.cpp keeps an untied token-embedding table in host memory
+    return Budget(
+        gpu_memory_utilization=gmu, card_bytes=card, devices=devices, shards=req.gpus if tensor else 1,
+        split_mode=split_mode, basis_bytes=card if tensor else card * devices,
+        fixed_bytes=a.fixed_overhead_bytes if tensor else a.fixed_overhead_bytes * devices,
+        weights_gpu_bytes=loaded, basis_weights_bytes=loaded / devices if tensor else loaded,
+    )
 
-    # Basis: per GPU for vLLM tensor parallel, all cards together for llama.cpp's layer split.
-    basis_budget = budget_gpu if tp else budget_gpu * devices_n
-    fixed = a.fixed_overhead_bytes if tp else a.fixed_overhead_bytes * devices_n
-    # llama.cpp keeps the token-embedding table in host memory; vLLM loads everything to the GPU.
-    gpu_weights_total = weights.loaded_bytes(engine)
-    basis_weights = gpu_weights_total / devices_n if tp else gpu_weights_total
-    kv_info = for_engine(engine).kv_layout(r.release, gpu.compute_capability) if r.release is not None else None
-    swa = kv_info is not None and kv_info.sliding_window == "window"
-    layout = kv_layout(spec, r.kv_bytes, tp=n if tp else 1, block_size=a.block_size if tp else 1, swa_cache=swa)
+
+@dataclass(frozen=True)
+class Fit:
+    """Where the KV cache fits: its layout on the basis, the pool the cards leave it, the context."""
+
+    layout: KvLayout
+    kv_info: KvLayoutInfo | None  # what the build keeps for sliding-window layers (None: not known)
+    window_kept: bool  # sliding-window layers keep only their window
+    grow: float  # 1 + the share of the KV cache the engine adds for compute buffers
+    pool_bytes: float  # KV bytes the basis holds (a split: what the tightest card allows)
+    fixed_bytes: float  # fixed overhead on the basis (a tensor-parallel split: per card, buffers included)
+    devices: tuple[_Device, ...]  # the cards of a split (empty: one card)
+    binding: int  # the index of the tightest card
+    resident: bool  # every weight on the GPUs, with room for KV
+    max_context: int  # at the asked concurrency
+    context: int  # planned: the asked one, or the most that fits
+    per_sequence_bytes: float  # KV of one sequence at the context
+    max_concurrency: int  # at the context
+    kv_cache_tokens: int | None  # tokens the pool holds (None: sliding windows or states make it per sequence)
+    context_fits: bool
+    notes: tuple[str, ...]
+    problems: tuple[str, ...]
+
+    def kv_need(self, context: int, sequences: int) -> float:
+        return sequences * self.layout.per_sequence(context) * self.grow
+
+
+def _fit(req: PlanRequest, r: _Resolved, know: EngineKnowledge, a: EngineAssumptions, pa: ParallelAssumptions,
+         b: Budget) -> Fit:
+    spec, k = r.spec, req.concurrency
+    kv_info = know.kv_layout(r.release, r.gpu.compute_capability) if r.release is not None else None
+    window = kv_info is not None and kv_info.sliding_window == "window"
+    layout = kv_layout(spec, r.kv_bytes, tp=b.shards, block_size=a.block_size, swa_cache=window)
     grow = 1.0 + a.kv_fraction
-
-    def kv_need(ctx: int, k: int) -> float:
-        return k * layout.per_sequence(ctx) * grow
-
-    pool = basis_budget - basis_weights - fixed
-    devices: list[_Device] = []
+    pool = b.basis_bytes - b.basis_weights_bytes - b.fixed_bytes
+    fixed = b.fixed_bytes
+    devices: tuple[_Device, ...] = ()
     binding = 0
-    if devices_n > 1:
+    if b.devices > 1:
         # Each card holds its layers (or its shard) and their KV: the tightest card sets the pool.
-        fixed_gpu = a.fixed_overhead_bytes + (pa.tp_overhead_bytes if tp else 0)
-        devices = _split_devices(r, req, split_mode, fixed_gpu)
-        pool, binding = _pool_of(devices, budget_gpu)
-        if tp:
+        fixed_gpu = a.fixed_overhead_bytes + (pa.tp_overhead_bytes if b.tensor else 0)
+        devices = tuple(_split_devices(r, req, b.split_mode, fixed_gpu))
+        pool, binding = _pool_of(devices, b.card_bytes)
+        if b.tensor:
             fixed = fixed_gpu
     resident = pool > 0
     max_ctx_model = spec.max_context
-    k = req.concurrency
 
-    def fits_ctx(ctx: int, seqs: int = k) -> bool:
-        return kv_need(ctx, seqs) <= pool
+    def fits_ctx(ctx: int) -> bool:
+        return k * layout.per_sequence(ctx) * grow <= pool
 
     max_context = max(0, _largest(1, max_ctx_model, fits_ctx)) if resident else 0
+    notes: list[str] = []
     if req.context is not None:
         context = req.context
         if context > max_ctx_model:
-            notes.append(
-                f"context {context} is beyond the model's {max_ctx_model} positions (needs rope scaling to work)"
-            )
+            notes.append(f"context {context} is beyond the model's {max_ctx_model} positions (needs rope scaling to work)")
     else:
         if max_context:
             context = min(max_ctx_model, _round_down(max_context, 256))
@@ -1162,147 +1210,225 @@ def _plan(req: PlanRequest, with_suggestions: bool) -> Plan:
             context = min(max_ctx_model, 4096)
             why = "nothing fits at any context; 4096 shown"
         notes.append(f"no --context given: planned at {context} tokens ({why})")
-
     per_seq = layout.per_sequence(context)
     max_conc = int(pool // (per_seq * grow)) if resident and per_seq > 0 else 0
     kv_cache_tokens = None
     if resident and layout.sliding_bytes_per_token == 0 and layout.state_bytes_per_sequence == 0:
         tokens = int(pool // (layout.full_bytes_per_token * grow))
-        kv_cache_tokens = tokens - tokens % a.block_size if tp else tokens
+        kv_cache_tokens = tokens - tokens % a.block_size
     # A context asked for explicitly is the operator's call; one the planner picks must be useful.
     useful = req.context is not None or context >= min(min_context(), max_ctx_model)
     context_fits = resident and fits_ctx(context) and useful
+    problems: list[str] = []
+    if resident and not context_fits and not useful:
+        problems.append(f"only {max_context} tokens of context fit; below {min_context()} tokens is not a useful service")
+    elif resident and not context_fits:
+        problems.append(
+            f"the weights fit but the KV cache for {k} x {context} tokens "
+            f"({k * per_seq * grow / GB:.1f} GB) exceeds the {max(0.0, pool) / GB:.1f} GB left; "
+            f"fits: {max_context} tokens at {k} sequences or {max_conc} sequences at {context} tokens"
+        )
+    return Fit(layout=layout, kv_info=kv_info, window_kept=window, grow=grow, pool_bytes=pool, fixed_bytes=fixed,
+               devices=devices, binding=binding, resident=resident, max_context=max_context, context=context,
+               per_sequence_bytes=per_seq, max_concurrency=max_conc, kv_cache_tokens=kv_cache_tokens,
+               context_fits=context_fits, notes=tuple(notes), problems=tuple(problems))
 
-    # Decode at batch 1: weights a token reads + the KV of one full-context sequence, once per token.
-    bw = gpu.bandwidth_gbps * GB
-    kv_read = per_seq
+
+@dataclass(frozen=True)
+class Speed:
+    """Batch-1 decode with every weight on the GPUs, what the split adds, and the health floor."""
+
+    weights_read_bytes: float  # weights the cards on the critical path read per token
+    read_bytes: float  # with the KV of one sequence at the context
+    ceiling: float  # tok/s: bandwidth / bytes read
+    resident: DecodeSpeed  # the speed model's range
+    comm: parallel.Cost  # per token, on top of reading the weights
+    cuda_graphs: bool | None
+    moe_layers: int
+    offload_gbps: tuple[float, float]  # host memory (or PCIe) bandwidth for offloaded weights
+    floor: float  # the health floor of a resident plan
+    floor_why: str
+    offload_eighth: DecodeSpeed  # with 1/8 of the layers off the GPU
+    efficiency_text: str
+
+
+def _speed(req: PlanRequest, r: _Resolved, a: EngineAssumptions, pa: ParallelAssumptions, b: Budget,
+           fit: Fit) -> Speed:
+    spec, gpu, engine, weights = r.spec, r.gpu, r.engine, r.weights
     layer_read = weights.layer_bytes - weights.inactive_expert_bytes
     # Bytes one card reads per token, the cards running one after another: a tensor-parallel rank reads
     # its 1/n shard (pipeline stages add up to the whole model again); a layer split reads every layer
     # once over all cards; a row split reads the cards' shares of the matrices at the same time.
-    if tp:
-        weights_read = weights.read_per_token / n
-    elif split_mode == "row" and devices_n > 1:
-        weights_read = weights.read_per_token - layer_read + layer_read / devices_n
+    if b.tensor:
+        weights_read = weights.read_per_token / req.gpus
+    elif b.split_mode == "row" and b.devices > 1:
+        weights_read = weights.read_per_token - layer_read + layer_read / b.devices
     else:
         weights_read = weights.read_per_token
-    read_bytes = weights_read + kv_read
-    ceiling = bw / read_bytes
-    comm = _comm_cost(req, r, pa, split_mode, devices)
+    read_bytes = weights_read + fit.per_sequence_bytes
+    comm = _comm_cost(req, r, pa, b.split_mode, list(fit.devices))
     extra = (comm.low_us, comm.high_us)
     off_gbps = (a.offload_gbps_low, a.offload_gbps_high)
     # The health probe decodes a short answer to a short prompt: its floor is for that context.
-    probe_read = weights_read + layout.per_sequence(min(context, HEALTH_PROBE_CONTEXT))
+    probe_read = weights_read + fit.layout.per_sequence(min(fit.context, HEALTH_PROBE_CONTEXT))
     moe_layers = sum(1 for i in range(spec.num_layers) if spec.is_moe_layer(i))
     floor, _, eighth, floor_why = health_floor(
-        engine, gpu, probe_read * (n if tp else 1), layer_read, spec.num_layers, off_gbps, gpus=n if tp else 1,
+        engine, gpu, probe_read * b.shards, layer_read, spec.num_layers, off_gbps, gpus=b.shards,
         extra_us=extra, moe_layers=moe_layers)
-    sp = speed_assumptions(engine)
-    graphs = sp.cuda_graphs_for(gpu.compute_capability)
+    graphs = speed_assumptions(engine).cuda_graphs_for(gpu.compute_capability)
     measured = req.measured_efficiency
-    resident_speed = decode_speed(engine, gpu.bandwidth_gbps, gpu.memory_type, read_bytes, spec.num_layers,
-                                  extra_us=extra, moe_layers=moe_layers, cuda_graphs=graphs,
-                                  compute_capability=gpu.compute_capability,
-                                  efficiency=(measured[0], measured[0]) if measured else None)
-    expected = (resident_speed.low, resident_speed.high)
-    eff_lo, eff_hi = resident_speed.efficiency
-    graphs_text = {True: "with CUDA graphs", False: "without CUDA graphs",
-                   None: "without CUDA graphs at the low end, with them at the high end (it depends on the build)"}
-    eff_text = (
+    resident = decode_speed(engine, gpu.bandwidth_gbps, gpu.memory_type, read_bytes, spec.num_layers,
+                            extra_us=extra, moe_layers=moe_layers, cuda_graphs=graphs,
+                            compute_capability=gpu.compute_capability,
+                            efficiency=(measured[0], measured[0]) if measured else None)
+    return Speed(weights_read_bytes=weights_read, read_bytes=read_bytes, ceiling=gpu.bandwidth_gbps * GB / read_bytes,
+                 resident=resident, comm=comm, cuda_graphs=graphs, moe_layers=moe_layers, offload_gbps=off_gbps,
+                 floor=floor, floor_why=floor_why, offload_eighth=eighth,
+                 efficiency_text=_efficiency_text(r, b, resident, comm, graphs, moe_layers, measured))
+
+
+_GRAPHS_TEXT = {True: "with CUDA graphs", False: "without CUDA graphs",
+                None: "without CUDA graphs at the low end, with them at the high end (it depends on the build)"}
+
+
+def _efficiency_text(r: _Resolved, b: Budget, speed: DecodeSpeed, comm: parallel.Cost, graphs: bool | None,
+                     moe_layers: int, measured: tuple[float, str] | None) -> str:
+    """The speed model in words, with its sources (the plan's ``efficiency_assumption``)."""
+    gpu, spec, engine = r.gpu, r.spec, r.engine
+    sp = speed_assumptions(engine)
+    eff_lo, eff_hi = speed.efficiency
+    no_dp4a = sp.efficiency_factor(gpu.compute_capability) != (1.0, 1.0)
+    return (
         f"time per token = bytes read / ({gpu.bandwidth_gbps:.0f} GB/s x {eff_lo:.2f}-{eff_hi:.2f}) + "
-        f"{spec.num_layers} layers x {resident_speed.per_layer_us[0]:.0f}-{resident_speed.per_layer_us[1]:.0f} us"
-        + (f" + {moe_layers} MoE layers x {resident_speed.moe_layer_us[0]:.0f}-{resident_speed.moe_layer_us[1]:.0f} us"
-           if moe_layers and resident_speed.moe_layer_us[1] else "")
+        f"{spec.num_layers} layers x {speed.per_layer_us[0]:.0f}-{speed.per_layer_us[1]:.0f} us"
+        + (f" + {moe_layers} MoE layers x {speed.moe_layer_us[0]:.0f}-{speed.moe_layer_us[1]:.0f} us"
+           if moe_layers and speed.moe_layer_us[1] else "")
         + (f" + {sp.per_token_us[0] / 1000:.1f}-{sp.per_token_us[1] / 1000:.1f} ms per token" if sp.per_token_us[1] else "")
-        + f" ({engine}, memory class {resident_speed.efficiency_class}"
-        + (f", {graphs_text[graphs]}" if sp.graphs_min_cc else "")
-        + (", no DP4A on this card" if sp.efficiency_factor(gpu.compute_capability) != (1.0, 1.0) else "")
+        + f" ({engine}, memory class {speed.efficiency_class}"
+        + (f", {_GRAPHS_TEXT[graphs]}" if sp.graphs_min_cc else "")
+        + (", no DP4A on this card" if no_dp4a else "")
         + "): "
-        + "; ".join(sp.efficiency_sources.get(resident_speed.efficiency_class, ()) + sp.cost_sources
-                    + (sp.no_dp4a_sources if sp.efficiency_factor(gpu.compute_capability) != (1.0, 1.0) else ()))
-        + (f"; split over {devices_n} cards: + {comm.low_us / 1000:.2f}-{comm.high_us / 1000:.2f} ms per token ({comm.text})"
+        + "; ".join(sp.efficiency_sources.get(speed.efficiency_class, ()) + sp.cost_sources
+                    + (sp.no_dp4a_sources if no_dp4a else ()))
+        + (f"; split over {b.devices} cards: + {comm.low_us / 1000:.2f}-{comm.high_us / 1000:.2f} ms per token ({comm.text})"
            if comm.text else "")
         + (f"; efficiency {measured[0]:.2f} fitted to this fleet's measurements instead of the catalog's range "
            f"({measured[1]})" if measured else "")
     )
 
-    gpu_layers = spec.num_layers
-    offload_bytes = 0.0
-    fits = context_fits
-    if not resident:
-        # How much would stay on the GPU with the KV cache for the asked context on it.
-        kv_total = kv_need(context, k)
-        room = basis_budget - fixed - kv_total
-        per_layer = weights.layer_bytes / max(1, spec.num_layers) / (n if tp else 1)
-        head = (weights.total_bytes - weights.layer_bytes) / (n if tp else 1)
-        if not tp:
-            head = weights.loaded_bytes(engine) - weights.layer_bytes  # output + final norm on the GPU
-        if room <= 0:
-            gpu_layers = 0
-            offload_bytes = basis_weights
-        else:
-            gpu_layers = max(0, min(spec.num_layers, int(max(0.0, room - head) // per_layer)))
-            offload_bytes = max(0.0, basis_weights - room)
-        # Offloaded weights stream from host memory (llama.cpp) or over PCIe (vLLM) every token; of
-        # MoE experts only the active share is read.
-        host_read = offload_bytes * min(1.0, weights.read_per_token / max(1, weights.loaded_bytes(engine)))
-        gpu_read = max(0.0, read_bytes - host_read)
-        on_gpu_layers = gpu_layers if not tp else spec.num_layers
-        off_speed = decode_speed(engine, gpu.bandwidth_gbps, gpu.memory_type, gpu_read, on_gpu_layers,
-                                 host_bytes=host_read, host_gbps=off_gbps,
-                                 moe_layers=moe_layers * on_gpu_layers // max(1, spec.num_layers),
-                                 cuda_graphs=graphs, compute_capability=gpu.compute_capability)
-        t_min = gpu_read / bw + host_read / (a.offload_gbps_high * GB)
-        t_lo, t_hi = 1.0 / off_speed.low, 1.0 / off_speed.high
-        ceiling = 1.0 / t_min
-        expected = (1.0 / t_lo, 1.0 / t_hi)
-        share = offload_bytes / basis_weights if basis_weights else 1.0
-        where = "host memory (CPU)" if not tp else "host memory over PCIe (--cpu-offload-gb)"
-        speed = f"{expected[0]:.1f}-{expected[1]:.1f} tok/s"
-        if room <= 0:
-            problems.append(
-                f"the KV cache for {k} x {context} tokens plus overhead alone exceed the {gmu:.0%} budget of "
-                f"{n} x {gpu.name}: nothing fits"
-            )
-            fits = False
-        elif req.offload:
-            fits = context >= 1
-            notes.append(
-                f"OFFLOAD: {share:.0%} of the weights ({offload_bytes / GB:.1f} GB) run from {where}; "
-                f"expect {speed} instead of ~{resident_speed.low:.0f}-{resident_speed.high:.0f} tok/s "
-                f"resident (bound by {a.offload_gbps_low:.0f}-{a.offload_gbps_high:.0f} GB/s: "
-                + "; ".join(a.offload_sources)
-                + ")"
-            )
-        else:
-            fits = False
-            problems.append(
-                f"REFUSED: the weights ({gpu_weights_total / GB:.1f} GB on the GPU) do not fit {n} x {gpu.name} "
-                f"({gpu.memory_bytes / GIB:.1f} GiB, {gmu:.0%} usable) with overhead; only {gpu_layers} of "
-                f"{spec.num_layers} layers would be resident and decode would fall to ~{speed} "
-                f"(measured: 1/8 of the layers off the GPU is 4.5x slower, half is 13x). "
-                f"Use a smaller quant, a shorter context or more GPUs, or pass --offload to accept it"
-            )
-        if req.offload and fits:
-            # The layer split is made for the asked context and sequences: more of either moves more
-            # layers off the GPU, so the plan holds exactly what was asked.
-            max_context, max_conc = context, k
-    elif not context_fits:
-        if not useful:
-            problems.append(
-                f"only {max_context} tokens of context fit; below {min_context()} tokens is not a useful service"
-            )
-        else:
-            problems.append(
-                f"the weights fit but the KV cache for {k} x {context} tokens "
-                f"({kv_need(context, k) / GB:.1f} GB) exceeds the {max(0.0, pool) / GB:.1f} GB left; "
-                f"fits: {max_context} tokens at {k} sequences or {max_conc} sequences at {context} tokens"
-            )
 
-    comm_buffers = pa.tp_overhead_bytes if tp and devices_n > 1 else 0
-    total_overhead = ((a.fixed_overhead_bytes + comm_buffers) * devices_n
-                      + a.kv_fraction * kv_need(context, k) / grow * (n if tp else 1))
-    overhead_text = (
+@dataclass(frozen=True)
+class Offload:
+    """Where the weights run: all on the GPUs (resident), or some layers off them (refused unless
+    --offload), and what that does to the figures."""
+
+    gpu_layers: int  # repeating layers on the GPUs
+    offload_bytes: float  # weights off the GPUs, on the basis
+    fits: bool
+    ceiling: float
+    realistic: tuple[float, float]  # tok/s (low, high)
+    max_context: int
+    max_concurrency: int
+    notes: tuple[str, ...]
+    problems: tuple[str, ...]
+
+
+def _offload(req: PlanRequest, r: _Resolved, know: EngineKnowledge, a: EngineAssumptions, b: Budget, fit: Fit,
+             speed: Speed) -> Offload:
+    spec, gpu, weights, n, k, context = r.spec, r.gpu, r.weights, req.gpus, req.concurrency, fit.context
+    if fit.resident:
+        return Offload(spec.num_layers, 0.0, fit.context_fits, speed.ceiling, (speed.resident.low, speed.resident.high),
+                       fit.max_context, fit.max_concurrency, (), ())
+    # How much would stay on the GPU with the KV cache for the asked context on it.
+    room = b.basis_bytes - fit.fixed_bytes - fit.kv_need(context, k)
+    per_layer = weights.layer_bytes / max(1, spec.num_layers) / b.shards
+    if b.tensor:
+        head = (weights.total_bytes - weights.layer_bytes) / b.shards
+    else:
+        head = weights.loaded_bytes(r.engine) - weights.layer_bytes  # output + final norm on the GPU
+    if room <= 0:
+        gpu_layers, offload_bytes = 0, b.basis_weights_bytes
+    else:
+        gpu_layers = max(0, min(spec.num_layers, int(max(0.0, room - head) // per_layer)))
+        offload_bytes = max(0.0, b.basis_weights_bytes - room)
+    # Offloaded weights stream from host memory (llama.cpp) or over PCIe (vLLM) every token; of
+    # MoE experts only the active share is read.
+    host_read = offload_bytes * min(1.0, weights.read_per_token / max(1, weights.loaded_bytes(r.engine)))
+    gpu_read = max(0.0, speed.read_bytes - host_read)
+    on_gpu_layers = gpu_layers if know.offload_moves_layers else spec.num_layers
+    off = decode_speed(r.engine, gpu.bandwidth_gbps, gpu.memory_type, gpu_read, on_gpu_layers,
+                       host_bytes=host_read, host_gbps=speed.offload_gbps,
+                       moe_layers=speed.moe_layers * on_gpu_layers // max(1, spec.num_layers),
+                       cuda_graphs=speed.cuda_graphs, compute_capability=gpu.compute_capability)
+    t_min = gpu_read / (gpu.bandwidth_gbps * GB) + host_read / (a.offload_gbps_high * GB)
+    t_lo, t_hi = 1.0 / off.low, 1.0 / off.high
+    expected = (1.0 / t_lo, 1.0 / t_hi)
+    share = offload_bytes / b.basis_weights_bytes if b.basis_weights_bytes else 1.0
+    rate = f"{expected[0]:.1f}-{expected[1]:.1f} tok/s"
+    gmu = b.gpu_memory_utilization
+    notes: list[str] = []
+    problems: list[str] = []
+    fits = False
+    if room <= 0:
+        problems.append(f"the KV cache for {k} x {context} tokens plus overhead alone exceed the {gmu:.0%} budget of "
+                        f"{n} x {gpu.name}: nothing fits")
+    elif req.offload:
+        fits = context >= 1
+        notes.append(
+            f"OFFLOAD: {share:.0%} of the weights ({offload_bytes / GB:.1f} GB) run from {know.offload_where}; "
+            f"expect {rate} instead of ~{speed.resident.low:.0f}-{speed.resident.high:.0f} tok/s "
+            f"resident (bound by {a.offload_gbps_low:.0f}-{a.offload_gbps_high:.0f} GB/s: "
+            + "; ".join(a.offload_sources)
+            + ")"
+        )
+    else:
+        problems.append(
+            f"REFUSED: the weights ({b.weights_gpu_bytes / GB:.1f} GB on the GPU) do not fit {n} x {gpu.name} "
+            f"({gpu.memory_bytes / GIB:.1f} GiB, {gmu:.0%} usable) with overhead; only {gpu_layers} of "
+            f"{spec.num_layers} layers would be resident and decode would fall to ~{rate} "
+            f"(measured: 1/8 of the layers off the GPU is 4.5x slower, half is 13x). "
+            f"Use a smaller quant, a shorter context or more GPUs, or pass --offload to accept it"
+        )
+    # The layer split is made for the asked context and sequences: more of either moves more layers off
+    # the GPU, so an offloaded plan holds exactly what was asked.
+    held = (context, k) if req.offload and fits else (fit.max_context, fit.max_concurrency)
+    return Offload(gpu_layers, offload_bytes, fits, 1.0 / t_min, expected, held[0], held[1], tuple(notes),
+                   tuple(problems))
+
+
+@dataclass(frozen=True)
+class Flags:
+    """The engine flags of the plan, the environment they need and the preflight's verdicts on them."""
+
+    args: tuple[str, ...]
+    env: tuple[tuple[str, str], ...]
+    preflight: tuple[tuple[str, compat.Verdict], ...]
+    note: str  # the attention backend chosen instead of the default, if any
+    refusal: str  # the preflight's FAILs, in one line ("": none)
+
+
+def _flags(req: PlanRequest, r: _Resolved, b: Budget, fit: Fit, off: Offload) -> Flags:
+    args, env, checks, note = _checked_args(req, r, fit.context, req.concurrency, b.gpu_memory_utilization,
+                                            off.gpu_layers, fit.resident, off.offload_bytes)
+    failed = [f"{cid}: {v.message}" + (f" (fix: {v.fix})" if v.fix else "") for cid, v in checks.items()
+              if v.status == "fail"]
+    refusal = ""
+    if failed and r.release is not None:
+        refusal = f"REFUSED by the preflight's rules for {r.release.key} on {r.gpu.name}: " + "; ".join(failed)
+    return Flags(tuple(args), tuple(env.items()), tuple(checks.items()), note, refusal)
+
+
+@dataclass(frozen=True)
+class Overhead:
+    bytes: float  # all cards: fixed overhead, communication buffers, the KV share for compute buffers
+    text: str  # the plan's overhead_assumption
+
+
+def _overhead(a: EngineAssumptions, pa: ParallelAssumptions, b: Budget, fit: Fit, sequences: int) -> Overhead:
+    comm_buffers = pa.tp_overhead_bytes if b.tensor and b.devices > 1 else 0
+    total = ((a.fixed_overhead_bytes + comm_buffers) * b.devices
+             + a.kv_fraction * fit.kv_need(fit.context, sequences) / fit.grow * b.shards)
+    text = (
         f"{a.fixed_overhead_bytes / GIB:.2f} GiB per GPU (CUDA context {a.cuda_context_bytes / GIB:.2f}, "
         f"activations {a.activation_bytes / GIB:.2f}, CUDA graphs {a.cuda_graph_bytes / GIB:.2f} GiB)"
         + (f" + {a.kv_fraction:.0%} of the KV cache for compute buffers" if a.kv_fraction else "")
@@ -1310,21 +1436,26 @@ def _plan(req: PlanRequest, with_suggestions: bool) -> Plan:
         + ": "
         + "; ".join(a.overhead_sources + (pa.tp_overhead_sources if comm_buffers else ()))
     )
+    return Overhead(total, text)
 
-    # Notes on the figures.
-    if r.image_note:
-        notes.append(r.image_note)
-    if spec.count(SLIDING) and swa:
+
+def _figure_notes(r: _Resolved, know: EngineKnowledge, fit: Fit) -> list[str]:
+    """What the figures rest on: sliding windows, experts, MTP layers, linear attention, dtypes."""
+    spec, weights, gpu, quant = r.spec, r.weights, r.gpu, r.quant
+    notes: list[str] = []
+    sliding = spec.count(SLIDING)
+    build = r.release.key if r.release is not None else None
+    if sliding and fit.window_kept:
         notes.append(
-            f"{spec.count(SLIDING)} of {spec.num_layers} layers use a {spec.sliding_window}-token sliding window: "
-            f"their KV stops growing there ({r.release.key if r.release is not None else 'the build'} keeps only the "
-            f"window: {kv_info.source if kv_info else ''})"
+            f"{sliding} of {spec.num_layers} layers use a {spec.sliding_window}-token sliding window: "
+            f"their KV stops growing there ({build or 'the build'} keeps only the "
+            f"window: {fit.kv_info.source if fit.kv_info else ''})"
         )
-    elif spec.count(SLIDING):
-        why = (kv_info.source if kv_info is not None else "the catalog does not say what the build keeps")
+    elif sliding:
+        why = fit.kv_info.source if fit.kv_info is not None else "the catalog does not say what the build keeps"
         notes.append(
-            f"{spec.count(SLIDING)} of {spec.num_layers} layers use a {spec.sliding_window}-token sliding window, "
-            f"but {r.release.key if r.release is not None else 'the engine build'} keeps the full context on them "
+            f"{sliding} of {spec.num_layers} layers use a {spec.sliding_window}-token sliding window, "
+            f"but {build or 'the engine build'} keeps the full context on them "
             f"too, so their KV grows with the context ({why})"
         )
     if spec.is_moe:
@@ -1341,57 +1472,149 @@ def _plan(req: PlanRequest, with_suggestions: bool) -> Plan:
     if spec.count(LINEAR):
         notes.append(
             f"{spec.count(LINEAR)} of {spec.num_layers} layers are linear attention: no KV cache, a fixed "
-            f"{layout.state_bytes_per_sequence / 2**20:.0f} MiB state per sequence; only the {spec.count(FULL)} "
+            f"{fit.layout.state_bytes_per_sequence / 2**20:.0f} MiB state per sequence; only the {spec.count(FULL)} "
             f"full-attention layers keep KV"
         )
     if not gpu.bf16 and quant.name in ("bf16", "fp16"):
         notes.append(f"{gpu.name} has no bf16 (CC {gpu.compute_capability}): weights run as float16")
-    if tp and (not gpu.bf16 or quant.name == "fp16") and spec.model_type.startswith("gemma"):
+    if know.fp16_activations and (not gpu.bf16 or quant.name == "fp16") and spec.model_type.startswith("gemma"):
         notes.append("Gemma models are trained in bf16: float16 activations may overflow (U); test the output")
-    if not tp and not weights.tied:
-        notes.append(
-            f"llama.cpp keeps the token-embedding table ({weights.embed_bytes / GB:.2f} GB) in host memory"
-        )
-    tp_why = parallel.tp_problem(spec.heads, spec.kv_heads, n, mla=spec.is_mla) if tp else None
-    if tp_why:
-        fits = False
-        problems.append(f"REFUSED: the heads do not split evenly over {n} GPUs (tensor parallel): {tp_why}")
-    if hosts > spec.num_layers:
-        fits = False
-        problems.append(f"REFUSED: {hosts} hosts for {spec.num_layers} layers: every host needs at least one layer")
-    notes += _split_notes(req, r, pa, split_mode, devices, binding, comm)
-    if weights.source.startswith("computed") and spec.origin == "catalog" and quant.family == "hf" and quant.group_size:
-        notes.append(f"{quant.name}: group size {quant.group_size} assumed (scales and zeros add {quant.group_bits / quant.group_size:.2f} bits/weight)")
+    if not know.embedding_on_gpu and not weights.tied:
+        notes.append(f"{know.label} keeps the token-embedding table ({weights.embed_bytes / GB:.2f} GB) in host memory")
+    return notes
 
-    args, engine_env, preflight, backend_note = _checked_args(req, r, context, k, gmu, gpu_layers, resident, offload_bytes)
-    if backend_note:
-        notes.append(backend_note)
-    failed = [f"{cid}: {v.message}" + (f" (fix: {v.fix})" if v.fix else "")
-              for cid, v in preflight.items() if v.status == "fail"]
-    if failed:
-        fits = False
-        problems.append(f"REFUSED by the preflight's rules for {r.release.key} on {gpu.name}: " + "; ".join(failed))
-    if resident:
-        notes.append(f"health floor {floor:.1f} tok/s: {floor_why}")
+
+def _refusals(req: PlanRequest, r: _Resolved, b: Budget) -> list[str]:
+    """What no budget fixes: attention heads that do not shard evenly, more hosts than layers."""
+    spec, out = r.spec, []
+    why = parallel.tp_problem(spec.heads, spec.kv_heads, req.gpus, mla=spec.is_mla) if b.tensor else None
+    if why:
+        out.append(f"REFUSED: the heads do not split evenly over {req.gpus} GPUs (tensor parallel): {why}")
+    if req.hosts > spec.num_layers:
+        out.append(f"REFUSED: {req.hosts} hosts for {spec.num_layers} layers: every host needs at least one layer")
+    return out
+
+
+@dataclass(frozen=True)
+class Notes:
+    problems: tuple[str, ...]  # why it does not fit: shown first
+    notes: tuple[str, ...]
+    floor: float  # the health floor
+    fits: bool
+
+
+def _notes(req: PlanRequest, r: _Resolved, know: EngineKnowledge, pa: ParallelAssumptions, b: Budget, fit: Fit,
+           speed: Speed, off: Offload, flags: Flags) -> Notes:
+    """Every note and refusal of the plan, in the order people read them, and the health floor."""
+    spec, quant, weights = r.spec, r.quant, r.weights
+    refusals = _refusals(req, r, b)
+    problems = [*fit.problems, *off.problems, *refusals, *([flags.refusal] if flags.refusal else [])]
+    notes = [*r.notes, *fit.notes, *off.notes, *([r.image_note] if r.image_note else [])]
+    notes += _figure_notes(r, know, fit)
+    notes += _split_notes(req, r, pa, b.split_mode, list(fit.devices), fit.binding, speed.comm)
+    if weights.source.startswith("computed") and spec.origin == "catalog" and quant.family == "hf" and quant.group_size:
+        notes.append(f"{quant.name}: group size {quant.group_size} assumed (scales and zeros add "
+                     f"{quant.group_bits / quant.group_size:.2f} bits/weight)")
+    if flags.note:
+        notes.append(flags.note)
+    if fit.resident:
+        floor = speed.floor
+        notes.append(f"health floor {floor:.1f} tok/s: {speed.floor_why}")
     else:
-        floor = expected[0] * 0.5
+        floor = off.realistic[0] * 0.5
         notes.append(f"health floor {floor:.1f} tok/s: half the predicted offloaded speed (the plan is not resident)")
-    model_kv = kv_layout(spec, r.kv_bytes, swa_cache=swa)  # the whole model, all cards: the figure people compare
-    plan = Plan(
+    fits = off.fits and not refusals and not flags.refusal
+    return Notes(tuple(problems), tuple(notes), floor, fits)
+
+
+@dataclass(frozen=True)
+class SplitLayout:
+    """A plan over several cards or hosts: the tightest card, the layers per host and device, the
+    llama.cpp shares, the split's cost and what the deploy adds (one card: the whole model on it)."""
+
+    tensor_parallel_size: int
+    pipeline_parallel_size: int
+    split_mode: str
+    per_gpu: dict[str, int]
+    layers_per_host: list[int]
+    layers_per_device: list[int]
+    tensor_split: list[int] | None
+    comm: dict[str, float | str | list[float]]
+    deploy_adds: list[str]
+
+
+def _split_layout(req: PlanRequest, r: _Resolved, know: EngineKnowledge, a: EngineAssumptions,
+                  pa: ParallelAssumptions, b: Budget, fit: Fit, comm: parallel.Cost) -> SplitLayout:
+    spec, n, hosts = r.spec, req.gpus, req.hosts
+    kv_plan = fit.kv_need(fit.context, req.concurrency) / fit.grow
+    if fit.devices:
+        dv = fit.devices[fit.binding]
+        w, kv, fx = dv.weights_bytes, kv_plan * dv.kv_share, dv.fixed_bytes
+        layers_per_device = [d.layers for d in fit.devices]
+        # tensor parallel ranks and row-split cards each see every layer of their host (sharded)
+        shard = n if b.tensor or b.split_mode == "row" else 1
+        layers_per_host = [sum(d.layers for d in fit.devices if d.host == h) // shard for h in range(hosts)]
+    else:
+        w = b.basis_weights_bytes if b.tensor else b.weights_gpu_bytes
+        kv, fx = kv_plan, fit.fixed_bytes if b.tensor else a.fixed_overhead_bytes
+        layers_per_device = layers_per_host = [spec.num_layers]
+    gbps, lat = _network(req, pa)
+    kind, link = _interconnect(req, r.gpu)
+    return SplitLayout(
+        tensor_parallel_size=n if b.tensor else 1,
+        pipeline_parallel_size=hosts if b.tensor else 1,
+        split_mode=b.split_mode if b.devices > 1 else "",
+        per_gpu={"weights_bytes": int(w), "kv_cache_bytes": int(kv), "overhead_bytes": int(fx + a.kv_fraction * kv),
+                 "budget_bytes": int(b.card_bytes),
+                 "kv_heads": parallel.kv_heads_per_gpu(spec.kv_heads, n) if b.tensor else spec.kv_heads},
+        layers_per_host=layers_per_host,
+        layers_per_device=list(layers_per_device),
+        tensor_split=[1] * b.devices if not b.tensor and b.devices > 1 else None,
+        comm={"low_us": round(comm.low_us, 1), "high_us": round(comm.high_us, 1), "how": comm.text,
+              "interconnect": kind if n > 1 else "", "interconnect_gbps": link if n > 1 else 0.0,
+              "network_gbps": gbps if hosts > 1 else 0.0,
+              "network_latency_us": list(lat or pa.network_latency_us) if hosts > 1 else []},
+        deploy_adds=know.deploy_adds(hosts, n),
+    )
+
+
+def _plan(req: PlanRequest, with_suggestions: bool) -> Plan:
+    r = _resolve(req)
+    know = for_engine(r.engine)
+    a, pa = engine_assumptions(r.engine), parallel_assumptions()
+    budget = _budget(req, r, know, a)
+    fit = _fit(req, r, know, a, pa, budget)
+    speed = _speed(req, r, a, pa, budget, fit)
+    off = _offload(req, r, know, a, budget, fit, speed)
+    flags = _flags(req, r, budget, fit, off)
+    notes = _notes(req, r, know, pa, budget, fit, speed, off, flags)
+    plan = _assemble(req, r, a, budget, fit, speed, off, flags, notes, _overhead(a, pa, budget, fit, req.concurrency),
+                     _split_layout(req, r, know, a, pa, budget, fit, speed.comm))
+    if with_suggestions and not plan.fits:
+        _add_alternatives(req, plan, r, has_problems=bool(notes.problems))
+    return plan
+
+
+def _assemble(req: PlanRequest, r: _Resolved, a: EngineAssumptions, b: Budget, fit: Fit, speed: Speed, off: Offload,
+              flags: Flags, notes: Notes, overhead: Overhead, split: SplitLayout) -> Plan:
+    spec, quant, gpu, weights, k, context = r.spec, r.quant, r.gpu, r.weights, req.concurrency, fit.context
+    model_kv = kv_layout(spec, r.kv_bytes, swa_cache=fit.window_kept)  # the whole model, all cards: the figure people compare
+    ceiling, expected = off.ceiling, off.realistic
+    return Plan(
         model=spec.name,
         model_origin=spec.origin,
         quant=quant.name + (f"-g{quant.group_size}" if quant.group_size and quant.group_size != 128 else ""),
         gpu=gpu.id,
         gpu_name=gpu.name,
-        gpus=n,
-        engine=engine,
+        gpus=req.gpus,
+        engine=r.engine,
         context=context,
         concurrency=k,
         kv_dtype=r.kv_name,
-        gpu_memory_utilization=gmu,
+        gpu_memory_utilization=b.gpu_memory_utilization,
         params=int(weights.params),
         weights_bytes=int(weights.total_bytes),
-        weights_gpu_bytes=int(gpu_weights_total - offload_bytes * (n if tp else 1)),
+        weights_gpu_bytes=int(b.weights_gpu_bytes - off.offload_bytes * b.shards),
         weights_source=weights.source,
         kv_bytes_per_token=int(model_kv.full_bytes_per_token),
         kv_sliding_bytes_per_token=int(model_kv.sliding_bytes_per_token),
@@ -1399,96 +1622,56 @@ def _plan(req: PlanRequest, with_suggestions: bool) -> Plan:
         kv_state_bytes_per_sequence=int(model_kv.state_bytes_per_sequence),
         kv_bytes_per_sequence=int(model_kv.per_sequence(context)),
         kv_cache_bytes=int(model_kv.per_sequence(context) * k),
-        overhead_bytes=int(total_overhead),
-        overhead_assumption=overhead_text,
-        memory_bytes=gpu.memory_bytes * devices_n,
-        budget_bytes=int(budget_gpu * devices_n),
-        fits=bool(fits),
-        resident=bool(resident),
-        gpu_layers=gpu_layers,
+        overhead_bytes=int(overhead.bytes),
+        overhead_assumption=overhead.text,
+        memory_bytes=gpu.memory_bytes * b.devices,
+        budget_bytes=int(b.card_bytes * b.devices),
+        fits=bool(notes.fits),
+        resident=bool(fit.resident),
+        gpu_layers=off.gpu_layers,
         total_layers=spec.num_layers,
-        max_context_tokens=int(max_context),
-        max_concurrency=int(max_conc),
-        kv_cache_tokens=kv_cache_tokens,
+        max_context_tokens=int(off.max_context),
+        max_concurrency=int(off.max_concurrency),
+        kv_cache_tokens=fit.kv_cache_tokens,
         decode_tokps_ceiling=round(ceiling, 2),
         decode_tokps_realistic=(round(expected[0], 2), round(expected[1], 2)),
         efficiency=(round(expected[0] / ceiling, 3), round(expected[1] / ceiling, 3)),
-        efficiency_assumption=eff_text,
+        efficiency_assumption=speed.efficiency_text,
         image=r.release.key if r.release is not None else None,
-        health_floor_tokps=round(floor, 2),
-        decode_tokps_offload_eighth=(round(eighth.low, 2), round(eighth.high, 2)),
-        preflight={cid: {"status": v.status, "message": v.message, "fix": v.fix} for cid, v in preflight.items()},
-        engine_env=engine_env,
+        health_floor_tokps=round(notes.floor, 2),
+        decode_tokps_offload_eighth=(round(speed.offload_eighth.low, 2), round(speed.offload_eighth.high, 2)),
+        preflight={cid: {"status": v.status, "message": v.message, "fix": v.fix} for cid, v in flags.preflight},
+        engine_env=dict(flags.env),
         offload_assumption=(
             f"weights off the GPU stream at {a.offload_gbps_low:.0f}-{a.offload_gbps_high:.0f} GB/s: "
             + "; ".join(a.offload_sources)
-        ) if not resident else "",
-        engine_args=args,
-        notes=problems + notes,
+        ) if not fit.resident else "",
+        engine_args=list(flags.args),
+        notes=[*notes.problems, *notes.notes],
+        hosts=req.hosts,
+        tensor_parallel_size=split.tensor_parallel_size,
+        pipeline_parallel_size=split.pipeline_parallel_size,
+        split_mode=split.split_mode,
+        per_gpu=dict(split.per_gpu),
+        layers_per_host=list(split.layers_per_host),
+        layers_per_device=list(split.layers_per_device),
+        tensor_split=split.tensor_split,
+        comm=dict(split.comm),
+        deploy_adds=list(split.deploy_adds),
     )
-    _fill_split(plan, req, r, pa, split_mode, devices, binding, comm, budget_gpu,
-                per_gpu_weights=basis_weights if tp else gpu_weights_total,
-                kv_plan=kv_need(context, k) / grow, fixed_gpu=fixed if tp else a.fixed_overhead_bytes,
-                kv_fraction=a.kv_fraction)
-    if with_suggestions and not plan.fits:
-        plan.alternatives = _suggest(req, plan, r)
-        split = [x for x in plan.alternatives if set(x["change"]) <= {"gpus", "hosts"}]
-        others = [x for x in plan.alternatives if x not in split and "offload" not in x["change"]]
-        if split:
-            x = split[0]
-            plan.notes.insert(1 if problems else 0,
-                              f"fits {'only ' if not others else ''}when split: {x['flags']} ({x['why']}): "
-                              f"{x['per_gpu_weights_bytes'] / GB:.1f} GB of weights per GPU, layers per host "
-                              f"{x['layers_per_host']}, up to {x['max_context_tokens']:,} tokens of context")
-    return plan
 
 
-def _fill_split(plan: Plan, req: PlanRequest, r: _Resolved, pa: Any, split_mode: str, devices: list[_Device],
-                binding: int, comm: parallel.Cost, budget_gpu: float, *, per_gpu_weights: float, kv_plan: float,
-                fixed_gpu: float, kv_fraction: float) -> None:
-    spec, n, hosts = r.spec, req.gpus, req.hosts
-    know = for_engine(r.engine)
-    plan.hosts = hosts
-    plan.tensor_parallel_size = n if know.tensor_parallel else 1
-    plan.pipeline_parallel_size = hosts if know.tensor_parallel else 1
-    plan.split_mode = split_mode if n * hosts > 1 else ""
-    if devices:
-        dv = devices[binding]
-        w, kv, fx = dv.weights_bytes, kv_plan * dv.kv_share, dv.fixed_bytes
-        plan.layers_per_device = [d.layers for d in devices]
-        # tensor parallel ranks and row-split cards each see every layer of their host (sharded)
-        shard = n if know.tensor_parallel or split_mode == "row" else 1
-        plan.layers_per_host = [sum(d.layers for d in devices if d.host == h) // shard for h in range(hosts)]
-    else:
-        w, kv, fx = per_gpu_weights, kv_plan, fixed_gpu
-        plan.layers_per_device = [spec.num_layers]
-        plan.layers_per_host = [spec.num_layers]
-    plan.per_gpu = {
-        "weights_bytes": int(w), "kv_cache_bytes": int(kv), "overhead_bytes": int(fx + kv_fraction * kv),
-        "budget_bytes": int(budget_gpu),
-        "kv_heads": parallel.kv_heads_per_gpu(spec.kv_heads, n) if know.tensor_parallel else spec.kv_heads,
-    }
-    plan.tensor_split = [1] * (n * hosts) if not know.tensor_parallel and n * hosts > 1 else None
-    gbps, lat = _network(req, pa)
-    kind, link = _interconnect(req, r.gpu)
-    plan.comm = {"low_us": round(comm.low_us, 1), "high_us": round(comm.high_us, 1), "how": comm.text,
-                 "interconnect": kind if n > 1 else "", "interconnect_gbps": link if n > 1 else 0.0,
-                 "network_gbps": gbps if hosts > 1 else 0.0,
-                 "network_latency_us": list(lat or pa.network_latency_us) if hosts > 1 else []}
-    if hosts > 1 and know.tensor_parallel:
-        plan.deploy_adds = [
-            f"a Ray cluster over the {hosts} hosts before `vllm serve` on the head: `ray start --head` there, "
-            "`ray start --address HEAD:PORT` on each worker (vLLM places one pipeline stage per host)",
-            "NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME (and VLLM_HOST_IP) naming each host's interface on the "
-            "hosts' network; host networking and enough shared memory for the engine containers",
-        ]
-    elif hosts > 1:
-        plan.deploy_adds = [
-            f"`--rpc HOST:PORT,...` on the head, the {hosts - 1} worker(s) in the inventory's order: the "
-            f"--tensor-split shares are {n} per worker in that order (RPC devices come first), then the head's {n}",
-            f"`rpc-server` on each worker exposing its {n} GPU(s) as RPC devices, on a port the head can reach "
-            "and nothing else can",
-        ]
+def _add_alternatives(req: PlanRequest, plan: Plan, r: _Resolved, *, has_problems: bool) -> None:
+    """A plan that does not fit gets the changes that would make it fit, and a note for a split that does."""
+    plan.alternatives = _suggest(req, plan, r)
+    split = [x for x in plan.alternatives if set(x["change"]) <= {"gpus", "hosts"}]
+    others = [x for x in plan.alternatives if x not in split and "offload" not in x["change"]]
+    if split:
+        x = split[0]
+        plan.notes.insert(1 if has_problems else 0,
+                          f"fits {'only ' if not others else ''}when split: {x['flags']} ({x['why']}): "
+                          f"{x['per_gpu_weights_bytes'] / GB:.1f} GB of weights per GPU, layers per host "
+                          f"{x['layers_per_host']}, up to {x['max_context_tokens']:,} tokens of context")
 
 
 def _checked_args(
@@ -1599,7 +1782,7 @@ def _suggest(req: PlanRequest, plan: Plan, r: _Resolved) -> list[dict[str, Any]]
         )
     # 5. More GPUs of the host (tensor parallel / layer split), then more hosts (pipeline parallel / RPC).
     know = for_engine(r.engine)
-    how = "tensor parallel" if know.tensor_parallel else "layer split"
+    how = know.split_word
     have = req.gpus_available
     counts = [c for c in range(req.gpus + 1, have + 1)] if have else [c for c in (2, 4, 8) if c > req.gpus]
     split_found = False
@@ -1611,7 +1794,7 @@ def _suggest(req: PlanRequest, plan: Plan, r: _Resolved) -> list[dict[str, Any]]
             split_found = True
     if not split_found and not req.offload:
         per_host = max(req.gpus, have or req.gpus)
-        cross = "pipeline parallel" if know.tensor_parallel else "llama.cpp RPC"
+        cross = know.cross_host_word
         for h in (2, 3, 4):
             if h > req.hosts and attempt({"hosts": h, "gpus": per_host},
                                          f"{cross} over {h} hosts of {per_host} x {plan.gpu_name}",

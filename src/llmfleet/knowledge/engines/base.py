@@ -44,7 +44,9 @@ What a new engine (SGLang, TGI, ...) must provide, and nothing else:
      ``attention_backend_env`` (the variable that picks an attention backend, if the engine has
      several: the planner then tries the release's other backends when the KV dtype fails on the
      default one), ``quantization_flag(release, rules, quant, cc)`` (the quantization flag value
-     the release uses for a quant on the card, None for no flag); ``split_word`` / ``cross_host_word``
+     the release uses for a quant on the card, None for no flag); ``split_modes`` (how a split over
+     cards works, the default first: ``tensor`` shards every layer over the cards, ``layer`` gives
+     each card whole layers, ``row`` splits every matrix by rows), ``split_word`` / ``cross_host_word``
      (the split over one host's cards and over hosts, for people), ``foreign_quant_note`` (a note when
      a quant of another family is planned), ``offload_where`` (where offloaded weights run, for
      people), ``fp16_activations`` (True: a card without bf16, or an fp16 quant, runs the model's
@@ -115,6 +117,7 @@ class EngineKnowledge:
     sizes_from_host_file: ClassVar[bool] = False
     plan_default_quant: ClassVar[str | None] = None
     attention_backend_env: ClassVar[str | None] = None
+    split_modes: ClassVar[tuple[str, ...]] = ("layer",)
     split_word: ClassVar[str] = "layer split"
     cross_host_word: ClassVar[str] = "RPC"
     foreign_quant_note: ClassVar[str] = ""

@@ -24,6 +24,7 @@ class LlamaCppKnowledge(EngineKnowledge):
     embedding_on_gpu = False  # llama-model.cpp keeps the input layer on the CPU
     offload_moves_layers = True  # -ngl: layers left off the GPU run on the CPU
     sizes_from_host_file = True
+    split_modes = ("layer", "row")  # --split-mode: the first is the default
     split_word = "layer split"
     cross_host_word = "llama.cpp RPC"
     offload_where = "host memory (CPU)"

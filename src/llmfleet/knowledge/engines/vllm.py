@@ -23,6 +23,7 @@ class VllmKnowledge(EngineKnowledge):
     embedding_on_gpu = True
     plan_default_quant = "bf16"  # a plan without --quant sizes the model's 16-bit weights
     attention_backend_env = "VLLM_ATTENTION_BACKEND"
+    split_modes = ("tensor",)  # --tensor-parallel-size within a host, pipeline stages over hosts
     split_word = "tensor parallel"
     cross_host_word = "pipeline parallel"
     foreign_quant_note = ("vLLM's GGUF support is experimental and under-optimized (https://docs.vllm.ai/en/latest/"
