@@ -22,6 +22,9 @@ from llmfleet.fleet import speed, status
 from llmfleet.host import probe
 from llmfleet.inventory.services import host_settings
 from llmfleet.knowledge.engines import for_engine
+from llmfleet.models import manifest as model_manifest
+from llmfleet.models import scripts as model_scripts
+from llmfleet.models import transfer as model_transfer
 from llmfleet.release import audit, cluster, clusterset, confirm, watchdog
 from llmfleet.release import store as S
 
@@ -40,6 +43,13 @@ HS = host_settings("h1", {"llmfleet_root": ROOT, "llmfleet_services": [
 MEMBER = cluster.Member("w1", "10.0.0.12", "eth0")
 RECORD = S.audit_record(now=NOW, who="alice", host="h1", action="deploy", service="chat", release=R2,
                         digest="sha256:" + "cd" * 32, result="deployed", detail="it's ok", message="canary")
+
+MODEL_FILE = model_manifest.Manifest("/srv/models/m.gguf", "file", (
+    model_manifest.FileEntry("m.gguf", 1234, "a" * 64),))
+MODEL_DIR = model_manifest.Manifest("/srv/models/qwen", "dir", (
+    model_manifest.FileEntry("config.json", 700, "b" * 64),
+    model_manifest.FileEntry("model it's.safetensors", 99, "c" * 64)))
+PEER = model_transfer.Peer("gpu-v100-02", 22, "deploy", "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIC")
 
 SCRIPTS = {
     "state": lambda: S.state_script(ROOT),
@@ -117,6 +127,26 @@ SCRIPTS = {
                                                    "reg.lab:5000/llamacpp:sha256-" + "cd" * 32),
     "bundle_tag": lambda: bundle_load.load_script(None, "sha256:" + "ef" * 32,
                                                   "reg.lab:5000/llamacpp:sha256-" + "cd" * 32),
+    "models_probe": lambda: model_scripts.probe_script("/srv/models/m it's.gguf"),
+    "models_receive": lambda: model_scripts.receive_script("/srv/models/m it's.gguf.llmfleet.part", 0),
+    "models_receive_resume": lambda: model_scripts.receive_script("/srv/models/qwen/model-00001.safetensors", 4096),
+    "models_prepare": lambda: model_scripts.prepare_script("/srv/models/qwen", "dir", "ab" * 16, reset=True),
+    "models_verify": lambda: model_scripts.verify_script("/srv/models/qwen", MODEL_DIR),
+    "models_verify_in_place": lambda: model_scripts.verify_script("/srv/models/m.gguf", MODEL_FILE, in_place=True),
+    "models_commit_file": lambda: model_scripts.commit_script("/srv/models/m.gguf", "file"),
+    "models_commit_dir": lambda: model_scripts.commit_script("/srv/models/qwen", "dir"),
+    "models_commit_in_place": lambda: model_scripts.commit_script("/srv/models/m.gguf", "file", move=False),
+    "models_cleanup": lambda: model_scripts.cleanup_script("/srv/models/m.gguf"),
+    "models_hf_download": lambda: model_scripts.hf_download_script(
+        "reg.lab:5000/vllm@sha256:" + "ab" * 32, "Qwen/Qwen2.5-0.5B-Instruct", "c" * 40, "/srv/models/qwen", "dir"),
+    "models_peer_setup": lambda: model_transfer.peer_setup_script(PEER),
+    "models_peer_send": lambda: model_transfer.peer_send_script("/tmp/llmfleet-peer.abc", "/srv/models/m it's.gguf",
+                                                                1024, PEER, 50_000_000),
+    "models_peer_cleanup": lambda: model_transfer.peer_cleanup_script("/tmp/llmfleet-peer.abc"),
+    "models_authorize": lambda: model_transfer.authorize_script(model_transfer.authorized_line(
+        "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIB llmfleet-transfer", source_address="10.0.0.7",
+        command=model_scripts.receive_script("/srv/models/m.gguf.llmfleet.part", 0), token="0123abcd")),
+    "models_deauthorize": lambda: model_transfer.deauthorize_script("0123abcd"),
 }
 # The builders of each module that sends remote scripts (or files that run on the host) and the golden
 # files that pin them; a new builder fails test_every_remote_script_builder_has_a_golden_file below.
@@ -134,6 +164,13 @@ PINNED_BUILDERS = {
     clusterset: {"append_script": "clusterset_append", "read_script": "clusterset_read"},
     speed: {"speed_script": "speed"},
     bundle_load: {"present_script": "bundle_present", "load_script": "bundle_load"},
+    model_scripts: {"probe_script": "models_probe", "receive_script": "models_receive",
+                    "prepare_script": "models_prepare", "verify_script": "models_verify",
+                    "commit_script": "models_commit_file", "cleanup_script": "models_cleanup",
+                    "hf_download_script": "models_hf_download"},
+    model_transfer: {"peer_setup_script": "models_peer_setup", "peer_send_script": "models_peer_send",
+                     "peer_cleanup_script": "models_peer_cleanup", "authorize_script": "models_authorize",
+                     "deauthorize_script": "models_deauthorize"},
 }
 
 
@@ -187,7 +224,12 @@ def test_every_script_builder_of_the_cluster_module_has_a_golden_file():
                                   "cluster_address", "cluster_worker_probe_rpc",
                                   "cluster_rpc_log", "cluster_ray_nodes", "cluster_rpc_peers", "cluster_reach",
                                   "clusterset_append", "clusterset_read", "speed", "pull_loaded",
-                                  "bundle_present", "bundle_load", "bundle_tag"])
+                                  "bundle_present", "bundle_load", "bundle_tag",
+                                  "models_probe", "models_receive", "models_receive_resume", "models_prepare",
+                                  "models_verify", "models_verify_in_place", "models_commit_file", "models_commit_dir",
+                                  "models_commit_in_place", "models_cleanup", "models_hf_download",
+                                  "models_peer_setup", "models_peer_send", "models_peer_cleanup", "models_authorize",
+                                  "models_deauthorize"])
 def test_golden_scripts_parse_as_posix_sh(name):
     res = subprocess.run(["sh", "-n", str(GOLDEN / f"{name}.sh")], capture_output=True, text=True, timeout=10)
     assert res.returncode == 0, res.stderr

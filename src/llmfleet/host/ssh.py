@@ -299,6 +299,34 @@ class Remote:
             trace.emit(self.name, cmd, rc, time.monotonic() - t0)
         return rc
 
+    # -- streaming --------------------------------------------------------------------------------
+
+    def command_line(self, command: str | Sequence[str], *, sudo: bool = False) -> str:
+        """The command exactly as ``run`` sends it (wrapped in ``sudo -n`` where the host asks for it)."""
+        return self._wrap(command, sudo)
+
+    def open_command(self, command: str | Sequence[str], *, sudo: bool = False,
+                     timeout: float = 30.0) -> paramiko.Channel:
+        """Start one command on a channel of its own and return the channel with its stdin open, for a
+        caller that streams data into it (llmfleet.models.transfer sends files this way). One round
+        trip; the caller closes the channel."""
+        cmd = self._wrap(command, sudo)
+        transport = self._conn.client.get_transport()
+        if transport is None or not transport.is_active():
+            raise RemoteError(f"host {self.name}: SSH connection is closed")
+        self.round_trips += 1
+        try:
+            chan = transport.open_session(timeout=timeout)
+            chan.exec_command(cmd)
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            raise RemoteError(f"host {self.name}: SSH command failed: {exc or type(exc).__name__}") from None
+        return chan
+
+    def host_key(self) -> paramiko.PKey | None:
+        """The host key this connection verified (strict checking), None when closed."""
+        transport = self._conn.client.get_transport()
+        return transport.get_remote_server_key() if transport is not None and transport.is_active() else None
+
     # -- port forwarding --------------------------------------------------------------------------
 
     @contextlib.contextmanager

@@ -1,0 +1,338 @@
+"""The model manifest: what a verified copy of a model is, written beside it on the host.
+
+A model at ``model_path`` (a file ``X`` or a folder ``D``) gets ``X.llmfleet.json`` / ``D.llmfleet.json``
+next to it, written by ``invoke models.push`` after ``sha256sum`` on the host agreed with it::
+
+    {"llmfleet_model_manifest": 1,
+     "model_path": "/srv/models/qwen.gguf", "kind": "file",
+     "files": [{"path": "qwen.gguf", "size": 19851335680, "sha256": "9f...",
+                "observed": {"size": 19851335680, "mtime": 1764417600}}],
+     "total_size": 19851335680,
+     "source": {"path": "/data/models/qwen.gguf", "controller": "ops1"},
+     "verified_at": "2026-11-29T12:00:00+00:00", "verified_by": "alice@ops1"}
+
+``files[].path`` is relative to the model folder, or the file's own name for a single-file model.
+``observed`` is the size and mtime (whole seconds, as ``stat -c %Y`` prints it) the host reported for
+the file right after verification: a later check compares them with ``stat`` alone (cheap) to tell
+whether a file changed since, without hashing it again.
+
+Pure, apart from ``build_local`` (hashes files on this machine). ``parse`` never raises on what a
+host printed: it returns ``(manifest or None, problems)``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import posixpath
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+FORMAT = 1
+FORMAT_KEY = "llmfleet_model_manifest"
+SUFFIX = ".llmfleet.json"
+PART_SUFFIX = ".llmfleet.part"  # the staging copy beside model_path (same filesystem): a file or a folder
+WANT_SUFFIX = ".llmfleet.part.want"  # which manifest the staging copy is being filled for
+MAX_FILES = 10_000
+MAX_MANIFEST_BYTES = 4 * 1024 * 1024
+HASH_CHUNK = 4 * 1024 * 1024
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+Kind = Literal["file", "dir"]
+
+
+def _strip(model_path: str) -> str:
+    p = model_path.rstrip("/")
+    return p or "/"
+
+
+def manifest_path(model_path: str) -> str:
+    """``/srv/m/x.gguf`` -> ``/srv/m/x.gguf.llmfleet.json``; ``/srv/m/qwen/`` -> ``/srv/m/qwen.llmfleet.json``."""
+    return _strip(model_path) + SUFFIX
+
+
+def part_path(model_path: str) -> str:
+    """The staging copy: ``X.llmfleet.part`` (a file model) or ``D.llmfleet.part/`` (a folder)."""
+    return _strip(model_path) + PART_SUFFIX
+
+
+def want_path(model_path: str) -> str:
+    return _strip(model_path) + WANT_SUFFIX
+
+
+def check_relpath(rel: str) -> str | None:
+    """Why ``rel`` cannot be a file of a model (None: it can). Names travel in sh scripts, ``sha256sum``
+    check lines and a line-based probe: no newline, backslash, NUL, absolute path or ``..``."""
+    if not rel or rel.startswith("/"):
+        return f"{rel!r} is not a relative path"
+    if any(c in rel for c in "\n\r\\\x00"):
+        return f"{rel!r} holds a newline, backslash or NUL"
+    parts = rel.split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        return f"{rel!r} has an empty, '.' or '..' component"
+    if len(rel) > 1024:
+        return f"{rel[:40]!r}... is longer than 1024 characters"
+    return None
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    path: str
+    size: int
+    sha256: str
+    observed_size: int | None = None
+    observed_mtime: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"path": self.path, "size": self.size, "sha256": self.sha256}
+        if self.observed_size is not None and self.observed_mtime is not None:
+            d["observed"] = {"size": self.observed_size, "mtime": self.observed_mtime}
+        return d
+
+
+@dataclass(frozen=True)
+class Manifest:
+    model_path: str
+    kind: Kind
+    files: tuple[FileEntry, ...]
+    source: dict[str, Any] = field(default_factory=dict)
+    verified_at: str | None = None
+    verified_by: str | None = None
+    format: int = FORMAT
+
+    @property
+    def total_size(self) -> int:
+        return sum(f.size for f in self.files)
+
+    @property
+    def content(self) -> tuple[tuple[str, int, str], ...]:
+        """What the model is, whatever its path, source or verification: (path, size, sha256), sorted."""
+        return tuple(sorted((f.path, f.size, f.sha256) for f in self.files))
+
+    @property
+    def content_digest(self) -> str:
+        """A short name of ``content`` (with the kind): the staging copy is stamped with it."""
+        h = hashlib.sha256(self.kind.encode())
+        for path, size, sha in self.content:
+            h.update(f"\n{path}\t{size}\t{sha}".encode())
+        return h.hexdigest()[:32]
+
+    def file(self, rel: str) -> FileEntry | None:
+        return next((f for f in self.files if f.path == rel), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            FORMAT_KEY: self.format,
+            "model_path": self.model_path,
+            "kind": self.kind,
+            "files": [f.to_dict() for f in self.files],
+            "total_size": self.total_size,
+            "source": dict(self.source),
+            "verified_at": self.verified_at,
+            "verified_by": self.verified_by,
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), separators=(",", ":"), sort_keys=False)
+
+    def for_path(self, model_path: str) -> Manifest:
+        """The same content placed at another model path (a file model's entry takes its new name)."""
+        if self.kind == "file":
+            name = posixpath.basename(_strip(model_path))
+            files = tuple(replace(f, path=name) for f in self.files)
+        else:
+            files = self.files
+        return replace(self, model_path=model_path, files=files)
+
+    def verified(self, *, at: str, by: str, source: Mapping[str, Any] | None = None) -> Manifest:
+        """The manifest to write once the host agreed: when, who, where it came from; no observations
+        yet (the host adds them as it writes the file)."""
+        files = tuple(replace(f, observed_size=None, observed_mtime=None) for f in self.files)
+        return replace(self, files=files, verified_at=at, verified_by=by,
+                       source=dict(source if source is not None else self.source))
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading what a host holds
+
+
+def _int(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
+
+
+def parse(text: str | bytes | None) -> tuple[Manifest | None, list[str]]:
+    """A manifest file's text -> (Manifest or None, problems). Never raises: a host's file may be cut,
+    edited or hostile. A manifest with any problem is returned as None (it proves nothing)."""
+    if text is None:
+        return None, ["no manifest"]
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "replace")
+    if len(text) > MAX_MANIFEST_BYTES:
+        return None, [f"manifest is {len(text)} bytes, over {MAX_MANIFEST_BYTES}"]
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        return None, [f"manifest is not JSON ({exc.msg} at line {exc.lineno})"]
+    if not isinstance(doc, dict):
+        return None, ["manifest is not a JSON object"]
+    problems: list[str] = []
+    fmt = doc.get(FORMAT_KEY)
+    if fmt != FORMAT:
+        return None, [f"manifest format {fmt!r} is not {FORMAT} (written by another llmfleet version?)"]
+    model_path = doc.get("model_path")
+    if not isinstance(model_path, str) or not model_path.startswith("/"):
+        problems.append("model_path is missing or not absolute")
+        model_path = ""
+    kind = doc.get("kind")
+    if kind not in ("file", "dir"):
+        problems.append(f"kind {kind!r} is neither file nor dir")
+        kind = "file"
+    raw = doc.get("files")
+    files: list[FileEntry] = []
+    if not isinstance(raw, list) or not raw:
+        problems.append("files is missing or empty")
+        raw = []
+    if len(raw) > MAX_FILES:
+        problems.append(f"{len(raw)} files, over {MAX_FILES}")
+        raw = raw[:MAX_FILES]
+    seen: set[str] = set()
+    for i, item in enumerate(raw):
+        if not isinstance(item, dict):
+            problems.append(f"files[{i}] is not an object")
+            continue
+        rel, size, sha = item.get("path"), _int(item.get("size")), item.get("sha256")
+        why = check_relpath(rel) if isinstance(rel, str) else f"files[{i}].path is not a string"
+        if why:
+            problems.append(why)
+            continue
+        if rel in seen:
+            problems.append(f"{rel} is listed twice")
+            continue
+        seen.add(rel)
+        if size is None:
+            problems.append(f"{rel}: size is not a non-negative integer")
+            continue
+        if not isinstance(sha, str) or not _SHA256.match(sha):
+            problems.append(f"{rel}: sha256 is not 64 lowercase hex digits")
+            continue
+        obs = item.get("observed")
+        o_size = _int(obs.get("size")) if isinstance(obs, dict) else None
+        o_mtime = _int(obs.get("mtime")) if isinstance(obs, dict) else None
+        files.append(FileEntry(rel, size, sha, o_size, o_mtime))
+    if kind == "file" and len(files) > 1:
+        problems.append(f"a file model lists {len(files)} files")
+    total = doc.get("total_size")
+    if not problems and total != sum(f.size for f in files):
+        problems.append(f"total_size {total!r} is not the sum of the files' sizes")
+    source = doc.get("source") if isinstance(doc.get("source"), dict) else {}
+    at = doc.get("verified_at") if isinstance(doc.get("verified_at"), str) else None
+    by = doc.get("verified_by") if isinstance(doc.get("verified_by"), str) else None
+    if problems:
+        return None, problems
+    return Manifest(model_path, kind, tuple(files), source, at, by), []  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------------------------------
+# Comparing
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """How a host's copy stands against a manifest (``compare``)."""
+
+    same_content: bool  # the host's manifest describes the wanted content (sha256s, sizes, names)
+    changed: tuple[str, ...] = ()  # files whose size/mtime now differ from what was observed at verification
+    missing: tuple[str, ...] = ()  # files of the manifest the host no longer has
+    unobserved: tuple[str, ...] = ()  # files the manifest has no observation for (cannot be judged cheaply)
+
+    @property
+    def intact(self) -> bool:
+        """Every file of the manifest is there, as it was when verified."""
+        return not (self.changed or self.missing or self.unobserved)
+
+
+def compare(held: Manifest, observed: Mapping[str, tuple[int, int]], wanted: Manifest | None = None) -> Comparison:
+    """``held``: the manifest the host has; ``observed``: the files' (size, mtime) now, by relative path;
+    ``wanted``: the content that should be there (None: judge only whether ``held`` still holds)."""
+    same = wanted is None or (held.kind == wanted.kind and held.content == wanted.content)
+    changed, missing, unobserved = [], [], []
+    for f in held.files:
+        now = observed.get(f.path)
+        if now is None:
+            missing.append(f.path)
+        elif f.observed_size is None or f.observed_mtime is None:
+            unobserved.append(f.path)
+        elif (now[0], now[1]) != (f.observed_size, f.observed_mtime) or now[0] != f.size:
+            changed.append(f.path)
+    return Comparison(same, tuple(changed), tuple(missing), tuple(unobserved))
+
+
+# ---------------------------------------------------------------------------------------------
+# Building from a local copy (the controller side)
+
+
+def local_files(local_path: str) -> tuple[Kind, list[tuple[str, str, int]]]:
+    """(kind, [(relative path, absolute path, size)]) of a local model file or folder, sorted. Raises
+    ``ValueError`` with one line for what cannot be pushed (a missing path, a name a host script
+    cannot carry, a special file, too many files)."""
+    if os.path.isfile(local_path):
+        return "file", [(os.path.basename(local_path), local_path, os.path.getsize(local_path))]
+    if not os.path.isdir(local_path):
+        raise ValueError(f"{local_path} is neither a file nor a folder")
+    out: list[tuple[str, str, int]] = []
+    for dirpath, dirnames, filenames in os.walk(local_path, followlinks=False):
+        dirnames.sort()
+        for name in sorted(filenames):
+            full = os.path.join(dirpath, name)
+            rel = os.path.relpath(full, local_path).replace(os.sep, "/")
+            if not os.path.isfile(full):
+                raise ValueError(f"{full} is not a regular file")
+            why = check_relpath(rel)
+            if why:
+                raise ValueError(f"{local_path}: {why}")
+            out.append((rel, full, os.path.getsize(full)))
+            if len(out) > MAX_FILES:
+                raise ValueError(f"{local_path} holds more than {MAX_FILES} files")
+    if not out:
+        raise ValueError(f"{local_path} is an empty folder")
+    return "dir", out
+
+
+def sha256_file(path: str, progress: Callable[[int], None] | None = None) -> str:
+    """sha256 of a local file; ``progress(n)`` after each chunk of ``n`` bytes."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while True:
+            chunk = fh.read(HASH_CHUNK)
+            if not chunk:
+                break
+            h.update(chunk)
+            if progress is not None:
+                progress(len(chunk))
+    return h.hexdigest()
+
+
+def build_local(local_path: str, model_path: str, *, source: Mapping[str, Any] | None = None,
+                progress: Callable[[int], None] | None = None,
+                hashes: Mapping[str, str] | None = None) -> Manifest:
+    """The manifest of a local model file or folder, placed at ``model_path`` on the hosts, every file
+    hashed here (``progress(n)`` per chunk hashed). ``hashes``: sha256s already known by absolute
+    path (a cache), not hashed again. Unverified: no ``verified_at`` until a host agrees."""
+    kind, entries = local_files(local_path)
+    files = []
+    for rel, full, size in entries:
+        known = (hashes or {}).get(full)
+        if known is not None and progress is not None:
+            progress(size)
+        files.append(FileEntry(rel, size, known or sha256_file(full, progress)))
+    m = Manifest(model_path=model_path, kind=kind, files=tuple(files),
+                 source=dict(source or {"path": os.path.abspath(local_path)}))
+    return m.for_path(model_path)
+
+
+def observed_from(entries: Iterable[tuple[str, int, int]]) -> dict[str, tuple[int, int]]:
+    """``[(rel, size, mtime)]`` -> ``{rel: (size, mtime)}``."""
+    return {rel: (size, mtime) for rel, size, mtime in entries}

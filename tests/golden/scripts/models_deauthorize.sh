@@ -1,0 +1,6 @@
+f="$HOME/.ssh/authorized_keys"
+[ -f "$f" ] || { echo "@@deauthorized"; exit 0; }
+grep -vF -- llmfleet-transfer-0123abcd "$f" > "$f.llmfleet.tmp"
+cat "$f.llmfleet.tmp" > "$f" && rm -f "$f.llmfleet.tmp" || exit 1
+if grep -qF -- llmfleet-transfer-0123abcd "$f"; then exit 1; fi
+echo "@@deauthorized"

@@ -1,0 +1,2 @@
+rm -rf -- /tmp/llmfleet-peer.abc
+echo @@peer-cleaned

@@ -1,0 +1,1 @@
+umask 022; mkdir -p -- /srv/models || exit 1; : > '/srv/models/m it'"'"'s.gguf.llmfleet.part' || exit 1; cat >> '/srv/models/m it'"'"'s.gguf.llmfleet.part'; rc=$?; echo "@@received $(stat -c %s -- '/srv/models/m it'"'"'s.gguf.llmfleet.part' 2>/dev/null)"; exit $rc
