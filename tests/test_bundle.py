@@ -133,6 +133,9 @@ def test_loaded_image_step_checks_the_image_id(rc, stdout, problem):
 
 def test_host_side_parsers():
     assert load.parse_present(f"@@have {C}\n@@missing {D}\n") == {C}
+    assert load.parse_staged("@@staged 42 /opt/llmfleet/bundle/ab.tar.part\n@@staged x /y\n") == {
+        "/opt/llmfleet/bundle/ab.tar.part": 42}
+    assert load.staged_path("/opt/llmfleet/", D) == f"/opt/llmfleet/bundle/{'ab' * 32}.tar.part"
     assert load.parse_load(f"@@loaded\n@@id {C}\n") == load.LoadAnswer(True, C)
     assert load.parse_load(f"@@id {C}\n").ok(C) and not load.parse_load("@@id \n").ok(C)
 
@@ -162,6 +165,14 @@ def test_load_script_against_a_stub_docker(tmp_path):
     res = subprocess.run(["sh", "-c", load.load_script(None, C, "r:t")], env={**env, "ID": E}, capture_output=True,
                          text=True)
     assert res.returncode == 7 and log.read_text().splitlines()[-1] == "image rm r:t"
+    # an archive whose bytes differ from the bundle's sha256 is removed without being loaded
+    archive.write_bytes(b"damaged")
+    calls = len(log.read_text().splitlines())
+    want = "sha256:" + hashlib.sha256(b"intact").hexdigest()
+    res = subprocess.run(["sh", "-c", load.load_script(str(archive), C, "r:t", want)], env=env, capture_output=True,
+                         text=True)
+    assert res.returncode == 8 and "@@corrupt" in res.stdout and not archive.exists()
+    assert len(log.read_text().splitlines()) == calls
 
 
 # ---------------------------------------------------------------------------------------------

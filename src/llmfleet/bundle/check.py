@@ -4,10 +4,12 @@ sha256 of every file whose size matches."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from llmfleet.bundle import contents as bc
 from llmfleet.errors import UsageError
+from llmfleet.images.lock import ImageRef
 from llmfleet.images.registry import file_sha256
 
 
@@ -54,3 +56,41 @@ def verify(bundle_dir: str | Path) -> bc.Bundle:
 
 def lock_sha256(path: str | Path) -> str:
     return file_sha256(Path(path))
+
+
+@dataclass
+class Verified:
+    """A bundle whose files were all checked (``verified``): what ``deploy --bundle`` prepares hosts
+    with. ``localize`` turns an image the inventory names into the bundle's loaded image."""
+
+    dir: Path
+    bundle: bc.Bundle
+    _locks: dict[str, str] = field(default_factory=dict)
+
+    def localize(self, ref: ImageRef, lock_path: Path, where: str) -> ImageRef:
+        """``ref`` as a deploy from this bundle runs it: named by its local tag, checked by image ID.
+        Refuses (usage error) an inventory on another images.lock, or an image the bundle lacks."""
+        key = str(lock_path)
+        if key not in self._locks:
+            if not Path(lock_path).is_file():
+                raise UsageError(f"{lock_path}: no such images.lock; copy the bundle's ({self.dir}/{bc.LOCK}) there "
+                                 "or point llmfleet_images_lock at it")
+            self._locks[key] = lock_sha256(lock_path)
+        bc.lock_matches(self.bundle, self._locks[key], key, str(self.dir))
+        image = bc.need_image(self.bundle, ref.key, where, str(self.dir))
+        if image.digest != ref.digest:  # cannot happen with the same lock; a hand-edited bundle.json can
+            raise UsageError(f"{where}: the bundle's {image.key} is {image.digest}, the lock pins {ref.digest}; "
+                             "build the bundle again")
+        return replace(ref, repository=ref.upstream_repository, image_id=image.image_id)
+
+    def images_for(self, refs: list[ImageRef]) -> list[bc.BundleImage]:
+        """The bundle's images behind these (localized) references, each once."""
+        keys = []
+        for r in refs:
+            if r.image_id and r.key not in keys:
+                keys.append(r.key)
+        return [i for k in keys if (i := self.bundle.image(k)) is not None]
+
+
+def verified(bundle_dir: str | Path) -> Verified:
+    return Verified(Path(bundle_dir), verify(bundle_dir))

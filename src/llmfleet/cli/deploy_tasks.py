@@ -66,11 +66,13 @@ def _summary(outcomes: list[Any], title: str) -> None:
         "verbose": VERBOSE_HELP,
         "timeline": TIMELINE_HELP,
         "json": 'print {"hosts": [one result per host], "unreachable": [{"host", "error"}]}',
+        "bundle": "deploy from a bundle folder (bundle.create), never from a registry: the bundle is verified, "
+                  "each host gets the image archives it lacks (docker load, image ID checked) and the models",
     },
 )
 def deploy(c, host=None, group=None, inventory=None, check=False, diff=False, accept_new_host_keys=False,
            allow_unpinned=False, message="", service=None, forks=DEFAULT_FORKS, verbose=False, timeline=False,
-           json=False):
+           json=False, bundle=None):
     """Deploy each host's services: preflight, render, pull by digest, switch, health-check, roll back on failure.
 
     Exit 0 when every host is deployed or unchanged, 1 otherwise.
@@ -86,26 +88,32 @@ def deploy(c, host=None, group=None, inventory=None, check=False, diff=False, ac
         # The connections and probes the last deploy of this selection prepared go out before the
         # inventory is even parsed, when none of its files changed since (llmfleet.release.early: a
         # guess, kept only where the prepared hosts resolve to the very same logins).
-        early.recall(source, selection, settings,
-                     accept_new_host_keys=bool(accept_new_host_keys), forks=forks)
+        if not bundle:  # a bundle's loads change what the hosts hold before the probes would be read
+            early.recall(source, selection, settings,
+                         accept_new_host_keys=bool(accept_new_host_keys), forks=forks)
         from llmfleet.release.prepare import DeployOptions, prepare_host
 
         inv, hosts = select_hosts(c, inventory, host, group)
+        verified = _bundle(bundle) if bundle else None  # every file checked: a corrupt one stops here
         # --diff is a --check that also prints diffs: neither takes the lock or writes an audit record.
         options = DeployOptions(check=bool(check or diff), diff=bool(diff),
                                 accept_new_host_keys=bool(accept_new_host_keys), allow_unpinned=bool(allow_unpinned),
-                                message=message or "", services=[service] if service else None)
+                                message=message or "", services=[service] if service else None, bundle=verified)
         # Every host prepared (services, secrets, pinned images): bad input stops here, and nothing is
         # changed on any host for it. Then the hosts' connections open and their probes go out while
         # the release machinery loads (llmfleet.release.early).
         locks: dict[str, Any] = {}
         prepared = {h.name: prepare_host(inv, h.name, settings, options, lock_cache=locks) for h in hosts}
+        if verified is not None and not options.check:
+            prepared, not_loaded = _load_bundle(verified, prepared, settings, options, forks)
         select_s = time.monotonic() - t_select
         early.start(list(prepared.values()), settings, accept_new_host_keys=options.accept_new_host_keys, forks=forks)
         from llmfleet.release.service_ops import deploy_hosts
 
-        outcomes = deploy_hosts(inv, [h.name for h in hosts], config=settings, options=options, forks=forks,
-                                log=log_line, prepared=prepared)
+        outcomes = deploy_hosts(inv, [h for h in (h.name for h in hosts) if h in prepared], config=settings,
+                                options=options, forks=forks, log=log_line, prepared=prepared)
+        if verified is not None and not options.check:
+            outcomes = not_loaded + outcomes
         early.remember(source, selection, list(prepared.values()), settings)
     finally:
         early.close_all()
@@ -125,6 +133,28 @@ def deploy(c, host=None, group=None, inventory=None, check=False, diff=False, ac
         _summary(outcomes, "deploy --diff" if diff else ("deploy --check" if check else "deploy"))
     if not all(o.ok for o in outcomes):
         raise Exit(code=1)
+
+
+def _bundle(path: str) -> Any:
+    """A bundle every file of which was checked against its bundle.json (exit 1 naming each one that
+    is missing or corrupt; nothing contacted)."""
+    from llmfleet.bundle import check as bundle_check
+
+    return bundle_check.verified(path)
+
+
+def _load_bundle(verified: Any, prepared: dict[str, Any], settings: Any, options: Any,
+                 forks: int) -> tuple[dict[str, Any], list[Any]]:
+    """Each host's images from the bundle (sent when its engine lacks them, loaded, image ID checked,
+    tagged) and its models; the hosts where that failed are left out of the deploy, as failed."""
+    from llmfleet.bundle.load import load_hosts, send_file
+    from llmfleet.release.decide import HostOutcome, Result
+
+    failed = load_hosts(list(prepared.values()), settings, verified, forks=forks, send=send_file, log=log_line,
+                        accept_new_host_keys=options.accept_new_host_keys)
+    outcomes = [HostOutcome(host=h, result=Result.FAILED, reason=f"{why}; nothing was switched")
+                for h, why in failed.items()]
+    return {h: p for h, p in prepared.items() if h not in failed}, outcomes
 
 
 @fleet_task(

@@ -30,6 +30,7 @@ class DeployOptions:
     overrides: dict[str, Any] = field(default_factory=dict)
     who: str | None = None
     services: list[str] | None = None  # only these services of the host (default: all)
+    bundle: Any = None  # deploy --bundle: a verified bundle (llmfleet.bundle.check.Verified); images never pulled
 
 
 
@@ -109,5 +110,7 @@ def prepare_host(inventory: Inventory | str, host_name: str, settings: Settings,
         key = resolve_secret(svc.api_key, where)
         ref = images.resolve(svc.image, lock, mirrors=dict(host_settings.image_mirrors),
                              allow_unpinned=options.allow_unpinned, where=where)
+        if options.bundle is not None:  # loaded from the bundle, named by a local tag, checked by image ID
+            ref = options.bundle.localize(ref, path, where)
         out.append(Prepared(svc, key, ref))
     return PreparedHost(inv, host, host_settings, tuple(out))
