@@ -1,0 +1,149 @@
+"""An air-gapped site in the lab: a bundle built from the lab registry deploys with the registry cut off.
+
+``invoke bundle.create`` fetches the lab host's image from the lab registry (reached from this
+machine on loopback, ``--mirror lab-registry:5000=127.0.0.1:PORT``); then the registry container is
+disconnected from this lab's network (the hosts' only route to ``lab-registry``) and:
+
+- ``deploy --bundle`` of a service the host never ran sends the image archive, ``docker load``-s it
+  on the host's own engine (Docker 20.10, classic image store), checks its image ID, and deploys and
+  health-checks the service; the host's engine records no pull (``docker events``), the registry is
+  unreachable from the host throughout, and a second deploy sends nothing (the image ID is there);
+- a copy of the bundle with one byte flipped in the image archive is refused before any host is
+  contacted, naming the file (exit 1), and the host is as it was;
+- a bundle built from another images.lock is refused, naming the lock (exit 2).
+
+The registry is connected again in a ``finally``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from llmfleet.lab import docker as lab_docker
+from llmfleet.lab import hosts as lab_hosts
+from llmfleet.release import store as R
+
+pytestmark = pytest.mark.lab
+
+HOST = "gpu-v100-01"
+ROOT = Path(__file__).resolve().parents[2]
+IMAGE = "llamacpp:lab-cpu"
+
+
+def _cli(lab, tmp: Path, *argv: str) -> subprocess.CompletedProcess:
+    exe = str(Path(sys.executable).parent / "llmfleet")
+    env = dict(os.environ, INVOKE_LLMFLEET_SSH_KNOWN_HOSTS=str(lab.known_hosts),
+               INVOKE_LLMFLEET_AUDIT_LOG=str(tmp / "audit.jsonl"))
+    return subprocess.run([exe, *argv], capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
+
+
+def _host_view(lab) -> tuple[str, str]:
+    """What a refused deploy must leave as it was: the releases and the engine's images."""
+    state = lab.exec(HOST, ["sh", "-c", R.state_script("/opt/llmfleet")]).stdout
+    images = lab.exec(HOST, ["docker", "image", "ls", "-a", "--no-trunc", "--format", "{{.ID}} {{.Repository}}:{{.Tag}}"])
+    staged = lab.exec(HOST, ["sh", "-c", "ls -la /opt/llmfleet/bundle 2>/dev/null || true"]).stdout
+    return state, images.stdout + staged
+
+
+def _registry_reachable(lab) -> bool:
+    res = lab.exec(HOST, ["sh", "-c", f"curl -sS -m 5 -o /dev/null -w '%{{http_code}}' http://{lab.registry_inner}/v2/"],
+                   check=False)
+    return res.returncode == 0 and res.stdout.strip() == "200"
+
+
+@pytest.fixture(scope="module")
+def bundle(lab, tmp_path_factory):
+    lab.ensure_hosts(HOST)
+    tmp = tmp_path_factory.mktemp("bundle")
+    out = tmp / "site"
+    r = _cli(lab, tmp, "bundle.create", str(out), "-i", lab.inventory_path, "--host", HOST, "--no-models",
+             "--mirror", f"{lab.registry_inner}={lab.registry}", "--json")
+    assert r.returncode == 0, r.stderr[-2000:]
+    return out, json.loads(r.stdout), tmp
+
+
+def test_deploy_from_the_bundle_with_the_registry_cut_off(lab, bundle):
+    out, doc, tmp = bundle
+    (image,) = [i for i in doc["images"] if i["key"] == IMAGE]
+    # a host that never ran the service, whose engine does not hold the image
+    lab.exec(HOST, ["sh", "-c", f"docker image rm -f {image['image_id']} >/dev/null 2>&1 || true"])
+    assert _registry_reachable(lab)
+    since = lab.exec(HOST, ["date", "+%s"]).stdout.strip()
+    lab_docker.run(["network", "disconnect", lab.name, lab_hosts.REGISTRY_CONTAINER])
+    try:
+        assert not _registry_reachable(lab)
+        r = _cli(lab, tmp, "deploy", "-i", lab.inventory_path, "--host", HOST, "--bundle", str(out), "--json")
+        assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+        (host,) = json.loads(r.stdout)["hosts"]
+        assert host["result"] == "deployed" and host["services"]["tiny"]["result"] == "deployed"
+        assert f"{HOST}: {IMAGE}: sending images/llamacpp_lab-cpu.tar" in r.stderr
+        assert f"{HOST}: {IMAGE}: loaded from the bundle, image ID {image['image_id'][:19]} verified" in r.stderr
+        assert "tiny: image loaded from the bundle, image ID verified" in r.stderr
+        # the engine loaded and tagged, and pulled nothing; the registry stayed out of reach
+        until = lab.exec(HOST, ["date", "+%s"]).stdout.strip()
+        events = lab.exec(HOST, ["docker", "events", "--since", since, "--until", until, "--filter", "type=image",
+                                 "--format", "{{.Action}} {{.Actor.ID}}"]).stdout.splitlines()
+        actions = {e.split(" ", 1)[0] for e in events}
+        assert "load" in actions and "tag" in actions and "pull" not in actions, events
+        assert not _registry_reachable(lab)
+        running = lab.exec(HOST, ["docker", "inspect", "-f", "{{.Config.Image}} {{.Image}}", "llmfleet-tiny"]).stdout
+        assert running.split() == [image["tag"], image["image_id"]]
+        assert lab.exec(HOST, ["sh", "-c", "ls /opt/llmfleet/bundle"], check=False).stdout.strip() == ""
+
+        # again: the engine has the image ID, nothing is sent, nothing changes
+        r = _cli(lab, tmp, "deploy", "-i", lab.inventory_path, "--host", HOST, "--bundle", str(out), "--json")
+        assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+        assert json.loads(r.stdout)["hosts"][0]["result"] == "unchanged"
+        assert f"{IMAGE}: already on the host" in r.stderr and "sending" not in r.stderr
+    finally:
+        lab_hosts.connect_registry(lab.name)
+    deadline = time.monotonic() + 30
+    while not _registry_reachable(lab) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _registry_reachable(lab)
+
+
+def test_a_flipped_byte_is_refused_before_any_host_changes(lab, bundle):
+    out, doc, tmp = bundle
+    bad = tmp / "flipped"
+    shutil.copytree(out, bad)
+    archive = bad / "images" / "llamacpp_lab-cpu.tar"
+    data = bytearray(archive.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    archive.write_bytes(bytes(data))
+    before = _host_view(lab)
+    r = _cli(lab, tmp, "deploy", "-i", lab.inventory_path, "--host", HOST, "--bundle", str(bad))
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert f"{archive}: corrupt (its sha256 differs from bundle.json)" in r.stderr
+    assert _host_view(lab) == before
+    r = _cli(lab, tmp, "bundle.verify", str(bad))
+    assert r.returncode == 1 and r.stderr.strip().endswith("copy the bundle again")
+
+
+def test_a_bundle_built_from_another_lock_is_refused(lab, bundle):
+    out, doc, tmp = bundle
+    other_lock = tmp / "other.lock"
+    other_lock.write_text(lab.lock_path.read_text() + "# the site's copy, edited\n")
+    inv = tmp / "other-inventory"
+    shutil.copytree(lab.inventory_path, inv)
+    all_yml = inv / "group_vars" / "all.yml"
+    text = all_yml.read_text()
+    assert str(lab.lock_path) in text
+    all_yml.write_text(text.replace(str(lab.lock_path), str(other_lock)))
+    other = tmp / "other-bundle"
+    r = _cli(lab, tmp, "bundle.create", str(other), "-i", str(inv), "--host", HOST, "--no-models",
+             "--mirror", f"{lab.registry_inner}={lab.registry}")
+    assert r.returncode == 0, r.stderr[-2000:]
+    before = _host_view(lab)
+    r = _cli(lab, tmp, "deploy", "-i", lab.inventory_path, "--host", HOST, "--bundle", str(other))
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert f"{lab.lock_path}: this images.lock" in r.stderr and f"{other}/images.lock" in r.stderr
+    assert _host_view(lab) == before
