@@ -234,3 +234,79 @@ def test_go_back_outcomes_carry_the_release_as_a_field(kind, result, current, sa
 def test_go_back_sentence_for_a_rollback_says_still():
     assert D.GoBack(D.GoBack.HEALTHY, R1).sentence(still=True) == f"the host is still on release {R1} (healthy)"
     assert D.GoBack(D.GoBack.STOPPED, None).current is None
+
+
+# ---------------------------------------------------------------------------------------------
+# A service over several hosts: the decisions across hosts
+
+
+def step(action: Action, rid: str = R2, previous: str | None = R1) -> D.ServiceStep:
+    return D.ServiceStep("big", action, rid, previous, ("a change",) if action != Action.UNCHANGED else ())
+
+
+@pytest.mark.parametrize(
+    ("case", "head", "workers", "action", "changes"),
+    [
+        ("nothing changes anywhere", Action.UNCHANGED, [Action.UNCHANGED, Action.UNCHANGED], Action.UNCHANGED, ()),
+        ("a worker changes: the head restarts", Action.UNCHANGED, [Action.UNCHANGED, Action.NEW], Action.RESTART,
+         ("restart: its workers change",)),
+        ("a worker is only verified: still a restart", Action.UNCHANGED, [Action.VERIFY], Action.RESTART,
+         ("restart: its workers change",)),
+        ("the head changes itself: its own step", Action.NEW, [Action.NEW], Action.NEW, ("a change",)),
+        ("the head alone changes", Action.SWITCH, [Action.UNCHANGED], Action.SWITCH, ("a change",)),
+        ("no workers", Action.UNCHANGED, [], Action.UNCHANGED, ()),
+    ],
+)
+def test_what_a_worker_change_means_for_the_head(case, head, workers, action, changes):
+    got = D.head_step(step(head), [step(w) for w in workers])
+    assert (got.action, got.changes) == (action, changes), case
+    if action == Action.RESTART:  # restarted on its own release, and going back restarts it there again
+        assert (got.release_id, got.previous) == (R2, R2)
+
+
+@pytest.mark.parametrize(
+    ("head_switched", "workers_switched", "previous", "restart"),
+    [
+        (False, [True, False], R1, True),  # its workers' old containers are gone: restart it
+        (False, [False, False], R1, False),  # nothing switched: leave it alone
+        (True, [True], R1, False),  # it switched: it goes back as every switched host does
+        (False, [True], None, False),  # nothing of its own to restart on
+    ],
+)
+def test_a_head_that_never_switched_is_restarted_going_back(head_switched, workers_switched, previous, restart):
+    assert D.restart_head_going_back(head_switched, workers_switched, previous) is restart
+
+
+def test_hosts_are_locked_in_sorted_order_and_switched_workers_first():
+    assert D.lock_order(["w2", "head", "w1"]) == ["head", "w1", "w2"]
+    assert D.switch_order("head", ["w2", "w1"]) == ["w2", "w1", "head"]  # the inventory's worker order
+
+
+@pytest.mark.parametrize(
+    ("target", "current", "unit", "action"),
+    [(R1, R1, "active", Action.UNCHANGED), (R1, R1, "failed", Action.RESTART), (R1, R2, "active", Action.SWITCH),
+     (R1, None, "inactive", Action.SWITCH)],
+)
+def test_rollback_action_of_one_host_of_a_set(target, current, unit, action):
+    st = svc_state({R1: (OTHER, True), R2: (OTHER, True)}, current)
+    st.unit = unit
+    assert D.rollback_action(target, st) == action
+
+
+@pytest.mark.parametrize(
+    ("kinds", "result"),
+    [([D.GoBack.HEALTHY, D.GoBack.HEALTHY], "rolled_back"), ([D.GoBack.HEALTHY, D.GoBack.UNHEALTHY], "failed"),
+     ([D.GoBack.STOPPED], "failed"), ([], "failed")],
+)
+def test_the_result_of_a_set_that_went_back(kinds, result):
+    assert D.cluster_result([D.GoBack(k, R1) for k in kinds]) == result
+
+
+@pytest.mark.parametrize(
+    ("results", "result"),
+    [(["stopped", "absent"], "stopped"), (["absent", "absent"], "absent"), (["removed", "failed"], "failed"),
+     (["started"], "started"), ([], "failed")],
+)
+def test_a_service_op_over_several_services_of_a_host(results, result):
+    assert D.service_op_result([D.Result(r) for r in results]) == result
+    assert (D.Result(result) in D.OK_RESULTS) is (result not in ("failed", "refused"))

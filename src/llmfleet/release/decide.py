@@ -10,11 +10,11 @@ out; nothing here touches a host, and every decision is tested from fixtures (te
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from typing import Any, Protocol, TypedDict
 
 from llmfleet.release.manifest import Manifest, file_hashes
 from llmfleet.release.render import ENV_FILE, Rendered
@@ -30,7 +30,8 @@ class Action(StrEnum):
 
 
 class Result(StrEnum):
-    """How a run ended, for a host or one of its services."""
+    """How a run ended, for a host or one of its services: every action's one vocabulary (deploy,
+    rollback, a service over several hosts, stop/start/remove, a fleet upgrade's host)."""
 
     DEPLOYED = "deployed"
     UNCHANGED = "unchanged"
@@ -38,9 +39,48 @@ class Result(StrEnum):
     FAILED = "failed"
     REFUSED = "refused"
     CHECK = "check"
+    STOPPED = "stopped"  # stop: the unit is down, its releases stay
+    STARTED = "started"  # start: the unit runs its current release again (and answered its health check)
+    REMOVED = "removed"  # remove: unit, containers, releases and the images only it used are gone
+    ABSENT = "absent"  # stop/start/remove of a service the host does not have: nothing to do
 
 
-OK_RESULTS = frozenset({Result.DEPLOYED, Result.UNCHANGED, Result.CHECK})
+OK_RESULTS = frozenset({Result.DEPLOYED, Result.UNCHANGED, Result.CHECK, Result.STOPPED, Result.STARTED,
+                        Result.REMOVED, Result.ABSENT})
+NOT_DONE = frozenset({Result.FAILED, Result.REFUSED})
+
+
+class StageTime(TypedDict):
+    """One stage of a run (``deploy --timeline``): seconds since the run began, duration, SSH round
+    trips (None: a part of the stage before it, such as a health check's own stages)."""
+
+    stage: str
+    start_s: float
+    seconds: float
+    round_trips: int | None
+
+
+class PreflightDoc(TypedDict, total=False):
+    """The preflight's verdict on one service (``hosts``: every host of a service over several)."""
+
+    service: str
+    hosts: list[str]
+    ok: bool
+    checks: list[dict[str, str]]  # preflight.Check.to_dict()
+
+
+HealthDoc = dict[str, object]  # health.HealthReport.to_dict(): what a health mark on the host holds
+
+
+class Outcome(Protocol):
+    """What every action's result offers its callers (the CLI, ``--json``, ``fleet.upgrade``)."""
+
+    host: str
+    result: Result
+    reason: str
+    duration_s: float
+    round_trips: int
+    timeline: list[StageTime]
 
 
 @dataclass
@@ -65,18 +105,17 @@ class HostOutcome:
     reason: str = ""
     changes: list[str] = field(default_factory=list)
     diffs: dict[str, str] = field(default_factory=dict)
-    preflight: list[dict[str, Any]] = field(default_factory=list)
-    health: dict[str, Any] = field(default_factory=dict)
+    preflight: list[PreflightDoc] = field(default_factory=list)
+    health: dict[str, HealthDoc] = field(default_factory=dict)  # service -> its last health check
     services: dict[str, ServiceOutcome] = field(default_factory=dict)
     round_trips: int = 0
-    # where the seconds went: {"stage", "start_s", "seconds", "round_trips"} in order (``--timeline``)
-    timeline: list[dict[str, Any]] = field(default_factory=list)
+    timeline: list[StageTime] = field(default_factory=list)  # where the seconds went, in order
 
     @property
     def ok(self) -> bool:
         return self.result in OK_RESULTS
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return dataclasses.asdict(self)
 
 
@@ -380,3 +419,57 @@ def may_take_over(holder: Mapping[str, Any] | None, origin: str, alive: Callable
 
 def is_release_id(text: str) -> bool:
     return bool(RELEASE_ID_RE.match(text))
+# ---------------------------------------------------------------------------------------------
+# A service over several hosts (a head and its workers)
+
+
+def lock_order(hosts: Sequence[str]) -> list[str]:
+    """The order every host of a run is locked, pulled and finished in: sorted names, so that two runs
+    that share hosts cannot each hold half of them."""
+    return sorted(hosts)
+
+
+def switch_order(head: str, workers: Sequence[str]) -> list[str]:
+    """Workers first, the head last: the head needs its workers up to start. Arming, switching,
+    confirming and going back all take this order (the head's timer fires last)."""
+    return [*workers, head]
+
+
+def head_step(head: ServiceStep, workers: Sequence[ServiceStep]) -> ServiceStep:
+    """What a worker change means for the head: its RPC connections / Ray membership end with the
+    workers' old containers, so an unchanged head is restarted on its release."""
+    if head.action == Action.UNCHANGED and any(w.action != Action.UNCHANGED for w in workers):
+        return ServiceStep(head.service, Action.RESTART, head.release_id, head.release_id,
+                           ("restart: its workers change",))
+    return head
+
+
+def restart_head_going_back(head_switched: bool, workers_switched: Sequence[bool], head_previous: str | None) -> bool:
+    """Going back after a failure: a head that never switched still lost its workers' old containers,
+    so once they are back it is restarted on its own release (when it has one)."""
+    return not head_switched and any(workers_switched) and head_previous is not None
+
+
+def rollback_action(target: str, state: ServiceState) -> Action:
+    """One host of a service over several going back to ``target``: nothing to do when it is current
+    and running, a restart when it is current but down, else a switch."""
+    if target == state.current:
+        return Action.UNCHANGED if state.unit == "active" else Action.RESTART
+    return Action.SWITCH
+
+
+def cluster_result(went_back: Sequence[GoBack]) -> Result:
+    """A failed run of a service over several hosts: rolled back when every host that went back is
+    healthy again, failed otherwise (or when none went back: nothing was switched)."""
+    return Result.ROLLED_BACK if went_back and all(b.kind == GoBack.HEALTHY for b in went_back) else Result.FAILED
+
+
+def service_op_result(results: Sequence[Result]) -> Result:
+    """One host's stop/start/remove over its services: failed when one failed (or there was none),
+    else what was done (stopped/started/removed), else absent (none of them is on the host)."""
+    if not results or Result.FAILED in results:
+        return Result.FAILED
+    done = [r for r in results if r != Result.ABSENT]
+    return done[0] if done else Result.ABSENT
+
+
