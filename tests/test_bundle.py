@@ -283,3 +283,31 @@ def test_create_refuses_an_unpinned_image_and_a_foreign_folder(registry, tmp_pat
     with pytest.raises(UsageError, match="not empty and holds no bundle"):
         _prepare_dir(tmp_path / "busy")
     assert (tmp_path / "busy" / "notes.txt").read_text() == "mine"
+
+
+def test_deploy_refuses_a_bad_bundle_before_contacting_any_host(built, tmp_path):
+    """The inventory's hosts have no sshd behind them: each refusal below happens before any connection."""
+    import shutil
+
+    out, doc, _, inventory = built
+    # a missing archive: exit 1, the file named
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    (copy / doc["images"][0]["archive"]).unlink()
+    res = inv("deploy", "-i", str(inventory), "--host", "gpu-01", "--bundle", str(copy))
+    assert res.returncode == 1 and f"{copy}/images/llamacpp_lab-cpu.tar: missing from the bundle" in res.stderr
+    # the inventory on another lock: exit 2, both locks named
+    lock = inventory.parent / "images.lock"
+    original = lock.read_text()
+    try:
+        lock.write_text(original + "# edited at the site\n")
+        res = inv("deploy", "-i", str(inventory), "--host", "gpu-01", "--bundle", str(out))
+        assert res.returncode == 2, res.stderr
+        assert f"{inventory}/../images.lock: this images.lock" in res.stderr and f"{out}/images.lock" in res.stderr
+    finally:
+        lock.write_text(original)
+
+
+def test_deploy_bundle_refuses_a_service_over_several_hosts():
+    res = inv("deploy", "-i", "inventory/lab", "--host", "gpu-p40-11", "--bundle", "/nonexistent")
+    assert res.returncode == 2 and "spans hosts" in res.stderr and "single-host services only" in res.stderr

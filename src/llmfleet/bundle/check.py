@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from llmfleet.bundle import contents as bc
 from llmfleet.errors import UsageError
@@ -94,3 +95,15 @@ class Verified:
 
 def verified(bundle_dir: str | Path) -> Verified:
     return Verified(Path(bundle_dir), verify(bundle_dir))
+
+
+def refuse_spanning(hosts: list[Any], services: list[str] | None) -> None:
+    """``deploy --bundle`` deploys single-host services: a chosen service with workers is refused
+    (usage error) before any host is contacted, rather than left to a pull that cannot succeed."""
+    from llmfleet.inventory.ansible import settings_for
+
+    for h in hosts:
+        for svc in settings_for(h).services:
+            if svc.workers and (services is None or svc.name in services):
+                raise UsageError(f"host {h.name}: service {svc.name} spans hosts ({', '.join(svc.workers)}): deploy "
+                                 "--bundle deploys single-host services only; leave it out with --service")

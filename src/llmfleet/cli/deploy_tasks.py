@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from invoke.exceptions import Exit
 
@@ -23,6 +23,9 @@ from llmfleet.cli.common import (
 )
 from llmfleet.cli.flags import POSITIVE, fleet_task
 
+if TYPE_CHECKING:  # the release machinery loads only when a task runs
+    from llmfleet.release.decide import HostOutcome
+
 _STYLE = {"deployed": "green", "unchanged": "green", "check": "cyan", "rolled_back": "bold yellow",
           "failed": "bold red", "refused": "bold red"}
 DEFAULT_FORKS = 5  # as Ansible's forks
@@ -30,17 +33,17 @@ VERBOSE_HELP = "print each remote command (secrets masked) with its exit status 
 TIMELINE_HELP = "print where each host's seconds went: stage by stage, with SSH round trips (on stderr)"
 
 
-def never_reached(o: Any) -> bool:
+def never_reached(o: HostOutcome) -> bool:
     """A deploy/rollback outcome of a host that was never reached (no command ran on it)."""
-    return o.result in ("failed", "refused") and not getattr(o, "round_trips", 0) and not getattr(o, "preflight", None)
+    return o.result in ("failed", "refused") and not o.round_trips and not o.preflight
 
 
-def outcomes_document(outcomes: list[Any]) -> dict[str, Any]:
+def outcomes_document(outcomes: list[HostOutcome]) -> dict[str, Any]:
     return host_document("hosts", [o.to_dict() for o in outcomes],
                          [unreachable_entry(o.host, o.reason) for o in outcomes if never_reached(o)])
 
 
-def _summary(outcomes: list[Any], title: str) -> None:
+def _summary(outcomes: list[HostOutcome], title: str) -> None:
     t = new_table("host", "result", "releases", "duration", "reason", title=title)
     for o in outcomes:
         rels = ", ".join(f"{k}={v}" for k, v in o.releases.items()) or "-"
@@ -75,6 +78,8 @@ def deploy(c, host=None, group=None, inventory=None, check=False, diff=False, ac
            json=False, bundle=None):
     """Deploy each host's services: preflight, render, pull by digest, switch, health-check, roll back on failure.
 
+    With --bundle DIR the images come from a bundle (bundle.create): verified, sent, loaded, never pulled.
+
     Exit 0 when every host is deployed or unchanged, 1 otherwise.
     """
     import time
@@ -94,7 +99,7 @@ def deploy(c, host=None, group=None, inventory=None, check=False, diff=False, ac
         from llmfleet.release.prepare import DeployOptions, prepare_host
 
         inv, hosts = select_hosts(c, inventory, host, group)
-        verified = _bundle(bundle) if bundle else None  # every file checked: a corrupt one stops here
+        verified = _bundle(bundle, hosts, service) if bundle else None  # every file checked: a corrupt one stops here
         # --diff is a --check that also prints diffs: neither takes the lock or writes an audit record.
         options = DeployOptions(check=bool(check or diff), diff=bool(diff),
                                 accept_new_host_keys=bool(accept_new_host_keys), allow_unpinned=bool(allow_unpinned),
@@ -135,11 +140,12 @@ def deploy(c, host=None, group=None, inventory=None, check=False, diff=False, ac
         raise Exit(code=1)
 
 
-def _bundle(path: str) -> Any:
+def _bundle(path: str, hosts: list[Any], service: str | None) -> Any:
     """A bundle every file of which was checked against its bundle.json (exit 1 naming each one that
     is missing or corrupt; nothing contacted)."""
     from llmfleet.bundle import check as bundle_check
 
+    bundle_check.refuse_spanning(hosts, [service] if service else None)
     return bundle_check.verified(path)
 
 
@@ -163,7 +169,7 @@ def _load_bundle(verified: Any, prepared: dict[str, Any], settings: Any, options
         "host": "hosts: name or Ansible --limit pattern",
         "group": "inventory group (pattern allowed): roll back every host of it",
         "service": "roll back only this service (default: every deployed service of the host)",
-        "to": "the release id to go back to (default: the newest healthy release before the current one)",
+        "to": "the release id to go back to (default: the newest release confirmed healthy before the current one)",
         "inventory": INVENTORY_HELP,
         "accept_new_host_keys": "record unknown SSH host keys (changed keys are refused)",
         "message": "why: recorded in the deploy lock and the audit log",
@@ -178,7 +184,7 @@ def rollback(c, host=None, group=None, service=None, to=None, inventory=None, ac
 
     Exit 0 when every host is healthy on its target release, 1 otherwise (the reason says what still answers).
     """
-    from llmfleet.release.deploy import DeployOptions
+    from llmfleet.release.prepare import DeployOptions
     from llmfleet.release.service_ops import rollback_hosts
 
     inv, hosts = select_hosts(c, inventory, host, group)

@@ -48,9 +48,9 @@ from llmfleet.knowledge.catalog import (
     parallel_assumptions,
     speed_assumptions,
 )
-from llmfleet.knowledge.engines import EngineKnowledge, KvLayoutInfo, for_engine
+from llmfleet.knowledge.engines import EngineKnowledge, KvLayoutInfo, for_engine, for_quant_family
+from llmfleet.knowledge.engines import names as engine_names
 
-ENGINES = ("vllm", "llamacpp")
 # Tokens in context while the health check measures decode speed (a one-line prompt and a short
 # answer, release.health): the floor is computed for this context, not the planned one.
 HEALTH_PROBE_CONTEXT = 512
@@ -645,7 +645,8 @@ def _quant_named(name: str) -> Quant:
         return Quant(name=name, family="gguf", bits=bits[base], base=base, sources=("the file's own tensor types",))
 
 
-def _resolve(req: PlanRequest) -> _Resolved:
+def _check_request(req: PlanRequest) -> None:
+    """Usage errors in the request's numbers and choices, before anything is looked up."""
     if req.gpus < 1:
         raise UsageError(f"--gpus must be 1 or more, got {req.gpus}")
     if req.hosts < 1:
@@ -667,55 +668,59 @@ def _resolve(req: PlanRequest) -> _Resolved:
     gmu = req.gpu_memory_utilization
     if gmu is not None and not 0.0 < gmu <= 1.0:
         raise UsageError(f"--gpu-memory-utilization must be in (0, 1], got {gmu}")
-    gpu = req.gpu if isinstance(req.gpu, Gpu) else find_gpu(str(req.gpu))
-    spec, assumed = _resolve_model_id(req.model)
-    quant = find_quant(req.quant) if req.quant else (find_quant(assumed.quant) if assumed else None)
-    cat = compat.load_engine_catalog()
-    release = cat.release(req.image) if req.image else None
-    if req.image and release is None:
-        raise UsageError(f"unknown image {req.image!r}; known (engines.yaml): {', '.join(cat.images)}")
+
+
+def _pick_engine(req: PlanRequest, spec: ModelSpec, quant: Quant | None, release: compat.EngineRelease | None) -> str:
+    """--engine, else the image's engine, else the engine that serves the quant's family natively."""
     if req.engine:
         engine = str(req.engine).lower().replace(".", "").replace("-", "").replace("_", "")
-        if engine not in ENGINES:
-            raise UsageError(f"unknown engine {req.engine!r}; known: {', '.join(ENGINES)}")
+        if engine not in engine_names():
+            raise UsageError(f"unknown engine {req.engine!r}; known: {', '.join(engine_names())}")
         if release is not None and release.engine != engine:
             raise UsageError(f"image {req.image} is a {release.engine} image, not {engine}; drop --engine or pick "
                              f"a {engine} image")
     elif release is not None:
         engine = release.engine
-    else:  # GGUF goes to llama.cpp, everything else to vLLM
-        gguf_quant = quant.family == "gguf" if quant else spec.origin == "gguf"
-        engine = "llamacpp" if gguf_quant else "vllm"
-    if req.split_mode and for_engine(engine).tensor_parallel:
-        raise UsageError(f"--split-mode is llama.cpp's; {for_engine(engine).label} splits a model by tensor parallel "
+    else:
+        family = quant.family if quant else ("gguf" if spec.origin == "gguf" else "hf")
+        engine = for_quant_family(family).name
+    know = for_engine(engine)
+    if req.split_mode and req.split_mode not in know.split_modes:
+        raise UsageError(f"--split-mode is llama.cpp's; {know.label} splits a model by tensor parallel "
                          "(--gpus) and pipeline parallel (--hosts)")
     if req.split_mode == "row" and req.hosts > 1:
         raise UsageError("--split-mode row splits matrices over the CUDA devices of one host; RPC devices take "
                          "whole layers: use --split-mode layer with --hosts")
-    notes: list[str] = [assumed.said] if assumed else []
+    return engine
 
+
+def _pick_quant(req: PlanRequest, spec: ModelSpec, know: EngineKnowledge, quant: Quant | None,
+                notes: list[str]) -> Quant:
+    """The quant asked (or named by the model id), else the file's, else the engine's default for a plan."""
     if quant is not None:
         pass
     elif spec.file_quant:
         quant = _quant_named(spec.file_quant)
-    elif for_engine(engine).plan_default_quant:
-        quant = find_quant(for_engine(engine).plan_default_quant)
+    elif know.plan_default_quant:
+        quant = find_quant(know.plan_default_quant)
         notes.append(f"no --quant given: planning the model's 16-bit weights ({quant.name})")
     else:
-        gguf = ", ".join(q.name for q in load_quants() if q.family == "gguf")
-        raise UsageError(f"llama.cpp serves GGUF files: give --quant ({gguf}) or a .gguf file as --model")
+        fam = know.quant_family
+        names = ", ".join(q.name for q in load_quants() if q.family == fam)
+        raise UsageError(f"{know.label} serves {fam.upper()} files: give --quant ({names}) or a .{fam} file as --model")
     explicit_group = bool(req.quant and "-g" in str(req.quant).lower().replace("_", "-").split("int")[-1])
     if spec.file_group_size and quant.group_size and quant.name == spec.file_quant and not explicit_group:
         quant = quant.with_group_size(spec.file_group_size)
-
-    know = for_engine(engine)
     if know.serves_only_quant_family and quant.family != know.quant_family:
         names = ", ".join(q.name for q in load_quants() if q.family == know.quant_family)
         raise UsageError(f"{know.label} serves {know.quant_family.upper()} files, not {quant.name}; pick one of: {names}")
-    if know.quant_family != "gguf" and quant.family == "gguf":
-        notes.append("vLLM's GGUF support is experimental and under-optimized (https://docs.vllm.ai/en/latest/features/"
-                     "quantization/gguf/); llama.cpp serves GGUF natively")
+    if know.foreign_quant_note and quant.family != know.quant_family:
+        notes.append(know.foreign_quant_note)
+    return quant
 
+
+def _pick_weights(req: PlanRequest, spec: ModelSpec, quant: Quant, notes: list[str]) -> Weights:
+    """The files' real sizes where they hold the planned quant, else sizes computed from the shapes."""
     computed = compute_weights(spec, quant)
     use_files = spec.file_weights_bytes is not None and (
         not req.quant or not spec.file_quant or _quant_named(spec.file_quant).name == quant.name
@@ -724,29 +729,36 @@ def _resolve(req: PlanRequest) -> _Resolved:
         notes.append(
             f"the files hold {spec.file_quant}; sizes computed from shapes for {quant.name} instead of read from files"
         )
-    weights = _file_weights(spec, computed) if use_files else computed
+    return _file_weights(spec, computed) if use_files else computed
 
-    image_note = ""
+
+def _judged_release(req: PlanRequest, cat: compat.EngineCatalog, engine: str, gpu: Gpu,
+                    release: compat.EngineRelease | None) -> tuple[compat.EngineRelease | None, str]:
+    """(the image the flags are judged against, a note on how it was chosen or why it does not run)."""
+    if release is not None:
+        if req.driver and not release.cpu and _driver_verdict(cat, release, gpu, req.driver).status == "fail":
+            return release, _driver_note(cat, release, gpu, req.driver)
+        return release, ""
+    release = _default_release(cat, engine, gpu, req.driver)
     if release is None:
-        release = _default_release(cat, engine, gpu, req.driver)
-        on_driver = f" that runs on driver {req.driver}" if req.driver else ""
-        verdict = _driver_verdict(cat, release, gpu, req.driver) if release is not None and req.driver else None
-        if release is not None and (verdict is None or verdict.status != "fail"):
-            image_note = (f"judged against image {release.key} (no image given: the newest catalog {engine} image "
-                          f"with kernels for compute capability {gpu.compute_capability}{on_driver}); "
-                          "pass --image KEY for another"
-                          + (f"; on this driver: {verdict.message}" if verdict is not None and verdict.status == "warn"
-                             else "")
-                          + _newer_without_kernels(cat, engine, release, gpu))
-        elif release is not None:
-            image_note = (f"no catalog {engine} image with kernels for compute capability {gpu.compute_capability} "
-                          f"runs on driver {req.driver}: judged against {release.key}; "
-                          + _driver_note(cat, release, gpu, req.driver))
-        else:
-            image_note = (f"no catalog {engine} image has kernels for compute capability {gpu.compute_capability}: "
-                          "the engine flags are not checked against a build")
-    elif req.driver and not release.cpu and _driver_verdict(cat, release, gpu, req.driver).status == "fail":
-        image_note = _driver_note(cat, release, gpu, req.driver)
+        return None, (f"no catalog {engine} image has kernels for compute capability {gpu.compute_capability}: "
+                      "the engine flags are not checked against a build")
+    on_driver = f" that runs on driver {req.driver}" if req.driver else ""
+    verdict = _driver_verdict(cat, release, gpu, req.driver) if req.driver else None
+    if verdict is not None and verdict.status == "fail":
+        return release, (f"no catalog {engine} image with kernels for compute capability {gpu.compute_capability} "
+                         f"runs on driver {req.driver}: judged against {release.key}; "
+                         + _driver_note(cat, release, gpu, str(req.driver)))
+    return release, (f"judged against image {release.key} (no image given: the newest catalog {engine} image "
+                     f"with kernels for compute capability {gpu.compute_capability}{on_driver}); "
+                     "pass --image KEY for another"
+                     + (f"; on this driver: {verdict.message}" if verdict is not None and verdict.status == "warn"
+                        else "")
+                     + _newer_without_kernels(cat, engine, release, gpu))
+
+
+def _pick_kv(req: PlanRequest, engine: str, gpu: Gpu, notes: list[str]) -> tuple[str, float, str]:
+    """(KV dtype name, bytes per value, the flag value the engine takes for it on this card)."""
     kv_table = kv_dtypes(engine)
     kv_key = str(req.kv_dtype or "auto").lower()
     if kv_key not in kv_table:
@@ -756,8 +768,25 @@ def _resolve(req: PlanRequest) -> _Resolved:
     if kv_key == "bf16" and not gpu.bf16:
         kv_flag = for_engine(engine).kv_flag_without_bf16
         notes.append(f"{gpu.name} has no bf16 (CC {gpu.compute_capability}): KV cache in fp16 instead")
-    return _Resolved(spec, quant, gpu, engine, kv_key, float(kv["bytes"]), kv_flag, weights, tuple(notes),
-                     release, image_note)
+    return kv_key, float(kv["bytes"]), kv_flag
+
+
+def _resolve(req: PlanRequest) -> _Resolved:
+    _check_request(req)
+    gpu = req.gpu if isinstance(req.gpu, Gpu) else find_gpu(str(req.gpu))
+    spec, assumed = _resolve_model_id(req.model)
+    quant = find_quant(req.quant) if req.quant else (find_quant(assumed.quant) if assumed else None)
+    cat = compat.load_engine_catalog()
+    release = cat.release(req.image) if req.image else None
+    if req.image and release is None:
+        raise UsageError(f"unknown image {req.image!r}; known (engines.yaml): {', '.join(cat.images)}")
+    engine = _pick_engine(req, spec, quant, release)
+    notes: list[str] = [assumed.said] if assumed else []
+    quant = _pick_quant(req, spec, for_engine(engine), quant, notes)
+    weights = _pick_weights(req, spec, quant, notes)
+    release, image_note = _judged_release(req, cat, engine, gpu, release)
+    kv_key, kv_bytes, kv_flag = _pick_kv(req, engine, gpu, notes)
+    return _Resolved(spec, quant, gpu, engine, kv_key, kv_bytes, kv_flag, weights, tuple(notes), release, image_note)
 
 
 def _default_release(cat: Any, engine: str, gpu: Gpu, driver: str | None = None) -> Any:
@@ -1691,7 +1720,7 @@ def _checked_args(
     base: dict[str, Any] = dict(
         quantization=know.quantization_flag(rel, rules, r.quant, cc), float16=not r.gpu.bf16 or r.quant.name == "fp16",
         gpu_memory_utilization=gmu, context=context, concurrency=k, kv_flag=r.kv_flag, gpus=req.gpus,
-        hosts=req.hosts, split_mode=None if know.tensor_parallel else (req.split_mode or "layer"),
+        hosts=req.hosts, split_mode=req.split_mode or know.split_modes[0],
         tensor_split=[1] * (req.gpus * req.hosts) if req.gpus * req.hosts > 1 else None,
         offload_bytes=offload if (not resident and req.offload) else 0.0, backend_select=select,
         num_layers=r.spec.num_layers, resident=resident, gpu_layers=gpu_layers, release=rel, rules=rules,
@@ -1837,47 +1866,8 @@ def plan_for_service(
     card is taken from them when ``gpu`` is None, and a GGUF file's real size is compared with the
     plan. ``model`` overrides the catalog lookup of ``service.model`` (e.g. a spec read from files).
     """
-    chosen = list(getattr(facts, "gpus", None) or []) if facts is not None else []
-    if chosen and isinstance(service.gpus, list):
-        chosen = [g for g in chosen if g.index in service.gpus]
-    if gpu is None:
-        if not chosen:
-            raise UsageError(f"service {service.name}: no GPU known (set llmfleet_gpu or gather facts)")
-        gpu = chosen[0].catalog_id or chosen[0].name
-    card = gpu if isinstance(gpu, Gpu) else find_gpu(str(gpu))
-    facts_note = None
-    mib = [g.memory_total_mib for g in chosen if g.memory_total_mib]
-    if mib and min(mib) != card.memory_mib:
-        facts_note = f"GPU memory from the host's facts: {min(mib)} MiB (catalog: {card.memory_mib} MiB)"
-        card = replace(card, memory_mib=int(min(mib)))
-    if isinstance(service.gpus, list):
-        n = len(service.gpus)
-    elif chosen:
-        n = len(chosen)
-    else:
-        n = int(gpu_count)
-    mf = facts.model(service.model_path) if facts is not None and hasattr(facts, "model") else None
-    size = getattr(mf, "size_bytes", None) if mf is not None and getattr(mf, "kind", "") == "file" else None
-    spec: str | ModelSpec = model if model is not None else service.model
-    from_file = for_engine(service.engine).sizes_from_host_file
-    if from_file and not service.quant and size and getattr(mf, "magic", "GGUF") == "GGUF":
-        # No quant named: the GGUF file on the host is what it is; take its real size.
-        base = spec if isinstance(spec, ModelSpec) else _resolve_model(spec)
-        spec = replace(base, origin="gguf", path=f"{service.model_path} (size from the host's facts)",
-                       file_weights_bytes=int(size), file_quant="gguf", file_embed_bytes=None,
-                       file_output_bytes=None, file_params=None)
-        size = None  # nothing to compare: the plan uses it
-    elif (
-        from_file
-        and not service.quant
-        and not (isinstance(spec, ModelSpec) and spec.file_quant)
-        and not (isinstance(spec, str) and spec.lower().endswith(".gguf"))
-    ):
-        gguf = ", ".join(q.name for q in load_quants() if q.family == "gguf")
-        raise UsageError(
-            f"service {service.name}: llama.cpp with no quant and the GGUF file's size unknown; set quant ({gguf}) "
-            f"on the service, or gather the host's facts (invoke plan --host HOST --gather)"
-        )
+    card, n, facts_note = _service_cards(service, gpu, gpu_count, facts)
+    spec, size = _service_model(service, model, facts)
     image = getattr(service, "image", None)
     image_note = None
     if image and compat.load_engine_catalog().release(str(image)) is None:
@@ -1916,6 +1906,61 @@ def plan_for_service(
             f"of {result.quant} weights: check the quant"
         )
     return result
+
+
+def _service_cards(service: Any, gpu: Gpu | str | None, gpu_count: int, facts: Any) -> tuple[Gpu, int, str | None]:
+    """(the card, how many the service uses, a note when the host's facts change its memory)."""
+    chosen = list(getattr(facts, "gpus", None) or []) if facts is not None else []
+    if chosen and isinstance(service.gpus, list):
+        chosen = [g for g in chosen if g.index in service.gpus]
+    if gpu is None:
+        if not chosen:
+            raise UsageError(f"service {service.name}: no GPU known (set llmfleet_gpu or gather facts)")
+        gpu = chosen[0].catalog_id or chosen[0].name
+    card = gpu if isinstance(gpu, Gpu) else find_gpu(str(gpu))
+    facts_note = None
+    mib = [g.memory_total_mib for g in chosen if g.memory_total_mib]
+    if mib and min(mib) != card.memory_mib:
+        facts_note = f"GPU memory from the host's facts: {min(mib)} MiB (catalog: {card.memory_mib} MiB)"
+        card = replace(card, memory_mib=int(min(mib)))
+    if isinstance(service.gpus, list):
+        n = len(service.gpus)
+    elif chosen:
+        n = len(chosen)
+    else:
+        n = int(gpu_count)
+    return card, n, facts_note
+
+
+def _service_model(service: Any, model: ModelSpec | None, facts: Any) -> tuple[str | ModelSpec, int | None]:
+    """(the model to plan, the size of its file on the host to compare the plan with). An engine that
+    sizes a service without a quant from its file on the host (llama.cpp: a GGUF file is what it is)
+    plans that file's real size."""
+    mf = facts.model(service.model_path) if facts is not None and hasattr(facts, "model") else None
+    size = getattr(mf, "size_bytes", None) if mf is not None and getattr(mf, "kind", "") == "file" else None
+    spec: str | ModelSpec = model if model is not None else service.model
+    know = for_engine(service.engine)
+    from_file = know.sizes_from_host_file
+    if from_file and not service.quant and size and getattr(mf, "magic", "GGUF") == "GGUF":
+        # No quant named: the GGUF file on the host is what it is; take its real size.
+        base = spec if isinstance(spec, ModelSpec) else _resolve_model(spec)
+        spec = replace(base, origin="gguf", path=f"{service.model_path} (size from the host's facts)",
+                       file_weights_bytes=int(size), file_quant="gguf", file_embed_bytes=None,
+                       file_output_bytes=None, file_params=None)
+        size = None  # nothing to compare: the plan uses it
+    elif (
+        from_file
+        and not service.quant
+        and not (isinstance(spec, ModelSpec) and spec.file_quant)
+        and not (isinstance(spec, str) and spec.lower().endswith(".gguf"))
+    ):
+        fam = know.quant_family
+        names = ", ".join(q.name for q in load_quants() if q.family == fam)
+        raise UsageError(
+            f"service {service.name}: {know.label} with no quant and the {fam.upper()} file's size unknown; set quant "
+            f"({names}) on the service, or gather the host's facts (invoke plan --host HOST --gather)"
+        )
+    return spec, (int(size) if size else None)
 
 
 def decode_ceiling(bandwidth_gbps: float, bytes_per_token: float) -> float:
