@@ -18,6 +18,7 @@ from llmfleet.images.lock import resolve
 from llmfleet.release import confirm, watchdog
 from llmfleet.release import deploy as D
 from llmfleet.release import executor as E
+from llmfleet.release import pipeline as P
 from llmfleet.release import store as S
 from llmfleet.release.health import HealthReport, StageResult
 from llmfleet.release.render import render
@@ -502,9 +503,9 @@ def _probed(monkeypatch, st: S.ServiceState, *, cut_short: bool) -> list[bool]:
         remote.run("probe", sudo=sudo)
         return F.Facts(host="h1", probe_version=3, releases=S.parse_state(state_text(st)), releases_read=not cut_short)
 
-    monkeypatch.setattr(D.facts_mod, "gather", gather)
-    monkeypatch.setattr(D.preflight, "plan_for", lambda *a, **k: (None, None))
-    monkeypatch.setattr(D.preflight, "run_checks", lambda *a, **k: [])
+    monkeypatch.setattr(P.facts_mod, "gather", gather)
+    monkeypatch.setattr(P.preflight, "plan_for", lambda *a, **k: (None, None))
+    monkeypatch.setattr(P.preflight, "run_checks", lambda *a, **k: [])
     return sent_sudo
 
 
@@ -521,3 +522,66 @@ def test_a_no_change_deploy_is_the_probe_and_the_audit_line(monkeypatch, cut_sho
     assert audit_results(last) == [("deploy", "unchanged")]
     # probe (with the state) + the audit line; a state the probe cut short is read once more
     assert r.remote.round_trips == (3 if cut_short else 2)
+
+
+# ---------------------------------------------------------------------------------------------
+# a head and its workers through the pipeline: connected, locked and finished in one fixed order
+
+
+class FixedRun(E.HostRun):
+    """A host of a set, with this file's clock, token and origin (the pipeline builds one per host)."""
+
+    def __init__(self, *a, **k) -> None:
+        super().__init__(*a, **k, now=lambda: NOW, token=lambda: TOKEN, alive=lambda pid: True, origin=ORIGIN,
+                         pid=PID)
+
+
+def _set_of_hosts():
+    from llmfleet.inventory.ansible import Host
+
+    return [(Host(name=n, vars={}), HS, D.HostOutcome(n, D.Result.FAILED)) for n in ("head", "w2", "w1")]
+
+
+@pytest.mark.parametrize("held_on", [None, "w1"])
+def test_a_head_and_its_workers_are_locked_in_sorted_order_and_every_lock_taken_is_released(held_on, tmp_path):
+    """Lock + pull on every host in sorted order (two runs that share hosts cannot each hold half); a
+    lock held by someone else on one host refuses the whole set before anything switches, and every
+    host's last round trip still runs: the locks taken are released, each host audits the refusal."""
+    other = S.holder_document(token="b" * 32, who="bob@ws2", origin="bob@ws2", action="deploy", message="",
+                              now=NOW, pid=1)
+    held = lock_pull(got=acquire(f"@@held\n{json.dumps(other)}", exit=S.LOCK_HELD_RC))
+    remotes = {n: FakeRemote([held if n == held_on else lock_pull()], name=n) for n in ("head", "w1", "w2")}
+    for r in remotes.values():
+        r.expected.append(Command(None, out="@@released"))  # the last round trip, whatever happened
+    if held_on:  # hosts after the refusing one in the order were never locked: their last round trip only
+        remotes["w2"].expected.pop(0)
+    order: list[str] = []
+    res = D.HostOutcome("head", D.Result.FAILED)  # the set's verdict
+
+    def connector(host, settings, accept):
+        order.append(host.name)
+        return remotes[host.name]
+
+    def body(slots):
+        for name in D.decide.lock_order(list(slots)):
+            item = P.Item(D.Prepared(SVC, None, resolve(SVC.image, LOCK)), None, NEW, PATHS, None,
+                          D.decide.ServiceStep("chat", D.decide.Action.NEW, NEW_ID))
+            P.lock_and_pull(slots[name].run, [item], "deploy")
+        res.result, res.reason = D.Result.DEPLOYED, "every host locked and pulled"
+
+    slots = P.run_hosts(_set_of_hosts(), "deploy", body, settings=Settings.of({"audit_log": str(tmp_path / "a")}),
+                        log=lambda line: None, verdict=res, service="chat", head="head", prefix_log=True,
+                        connector=connector, make_run=FixedRun)
+    assert order == ["head", "w1", "w2"] and [s.is_head for s in slots.values()] == [True, False, False]
+    for r in remotes.values():
+        r.assert_done()
+        assert r.closed
+    unlocked = {n: S.lock_release_script(ROOT, TOKEN) in r.sent[-1] for n, r in remotes.items()}
+    if held_on is None:
+        assert res.result == "deployed" and unlocked == {"head": True, "w1": True, "w2": True}
+        return
+    assert res.result == "refused" and "bob@ws2" in res.reason
+    assert unlocked == {"head": True, "w1": False, "w2": False}  # only the lock it took
+    for r in remotes.values():  # the refusal, audited on every host of the set, naming the service
+        assert audit_results(r.sent[-1]) == [("deploy", "refused")] and '"service":"chat"' in r.sent[-1]
+    assert all(s.out.round_trips == len(remotes[n].sent) for n, s in slots.items())

@@ -15,6 +15,7 @@ from llmfleet.inventory.ansible import load_inventory, settings_for
 from llmfleet.release import cluster as C
 from llmfleet.release import health, store
 from llmfleet.release import multihost as M
+from llmfleet.release import pipeline as P
 from llmfleet.release.deploy import DeployOptions, Prepared, PreparedHost
 from llmfleet.release.executor import HostRun
 from tests.deploy_fixtures import manifest
@@ -148,7 +149,7 @@ def prepared(tmp_path: Path) -> M.PreparedService:
 def deploy(prepared, sim, monkeypatch, **opts) -> M.ServiceRun:
     monkeypatch.setattr(M, "HostRun", fake_run_class(sim))
     monkeypatch.setattr(M, "_cluster_preflight", lambda ready, hosts, run, cluster: [None])
-    monkeypatch.setattr(M, "_pulled", lambda run, it, res: sim.events.append(("pull", run.host)))
+    monkeypatch.setattr(P, "judge_pull", lambda run, it, res: sim.events.append(("pull", run.host)))
     monkeypatch.setattr(M, "WORKER_POLL_S", 0.01)
     return M.deploy_service(prepared.inventory, "head", "big", prepared=prepared,
                             options=DeployOptions(who="t", **opts), log=lambda line: None,
@@ -260,7 +261,7 @@ def test_ctrl_c_during_the_head_check_puts_every_host_back_and_releases_every_lo
 
     monkeypatch.setattr(M, "HostRun", fake_run_class(sim))
     monkeypatch.setattr(M, "_cluster_preflight", lambda ready, hosts, run, cluster: [None])
-    monkeypatch.setattr(M, "_pulled", lambda run, it, res: None)
+    monkeypatch.setattr(P, "judge_pull", lambda run, it, res: None)
     with pytest.raises(KeyboardInterrupt):
         M.deploy_service(prepared.inventory, "head", "big", prepared=prepared, options=DeployOptions(who="t"),
                          log=lambda line: None, head_health=interrupted, connector=lambda h, s, a: Remote(h.name))

@@ -21,6 +21,7 @@ from llmfleet.knowledge.planner import PlanSummary
 from llmfleet.release import decide as Dc
 from llmfleet.release import deploy as D
 from llmfleet.release import executor as E
+from llmfleet.release import pipeline as P
 from llmfleet.release import store as R
 from llmfleet.release.manifest import Manifest
 from llmfleet.release.render import render
@@ -154,10 +155,10 @@ def test_fetch_current_masks_the_env_file_on_the_host(tmp_path):
 
 
 def test_unified_diff_of_a_new_file_and_a_change():
-    assert D.unified_diff(None, "a\n", "compose.yml").startswith("--- /dev/null")
-    d = D.unified_diff("a\nb\n", "a\nc\n", "compose.yml")
+    assert P.unified_diff(None, "a\n", "compose.yml").startswith("--- /dev/null")
+    d = P.unified_diff("a\nb\n", "a\nc\n", "compose.yml")
     assert "-b" in d and "+c" in d
-    assert D.unified_diff("a\n", "a\n", "x") == ""
+    assert P.unified_diff("a\n", "a\n", "x") == ""
 
 
 def test_a_process_that_ended_is_not_alive():

@@ -211,3 +211,140 @@ def test_stop_over_ssh_is_locked_audited_and_traced(sshd, tmp_path):
     # a service the host does not run: nothing to do, said so
     r = service_ops.service_op(h, settings, "stop", ["nope"], config=conf)
     assert r.result == "absent" and r.services == {"nope": "absent"}
+
+
+# ---------------------------------------------------------------------------------------------
+# stop / start / remove through the pipeline, against a scripted remote (tests/fake_remote.py): the
+# deploy's lock (with the state read in its round trip), one script per service, the audit and unlock
+
+
+def _op_run(commands, *, alive=True, health=None):
+    from llmfleet.release import executor as E
+    from llmfleet.settings import Settings
+    from tests.deploy_fixtures import NOW
+    from tests.fake_remote import FakeRemote
+    from tests.test_deploy_executor import HS, ORIGIN, PID, TOKEN
+
+    remote = FakeRemote(commands)
+    lines: list[str] = []
+    checked: list[str] = []
+
+    def health_fn(run, target):
+        checked.append(target.release_id)
+        return health
+
+    run = E.HostRun("h1", HS, remote, settings=Settings.of({"audit_log": "/dev/null"}), log=lines.append,
+                    health_fn=health_fn, now=lambda: NOW, token=lambda: TOKEN, alive=lambda pid: alive,
+                    origin=ORIGIN, pid=PID)
+    return run, remote, lines, checked
+
+
+def _lock_state(action: str, states_text: str, got: str = "@@acquired"):
+    from tests.fake_remote import Command
+    from tests.test_deploy_executor import acquire, chain
+
+    return chain(acquire(got, exit=0 if got == "@@acquired" else R.LOCK_HELD_RC, action=action),
+                 Command(R.state_script("/opt/llmfleet"), out=states_text))
+
+
+def _states(current: str | None = RID) -> str:
+    from tests.deploy_fixtures import svc_state
+    from tests.test_deploy_executor import state_text
+
+    return state_text(svc_state({RID: ("f" * 64, True)}, current))
+
+
+def _audit(last: str) -> list[tuple[str, str, str]]:
+    import shlex
+
+    recs = [json.loads(shlex.split(ln)[2]) for ln in last.splitlines()
+            if ln.startswith("printf '%s\\n' ") and "audit.jsonl" in ln]
+    return [(r["action"], r["service"], r["result"]) for r in recs]
+
+
+def _finish(run, remote) -> str:
+    from tests.fake_remote import Command
+
+    remote.expected.append(Command(None, out="@@released"))
+    run.finish()
+    remote.assert_done()
+    return remote.sent[-1]
+
+
+def test_stop_locks_reads_the_state_in_that_round_trip_stops_audits_and_unlocks():
+    from tests.fake_remote import Command
+    from tests.test_deploy_executor import PATHS, TOKEN
+
+    run, remote, _lines, _ = _op_run([_lock_state("stop", _states()),
+                                      Command(R.service_stop_script(PATHS), out="@@unit inactive\n@@stopped")])
+    out = service_ops.ServiceOpResult("h1", "stop", service_ops.Result.FAILED)
+    service_ops.run_service_op(run, "stop", ["chat"], out)
+    assert (out.result, out.services) == ("stopped", {"chat": "inactive"})
+    last = _finish(run, remote)
+    assert _audit(last) == [("stop", "chat", "stopped")] and R.lock_release_script("/opt/llmfleet", TOKEN) in last
+    assert remote.round_trips == 3  # lock + state, the stop, the audit and unlock
+
+
+@pytest.mark.parametrize(("report_ok", "result"), [(True, "started"), (False, "failed")])
+def test_start_health_checks_the_current_release(report_ok, result):
+    from llmfleet.release.health import HealthReport, StageResult
+    from tests.fake_remote import Command
+    from tests.test_deploy_executor import PATHS
+
+    report = HealthReport(report_ok, [StageResult("completion", report_ok, 0.1, "ok" if report_ok else "503")])
+    run, remote, _lines, checked = _op_run(
+        [_lock_state("start", _states()), Command(R.service_start_script(PATHS), out="@@unit active\n@@started")],
+        health=report)
+    out = service_ops.ServiceOpResult("h1", "start", service_ops.Result.FAILED)
+    service_ops.run_service_op(run, "start", ["chat"], out)
+    assert out.result == result and checked == [RID]
+    assert ("not healthy" in out.reason) is (not report_ok)
+    assert _audit(_finish(run, remote)) == [("start", "chat", result)]
+
+
+def test_start_without_a_current_release_fails_and_says_deploy_it():
+    from tests.fake_remote import Command
+    from tests.test_deploy_executor import PATHS
+
+    run, remote, _lines, checked = _op_run([_lock_state("start", _states(current=None)),
+                                            Command(R.service_start_script(PATHS), out="@@nocurrent")])
+    out = service_ops.ServiceOpResult("h1", "start", service_ops.Result.FAILED)
+    service_ops.run_service_op(run, "start", ["chat"], out)
+    assert out.result == "failed" and "deploy it" in out.reason and checked == []
+
+
+def test_remove_removes_the_images_only_it_used_and_a_missing_service_is_absent():
+    from tests.deploy_fixtures import svc_state
+    from tests.fake_remote import Command
+    from tests.test_deploy_executor import PATHS
+
+    REF = svc_state({RID: ("f" * 64, True)}, RID).releases[RID].image_ref  # noqa: N806 - the release's image
+
+    run, remote, _lines, _ = _op_run([_lock_state("remove", _states()),
+                                      Command(R.service_remove_script(PATHS, [REF]),
+                                              out=f"@@image-removed {REF}\n@@removed")])
+    out = service_ops.ServiceOpResult("h1", "remove", service_ops.Result.FAILED)
+    service_ops.run_service_op(run, "remove", ["chat", "ghost"], out)
+    assert (out.result, out.services, out.images_removed) == ("removed", {"chat": "removed", "ghost": "absent"},
+                                                              [REF])
+    assert _audit(_finish(run, remote)) == [("remove", "chat", "removed")]
+
+
+def test_a_service_op_takes_over_a_stale_lock_of_this_machine_and_refuses_anyone_elses():
+    from llmfleet.release.decide import Refusal
+    from tests.fake_remote import Command
+    from tests.test_deploy_executor import PATHS, holder
+
+    held = "@@held\n" + json.dumps(holder("deploy"))
+    stale = [_lock_state("stop", "", got=held), Command(R.lock_break_script("/opt/llmfleet"), out="@@broken"),
+             _lock_state("stop", _states()), Command(R.service_stop_script(PATHS), out="@@unit inactive\n@@stopped")]
+    run, remote, lines, _ = _op_run(stale, alive=False)  # the holder's process is gone
+    out = service_ops.ServiceOpResult("h1", "stop", service_ops.Result.FAILED)
+    service_ops.run_service_op(run, "stop", ["chat"], out)
+    assert out.result == "stopped" and any("taking over a stale lock" in ln for ln in lines)
+    assert _audit(_finish(run, remote)) == [("lock-break", None, "stale"), ("stop", "chat", "stopped")]
+    run, remote, _lines, _ = _op_run([_lock_state("stop", "", got=held)], alive=True)  # it still runs
+    with pytest.raises(Refusal) as exc:
+        service_ops.run_service_op(run, "stop", ["chat"], service_ops.ServiceOpResult("h1", "stop",
+                                                                                      service_ops.Result.FAILED))
+    assert exc.value.result == "refused" and "lock.release" in exc.value.reason

@@ -232,7 +232,7 @@ def _service_op(c, action: str, *, host, group, service, orphans, inventory, mes
     jobs = [(h, settings_for(h)) for h in hosts]  # every host's settings valid before any connection
     msg = message or f"{action} {service or '--orphans'}"
 
-    def one(job: tuple[Any, Any]) -> Any:
+    def one(job: tuple[Any, Any]) -> service_ops.ServiceOpResult:
         h, settings = job
         return service_ops.service_op(h, settings, action, [service] if service else None, config=conf,
                                       orphans_only=bool(orphans), message=msg,

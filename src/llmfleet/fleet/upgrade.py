@@ -38,7 +38,9 @@ from llmfleet.host.group import run_on_hosts
 from llmfleet.inventory.ansible import Inventory
 from llmfleet.inventory.services import Service
 from llmfleet.knowledge import engines
-from llmfleet.release.deploy import DeployOptions, PreparedHost, deploy_host, prepare_host, rollback_host
+from llmfleet.release.decide import HostOutcome
+from llmfleet.release.deploy import deploy_host, rollback_host
+from llmfleet.release.prepare import DeployOptions, PreparedHost, prepare_host
 from llmfleet.settings import Settings
 
 #: results that count as a failed host in a batch
@@ -470,13 +472,14 @@ def _host_options(options: DeployOptions, change: HostChange) -> DeployOptions:
 
 def deploy_fn(inventory: Inventory, *, config: Settings, options: DeployOptions, changes: dict[str, HostChange],
               log: Callable[[str], None], prepared: dict[str, PreparedHost] | None = None,
-              bench_gate: float | None = None, bench_dir: str | None = None) -> Callable[[str], Any]:
-    """``host -> HostOutcome`` running ``llmfleet.release.deploy.deploy_host`` with this host's change.
+              bench_gate: float | None = None, bench_dir: str | None = None) -> Callable[[str], HostOutcome]:
+    """``host -> HostOutcome`` running ``llmfleet.release.deploy.deploy_host`` (``release.pipeline``'s
+    stages, as ``invoke deploy``) with this host's change.
 
     ``bench_gate``: wrapped by ``llmfleet.fleet.bench_gate`` (a host whose new release decodes more than
     that percentage slower than the replaced one is rolled back and counts as failed)."""
 
-    def run(host: str) -> Any:
+    def run(host: str) -> HostOutcome:
         opts = _host_options(options, changes.get(host) or HostChange({}))
         return deploy_host(inventory, host, config=config, options=opts, log=lambda line: log(f"{host}: {line}"),
                            prepared=(prepared or {}).get(host))
@@ -490,8 +493,8 @@ def deploy_fn(inventory: Inventory, *, config: Settings, options: DeployOptions,
 
 
 def rollback_fn(inventory: Inventory, *, config: Settings, options: DeployOptions,
-                log: Callable[[str], None]) -> Callable[[str], Any]:
-    def run(host: str) -> Any:
+                log: Callable[[str], None]) -> Callable[[str], HostOutcome]:
+    def run(host: str) -> HostOutcome:
         return rollback_host(inventory, host, config=config, options=options, log=lambda line: log(f"{host}: {line}"))
 
     return run

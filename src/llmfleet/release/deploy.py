@@ -1,4 +1,4 @@
-"""Deploy and roll back the services of one host: ``decide``'s decisions carried out by ``executor``.
+"""Deploy and roll back the services of one host: the single-host strategy of ``pipeline``.
 
 ``deploy_host`` for one inventory host:
 
@@ -15,38 +15,37 @@
    port; on failure capture the engine log and go back to the previous release;
 8. after success prune (``decide.prune_plan``); last round trip: health marks, prune, audit, unlock.
 
+Steps 2 and 4-6 and 8's last round trip are ``pipeline``'s stages (shared with a service over several
+hosts and with stop/start/remove); this module is step 7, one service after the other.
+
 ``deploy_host`` never raises for a per-host failure: the outcome's ``result`` (a ``Result``) says
 what happened, per service too (``ServiceOutcome``), with a one-line reason. Only usage errors raise.
 """
 
 from __future__ import annotations
 
-import difflib
-import hashlib
 import importlib
 import threading
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
 
 from llmfleet import __version__
 from llmfleet.errors import LlmfleetError, RemoteError, UsageError
-from llmfleet.host import facts as facts_mod
+from llmfleet.host import ssh
 from llmfleet.inventory.ansible import Inventory
-from llmfleet.knowledge import preflight
-from llmfleet.knowledge.planner import PlanSummary, summarize
-from llmfleet.release import decide, store
-from llmfleet.release.decide import Action, GoBack, HostOutcome, Refusal, Result, ServiceOutcome, ServiceStep
+from llmfleet.knowledge.planner import Plan
+from llmfleet.release import decide, pipeline, store
+from llmfleet.release.decide import Action, GoBack, HostOutcome, Refusal, Result, ServiceOutcome
 from llmfleet.release.executor import (
     HOST_TIMER,
     HealthTarget,
     HostRun,
     Log,
-    run_on_host,
     service_for_release,
     short,
 )
 from llmfleet.release.manifest import Manifest
+from llmfleet.release.pipeline import Item
 from llmfleet.release.prepare import (  # noqa: F401 - re-exported: the deploy API
     DeployOptions,
     Prepared,
@@ -55,56 +54,22 @@ from llmfleet.release.prepare import (  # noqa: F401 - re-exported: the deploy A
     load_host,
     prepare_host,
 )
-from llmfleet.release.render import ENV_FILE, Rendered, render, search_paths
 from llmfleet.release.secret import resolve_secret
 from llmfleet.release.store import Paths
 from llmfleet.settings import Settings
 
-if TYPE_CHECKING:
-    from llmfleet.release.speed_history import FleetGate
-
 RESULTS = tuple(r.value for r in Result)
-
-
-# ---------------------------------------------------------------------------------------------
-# Pure helpers
-
-
-def unified_diff(old: str | None, new: str, name: str) -> str:
-    return "".join(difflib.unified_diff(
-        (old or "").splitlines(keepends=True), new.splitlines(keepends=True),
-        fromfile=f"current/{name}" if old is not None else "/dev/null", tofile=f"new/{name}",
-    ))
 
 
 # ---------------------------------------------------------------------------------------------
 # deploy
 
 
-@dataclass
-class _Item:
-    """One service of this deploy, as it goes through the steps."""
-
-    prepared: Prepared
-    plan: PlanSummary | None
-    rendered: Rendered
-    paths: Paths
-    state: store.ServiceState | None
-    step: ServiceStep
-    manifest: Manifest | None = None
-    health: dict[str, Any] | None = None
-    fleet: FleetGate | None = None  # the floor from the fleet's earlier runs of the same combination
-
-    @property
-    def name(self) -> str:
-        return self.prepared.service.name
-
-
 def deploy_host(
     inventory: Inventory | str,
     host_name: str,
     *,
-    config: Settings | dict[str, Any] | None = None,
+    config: Settings | dict[str, object] | None = None,
     options: DeployOptions,
     log: Log,
     prepared: PreparedHost | None = None,
@@ -120,46 +85,20 @@ def deploy_host(
     if prepared is None:
         out.timeline.append({"stage": "prepare (inventory, images.lock, secrets)", "start_s": 0.0,
                              "seconds": round(time.monotonic() - t0, 3), "round_trips": 0})
-    run_on_host(ready.host, ready.settings, out, "deploy", settings=settings, log=log, who=options.who,
-                message=options.message, check=options.check, accept_new_host_keys=options.accept_new_host_keys,
-                body=lambda run: run_deploy(run, ready, out, options), t0=t0)
+    pipeline.run_hosts([(ready.host, ready.settings, out)], "deploy",
+                       lambda slots: run_deploy(slots[host_name].run, ready, out, options),
+                       settings=settings, log=log, who=options.who, message=options.message, check=options.check,
+                       accept_new_host_keys=options.accept_new_host_keys, t0=t0)
     return out
 
 
-def _preflight(run: HostRun, ready: PreparedHost, out: HostOutcome) -> tuple[list[Any], facts_mod.Facts]:
-    """Facts (one round trip, as the deploy's user: the release state comes with them) and the
-    preflight's verdict for each service; the plans it made and the facts."""
-    found = facts_mod.gather(run.remote, root=run.root, model_paths=[p.service.model_path for p in ready.services],
-                             sudo=True)
-    if found.probe_version is None:  # nothing ran (sudo refused, no shell): no checks to judge
-        raise RemoteError(f"host {run.host}: the host probe did not run: {found.errors[0] if found.errors else '?'}")
-    plans: list[Any] = []
-    bad: list[str] = []
-    warns = 0
-    for p in ready.services:
-        plan, plan_error = preflight.plan_for(p.service, found, run.host_settings)
-        checks = preflight.run_checks(run.host, p.service, found, plan, p.image, plan_error=plan_error,
-                                      settings=run.host_settings)
-        plans.append(plan)
-        out.preflight.append({"service": p.service.name, "ok": preflight.ok(checks),
-                              "checks": [c.to_dict() for c in checks]})
-        for c in checks:
-            if c.status == "fail":
-                bad.append(f"{p.service.name}: {c.id}: {c.message}" + (f" (fix: {c.fix})" if c.fix else ""))
-            warns += c.status == "warn"
-    if bad:
-        raise Refusal(Result.REFUSED, "preflight failed: " + "; ".join(bad))
-    run.log(f"preflight passed ({warns} warning{'s' if warns != 1 else ''})")
-    return plans, found
-
-
 def run_deploy(run: HostRun, ready: PreparedHost, out: HostOutcome, options: DeployOptions,
-               plans: list[Any] | None = None) -> None:
+               plans: Sequence[Plan | None] | None = None) -> None:
     """The deploy after connecting. ``plans`` (one per service) skips the facts and preflight."""
     found = None
     if plans is None:
         with run.stage("probe + preflight"):
-            plans, found = _preflight(run, ready, out)
+            plans, found = pipeline.gather_and_preflight(run, ready, out)
     # the probe read the release state in its round trip; a separate read only when it was cut short
     if found is not None and found.releases_read:
         states = found.releases
@@ -167,56 +106,32 @@ def run_deploy(run: HostRun, ready: PreparedHost, out: HostOutcome, options: Dep
         with run.stage("release state"):
             states = run.read_state()
     with run.stage("render + decide"):
-        items = _decide(run, ready, plans, states)
-    for it in items:
-        out.releases[it.name] = it.step.release_id
-        out.changes.extend(f"{it.name}: {c}" for c in it.step.changes)
+        items = pipeline.render_and_decide(run, ready, plans, states)
+    slot = pipeline.Slot(run, out, items=items)
 
-    if options.diff:
-        with run.stage("diff"):
-            _diff(run, items, out)
-    todo = [it for it in items if it.step.action != Action.UNCHANGED]
-    if options.check or options.diff:
-        out.result = Result.CHECK
-        out.reason = f"{len(todo)} of {len(items)} service(s) would change" if todo else "no change"
-        return
-    if not todo:
-        out.result = Result.UNCHANGED
-        out.reason = "nothing to do: every service runs its current, healthy release"
+    def switch() -> None:
+        todo = [it for it in items if it.step.action != Action.UNCHANGED]
+        _fleet_gates(run, ready, todo, states)
         for it in items:
-            _unchanged(run, it, out)
-        return
+            if it.step.action == Action.UNCHANGED:
+                pipeline.record_unchanged(run, it, out)
+                continue
+            so = _switch_and_check(run, it)
+            out.services[it.name] = so
+            if it.health is not None:
+                out.health[it.name] = it.health.to_dict()
+            if so.result != Result.DEPLOYED:
+                out.result, out.reason = so.result, so.reason
+                out.releases[it.name] = so.current or (it.state.current if it.state else None) or so.release or ""
+                return
+        out.result = Result.DEPLOYED
+        out.reason = "; ".join(f"{it.name} on {it.step.release_id}" for it in todo)
+        _remember_speeds(run, ready, pipeline.prune_after(run, states, todo))
 
-    # the lock, then every image the new releases need (while the old ones still serve): one round trip
-    pulling = [it for it in todo if it.step.pulls]
-    for it in pulling:
-        run.log(f"{it.name}: pull {it.prepared.image.pull_ref}")
-    pulled = run.lock("deploy", [store.pull_script(it.prepared.image.pull_ref) for it in pulling],
-                      name="lock + pull" if pulling else "lock",
-                      timeout=60 + run.settings.pull_timeout * len(pulling) if pulling else None)
-    for it, res in zip(pulling, pulled, strict=True):
-        _pulled(run, it, res)
-    _fleet_gates(run, ready, todo, states)
-    for it in items:
-        if it.step.action == Action.UNCHANGED:
-            _unchanged(run, it, out)
-            continue
-        so = _switch_and_check(run, it)
-        out.services[it.name] = so
-        if it.health is not None:
-            out.health[it.name] = it.health
-        if so.result != Result.DEPLOYED:
-            out.result, out.reason = so.result, so.reason
-            out.releases[it.name] = so.current or (it.state.current if it.state else None) or so.release or ""
-            return
-    out.result = Result.DEPLOYED
-    out.reason = "; ".join(f"{it.name} on {it.step.release_id}" for it in todo)
-    after = decide.state_after(states, {it.name: (it.step.release_id, it.manifest, it.health) for it in todo})
-    _prune(run, decide.prune_plan(after, run.host_settings.keep_releases))
-    _remember_speeds(run, ready, after)
+    pipeline.deploy([slot], options, out, what="service", switch=switch)
 
 
-def _fleet_gates(run: HostRun, ready: PreparedHost, todo: list[_Item], states: dict[str, store.ServiceState]) -> None:
+def _fleet_gates(run: HostRun, ready: PreparedHost, todo: list[Item], states: dict[str, store.ServiceState]) -> None:
     """The fleet's own floor for each release to check: earlier healthy runs of the same card,
     engine, image, model, quant and context class, on this host (the state just read) and on the
     hosts this machine read before (``speed_cache``). Best effort: no history, no gate."""
@@ -240,61 +155,11 @@ def _remember_speeds(run: HostRun, ready: PreparedHost, after: dict[str, store.S
     speed_cache.remember_hosts({run.host: after}, [run.host] if speed_cache.is_lab(ready.host) else [])
 
 
-def _decide(run: HostRun, ready: PreparedHost, plans: list[Any], states: dict[str, store.ServiceState]) -> list[_Item]:
-    """Render each service and decide what to do with it."""
-    items: list[_Item] = []
-    # roles and templates: the inventory's and the configuration's overrides, then the packaged ones
-    search = search_paths(ready.host.vars if ready.host else None,
-                          ready.inventory.path if ready.inventory else None, run.settings.search_config)
-    for p, plan in zip(ready.services, plans, strict=True):
-        rendered = render(p.service, ready.settings, p.image, plan, api_key=p.api_key, **search)
-        st = states.get(p.service.name)
-        items.append(_Item(p, summarize(plan), rendered, Paths(run.root, p.service.name), st,
-                           decide.decide_service(st, rendered, run.now())))
-    return items
-
-
-def _unchanged(run: HostRun, it: _Item, out: HostOutcome) -> None:
-    run.log(f"{it.name}: unchanged (release {it.step.release_id}, no restart)")
-    out.services[it.name] = ServiceOutcome(it.name, Result.UNCHANGED, it.step.release_id, it.step.release_id)
-    run.record(action="deploy", service=it.name, release_id=it.step.release_id, digest=it.prepared.image.digest,
-               result=Result.UNCHANGED)
-
-
-def _diff(run: HostRun, items: list[_Item], out: HostOutcome) -> None:
-    res = run.run(store.current_files_script(run.root, [it.name for it in items]))
-    cur_files, env_hash = store.parse_current_files(res.stdout)
-    for it in items:
-        old = cur_files.get(it.name, {})
-        for name, text in sorted(it.rendered.masked_files().items()):
-            d = unified_diff(old.get(name), text, name)
-            if name == ENV_FILE and it.name in env_hash:
-                new_hash = hashlib.sha256(it.rendered.files[ENV_FILE].encode()).hexdigest()
-                if new_hash != env_hash[it.name] and not d:
-                    d = f"--- current/{name}\n+++ new/{name}\n# secret values changed (masked)\n"
-            if d:
-                out.diffs[f"{it.name}/{name}"] = d
-
-
-def _pulled(run: HostRun, it: _Item, res: Any) -> None:
-    """Judge one pull step's answer (``store.pull_script``); a failure refuses, nothing changed."""
-    image = it.prepared.image
-    ref = image.pull_ref
-    if res is None:
-        raise Refusal(Result.FAILED, f"{it.name}: the pull of {ref} did not run; nothing was changed on the host")
-    if res.rc != 0:
-        raise Refusal(Result.FAILED, f"{it.name}: pull of {ref} failed: {short(res.stderr or res.stdout, 300)}; "
-                                     "nothing was changed on the host")
-    pulled, digests = store.parse_pull(res.stdout)
-    if image.pinned and not store.digest_verified(digests, image.digest):
-        raise Refusal(Result.FAILED, f"{it.name}: {ref} pulled but the engine reports digests {digests}, not "
-                                     f"{image.digest}; refusing to run it")
-    run.log(f"{it.name}: image {'pulled' if pulled else 'present'}, digest verified" if image.pinned
-            else f"{it.name}: image {'pulled' if pulled else 'present'} (UNPINNED)")
-
-
-def _switch_and_check(run: HostRun, it: _Item) -> ServiceOutcome:
-    step, paths, svc = it.step, it.paths, it.prepared.service
+def _switch_and_check(run: HostRun, it: Item) -> ServiceOutcome:
+    """Arm, switch and check one service of one host; commit (marked healthy in the last round trip)
+    or go back to its previous release."""
+    step, paths, svc, rendered = it.step, it.paths, it.prepared.service, it.rendered
+    assert rendered is not None  # a deploy renders every service
     rid, previous, digest = step.release_id, step.previous, it.prepared.image.digest
     switched = False
     token: str | None = None  # commit confirmed: the host reverts unless this is confirmed
@@ -304,16 +169,16 @@ def _switch_and_check(run: HostRun, it: _Item) -> ServiceOutcome:
         steps: dict[str, str] = {}
         stdin: bytes | None = None
         if step.action == Action.NEW:
-            it.manifest = Manifest.build(it.rendered, rid, host=run.host, who=run.who, when=run.now(),
+            it.manifest = Manifest.build(rendered, rid, host=run.host, who=run.who, when=run.now(),
                                          llmfleet_version=__version__, message=run.message)
-            files, modes = store.release_files(it.rendered, it.manifest)
+            files, modes = store.release_files(rendered, it.manifest)
             steps["upload"], stdin = store.upload_script(paths, rid), store.pack_release(files, modes)
         if step.switches:
             if step.arms_revert:
                 armed_token, steps["arm revert"] = run.arm_script(paths, svc, rid, previous, "deploy")
             steps["switch + restart"] = store.switch_script(paths, rid)
             steps["container start"] = store.unit_wait_script(paths)
-        results: dict[str, Any] = {}
+        results: dict[str, ssh.Result | None] = {}
         if steps:
             # the health check's HTTP client loads while this round trip waits on the host
             threading.Thread(target=importlib.import_module, args=("httpx",), daemon=True).start()
@@ -344,7 +209,7 @@ def _switch_and_check(run: HostRun, it: _Item) -> ServiceOutcome:
         else:
             switched = True  # verify: the release is current and running; only its health is unknown
         report = run.check_health(HealthTarget(svc, it.prepared.api_key, paths, rid, it.plan, started, it.fleet,
-                                               engine_args=tuple(it.rendered.engine_args)),
+                                               engine_args=tuple(rendered.engine_args)),
                                   f"release {rid}")
     except KeyboardInterrupt:
         if switched:
@@ -367,7 +232,7 @@ def _switch_and_check(run: HostRun, it: _Item) -> ServiceOutcome:
     if report is not None and report.ok and not run.confirm(paths, svc.name, token):
         failure, report = f"healthy, but the host timer reverted it first ({HOST_TIMER})", None
     if report is not None:
-        it.health = report.to_dict()
+        it.health = report
     if report is not None and report.ok:
         run.mark(paths, rid, report, now=False)
         run.log(f"{svc.name}: release {rid} healthy ({report.message})")
@@ -391,19 +256,6 @@ def _switch_and_check(run: HostRun, it: _Item) -> ServiceOutcome:
     return ServiceOutcome(svc.name, Result(back.result), rid, back.current, previous, reason)
 
 
-def _prune(run: HostRun, plan: decide.PrunePlan) -> None:
-    """Deletes what ``decide.prune_plan`` chose, in the final round trip."""
-    if plan.empty:
-        return
-    for name, ids in plan.releases.items():
-        run.defer(store.prune_script(Paths(run.root, name), ids))
-    if plan.images:
-        run.defer(store.image_remove_script(plan.images))
-    n = sum(len(v) for v in plan.releases.values())
-    run.log(f"pruning {n} old release(s) and {len(plan.images)} unused image(s); keeping "
-            f"{run.host_settings.keep_releases} per service")
-
-
 # ---------------------------------------------------------------------------------------------
 # rollback
 
@@ -414,7 +266,7 @@ def rollback_host(
     *,
     service: str | None = None,
     to: str | None = None,
-    config: Settings | dict[str, Any] | None = None,
+    config: Settings | dict[str, object] | None = None,
     options: DeployOptions,
     log: Log,
 ) -> HostOutcome:
@@ -434,9 +286,10 @@ def rollback_host(
         raise UsageError(f"host {host_name}: service {service} spans hosts: roll back all of them together "
                          "(`invoke rollback --host` its head or a worker)")
     out = HostOutcome(host=host_name, result=Result.FAILED)
-    run_on_host(host, host_settings, out, "rollback", settings=settings, log=log, who=options.who,
-                message=options.message, accept_new_host_keys=options.accept_new_host_keys,
-                body=lambda run: run_rollback(run, service, to, out))
+    pipeline.run_hosts([(host, host_settings, out)], "rollback",
+                       lambda slots: run_rollback(slots[host_name].run, service, to, out),
+                       settings=settings, log=log, who=options.who, message=options.message,
+                       accept_new_host_keys=options.accept_new_host_keys)
     if out.result == Result.FAILED and not out.reason:
         out.reason = "rollback failed"
     return out
@@ -491,15 +344,16 @@ def run_rollback(run: HostRun, service: str | None, to: str | None, out: HostOut
             back = run.go_back(paths, inv_services[step.service], keys.get(step.service), step.previous, st)
         else:
             back = GoBack(GoBack.NOTHING, None)
+        still = back.release == step.previous
         out.result = Result.FAILED
         out.reason = (f"ROLLBACK FAILED: {step.service}: release {step.target} is unhealthy: {report.message}; "
-                      f"engine log: {logs or '(empty)'}; {back.sentence(still=True)}")
+                      f"engine log: {logs or '(empty)'}; {back.sentence(still=still)}")
         out.releases[step.service] = back.current or ""
         out.services[step.service] = ServiceOutcome(step.service, Result.FAILED, step.target, back.current,
                                                     step.previous, out.reason)
         run.log(out.reason)
         run.record(action="rollback", service=step.service, release_id=step.target, digest=step.manifest.digest,
-                   result=Result.FAILED, detail=f"{report.message}; {back.sentence(still=True)}")
+                   result=Result.FAILED, detail=f"{report.message}; {back.sentence(still=still)}")
         return
     out.result = Result.ROLLED_BACK
     out.reason = "; ".join(out.changes)

@@ -1,5 +1,5 @@
 """The shell around one host's run: its connection, the steps' remote calls, the lock, the audit
-lines and the last round trip.
+lines and the last round trip. ``llmfleet.release.pipeline`` drives a set of them through the stages.
 
 ``HostRun`` sends only what ``llmfleet.release.store`` builds and reads answers only through its
 parsers; what to do comes from ``llmfleet.release.decide``. The health check, the clock, the lock
@@ -28,7 +28,7 @@ from llmfleet.inventory.ansible import Host
 from llmfleet.inventory.services import HostSettings, Service
 from llmfleet.knowledge.planner import PlanSummary
 from llmfleet.release import audit, decide, early, store
-from llmfleet.release.decide import GoBack, HostOutcome, Refusal, Result
+from llmfleet.release.decide import GoBack, Refusal, Result
 from llmfleet.release.manifest import Manifest
 from llmfleet.release.store import Paths
 from llmfleet.settings import Settings
@@ -218,7 +218,7 @@ class HostRun:
         self.lock_token: str | None = None
         self.clock = clock
         self.t0 = clock() if t0 is None else t0
-        self.timeline: list[dict[str, Any]] = []
+        self.timeline: list[decide.StageTime] = []
 
     # -- timeline (``deploy --timeline``) ---------------------------------------------------------
 
@@ -478,41 +478,6 @@ def connect(host: Host, settings: Settings, accept_new_host_keys: bool) -> Any:
         raise Refusal(Result.REFUSED, str(exc)) from None
     except RemoteError as exc:
         raise Refusal(Result.FAILED, str(exc)) from None
-
-
-def run_on_host(host: Host, host_settings: HostSettings, out: HostOutcome, action: str, *, settings: Settings,
-                log: Log, body: Callable[[HostRun], None], who: str | None = None, message: str = "",
-                check: bool = False, accept_new_host_keys: bool = False, t0: float | None = None) -> None:
-    """Connect, run ``body``, and always: turn a refusal into the outcome, write the audit (not for
-    ``check``), unlock, close. The outcome's ``round_trips``, ``duration_s`` and ``timeline`` are filled
-    in (``t0``: when the caller began, for the stages it timed itself)."""
-    t0 = time.monotonic() if t0 is None else t0
-    run = HostRun(host.name, host_settings, None, settings=settings, log=log, who=who, message=message, t0=t0)
-    run.timeline = list(out.timeline)
-    try:
-        with run.stage("connect"):
-            run.remote = connect(host, settings, accept_new_host_keys)
-        body(run)
-    except Refusal as exc:
-        out.result, out.reason = Result(exc.result), exc.reason
-    except RemoteError as exc:
-        out.result, out.reason = Result.FAILED, str(exc)
-    finally:
-        if out.result in {Result.REFUSED, Result.FAILED} and not run.audit and not check:
-            run.record(action=action, service=None, release_id=None, digest=None, result=out.result,
-                       detail=out.reason)
-        try:
-            with run.stage("final (marks, prune, audit, unlock)"):
-                run.finish(write_audit=not check)
-        finally:
-            out.round_trips = getattr(run.remote, "round_trips", 0) or 0
-            out.timeline = run.timeline
-            if run.remote is not None:
-                try:
-                    run.remote.close()
-                except Exception:  # noqa: BLE001,S110 - closing a dead connection must not hide the outcome
-                    pass
-            out.duration_s = round(time.monotonic() - t0, 3)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -25,8 +25,10 @@ A service with ``workers:`` (``llmfleet.release.cluster`` says what each host ru
    on its release (its workers' old containers are gone);
 7. last round trip per host: health marks, prune, audit lines, unlock.
 
-Per-host steps are the single-host deploy's (``executor.HostRun``: lock, pull, upload, switch, arm/confirm
-on the head, go back, audit, final round trip); this module only orders them across hosts.
+Steps 2 (connect), 3's diff and check, 4 and 7 are ``pipeline``'s stages, the same as a single host's;
+the decisions across hosts (lock order, workers first, what a worker change means for the head, when a
+head that never switched is restarted going back, the set's result) are ``decide``'s. This module is
+the gather (2-3) and the switch (5-6) of a head and its workers.
 """
 
 from __future__ import annotations
@@ -41,21 +43,14 @@ from llmfleet.errors import LlmfleetError, RemoteError, UsageError
 from llmfleet.images import lock as images
 from llmfleet.inventory.ansible import Host, Inventory, load_inventory, settings_for
 from llmfleet.inventory.services import HostSettings, Service, resolve_workers
-from llmfleet.knowledge.planner import summarize
+from llmfleet.knowledge.planner import Plan, summarize
 from llmfleet.release import cluster as C
-from llmfleet.release import decide, health, store
+from llmfleet.release import decide, health, pipeline, store
 from llmfleet.release.decide import Action, GoBack, HostOutcome, Refusal, Result, ServiceOutcome, ServiceStep
-from llmfleet.release.deploy import (
-    DeployOptions,
-    Prepared,
-    PreparedHost,
-    _diff,
-    _Item,
-    _pulled,
-    apply_overrides,
-)
-from llmfleet.release.executor import HealthTarget, HostRun, Log, connect, http_health, short
+from llmfleet.release.executor import HealthFn, HealthTarget, HostRun, Log, connect, http_health, short
 from llmfleet.release.manifest import Manifest
+from llmfleet.release.pipeline import Connector, HostSlot, Item
+from llmfleet.release.prepare import DeployOptions, Prepared, PreparedHost, apply_overrides
 from llmfleet.release.render import load_role, render, search_paths
 from llmfleet.release.secret import resolve_secret
 from llmfleet.release.store import Paths
@@ -138,7 +133,7 @@ def prepare_service(inventory: Inventory | str, head: str, service: str, setting
     names = workers_of(inv, head, svc)
     role = load_role(svc.engine)
     port = C.cluster_port(svc, role)
-    if role.cluster.get("kind") == "rpc":  # before any SSH: an image known to lack rpc-server
+    if checks_rpc_image(str(role.cluster.get("kind"))):  # before any SSH: an image known to lack rpc-server
         problem = C.rpc_image_problem(svc)
         if problem:
             where_file = host.sources.get("llmfleet_services", str(inv.path))
@@ -203,15 +198,15 @@ class ServiceRun:
     result: Result
     reason: str = ""
     hosts: dict[str, HostOutcome] = field(default_factory=dict)  # host -> its outcome (workers and head)
-    cluster: dict[str, Any] | None = None
-    joined: dict[str, Any] = field(default_factory=dict)
+    cluster: dict[str, object] | None = None
+    joined: dict[str, object] = field(default_factory=dict)  # the join check's evidence
     duration_s: float = 0.0
 
     @property
     def ok(self) -> bool:
         return self.result in decide.OK_RESULTS
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         d = asdict(self)
         d["hosts"] = {k: v.to_dict() for k, v in self.hosts.items()}
         return d
@@ -244,7 +239,7 @@ def release_endpoint(state: store.ServiceState | None, release_id: str | None, h
 
 
 def worker_health(member: C.Member, port: int, kind: str,
-                  others: dict[str, tuple[str, int]] | None = None) -> Callable[[HostRun, HealthTarget], health.HealthReport]:
+                  others: dict[str, tuple[str, int]] | None = None) -> HealthFn:
     """A worker's start check; ``others``: the endpoint of another release (the previous one, when going
     back) by release id: it listens where its own render put it, which a deploy may have changed."""
     def check(run: HostRun, target: HealthTarget) -> health.HealthReport:
@@ -274,63 +269,58 @@ def _worker_check(run: HostRun, target: HealthTarget, member: C.Member, port: in
 
 
 # ---------------------------------------------------------------------------------------------
-# deploy
+# Engine differences, each in one place (cluster kind "rpc": llama.cpp's rpc-server; "ray": vLLM over Ray)
 
 
-@dataclass
-class _Host:
-    name: str
-    run: HostRun
-    out: HostOutcome
-    is_head: bool
-    item: _Item | None = None
-    member: C.Member | None = None
-    token: str | None = None
-    switched: bool = False
+def checks_rpc_image(kind: str) -> bool:
+    """The image must ship rpc-server (llama.cpp), checked before any SSH."""
+    return kind == "rpc"
 
 
-def deploy_service(inventory: Inventory | str, head: str, service: str, *, config: Settings | dict[str, Any] | None = None,
-                   options: DeployOptions, log: Log, prepared: PreparedService | None = None,
-                   head_health: Callable[[HostRun, HealthTarget], health.HealthReport] = http_health,
-                   connector: Callable[[Host, Settings, bool], Any] = connect) -> ServiceRun:
+def workers_read_model(kind: str) -> bool:
+    """Each worker loads its share of the model from the same path (Ray), so its facts check that path."""
+    return kind == "ray"
+
+
+def _join_check(kind: str) -> Callable[[HostSlot, C.Cluster, dict[str, HostSlot]], tuple[bool, str, dict[str, object]]]:
+    return _joined_rpc if kind == "rpc" else _joined_ray
+
+
+# ---------------------------------------------------------------------------------------------
+# deploy: pipeline's stages, with this module's gather (every host's facts, the cluster preflight,
+# each host's render) and switch (workers first, then the head, one verdict, every host back together)
+
+
+def deploy_service(inventory: Inventory | str, head: str, service: str, *,
+                   config: Settings | dict[str, object] | None = None, options: DeployOptions, log: Log,
+                   prepared: PreparedService | None = None, head_health: HealthFn = http_health,
+                   connector: Connector = connect) -> ServiceRun:
     """Deploy one multi-host service (see the module docstring). Never raises for host trouble:
     the result says what happened on every host; a usage error (bad inventory) raises before SSH."""
     settings = Settings.of(config)
     ready = prepared or prepare_service(inventory, head, service, settings, options)
     t0 = time.monotonic()
     res = ServiceRun(service=service, head=head, result=Result.FAILED)
-    order = sorted(ready.names)
-    hosts: dict[str, _Host] = {}
-    hsets = {ready.head.host.name: (ready.head.host, ready.head.settings)}
-    hsets |= {w.host.name: (w.host, w.settings) for w in ready.workers}
-    try:
-        for name in order:
-            h, s = hsets[name]
-            out = HostOutcome(host=name, result=Result.FAILED)
-            run = HostRun(name, s, None, settings=settings, log=lambda line, n=name: log(f"{n}: {line}"),
-                          who=options.who, message=options.message)
-            hosts[name] = _Host(name, run, out, name == head)
-            run.remote = connector(h, settings, options.accept_new_host_keys)
-        _deploy(ready, hosts, res, options, head_health)
-    except Refusal as exc:
-        res.result, res.reason = Result(exc.result), exc.reason
-    except RemoteError as exc:
-        res.result, res.reason = Result.FAILED, str(exc)
-    finally:
-        _finish_hosts(hosts, order, res, service, "deploy", audit=not options.check)
-        for hh in hosts.values():
-            if hh.out.result == Result.FAILED and res.result != Result.FAILED:
-                hh.out.result = res.result
-            res.hosts[hh.name] = hh.out
-        res.duration_s = round(time.monotonic() - t0, 3)
+    targets = [(ready.head.host, ready.head.settings, HostOutcome(host=head, result=Result.FAILED))]
+    targets += [(w.host, w.settings, HostOutcome(host=w.host.name, result=Result.FAILED)) for w in ready.workers]
+    slots = pipeline.run_hosts(targets, "deploy", lambda s: _deploy(ready, s, res, options, head_health),
+                               settings=settings, log=log, verdict=res, who=options.who, message=options.message,
+                               check=options.check, accept_new_host_keys=options.accept_new_host_keys,
+                               service=service, head=head, prefix_log=True, connector=connector,
+                               make_run=HostRun)
+    for slot in slots.values():
+        if slot.out.result == Result.FAILED and res.result != Result.FAILED:
+            slot.out.result = res.result
+        res.hosts[slot.name] = slot.out
+    res.duration_s = round(time.monotonic() - t0, 3)
     return res
 
 
-def _members(ready: PreparedService, hosts: dict[str, _Host]) -> tuple[C.Member, list[C.Member]]:
+def _members(ready: PreparedService, slots: dict[str, HostSlot]) -> tuple[C.Member, list[C.Member]]:
     def member(name: str, s: HostSettings) -> C.Member:
         found = None
         if s.cluster_address is None and s.cluster_interface:
-            found = C.parse_address(hosts[name].run.run(C.address_script(s.cluster_interface), timeout=30).stdout)
+            found = C.parse_address(slots[name].run.run(C.address_script(s.cluster_interface), timeout=30).stdout)
         try:
             return C.member_for(name, s, found)
         except UsageError as exc:
@@ -340,21 +330,22 @@ def _members(ready: PreparedService, hosts: dict[str, _Host]) -> tuple[C.Member,
     return head, [member(w.host.name, w.settings) for w in ready.workers]
 
 
-def _cluster_preflight(ready: PreparedService, hosts: dict[str, _Host], head_run: HostRun,
-                       cluster: C.Cluster) -> list[Any]:
+def _cluster_preflight(ready: PreparedService, slots: dict[str, HostSlot], head_run: HostRun,
+                       cluster: C.Cluster) -> list[Plan | None]:
     """Facts on every host of the service (one round trip each); the head's preflight with the plan over
     all hosts (``preflight.plan_for(hosts=...)``); then the rules over every host
     (``preflight.check_service_hosts``: GPU count, identical cards, drivers, heads, network)."""
     from llmfleet.host import facts as facts_mod
     from llmfleet.knowledge import preflight
+    from llmfleet.knowledge.facts import Facts
 
     svc, prep = ready.service, ready.head.services[0]
     head_name = ready.head.host.name
-    out = hosts[head_name].out
-    found: dict[str, Any] = {}
-    for name in sorted(hosts):  # workers of a Ray cluster load their share of the model from the same path
-        paths = [svc.model_path] if name == head_name or cluster.kind == "ray" else []
-        found[name] = facts_mod.gather(hosts[name].run.remote, root=hosts[name].run.root, model_paths=paths)
+    out = slots[head_name].out
+    found: dict[str, Facts] = {}
+    for name in sorted(slots):
+        paths = [svc.model_path] if name == head_name or workers_read_model(cluster.kind) else []
+        found[name] = facts_mod.gather(slots[name].run.remote, root=slots[name].run.root, model_paths=paths)
     speeds = [s.network_gbps for s in [ready.head.settings, *(w.settings for w in ready.workers)] if s.network_gbps]
     slowest = min(speeds) if speeds else None
     plan, plan_error = preflight.plan_for(svc, found[head_name], ready.head.settings, hosts=cluster.size)
@@ -372,110 +363,79 @@ def _cluster_preflight(ready: PreparedService, hosts: dict[str, _Host], head_run
     return [plan]
 
 
-def _deploy(ready: PreparedService, hosts: dict[str, _Host], res: ServiceRun, options: DeployOptions,
-            head_health: Callable[[HostRun, HealthTarget], health.HealthReport]) -> None:
+def _deploy(ready: PreparedService, slots: dict[str, HostSlot], res: ServiceRun, options: DeployOptions,
+            head_health: HealthFn) -> None:
     svc = ready.service
     prep = ready.head.services[0]
-    hh = hosts[ready.head.host.name]
+    hh = slots[ready.head.host.name]
     role = load_role(svc.engine)
-    head_member, worker_members = _members(ready, hosts)
+    # gather + preflight
+    head_member, worker_members = _members(ready, slots)
     cluster = C.make_cluster(svc, role, head_member, worker_members)
     res.cluster = cluster.to_dict()
     hh.member = head_member
-    plans = _cluster_preflight(ready, hosts, hh.run, cluster)
-    plan = plans[0]
+    plan = _cluster_preflight(ready, slots, hh.run, cluster)[0]
 
+    # render + decide
     search = search_paths(ready.head.host.vars, str(ready.inventory.path), hh.run.settings.search_config)
     overlay = C.head_overlay(svc, role, cluster, [str(a) for a in (getattr(plan, "engine_args", None) or [])])
     rendered = {hh.name: render(svc, ready.head.settings, prep.image, plan, api_key=prep.api_key, head=overlay,
-                                **search)}
+                                roles_dir=search["roles_dir"], templates_dir=search["templates_dir"])}
     hh.run.health_fn = head_health  # its own check, and going back should anything fail before it
-    workers: list[_Host] = []
+    workers: list[HostSlot] = []
     for w, m in zip(ready.workers, worker_members, strict=True):
-        wh = hosts[w.host.name]
+        wh = slots[w.host.name]
         wh.member = m
         wh.run.health_fn = worker_health(m, cluster.port, cluster.kind)
         wsearch = search_paths(w.host.vars, str(ready.inventory.path), wh.run.settings.search_config)
         rendered[wh.name] = C.render_worker(svc, w.settings, w.image, cluster, m, **wsearch)
         workers.append(wh)
-
-    images_by_host = {hh.name: prep.image} | {hosts[w.host.name].name: w.image for w in ready.workers}
-    for name, h in hosts.items():
+    images_by_host = {hh.name: prep.image} | {w.host.name: w.image for w in ready.workers}
+    for name, h in slots.items():
         st = h.run.read_state().get(svc.name)
-        r = rendered[name]
         p = Prepared(svc, prep.api_key if h.is_head else None, images_by_host[name])
-        h.item = _Item(p, summarize(plan) if h.is_head else None, r, Paths(h.run.root, svc.name), st,
-                       decide.decide_service(st, r, h.run.now()))
-        back_to = release_endpoint(st, h.item.step.previous, name) if not h.is_head and h.member else None
-        if back_to is not None and h.item.step.previous:
-            assert h.member is not None
-            h.run.health_fn = worker_health(h.member, cluster.port, cluster.kind, {h.item.step.previous: back_to})
-        h.out.releases[svc.name] = h.item.step.release_id
-        h.out.changes.extend(f"{svc.name}: {c}" for c in h.item.step.changes)
+        h.items = [pipeline.item_for(h.run, p, summarize(plan) if h.is_head else None, rendered[name], st)]
+        previous = h.item.step.previous
+        back_to = release_endpoint(st, previous, name) if not h.is_head and h.member else None
+        if back_to is not None and previous and h.member is not None:
+            h.run.health_fn = worker_health(h.member, cluster.port, cluster.kind, {previous: back_to})
+    hh.item.step = decide.head_step(hh.item.step, [w.item.step for w in workers])
 
-    changed_workers = [w for w in workers if w.item and w.item.step.action != Action.UNCHANGED]
-    assert hh.item is not None
-    if changed_workers and hh.item.step.action == Action.UNCHANGED:
-        # the head's RPC connections / Ray membership end with the workers' old containers: restart it
-        st = hh.item.step
-        hh.item.step = ServiceStep(st.service, Action.RESTART, st.release_id, st.release_id,
-                                   ("restart: its workers change",))
-        hh.out.changes.append(f"{svc.name}: restart: its workers change")
+    def switch() -> None:
+        failure, report = _switch_all(slots, workers, hh, svc, svc, cluster, res, "deploy")
+        if failure is None:
+            _commit(slots, svc, res, report, "deploy")
+            res.result = Result.DEPLOYED
+            res.reason = "; ".join(f"{h.name} on {h.item.step.release_id}" for h in [*workers, hh])
+            return
+        _roll_back_all(slots, workers, hh, svc, failure, res)
 
-    if options.diff:
-        for h in hosts.values():
-            assert h.item is not None
-            _diff(h.run, [h.item], h.out)
-    todo = [h for h in hosts.values() if h.item and h.item.step.action != Action.UNCHANGED]
-    if options.check or options.diff:
-        res.result = Result.CHECK
-        res.reason = (f"{len(todo)} of {len(hosts)} host(s) would change" if todo else "no change")
-        for h in hosts.values():
-            h.out.result = Result.CHECK
-        return
-    if not todo:
-        res.result, res.reason = Result.UNCHANGED, "every host runs its current, healthy release"
-        for h in hosts.values():
-            h.out.result = Result.UNCHANGED
-            h.out.services[svc.name] = ServiceOutcome(svc.name, Result.UNCHANGED, h.out.releases[svc.name],
-                                                      h.out.releases[svc.name])
-        return
+    pipeline.deploy([slots[n] for n in decide.switch_order(hh.name, [w.name for w in workers])], options, res,
+                    what="host", switch=switch)
 
-    for name in sorted(hosts):  # the fixed order; each host's pull in its lock's round trip, as a single host's
-        h = hosts[name]
-        assert h.item is not None
-        pulls = [store.pull_script(h.item.prepared.image.pull_ref)] if h.item.step.pulls else []
-        if pulls:
-            h.run.log(f"{svc.name}: pull {h.item.prepared.image.pull_ref}")
-        answers = h.run.lock("deploy", pulls, name="lock + pull" if pulls else "lock",
-                             timeout=60 + h.run.settings.pull_timeout if pulls else None)
-        for answer in answers:
-            _pulled(h.run, h.item, answer)
 
-    failure: str | None = None
-    report = None
+def _switch_all(slots: dict[str, HostSlot], workers: list[HostSlot], hh: HostSlot, svc: Service, head_svc: Service,
+                cluster: C.Cluster, res: ServiceRun, action: str) -> tuple[str | None, health.HealthReport | None]:
+    """Arm every host, switch the workers, reach them from the head, switch and check the head, check the
+    join, confirm every host: (the failure's reason or None, the head's health report). Ctrl-C puts
+    every host back before it is raised again."""
     try:
-        failure = _arm_all(workers, hh, svc)
+        failure = _arm_all(workers, hh, svc, action=action)
         for w in workers:
             if failure:
                 break
             failure = _switch(w, svc)
-        if failure is None and changed_workers:
+        if failure is None and any(w.item.step.action != Action.UNCHANGED for w in workers):
             failure = _reach_workers(hh, cluster)  # from the head, before it switches
         if failure is None:
-            failure, report = _switch_head(hh, svc, cluster, head_health, res, hosts)
+            return _switch_head(hh, head_svc, cluster, res, slots)
+        return failure, None
     except KeyboardInterrupt:  # Ctrl-C mid-switch: every host back before exiting, as a single-host deploy
-        _roll_back_all(hosts, workers, hh, svc, "interrupted", res)
+        _roll_back_all(slots, workers, hh, svc, "interrupted", res, action=action)
         raise
-    if failure is None:
-        _commit(hosts, svc, res, report)
-        res.result = Result.DEPLOYED
-        res.reason = "; ".join(f"{h.name} on {h.item.step.release_id}" for h in [*workers, hh] if h.item)
-        return
-    _roll_back_all(hosts, workers, hh, svc, failure, res)
 
 
-def _arm_all(workers: list[_Host], hh: _Host, svc: Service, action: str = "deploy") -> str | None:
+def _arm_all(workers: list[HostSlot], hh: HostSlot, svc: Service, action: str = "deploy") -> str | None:
     """Upload each host's new release and arm its host timer, every host before the first switch:
     workers in their order, the head last (``confirm.cluster_timeouts``: its timer fires after every
     worker's, and it restarts the head even when the head's switch was never made, so that a head left
@@ -484,11 +444,11 @@ def _arm_all(workers: list[_Host], hh: _Host, svc: Service, action: str = "deplo
 
     budgets = confirm.cluster_timeouts(svc, hh.name, {h.name: h.run.host_settings for h in [*workers, hh]})
     for h in [*workers, hh]:
-        assert h.item is not None
         it, run = h.item, h.run
         step = it.step
         try:
             if step.action == Action.NEW:
+                assert it.rendered is not None
                 it.manifest = Manifest.build(it.rendered, step.release_id, host=run.host, who=run.who,
                                              when=run.now(), llmfleet_version=__version__, message=run.message)
                 files, modes = store.release_files(it.rendered, it.manifest)
@@ -506,7 +466,7 @@ def _arm_all(workers: list[_Host], hh: _Host, svc: Service, action: str = "deplo
     return None
 
 
-def _reach_workers(hh: _Host, cluster: C.Cluster) -> str | None:
+def _reach_workers(hh: HostSlot, cluster: C.Cluster) -> str | None:
     """From the head, once the workers run their new release and before the head switches: a bounded
     TCP connect to every worker endpoint (``cluster.reach_script``, one round trip); a failure's reason
     (nothing switched on the head: it is armed, and going back disarms it). Nothing to check when the
@@ -529,9 +489,8 @@ def _reach_workers(hh: _Host, cluster: C.Cluster) -> str | None:
     return failure
 
 
-def _switch(h: _Host, svc: Service) -> str | None:
+def _switch(h: HostSlot, svc: Service) -> str | None:
     """Switch one host's uploaded, armed release (a worker, or the head before its checks); a failure's reason."""
-    assert h.item is not None
     it, run = h.item, h.run
     step = it.step
     try:
@@ -544,7 +503,7 @@ def _switch(h: _Host, svc: Service) -> str | None:
         if not h.is_head:
             rep = run.check_health(HealthTarget(svc, None, it.paths, step.release_id, None), f"worker release "
                                                                                              f"{step.release_id}")
-            it.health = rep.to_dict()
+            it.health = rep
             if not rep.ok:
                 return f"{h.name}: worker release {step.release_id} is not up: {rep.message}"
             run.log(f"{svc.name}: worker up ({rep.message})")
@@ -553,62 +512,60 @@ def _switch(h: _Host, svc: Service) -> str | None:
     return None
 
 
-def _joined(hh: _Host, cluster: C.Cluster, hosts: dict[str, _Host]) -> tuple[bool, dict[str, Any]]:
-    """Every worker joined? llama.cpp: the head's log names its RPC device, or the worker holds an
-    established connection from the head's address; vLLM: Ray's live node count."""
-    assert hh.item is not None
-    paths = hh.item.paths
-    if cluster.kind == "rpc":
-        devices = C.rpc_devices(hh.run.run(C.rpc_log_script(paths), timeout=30).stdout)
-        peers: dict[str, list[str]] = {}
-        for w in cluster.workers:
-            peers[w.host] = C.parse_rpc_peers(hosts[w.host].run.run(C.rpc_peers_script(cluster.port),
-                                                                     timeout=30).stdout)
-        missing = [h for h in C.missing_rpc_workers(cluster, devices) if cluster.head.address not in peers[h]]
-        return not missing, {"rpc_devices": devices, "rpc_peers": peers, "missing": missing}
+def _joined_rpc(hh: HostSlot, cluster: C.Cluster, slots: dict[str, HostSlot]) -> tuple[bool, str, dict[str, object]]:
+    """llama.cpp: the head's log names each worker's RPC device, or the worker holds an established
+    connection from the head's address."""
+    devices = C.rpc_devices(hh.run.run(C.rpc_log_script(hh.item.paths), timeout=30).stdout)
+    peers: dict[str, list[str]] = {}
+    for w in cluster.workers:
+        peers[w.host] = C.parse_rpc_peers(slots[w.host].run.run(C.rpc_peers_script(cluster.port), timeout=30).stdout)
+    missing = [h for h in C.missing_rpc_workers(cluster, devices) if cluster.head.address not in peers[h]]
+    return (not missing, f"missing RPC devices of {', '.join(missing)}",
+            {"rpc_devices": devices, "rpc_peers": peers, "missing": missing})
+
+
+def _joined_ray(hh: HostSlot, cluster: C.Cluster, slots: dict[str, HostSlot]) -> tuple[bool, str, dict[str, object]]:
+    """vLLM over Ray: Ray's live node count, asked in the head's container."""
     python = str(load_role("vllm").cluster.get("python", "python3"))
-    nodes = C.parse_ray_nodes(hh.run.run(C.ray_nodes_script(paths, python), timeout=60).stdout)
-    return nodes is not None and nodes >= cluster.size, {"ray_nodes": nodes, "want": cluster.size}
+    nodes = C.parse_ray_nodes(hh.run.run(C.ray_nodes_script(hh.item.paths, python), timeout=60).stdout)
+    return (nodes is not None and nodes >= cluster.size, f"Ray sees {nodes} live node(s), want {cluster.size}",
+            {"ray_nodes": nodes, "want": cluster.size})
 
 
-def _switch_head(hh: _Host, svc: Service, cluster: C.Cluster,
-                 head_health: Callable[[HostRun, HealthTarget], health.HealthReport],
-                 res: ServiceRun, hosts: dict[str, _Host]) -> tuple[str | None, health.HealthReport | None]:
-    assert hh.item is not None
+def _switch_head(hh: HostSlot, svc: Service, cluster: C.Cluster, res: ServiceRun,
+                 slots: dict[str, HostSlot]) -> tuple[str | None, health.HealthReport | None]:
     it = hh.item
     failure = _switch(hh, svc)
     if failure:
         return failure, None
     try:
         report = hh.run.check_health(HealthTarget(svc, it.prepared.api_key, it.paths, it.step.release_id, it.plan,
-                                                  engine_args=tuple(it.rendered.engine_args) if it.rendered else ()),
+                                                  engine_args=tuple(it.rendered.engine_args) if it.rendered else
+                                                  (it.manifest.engine_args if it.manifest else ())),
                                      f"release {it.step.release_id}")
     except RemoteError as exc:
         return f"{hh.name}: {exc}", None
-    it.health = report.to_dict()
-    hh.out.health[svc.name] = it.health
+    it.health = report
+    hh.out.health[svc.name] = report.to_dict()
     if not report.ok:
         return f"{hh.name}: release {it.step.release_id} failed: {report.message}", report
     try:
-        ok, detail = _joined(hh, cluster, hosts)
+        ok, shortfall, detail = _join_check(cluster.kind)(hh, cluster, slots)
     except RemoteError as exc:
         return f"{hh.name}: join check: {exc}", report
     res.joined = detail
     if not ok:
-        want = (f"missing RPC devices of {', '.join(detail['missing'])}" if cluster.kind == "rpc"
-                else f"Ray sees {detail['ray_nodes']} live node(s), want {cluster.size}")
-        return f"{hh.name}: healthy, but not every worker joined: {want}", report
+        return f"{hh.name}: healthy, but not every worker joined: {shortfall}", report
     hh.run.log(f"{svc.name}: every worker joined ({detail})")
-    return _confirm_all([hosts[w.host] for w in cluster.workers], hh, svc), report
+    return _confirm_all([slots[w.host] for w in cluster.workers], hh, svc), report
 
 
-def _confirm_all(workers: list[_Host], hh: _Host, svc: Service) -> str | None:
+def _confirm_all(workers: list[HostSlot], hh: HostSlot, svc: Service) -> str | None:
     """Confirm every armed host, in the order their timers fire (workers, then the head: the head's
     confirmation is the last one); each confirmation also starts that host's watchdog."""
     for h in [*workers, hh]:
         if h.token is None:
             continue
-        assert h.item is not None
         try:
             confirmed = h.run.confirm(h.item.paths, svc.name, h.token)
         except RemoteError as exc:
@@ -619,92 +576,55 @@ def _confirm_all(workers: list[_Host], hh: _Host, svc: Service) -> str | None:
     return None
 
 
-def _record_set(hosts: dict[str, _Host], svc: Service, head: str, action: str) -> None:
-    """The releases every host of the service now runs together, appended to each host's history
-    (``clusterset``), in the last round trip."""
+def _commit(slots: dict[str, HostSlot], svc: Service, res: ServiceRun, report: health.HealthReport | None, action: str) -> None:
+    """Every host healthy together: the set they now run appended to each host's history
+    (``clusterset``), each switched host marked healthy, audited, its outcome; a deploy prunes."""
     from llmfleet.release import clusterset
 
-    any_run = next(iter(hosts.values())).run
-    entry = clusterset.record(now=any_run.now(), action=action, head=head,
-                              releases={n: h.item.step.release_id for n, h in hosts.items() if h.item})
-    for h in hosts.values():
+    any_run = next(iter(slots.values())).run
+    entry = clusterset.record(now=any_run.now(), action=action, head=res.head,
+                              releases={n: h.item.step.release_id for n, h in slots.items()})
+    done = Result.DEPLOYED if action == "deploy" else Result.ROLLED_BACK
+    for h in slots.values():
         h.run.defer(clusterset.append_script(Paths(h.run.root, svc.name), entry))
-
-
-def _commit(hosts: dict[str, _Host], svc: Service, res: ServiceRun, report: health.HealthReport | None) -> None:
-    _record_set(hosts, svc, res.head, "deploy")
-    for h in hosts.values():
         it = h.item
-        assert it is not None
         rid = it.step.release_id
         rep = report if h.is_head else None
+        role = f"{'head' if h.is_head else 'worker'} of a multi-host service"
         if it.step.action != Action.UNCHANGED:
-            doc = (rep.to_dict() if rep else (it.health or {})) | {"release": rid, "joined": res.joined}
+            doc = (rep.to_dict() if rep else (it.health_doc or {})) | {"release": rid, "joined": res.joined}
             h.run.defer(store.mark_healthy_script(it.paths, rid, doc | {"time": h.run.now().isoformat(timespec="seconds"),
                                                                       "who": h.run.who}))
         extra = {"decode_tokps": rep.decode_tokps, "ttft_s": rep.ttft_s} if rep else {}
-        h.run.record(action="deploy", service=svc.name, release_id=rid, digest=it.prepared.image.digest,
-                     result=Result.DEPLOYED if it.step.action != Action.UNCHANGED else Result.UNCHANGED,
-                     detail=f"{'head' if h.is_head else 'worker'} of a multi-host service", **extra)
-        h.out.result = Result.DEPLOYED
-        h.out.services[svc.name] = ServiceOutcome(svc.name, Result.DEPLOYED, rid, rid, it.step.previous)
-        if it.step.action in (Action.NEW, Action.SWITCH) and it.state is not None:
-            after = decide.state_after({svc.name: it.state}, {svc.name: (rid, it.manifest, it.health)})
-            plan = decide.prune_plan(after, h.run.host_settings.keep_releases)
-            for name, ids in plan.releases.items():
-                h.run.defer(store.prune_script(Paths(h.run.root, name), ids))
-            if plan.images:
-                h.run.defer(store.image_remove_script(plan.images))
+        result = Result.UNCHANGED if action == "deploy" and it.step.action == Action.UNCHANGED else done
+        h.run.record(action=action, service=svc.name, release_id=rid, digest=it.prepared.image.digest, result=result,
+                     detail=role if action == "deploy" else f"from {it.step.previous} ({role})", **extra)
+        h.out.result = done
+        h.out.services[svc.name] = ServiceOutcome(svc.name, done, rid, rid, it.step.previous)
+        if action == "deploy" and it.step.action in (Action.NEW, Action.SWITCH) and it.state is not None:
+            pipeline.prune_after(h.run, {svc.name: it.state}, [it])
 
 
-def _finish_hosts(hosts: dict[str, _Host], order: list[str], res: ServiceRun, service: str, action: str, *,
-                  audit: bool) -> None:
-    """Every host's last round trip, in the fixed order (every lock taken is released): a refusal or
-    failure not yet audited gets its line (``audit``: not for --check), then marks, prune, audit, unlock;
-    the round trips counted and the connection closed whatever happened."""
-    for name in order:
-        hh = hosts.get(name)
-        if hh is None:
-            continue
-        if res.result in {Result.REFUSED, Result.FAILED} and not hh.run.audit and audit:
-            hh.run.record(action=action, service=service, release_id=None, digest=None, result=res.result,
-                          detail=res.reason)
-        try:
-            hh.run.finish(write_audit=audit)
-        finally:
-            hh.out.round_trips = getattr(hh.run.remote, "round_trips", 0) or 0
-            if hh.run.remote is not None:
-                try:
-                    hh.run.remote.close()
-                except Exception:  # noqa: BLE001,S110 - closing a dead connection must not hide the outcome
-                    pass
-
-
-def _roll_back_all(hosts: dict[str, _Host], workers: list[_Host], hh: _Host, svc: Service, failure: str,
+def _roll_back_all(slots: dict[str, HostSlot], workers: list[HostSlot], hh: HostSlot, svc: Service, failure: str,
                    res: ServiceRun, action: str = "deploy") -> None:
     """Every host of the service back to its previous release: workers first, then the head. Each
     host's timer is stopped just before it goes back (the ones not reached yet keep their timers);
     a host armed but never switched is only disarmed."""
-    assert hh.item is not None
     logs = hh.run.engine_log(hh.item.paths) if hh.switched else ""
     hh.run.log(f"{svc.name}: FAILED: {failure}")
     if logs:
         hh.run.log(f"{svc.name}: head engine log: {logs}")
     backs: dict[str, GoBack] = {}
-    # A head that did not switch still lost its workers' old containers (their RPC connections, their
-    # Ray membership): it is restarted on its own release once they are back, as a deploy that changes
-    # only the workers restarts it.
-    restart_head = (not hh.switched and any(w.switched for w in workers) and hh.item.step.previous is not None)
-    for h in [*workers, hh]:
+    restart_head = decide.restart_head_going_back(hh.switched, [w.switched for w in workers], hh.item.step.previous)
+    for h in [slots[n] for n in decide.switch_order(hh.name, [w.name for w in workers])]:
         it = h.item
-        assert it is not None
         h.run.disarm(it.paths, h.token)
         h.token = None
         if not h.switched and not (h is hh and restart_head):
             continue
-        if h.is_head and it.health is not None and it.health.get("result") == "unhealthy":
+        if h.is_head and it.health is not None and not it.health.ok:
             try:
-                h.run.run(store.mark_healthy_script(it.paths, it.step.release_id, it.health), timeout=30)
+                h.run.run(store.mark_healthy_script(it.paths, it.step.release_id, it.health.to_dict()), timeout=30)
             except LlmfleetError:
                 pass
         previous = it.step.previous  # the head restarted for its workers' sake: restarted again
@@ -717,13 +637,12 @@ def _roll_back_all(hosts: dict[str, _Host], workers: list[_Host], hh: _Host, svc
         h.out.services[svc.name] = ServiceOutcome(svc.name, Result(back.result), it.step.release_id, back.current,
                                                   previous, failure)
         h.out.releases[svc.name] = back.current or ""
-    healthy = all(b.kind == GoBack.HEALTHY for b in backs.values())
-    res.result = Result.ROLLED_BACK if healthy and backs else Result.FAILED
+    res.result = decide.cluster_result(list(backs.values()))
     where = ", ".join(f"{n}: {b.sentence()}" for n, b in backs.items()) or "nothing was switched"
     res.reason = f"{failure}; engine log: {logs or '(not read)'}; every host of the service went back: {where}"
-    for h in hosts.values():
+    for h in slots.values():
         if h.name not in backs:
-            h.out.result = Result.UNCHANGED if h.item and h.item.step.action == Action.UNCHANGED else res.result
+            h.out.result = Result.UNCHANGED if h.items and h.item.step.action == Action.UNCHANGED else res.result
 
 
 # ---------------------------------------------------------------------------------------------
@@ -766,9 +685,8 @@ def _cluster_of(service: str, manifest: Manifest) -> C.Cluster | None:
 
 
 def rollback_service(inventory: Inventory | str, head: str, service: str, *, to: str | None = None,
-                     config: Settings | dict[str, Any] | None = None, options: DeployOptions, log: Log,
-                     head_health: Callable[[HostRun, HealthTarget], health.HealthReport] = http_health,
-                     connector: Callable[[Host, Settings, bool], Any] = connect) -> ServiceRun:
+                     config: Settings | dict[str, object] | None = None, options: DeployOptions, log: Log,
+                     head_health: HealthFn = http_health, connector: Connector = connect) -> ServiceRun:
     """Every host of a service over several hosts back to the releases they last ran together before
     the current ones (``clusterset.shared_target``; ``to``: the set holding that release id): locks
     in sorted order, every host armed, workers switched first, then the head's health and join check,
@@ -792,124 +710,79 @@ def rollback_service(inventory: Inventory | str, head: str, service: str, *, to:
     key = resolve_secret(svc.api_key, f"host {head}: service {service}")
     t0 = time.monotonic()
     res = ServiceRun(service=service, head=head, result=Result.FAILED)
-    order = sorted([head, *names])
-    hosts: dict[str, _Host] = {}
-    try:
-        for name in order:
-            h = inv.hosts[name]
-            run = HostRun(name, settings_for(h), None, settings=settings, log=lambda line, n=name: log(f"{n}: {line}"),
-                          who=options.who, message=options.message)
-            hosts[name] = _Host(name, run, HostOutcome(host=name, result=Result.FAILED), name == head)
-            run.remote = connector(h, settings, options.accept_new_host_keys)
-        _rollback(svc, key, hosts, res, to, head_health)
-    except Refusal as exc:
-        res.result, res.reason = Result(exc.result), exc.reason
-    except RemoteError as exc:
-        res.result, res.reason = Result.FAILED, str(exc)
-    finally:
-        _finish_hosts(hosts, order, res, service, "rollback", audit=True)
-        for hh in hosts.values():
-            hh.out.result = res.result
-            res.hosts[hh.name] = hh.out
-        res.duration_s = round(time.monotonic() - t0, 3)
+    targets = [(inv.hosts[n], settings_for(inv.hosts[n]), HostOutcome(host=n, result=Result.FAILED))
+               for n in [head, *names]]
+    slots = pipeline.run_hosts(targets, "rollback", lambda s: _rollback(svc, key, s, res, to, head_health),
+                               settings=settings, log=log, verdict=res, who=options.who, message=options.message,
+                               accept_new_host_keys=options.accept_new_host_keys, service=service, head=head,
+                               prefix_log=True, connector=connector, make_run=HostRun)
+    for slot in slots.values():
+        slot.out.result = res.result
+        res.hosts[slot.name] = slot.out
+    res.duration_s = round(time.monotonic() - t0, 3)
     return res
 
 
-def _rollback(svc: Service, key: str | None, hosts: dict[str, _Host], res: ServiceRun, to: str | None,
-              head_health: Callable[[HostRun, HealthTarget], health.HealthReport]) -> None:
+def _rollback(svc: Service, key: str | None, slots: dict[str, HostSlot], res: ServiceRun, to: str | None,
+              head_health: HealthFn) -> None:
     from llmfleet.release import clusterset
     from llmfleet.release.executor import service_for_release
 
-    states = {n: h.run.read_state().get(svc.name) for n, h in hosts.items()}
+    # gather: every host's state and the sets they ran together
+    states = {n: h.run.read_state().get(svc.name) for n, h in slots.items()}
     history = clusterset.merge([clusterset.parse(h.run.run(clusterset.read_script(Paths(h.run.root, svc.name)),
-                                                           timeout=30).stdout) for h in hosts.values()])
-    target = clusterset.shared_target(svc.name, list(hosts), states, history, to=to)
-    manifests = {}
+                                                           timeout=30).stdout) for h in slots.values()])
+    # decide: the set to go back to, checked on every host (its cluster, its images)
+    target = clusterset.shared_target(svc.name, list(slots), states, history, to=to)
+    manifests: dict[str, Manifest] = {}
     for n, rid in target.releases.items():
         st = states[n]
         assert st is not None  # shared_target checked every host has it
-        manifests[n] = st.releases[rid].manifest
-    cluster = next((c for n, m in manifests.items() if n != res.head and m and (c := _cluster_of(svc.name, m))), None)
-    if cluster is None or sorted(cluster.hosts) != sorted(hosts):
+        m = st.releases[rid].manifest
+        assert m is not None
+        manifests[n] = m
+    cluster = next((c for n, m in manifests.items() if n != res.head and (c := _cluster_of(svc.name, m))), None)
+    if cluster is None or sorted(cluster.hosts) != sorted(slots):
         raise Refusal(Result.FAILED, f"service {svc.name}: the workers' releases {target.time} name no cluster of "
-                                     f"{', '.join(sorted(hosts))}; deploy the version you want instead")
+                                     f"{', '.join(sorted(slots))}; deploy the version you want instead")
     res.cluster = cluster.to_dict()
-    for n, h in hosts.items():
-        m = manifests[n]
-        st = states[n]
-        assert m is not None and st is not None
-        rid = target.releases[n]
+    for n, h in slots.items():
+        m, st, rid = manifests[n], states[n], target.releases[n]
+        assert st is not None
         if rid != st.current and not store.parse_image_present(
                 h.run.run(store.image_present_script(m.image_ref or ""), timeout=30).stdout):
             raise Refusal(Result.FAILED, f"{n}: service {svc.name}: the image of release {rid} ({m.image_ref}) is "
                                          "no longer on the host; deploy that version instead")
-    for name in sorted(hosts):  # the fixed order, as a deploy
-        hosts[name].run.lock("rollback")
-
-    hh = hosts[res.head]
+    hh = slots[res.head]
     members = {cluster.head.host: cluster.head} | {w.host: w for w in cluster.workers}
-    head_svc = svc
-    for n, h in hosts.items():
+    head_svc = service_for_release(svc, manifests[res.head])
+    for n, h in slots.items():
         m, st, rid = manifests[n], states[n], target.releases[n]
-        assert m is not None and st is not None
-        action = Action.UNCHANGED if rid == st.current and st.unit == "active" else (
-            Action.RESTART if rid == st.current else Action.SWITCH)
-        hsvc = service_for_release(svc, m) if h.is_head else svc
-        if h.is_head:
-            head_svc = hsvc
+        assert st is not None
         h.member = members[n]
-        h.item = _Item(Prepared(hsvc, key if h.is_head else None, _image_of(m)), m.plan_summary() if h.is_head else None,
-                       None, Paths(h.run.root, svc.name), st,  # type: ignore[arg-type]  # nothing is rendered
-                       ServiceStep(svc.name, action, rid, st.current, (f"{st.current} -> {rid}",)), manifest=m)
+        step = ServiceStep(svc.name, decide.rollback_action(rid, st), rid, st.current, (f"{st.current} -> {rid}",))
+        h.items = [Item(Prepared(head_svc if h.is_head else svc, key if h.is_head else None, _image_of(m)),
+                        m.plan_summary() if h.is_head else None, None, Paths(h.run.root, svc.name), st, step,
+                        manifest=m)]
         if not h.is_head:
             h.run.health_fn = worker_health(h.member, cluster.port, cluster.kind)
         h.out.releases[svc.name] = rid
-    workers = [hosts[w.host] for w in cluster.workers]
-    assert hh.item is not None
-    if hh.item.step.action == Action.UNCHANGED and any(w.item and w.item.step.action != Action.UNCHANGED
-                                                       for w in workers):
-        st = hh.item.step
-        hh.item.step = ServiceStep(st.service, Action.RESTART, st.release_id, st.release_id, ("restart: its workers change",))
-    for h in hosts.values():
-        assert h.item is not None
+    workers = [slots[w.host] for w in cluster.workers]
+    hh.item.step = decide.head_step(hh.item.step, [w.item.step for w in workers])
+    for h in slots.values():
         h.out.changes.append(f"{svc.name}: {h.item.step.changes[0]}")
         h.run.log(f"{svc.name}: rollback {h.item.step.changes[0]} ({'head' if h.is_head else 'worker'})")
 
+    # lock (no pull: every image is on its host, checked above), then the switch as a deploy's
+    for name in decide.lock_order(list(slots)):
+        slots[name].run.lock("rollback")
     hh.run.health_fn = head_health  # its own check, and going back should anything fail before it
-    failure: str | None = None
-    report = None
-    try:
-        failure = _arm_all(workers, hh, svc, action="rollback")
-        for w in workers:
-            if failure:
-                break
-            failure = _switch(w, svc)
-        if failure is None and any(w.switched for w in workers):
-            failure = _reach_workers(hh, cluster)  # from the head, before it switches
-        if failure is None:
-            failure, report = _switch_head(hh, head_svc, cluster, head_health, res, hosts)
-    except KeyboardInterrupt:
-        _roll_back_all(hosts, workers, hh, svc, "interrupted", res, action="rollback")
-        raise
+    failure, report = _switch_all(slots, workers, hh, svc, head_svc, cluster, res, "rollback")
     if failure is not None:
-        _roll_back_all(hosts, workers, hh, svc, failure, res, action="rollback")
+        _roll_back_all(slots, workers, hh, svc, failure, res, action="rollback")
         res.result = Result.FAILED
         res.reason = f"ROLLBACK FAILED: {res.reason}"
         return
-    _record_set(hosts, svc, res.head, "rollback")
-    for h in hosts.values():
-        it = h.item
-        assert it is not None
-        rid = it.step.release_id
-        if it.step.action != Action.UNCHANGED:
-            rep = report if h.is_head else None
-            doc = (rep.to_dict() if rep else (it.health or {})) | {"release": rid, "joined": res.joined}
-            h.run.defer(store.mark_healthy_script(it.paths, rid, doc | {"time": h.run.now().isoformat(timespec="seconds"),
-                                                                      "who": h.run.who}))
-        h.run.record(action="rollback", service=svc.name, release_id=rid, digest=it.prepared.image.digest,
-                     result=Result.ROLLED_BACK, detail=f"from {it.step.previous} ({'head' if h.is_head else 'worker'} "
-                                                       "of a multi-host service)")
-        h.out.services[svc.name] = ServiceOutcome(svc.name, Result.ROLLED_BACK, rid, rid, it.step.previous)
+    _commit(slots, svc, res, report, "rollback")
     res.result = Result.ROLLED_BACK
-    res.reason = "; ".join(f"{h.name}: {h.item.step.previous} -> {h.item.step.release_id}"
-                           for h in [*workers, hh] if h.item)
+    res.reason = "; ".join(f"{h.name}: {h.item.step.previous} -> {h.item.step.release_id}" for h in [*workers, hh])

@@ -1,10 +1,12 @@
 """Day-2 operations on deployed services (stop, start, remove, logs) and deploy/rollback over many hosts.
 
-The imperative shell around ``llmfleet.release.store``'s scripts: connect, take the host's deploy
-lock (a stop, start or remove never races a deploy), run one script, append the audit records on
-the host and locally, release the lock; one round trip for the work and one for the end. A host's
-trouble becomes its result (``failed`` / ``refused`` with the reason), never an exception; only bad
-input (a service name that cannot be one) raises a usage error, before any connection.
+Stop, start and remove go through ``llmfleet.release.pipeline`` as a deploy does: connect, the host's
+deploy lock (a stop, start or remove never races a deploy; a stale lock of this machine is taken over,
+``decide.may_take_over``) with the release state read in its round trip, one script per service
+(``store.service_*_script``, read by ``store.parse_service_op``), then the last round trip: the audit
+records on the host (and locally) and the unlock. A host's trouble becomes its result (``failed`` /
+``refused`` with the reason, ``decide.Result``), never an exception; only bad input (a service name
+that cannot be one) raises a usage error, before any connection.
 
 ``run_hosts`` (over ``host.group.run_on_hosts``) runs ``deploy --forks`` and ``rollback --group``: at most
 ``forks`` hosts at once, results in the hosts' order.
@@ -12,25 +14,41 @@ input (a service name that cannot be one) raises a usage error, before any conne
 
 from __future__ import annotations
 
-import os
-import secrets as secrets_mod
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, TypeVar
 
-from llmfleet.errors import LlmfleetError, RemoteError, UsageError
+from llmfleet.errors import RemoteError, UsageError
+from llmfleet.host import ssh
 from llmfleet.host.group import run_on_hosts
-from llmfleet.release import decide, store
+from llmfleet.inventory.ansible import Host, Inventory
+from llmfleet.inventory.services import HostSettings, Service
+from llmfleet.release import decide, pipeline, store
+from llmfleet.release.decide import HostOutcome, Result
+from llmfleet.release.executor import (
+    HealthFn,
+    HealthTarget,
+    HostRun,
+    connect,
+    http_health,
+    service_for_release,
+    short,
+)
+from llmfleet.release.pipeline import Connector
+from llmfleet.release.secret import resolve_secret
 from llmfleet.release.store import Paths
 from llmfleet.settings import Settings
 
+if TYPE_CHECKING:
+    from llmfleet.release.prepare import DeployOptions, PreparedHost
+
+T = TypeVar("T")
+R = TypeVar("R")
 Log = Callable[[str], None]
 ACTIONS = ("stop", "start", "remove")
 
 
-def run_hosts(fn: Callable[[Any], Any], items: Sequence[Any], forks: int) -> list[Any]:
+def run_hosts(fn: Callable[[T], R], items: Sequence[T], forks: int) -> list[R]:
     """``fn`` over ``items`` through the one many-hosts runner (``host.group.run_on_hosts``), results in
     the items' order; what ``fn`` raised (deploy and rollback turn host trouble into outcomes, so only
     bad input does) is raised again here."""
@@ -41,18 +59,19 @@ def run_hosts(fn: Callable[[Any], Any], items: Sequence[Any], forks: int) -> lis
     return list(results.values())
 
 
-def multihost_services(inv: Any, host_names: list[str]) -> list[tuple[str, str]]:
+def multihost_services(inv: Inventory, host_names: list[str]) -> list[tuple[str, str]]:
     """(head, service) of every service with workers whose head is among ``host_names``."""
     from llmfleet.inventory.ansible import settings_for
 
     return [(n, s.name) for n in host_names for s in settings_for(inv.hosts[n]).services if s.workers]
 
 
-def deploy_hosts(inventory: Any, names: Sequence[str], *, config: Settings | dict[str, Any], options: Any, forks: int,
-                 log: Log, prepared: dict[str, Any] | None = None) -> list[Any]:
+def deploy_hosts(inventory: Inventory | str, names: Sequence[str], *, config: Settings | dict[str, object],
+                 options: DeployOptions, forks: int, log: Log,
+                 prepared: Mapping[str, PreparedHost] | None = None) -> list[HostOutcome]:
     """``deploy_host`` on each host, ``forks`` at a time (each host keeps its own lock and audit).
     ``prepared``: the hosts' ``PreparedHost`` by name, when the caller prepared them already."""
-    from llmfleet.inventory.ansible import Inventory, load_inventory
+    from llmfleet.inventory.ansible import load_inventory
     from llmfleet.release.deploy import deploy_host
 
     inv = inventory if isinstance(inventory, Inventory) else load_inventory(inventory)
@@ -73,12 +92,13 @@ def deploy_hosts(inventory: Any, names: Sequence[str], *, config: Settings | dic
     return [o for o in outcomes if not (o.host in covered and o.reason.startswith("no single-host"))] + more
 
 
-def rollback_hosts(inventory: Any, names: Sequence[str], *, service: str | None, to: str | None,
-                   config: Settings | dict[str, Any], options: Any, forks: int, log: Log) -> list[Any]:
+def rollback_hosts(inventory: Inventory | str, names: Sequence[str], *, service: str | None, to: str | None,
+                   config: Settings | dict[str, object], options: DeployOptions, forks: int,
+                   log: Log) -> list[HostOutcome]:
     """``rollback_host`` on each host for its own services, ``forks`` at a time; then each service over
     several hosts that a selected host is the head or a worker of, all its hosts together
     (``multihost.rollback_service``), one at a time; one row per host of it."""
-    from llmfleet.inventory.ansible import Inventory, load_inventory, settings_for
+    from llmfleet.inventory.ansible import load_inventory, settings_for
     from llmfleet.release.deploy import rollback_host
     from llmfleet.release.multihost import rollback_service, services_of_hosts, workers_of
 
@@ -102,24 +122,29 @@ def rollback_hosts(inventory: Any, names: Sequence[str], *, service: str | None,
 
 @dataclass
 class ServiceOpResult:
-    """What one stop/start/remove did on one host."""
+    """What one stop/start/remove did on one host (``decide.Result``: stopped, started, removed, absent,
+    unchanged, failed, refused)."""
 
     host: str
     action: str
-    result: str  # stopped | started | removed | absent | failed | refused | unchanged
+    result: Result
     services: dict[str, str] = field(default_factory=dict)  # service -> unit state, "removed", "absent"
     images_removed: list[str] = field(default_factory=list)
     health: dict[str, str] = field(default_factory=dict)  # start: the health check's verdict per service
     reason: str = ""
     unreachable: bool = False
     duration_s: float = 0.0
+    round_trips: int = 0
+    timeline: list[decide.StageTime] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return self.result not in {"failed", "refused"}
+        return self.result not in decide.NOT_DONE
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_dict(self) -> dict[str, object]:
+        d = asdict(self)
+        d.pop("timeline")
+        return d
 
 
 def check_service_name(name: str) -> str:
@@ -128,199 +153,151 @@ def check_service_name(name: str) -> str:
     return name
 
 
-def _now() -> datetime:
-    return datetime.now(UTC)
-
-
-def _who() -> str:
-    from llmfleet.release.executor import default_who
-
-    return default_who()
-
-
-def orphans(states: dict[str, store.ServiceState], inventory_services: Sequence[str]) -> list[str]:
+def orphans(states: Mapping[str, store.ServiceState], inventory_services: Sequence[str]) -> list[str]:
     """Services found on the host that the inventory no longer lists for it. Pure."""
     known = set(inventory_services)
     return sorted(n for n in states if n not in known)
 
 
-def service_op(host: Any, settings: Any, action: str, services: Sequence[str] | None, *, config: Settings | dict[str, Any],
-               orphans_only: bool = False, message: str = "", who: str | None = None,
-               accept_new_host_keys: bool = False, log: Log = lambda line: None) -> ServiceOpResult:
-    """Stop, start or remove services of one host under its deploy lock; audited.
+def service_op(host: Host, settings: HostSettings, action: str, services: Sequence[str] | None, *,
+               config: Settings | dict[str, object], orphans_only: bool = False, message: str = "",
+               who: str | None = None, accept_new_host_keys: bool = False, log: Log = lambda line: None,
+               health_fn: HealthFn = http_health, connector: Connector = connect) -> ServiceOpResult:
+    """Stop, start or remove services of one host through ``pipeline``: connect, the deploy lock (a
+    stale one of this machine taken over) with the state read in its round trip, one script per
+    service, the audit lines and the unlock in the last round trip.
 
     ``services``: the names to act on; with ``orphans_only`` (remove), every service on the host that
     its inventory entry no longer lists.
     """
-    from llmfleet.host import ssh
-
     if action not in ACTIONS:
         raise UsageError(f"unknown action {action!r}")
     names = [check_service_name(s) for s in services or []]
-    t0 = time.monotonic()
-    out = ServiceOpResult(host=host.name, action=action, result="failed")
-    who = who or _who()
-    try:
-        remote = ssh.connect(host, config=config, accept_new_host_keys=accept_new_host_keys)
-    except LlmfleetError as exc:
-        out.result = "refused" if isinstance(exc, ssh.HostKeyError) else "failed"
-        out.reason, out.unreachable = str(exc), True
-        out.duration_s = round(time.monotonic() - t0, 3)
-        return out
-    records: list[dict[str, Any]] = []
-    token: str | None = None
-    root = settings.root
-    try:
-        token = _lock(remote, root, who, action, message)
-        states = store.parse_state(remote.run(store.state_script(root), sudo=True, check=True).stdout)
-        if orphans_only:
-            names = orphans(states, [s.name for s in settings.services])
-            if not names:
-                out.result, out.reason = "unchanged", "no orphaned service on the host"
-        results: list[str] = []
-        for name in names:
-            paths = Paths(root, name)
-            if name not in states:
-                out.services[name] = "absent"
-                results.append("absent")
-                continue
-            detail = ""
-            if action == "stop":
-                res = remote.run(store.service_stop_script(paths), sudo=True, timeout=150)
-                state = store.parse_unit_state(res.stdout)
-                result = "stopped" if state != "active" else "failed"
-                detail = f"unit {state}"
-            elif action == "start":
-                res = remote.run(store.service_start_script(paths), sudo=True, timeout=150)
-                if "@@nocurrent" in res.stdout:
-                    state, result = "no current release", "failed"
-                    detail = f"{name} has no current release to start; deploy it"
-                else:
-                    state = store.parse_unit_state(res.stdout)
-                    result = "started" if state in ("active", "activating") else "failed"
-                    detail = f"unit {state}" + ("" if res.ok else f": {(res.stderr or res.stdout).strip()[-300:]}")
-                    svc = next((x for x in settings.services if x.name == name), None)
-                    if result == "started" and svc is not None:
-                        healthy, why = _health(remote, settings, svc, paths, states[name], log, config)
-                        out.health[name] = why
-                        if healthy is False:
-                            result, detail = "failed", f"unit {state} but the engine is not healthy: {why}"
-                        else:
-                            detail = f"unit {state}; {why}"
-            else:
-                deleted = {name: list(states[name].releases)}
-                keep = {k: v for k, v in states.items() if k == name or k not in names}
-                refs = decide.images_to_prune(keep, deleted)
-                res = remote.run(store.service_remove_script(paths, refs), sudo=True, timeout=300)
-                out.images_removed += store.parse_removed_images(res.stdout)
-                state = "removed" if "@@removed" in res.stdout else "left behind"
-                result = "removed" if state == "removed" else "failed"
-                detail = (f"unit, containers and {len(deleted[name])} release(s) removed; "
-                          f"{len(store.parse_removed_images(res.stdout))} image(s)") if result == "removed" else (
-                    f"some of it is left: {(res.stderr or res.stdout).strip()[-300:]}")
-            out.services[name] = state
-            results.append(result)
-            log(f"{name}: {result} ({detail})")
-            rel = states[name].current
-            records.append(store.audit_record(now=_now(), who=who, host=host.name, action=action, service=name,
-                                              release=rel, digest=None, result=result, detail=detail,
-                                              message=message))
-            if result == "failed":
-                out.reason = f"{name}: {detail}"
-        if results:
-            failed = [r for r in results if r == "failed"]
-            done = [r for r in results if r not in ("failed", "absent")]
-            out.result = "failed" if failed else (done[0] if done else "absent")
-            if not failed and not done:
-                from llmfleet.suggest import did_you_mean
+    out = ServiceOpResult(host=host.name, action=action, result=Result.FAILED)
 
-                hint = did_you_mean(names[0], sorted(set(states) - set(names))) if len(names) == 1 else ""
-                out.reason = f"no service {', '.join(names)} on the host{hint}"
-    except _Held as exc:
-        out.result, out.reason = "refused", str(exc)
-    except LlmfleetError as exc:
-        out.result, out.reason = "failed", str(exc)
-    finally:
-        _finish(remote, root, token, records, config, log)
-        out.duration_s = round(time.monotonic() - t0, 3)
+    def body(slots: dict[str, pipeline.Slot[ServiceOpResult]]) -> None:
+        run = slots[host.name].run
+        run.health_fn = health_fn
+        run_service_op(run, action, names, out, orphans_only=orphans_only)
+
+    pipeline.run_hosts([(host, settings, out)], action, body, settings=Settings.of(config), log=log, who=who,
+                       message=message, accept_new_host_keys=accept_new_host_keys, connector=connector)
+    out.unreachable = out.result in decide.NOT_DONE and out.round_trips == 0
     return out
 
 
-def _health(remote: Any, settings: Any, svc: Any, paths: Paths, state: store.ServiceState,
-            log: Log, config: Settings | dict[str, Any]) -> tuple[bool | None, str]:
-    """The deploy's staged health check (``executor.http_health``) of the current release after a start:
+def run_service_op(run: HostRun, action: str, names: Sequence[str], out: ServiceOpResult, *,
+                   orphans_only: bool = False) -> None:
+    """The service op after connecting: lock + state (one round trip), then each service's script."""
+    (answer,) = run.lock(action, [store.state_script(run.root)], name="lock + state")
+    if answer is None or not store.state_complete(answer.stdout):
+        raise RemoteError(f"host {run.host}: the release state came back cut short: "
+                          f"{short(answer.stdout if answer else '', 200)}")
+    states = store.parse_state(answer.stdout)
+    if orphans_only:
+        names = orphans(states, [s.name for s in run.host_settings.services])
+        if not names:
+            out.result, out.reason = Result.UNCHANGED, "no orphaned service on the host"
+            return
+    results: list[Result] = []
+    for name in names:
+        if name not in states:
+            out.services[name] = "absent"
+            results.append(Result.ABSENT)
+            continue
+        with run.stage(f"{name}: {action}"):
+            result, state, detail = _ACTIONS[action](run, name, states, names, out)
+        out.services[name] = state
+        results.append(result)
+        run.log(f"{name}: {result} ({detail})")
+        run.record(action=action, service=name, release_id=states[name].current, digest=None, result=result,
+                   detail=detail)
+        if result == Result.FAILED:
+            out.reason = f"{name}: {detail}"
+    out.result = decide.service_op_result(results)
+    if out.result == Result.ABSENT:
+        from llmfleet.suggest import did_you_mean
+
+        hint = did_you_mean(names[0], sorted(set(states) - set(names))) if len(names) == 1 else ""
+        out.reason = f"no service {', '.join(names)} on the host{hint}"
+
+
+Step = tuple[Result, str, str]  # (result, the unit's state or "removed", the detail for people and the audit)
+
+
+def _stop(run: HostRun, name: str, states: Mapping[str, store.ServiceState], names: Sequence[str],
+          out: ServiceOpResult) -> Step:
+    res = run.run(store.service_stop_script(Paths(run.root, name)), timeout=150)
+    got = store.parse_service_op(res.stdout, "@@stopped")
+    ok = got.done and got.unit != "active"
+    return (Result.STOPPED if ok else Result.FAILED), got.unit, f"unit {got.unit}"
+
+
+def _start(run: HostRun, name: str, states: Mapping[str, store.ServiceState], names: Sequence[str],
+           out: ServiceOpResult) -> Step:
+    paths = Paths(run.root, name)
+    res = run.run(store.service_start_script(paths), timeout=150)
+    got = store.parse_service_op(res.stdout, "@@started")
+    if got.no_current:
+        return Result.FAILED, "no current release", f"{name} has no current release to start; deploy it"
+    if got.unit not in ("active", "activating"):
+        return Result.FAILED, got.unit, f"unit {got.unit}" + ("" if res.ok else f": {(res.stderr or res.stdout).strip()[-300:]}")
+    svc = next((x for x in run.host_settings.services if x.name == name), None)
+    if svc is None:
+        return Result.STARTED, got.unit, f"unit {got.unit}"
+    healthy, why = _health(run, svc, paths, states[name])
+    out.health[name] = why
+    if healthy is False:
+        return Result.FAILED, got.unit, f"unit {got.unit} but the engine is not healthy: {why}"
+    return Result.STARTED, got.unit, f"unit {got.unit}; {why}"
+
+
+def _remove(run: HostRun, name: str, states: Mapping[str, store.ServiceState], names: Sequence[str],
+            out: ServiceOpResult) -> Step:
+    deleted = {name: list(states[name].releases)}
+    keep = {k: v for k, v in states.items() if k == name or k not in names}
+    refs = decide.images_to_prune(keep, deleted)
+    res = run.run(store.service_remove_script(Paths(run.root, name), refs), timeout=300)
+    got = store.parse_service_op(res.stdout, "@@removed")
+    out.images_removed += list(got.images_removed)
+    if not got.done:
+        return Result.FAILED, "left behind", f"some of it is left: {(res.stderr or res.stdout).strip()[-300:]}"
+    return (Result.REMOVED, "removed", f"unit, containers and {len(deleted[name])} release(s) removed; "
+                                       f"{len(got.images_removed)} image(s)")
+
+
+_ACTIONS: dict[str, Callable[[HostRun, str, Mapping[str, store.ServiceState], Sequence[str], ServiceOpResult], Step]] = {
+    "stop": _stop, "start": _start, "remove": _remove}
+
+
+def _health(run: HostRun, svc: Service, paths: Paths, state: store.ServiceState) -> tuple[bool | None, str]:
+    """The deploy's staged health check (``HostRun.check_health``) of the current release after a start:
     (healthy, why); healthy is None when it could not be judged here (the API key is not readable on
     this machine)."""
-    from llmfleet.release.executor import HealthTarget, HostRun, http_health, service_for_release
-    from llmfleet.release.secret import resolve_secret
-
     info = state.current_release
     manifest = info.manifest if info else None
     svc = service_for_release(svc, manifest)
     try:
-        key = resolve_secret(svc.api_key, f"host {remote.name}: service {svc.name}")
+        key = resolve_secret(svc.api_key, f"host {run.host}: service {svc.name}")
     except UsageError as exc:
         return None, f"health not checked: {exc}"
-    run = HostRun(remote.name, settings, remote, settings=Settings.of(config), log=log)
     target = HealthTarget(svc, key, paths, info.id if info else "", manifest.plan_summary() if manifest else None,
                           engine_args=manifest.engine_args if manifest else ())
-    report = http_health(run, target)
+    report = run.check_health(target, f"release {target.release_id}")
     return report.ok, report.message
 
 
-class _Held(Exception):
-    pass
-
-
-def _lock(remote: Any, root: str, who: str, action: str, message: str) -> str:
-    token = secrets_mod.token_hex(16)
-    holder = store.holder_document(token=token, who=who, origin=_who(), action=action, message=message,
-                                   now=_now(), pid=os.getpid())
-    res = remote.run(store.lock_acquire_script(root, holder), sudo=True, timeout=30)
-    got = store.parse_lock_acquire(res.rc, res.stdout)
-    if got.acquired:
-        return token
-    if got.holder is None:
-        raise RemoteError(f"host {remote.name}: cannot take the deploy lock: {(res.stderr or res.stdout).strip()[-200:]}")
-    raise _Held(f"deploy lock {store.describe_holder(got.holder, _now())}; wait, or inspect with "
-                f"`invoke lock.status --host {remote.name}`")
-
-
-def _finish(remote: Any, root: str, token: str | None, records: list[dict[str, Any]], config: Settings | dict[str, Any],
-            log: Log) -> None:
-    """Audit lines (host and local) and the unlock in one round trip; then close."""
-    if records:
-        from llmfleet.release import audit
-
-        try:
-            audit.append_local(Settings.of(config).audit_log_path, records)
-        except OSError as exc:
-            log(f"warning: local audit log: {exc}")
-    try:
-        if records or token is not None:
-            remote.run(store.final_script(root, [], records, token), sudo=True, timeout=60)
-    except LlmfleetError as exc:
-        log(f"warning: audit/unlock did not complete: {exc}")
-    finally:
-        try:
-            remote.close()
-        except Exception:  # noqa: BLE001,S110 - closing a dead connection must not hide the result
-            pass
-
-
-def logs(host: Any, settings: Any, service: str, *, lines: int, follow: bool, seconds: float,
-         config: Settings | dict[str, Any], on_line: Callable[[str], None], accept_new_host_keys: bool = False) -> int | None:
+def logs(host: Host, settings: HostSettings, service: str, *, lines: int, follow: bool, seconds: float,
+         config: Settings | dict[str, object], on_line: Callable[[str], None],
+         accept_new_host_keys: bool = False) -> int | None:
     """Print a service's engine log (journal, else the container log) through SSH; read-only, no lock.
 
     Without ``follow``: the last ``lines`` lines, one bounded round trip. With it: new lines as they
     come, for at most ``seconds``. Returns the remote exit status (None: the time ran out)."""
-    from llmfleet.host import ssh
-
     paths = Paths(settings.root, check_service_name(service))
-    with ssh.connect(host, config=config, accept_new_host_keys=accept_new_host_keys) as remote:
-        probe = remote.run(f"[ -d {store.q(paths.service_dir)} ] && echo '@@present' || echo '@@absent'",
-                           sudo=True, timeout=30)
-        if "@@absent" in probe.stdout:
+    with ssh.connect(host, config=Settings.of(config).ssh, accept_new_host_keys=accept_new_host_keys) as remote:
+        if not store.parse_service_present(remote.run(store.service_present_script(paths), sudo=True,
+                                                      timeout=30).stdout):
             from llmfleet.suggest import did_you_mean
 
             hint = did_you_mean(service, [s.name for s in settings.services if s.name != service])

@@ -862,6 +862,36 @@ def service_logs_script(paths: Paths, lines: int, *, follow: bool = False, secon
 # ---------------------------------------------------------------------------------------------
 # Benchmark results kept with a release (``invoke bench``)
 
+@dataclass(frozen=True)
+class ServiceOpAnswer:
+    """What a stop, start or remove script printed: ``done`` its last marker (``@@stopped``,
+    ``@@started``, ``@@removed``) was reached; ``absent``: the service is not on the host; ``no_current``
+    (start): it has no current release; ``unit``: the unit's state after; ``images_removed``: remove's."""
+
+    done: bool
+    unit: str = "unknown"
+    absent: bool = False
+    no_current: bool = False
+    images_removed: tuple[str, ...] = ()
+
+
+def parse_service_op(stdout: str, done_marker: str) -> ServiceOpAnswer:
+    """The answer of ``service_stop_script`` (``@@stopped``), ``service_start_script`` (``@@started``)
+    or ``service_remove_script`` (``@@removed``)."""
+    lines = {ln.strip() for ln in stdout.splitlines()}
+    return ServiceOpAnswer(done=done_marker in lines, unit=parse_unit_state(stdout), absent="@@absent" in lines,
+                           no_current="@@nocurrent" in lines, images_removed=tuple(parse_removed_images(stdout)))
+
+
+def service_present_script(paths: Paths) -> str:
+    """Whether the service has a folder on the host (``logs`` asks before reading its log)."""
+    return f"[ -d {q(paths.service_dir)} ] && echo '@@present' || echo '@@absent'"
+
+
+def parse_service_present(stdout: str) -> bool:
+    return "@@present" in stdout.splitlines()
+
+
 BENCH_FILE = "bench.json"
 
 

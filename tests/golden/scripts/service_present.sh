@@ -1,0 +1,1 @@
+[ -d /opt/llmfleet/services/chat ] && echo '@@present' || echo '@@absent'
