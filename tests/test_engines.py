@@ -141,3 +141,87 @@ def test_flag_checks_gives_the_preflight_rules_for_one_set_of_flags():
                              args=["--dtype", "float16"], env={}, cc="7.5")
     assert set(got) == {"quant", "dtype", "attention", "kv-dtype"}
     assert got["kv-dtype"].status == "fail" and got["quant"].status == "pass"
+
+
+# ------------------------------------------------------------------------------------ several hosts
+
+
+def test_every_engine_says_how_it_runs_over_several_hosts_as_its_role_does():
+    from llmfleet.release.render import load_role
+
+    for name in engines.names():
+        k = engines.for_engine(name)
+        role_kind = load_role(name).cluster.get("kind")
+        assert k.cluster_kind == role_kind, name  # the role's cluster.kind and the knowledge agree
+        assert engines.for_cluster_kind(str(k.cluster_kind)) is k
+        # one side connects: the workers to the head's runtime, or the head to each worker's port
+        assert k.worker_serves_port is not k.workers_join_head, name
+        assert k.worker_runtime
+    with pytest.raises(UsageError, match="unknown cluster kind 'mpi'"):
+        engines.for_cluster_kind("mpi")
+
+
+@pytest.mark.parametrize(("name", "kind", "loads_model", "joins_head", "serves_port", "checks_image"), [
+    ("llamacpp", "rpc", False, False, True, True),  # the head sends rpc-server its tensors
+    ("vllm", "ray", True, True, False, False),  # every Ray stage loads its layers from its own path
+])
+def test_cluster_facts_per_engine(name, kind, loads_model, joins_head, serves_port, checks_image):
+    k = engines.for_engine(name)
+    assert (k.cluster_kind, k.workers_load_model, k.workers_join_head, k.worker_serves_port,
+            k.checks_worker_image) == (kind, loads_model, joins_head, serves_port, checks_image)
+
+
+def test_the_heads_flags_for_its_workers():
+    ends = ["10.0.0.2:50052", "[fd00::3]:50052"]
+    assert llamacpp.KNOWLEDGE.cluster_head_args(endpoints=ends, size=3, given=lambda f: True) == [
+        "--rpc", "10.0.0.2:50052,[fd00::3]:50052"]  # always: the endpoints are the deploy's
+    v = vllm.KNOWLEDGE
+    assert v.cluster_head_args(endpoints=[], size=3, given=lambda f: False) == [
+        "--pipeline-parallel-size", "3", "--distributed-executor-backend", "ray"]
+    # the service's own flags win
+    assert v.cluster_head_args(endpoints=[], size=3, given=lambda f: f == "--pipeline-parallel-size") == [
+        "--distributed-executor-backend", "ray"]
+
+
+def test_the_environment_a_member_needs():
+    assert llamacpp.KNOWLEDGE.cluster_env("10.0.0.2", "eth1") == {}
+    assert vllm.KNOWLEDGE.cluster_env("10.0.0.2", None) == {"VLLM_HOST_IP": "10.0.0.2",
+                                                            "RAY_NODE_IP_ADDRESS": "10.0.0.2"}
+    assert vllm.KNOWLEDGE.cluster_env("10.0.0.2", "eth1")["NCCL_SOCKET_IFNAME"] == "eth1"
+    assert vllm.KNOWLEDGE.cluster_env("10.0.0.2", "eth1")["GLOO_SOCKET_IFNAME"] == "eth1"
+
+
+@pytest.mark.parametrize(("name", "hosts", "says"), [
+    ("vllm", 1, None), ("llamacpp", 1, None),
+    ("vllm", 2, "ray start --head"), ("llamacpp", 3, "the 2 worker(s)"), ("llamacpp", 2, "`rpc-server` on each worker"),
+])
+def test_what_the_deploy_adds_for_a_split_over_hosts(name, hosts, says):
+    adds = engines.for_engine(name).deploy_adds(hosts, 2)
+    assert (adds == []) if says is None else any(says in a for a in adds)
+
+
+# ------------------------------------------------------------------------------------ names and families
+
+
+def test_engine_names_and_the_engine_of_a_quant_family():
+    assert engines.names() == ["vllm", "llamacpp"]  # the order messages list them in
+    assert engines.for_quant_family("gguf").name == "llamacpp"
+    assert engines.for_quant_family("hf").name == "vllm"
+    with pytest.raises(UsageError, match="no engine serves 'onnx'"):
+        engines.for_quant_family("onnx")
+
+
+@pytest.mark.parametrize(("name", "modes", "word", "cross"), [
+    ("vllm", ("tensor",), "tensor parallel", "pipeline parallel"),
+    ("llamacpp", ("layer", "row"), "layer split", "llama.cpp RPC"),
+])
+def test_how_an_engine_splits_a_model(name, modes, word, cross):
+    k = engines.for_engine(name)
+    assert (k.split_modes, k.split_word, k.cross_host_word) == (modes, word, cross)
+
+
+def test_the_engine_catalog_takes_only_known_engines():
+    data = rel("vllm:0.19.1").model_dump()
+    assert compat.EngineRelease.model_validate(data).engine == "vllm"
+    with pytest.raises(ValueError, match="engine 'sglang' is not one llmfleet knows"):
+        compat.EngineRelease.model_validate(data | {"engine": "sglang"})
