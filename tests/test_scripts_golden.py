@@ -139,6 +139,8 @@ SCRIPTS = {
     "models_commit_dir": lambda: model_scripts.commit_script("/srv/models/qwen", "dir"),
     "models_commit_in_place": lambda: model_scripts.commit_script("/srv/models/m.gguf", "file", move=False),
     "models_cleanup": lambda: model_scripts.cleanup_script("/srv/models/m.gguf"),
+    "models_hash_dir": lambda: model_scripts.hash_script("/srv/models/qwen", "dir"),
+    "models_hash_file": lambda: model_scripts.hash_script("/srv/models/m it's.gguf", "file"),
     "models_hf_download": lambda: model_scripts.hf_download_script(
         "reg.lab:5000/vllm@sha256:" + "ab" * 32, "Qwen/Qwen2.5-0.5B-Instruct", "c" * 40, "/srv/models/qwen", "dir"),
     "models_peer_setup": lambda: model_transfer.peer_setup_script(PEER),
@@ -147,8 +149,8 @@ SCRIPTS = {
     "models_peer_cleanup": lambda: model_transfer.peer_cleanup_script("/tmp/llmfleet-peer.abc"),
     "models_authorize": lambda: model_transfer.authorize_script(model_transfer.authorized_line(
         "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIB llmfleet-transfer", source_address="10.0.0.7",
-        command=model_scripts.receive_script("/srv/models/m.gguf.llmfleet.part", 0), token="0123abcd")),
-    "models_deauthorize": lambda: model_transfer.deauthorize_script("0123abcd"),
+        command=model_scripts.receive_script("/srv/models/m.gguf.llmfleet.part", 0), token="0123abcd"), "deploy"),
+    "models_deauthorize": lambda: model_transfer.deauthorize_script("0123abcd", "deploy"),
 }
 # The builders of each module that sends remote scripts (or files that run on the host) and the golden
 # files that pin them; a new builder fails test_every_remote_script_builder_has_a_golden_file below.
@@ -169,7 +171,7 @@ PINNED_BUILDERS = {
     model_scripts: {"probe_script": "models_probe", "receive_script": "models_receive",
                     "prepare_script": "models_prepare", "verify_script": "models_verify",
                     "commit_script": "models_commit_file", "cleanup_script": "models_cleanup",
-                    "hf_download_script": "models_hf_download"},
+                    "hf_download_script": "models_hf_download", "hash_script": "models_hash_dir"},
     model_transfer: {"peer_setup_script": "models_peer_setup", "peer_send_script": "models_peer_send",
                      "peer_cleanup_script": "models_peer_cleanup", "authorize_script": "models_authorize",
                      "deauthorize_script": "models_deauthorize"},
@@ -230,6 +232,7 @@ def test_every_script_builder_of_the_cluster_module_has_a_golden_file():
                                   "models_probe", "models_receive", "models_receive_resume", "models_prepare",
                                   "models_verify", "models_verify_in_place", "models_commit_file", "models_commit_dir",
                                   "models_commit_in_place", "models_cleanup", "models_hf_download",
+                                  "models_hash_dir", "models_hash_file",
                                   "models_peer_setup", "models_peer_send", "models_peer_cleanup", "models_authorize",
                                   "models_deauthorize"])
 def test_golden_scripts_parse_as_posix_sh(name):

@@ -89,7 +89,7 @@ def test_cli_check_exit_codes_and_one_line_error(tmp_path):
     res = run_cli("inventory", "-i", str(inv), "--check")
     assert res.returncode == 2
     assert res.stderr.strip().count("\n") == 0
-    assert "host_vars/gpu-1.yml: host gpu-1: llmfleet_services[0].port" in res.stderr
+    assert "host_vars/gpu-1.yml: host gpu-1: service qwen: llmfleet_services[0].port" in res.stderr
     assert "Traceback" not in res.stderr
     # --list validates only structure, as ansible-inventory does
     assert run_cli("inventory", "-i", str(inv), "--list").returncode == 0

@@ -38,6 +38,7 @@ from llmfleet.cli import (  # noqa: E402 - after install(): the task modules dec
     inventory_tasks,
     lab_tasks,
     lock_tasks,
+    models_tasks,
     ops_tasks,
     plan_tasks,
     service_tasks,
@@ -92,6 +93,7 @@ ns.add_task(service_tasks.remove)
 ns.add_collection(Collection("lock", lock_tasks.status, lock_tasks.release))
 ns.add_collection(lab_tasks.ns)
 ns.add_collection(catalog_tasks.ns)
+ns.add_collection(models_tasks.ns)
 ns.add_collection(bundle_tasks.ns)
 
 common.repeatable_inventory(ns)

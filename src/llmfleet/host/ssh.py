@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import paramiko
 from fabric import Config, Connection
@@ -107,6 +107,16 @@ class _StrictPolicy(paramiko.MissingHostKeyPolicy):
         self.accepted = fp
 
 
+class Runner(Protocol):
+    """What a caller that only runs commands needs of a host's connection: ``Remote``, or a scripted
+    remote in tests."""
+
+    name: str
+
+    def run(self, command: str | Sequence[str], *, timeout: float | None = None, stdin: bytes | None = None,
+            sudo: bool = False, check: bool = False) -> Result: ...
+
+
 class Remote:
     """An open SSH connection to one host."""
 
@@ -116,6 +126,7 @@ class Remote:
         self._conn = conn
         self.command_timeout = command_timeout
         self.round_trips = 0
+        self.probe_mark: str | None = None  # the mark of a host probe sent ahead (llmfleet.release.early)
         self._ahead: dict[tuple[str, bytes | None], tuple[threading.Thread, list[Any]]] = {}
 
     # -- commands ---------------------------------------------------------------------------------
@@ -311,7 +322,7 @@ class Remote:
         caller that streams data into it (llmfleet.models.transfer sends files this way). One round
         trip; the caller closes the channel."""
         cmd = self._wrap(command, sudo)
-        transport = self._conn.client.get_transport()
+        transport: paramiko.Transport | None = self._conn.client.get_transport()
         if transport is None or not transport.is_active():
             raise RemoteError(f"host {self.name}: SSH connection is closed")
         self.round_trips += 1
@@ -321,6 +332,11 @@ class Remote:
         except (paramiko.SSHException, OSError, EOFError) as exc:
             raise RemoteError(f"host {self.name}: SSH command failed: {exc or type(exc).__name__}") from None
         return chan
+
+    @property
+    def user(self) -> str:
+        """The user this connection logged in as (inventory, ssh config, or the local user)."""
+        return str(self._conn.user)
 
     def host_key(self) -> paramiko.PKey | None:
         """The host key this connection verified (strict checking), None when closed."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -105,6 +105,53 @@ class HealthSettings(_Strict):
     residency: Literal["gpu", "cpu", "off"] | None = None
 
 
+_HF_REPO_RE = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$"
+_REVISION_RE = re.compile(r"^[0-9a-f]{40}$")
+
+
+def _source_in(v: Any) -> Any:
+    """``model_source: /data/m.gguf`` is short for ``model_source: {path: /data/m.gguf}``."""
+    return {"path": v} if isinstance(v, str) else v
+
+
+class ModelSource(_Strict):
+    """Where ``invoke models.push`` takes a service's model from (docs/models.md): exactly one of a
+    path on the machine running llmfleet, an inventory host holding a verified copy at the same
+    model_path, or a Hugging Face repository at a pinned commit, downloaded on the host itself (only
+    with ``allow_download: true``)."""
+
+    path: Annotated[str, Field(min_length=1, max_length=1024)] | None = None
+    host: Annotated[str, Field(pattern=_HOST_OR_GROUP_RE)] | None = None
+    hf: Annotated[str, Field(pattern=_HF_REPO_RE)] | None = None
+    revision: str | None = None
+    file: Annotated[str, Field(min_length=1, max_length=512)] | None = None
+    allow_download: bool = False
+
+    @model_validator(mode="after")
+    def _one(self) -> ModelSource:
+        given = [k for k in ("path", "host", "hf") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError("give exactly one of path (on this machine), host (an inventory host) or hf "
+                             f"(a Hugging Face repository), got {', '.join(given) or 'none'}")
+        if self.path is not None and not self.path.startswith(("/", "~/")):
+            raise ValueError(f"path must be absolute on the machine running llmfleet (or ~/...), got {self.path!r}")
+        if self.hf is None:
+            extra = [k for k in ("revision", "file") if getattr(self, k) is not None] + (
+                ["allow_download"] if self.allow_download else [])
+            if extra:
+                raise ValueError(f"{extra[0]} belongs to an hf source only")
+            return self
+        if self.revision is None or not _REVISION_RE.match(self.revision):
+            raise ValueError(f"hf {self.hf}: revision must be the 40-hex commit to download (a branch or tag can "
+                             f"move), got {shown_value(self.revision)}")
+        if not self.allow_download:
+            raise ValueError(f"hf {self.hf}: a download from the Hugging Face Hub runs on the host itself; "
+                             "allow it with allow_download: true (the host then needs to reach the Hub)")
+        if self.file is not None and (self.file.startswith("/") or ".." in self.file.split("/")):
+            raise ValueError(f"file must be a path inside the repository, got {self.file!r}")
+        return self
+
+
 class Service(_Strict):
     """One inference server a host runs (one systemd unit, one compose project)."""
 
@@ -142,6 +189,8 @@ class Service(_Strict):
     cluster_port: Annotated[int, Field(ge=1024, le=65535)] | None = None
     # The image workers run (default: the service's image; it must hold the worker binary).
     worker_image: Annotated[str, Field(min_length=3, max_length=256)] | None = None
+    # Where `invoke models.push` takes the model from (a path here, a host, or hf + revision; docs/models.md).
+    model_source: Annotated[ModelSource | None, BeforeValidator(_source_in)] = None
 
     @field_validator("workers")
     @classmethod
@@ -221,6 +270,36 @@ def cluster_address_problem(address: str) -> str | None:
         return (f"{address} is not a private address; rpc-server and Ray have no authentication: use an "
                 "address on a private network (10/8, 172.16/12, 192.168/16, fc00::/7) behind a firewall")
     return None
+
+
+_DNS_NAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9_]([A-Za-z0-9_-]{0,62})(\.[A-Za-z0-9_]([A-Za-z0-9_-]{0,62}))*$")
+
+
+def split_transfer_address(value: str) -> tuple[str, int | None]:
+    """``NAME``, ``IP``, ``NAME:PORT`` or ``[IPv6]:PORT`` -> (address, port or None). Raises ``ValueError``."""
+    v = value.strip()
+    port: int | None = None
+    if v.startswith("["):
+        host, _, rest = v[1:].partition("]")
+        if rest:
+            if not rest.startswith(":") or not rest[1:].isdigit():
+                raise ValueError("must be NAME, IP, NAME:PORT or [IPv6]:PORT")
+            port = int(rest[1:])
+    elif v.count(":") == 1:
+        host, _, p = v.partition(":")
+        if not p.isdigit():
+            raise ValueError("its port must be a number")
+        port = int(p)
+    else:
+        host = v
+    try:
+        host = str(ipaddress.ip_address(host))
+    except ValueError:
+        if not _DNS_NAME.match(host):
+            raise ValueError("must be a host name or IP address (optionally :PORT)") from None
+    if port is not None and not 1 <= port <= 65535:
+        raise ValueError(f"port {port} is out of range 1-65535")
+    return host, port
 
 
 def resolve_workers(service: Service, head: str, hosts: Collection[str],
@@ -340,11 +419,21 @@ class HostSettings(_Strict):
     # The link between this host and the other hosts of its multi-host services, in Gbit/s (the
     # planner prices pipeline hops with the slowest one; docs/planner.md).
     network_gbps: Annotated[float, Field(gt=0.0, le=100_000.0)] | None = None
+    # How the fleet's other hosts reach this host's sshd for host-to-host model copies
+    # (`invoke models.push --from`): NAME, IP, NAME:PORT or [IPv6]:PORT (docs/models.md).
+    transfer_address: Annotated[str, Field(min_length=1, max_length=300)] | None = None
 
     @field_validator("bind_address")
     @classmethod
     def _ip(cls, v: str | None) -> str | None:
         return _check_bind_address(v)
+
+    @field_validator("transfer_address")
+    @classmethod
+    def _transfer_address(cls, v: str | None) -> str | None:
+        if v is not None:
+            split_transfer_address(v)
+        return v
 
     @field_validator("cluster_address")
     @classmethod
@@ -370,7 +459,7 @@ class HostSettings(_Strict):
         return self
 
 
-def _describe(err: dict[str, Any]) -> tuple[str, str]:
+def _describe(err: Mapping[str, Any]) -> tuple[str, str]:
     loc = err.get("loc", ())
     parts: list[str] = []
     for p in loc:
@@ -410,13 +499,23 @@ def _namespace(hostvars: dict[str, Any]) -> dict[str, Any]:
     return {k[len(NAMESPACE_PREFIX):]: v for k, v in hostvars.items() if k.startswith(NAMESPACE_PREFIX)}
 
 
-def _message(host: str, err: dict[str, Any], sources: dict[str, str]) -> str:
+def _service_named(err: Mapping[str, Any], data: dict[str, Any]) -> str:
+    """`` service NAME:`` when the error is inside a service that has a name, so the line names it."""
+    loc = err.get("loc", ())
+    raw = data.get("services")
+    if len(loc) > 2 and loc[0] == "services" and isinstance(loc[1], int) and isinstance(raw, list) \
+            and loc[1] < len(raw) and isinstance(raw[loc[1]], dict) and isinstance(raw[loc[1]].get("name"), str):
+        return f" service {shown_value(raw[loc[1]]['name'])[1:-1]}:"
+    return ""
+
+
+def _message(host: str, err: Mapping[str, Any], sources: dict[str, str], data: dict[str, Any] | None = None) -> str:
     field, msg = _describe(err)
     top = str(err["loc"][0]) if err.get("loc") else ""
     var = NAMESPACE_PREFIX + top if top else NAMESPACE_PREFIX + "services"
     where = sources.get(var, "inventory")
     shown = NAMESPACE_PREFIX + field if field else var
-    return f"{where}: host {host}: {shown}: {msg}"
+    return f"{where}: host {host}:{_service_named(err, data or {})} {shown}: {msg}"
 
 
 def host_settings_all(
@@ -434,7 +533,7 @@ def host_settings_all(
         settings = HostSettings.model_validate(data)
         return settings, list(settings.services), []
     except ValidationError as exc:
-        errors = [_message(host, e, sources) for e in exc.errors() if e.get("loc")]
+        errors = [_message(host, e, sources, data) for e in exc.errors() if e.get("loc")]
     services: list[Service] = []
     raw = data.get("services")
     for item in raw if isinstance(raw, list) else []:
@@ -459,10 +558,4 @@ def host_settings(host: str, hostvars: dict[str, Any], sources: dict[str, str] |
     try:
         return HostSettings.model_validate(data)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        field, msg = _describe(err)
-        top = str(err["loc"][0]) if err.get("loc") else ""
-        var = NAMESPACE_PREFIX + top if top else NAMESPACE_PREFIX + "services"
-        where = sources.get(var, "inventory")
-        shown = NAMESPACE_PREFIX + field if field else var
-        raise InventoryError(f"{where}: host {host}: {shown}: {msg}") from None
+        raise InventoryError(_message(host, exc.errors()[0], sources, data)) from None

@@ -286,9 +286,11 @@ def staging_file(model_path: str, kind: str, rel: str) -> str:
     return part if kind == "file" else f"{part}/{rel}"
 
 
-def prepare_script(model_path: str, kind: str, digest: str, *, reset: bool) -> str:
+def prepare_script(model_path: str, kind: str, digest: str, *, reset: bool, link: tuple[str, ...] = ()) -> str:
     """Before sending: with ``reset`` drop the staging copy (it was for other content, or there is
-    none), then stamp it with the content ``digest`` it is filled for; the model's folder made."""
+    none), then stamp it with the content ``digest`` it is filled for; the model's folder made.
+    ``link``: files of a folder model the host already holds verified (sha256sum just agreed), hard
+    linked into the staging folder instead of being sent again."""
     mp = model_path.rstrip("/") or "/"
     part, want = M.part_path(mp), M.want_path(mp)
     lines = ["umask 022", f"mkdir -p -- {q(mp.rsplit('/', 1)[0] or '/')} || exit 1"]
@@ -296,6 +298,9 @@ def prepare_script(model_path: str, kind: str, digest: str, *, reset: bool) -> s
         lines.append(f"rm -rf -- {q(part)} {q(want)} || exit 1")
     if kind == "dir":
         lines.append(f"mkdir -p -- {q(part)} || exit 1")
+        for rel in link:
+            dest = f"{part}/{rel}"
+            lines.append(f"mkdir -p -- {q(dest.rsplit('/', 1)[0])} && ln -f -- {q(mp + '/' + rel)} {q(dest)} || exit 1")
     lines += [f"printf '%s\\n' {q(digest)} > {q(want)} || exit 1", "echo @@prepared"]
     return "\n".join(lines)
 
@@ -378,7 +383,7 @@ def commit_script(model_path: str, kind: str, *, move: bool = True) -> str:
             f"rm -f -- {q(mf)} || exit 1",
         ]
         if kind == "file":
-            lines.append(f"mv -f -- {q(part)} {q(mp)} || exit 1")
+            lines.append(f"mv -fT -- {q(part)} {q(mp)} || exit 1")
         else:
             old = q(mp + ".llmfleet.old")
             lines += [
@@ -409,6 +414,41 @@ def cleanup_script(model_path: str) -> str:
     return f"rm -rf -- {q(M.part_path(mp))} {q(M.want_path(mp))} {q(mp + '.llmfleet.old')}\necho @@cleaned"
 
 
+def hash_script(model_path: str, kind: str) -> str:
+    """Size and ``sha256sum`` of every file of the staging copy (``@@hash SIZE SHA REL``): what a copy
+    that no manifest describes yet (a download on the host) holds."""
+    mp = model_path.rstrip("/") or "/"
+    part = M.part_path(mp)
+    if kind == "file":
+        return "\n".join([
+            f"part={q(part)}",
+            "[ -f \"$part\" ] || exit 1",
+            f"printf '@@hash %s %s %s\\n' \"$(stat -c %s -- \"$part\")\" \"$(sha256sum -- \"$part\" | cut -c1-64)\" "
+            f"{q(mp.rsplit('/', 1)[-1])}",
+        ])
+    return "\n".join([
+        MANIFEST_READER.rstrip("\n"),
+        f"part={q(part)}",
+        "[ -d \"$part\" ] || exit 1",
+        "LLM_N=0",
+        "LLM_TOP=$part",
+        'llmfleet_model_tree "$part" 1 | while read -r _ size _mtime rel; do',
+        "    printf '@@hash %s %s %s\\n' \"$size\" \"$(sha256sum -- \"$part/$rel\" | cut -c1-64)\" \"$rel\"",
+        "done",
+    ])
+
+
+def parse_hashes(stdout: str) -> list[tuple[str, int, str]]:
+    """``hash_script``'s lines -> [(rel, size, sha256)] (lines that do not parse are left out)."""
+    out = []
+    for line in stdout.splitlines():
+        if line.startswith("@@hash "):
+            parts = line[7:].split(" ", 2)
+            if len(parts) == 3 and parts[0].isdigit() and len(parts[1]) == 64 and M.check_relpath(parts[2]) is None:
+                out.append((parts[2], int(parts[0]), parts[1]))
+    return out
+
+
 # ---------------------------------------------------------------------------------------------
 # Downloading on the host from the Hugging Face Hub (model_source: {hf: ..., allow_download: true})
 
@@ -428,7 +468,7 @@ print("@@downloaded")
 def hf_download_command(image: str, repo: str, revision: str, staging_dir: str, filename: str | None = None) -> list[str]:
     """``docker run`` of the service's own image (its huggingface_hub) that downloads ``repo`` at
     ``revision`` into ``staging_dir`` on the host (as argv; quoted by the SSH layer)."""
-    return ["docker", "run", "--rm", "--pull", "never", "--user", "0:0",
+    return ["docker", "run", "--rm", "--pull", "missing", "--user", "0:0",
             "-e", "HF_HUB_DISABLE_TELEMETRY=1", "-e", "HF_HUB_ENABLE_HF_TRANSFER=0",
             "-v", f"{staging_dir}:/llmfleet-download", "--entrypoint", "python3", image,
             "-c", HF_DOWNLOAD, repo, revision, "/llmfleet-download", filename or ""]

@@ -168,7 +168,9 @@ def send_file(remote: Any, local_path: str, dest_part: str, *, offset: int, size
             err += chan.recv_stderr(65536)
     except TransferError:
         raise
-    except (OSError, EOFError, paramiko.SSHException, RemoteError) as exc:
+    except EOFError:
+        raise cut("the SSH connection closed") from None
+    except (OSError, paramiko.SSHException, RemoteError) as exc:
         raise cut(f"{type(exc).__name__}: {exc}".rstrip(": ")) from None
     finally:
         if chan is not None:
@@ -247,21 +249,33 @@ def parse_peer_setup(stdout: str) -> tuple[str | None, str | None, str | None]:
     return got.get("@@peer-dir "), got.get("@@peer-key "), got.get("@@source-address ")
 
 
-def authorize_script(line: str) -> str:
-    """On the target, as its login user: add the one-use key line to ``~/.ssh/authorized_keys``."""
+_HOME = "import pwd, sys; print(pwd.getpwnam(sys.argv[1]).pw_dir)"
+
+
+def _keys_file(user: str) -> list[str]:
+    """sh lines that set ``$f`` to ``user``'s authorized_keys (whoever runs them: sudo changes $HOME)."""
+    return [f"h=$(python3 -c {q(_HOME)} {q(user)}) || exit 1", 'f="$h/.ssh/authorized_keys"']
+
+
+def authorize_script(line: str, user: str) -> str:
+    """On the target: add the one-use key line to ``user``'s ``~/.ssh/authorized_keys`` (the folder
+    and file made, owned by ``user``, when missing)."""
     return "\n".join([
         "umask 077",
-        'mkdir -p "$HOME/.ssh" || exit 1',
-        f'printf "%s\\n" {q(line)} >> "$HOME/.ssh/authorized_keys" || exit 1',
+        *_keys_file(user),
+        'if [ ! -d "$h/.ssh" ]; then mkdir -p "$h/.ssh" && chown ' + q(user) + ' "$h/.ssh" || exit 1; fi',
+        'if [ ! -f "$f" ]; then : > "$f" && chown ' + q(user) + ' "$f" || exit 1; fi',
+        f'printf "%s\\n" {q(line)} >> "$f" || exit 1',
         'echo "@@authorized"',
     ])
 
 
-def deauthorize_script(token: str) -> str:
-    """On the target: remove the key line marked with ``token`` (the file keeps its inode and mode)."""
+def deauthorize_script(token: str, user: str) -> str:
+    """On the target: remove the key line marked with ``token`` from ``user``'s authorized_keys (the
+    file keeps its inode, owner and mode)."""
     mark = q(PEER_MARK + token)
     return "\n".join([
-        'f="$HOME/.ssh/authorized_keys"',
+        *_keys_file(user),
         '[ -f "$f" ] || { echo "@@deauthorized"; exit 0; }',
         f'grep -vF -- {mark} "$f" > "$f.llmfleet.tmp"',
         'cat "$f.llmfleet.tmp" > "$f" && rm -f "$f.llmfleet.tmp" || exit 1',
@@ -286,8 +300,12 @@ while True:
         if ahead > 0:
             time.sleep(ahead)
     view = memoryview(b)
-    while view:
-        view = view[os.write(1, view):]
+    try:
+        while view:
+            view = view[os.write(1, view):]
+    except BrokenPipeError:
+        sys.stderr.write("@@sent %d\n" % sent)
+        sys.exit(1)  # ssh ended: its own message says why
     sent += len(b)
     if time.monotonic() - shown > 0.25:
         shown = time.monotonic()
@@ -353,7 +371,7 @@ def send_between(source: Any, target: Any, source_file: str, dest_part: str, *, 
                                 f"{detail}", host=tname, path=source_file, position=pos)
         forced = target.command_line(S.receive_script(dest_part, offset), sudo=sudo)
         line = authorized_line(pub, source_address=src_addr, command=forced, token=token)
-        res = target.run(authorize_script(line), timeout=60)
+        res = target.run(authorize_script(line, peer.user), timeout=60)
         authorized = res.rc == 0 and "@@authorized" in res.stdout
         if not authorized:
             raise cut(f"cannot add the one-use key to the target's authorized_keys (exit {res.rc})")
@@ -401,7 +419,7 @@ def send_between(source: Any, target: Any, source_file: str, dest_part: str, *, 
         problems = []
         if authorized:
             try:
-                r = target.run(deauthorize_script(token), timeout=60)
+                r = target.run(deauthorize_script(token, peer.user), timeout=60)
                 if "@@deauthorized" not in r.stdout:
                     problems.append(f"host {tname}: remove the line marked {PEER_MARK}{token} from authorized_keys")
             except RemoteError as exc:

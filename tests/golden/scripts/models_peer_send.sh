@@ -12,8 +12,12 @@ while True:
         if ahead > 0:
             time.sleep(ahead)
     view = memoryview(b)
-    while view:
-        view = view[os.write(1, view):]
+    try:
+        while view:
+            view = view[os.write(1, view):]
+    except BrokenPipeError:
+        sys.stderr.write("@@sent %d\n" % sent)
+        sys.exit(1)  # ssh ended: its own message says why
     sent += len(b)
     if time.monotonic() - shown > 0.25:
         shown = time.monotonic()
