@@ -201,7 +201,7 @@ def built(registry, tmp_path_factory):
     inventory = _inventory(tmp, registry.host, lock)
     out = tmp / "site bundle"
     res = inv("bundle.create", str(out), "-i", str(inventory), "--group", "fleet", "--mirror", f"lab-registry:5000={registry.host}",
-              "--no-models", "--tar", "--json")
+              "--tar", "--json")
     assert res.returncode == 0, res.stderr
     return out, json.loads(res.stdout), pushed, inventory
 
@@ -274,7 +274,7 @@ def test_create_refuses_an_unpinned_image_and_a_foreign_folder(registry, tmp_pat
     lock = images.render_lock(images.ImageLock(images={"llamacpp:lab-cpu": images.LockedImage(
         key="llamacpp:lab-cpu", repository="lab-registry:5000/lab/llama-server", digest=None, tag="lab")}))
     inventory = _inventory(tmp_path, registry.host, lock)
-    res = inv("bundle.create", str(tmp_path / "b"), "-i", str(inventory), "--group", "all", "--no-models")
+    res = inv("bundle.create", str(tmp_path / "b"), "-i", str(inventory), "--group", "all")
     assert res.returncode == 2 and "without a digest" in res.stderr and not (tmp_path / "b").exists()
     (tmp_path / "busy").mkdir()
     (tmp_path / "busy" / "notes.txt").write_text("mine")

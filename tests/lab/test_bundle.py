@@ -64,7 +64,7 @@ def bundle(lab, tmp_path_factory):
     lab.ensure_hosts(HOST)
     tmp = tmp_path_factory.mktemp("bundle")
     out = tmp / "site"
-    r = _cli(lab, tmp, "bundle.create", str(out), "-i", lab.inventory_path, "--host", HOST, "--no-models",
+    r = _cli(lab, tmp, "bundle.create", str(out), "-i", lab.inventory_path, "--host", HOST,
              "--mirror", f"{lab.registry_inner}={lab.registry}", "--json")
     assert r.returncode == 0, r.stderr[-2000:]
     return out, json.loads(r.stdout), tmp
@@ -139,7 +139,7 @@ def test_a_bundle_built_from_another_lock_is_refused(lab, bundle):
     assert str(lab.lock_path) in text
     all_yml.write_text(text.replace(str(lab.lock_path), str(other_lock)))
     other = tmp / "other-bundle"
-    r = _cli(lab, tmp, "bundle.create", str(other), "-i", str(inv), "--host", HOST, "--no-models",
+    r = _cli(lab, tmp, "bundle.create", str(other), "-i", str(inv), "--host", HOST,
              "--mirror", f"{lab.registry_inner}={lab.registry}")
     assert r.returncode == 0, r.stderr[-2000:]
     before = _host_view(lab)

@@ -3,9 +3,9 @@
 Images come from their registry (or a mirror: the digest stays the same) by the pinned digest in
 images.lock, through ``images.registry.RegistryClient``: the linux/amd64 manifest, its config and
 layers streamed to a staging folder (``.blobs/``, kept when a run fails so the next one resumes,
-removed when the bundle is complete), then one tar per image (``contents.image_layout``). Models
-come with the manifest ``llmfleet.models`` writes beside them. Last, ``bundle.json`` lists every
-file with its size and sha256 (written last, atomically: a bundle without it is incomplete).
+removed when the bundle is complete), then one tar per image (``contents.image_layout``). Last,
+``bundle.json`` lists every file with its size and sha256 (written last, atomically: a bundle
+without it is incomplete).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import os
 import shutil
 import tarfile
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import resources
 from pathlib import Path
@@ -34,7 +34,7 @@ STAGING = ".blobs"
 
 @dataclass
 class Selection:
-    """What a bundle is for: the hosts, their services, the one lock they use, the images and models."""
+    """What a bundle is for: the hosts, their services, the one lock they use, the images."""
 
     inventory: Inventory
     hosts: list[str]
@@ -42,17 +42,15 @@ class Selection:
     lock_path: Path
     lock: images.ImageLock
     images: list[images.LockedImage]
-    model_paths: dict[str, str] = field(default_factory=dict)  # host path -> first service naming it
 
 
 def select(inv: Inventory, host_names: list[str], services: list[str] | None, configured_lock: str | None) -> Selection:
-    """The images and models of the chosen hosts' services, by the one images.lock they share.
+    """The images of the chosen hosts' services, by the one images.lock they share.
     Usage errors: hosts on different locks, a service no host has, an image not pinned."""
     lock_path: Path | None = None
     first = ""
     chosen: dict[str, list[str]] = {}
     keys: dict[str, str] = {}  # image key -> where it was named
-    models: dict[str, str] = {}
     for name in host_names:
         host = inv.hosts[name]
         path = images.lock_path_for(host.vars, inv.path, configured_lock)
@@ -67,7 +65,6 @@ def select(inv: Inventory, host_names: list[str], services: list[str] | None, co
             where = f"host {name}: service {s.name}"
             for image in filter(None, (s.image, s.worker_image)):
                 keys.setdefault(image, where)
-            models.setdefault(s.model_path, where)
     if services:
         missing = [s for s in services if not any(s in v for v in chosen.values())]
         if missing:
@@ -84,7 +81,7 @@ def select(inv: Inventory, host_names: list[str], services: list[str] | None, co
                              f"only: pin it (images.pin) and name it by its key")
         assert ref.digest is not None
         out.append(locked)
-    return Selection(inv, list(host_names), chosen, lock_path, lock, out, models)
+    return Selection(inv, list(host_names), chosen, lock_path, lock, out)
 
 
 class _Hashing:
@@ -210,9 +207,7 @@ def write_top(out: Path, bundle: bc.Bundle) -> None:
 
 
 def create(sel: Selection, out: Path, *, client: RegistryClient, mirrors: dict[str, str] | None = None,
-           log: Log = lambda _m: None, models: Callable[[Selection, Path, Log], tuple[list[bc.BundleModel],
-                                                                                      list[bc.FileEntry]]] | None = None,
-           now: datetime | None = None) -> bc.Bundle:
+           log: Log = lambda _m: None, now: datetime | None = None) -> bc.Bundle:
     """Write the bundle for ``sel`` into ``out``; returns its top manifest."""
     _prepare_dir(out)
     staging = out / STAGING
@@ -228,16 +223,12 @@ def create(sel: Selection, out: Path, *, client: RegistryClient, mirrors: dict[s
     for src in catalog_files():
         e = _copy(src, out / bc.CATALOG_DIR / src.name)
         files.append(bc.FileEntry(f"{bc.CATALOG_DIR}/{src.name}", e.size, e.sha256))
-    bundled_models: list[bc.BundleModel] = []
-    if models is not None:
-        bundled_models, model_files = models(sel, out, log)
-        files += model_files
     when = (now or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
     built_for = {"inventory": Path(sel.inventory.path).name if sel.inventory.path else None,
                  "hosts": sel.hosts, "services": sel.services, "platform": PLATFORM,
                  "images": [i.key for i in got]}
     bundle = bc.Bundle(created=when, llmfleet_version=__version__, lock_sha256=lock_entry.sha256,
-                       built_for=built_for, images=tuple(got), models=tuple(bundled_models), files=tuple(files))
+                       built_for=built_for, images=tuple(got), files=tuple(files))
     write_top(out, bundle)
     shutil.rmtree(staging, ignore_errors=True)
     return bundle

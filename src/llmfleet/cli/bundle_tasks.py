@@ -1,5 +1,5 @@
 """``invoke bundle.create`` and ``invoke bundle.verify``: one folder an air-gapped site deploys from
-(the pinned images as archives, the models with their manifests, images.lock, the catalogs), and its
+(the pinned images as archives, images.lock, the catalogs), and its
 check against its own ``bundle.json``."""
 
 from __future__ import annotations
@@ -54,17 +54,16 @@ def _mirror_pairs(values: str | None) -> dict[str, str]:
         "mirror": "fetch REPOSITORY_PREFIX from MIRROR_PREFIX instead (comma-separated PREFIX=MIRROR pairs), "
                   "e.g. a registry reached under another name from this machine",
         "insecure": "registries (host:port, comma-separated) reached over plain HTTP; loopback always is",
-        "no_models": "leave the models out (images, lock and catalogs only)",
         "tar": "also write DIR.tar beside the folder: the whole bundle as one file",
         "json": "print the bundle's top manifest (bundle.json) as JSON",
     },
 )
 def create(c, dir, host=None, group=None, service=None, inventory=None, registry_mirror=False, mirror=None,
-           insecure=None, no_models=False, tar=False, json=False):
+           insecure=None, tar=False, json=False):
     """Write a bundle: everything the chosen hosts' services need, for a site with no registry and no internet.
 
-    Images by their pinned digest (images.lock) as archives `docker load` accepts, the models with
-    their manifests, a copy of images.lock, the catalogs, and bundle.json with every file's size and sha256.
+    Images by their pinned digest (images.lock) as archives `docker load` accepts, a copy of
+    images.lock, the catalogs, and bundle.json with every file's size and sha256.
     """
     from llmfleet.bundle import create as bcreate
     from llmfleet.images.registry import RegistryClient
@@ -78,9 +77,8 @@ def create(c, dir, host=None, group=None, service=None, inventory=None, registry
         mirrors.update(_mirrors(c, inventory, host, group))
     mirrors.update(_mirror_pairs(mirror))
     out = Path(dir).expanduser()
-    models = None
     bundle = bcreate.create(sel, out, client=RegistryClient(insecure=_split(insecure)), mirrors=mirrors,
-                            log=lambda m: err_console.print(escape(m)), models=models)
+                            log=lambda m: err_console.print(escape(m)))
     tarball = bcreate.write_tarball(out) if tar else None
     if json:
         doc = bundle.to_dict()

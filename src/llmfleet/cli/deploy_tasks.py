@@ -70,7 +70,7 @@ def _summary(outcomes: list[HostOutcome], title: str) -> None:
         "timeline": TIMELINE_HELP,
         "json": 'print {"hosts": [one result per host], "unreachable": [{"host", "error"}]}',
         "bundle": "deploy from a bundle folder (bundle.create), never from a registry: the bundle is verified, "
-                  "each host gets the image archives it lacks (docker load, image ID checked) and the models",
+                  "each host gets the image archives it lacks (docker load, image ID checked)",
     },
 )
 def deploy(c, host=None, group=None, inventory=None, check=False, diff=False, accept_new_host_keys=False,
@@ -152,7 +152,7 @@ def _bundle(path: str, hosts: list[Any], service: str | None) -> Any:
 def _load_bundle(verified: Any, prepared: dict[str, Any], settings: Any, options: Any,
                  forks: int) -> tuple[dict[str, Any], list[Any]]:
     """Each host's images from the bundle (sent when its engine lacks them, loaded, image ID checked,
-    tagged) and its models; the hosts where that failed are left out of the deploy, as failed."""
+    tagged); the hosts where that failed are left out of the deploy, as failed."""
     from llmfleet.bundle.load import load_hosts, send_file
     from llmfleet.release.decide import HostOutcome, Result
 
