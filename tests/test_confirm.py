@@ -247,7 +247,7 @@ def test_first_deploy_revert_stops_the_unit_and_forgets_current(host):
     sh(f"sh {Path(paths.service_dir) / '.revert.sh'}", env)
     assert not os.path.lexists(paths.current)
     assert "systemctl stop llmfleet-chat.service" in calls(tmp)
-    assert "no earlier release, service stopped" in audit_lines(paths)[0]["detail"]
+    assert "no release confirmed healthy to go back to, service stopped" in audit_lines(paths)[0]["detail"]
 
 
 def test_an_invalid_compose_file_arms_nothing(host):

@@ -19,6 +19,18 @@ OTHER = "f" * 64
 NEW_ID = f"20261129T120000Z-{H[:10]}"
 
 
+def marked(st, rid: str, result: str, time: str | None = None):
+    """``st`` with release ``rid``'s health mark replaced (a check that failed, a later confirmation)."""
+    st.releases[rid].health = {"result": result} | ({"time": time} if time else {})
+    return st
+
+
+def killed_after_switch():
+    """A deploy of R2 killed right after its switch (R2 current, never confirmed); the next deploy's R3
+    failed and could not be switched away from (marked unhealthy, still current); R1 was confirmed."""
+    return marked(svc_state({R1: (OTHER, True), R2: (OTHER, False), R3: (OTHER, False)}, R3), R3, "unhealthy")
+
+
 # ---------------------------------------------------------------------------------------------
 # decide_service: what to do with one service
 
@@ -48,8 +60,14 @@ NEW_ID = f"20261129T120000Z-{H[:10]}"
         ("no current and no healthy release: nothing to go back to",
          svc_state({R1: (OTHER, False)}, None), Action.NEW, NEW_ID, None),
         ("an unreadable manifest never matches", svc_state({R1: (None, True)}, R1), Action.NEW, NEW_ID, R1),
-        ("the unhealthy current release is still where a failure goes back to",
-         svc_state({R1: (OTHER, True), R2: (OTHER, False)}, R2), Action.NEW, NEW_ID, R2),
+        ("killed after its switch: the current release was never confirmed, back to the confirmed one",
+         svc_state({R1: (OTHER, True), R2: (OTHER, False)}, R2), Action.NEW, NEW_ID, R1),
+        ("current failed, the one before never confirmed: back past both to the last confirmed",
+         killed_after_switch(), Action.NEW, NEW_ID, R1),
+        ("an unconfirmed current release and nothing confirmed: nothing to go back to (stop)",
+         svc_state({R1: (OTHER, False), R2: (OTHER, False)}, R2), Action.NEW, NEW_ID, None),
+        ("the same content as the unconfirmed release: verify it, back to the confirmed one",
+         svc_state({R1: (OTHER, True), R2: (OTHER, False), R3: (H, False)}, R3), Action.VERIFY, R3, R1),
     ],
 )
 def test_decide_service(case, state, action, release, previous):
@@ -112,6 +130,29 @@ def test_rollback_target(releases, current, exclude, expected):
     assert D.rollback_target(st, exclude=exclude) == expected
 
 
+@pytest.mark.parametrize(
+    ("case", "state", "release", "expected"),
+    [
+        ("the confirmed current release", svc_state({R1: (OTHER, True), R2: (OTHER, True)}, R2), NEW_ID, R2),
+        ("killed after its switch (table of the brief): C failed, B never confirmed, A confirmed",
+         killed_after_switch(), NEW_ID, R1),
+        ("the release being verified is never its own way back",
+         svc_state({R1: (OTHER, True), R2: (OTHER, True)}, R2), R2, R1),
+        ("the last confirmation wins over the newest id: rolled back from R3 to R1, then R4 killed",
+         marked(marked(svc_state({R1: (OTHER, True), R3: (OTHER, True), R4: (OTHER, False)}, R4),
+                       R3, "healthy", "2026-11-03T10:00:00+00:00"), R1, "healthy", "2026-11-03T11:00:00+00:00"),
+         NEW_ID, R1),
+        ("a mark without a time counts from the release's creation",
+         marked(svc_state({R1: (OTHER, True), R2: (OTHER, True), R3: (OTHER, False)}, R3),
+                R1, "healthy", "2026-11-01T00:00:01+00:00"), NEW_ID, R2),
+        ("nothing confirmed", svc_state({R1: (OTHER, False)}, R1), NEW_ID, None),
+        ("no state", None, NEW_ID, None),
+    ],
+)
+def test_go_back_target_is_the_last_release_confirmed_healthy(case, state, release, expected):
+    assert D.go_back_target(state, release) == expected, case
+
+
 STATES = {
     "chat": svc_state({R1: (OTHER, True), R2: (OTHER, True), R3: (OTHER, True)}, R3),
     "embed": svc_state({R1: (OTHER, True), R4: (OTHER, True)}, R4, name="embed"),
@@ -133,6 +174,25 @@ def test_decide_rollback(kw, expected):
     steps = D.decide_rollback(STATES, ["chat", "embed"], host="h1", **kw)
     assert [(s.service, s.target, s.previous) for s in steps] == expected
     assert all(s.image_ref for s in steps)
+    # a failure (and the host-side revert) goes back to the confirmed release current before
+    assert all(s.back == s.previous for s in steps if s.previous != s.target)
+
+
+@pytest.mark.parametrize(
+    ("case", "state", "kw", "target", "back"),
+    [
+        ("killed after its switch: rollback skips the unconfirmed releases; nothing else confirmed to go back to",
+         killed_after_switch(), {}, R1, None),
+        ("from an unconfirmed current release: a failure goes back to the other confirmed one",
+         svc_state({R1: (OTHER, True), R2: (OTHER, True), R3: (OTHER, False)}, R3), {}, R2, R1),
+        ("to a named older release: a failure goes back to the confirmed current one",
+         svc_state({R1: (OTHER, True), R2: (OTHER, True), R3: (OTHER, True)}, R3), {"to": R1}, R1, R3),
+    ],
+)
+def test_rollback_targets_and_goes_back_to_confirmed_releases_only(case, state, kw, target, back):
+    (step,) = D.decide_rollback({"chat": state}, ["chat"], host="h1", **kw)
+    assert (step.target, step.back) == (target, back), case
+    assert step.arms_revert
 
 
 @pytest.mark.parametrize(
@@ -142,7 +202,7 @@ def test_decide_rollback(kw, expected):
         (STATES, {"service": "chat", "to": R7}, f"release {R7} does not exist on h1 (pruned?)"),
         ({}, {}, "h1 has no deployed llmfleet service"),
         ({}, {"service": "chat"}, "service chat has no releases on h1"),
-        ({"chat": svc_state({R1: (OTHER, False), R2: (OTHER, True)}, R2)}, {}, "no healthy release other than"),
+        ({"chat": svc_state({R1: (OTHER, False), R2: (OTHER, True)}, R2)}, {}, "no release confirmed healthy other than"),
         ({"chat": svc_state({R1: (None, True), R2: (OTHER, True)}, R2)}, {}, f"release {R1} has no readable manifest"),
     ],
 )
@@ -177,6 +237,15 @@ def test_prune_keeps_current_and_its_rollback_target_and_shared_images():
     # keep R5 (current), R4 (newest two) and R1 (the only healthy release: the rollback target)
     assert plan.releases == {"chat": (R2, R3)}
     assert plan.images == ("img@3",)  # img@2 is still used by R5
+
+
+def test_prune_keeps_the_release_a_failure_goes_back_to():
+    # R2 is current but never confirmed (a killed deploy); R1, the last confirmed, was rolled back to
+    # after R3 and R4, so it is neither among the newest nor the rollback target older than current
+    st = marked(svc_state({R1: (OTHER, True), R2: (OTHER, False), R3: (OTHER, True), R4: (OTHER, True),
+                           R5: (OTHER, False)}, R5), R1, "healthy", "2026-11-09T00:00:00+00:00")
+    assert D.go_back_target(st, None) == R1 and D.rollback_target(st) == R4
+    assert D.prune_plan({"chat": st}, keep=1).releases == {"chat": (R2, R3)}
 
 
 def test_prune_leaves_a_service_without_current_alone():

@@ -228,6 +228,29 @@ def test_unhealthy_release_rolls_back_to_the_previous_one_by_field():
     assert audit_results(r.finish()) == [("deploy", "rolled_back")]
 
 
+def test_after_a_deploy_killed_after_its_switch_a_failure_goes_back_to_the_last_confirmed_release():
+    """R2 current but never confirmed (its deploy was killed right after the switch): the next deploy
+    arms the host-side revert to R1 and, failing its health check, goes back to R1, not to R2."""
+    st = svc_state({R1: (OTHER, True), R2: (OTHER, False)}, R2)
+    r = Run([state(st), lock_pull(), switch_in(NEW_ID, R1), ENGINE_LOG, Command(None, out="@@marked"), DISARM,
+             switch(R1), Command(None, out="@@marked")], {NEW_ID: [UNHEALTHY], R1: [HEALTHY]})
+    o = r.deploy()
+    assert o.result == "rolled_back" and o.releases == {"chat": R1}
+    assert o.services["chat"].current == R1 and f"back on release {R1}" in o.reason
+    assert any(f"host reverts to {R1} in" in ln for ln in r.lines)
+    assert [rid for rid, *_ in r.checked] == [NEW_ID, R1]  # R2 is never switched to or checked
+    r.remote.assert_done()
+
+
+def test_a_failure_with_no_confirmed_release_stops_the_unit_even_if_one_is_current():
+    st = svc_state({R2: (OTHER, False)}, R2)
+    r = Run([state(st), lock_pull(), switch_in(NEW_ID, None), ENGINE_LOG, Command(None), DISARM,
+             Command(S.stop_script(PATHS, forget_current=True), out="@@stopped")], {NEW_ID: [UNHEALTHY]})
+    o = r.deploy()
+    assert o.result == "failed" and "no release confirmed healthy to go back to; the service was stopped" in o.reason
+    assert any("host reverts to nothing in" in ln for ln in r.lines)
+
+
 def test_going_back_checks_the_old_release_as_it_was_deployed():
     old = svc_state({R1: (OTHER, True)}, R1)
     old.releases[R1].manifest = S.Manifest.parse({
@@ -445,6 +468,15 @@ def test_unhealthy_rollback_target_goes_back_and_says_still():
     o = r.rollback()
     assert o.result == "failed" and f"the host is still on release {R3} (healthy)" in o.reason
     assert o.releases == {"chat": R3} and o.services["chat"].current == R3
+
+
+def test_rollback_from_an_unconfirmed_release_goes_back_to_a_confirmed_one_on_failure():
+    st = svc_state({R1: (OTHER, True), R2: (OTHER, True), R3: (OTHER, False)}, R3, refs={R1: REF, R2: REF, R3: REF})
+    r = Run([state(st), acquire(action="rollback"), present(), arm(R2, R1, "rollback"), switch(R2),
+             ENGINE_LOG, DISARM, switch(R1), Command(None)], {R2: [UNHEALTHY], R1: [HEALTHY]})
+    o = r.rollback()
+    assert o.result == "failed" and f"the host is back on release {R1} (healthy)" in o.reason
+    assert o.releases == {"chat": R1} and o.services["chat"].previous == R3
 
 
 def test_rollback_of_the_current_release_restarts_it():

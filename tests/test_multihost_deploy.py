@@ -224,7 +224,7 @@ def test_a_failed_first_deploy_stops_every_host(prepared, monkeypatch):
     sim.bad = {"head"}
     res = deploy(prepared, sim, monkeypatch)
     assert res.result == "failed"
-    assert "no earlier release" in res.reason and res.reason.count("the service was stopped") == 3
+    assert "no release confirmed healthy to go back to" in res.reason and res.reason.count("the service was stopped") == 3
 
 
 def test_worker_addresses_are_read_from_the_interface_and_checked(prepared, monkeypatch):

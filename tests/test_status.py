@@ -114,7 +114,7 @@ def test_rows_for_a_reachable_host():
     assert st.short_digest(chat.digest) == "ab" * 6
     assert st.fmt_metrics(chat.metrics) == ("2", "0", "50%", "1234")
     assert rows["embed"].unit == "not deployed" and rows["embed"].release is None
-    assert rows["old"].engine == "vllm" and rows["old"].health == "unchecked"
+    assert rows["old"].engine == "vllm" and rows["old"].health == "unconfirmed" and rows["old"].confirmed is False
     assert "not in the inventory" in rows["old"].note
 
 
@@ -152,6 +152,28 @@ def test_release_rows_newest_first_with_current_marked():
         (R3, False, "unhealthy"), (R2, True, "healthy"), (R1, False, "healthy")]
     assert rows[2].who == "bob@ws2" and rows[1].message == "canary"
     assert rows[0].time == "2026-11-03T10:00:00+00:00"
+
+
+def test_an_unconfirmed_release_is_marked_in_releases_and_status_with_where_a_failure_goes():
+    """A deploy of R3 killed right after its switch: R3 current, never confirmed; R2's check failed;
+    R1 is the last release confirmed healthy, where a failed deploy goes back to."""
+    states = parse_state(state_output({"chat": (R3, "active", {
+        R1: (manifest(R1), HEALTHY),
+        R2: (manifest(R2), {"result": "unhealthy"}),
+        R3: (manifest(R3), None),
+    })}))
+    rows = st.release_rows("gpu-1", states)
+    assert [(r.release, r.health, r.confirmed, r.go_back) for r in rows] == [
+        (R3, "unconfirmed", False, False), (R2, "unhealthy", False, False), (R1, "healthy", True, True)]
+    assert rows[0].to_dict()["confirmed"] is False  # in --json too
+    (row,) = st.host_rows(st.HostStatus(host="h", reachable=True, states=states), HostSettings(services=[svc("chat")]))
+    assert (row.release, row.health, row.confirmed) == (R3, "unconfirmed", False)
+    assert f"release {R3} was never confirmed healthy; a failed deploy goes back to {R1}" in row.note
+    # nothing confirmed at all: said so
+    states = parse_state(state_output({"chat": (R3, "active", {R3: (manifest(R3), None)})}))
+    (row,) = st.host_rows(st.HostStatus(host="h", reachable=True, states=states), HostSettings(services=[svc("chat")]))
+    assert "goes back to nothing (no release confirmed healthy: the service is stopped)" in row.note
+    assert [r.go_back for r in st.release_rows("h", states)] == [False]
 
 
 def test_run_on_hosts_keeps_order_and_bounds_time():

@@ -38,6 +38,24 @@ def test_ssh_cut_at_each_step_ends_on_the_old_or_new_release(bench, step):  # no
     assert r.extra["settled_s"] is not None and r.extra["settled_s"] <= F.CONFIRM_TIMEOUT_S + 60
 
 
+def test_a_failure_after_a_deploy_killed_after_its_switch_goes_back_to_the_last_confirmed_release(bench):  # noqa: F811
+    """Release B switched to by a deploy killed at once (current, never confirmed, its host timer
+    pending); the next deploy (C, an engine that crashes) arms its revert to and goes back to A, the
+    release last confirmed healthy, not to B; B stays unconfirmed and is listed so."""
+    from llmfleet.fleet import status
+
+    r = bench.killed_after_switch_then_failed()
+    _check(r)
+    b = r.extra["unconfirmed"]
+    assert r.extra["unconfirmed_health"] is None and r.extra["unconfirmed_after"] is None  # never marked
+    assert r.serving == r.extra["went_back_to"] != b
+    assert r.extra["armed"] and all(f"host reverts to {r.serving} " in ln for ln in r.extra["armed"]), r.extra
+    assert not r.extra["timer_reverts"]  # the next deploy's arm replaced the killed one's timer
+    rows = {row.release: row for row in status.release_rows(bench.host, {F.SERVICE: bench.state()})}
+    assert rows[b].health == "unconfirmed" and not rows[b].confirmed and not rows[b].go_back
+    assert rows[r.serving].go_back and rows[r.serving].confirmed
+
+
 def test_the_api_key_is_nowhere_but_the_0600_env_file_after_the_cuts(bench):  # noqa: F811
     """Last in this file: it scans what every cut deploy above left behind."""
     r = bench.secrets_scan([bench.local_audit])

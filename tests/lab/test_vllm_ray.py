@@ -108,11 +108,11 @@ def test_ray_joins_both_hosts_then_vllms_cpu_backend_refuses_and_both_hosts_are_
     # both hosts switched, the workers first; the head's engine died with vLLM's own error, quoted
     switched = [line.split(":")[0] for line in lines if f"{SERVICE}: current -> " in line]
     assert switched == [WORKER, HEAD], lines
-    assert res.result == "failed", res.reason  # a first deploy: no earlier release to go back to
+    assert res.result == "failed", res.reason  # a first deploy: no release confirmed healthy to go back to
     assert VLLM_REFUSES in res.reason, res.reason
     assert "engine stopped while loading" in res.reason
     assert "every host of the service went back" in res.reason
-    assert res.reason.count("no earlier release to go back to; the service was stopped") == 2, res.reason
+    assert res.reason.count("no release confirmed healthy to go back to; the service was stopped") == 2, res.reason
     # Ray itself ran across both hosts: the product's join check counted two live nodes while vLLM
     # loaded, and the head's start script saw them before it started vLLM
     assert 2 in ctx.ray_nodes, ctx.ray_nodes

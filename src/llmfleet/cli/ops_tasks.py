@@ -83,7 +83,8 @@ def status(c, host=None, group=None, inventory=None, json=False, forks=DEFAULT_F
                 unit = "[red]unreachable[/red]"
             elif unit == "active":
                 unit = "[green]active[/green]"
-            health = {"healthy": "[green]healthy[/green]", "unhealthy": "[red]unhealthy[/red]"}.get(r.health, r.health)
+            health = {"healthy": "[green]healthy[/green]", "unhealthy": "[red]unhealthy[/red]",
+                      "unconfirmed": "[yellow]unconfirmed[/yellow]"}.get(r.health, r.health)
             run_, wait_, kv, gen = status_mod.fmt_metrics(r.metrics)
             table.add_row(
                 r.host, escape(r.card), r.service, r.release or "-", status_mod.short_digest(r.digest), unit, health,
@@ -117,7 +118,12 @@ def status(c, host=None, group=None, inventory=None, json=False, forks=DEFAULT_F
     },
 )
 def releases(c, host=None, inventory=None, json=False, timeout=DEFAULT_TIMEOUT, verbose=False):
-    """List the releases kept on a host: id, time, image digest, health, who (current one marked)."""
+    """List the releases kept on a host: id, time, image digest, health, who (current one marked).
+
+    Health ``unconfirmed``: a deploy switched to the release and never confirmed it healthy (killed or
+    cut off after the switch); ``(go back)`` marks the release a failed deploy would go back to now,
+    the last one confirmed healthy.
+    """
     from llmfleet.fleet import status as status_mod
 
     if not host:
@@ -134,7 +140,11 @@ def releases(c, host=None, inventory=None, json=False, timeout=DEFAULT_TIMEOUT, 
                           title=f"releases on {host}")
         for r in rows:
             rid = f"[bold]{r.release}[/bold] (current)" if r.current else r.release
-            table.add_row(r.host, r.service, rid, r.time, status_mod.short_digest(r.digest), r.health,
+            if r.go_back:
+                rid += " (go back)"
+            health = {"healthy": "[green]healthy[/green]", "unhealthy": "[red]unhealthy[/red]",
+                      "unconfirmed": "[yellow]unconfirmed[/yellow]"}.get(r.health, r.health)
+            table.add_row(r.host, r.service, rid, r.time, status_mod.short_digest(r.digest), health,
                           status_mod.fmt_tokps(r.tokps), escape(r.who or "-"), escape(r.message or ""))
         console.print(table)
         if not rows and not unreachable:
@@ -254,7 +264,7 @@ def upgrade(c, group=None, host=None, inventory=None, image=None, set_=None, ser
     from llmfleet.inventory.ansible import settings_for
     from llmfleet.release import audit as audit_mod
     from llmfleet.release import store as rel
-    from llmfleet.release.deploy import DeployOptions
+    from llmfleet.release.prepare import DeployOptions
 
     if not group:
         raise UsageError("upgrade: choose the hosts with --group NAME (and optionally --host PATTERN)")

@@ -29,8 +29,8 @@ from llmfleet.inventory.ansible import Host, settings_for
 from llmfleet.inventory.services import HostSettings, Service
 from llmfleet.knowledge import engines
 from llmfleet.release import audit as audit_mod
+from llmfleet.release import decide, watchdog
 from llmfleet.release import store as rel
-from llmfleet.release import watchdog
 from llmfleet.release.secret import secret_if_readable
 from llmfleet.settings import Settings, SshSettings
 
@@ -108,11 +108,24 @@ def _digest(info: rel.ReleaseInfo | None) -> str | None:
 
 
 def health_label(info: rel.ReleaseInfo | None) -> str:
+    """``healthy`` (confirmed healthy), ``unhealthy`` (its check failed), ``unconfirmed`` (no health
+    mark: a deploy switched to it and never confirmed it, e.g. killed after the switch); a failure
+    never goes back to a release that is not ``healthy`` (``decide.go_back_target``)."""
     if info is None:
         return "-"
     if info.health is None:
-        return "unchecked"
+        return "unconfirmed"
     return str(info.health.get("result") or "unknown")
+
+
+def go_back_note(st: rel.ServiceState) -> str:
+    """Said of a service whose current release is not confirmed healthy: where a failure goes back to."""
+    info = st.current_release
+    if info is None or info.healthy:
+        return ""
+    back = decide.go_back_target(st, None)
+    return (f"release {st.current} was never confirmed healthy; a failed deploy goes back to "
+            + (f"{back}, the last confirmed" if back else "nothing (no release confirmed healthy: the service is stopped)"))
 
 
 def health_tokps(info: rel.ReleaseInfo | None) -> float | None:
@@ -132,6 +145,7 @@ class ServiceRow:
     digest: str | None = None
     unit: str = "-"
     health: str = "-"
+    confirmed: bool | None = None  # the current release was confirmed healthy (None: no current release)
     tokps: float | None = None
     metrics: dict[str, float | None] | None = None
     note: str = ""
@@ -259,6 +273,7 @@ def host_rows(status: HostStatus, settings: HostSettings | None) -> list[Service
         row.digest = _digest(info)
         row.unit = st.unit
         row.health = health_label(info)
+        row.confirmed = info.healthy if info is not None else None
         row.tokps = health_tokps(info)
         m = status.metrics.get(name)
         if isinstance(m, EngineMetrics):
@@ -270,6 +285,7 @@ def host_rows(status: HostStatus, settings: HostSettings | None) -> list[Service
             row.note = "; ".join(x for x in ("not in the inventory", row.note) if x)
         if st.current and info is None:
             row.note = "; ".join(x for x in (f"current points at missing release {st.current}", row.note) if x)
+        row.note = "; ".join(x for x in (go_back_note(st), row.note) if x)
         rows.append(row)
     if not rows:
         rows.append(ServiceRow(host=status.host, service="-", card=card, unit="-", note="no services"))
@@ -302,6 +318,8 @@ class ReleaseRow:
     tokps: float | None
     who: str | None
     message: str | None = None
+    confirmed: bool = False  # its health mark says healthy: only such a release is ever gone back to
+    go_back: bool = False  # where a failed deploy of this service would go back to now (decide.go_back_target)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -312,6 +330,7 @@ def release_rows(host: str, states: dict[str, rel.ServiceState]) -> list[Release
     out: list[ReleaseRow] = []
     for name in sorted(states):
         st = states[name]
+        back = decide.go_back_target(st, None)
         for rid in sorted(st.releases, reverse=True):
             info = st.releases[rid]
             m = info.manifest
@@ -320,6 +339,7 @@ def release_rows(host: str, states: dict[str, rel.ServiceState]) -> list[Release
                 time=rel.release_time(rid).isoformat(timespec="seconds"),
                 current=(rid == st.current), digest=_digest(info), health=health_label(info),
                 tokps=health_tokps(info), who=(m.who or None) if m else None, message=(m.message or None) if m else None,
+                confirmed=info.healthy, go_back=(rid == back),
             ))
     return out
 

@@ -520,6 +520,42 @@ class FaultBench:
             res.detail = "the serving engine was restarted although nothing was switched"
         return res
 
+    def killed_after_switch_then_failed(self) -> FaultResult:
+        """A deploy killed right after its switch (its release current, never confirmed, its host timer
+        still pending), then at once a deploy whose engine crashes: that deploy's host-side revert is
+        armed to, and its failure goes back to, the last release confirmed healthy, not the unconfirmed
+        one the killed deploy left current."""
+        good = self.healthy_baseline()
+        before = self.snapshot()
+        r = FaultResult("deploy killed after its switch, then a failed deploy", "restart (killed), then the "
+                        "next deploy's health check", outcome="the first deploy never reached its switch")
+        proc = self.spawn_controller(self.overrides(env={"LLMFLEET_FAULT": f"killed-{os.urandom(3).hex()}"}), "restart")
+        reached, lines = self.read_until(proc, CUT_MARK, timeout=240)
+        proc.kill()
+        proc.wait(timeout=30)
+        if not reached:
+            r.detail = " | ".join(lines[-4:])[-400:]
+            return self.finish(r, before, expect=good)
+        st = self.state()
+        unconfirmed = st.current
+        r.extra["unconfirmed"] = unconfirmed
+        r.extra["unconfirmed_health"] = st.releases[unconfirmed].health if unconfirmed in st.releases else "gone"
+        said: list[str] = []
+        t0 = time.monotonic()
+        o = self.deploy(log=said.append, engine_args=["--no-such-flag-llmfleet"])
+        r.outcome = f"{o.result}: {o.reason[:100]}"
+        r.time_to_serving_s = self.wait_serving(t0, 60, release=good)
+        r.extra["armed"] = [ln for ln in said if "host reverts to" in ln]
+        r.extra["went_back_to"] = o.services[SERVICE].current if SERVICE in o.services else None
+        st = self.state()
+        r.extra["unconfirmed_after"] = st.releases[unconfirmed].health if unconfirmed in st.releases else "gone"
+        r.extra["timer_reverts"] = [a for a in self.audit()[len(before["audit"]):] if a.get("who") == "host timer"]
+        res = self.finish(r, before, expect=good)
+        res.ok = (res.ok and o.result == "rolled_back" and unconfirmed not in (None, good)
+                  and r.extra["went_back_to"] == good and bool(r.extra["armed"])
+                  and all(f"host reverts to {good} " in ln for ln in r.extra["armed"]))
+        return res
+
     # -- the host's own daemons restarted mid-deploy ------------------------------------------------
 
     def _restart_mid_deploy(self, name: str, at_line: str, at: str, command: str) -> FaultResult:
@@ -984,7 +1020,7 @@ true
 """
 
 CUT_FAULTS = tuple(f"ssh_cut_{s.replace('-', '_')}" for s in CUT_STEPS)
-FAULTS = ("controller_killed_mid_health", *CUT_FAULTS, "sshd_restarted", "dockerd_restarted", "hung_engine",
+FAULTS = ("controller_killed_mid_health", *CUT_FAULTS, "killed_after_switch_then_failed", "sshd_restarted", "dockerd_restarted", "hung_engine",
           "crash_loop_after_deploy", "two_controllers", "registry_unreachable", "unknown_digest", "port_taken",
           "disk_full", "model_missing", "model_truncated", "crash_loop", "hostile_values", "hostile_inventory",
           "secrets_scan")

@@ -87,6 +87,8 @@ def compose_check_script(paths: store.Paths, release_id: str) -> str:
 def revert_script(paths: store.Paths, *, release_id: str, previous: str | None, token: str, action: str,
                   timeout: int, restart_unswitched: bool = False) -> str:
     """The script the host timer runs: undo the switch to ``release_id`` unless it was confirmed.
+    ``previous``: the release to put back, the last one confirmed healthy (``decide.go_back_target``,
+    never a release a killed deploy left unconfirmed); None: stop the service.
 
     ``restart_unswitched`` (the head of a service over several hosts): when the switch was never made,
     restart the release that serves anyway, so that it attaches again to its workers, whose own timers
@@ -101,7 +103,8 @@ def revert_script(paths: store.Paths, *, release_id: str, previous: str | None, 
     else:
         back = store.stop_script(paths, forget_current=True)
         target = ""
-        done = f"reverted by host timer: release {release_id} was not confirmed within {int(timeout)} s; no earlier release, service stopped"
+        done = (f"reverted by host timer: release {release_id} was not confirmed within {int(timeout)} s; "
+                "no release confirmed healthy to go back to, service stopped")
     failed = f"host timer revert FAILED: release {release_id} was not confirmed within {int(timeout)} s"
     never = (f"host timer: release {release_id} was not confirmed within {int(timeout)} s but was never made "
              f"current; nothing to undo, the serving release was left running")

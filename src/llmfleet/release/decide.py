@@ -181,8 +181,9 @@ def find_release_with_content(state: ServiceState | None, content_hash: str) -> 
 
 
 def rollback_target(state: ServiceState, *, exclude: str | None = None) -> str | None:
-    """The newest healthy release older than the current one (or than ``exclude``); failing that, the
-    newest healthy one other than it."""
+    """``invoke rollback``'s default: the newest release confirmed healthy (``ReleaseInfo.healthy``)
+    older than the current one (or than ``exclude``); failing that, the newest confirmed one other
+    than it. A release never confirmed (a deploy killed after its switch) is never a target."""
     pivot = exclude or state.current
     healthy = [rid for rid, r in state.releases.items() if r.healthy and rid != pivot]
     older = [rid for rid in healthy if pivot is None or rid < pivot]
@@ -190,14 +191,27 @@ def rollback_target(state: ServiceState, *, exclude: str | None = None) -> str |
     return max(candidates) if candidates else None
 
 
-def go_back_target(state: ServiceState | None, release_id: str) -> str | None:
-    """Where a failed step on ``release_id`` goes back to: the current release when it is another
-    one that still exists, else the newest healthy release other than ``release_id``."""
+def last_confirmed(state: ServiceState, *, exclude: str | None = None) -> str | None:
+    """The release last confirmed healthy other than ``exclude``: the latest health mark (a release
+    gone back to is marked again), then the newest id; None when no other release was ever confirmed."""
+    marked = [(t, rid) for rid, r in state.releases.items()
+              if rid != exclude and (t := r.confirmed_at) is not None]
+    return max(marked)[1] if marked else None
+
+
+def go_back_target(state: ServiceState | None, release_id: str | None) -> str | None:
+    """Where a failed step on ``release_id`` (None: a release not on the host yet) goes back to, and
+    what the host-side revert armed before its switch points at: the current release when it is
+    another one and was confirmed healthy, else the release last confirmed healthy
+    (``last_confirmed``). Never a release that was not confirmed: a deploy killed right after its
+    switch leaves its release current but unconfirmed, and the next failure goes back past it.
+    None (nothing confirmed to go back to): the unit is stopped, as after a failed first deploy."""
     if state is None:
         return None
-    if state.current and state.current != release_id and state.current in state.releases:
-        return state.current
-    return rollback_target(state, exclude=release_id)
+    cur = state.current_release
+    if cur is not None and cur.id != release_id and cur.healthy:
+        return cur.id
+    return last_confirmed(state, exclude=release_id)
 
 
 def describe_change(current: Manifest | None, rendered: Rendered) -> list[str]:
@@ -286,11 +300,13 @@ def images_to_prune(states: Mapping[str, ServiceState], deleted: Mapping[str, tu
 
 
 def prune_plan(states: Mapping[str, ServiceState], keep: int) -> PrunePlan:
-    """Keep the newest ``keep`` releases per service plus current and its rollback target; a service
-    with no current release keeps everything. Images go when only deleted releases used them."""
+    """Keep the newest ``keep`` releases per service plus current, its rollback target and the
+    release a failure goes back to (``go_back_target``); a service with no current release keeps
+    everything. Images go when only deleted releases used them."""
     deleted: dict[str, tuple[str, ...]] = {}
     for name, st in states.items():
-        protect = {st.current, rollback_target(st)} if st.current else set(st.releases)
+        protect = ({st.current, rollback_target(st), go_back_target(st, None)} if st.current
+                   else set(st.releases))
         gone = releases_to_prune(list(st.releases), keep=keep, protect={p for p in protect if p})
         if gone:
             deleted[name] = tuple(gone)
@@ -348,8 +364,8 @@ class GoBack:
                             "check the host now",
             self.SWITCH_FAILED: f"ROLLBACK FAILED: switching back to {r} failed: {d}; check the host now",
             self.ERROR: f"ROLLBACK FAILED: {d}; the host may be serving nothing; check it now",
-            self.STOPPED: "no earlier release to go back to; the service was stopped",
-            self.STOP_FAILED: f"no earlier release to go back to, and stopping the unit failed: {d}",
+            self.STOPPED: "no release confirmed healthy to go back to; the service was stopped",
+            self.STOP_FAILED: f"no release confirmed healthy to go back to, and stopping the unit failed: {d}",
             self.NOTHING: "nothing else to go back to",
         }[self.kind]
 
@@ -360,6 +376,9 @@ class RollbackStep:
     target: str
     previous: str | None  # the release current before the rollback
     manifest: Manifest
+    # where a failure goes back to, and what the host-side revert armed before the switch points at:
+    # ``go_back_target`` (the previous release only when it was confirmed healthy; None: stop the unit)
+    back: str | None = None
 
     @property
     def image_ref(self) -> str:
@@ -389,15 +408,15 @@ def decide_rollback(states: Mapping[str, ServiceState], services: list[str], *, 
             raise Refusal("failed", f"service {name} has no releases on {host}")
         target = to or rollback_target(st)
         if target is None:
-            raise Refusal("failed", f"service {name}: no healthy release other than the current one "
-                                    f"({st.current}) to roll back to")
+            raise Refusal("failed", f"service {name}: no release confirmed healthy other than the current one "
+                                    f"({st.current}) to roll back to; see `invoke releases --host {host}`")
         if target not in st.releases:
             raise Refusal("failed", f"service {name}: release {target} does not exist on {host} (pruned?); "
                                     "see `invoke releases`")
         manifest = st.releases[target].manifest
         if manifest is None or not manifest.image_ref:
             raise Refusal("failed", f"service {name}: release {target} has no readable manifest")
-        steps.append(RollbackStep(name, target, st.current, manifest))
+        steps.append(RollbackStep(name, target, st.current, manifest, go_back_target(st, target)))
     return steps
 
 

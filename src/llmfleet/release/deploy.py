@@ -314,7 +314,7 @@ def run_rollback(run: HostRun, service: str | None, to: str | None, out: HostOut
         if step.previous == step.target:
             run.log(f"{step.service}: release {step.target} is already current; restarting and checking it")
         try:
-            token = run.arm(paths, svc, step.target, step.previous, "rollback") if step.arms_revert else None
+            token = run.arm(paths, svc, step.target, step.back, "rollback") if step.arms_revert else None
         except RemoteError as exc:
             raise Refusal(Result.FAILED, f"{step.service}: {exc}") from None
         res = run.switch(paths, step.target)
@@ -327,7 +327,7 @@ def run_rollback(run: HostRun, service: str | None, to: str | None, out: HostOut
                                   f"release {step.target}")
         if report.ok and not run.confirm(paths, step.service, token):
             raise Refusal(Result.FAILED, f"{step.service}: release {step.target} was healthy, but the host timer "
-                                         f"reverted it to {step.previous or 'nothing'} first ({HOST_TIMER})")
+                                         f"reverted it to {step.back or 'nothing'} first ({HOST_TIMER})")
         out.health[step.service] = report.to_dict()
         if report.ok:
             run.mark(paths, step.target, report, now=False)
@@ -340,8 +340,8 @@ def run_rollback(run: HostRun, service: str | None, to: str | None, out: HostOut
             continue
         logs = run.engine_log(paths)
         run.disarm(paths, token)
-        if step.previous and step.previous != step.target:
-            back = run.go_back(paths, inv_services[step.service], keys.get(step.service), step.previous, st)
+        if step.previous != step.target:  # to the release last confirmed healthy (decide.go_back_target)
+            back = run.go_back(paths, inv_services[step.service], keys.get(step.service), step.back, st)
         else:
             back = GoBack(GoBack.NOTHING, None)
         still = back.release == step.previous

@@ -124,7 +124,26 @@ class ReleaseInfo:
 
     @property
     def healthy(self) -> bool:
+        """Confirmed healthy: its ``health.json`` says ``healthy``. That mark is written only after a
+        health check passed and, for a switch, after the controller's confirmation won against the
+        host timer (``llmfleet.release.confirm``); a release a deploy switched to and never confirmed
+        (the controller killed, the connection lost) has no mark, one whose check failed is marked
+        ``unhealthy``. Only a confirmed release is ever gone back to (``decide.go_back_target``)."""
         return bool(self.health and self.health.get("result") == "healthy")
+
+    @property
+    def confirmed_at(self) -> datetime | None:
+        """When it was last confirmed healthy: the mark's ``time`` (each health check that passes,
+        a go-back's included, writes it anew); a mark without a readable time counts from the
+        release's creation (its id). None when it is not confirmed."""
+        if not self.healthy:
+            return None
+        assert self.health is not None
+        try:
+            t = datetime.fromisoformat(str(self.health.get("time") or ""))
+        except ValueError:
+            return release_time(self.id) if RELEASE_ID_RE.match(self.id) else datetime.min.replace(tzinfo=UTC)
+        return t if t.tzinfo is not None else t.replace(tzinfo=UTC)
 
     @property
     def image_ref(self) -> str | None:

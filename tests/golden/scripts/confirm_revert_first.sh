@@ -17,7 +17,7 @@ echo '@@stopped'
 ) >/dev/null 2>&1
 rc=$?
 target=''
-if [ "$rc" = 0 ]; then result=reverted; detail='reverted by host timer: release 20261129T120000Z-abcdef0123 was not confirmed within 60 s; no earlier release, service stopped'; else result=failed; detail='host timer revert FAILED: release 20261129T120000Z-abcdef0123 was not confirmed within 60 s'; fi
+if [ "$rc" = 0 ]; then result=reverted; detail='reverted by host timer: release 20261129T120000Z-abcdef0123 was not confirmed within 60 s; no release confirmed healthy to go back to, service stopped'; else result=failed; detail='host timer revert FAILED: release 20261129T120000Z-abcdef0123 was not confirmed within 60 s'; fi
 fi
 (
 rm -f /opt/llmfleet/services/chat/watchdog.state.fails /opt/llmfleet/services/chat/watchdog.state.restarts /opt/llmfleet/services/chat/watchdog.state.gaveup /opt/llmfleet/services/chat/watchdog.state.failed
