@@ -29,6 +29,12 @@ VERBOSE_HELP = "print each remote command (secrets masked) with its exit status 
 # status
 
 
+def _model_cell(label: str) -> str:
+    if label.startswith("verified"):
+        return f"[green]{escape(label)}[/green]"
+    return f"[red]{escape(label)}[/red]" if label in ("CHANGED", "MISSING") else escape(label)
+
+
 @fleet_task(
     numbers={"forks": POSITIVE, "timeout": SECONDS},
     help={
@@ -76,6 +82,7 @@ def status(c, host=None, group=None, inventory=None, json=False, forks=DEFAULT_F
         table = new_table("host", "card", "service", "release", "digest", "unit", "health", title="fleet status")
         for col in ("tok/s", "run", "wait", "KV", "gen tok"):
             table.add_column(col, justify="right")
+        table.add_column("model")
         table.add_column("note")
         for r in rows:
             unit = r.unit
@@ -88,7 +95,8 @@ def status(c, host=None, group=None, inventory=None, json=False, forks=DEFAULT_F
             run_, wait_, kv, gen = status_mod.fmt_metrics(r.metrics)
             table.add_row(
                 r.host, escape(r.card), r.service, r.release or "-", status_mod.short_digest(r.digest), unit, health,
-                status_mod.fmt_tokps(r.tokps), run_, wait_, kv, gen, escape(r.note),
+                status_mod.fmt_tokps(r.tokps), run_, wait_, kv, gen, _model_cell(status_mod.model_label(r.model)),
+                escape(r.note),
             )
         console.print(table)
         for o in orphans:

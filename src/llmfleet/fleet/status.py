@@ -45,10 +45,12 @@ MAX_METRICS_BYTES = 4 * 1024 * 1024
 # Pure
 
 
-def status_script(root: str) -> str:
-    """Release state of every service (the release store's reader), then the card names: one round trip."""
+def status_script(root: str, model_paths: Sequence[str] = ()) -> str:
+    """Release state of every service (the release store's reader), then the card names, then each model
+    path's manifest and files (``models.scripts.MANIFEST_READER``): one round trip."""
     return "\n".join([
         rel.state_script(root),
+        *_model_lines(model_paths),
         f"echo '{GPU_MARK}'",
         "nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 64 || true",
         "(", watchdog.status_script(root), ") 2>/dev/null || true",
@@ -58,6 +60,69 @@ def status_script(root: str) -> str:
         f"ss -Hltn 2>/dev/null | awk '{{n = split($4, a, \":\"); print \"{LISTEN_MARK} \" a[n]}}' | sort -u "
         "| head -n 512 || true",
     ])
+
+
+MODEL_MARK = "@@model-of"
+MODEL_END = "@@model-end"
+
+
+def _model_lines(model_paths: Sequence[str]) -> list[str]:
+    from llmfleet.models.scripts import MANIFEST_READER, reader_call
+
+    if not model_paths:
+        return []
+    out = [MANIFEST_READER.rstrip("\n")]
+    for i, p in enumerate(dict.fromkeys(model_paths)):
+        out += [f"echo '{MODEL_MARK} {i}'", f"({reader_call(p)}) 2>/dev/null | head -c 1048576", "echo",
+                f"echo '{MODEL_END}'"]
+    return out
+
+
+def parse_models(stdout: str, model_paths: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Per model path: which model the host holds there and whether it is verified (``model_state``)."""
+    from llmfleet.models.scripts import parse_reader
+
+    paths = list(dict.fromkeys(model_paths))
+    chunks: dict[int, list[str]] = {}
+    cur: int | None = None
+    for line in stdout.split("\n"):
+        if line.startswith(MODEL_MARK + " ") and line[len(MODEL_MARK) + 1:].isdigit():
+            cur = int(line[len(MODEL_MARK) + 1:])
+            chunks[cur] = []
+        elif line == MODEL_END:
+            cur = None
+        elif cur is not None:
+            chunks[cur].append(line)
+    out = {}
+    for i, lines in chunks.items():
+        if i < len(paths):
+            hm = parse_reader("\n".join(lines), paths[i])
+            if hm.read:
+                out[paths[i]] = model_state(hm)
+    return out
+
+
+def model_state(hm: Any) -> dict[str, Any]:
+    """``{"path", "state", "verified_at", "file", "source"}``: state ``verified``, ``changed``, ``missing``
+    (a file of the manifest, or the model itself), ``no-manifest``, ``unreadable``, ``unchecked``."""
+    from llmfleet.models.manifest import judge
+
+    if hm.kind not in ("file", "dir"):
+        return {"path": hm.model_path, "state": "missing", "verified_at": None, "file": hm.model_path, "source": None}
+    v = judge(hm.model_path, hm.manifest_text, hm.files, cut=hm.cut)
+    held, _ = hm.manifest()
+    return {"path": hm.model_path, "state": v.state, "verified_at": v.verified_at, "file": v.file,
+            "source": held.source if held is not None else None}
+
+
+def model_label(model: dict[str, Any] | None) -> str:
+    """The status table's model cell: ``verified 2026-11-29``, ``CHANGED``, ``no manifest``, ..."""
+    if not model:
+        return "-"
+    state = model["state"]
+    if state == "verified":
+        return f"verified {str(model.get('verified_at') or '')[:10]}".strip()
+    return {"no-manifest": "no manifest", "changed": "CHANGED", "missing": "MISSING"}.get(state, state)
 
 
 def parse_listening(stdout: str) -> set[int]:
@@ -152,6 +217,7 @@ class ServiceRow:
     supervision: dict[str, Any] | None = None  # restarts since the deploy, the last watchdog action
     role: str = ""  # a service over several hosts: "head" or "worker of HEAD"
     workers: list[dict[str, Any]] | None = None  # on the head's row: each worker's state (``worker_state``)
+    model: dict[str, Any] | None = None  # the model at its model_path and whether it is verified (``model_state``)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -171,6 +237,7 @@ class HostStatus:
     supervision: dict[str, watchdog.Supervision] = field(default_factory=dict)
     listening: set[int] = field(default_factory=set)  # TCP ports the host listens on
     containers: dict[str, str] = field(default_factory=dict)  # worker container -> its state
+    models: dict[str, dict[str, Any]] = field(default_factory=dict)  # model path -> ``model_state``
 
 
 def worker_state(status: HostStatus | None, host: str, service: str) -> dict[str, Any]:
@@ -248,6 +315,7 @@ def host_rows(status: HostStatus, settings: HostSettings | None) -> list[Service
     services: list[Service] = list(settings.services) if settings else []
     names = [s.name for s in services]
     engines = {s.name: s.engine for s in services}
+    model_paths = {s.name: s.model_path for s in services}
     if not status.reachable:
         reason = status.error or "no answer"
         if not names:
@@ -264,7 +332,8 @@ def host_rows(status: HostStatus, settings: HostSettings | None) -> list[Service
         st = status.states.get(name)
         info = st.current_release if st else None
         engine = engines.get(name) or (info.manifest.engine if info and info.manifest else None) or None
-        row = ServiceRow(host=status.host, service=name, engine=engine, card=card)
+        row = ServiceRow(host=status.host, service=name, engine=engine, card=card,
+                         model=status.models.get(model_paths.get(name, "")))
         if st is None:
             row.unit = "not deployed"
             rows.append(row)
@@ -411,14 +480,16 @@ def query_host(
     except LlmfleetError as exc:
         return HostStatus(host=host.name, reachable=False, error=str(exc), seconds=time.monotonic() - t0)
     try:
-        res = remote.run(status_script(root), sudo=True)
+        paths = [s.model_path for s in settings.services] if settings else []
+        res = remote.run(status_script(root, paths), sudo=True)
         if not rel.state_complete(res.stdout):
             detail = (res.stderr.strip() or res.stdout.strip()).splitlines()[-1:] or [f"exit {res.rc}"]
             return HostStatus(host=host.name, reachable=False, error=f"state probe failed: {detail[0][:200]}",
                               seconds=time.monotonic() - t0)
         status = HostStatus(host=host.name, reachable=True, gpus=parse_card_names(res.stdout),
                             states=rel.parse_state(res.stdout), supervision=watchdog.parse_status(res.stdout),
-                            listening=parse_listening(res.stdout), containers=parse_worker_containers(res.stdout))
+                            listening=parse_listening(res.stdout), containers=parse_worker_containers(res.stdout),
+                            models=parse_models(res.stdout, paths))
         if metrics and settings:
             for svc in settings.services:
                 st = status.states.get(svc.name)

@@ -34,7 +34,7 @@ QUERY_FIELDS = (
 )
 SECTION_CAP = 65536
 # Sections the probe lets grow past 4 x SECTION_CAP (its STATECAP): every kept release's manifest.
-SECTION_CAPS = {"release_state": 1024 * 1024}
+SECTION_CAPS = {"release_state": 1024 * 1024, "model_manifest": 1024 * 1024}
 _SHOWN = 120  # characters of a bad value quoted back in an error
 _MAX_GPUS = 64
 _MAX_ENTRIES = 2000
@@ -591,11 +591,25 @@ def parse_probe_document(
         facts.releases_read = rs.complete and state_complete(rs.body)
         if not state_complete(rs.body):
             errors.append("release state cut short; releases are partial")
+    manifests = {s.arg: s for s in by.get("model_manifest", [])}
     for s in by.get("model", [])[:100]:
         mf = parse_model(s.body)
         if mf.path:
+            _read_manifest(mf, manifests.get(s.arg))
             facts.models.append(mf)
     return facts
+
+
+def _read_manifest(mf: ModelFile, section: Section | None) -> None:
+    """The model's manifest and its files' size and mtime (llmfleet.models.scripts.MANIFEST_READER)."""
+    from llmfleet.models.scripts import parse_reader
+
+    if section is None or not section.complete:
+        return
+    hm = parse_reader(section.body, mf.path)
+    mf.manifest_read = hm.read
+    mf.manifest = hm.manifest_text
+    mf.observed = {rel: [size, mtime] for rel, (size, mtime) in hm.files.items()}
 
 
 def _parse_gpu_part(facts: Facts, one: Any, gpu_lookup: Any, branches: dict[int, str]) -> None:

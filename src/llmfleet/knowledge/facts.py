@@ -79,6 +79,11 @@ class ModelFile(BaseModel):
     size_bytes: int | None = None
     entries: list[str] = Field(default_factory=list)  # folder: file names (capped)
     magic: str | None = None  # file: first bytes, alphanumerics only ("GGUF")
+    # The llmfleet manifest beside the model (``invoke models.push``; llmfleet.models): read at all,
+    # its text (None: there is none), and every file's [size, mtime] now, to compare with it.
+    manifest_read: bool = False
+    manifest: str | None = None
+    observed: dict[str, list[int]] = Field(default_factory=dict)
 
 
 class Facts(BaseModel):

@@ -33,7 +33,8 @@ GPU_BUSY_FRACTION = 0.05
 # Every check id, in the order run_checks emits them (docs/preflight.md describes each).
 CHECK_IDS = (
     "image", "gpu", "cuda-driver", "arch", "quant", "dtype", "attention", "kv-dtype", "known-issue", "plan",
-    "docker", "gpu-runtime", "compose", "disk-image", "model-files", "disk-model", "port", "bind", "facts",
+    "docker", "gpu-runtime", "compose", "disk-image", "model-files", "model-verified", "disk-model", "port", "bind",
+    "facts",
 )
 
 
@@ -360,6 +361,8 @@ def run_checks(
     checks.append(_disk_image_check(facts, rel, image_ref))
     model = facts.model(service.model_path)
     checks.append(_model_files_check(host_name, service, model))
+    if model is not None and model.manifest_read and model.kind in ("file", "dir"):
+        checks.append(model_verified_check(host_name, service, model))
     checks.append(_disk_model_check(service, facts, model, plan))
     checks.append(_port_check(service, facts))
     checks.append(bind_check(service, settings))
@@ -549,7 +552,8 @@ def _model_files_check(host: str, service: Service, model: ModelFile | None) -> 
         return Check("model-files", "warn", f"{path} was not probed", f"run `invoke preflight --host {host}` again")
     if model.kind == "missing":
         return Check("model-files", "fail", f"{path} does not exist on {host}",
-                     f"copy the model to {host}:{path} (llmfleet does not download models)")
+                     f"copy the model to {host}:{path}: `invoke models.push --host {host} --service {service.name}` "
+                     "(docs/models.md)")
     if model.readable is False:
         return Check("model-files", "fail", f"{path} on {host} is not readable by the SSH user",
                      f"chmod -R a+rX {path} (the engine container reads it read-only)")
@@ -575,6 +579,20 @@ def _model_files_check(host: str, service: Service, model: ModelFile | None) -> 
                      "copy the weight files too")
     return Check("model-files", "pass",
                  f"{path}: config.json and {len(weights)} weight file(s), {_gib((model.size_bytes or 0) / 2**20)}")
+
+
+def model_verified_check(host: str, service: Service, model: ModelFile) -> Check:
+    """The copy against its manifest (``invoke models.push``), by size and mtime: PASS verified, FAIL a
+    file changed since, WARN no manifest (a hand-copied model stays deployable)."""
+    from llmfleet.models.manifest import judge
+
+    v = judge(service.model_path, model.manifest, model.observed)
+    push = f"`invoke models.push --host {host} --service {service.name}`"
+    fix = {"no-manifest": f"{push} (a copy already there is checked with sha256sum on the host, not sent again)",
+           "unreadable": push, "unchecked": push,
+           "changed": f"{push} puts the verified copy back (only what differs is sent); or find what changed it",
+           "missing": f"{push} puts the verified copy back"}.get(v.state, "")
+    return Check("model-verified", v.status, v.message, fix)
 
 
 def _disk_model_check(service: Service, facts: Facts, model: ModelFile | None, plan: Any) -> Check:

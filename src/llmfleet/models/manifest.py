@@ -336,3 +336,57 @@ def build_local(local_path: str, model_path: str, *, source: Mapping[str, Any] |
 def observed_from(entries: Iterable[tuple[str, int, int]]) -> dict[str, tuple[int, int]]:
     """``[(rel, size, mtime)]`` -> ``{rel: (size, mtime)}``."""
     return {rel: (size, mtime) for rel, size, mtime in entries}
+
+
+# ---------------------------------------------------------------------------------------------
+# The verdict the preflight and status give a host's copy
+
+
+@dataclass(frozen=True)
+class Verdict:
+    status: Literal["pass", "warn", "fail"]
+    message: str
+    state: Literal["verified", "changed", "missing", "no-manifest", "unreadable", "unchecked"]
+    file: str | None = None  # the file that changed or is missing (its path on the host)
+    verified_at: str | None = None
+
+
+def judge(model_path: str, manifest_text: str | None, observed: Mapping[str, tuple[int, int] | list[int]],
+          *, cut: bool = False) -> Verdict:
+    """Is the copy at ``model_path`` the one its manifest vouches for, judged by size and mtime alone
+    (no hashing)? PASS verified, FAIL a file changed or went missing, WARN no manifest (a hand copy
+    stays deployable) or one that cannot be read."""
+    mp = _strip(model_path)
+    if manifest_text is None:
+        return Verdict("warn", f"{mp}: no manifest: push it with `invoke models.push`", "no-manifest")
+    held, problems = parse(manifest_text)
+    if held is None:
+        return Verdict("warn", f"{mp}: its manifest {manifest_path(mp)} is unreadable ({problems[0]}): push it "
+                               "again with `invoke models.push`", "unreadable")
+    now = {k: (int(v[0]), int(v[1])) for k, v in observed.items()}
+    cmp = compare(held, now)
+
+    def where(rel: str) -> str:
+        return mp if held.kind == "file" else f"{mp}/{rel}"
+
+    if cmp.changed:
+        rel = cmp.changed[0]
+        f = held.file(rel)
+        was = f"{f.observed_size:,} bytes, mtime {f.observed_mtime}" if f else "?"
+        is_ = f"{now[rel][0]:,} bytes, mtime {now[rel][1]}"
+        more = f" (and {len(cmp.changed) - 1} more)" if len(cmp.changed) > 1 else ""
+        return Verdict("fail", f"model file {where(rel)} changed since it was verified (size/mtime) or its sha256 "
+                               f"does not match its manifest{more}: verified {held.verified_at} at {was}, now {is_}",
+                       "changed", where(rel), held.verified_at)
+    if cmp.missing and not cut:
+        rel = cmp.missing[0]
+        return Verdict("fail", f"model file {where(rel)} is missing; its manifest (verified {held.verified_at}) "
+                               f"lists {len(held.files)} file(s)", "missing", where(rel), held.verified_at)
+    if cmp.missing or cmp.unobserved:
+        return Verdict("warn", f"{mp}: verified {held.verified_at}, but "
+                               + ("the host listed too many files to check them all" if cut else
+                                  f"its manifest records no size/mtime for {cmp.unobserved[0]}"),
+                       "unchecked", verified_at=held.verified_at)
+    return Verdict("pass", f"{mp}: verified {held.verified_at} ({len(held.files)} file(s), {held.total_size:,} "
+                           "bytes; sha256 checked on the host then, size and mtime unchanged since)",
+                   "verified", verified_at=held.verified_at)

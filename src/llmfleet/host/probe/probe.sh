@@ -182,6 +182,12 @@ models_part() {
     i=0
     for p in "$@"; do
         fsection model "$i" 15 show_model "$p"
+        # the llmfleet manifest beside it and its files' size and mtime (llmfleet.models.scripts)
+        if command -v llmfleet_model_manifest >/dev/null 2>&1; then
+            CAP=$STATECAP
+            fsection model_manifest "$i" 15 llmfleet_model_manifest "$p"
+            CAP=$SMALLCAP
+        fi
         fsection df "model$i" 10 df_for "$p"
         i=$((i + 1))
     done

@@ -1,0 +1,85 @@
+llmfleet_release_state() {
+  base="$1/services"
+  if [ -d "$base" ]; then
+    for s in "$base"/*/; do
+      [ -d "$s" ] || continue
+      name=$(basename "$s")
+      case "$name" in *[!A-Za-z0-9_-]*|"") continue ;; esac
+      echo "@@service $name"
+      echo "@@current $(readlink "$s/current" 2>/dev/null | tr -d '\n')"
+      echo "@@unit $(systemctl is-active "llmfleet-$name.service" 2>/dev/null)"
+      for d in "$s"releases/*/; do
+        [ -d "$d" ] || continue
+        rid=$(basename "$d")
+        case "$rid" in *[!0-9A-Za-z-]*|"") continue ;; esac
+        echo "@@release $rid"
+        if [ -f "$d/manifest.json" ]; then echo "@@manifest $(head -c 65536 "$d/manifest.json" | tr -d '\n')"; fi
+        if [ -f "$d/health.json" ]; then echo "@@health $(head -c 16384 "$d/health.json" | tr -d '\n')"; fi
+      done
+    done
+  fi
+  echo '@@end'
+}
+llmfleet_release_state /opt/llmfleet
+llmfleet_model_tree() {
+    # DIR DEPTH: "@@file SIZE MTIME REL" per regular file under DIR (REL from $LLM_TOP)
+    [ "$2" -le 8 ] || return 0
+    for llm_f in "$1"/* "$1"/.[!.]* "$1"/..?*; do
+        [ -e "$llm_f" ] || continue
+        [ "$LLM_N" -lt 10000 ] || { echo "@@tree-cut"; return 0; }
+        if [ -d "$llm_f" ]; then
+            llmfleet_model_tree "$llm_f" $(($2 + 1))
+        elif [ -f "$llm_f" ]; then
+            LLM_N=$((LLM_N + 1))
+            printf '@@file %s %s\n' "$(stat -L -c '%s %Y' -- "$llm_f" 2>/dev/null)" "${llm_f#"$LLM_TOP"/}"
+        fi
+    done
+}
+llmfleet_model_manifest() {
+    # MODEL_PATH: the model's kind, its manifest, its files' size and mtime
+    llm_p=$1
+    LLM_N=0
+    if [ -d "$llm_p" ]; then
+        echo "@@kind dir"
+        LLM_TOP=$llm_p
+        llmfleet_model_tree "$llm_p" 1
+    elif [ -f "$llm_p" ]; then
+        echo "@@kind file"
+        printf '@@file %s %s\n' "$(stat -L -c '%s %Y' -- "$llm_p" 2>/dev/null)" "${llm_p##*/}"
+    elif [ -e "$llm_p" ]; then
+        echo "@@kind other"
+    else
+        echo "@@kind missing"
+    fi
+    if [ -f "$llm_p.llmfleet.json" ]; then
+        echo "@@manifest begin"
+        head -c 4194305 -- "$llm_p.llmfleet.json" 2>&1
+        echo
+        echo "@@manifest end"
+    else
+        echo "@@manifest none"
+    fi
+}
+echo '@@model-of 0'
+(llmfleet_model_manifest '/srv/models/m it'"'"'s.gguf') 2>/dev/null | head -c 1048576
+echo
+echo '@@model-end'
+echo '@@model-of 1'
+(llmfleet_model_manifest /srv/models/qwen) 2>/dev/null | head -c 1048576
+echo
+echo '@@model-end'
+echo '@@gpu'
+nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 64 || true
+(
+for s in /opt/llmfleet/services/*/; do
+  [ -d "$s" ] || continue
+  name=$(basename "$s")
+  r=$(cat "${s}watchdog.state.restarts" 2>/dev/null | wc -l)
+  n=$(systemctl show -p NRestarts --value "llmfleet-$name.service" 2>/dev/null)
+  t=$(systemctl is-active "llmfleet-$name-watchdog.timer" 2>/dev/null)
+  last=$(head -c 2000 "${s}watchdog.state.last" 2>/dev/null | tr -d "\n")
+  echo "@@watchdog $name ${r:-0} ${n:-0} ${t:-unknown} $last"
+done
+) 2>/dev/null || true
+docker ps -a --filter label=io.llmfleet.role=worker --format '@@worker-container {{.Names}} {{.State}}' 2>/dev/null | head -n 64 || true
+ss -Hltn 2>/dev/null | awk '{n = split($4, a, ":"); print "@@listen " a[n]}' | sort -u | head -n 512 || true
