@@ -9,6 +9,7 @@ import pytest
 from llmfleet.errors import UsageError
 from llmfleet.knowledge import compat, engines
 from llmfleet.knowledge.engines import llamacpp, vllm
+from llmfleet.knowledge.engines.base import PlanFlags
 
 CAT = compat.load_engine_catalog()
 
@@ -80,9 +81,9 @@ def test_the_marlin_floor_comes_from_the_release(key, cc, method):
 
 
 def test_vllm_flags_for_a_plan():
-    args = engines.for_engine("vllm").engine_args(
+    args = engines.for_engine("vllm").engine_args(PlanFlags(
         quantization="gptq", float16=True, gpu_memory_utilization=0.9, context=8192, concurrency=4, kv_flag="auto",
-        gpus=2, attention_backend="FLASH_ATTN")
+        gpus=2, attention_backend="FLASH_ATTN"))
     assert args == ["--quantization", "gptq", "--dtype", "float16", "--gpu-memory-utilization", "0.90",
                     "--max-model-len", "8192", "--max-num-seqs", "4", "--kv-cache-dtype", "auto",
                     "--tensor-parallel-size", "2", "--attention-backend", "FLASH_ATTN"]
@@ -92,8 +93,8 @@ def test_llamacpp_flags_add_flash_attention_for_a_quantized_v_cache_where_it_is_
     k = engines.for_engine("llamacpp")
     common = {"num_layers": 28, "resident": True, "gpu_layers": 0, "context": 4096, "concurrency": 2,
               "kv_flag": "q8_0", "rules": CAT.engines["llamacpp"]}
-    old = k.engine_args(release=rel("llamacpp:b5000-cu122"), **common)
-    new = k.engine_args(release=rel("llamacpp:server-cuda-12.8"), **common)
+    old = k.engine_args(PlanFlags(release=rel("llamacpp:b5000-cu122"), **common))
+    new = k.engine_args(PlanFlags(release=rel("llamacpp:server-cuda-12.8"), **common))
     assert old[-1] == "-fa" and "-fa" not in new  # bare switch on b5000; auto is the default on newer builds
     assert old[:6] == ["-ngl", "29", "-c", "8192", "-np", "2"]
     for r, args in ((rel("llamacpp:b5000-cu122"), old), (rel("llamacpp:server-cuda-12.8"), new)):

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 import os
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -50,6 +51,7 @@ from llmfleet.knowledge.catalog import (
 )
 from llmfleet.knowledge.engines import EngineKnowledge, KvLayoutInfo, for_engine, for_quant_family
 from llmfleet.knowledge.engines import names as engine_names
+from llmfleet.knowledge.engines.base import PlanFlags
 
 # Tokens in context while the health check measures decode speed (a one-line prompt and a short
 # answer, release.health): the floor is computed for this context, not the planned one.
@@ -963,7 +965,7 @@ def _round_down(n: int, step: int) -> int:
     return n - n % step if n >= step else n
 
 
-def _largest(lo: int, hi: int, ok) -> int:
+def _largest(lo: int, hi: int, ok: Callable[[int], bool]) -> int:
     """Largest x in [lo, hi] with ok(x), assuming ok is monotone (True then False); lo - 1 if none."""
     if hi < lo or not ok(lo):
         return lo - 1
@@ -1028,7 +1030,7 @@ def _split_devices(r: _Resolved, req: PlanRequest, split_mode: str, fixed_gpu: f
     return out
 
 
-def _pool_of(devices: list[_Device], budget_gpu: float) -> tuple[float, int]:
+def _pool_of(devices: Sequence[_Device], budget_gpu: float) -> tuple[float, int]:
     """(the whole model's KV bytes the split can hold, the index of the card that binds it): each card
     holds its share of the KV, so the tightest card sets the total."""
     best, where = math.inf, 0
@@ -1717,15 +1719,15 @@ def _checked_args(
     cc = r.gpu.compute_capability
     select = rel.attention.select if rel is not None and rel.attention is not None else "arg"
     # Every engine gets the whole plan and takes the fields it needs.
-    base: dict[str, Any] = dict(
+    base = PlanFlags(
         quantization=know.quantization_flag(rel, rules, r.quant, cc), float16=not r.gpu.bf16 or r.quant.name == "fp16",
         gpu_memory_utilization=gmu, context=context, concurrency=k, kv_flag=r.kv_flag, gpus=req.gpus,
         hosts=req.hosts, split_mode=req.split_mode or know.split_modes[0],
-        tensor_split=[1] * (req.gpus * req.hosts) if req.gpus * req.hosts > 1 else None,
+        tensor_split=(1,) * (req.gpus * req.hosts) if req.gpus * req.hosts > 1 else None,
         offload_bytes=offload if (not resident and req.offload) else 0.0, backend_select=select,
         num_layers=r.spec.num_layers, resident=resident, gpu_layers=gpu_layers, release=rel, rules=rules,
     )
-    args = know.engine_args(**base)
+    args = know.engine_args(base)
     if rel is None:
         return args, {}, {}, ""
 
@@ -1741,7 +1743,7 @@ def _checked_args(
     if var and checks["kv-dtype"].status == "fail" and rel.attention is not None:
         for backend in rel.attention.backends:
             env = {var: backend} if select == "env" else {}
-            alt_args = know.engine_args(**base, attention_backend=backend)
+            alt_args = know.engine_args(replace(base, attention_backend=backend))
             alt = judge(alt_args, env)
             # a backend no source confirms for this KV dtype on this card is not picked
             if alt["kv-dtype"].status == "pass" and all(v.status != "fail" for v in alt.values()):

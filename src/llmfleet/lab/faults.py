@@ -682,7 +682,7 @@ class FaultBench:
     # -- hostile inventory values -----------------------------------------------------------------
 
     def ssh_sessions(self) -> int:
-        out = self.exec("journalctl --no-pager -o cat _COMM=sshd 2>/dev/null | grep -c 'Accepted publickey' || true")
+        out = self.exec("journalctl --no-pager -o cat _COMM=sshd 2>/dev/null | grep -ac 'Accepted publickey' || true")
         return int(out.stdout.strip() or 0)
 
     def hostile_inventory(self) -> FaultResult:
@@ -1013,9 +1013,9 @@ for f in $(grep -rlF "$K" /opt /etc /var/log /tmp /var/tmp /root /home /run /srv
   if runuser -u nobody -- test -r "$f" 2>/dev/null; then o=readable-by-others; else o=private; fi
   echo "FILE $(stat -c %a "$f") $o $f"
 done
-echo "JOURNAL $(journalctl --no-pager 2>/dev/null | grep -cF "$K")"
+echo "JOURNAL $(journalctl --no-pager 2>/dev/null | grep -acF "$K")"
 for p in /proc/[0-9]*; do tr '\0' ' ' < "$p/cmdline" 2>/dev/null | grep -qF "$K" && echo "ARGV $p"; done
-echo "DOCKERLOG $(docker logs llmfleet-tiny 2>&1 | grep -cF "$K")"
+echo "DOCKERLOG $(docker logs llmfleet-tiny 2>&1 | grep -acF "$K")"
 true
 """
 

@@ -444,7 +444,7 @@ def rpc_log_script(paths: Paths, lines: int = 400) -> str:
     return "\n".join([
         f"out=$(journalctl -u {shlex.quote(paths.unit)} -n {n} --no-pager -o cat 2>/dev/null || true)",
         f"[ -n \"$out\" ] || out=$(docker logs --tail {n} {shlex.quote(paths.container)} 2>&1 || true)",
-        "printf '%s\\n' \"$out\" | grep -E 'using device RPC' || true",
+        "printf '%s\\n' \"$out\" | grep -a -E 'using device RPC' || true",  # -a: a log is text, NULs or not
         "echo '@@end'",
     ])
 

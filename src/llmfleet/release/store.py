@@ -421,7 +421,11 @@ def stop_script(paths: Paths, *, forget_current: bool = False) -> str:
 
 
 def logs_script(paths: Paths, lines: int = 40) -> str:
-    """The engine's last lines: the unit's journal, else the container's own log."""
+    """The engine's last lines: the unit's journal, else the container's own log. Whatever bytes the
+    log holds are passed through as they are (the controller decodes them, invalid ones replaced);
+    every script that greps an engine log does so with ``grep -a`` (``evidence_script``,
+    ``service_logs_script``, ``cluster.rpc_log_script``), else a log with one binary byte would give
+    grep's "binary file matches" instead of its lines."""
     n = int(lines)
     return "\n".join([
         f"out=$(journalctl -u {q(paths.unit)} -n {n} --no-pager -o cat 2>/dev/null || true)",
@@ -870,7 +874,7 @@ def service_logs_script(paths: Paths, lines: int, *, follow: bool = False, secon
         return logs_script(paths, n)
     bound = f"timeout {max(1, int(seconds))} " if seconds else ""
     return "\n".join([
-        f"if journalctl -u {unit} -n 1 --no-pager -o cat 2>/dev/null | grep -q .; then",
+        f"if journalctl -u {unit} -n 1 --no-pager -o cat 2>/dev/null | grep -a -q .; then",
         f"  exec {bound}journalctl -u {unit} -n {n} -f --no-pager -o cat",
         "else",
         f"  exec {bound}{DOCKER} logs -f --tail {n} {container} 2>&1",

@@ -73,11 +73,38 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 if TYPE_CHECKING:
+    from llmfleet.knowledge.catalog import Quant
     from llmfleet.knowledge.compat import EngineCatalog, EngineRelease, EngineRules, Verdict
     from llmfleet.knowledge.engines.loadlog import LoadReport
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanFlags:
+    """What a plan asks of the engine's flags (``EngineKnowledge.engine_args``); every engine reads the
+    fields it needs: vLLM the quantization, dtype, memory share, tensor/pipeline sizes, offload and
+    attention backend; llama.cpp the layers on the GPU, the split and the release's flag forms."""
+
+    context: int  # tokens per sequence
+    concurrency: int  # sequences at once
+    kv_flag: str  # the KV cache dtype as the engine's flag takes it
+    quantization: str | None = None  # the quantization flag's value (None: no flag)
+    float16: bool = False  # run in float16 (no bf16 on the card, or an fp16 quant)
+    gpu_memory_utilization: float = 0.9
+    gpus: int = 1  # per host
+    hosts: int = 1
+    split_mode: str | None = None  # tensor | layer | row
+    tensor_split: tuple[int, ...] | None = None  # one share per device, in the engine's device order
+    offload_bytes: float = 0.0  # weights the engine is to keep off the GPU
+    attention_backend: str | None = None  # another backend than the release's default
+    backend_select: str = "arg"  # how the release selects a backend: arg (a flag) or env
+    num_layers: int = 0  # the model's repeating layers
+    resident: bool = True  # every layer on the GPU
+    gpu_layers: int = 0  # repeating layers on the GPU when not resident
+    release: EngineRelease | None = None  # the image's catalog entry (None: no build known)
+    rules: EngineRules | None = None  # the engine's catalog rules
 
 
 @dataclass(frozen=True)
@@ -164,12 +191,13 @@ class EngineKnowledge:
         kl = rel.kv_layout
         return KvLayoutInfo(kl.sliding_window, kl.confidence, kl.source)
 
-    def quantization_flag(self, rel: EngineRelease | None, rules: EngineRules, quant: Any, cc: str) -> str | None:
+    def quantization_flag(self, rel: EngineRelease | None, rules: EngineRules, quant: Quant, cc: str) -> str | None:
         """The value of the engine's quantization flag for ``quant`` (a catalog ``Quant``) on the card;
         None when the engine takes no such flag."""
         return None
 
-    def engine_args(self, **plan: Any) -> list[str]:
+    def engine_args(self, flags: PlanFlags) -> list[str]:
+        """The engine's flags for a plan (the planner calls it instead of branching)."""
         raise NotImplementedError
 
     def parse_load_log(self, text: str) -> LoadReport | None:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from llmfleet.knowledge import compat
 from llmfleet.knowledge.compat import EngineRelease, EngineRules, Verdict
 from llmfleet.knowledge.engines import loadlog
-from llmfleet.knowledge.engines.base import EngineKnowledge
+from llmfleet.knowledge.engines.base import EngineKnowledge, PlanFlags
 
 _FA_OFF = ("off", "0", "false")
 _FA_VALUES = ("on", "off", "auto", "1", "0", "true", "false")
@@ -124,14 +124,15 @@ class LlamaCppKnowledge(EngineKnowledge):
         v = compat.arg_value(args, "-c", "--ctx-size")
         return int(v) if v is not None and v.isdigit() and int(v) > 0 else None
 
-    def engine_args(self, *, num_layers: int, resident: bool, gpu_layers: int, context: int, concurrency: int,
-                    kv_flag: str, release: EngineRelease | None = None,
-                    rules: EngineRules | None = None, split_mode: str | None = None,
-                    tensor_split: list[int] | None = None, **_: Any) -> list[str]:
+    def engine_args(self, flags: PlanFlags) -> list[str]:
         """The llama-server flags for a plan; adds flash attention in the form the build takes when
         the V cache is quantized and the build would otherwise run without it. With several devices:
         ``--split-mode`` and ``--tensor-split`` (one share per device, in llama.cpp's device order: RPC
         devices first, then local GPUs); the head's ``--rpc`` endpoints are the deploy side's."""
+        f = flags
+        num_layers, resident, gpu_layers, context, concurrency = f.num_layers, f.resident, f.gpu_layers, f.context, \
+            f.concurrency
+        kv_flag, release, rules, split_mode, tensor_split = f.kv_flag, f.release, f.rules, f.split_mode, f.tensor_split
         ngl = num_layers + 1 if resident else gpu_layers  # -ngl counts the output layer too
         args = [
             "-ngl", str(ngl),

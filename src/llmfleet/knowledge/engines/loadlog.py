@@ -191,8 +191,8 @@ def parse_llamacpp(text: str) -> LoadReport:
             continue
         m = _RE_FA.search(ln)
         if m and "flash_attn" not in lines:
-            v = m.group(1).lower()
-            d["flash_attn"] = {"1": "on", "0": "off", "enabled": "on", "disabled": "off"}.get(v, v)
+            word = m.group(1).lower()
+            d["flash_attn"] = {"1": "on", "0": "off", "enabled": "on", "disabled": "off"}.get(word, word)
             lines["flash_attn"] = ln
             continue
         m = _RE_BUILD.search(ln)

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from llmfleet.knowledge import compat
 from llmfleet.knowledge.compat import EngineCatalog, EngineRelease, EngineRules, Verdict
 from llmfleet.knowledge.engines import loadlog
-from llmfleet.knowledge.engines.base import EngineKnowledge, KvLayoutInfo
+from llmfleet.knowledge.engines.base import EngineKnowledge, KvLayoutInfo, PlanFlags
+
+if TYPE_CHECKING:
+    from llmfleet.knowledge.catalog import Quant
 
 _GIB = 1024**3
 
@@ -215,7 +218,7 @@ class VllmKnowledge(EngineKnowledge):
                                              "KV allocator: every layer keeps the full context (vllm RFC #11382)")
         return base
 
-    def quantization_flag(self, rel: EngineRelease | None, rules: EngineRules, quant: Any, cc: str) -> str | None:
+    def quantization_flag(self, rel: EngineRelease | None, rules: EngineRules, quant: Quant, cc: str) -> str | None:
         """--quantization: the method the release itself uses for this quant on this card (its Marlin
         floors in engines.yaml are the one source), spelled as the flag takes it."""
         if rel is None:
@@ -243,14 +246,15 @@ class VllmKnowledge(EngineKnowledge):
             return None
         return int(length) * (int(seqs) if seqs is not None and seqs.isdigit() else 1)
 
-    def engine_args(self, *, quantization: str | None, float16: bool, gpu_memory_utilization: float,
-                    context: int, concurrency: int, kv_flag: str, gpus: int, offload_bytes: float = 0.0,
-                    attention_backend: str | None = None, backend_select: str = "arg", hosts: int = 1,
-                    **_: Any) -> list[str]:
+    def engine_args(self, flags: PlanFlags) -> list[str]:
         """The vLLM flags for a plan. ``quantization`` is the --quantization value (choose it with
         ``compat.quant_method_for`` / ``marlin_min_cc``: the release's own floors);
         ``attention_backend`` when the plan needs one other than the default (e.g. FLASH_ATTN for
         fp8 KV on Hopper). ``hosts`` > 1: pipeline parallel, one stage per host, over Ray."""
+        f = flags
+        quantization, float16, context, concurrency = f.quantization, f.float16, f.context, f.concurrency
+        gpu_memory_utilization, kv_flag, gpus, hosts = f.gpu_memory_utilization, f.kv_flag, f.gpus, f.hosts
+        attention_backend, backend_select, offload_bytes = f.attention_backend, f.backend_select, f.offload_bytes
         args: list[str] = []
         if quantization:
             args += ["--quantization", quantization]
