@@ -38,6 +38,7 @@ export PATH="$PWD/.venv/bin:$PATH"
 phase "ruff, import contracts (lint-imports), types (mypy)"
 ruff check .
 lint-imports --no-cache
+mypy
 
 phase "lab setup: Docker engine, registry, host and llama.cpp images (log: .cache/lab-setup.log)"
 invoke lab.setup > .cache/lab-setup.log 2>&1 &

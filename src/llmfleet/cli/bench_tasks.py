@@ -178,9 +178,9 @@ def bench(c, host=None, service=None, concurrency=None, prompt_tokens=None, max_
                     "local": run.saved_local}, "plot": plot_file})
     else:
         print_result(doc)
-        where = [x for x in ((f"{host}:.../releases/{doc['release']}/bench.json" if run.saved_host else None),
-                             run.saved_local) if x]
-        if where:
-            console.print("saved: " + escape(", ".join(where)))
+        saved_at = [x for x in ((f"{host}:.../releases/{doc['release']}/bench.json" if run.saved_host else None),
+                                run.saved_local) if x]
+        if saved_at:
+            console.print("saved: " + escape(", ".join(saved_at)))
         if plot_file:
             console.print(f"plot: {escape(str(plot_file))}")

@@ -10,7 +10,7 @@ import json
 import os
 import sys
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from invoke.exceptions import Exit
@@ -198,7 +198,7 @@ def process_age_s() -> float | None:
         return None
 
 
-def print_timeline(outcome: Any, before: list[tuple[str, float | None]] = ()) -> None:
+def print_timeline(outcome: Any, before: Sequence[tuple[str, float | None]] = ()) -> None:
     """``--timeline``: where one host's seconds went, stage by stage, on stderr; ``before``: the
     process's own stages before the host's run (start-up, inventory), as (name, seconds)."""
     rt = outcome.round_trips

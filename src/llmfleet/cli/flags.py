@@ -118,7 +118,7 @@ class NumberArgument(Argument):
         if not cast or value is None:
             return super().set_value(value, cast=cast)
         self.raw_value = value
-        name = self.name.replace("_", "-")
+        name = (self.name or "").replace("_", "-")
         self._value = self.number.parse(f"-{name}" if len(name) == 1 else f"--{name}", value)
 
 
@@ -161,9 +161,11 @@ class FleetTask(Task):
         finally:
             self.help = kept
         for arg in args:
-            number = self.numbers.get(arg.attr_name or arg.name)
+            key = arg.attr_name or arg.name
+            number = self.numbers.get(key) if key else None
             if number is not None:
                 arg.__class__ = NumberArgument
+                assert isinstance(arg, NumberArgument)
                 arg.number = number
                 arg.metavar = number.metavar
         return args
@@ -303,7 +305,8 @@ def _flag(name: str) -> str:
 
 def install() -> None:
     """Exit 2 with one line on any command-line error, and show each number flag's metavar in help."""
-    if getattr(Program, "_llmfleet_flags", False):
+    global _installed
+    if _installed:
         return
 
     def exit_2(method: Callable) -> Callable:
@@ -381,14 +384,14 @@ def install() -> None:
             raise Exit(f"error: {path}{where}: not valid YAML ({getattr(exc, 'problem', None) or exc})",
                        code=2) from None
 
-    Program.update_config = update_config_checked
-    Config._load_yaml = load_yaml_one_line
-    Program.run = run_naming_the_program
-    Program.parse_cleanup = cleanup_refusing
-    Program.parse_tasks = exit_2(Program.parse_tasks)
-    Program.parse_cleanup = quiet_on_closed_pipe(exit_2(Program.parse_cleanup))
-    Program.execute = quiet_on_closed_pipe(Program.execute)
-    Program.run = quiet_on_closed_pipe(Program.run)
+    _patch(Program, "update_config", update_config_checked)
+    _patch(Config, "_load_yaml", load_yaml_one_line)
+    _patch(Program, "run", run_naming_the_program)
+    _patch(Program, "parse_cleanup", cleanup_refusing)
+    _patch(Program, "parse_tasks", exit_2(Program.parse_tasks))
+    _patch(Program, "parse_cleanup", quiet_on_closed_pipe(exit_2(Program.parse_cleanup)))
+    _patch(Program, "execute", quiet_on_closed_pipe(Program.execute))
+    _patch(Program, "run", quiet_on_closed_pipe(Program.run))
 
     help_for = ParserContext.help_for
 
@@ -396,18 +399,26 @@ def install() -> None:
     def help_with_metavar(self: ParserContext, flag: str) -> tuple[str, str]:
         names, text = help_for(self, flag)
         arg = self.flags.get(flag)
-        metavar = getattr(arg, "metavar", None)
+        metavar = arg.metavar if isinstance(arg, NumberArgument) else None
         if metavar:
             names = re.sub(r"(?<=[ =\[])(INT|STRING)\b", metavar, names)
-        elif getattr(arg, "kind", None) is list:  # a repeatable flag takes a value too: say so
+        elif arg is not None and arg.kind is list:  # a repeatable flag takes a value too: say so
             value = "SOURCE" if arg.name == "inventory" else "VALUE"
             names = ", ".join(f"{n} {value}" if len(n.lstrip("-")) == 1 else f"{n}={value}"
                               for n in names.split(", "))
         return names, text
 
-    ParserContext.help_for = help_with_metavar
+    _patch(ParserContext, "help_for", help_with_metavar)
     _help_before_positionals()
-    Program._llmfleet_flags = True
+    _installed = True
+
+
+_installed = False  # install() ran: Invoke's classes are patched once per process
+
+
+def _patch(cls: type, name: str, method: Callable[..., Any]) -> None:
+    """Replace a method of one of Invoke's classes for the whole process (start-up only)."""
+    setattr(cls, name, method)
 
 
 def _help_before_positionals() -> None:
@@ -443,5 +454,5 @@ def _help_before_positionals() -> None:
             return None
         return complete(self)
 
-    ParseMachine.handle = handle_help_first
-    ParseMachine.complete_context = complete_unless_help
+    _patch(ParseMachine, "handle", handle_help_first)
+    _patch(ParseMachine, "complete_context", complete_unless_help)

@@ -83,6 +83,8 @@ def up(c, inventory=None, hosts=None, name=None, json=False):
     from llmfleet.lab import hosts as lab_hosts
 
     inv = inventory_path(c, inventory)
+    if isinstance(inv, list):
+        raise UsageError(f"lab.up takes one inventory, not {len(inv)}; give one -i PATH")
     lab = paths.lab_name(name)
     log = (lambda m: None) if json else console.print
     res = lab_hosts.up(inv, lab=lab, names=_names(hosts), known_hosts=_known_hosts(c), key_path=_key_path(inv),

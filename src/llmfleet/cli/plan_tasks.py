@@ -352,6 +352,7 @@ def plan_task(c, model=None, quant=None, gpu=None, host=None, gpus=None, context
             raise CheckFailed(f"host {host}: {', '.join(bad)} do(es) not fit {plans[bad[0]].gpu_name}")
         return
     if card is None:  # from the gathered facts
+        assert facts is not None  # the card is left open only when facts were gathered
         first = facts.gpus[0]
         card = find_gpu(first.catalog_id or first.name)
         if first.memory_total_mib:
@@ -370,11 +371,11 @@ def plan_task(c, model=None, quant=None, gpu=None, host=None, gpus=None, context
     measured = calibration(p, overlay)
     if measured is not None:  # planned again with the efficiency this fleet measured
         p = plan(dataclasses.replace(req, measured_efficiency=measured))
-    fleet = fleet_measured(p, records, overlay)
+    measured_rows = fleet_measured(p, records, overlay)
     if json:
-        print_json(p.to_dict() | {"fleet_measured": fleet})
+        print_json(p.to_dict() | {"fleet_measured": measured_rows})
     else:
-        render_plan(p, fleet=fleet)
+        render_plan(p, fleet=measured_rows)
     if not p.fits:
         first = p.notes[0] if p.notes else "does not fit"
         hosts_txt = f" on each of {p.hosts} hosts" if p.hosts > 1 else ""

@@ -234,10 +234,13 @@ def _service_op(c, action: str, *, host, group, service, orphans, inventory, mes
 
     def one(job: tuple[Any, Any]) -> service_ops.ServiceOpResult:
         h, settings = job
+
+        def log_host(line: str) -> None:
+            log_line(f"{h.name}: {line}")
+
         return service_ops.service_op(h, settings, action, [service] if service else None, config=conf,
                                       orphans_only=bool(orphans), message=msg,
-                                      accept_new_host_keys=accept_new_host_keys,
-                                      log=lambda line, n=h.name: log_line(f"{n}: {line}"))
+                                      accept_new_host_keys=accept_new_host_keys, log=log_host)
 
     results = service_ops.run_hosts(one, jobs, forks)
     if json:

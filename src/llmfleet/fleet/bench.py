@@ -459,7 +459,7 @@ def table_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
             "ceiling_tokps": ceiling,
             "realistic_tokps": list(realistic) if realistic else None,
             "decode_vs_ceiling": _round(ratio(dec, ceiling), 3),
-            "decode_vs_realistic": against_range(dec, realistic),  # type: ignore[arg-type]
+            "decode_vs_realistic": against_range(dec, realistic),
         })
     return rows
 

@@ -67,7 +67,9 @@ def gated(
     folder = bench_dir or bench_run.DEFAULT_BENCH_DIR
     who = getattr(options, "who", None) or ""
     if rollback is None:
-        from llmfleet.release.deploy import rollback_host as rollback
+        from llmfleet.release.deploy import rollback_host
+
+        rollback = rollback_host
 
     def run(host: str) -> Any:
         def hlog(line: str) -> None:
@@ -116,5 +118,5 @@ def gated(
 
 
 def _decode(doc: dict[str, Any]) -> str:
-    vals = [lv.get("decode_tokps_p50") for lv in B.levels_of(doc).values() if lv.get("decode_tokps_p50")]
+    vals = [v for lv in B.levels_of(doc).values() if (v := lv.get("decode_tokps_p50"))]
     return f"{min(vals):.1f}" if vals else "-"

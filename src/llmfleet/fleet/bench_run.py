@@ -482,9 +482,9 @@ def load_pair(
                 pass
     for rid in (a, b):
         if rid not in found:
-            doc = load_local(bench_dir, host.name, service.name, rid)
-            if doc is not None:
-                found[rid], where[rid] = doc, str(local_dir(bench_dir, host.name, service.name, rid))
+            local_doc = load_local(bench_dir, host.name, service.name, rid)
+            if local_doc is not None:
+                found[rid], where[rid] = local_doc, str(local_dir(bench_dir, host.name, service.name, rid))
     missing = [r for r in (a, b) if r not in found]
     if missing:
         raise CheckFailed(f"no bench result for release {', '.join(missing)} of {host.name}/{service.name} "

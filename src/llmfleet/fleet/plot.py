@@ -158,7 +158,7 @@ def scene(series: Sequence[Series], title: str) -> Scene:
                     add(Shape("dot", (pt,), colour=colour, width=3.5))
     # legend
     ly = TOP + PANEL_H + 62
-    lx = LEFT
+    lx = float(LEFT)
     for k, s in enumerate(series):
         colour = COLOURS[k % len(COLOURS)]
         add(Shape("line", ((lx, ly - 4), (lx + 24, ly - 4)), colour=colour, width=3))

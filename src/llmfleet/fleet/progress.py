@@ -41,7 +41,7 @@ class Tally:
 class LiveLine:
     """Writes a Tally's text: in place on a terminal, throttled lines elsewhere."""
 
-    def __init__(self, write: Callable[[str], None], *, terminal: bool, every_s: float = 10.0,
+    def __init__(self, write: Callable[[str], object], *, terminal: bool, every_s: float = 10.0,
                  min_interval_s: float = 0.2, clock: Callable[[], float] = time.monotonic) -> None:
         self.write = write
         self.terminal = terminal

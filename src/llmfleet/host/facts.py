@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
@@ -20,6 +20,9 @@ from llmfleet.knowledge.catalog import find_gpu
 from llmfleet.knowledge.compat import branch_cuda, driver_branches
 from llmfleet.knowledge.facts import Container, Disk, Docker, Facts, GpuFact, ModelFile
 from llmfleet.release.store import parse_state, state_complete
+
+if TYPE_CHECKING:  # paramiko and fabric load only when a connection is opened
+    from llmfleet.host.ssh import Runner
 
 QUERY_FIELDS = (
     "index",
@@ -426,7 +429,7 @@ def parse_model(body: str) -> ModelFile:
     kind = kv.get("type", "unknown")
     if kind not in ("dir", "file", "other", "missing"):
         kind = "unknown"
-    mf = ModelFile(path=kv.get("path", ""), kind=kind)  # type: ignore[arg-type]
+    mf = ModelFile(path=kv.get("path", ""), kind=kind)
     if "readable" in kv:
         mf.readable = kv["readable"] == "yes"
     if kind == "dir":
@@ -514,7 +517,8 @@ def parse_probe_document(
         facts.machine = kv.get("machine") or None
         facts.systemd = {"yes": True, "no": False}.get(kv.get("systemd", ""))
         facts.root = kv.get("root") or None
-    tools = _kv_lines(one("tools").body) if one("tools") else {}
+    tools_section = one("tools")
+    tools = _kv_lines(tools_section.body) if tools_section else {}
     facts.nvidia_smi = tools.get("nvidia-smi") or None
     facts.toolkit.runtime_path = tools.get("nvidia-container-runtime") or None
     facts.toolkit.hook_path = tools.get("nvidia-container-runtime-hook") or None
@@ -713,7 +717,7 @@ def default_gpu_lookup(name: str) -> Any:
     return find_gpu(name)
 
 
-def gather(remote: Any, *, root: str = "/opt/llmfleet", model_paths: list[str] | tuple[str, ...] = (),
+def gather(remote: Runner, *, root: str = "/opt/llmfleet", model_paths: list[str] | tuple[str, ...] = (),
            timeout: float = 180, sudo: bool = False) -> Facts:
     """Run the probe on the host in one round trip and parse what it printed.
 
@@ -723,11 +727,11 @@ def gather(remote: Any, *, root: str = "/opt/llmfleet", model_paths: list[str] |
     it found with the failures in ``errors``.
     """
     # a probe sent ahead (llmfleet.release.early) is taken by ``run`` when this is the very same command
-    mark = getattr(remote, "probe_mark", None) or new_mark()
+    mark = getattr(remote, "probe_mark", None) or new_mark()  # ssh.Remote has one; a scripted remote need not
     result = remote.run(probe_command(mark, root, list(model_paths)), stdin=probe_sh(), timeout=timeout,
                         sudo=sudo)
     stdout = result.stdout if isinstance(result.stdout, str) else result.stdout.decode("utf-8", "replace")
     stderr = result.stderr if isinstance(result.stderr, str) else result.stderr.decode("utf-8", "replace")
-    host = getattr(remote, "name", "") or ""
+    host = remote.name or ""
     return parse_probe_document(stdout, mark, host, rc=result.rc, stderr=stderr,
                        gpu_lookup=default_gpu_lookup, driver_branches=driver_branches())

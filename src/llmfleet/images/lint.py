@@ -170,13 +170,14 @@ def lint(text: str, path: str = "Dockerfile", profile: str = "fleet") -> list[Fi
                 continue
             name, tag, digest = split_reference(ref)
             digest_raw = ref_raw.split("@", 1)[1] if "@" in ref_raw else None
+            digest_var = _VAR_RE.match(digest_raw) if digest_raw else None
             required_digest_arg = bool(digest_raw and re.fullmatch(r"\$\{?[A-Za-z_][A-Za-z0-9_]*\}?", digest_raw)
-                                       and _VAR_RE.match(digest_raw).group(1) in unset)
+                                       and digest_var and digest_var.group(1) in unset)
             pinned = bool(digest and _DIGEST_RE.search("@" + digest)) or required_digest_arg
             if not pinned:
                 add(ins.line, "DF001", f"base {ref_raw} is not pinned by digest; write "
                                        f"{name}:{tag or 'TAG'}@sha256:... or @${{BASE_DIGEST}} with a required ARG")
-            if unset and not (required_digest_arg and unset == [_VAR_RE.match(digest_raw).group(1)]):
+            if unset and not (required_digest_arg and digest_var and unset == [digest_var.group(1)]):
                 continue  # set by the build (e.g. a locally built base); nothing more to judge
             if tag == "latest" or (tag is None and digest is None):
                 add(ins.line, "DF002", f"base {ref} floats ({'latest' if tag else 'no tag'}); name a version tag")

@@ -14,6 +14,7 @@ Range request; a bounded number of attempts; the file appears only with the righ
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import json
 import os
@@ -361,7 +362,7 @@ class RegistryClient:
             h = hashlib.sha256()
             if have:
                 with part.open("rb") as fh:
-                    for chunk in iter(lambda fh=fh: fh.read(CHUNK), b""):
+                    for chunk in iter(functools.partial(fh.read, CHUNK), b""):
                         h.update(chunk)
             headers = {"Range": f"bytes={have}-"} if have else {}
             try:

@@ -419,7 +419,7 @@ class Builder:
 MAX_ALIAS_EXPANSION = 100_000
 
 
-class _YamlLoader(yamlload.SafeLoader):  # type: ignore[misc,valid-type]
+class _YamlLoader(yamlload.SafeLoader):
     """SafeLoader (libyaml's when there) with Ansible's tags: ``!vault`` (opaque secret) and ``!unsafe`` (never templated);
     a document whose aliases expand beyond ``MAX_ALIAS_EXPANSION`` nodes is refused before any value
     is built."""

@@ -216,10 +216,10 @@ def load_sources(args: list[str], cwd: Path | None = None, vault=None) -> Invent
     # ``path`` is where relative settings (llmfleet_images_lock) are based: the first file or folder
     # source; a host list alone has none.
     files = [a for a in args if not is_host_list(a, cwd)]
-    path = files[0] if files else args[0]
-    if cwd is not None and files and not Path(path).is_absolute():
-        path = str(cwd / path)
-    inv = resolve(b, var_dirs, path=path, sources=args, vault=vault)
+    base = files[0] if files else args[0]
+    if cwd is not None and files and not Path(base).is_absolute():
+        base = str(cwd / base)
+    inv = resolve(b, var_dirs, path=base, sources=args, vault=vault)
     inv.warnings.extend(inventory_warnings(list(inv.hosts.values())))
     for w in inv.warnings:
         warnings.warn(w, InventoryWarning, stacklevel=3)

@@ -173,7 +173,7 @@ class Resolver:
                 )
             context[ref] = v
         try:
-            if single:
+            if single and whole is not None:
                 out = ENV.compile_expression(whole.group("expr"), undefined_to_none=False)(**context)
                 if isinstance(out, jinja2.Undefined):
                     out._fail_with_undefined_error()
@@ -185,11 +185,6 @@ class Resolver:
             raise TemplateError(f"{self.where(top)}: {name}: cannot render {text!r}: {exc}") from None
         except (TypeError, ValueError, ArithmeticError) as exc:
             raise TemplateError(f"{self.where(top)}: {name}: cannot render {text!r}: {exc}") from None
-
-
-def resolve_var(host: Host, name: str, inventory: Inventory | None = None) -> Any:
-    """One variable of a host, rendered (KeyError when the host does not set it)."""
-    return Resolver(host, inventory).var(name)
 
 
 def resolve_namespace(host: Host, inventory: Inventory | None = None) -> dict[str, Any]:

@@ -11,13 +11,16 @@ import functools
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal, TypedDict, Unpack
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from llmfleet import yamlload
 from llmfleet.errors import UsageError
+
+if TYPE_CHECKING:
+    from llmfleet.knowledge.engines.base import EngineKnowledge
 
 ENGINES_PATH = Path(__file__).resolve().parent / "catalog" / "engines.yaml"
 Status = Literal["pass", "warn", "fail"]
@@ -461,7 +464,7 @@ def sm(cc: str) -> str:
     return _sm(cc)
 
 
-def _engine(rel: EngineRelease):
+def _engine(rel: EngineRelease) -> EngineKnowledge:
     from llmfleet.knowledge import engines
 
     return engines.for_engine(rel.engine)
@@ -654,6 +657,22 @@ def check_known_issues(rel: EngineRelease, cc: str | None, multimodal: bool) -> 
                    "issue names")
 
 
+class DriverHost(TypedDict, total=False):
+    """What ``check_cuda_driver`` and ``driver_alternatives`` are told about the host."""
+
+    driver: str | None
+    cuda_driver: str | None
+    gpu_name: str | None
+    cc: str | None
+    data_center: bool | None
+    toolkit_version: str | None
+    runtimes: list[str]
+    env: dict[str, str] | None
+    default_runtime: str | None
+    today: str | None
+    kernel_modules: str | None
+
+
 def check_cuda_driver(
     rel: EngineRelease,
     cat: EngineCatalog,
@@ -783,7 +802,7 @@ def check_cuda_driver(
     )
 
 
-def driver_alternatives(rel: EngineRelease, cat: EngineCatalog, **host: Any) -> list[str]:
+def driver_alternatives(rel: EngineRelease, cat: EngineCatalog, **host: Unpack[DriverHost]) -> list[str]:
     """What a host whose driver cannot run ``rel`` can do instead (pure; ``host`` takes the keyword
     arguments of ``check_cuda_driver``): the catalog images that do run on this driver and card today
     (the same engine first), the driver that runs the nearest image of the same engine (through
@@ -816,7 +835,7 @@ def driver_alternatives(rel: EngineRelease, cat: EngineCatalog, **host: Any) -> 
         cov = kernel_coverage(other, str(cc)) if cc_tuple(cc) else None
         native = version_tuple(other.min_driver) or ()
         same = other.engine == rel.engine
-        if floor and cov is not None and cov[0] == "sass" and (dv is None or (version_tuple(floor) or ()) > dv):
+        if floor and img and cov is not None and cov[0] == "sass" and (dv is None or (version_tuple(floor) or ()) > dv):
             floors[same].append((version_tuple(floor) or (), f"driver >= {floor} runs {key} through CUDA {img[0]}.x "
                                                             f"minor-version compatibility, >= {other.min_driver} natively"))
         elif dv is None or native > dv:
@@ -988,14 +1007,3 @@ def flag_checks(rel: EngineRelease, rules: EngineRules, *, quant: str | None, kv
         "attention": check_attention(rel, args, env, cc),
         "kv-dtype": check_kv_dtype(rel, rules, kv_dtype, args, env, cc),
     }
-
-
-def summarize_catalog(cat: EngineCatalog) -> list[dict[str, Any]]:
-    """Rows for a table of the images the catalog knows."""
-    return [
-        {"image": k, "cuda": r.cuda or "cpu", "min_driver": r.min_driver or "-",
-         "sass": r.kernels.sass, "ptx": r.kernels.ptx,
-         "torch": torch_label(r.torch).removeprefix("torch ") if r.torch else None,
-         "confidence": r.confidence}
-        for k, r in cat.images.items()
-    ]

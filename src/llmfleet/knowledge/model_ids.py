@@ -70,7 +70,7 @@ def split_quantized(text: str) -> Assumed | None:
                 continue
             quant = _gguf_quant(tail)
             model = _catalog_model(org, head) if quant else None
-            if model:
+            if model and quant:
                 return Assumed(model, quant, f"{text} read as catalog model {model} with quant {quant} "
                                              "(a GGUF file name; the file was not read)")
         return None

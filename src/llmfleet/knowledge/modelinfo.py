@@ -249,11 +249,12 @@ def read_hf_folder(folder: Path) -> ModelSpec:
         raise UsageError(f"{folder}: no config.json (a Hugging Face model folder has one)")
     try:
         top = json.loads(cfg_path.read_text(encoding="utf-8"))
-    except ValueError as exc:
+    except json.JSONDecodeError as exc:
         raise UsageError(f"{cfg_path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
     if not isinstance(top, dict):
         raise UsageError(f"{cfg_path}: expected a JSON object")
-    cfg = top.get("text_config") if isinstance(top.get("text_config"), dict) else top
+    text_config = top.get("text_config")
+    cfg: dict[str, Any] = text_config if isinstance(text_config, dict) else top
     where = f"{cfg_path}" + (" text_config" if cfg is not top else "")
     model_type = str(cfg.get("model_type") or top.get("model_type") or "")
     n = _cfg_int(cfg, where, "num_hidden_layers", "n_layer", "num_layers")

@@ -328,11 +328,12 @@ def run_checks(
                 checks.append(Check(cid, "warn", f"not judged: no GPU to judge {rel.key} against ({why})",
                                     "fix the gpu check first, then run preflight again"))
         else:
-            host = dict(driver=facts.driver_version, cuda_driver=facts.cuda_driver_version, gpu_name=name,
-                        cc=cc, data_center=gpu.data_center if gpu else None,
-                        toolkit_version=facts.toolkit.version or facts.toolkit.cli_version,
-                        runtimes=facts.docker.runtimes, env=env, default_runtime=facts.docker.default_runtime,
-                        today=today, kernel_modules=facts.driver_kernel_modules)
+            host = compat.DriverHost(
+                driver=facts.driver_version, cuda_driver=facts.cuda_driver_version, gpu_name=name, cc=cc,
+                data_center=gpu.data_center if gpu else None,
+                toolkit_version=facts.toolkit.version or facts.toolkit.cli_version, runtimes=facts.docker.runtimes,
+                env=env, default_runtime=facts.docker.default_runtime, today=today,
+                kernel_modules=facts.driver_kernel_modules)
             driver_verdict = compat.check_cuda_driver(rel, cat, **host)
             if driver_verdict.status == "fail" and facts.driver_version:
                 # The honest answer for an old driver: what runs today, and what an upgrade unlocks.

@@ -103,8 +103,9 @@ class FaultBench:
     def overrides(self, **overrides: Any) -> dict[str, Any]:
         return {"health": HEALTH, "api_key": {"from_env": KEY_ENV}, **overrides}
 
-    def deploy(self, *, log: Callable[[str], None] | None = None, diff: bool = False, **overrides: Any):
-        from llmfleet.release.deploy import DeployOptions, deploy_host
+    def deploy(self, *, log: Callable[[str], object] | None = None, diff: bool = False, **overrides: Any):
+        from llmfleet.release.deploy import deploy_host
+        from llmfleet.release.prepare import DeployOptions
 
         def both(line: str) -> None:
             self.log(line)
@@ -701,7 +702,7 @@ class FaultBench:
         bomb = "lol0: &a [" + ",".join(['"lol"'] * 9) + "]\n" + "".join(
             f"lol{i}: &{c} [" + ",".join([f"*{p}"] * 9) + "]\n"
             for i, (p, c) in enumerate(zip("abcdefgh", "bcdefghi", strict=True), start=1))
-        cases = {
+        cases: dict[str, tuple[dict[str, Any], str | None, str]] = {
             "served_name 100,000 characters": ({"served_name": "x" * 100_000}, None, "served_name"),
             "env value 1 MB": ({"env": {"NOTE": "y" * 1_000_000}}, None, "env.NOTE"),
             "model_path 5,000 characters": ({"model_path": "/srv/" + "m" * 5000}, None, "model_path"),
@@ -919,7 +920,7 @@ def install_cut(step: str, key: str | None = None) -> None:
         when = {("upload", "release"): "mid-stdin", ("switch", "release"): "after-stdin",
                 ("restart", "release"): "after-return", ("upload", "upload"): "mid-stdin", ("arm", "arm"): "after-exec", ("switch", "switch"): "after-exec",
                 ("restart", "switch"): "after-return", ("confirm-unsent", "confirm"): "before",
-                ("confirm", "confirm"): "after-exec"}.get((step, kind))
+                ("confirm", "confirm"): "after-exec"}.get((step, kind or ""))
         if when == "before":
             stop_here()
         local.when = when
@@ -952,10 +953,11 @@ def install_cut(step: str, key: str | None = None) -> None:
         if getattr(local, "when", None) == "after-stdin":  # the whole release sent with the round trip
             stop_here()
 
-    ssh.Remote._run = run  # type: ignore[method-assign]
-    paramiko.Channel.exec_command = exec_command  # type: ignore[method-assign]
-    paramiko.Channel.shutdown_write = shutdown_write  # type: ignore[method-assign]
-    paramiko.Channel.sendall = sendall  # type: ignore[method-assign]
+    # the fault is injected by patching the transport's methods for this one deploy
+    setattr(ssh.Remote, "_run", run)  # noqa: B010
+    setattr(paramiko.Channel, "exec_command", exec_command)  # noqa: B010
+    setattr(paramiko.Channel, "shutdown_write", shutdown_write)  # noqa: B010
+    setattr(paramiko.Channel, "sendall", sendall)  # noqa: B010
     if step.startswith("health-"):
         stage = "_" + step.split("-", 1)[1]
 
@@ -968,7 +970,8 @@ def install_cut(step: str, key: str | None = None) -> None:
 def cut_controller_main(argv: list[str] | None = None) -> None:
     """``python -c 'from llmfleet.lab.faults import cut_controller_main; cut_controller_main()' INVENTORY
     HOST CONFIG_JSON OVERRIDES_JSON STEP``: a deploy that stops dead at STEP."""
-    from llmfleet.release.deploy import DeployOptions, deploy_host
+    from llmfleet.release.deploy import deploy_host
+    from llmfleet.release.prepare import DeployOptions
 
     inventory, host, config, overrides, step = (argv or sys.argv[1:])[:5]
     install_cut(step, os.environ.get(KEY_ENV))

@@ -34,10 +34,14 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from llmfleet.errors import CheckFailed, UsageError
 from llmfleet.lab import docker
 from llmfleet.lab.paths import BASE_IMAGE, IMAGE_PREFIX, cache_dir, locked
+
+if TYPE_CHECKING:
+    from rich.progress import Progress as RichProgress
 
 DOCKERFILES = Path(__file__).resolve().parents[3] / "dockerfiles"
 APT_SOURCES = (Path("/etc/apt/sources.list"), Path("/etc/apt/sources.list.d"))
@@ -136,14 +140,14 @@ class Progress:
     def __init__(self, quiet: bool = False, plain: bool | None = None) -> None:
         self.quiet = quiet
         self.plain = (not sys.stdout.isatty()) if plain is None else plain
-        self._progress = None
+        self._progress: LineProgress | RichProgress | None = None
 
     def __enter__(self):
         if not self.quiet and self.plain:
             self._progress = LineProgress(lambda line: print(line, flush=True))
         elif not self.quiet:
             from rich.progress import BarColumn, SpinnerColumn, TextColumn, TimeElapsedColumn
-            from rich.progress import Progress as RichProgress
+            from rich.progress import Progress as RichProgress  # noqa: F811 - loaded on a terminal only
 
             self._progress = RichProgress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
                                           TextColumn("{task.fields[detail]}"), TimeElapsedColumn(),

@@ -17,7 +17,6 @@ from llmfleet.errors import CheckFailed
 from llmfleet.images import lock as image_lock
 from llmfleet.lab import docker, engine, hosts
 from llmfleet.lab import images as lab_images
-from llmfleet.lab.paths import registry_port
 
 ROOT = Path(__file__).resolve().parents[3]
 LOCK_PATH = ROOT / ".lab" / "images.lock"
@@ -111,11 +110,11 @@ def pin_lab_images(built: dict[str, str], registry: str, lock_path: Path = LOCK_
     missing = [
         image_lock.LockedImage(key=p.key, repository=f"{hosts.REGISTRY_HOST}/{p.repository}", digest=None,
                                tag=p.tag, source=p.note)
-        for p in PINS if p.key in unpinned and (lock.get(p.key) is None or lock.get(p.key).digest is None)
+        for p in PINS if p.key in unpinned and _unpinned_in(lock, p.key)
     ]
     if missing or not lock_path.exists():
         image_lock.write_lock(image_lock.merge(lock, missing), lock_path)
-    return {e.key: e.digest for e in entries}, unpinned, check
+    return {e.key: pushed[e.key] for e in entries}, unpinned, check  # each digest checked equal above
 
 
 def inspect_pinned(key: str, local_ref: str, lock_path: Path = LOCK_PATH,
@@ -158,5 +157,7 @@ def setup(*, vllm: bool = False, cu118: bool = False, cu118_archs: str | None = 
     )
 
 
-def registry_address() -> str:
-    return f"127.0.0.1:{registry_port()}"
+def _unpinned_in(lock: image_lock.ImageLock, key: str) -> bool:
+    """The lock has no digest for ``key`` (no entry, or one not pinned yet)."""
+    entry = lock.get(key)
+    return entry is None or entry.digest is None

@@ -360,6 +360,12 @@ class SimFleet:
 
 def _server_interface() -> type:
     import paramiko
+    from paramiko.common import (
+        AUTH_FAILED,
+        AUTH_SUCCESSFUL,
+        OPEN_FAILED_ADMINISTRATIVELY_PROHIBITED,
+        OPEN_SUCCEEDED,
+    )
 
     class Server(paramiko.ServerInterface):
         def __init__(self, fleet: SimFleet) -> None:
@@ -370,13 +376,13 @@ def _server_interface() -> type:
 
         def check_auth_publickey(self, username: str, key: Any) -> int:
             if key.asbytes() == self.fleet.authorized.asbytes():
-                return paramiko.AUTH_SUCCESSFUL
-            return paramiko.AUTH_FAILED
+                return AUTH_SUCCESSFUL
+            return AUTH_FAILED
 
         def check_channel_request(self, kind: str, chanid: int) -> int:
             if kind == "session":
-                return paramiko.OPEN_SUCCEEDED
-            return paramiko.OPEN_FAILED_ADMINISTRATIVELY_PROHIBITED
+                return OPEN_SUCCEEDED
+            return OPEN_FAILED_ADMINISTRATIVELY_PROHIBITED
 
         def check_channel_exec_request(self, channel: Any, command: bytes) -> bool:
             cmd = command.decode("utf-8", "replace")

@@ -78,7 +78,7 @@ def _open(entry: _Early, target: ssh.Target, ssh_settings: SshSettings, accept_n
     try:
         remote = ssh.connect_target(target, ssh_settings, accept_new_host_keys=accept_new_host_keys)
         mark = probe.new_mark()
-        remote.probe_mark = mark  # type: ignore[attr-defined] - facts.gather builds the same command with it
+        remote.probe_mark = mark  # facts.gather builds the same command with it
         remote.send_ahead(probe.probe_command(mark, root, model_paths), stdin=probe.probe_sh(), sudo=True,
                           timeout=PROBE_TIMEOUT_S)
         entry.remote = remote

@@ -23,7 +23,7 @@ from functools import lru_cache
 from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import jinja2
 import yaml
@@ -190,8 +190,15 @@ def _resolve(var: Any, inventory_path: str | None) -> list[str]:
     return out
 
 
+class SearchPaths(TypedDict):
+    """``render()``'s ``roles_dir`` / ``templates_dir`` keyword arguments (``search_paths``)."""
+
+    roles_dir: list[str]
+    templates_dir: list[str]
+
+
 def search_paths(hostvars: dict[str, Any] | None, inventory_path: str | None,
-                 config: dict[str, Any] | None) -> dict[str, list[str]]:
+                 config: dict[str, Any] | None) -> SearchPaths:
     """Where a host's roles and templates come from, first hit wins:
 
     1. the inventory variables ``llmfleet_roles_path`` / ``llmfleet_templates_path`` (a folder or a
@@ -293,8 +300,11 @@ def plan_summary(plan: Plan | PlanSummary | None) -> dict[str, Any] | None:
     fields; ``PlanSummary.from_dict`` reads either back."""
     if plan is None:
         return None
-    data = plan.to_dict() if hasattr(plan, "to_dict") else dataclasses.asdict(plan)
-    return json.loads(json.dumps(data, default=str))
+    from llmfleet.knowledge.planner import Plan  # loaded already: ``plan`` came from it
+
+    data = plan.to_dict() if isinstance(plan, Plan) else dataclasses.asdict(plan)
+    plain: dict[str, Any] = json.loads(json.dumps(data, default=str))
+    return plain
 
 
 def api_key_value(role: Role, api_key: str, args: list[str]) -> str:

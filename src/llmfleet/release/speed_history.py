@@ -138,7 +138,9 @@ def image_id(image: Any) -> str:
     if isinstance(image, str):
         s = image.strip()
         return s.rsplit("@", 1)[1] if "@sha256:" in s else s
-    get = image.get if isinstance(image, dict) else (lambda name: getattr(image, name, None))
+    def get(name: str) -> object:
+        return image.get(name) if isinstance(image, dict) else getattr(image, name, None)
+
     for name in ("key", "digest"):
         v = get(name)
         if isinstance(v, str) and v.strip():

@@ -106,17 +106,23 @@ def overlay_text(doc: dict[str, Any]) -> str:
 def _entry(d: Any) -> OverlayEntry | str:
     if not isinstance(d, dict):
         return "not a mapping"
-    text = {k: d.get(k) for k in ("card", "engine", "model", "quant", "context", "source")}
-    missing = [k for k in ("card", "engine", "model", "source") if not isinstance(text[k], str) or not text[k]]
+    def text_of(k: str) -> str:
+        v = d.get(k)
+        return v if isinstance(v, str) else ""
+
+    text = {k: text_of(k) for k in ("card", "engine", "model", "quant", "context", "source")}
+    missing = [k for k in ("card", "engine", "model", "source") if not text[k]]
     if missing:
         return f"needs {', '.join(missing)}"
-    dec = d.get("decode_tokps") if isinstance(d.get("decode_tokps"), dict) else {}
+    raw_dec = d.get("decode_tokps")
+    dec: dict[str, Any] = raw_dec if isinstance(raw_dec, dict) else {}
     low, high, median = _num(dec.get("min")), _num(dec.get("max")), _num(dec.get("median"))
     count = dec.get("count")
     if low is None or high is None or median is None or not isinstance(count, int) or isinstance(count, bool) \
             or count < 1 or not low <= median <= high:
         return "decode_tokps needs count >= 1 and min <= median <= max (positive tok/s)"
-    eff = d.get("efficiency") if isinstance(d.get("efficiency"), dict) else {}
+    raw_eff = d.get("efficiency")
+    eff: dict[str, Any] = raw_eff if isinstance(raw_eff, dict) else {}
 
     def whole(k: str) -> int:
         v = d.get(k)
@@ -125,8 +131,7 @@ def _entry(d: Any) -> OverlayEntry | str:
     images = d.get("images")
     return OverlayEntry(
         card=text["card"], engine=text["engine"], model=text["model"],
-        quant=text["quant"] if isinstance(text["quant"], str) else "",
-        context=text["context"] if isinstance(text["context"], str) and text["context"] else "?",
+        quant=text["quant"], context=text["context"] or "?",
         gpus=whole("gpus"), hosts=whole("hosts"), count=count, low=low, high=high, median=median,
         source=text["source"], predicted=_pair(d.get("predicted_tokps")), ceiling=_num(d.get("ceiling_tokps")),
         efficiency=_pair(eff.get("planner")), fitted=_num(eff.get("fitted")),

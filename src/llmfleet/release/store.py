@@ -30,13 +30,12 @@ from llmfleet.release.manifest import Manifest
 from llmfleet.release.render import (
     COMPOSE_FILE,
     ENV_FILE,
-    MANIFEST_FILE,
     UNIT_DIR,
     Rendered,
     project_name,
     unit_name,
 )
-from llmfleet.release.state_reader import MAX_HEALTH, MAX_MANIFEST, STATE_READER  # noqa: F401 - re-exported
+from llmfleet.release.state_reader import MANIFEST_FILE, MAX_HEALTH, MAX_MANIFEST, STATE_READER  # noqa: F401 - re-exported
 
 RELEASE_ID_RE = re.compile(r"^\d{8}T\d{6}Z-[0-9a-f]{10}$")
 DEFAULT_KEEP = 5

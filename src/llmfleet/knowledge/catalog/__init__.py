@@ -480,7 +480,8 @@ class SpeedAssumptions:
         cc = _cc_tuple(compute_capability)
         if cc is None:
             return None
-        if cc >= _cc_tuple(self.graphs_min_cc):
+        floor = _cc_tuple(self.graphs_min_cc)
+        if floor is not None and cc >= floor:
             return True
         newer = _cc_tuple(self.graphs_min_cc_newer_builds)
         return None if newer is not None and cc >= newer else False
