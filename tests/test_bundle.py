@@ -185,8 +185,11 @@ def _inventory(tmp: Path, registry_host: str, lock_text: str) -> Path:
     (tmp / "images.lock").write_text(lock_text)
     (d / "hosts.yml").write_text("fleet:\n  hosts:\n    gpu-01:\n      ansible_host: 127.0.0.1\n    gpu-02:\n"
                                  "      ansible_host: 127.0.0.1\n")
+    (tmp / "local-models").mkdir()
+    (tmp / "local-models" / "m.gguf").write_bytes(b"GGUF" + bytes(range(256)) * 64)
     svc = ("llmfleet_images_lock: ../images.lock\nllmfleet_services:\n  - name: chat\n    engine: llamacpp\n"
            "    model: qwen2.5-7b-instruct\n    model_path: /srv/models/m.gguf\n    quant: q4_k_m\n"
+           f"    model_source: {tmp / 'local-models' / 'm.gguf'}\n"
            "    image: llamacpp:lab-cpu\n    port: 8080\n")
     (d / "group_vars" / "all.yml").write_text(svc)
     return d
@@ -213,11 +216,23 @@ def test_create_writes_a_complete_bundle_with_no_controller_paths(built):
         "llamacpp:lab-cpu", pushed["ref"], pushed["manifest"], pushed["config"])
     assert image["tag"] == f"lab-registry:5000/lab/llama-server:sha256-{pushed['ref'].split(':')[1]}"
     paths = {f["path"] for f in doc["files"]}
-    assert {"images/llamacpp_lab-cpu.tar", "images.lock", "catalog/engines.yaml", "catalog/gpus.yaml"} <= paths
+    assert {"images/llamacpp_lab-cpu.tar", "images.lock", "catalog/engines.yaml", "catalog/gpus.yaml",
+            "models/srv/models/m.gguf", "models/srv/models/m.gguf.llmfleet.json"} <= paths
+    # the model beside its manifest, in the format models.push writes on hosts
+    from llmfleet.models import manifest as M
+
+    assert doc["models"] == [{"name": "chat", "dir": "models/srv/models/m.gguf", "host_path": "/srv/models/m.gguf",
+                              "manifest": "models/srv/models/m.gguf.llmfleet.json"}]
+    held, problems = M.parse((out / "models/srv/models/m.gguf.llmfleet.json").read_text())
+    local = inventory.parent / "local-models" / "m.gguf"
+    assert not problems and held.model_path == "/srv/models/m.gguf" and held.source == {"bundle": "models/srv/models/m.gguf"}
+    assert held.content == (("m.gguf", local.stat().st_size, hashlib.sha256(local.read_bytes()).hexdigest()),)
+    assert (out / "models/srv/models/m.gguf").read_bytes() == local.read_bytes()
     assert doc["lock"]["sha256"] == "sha256:" + hashlib.sha256((inventory.parent / "images.lock").read_bytes()).hexdigest()
     assert doc["built_for"]["hosts"] == ["gpu-01", "gpu-02"] and doc["built_for"]["services"]["gpu-01"] == ["chat"]
     text = (out / "bundle.json").read_text()
     assert str(out.parent) not in text and str(inventory) not in text
+    assert str(inventory.parent) not in (out / "models/srv/models/m.gguf.llmfleet.json").read_text()
     assert not (out / ".blobs").exists()
     tarball = out.with_name(out.name + ".tar")
     with tarfile.open(tarball) as tar:

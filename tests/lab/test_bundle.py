@@ -4,9 +4,10 @@
 machine on loopback, ``--mirror lab-registry:5000=127.0.0.1:PORT``); then the registry container is
 disconnected from this lab's network (the hosts' only route to ``lab-registry``) and:
 
-- ``deploy --bundle`` of a service the host never ran sends the image archive, ``docker load``-s it
-  on the host's own engine (Docker 20.10, classic image store), checks its image ID, and deploys and
-  health-checks the service; the host's engine records no pull (``docker events``), the registry is
+- ``deploy --bundle`` of a service the host never ran (neither its image nor its model is there)
+  sends the image archive, ``docker load``-s it on the host's own engine (Docker 20.10, classic image
+  store), checks its image ID, pushes the model from the bundle (``models.push``: sha256-verified,
+  its manifest written beside it), and deploys and health-checks the service; the host's engine records no pull (``docker events``), the registry is
   unreachable from the host throughout, and a second deploy sends nothing (the image ID is there);
 - a copy of the bundle with one byte flipped in the image archive is refused before any host is
   contacted, naming the file (exit 1), and the host is as it was;
@@ -61,32 +62,49 @@ def _registry_reachable(lab) -> bool:
 
 @pytest.fixture(scope="module")
 def bundle(lab, tmp_path_factory):
+    """The bundle, and an inventory whose ``tiny`` service takes its model from this machine
+    (``model_source``), so the bundle carries the model too."""
+    import yaml
+
     lab.ensure_hosts(HOST)
     tmp = tmp_path_factory.mktemp("bundle")
+    inv = tmp / "inventory"
+    shutil.copytree(lab.inventory_path, inv)
+    all_yml = inv / "group_vars" / "all.yml"
+    data = yaml.safe_load(all_yml.read_text())
+    (tiny,) = [svc for svc in data["llmfleet_services"] if svc["name"] == "tiny"]
+    assert tiny["model_path"] == lab.gguf_path
+    tiny["model_source"] = str(lab_hosts.lab_models()["tiny-qwen2-gguf"] / Path(lab.gguf_path).name)
+    all_yml.write_text(yaml.safe_dump(data, sort_keys=False))
     out = tmp / "site"
-    r = _cli(lab, tmp, "bundle.create", str(out), "-i", lab.inventory_path, "--host", HOST,
+    r = _cli(lab, tmp, "bundle.create", str(out), "-i", str(inv), "--host", HOST,
              "--mirror", f"{lab.registry_inner}={lab.registry}", "--json")
     assert r.returncode == 0, r.stderr[-2000:]
-    return out, json.loads(r.stdout), tmp
+    return out, json.loads(r.stdout), tmp, inv
 
 
 def test_deploy_from_the_bundle_with_the_registry_cut_off(lab, bundle):
-    out, doc, tmp = bundle
+    out, doc, tmp, inv = bundle
     (image,) = [i for i in doc["images"] if i["key"] == IMAGE]
     # a host that never ran the service, whose engine does not hold the image
     lab.exec(HOST, ["sh", "-c", f"docker image rm -f {image['image_id']} >/dev/null 2>&1 || true"])
+    lab.exec(HOST, ["sh", "-c", f"rm -f {lab.gguf_path} {lab.gguf_path}.llmfleet.json"])  # nor the model
     assert _registry_reachable(lab)
     since = lab.exec(HOST, ["date", "+%s"]).stdout.strip()
     lab_docker.run(["network", "disconnect", lab.name, lab_hosts.REGISTRY_CONTAINER])
     try:
         assert not _registry_reachable(lab)
-        r = _cli(lab, tmp, "deploy", "-i", lab.inventory_path, "--host", HOST, "--bundle", str(out), "--json")
+        r = _cli(lab, tmp, "deploy", "-i", str(inv), "--host", HOST, "--bundle", str(out), "--json")
         assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
         (host,) = json.loads(r.stdout)["hosts"]
         assert host["result"] == "deployed" and host["services"]["tiny"]["result"] == "deployed"
         assert f"{HOST}: {IMAGE}: sending images/llamacpp_lab-cpu.tar" in r.stderr
         assert f"{HOST}: {IMAGE}: loaded from the bundle, image ID {image['image_id'][:19]} verified" in r.stderr
         assert "tiny: image loaded from the bundle, image ID verified" in r.stderr
+        assert f"{HOST}: {lab.gguf_path}: pushed" in r.stderr  # the model, from the bundle, by models.push
+        held = json.loads(lab.exec(HOST, ["cat", f"{lab.gguf_path}.llmfleet.json"]).stdout)
+        (entry,) = [m for m in doc["files"] if m["path"] == "models" + lab.gguf_path]
+        assert [(f["size"], "sha256:" + f["sha256"]) for f in held["files"]] == [(entry["size"], entry["sha256"])]
         # the engine loaded and tagged, and pulled nothing; the registry stayed out of reach
         until = lab.exec(HOST, ["date", "+%s"]).stdout.strip()
         events = lab.exec(HOST, ["docker", "events", "--since", since, "--until", until, "--filter", "type=image",
@@ -99,9 +117,10 @@ def test_deploy_from_the_bundle_with_the_registry_cut_off(lab, bundle):
         assert lab.exec(HOST, ["sh", "-c", "ls /opt/llmfleet/bundle"], check=False).stdout.strip() == ""
 
         # again: the engine has the image ID, nothing is sent, nothing changes
-        r = _cli(lab, tmp, "deploy", "-i", lab.inventory_path, "--host", HOST, "--bundle", str(out), "--json")
+        r = _cli(lab, tmp, "deploy", "-i", str(inv), "--host", HOST, "--bundle", str(out), "--json")
         assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
         assert json.loads(r.stdout)["hosts"][0]["result"] == "unchanged"
+        assert f"{lab.gguf_path}: already" in r.stderr  # the model's manifest vouches for it: nothing sent
         assert f"{IMAGE}: already on the host" in r.stderr and "sending" not in r.stderr
     finally:
         lab_hosts.connect_registry(lab.name)
@@ -112,7 +131,7 @@ def test_deploy_from_the_bundle_with_the_registry_cut_off(lab, bundle):
 
 
 def test_a_flipped_byte_is_refused_before_any_host_changes(lab, bundle):
-    out, doc, tmp = bundle
+    out, _doc, tmp, _inv = bundle
     bad = tmp / "flipped"
     shutil.copytree(out, bad)
     archive = bad / "images" / "llamacpp_lab-cpu.tar"
@@ -129,17 +148,17 @@ def test_a_flipped_byte_is_refused_before_any_host_changes(lab, bundle):
 
 
 def test_a_bundle_built_from_another_lock_is_refused(lab, bundle):
-    out, doc, tmp = bundle
+    _out, _doc, tmp, _inv = bundle
     other_lock = tmp / "other.lock"
     other_lock.write_text(lab.lock_path.read_text() + "# the site's copy, edited\n")
-    inv = tmp / "other-inventory"
-    shutil.copytree(lab.inventory_path, inv)
-    all_yml = inv / "group_vars" / "all.yml"
+    other_inv = tmp / "other-inventory"
+    shutil.copytree(lab.inventory_path, other_inv)
+    all_yml = other_inv / "group_vars" / "all.yml"
     text = all_yml.read_text()
     assert str(lab.lock_path) in text
     all_yml.write_text(text.replace(str(lab.lock_path), str(other_lock)))
     other = tmp / "other-bundle"
-    r = _cli(lab, tmp, "bundle.create", str(other), "-i", str(inv), "--host", HOST,
+    r = _cli(lab, tmp, "bundle.create", str(other), "-i", str(other_inv), "--host", HOST,
              "--mirror", f"{lab.registry_inner}={lab.registry}")
     assert r.returncode == 0, r.stderr[-2000:]
     before = _host_view(lab)

@@ -3,11 +3,12 @@
 Layout of a bundle folder (every path relative; nothing in it names the machine that built it)::
 
     bundle.json                      the top manifest: every other file with its size and sha256,
-                                     the lock's hash, the images (``models``: an empty list, kept
-                                     for models with their manifests), what it was built for, when
+                                     the lock's hash, the images and models, what it was built for, when
     images.lock                      a copy of the lock the images were fetched by
     catalog/*.yaml                   the catalogs llmfleet used when it was built
     images/<engine>_<version>.tar    one image each: loadable by ``docker load`` (see ``image_layout``)
+    models/<model_path>              each model with a local model_source, its manifest beside it
+                                     (``<model>.llmfleet.json``, llmfleet.models.manifest)
 
 An image archive carries two layouts over one set of blobs (``blobs/sha256/<hex>``): the OCI image
 layout (``oci-layout``, ``index.json``) that newer engines import, and the ``manifest.json`` of

@@ -3,7 +3,8 @@
 Images come from their registry (or a mirror: the digest stays the same) by the pinned digest in
 images.lock, through ``images.registry.RegistryClient``: the linux/amd64 manifest, its config and
 layers streamed to a staging folder (``.blobs/``, kept when a run fails so the next one resumes,
-removed when the bundle is complete), then one tar per image (``contents.image_layout``). Last,
+removed when the bundle is complete), then one tar per image (``contents.image_layout``). Models
+with a local ``model_source`` are copied with their manifest beside them (``bundle.models``). Last,
 ``bundle.json`` lists every file with its size and sha256 (written last, atomically: a bundle
 without it is incomplete).
 """
@@ -223,12 +224,16 @@ def create(sel: Selection, out: Path, *, client: RegistryClient, mirrors: dict[s
     for src in catalog_files():
         e = _copy(src, out / bc.CATALOG_DIR / src.name)
         files.append(bc.FileEntry(f"{bc.CATALOG_DIR}/{src.name}", e.size, e.sha256))
+    from llmfleet.bundle.models import carry
+
+    carried, model_files = carry(sel.inventory, sel.services, out, log)
+    files += model_files
     when = (now or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
     built_for = {"inventory": Path(sel.inventory.path).name if sel.inventory.path else None,
                  "hosts": sel.hosts, "services": sel.services, "platform": PLATFORM,
                  "images": [i.key for i in got]}
     bundle = bc.Bundle(created=when, llmfleet_version=__version__, lock_sha256=lock_entry.sha256,
-                       built_for=built_for, images=tuple(got), files=tuple(files))
+                       built_for=built_for, images=tuple(got), models=tuple(carried), files=tuple(files))
     write_top(out, bundle)
     shutil.rmtree(staging, ignore_errors=True)
     return bundle

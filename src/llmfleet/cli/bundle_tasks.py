@@ -1,5 +1,5 @@
 """``invoke bundle.create`` and ``invoke bundle.verify``: one folder an air-gapped site deploys from
-(the pinned images as archives, images.lock, the catalogs), and its
+(the pinned images as archives, the models with their manifests, images.lock, the catalogs), and its
 check against its own ``bundle.json``."""
 
 from __future__ import annotations
@@ -62,8 +62,9 @@ def create(c, dir, host=None, group=None, service=None, inventory=None, registry
            insecure=None, tar=False, json=False):
     """Write a bundle: everything the chosen hosts' services need, for a site with no registry and no internet.
 
-    Images by their pinned digest (images.lock) as archives `docker load` accepts, a copy of
-    images.lock, the catalogs, and bundle.json with every file's size and sha256.
+    Images by their pinned digest (images.lock) as archives `docker load` accepts, the models whose
+    model_source is a path here (with their manifests), a copy of images.lock, the catalogs, and
+    bundle.json with every file's size and sha256.
     """
     from llmfleet.bundle import create as bcreate
     from llmfleet.images.registry import RegistryClient

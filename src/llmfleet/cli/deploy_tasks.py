@@ -70,7 +70,8 @@ def _summary(outcomes: list[HostOutcome], title: str) -> None:
         "timeline": TIMELINE_HELP,
         "json": 'print {"hosts": [one result per host], "unreachable": [{"host", "error"}]}',
         "bundle": "deploy from a bundle folder (bundle.create), never from a registry: the bundle is verified, "
-                  "each host gets the image archives it lacks (docker load, image ID checked)",
+                  "each host gets the image archives it lacks (docker load, image ID checked) and the bundle's models "
+                  "(models.push)",
     },
 )
 def deploy(c, host=None, group=None, inventory=None, check=False, diff=False, accept_new_host_keys=False,
@@ -152,12 +153,17 @@ def _bundle(path: str, hosts: list[Any], service: str | None) -> Any:
 def _load_bundle(verified: Any, prepared: dict[str, Any], settings: Any, options: Any,
                  forks: int) -> tuple[dict[str, Any], list[Any]]:
     """Each host's images from the bundle (sent when its engine lacks them, loaded, image ID checked,
-    tagged); the hosts where that failed are left out of the deploy, as failed."""
+    tagged), then its models (models.push from the bundle); the hosts where that failed are left out
+    of the deploy, as failed."""
     from llmfleet.bundle.load import load_hosts, send_file
+    from llmfleet.bundle.models import push_models
     from llmfleet.release.decide import HostOutcome, Result
 
     failed = load_hosts(list(prepared.values()), settings, verified, forks=forks, send=send_file, log=log_line,
                         accept_new_host_keys=options.accept_new_host_keys)
+    loaded = [p for h, p in prepared.items() if h not in failed]
+    failed.update(push_models(loaded, settings, verified, forks=forks, log=log_line,
+                              accept_new_host_keys=options.accept_new_host_keys))
     outcomes = [HostOutcome(host=h, result=Result.FAILED, reason=f"{why}; nothing was switched")
                 for h, why in failed.items()]
     return {h: p for h, p in prepared.items() if h not in failed}, outcomes
