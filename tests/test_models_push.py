@@ -1,0 +1,232 @@
+"""models.push: the decision per host (table), the jobs and their usage errors, the peer address rule, and the
+push itself: against a scripted remote (tests/fake_remote.py: a verified host costs one round trip, a full
+disk is refused in one line) and end to end against a real sshd on loopback (tests/sshd_fixture.py)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+from datetime import UTC, datetime
+
+import pytest
+
+from llmfleet.errors import UsageError
+from llmfleet.host.ssh import connect
+from llmfleet.inventory.ansible import Host, Inventory
+from llmfleet.inventory.services import HostSettings, host_settings
+from llmfleet.models import manifest as M
+from llmfleet.models import push as P
+from llmfleet.models import scripts as S
+from tests.fake_remote import Command, FakeRemote
+from tests.test_ssh import host_for
+
+NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+SHA = "ab" * 32
+WANT = M.Manifest("/srv/m.gguf", "file", (M.FileEntry("m.gguf", 1000, SHA),))
+DIR = M.Manifest("/srv/q", "dir", (M.FileEntry("config.json", 10, SHA), M.FileEntry("w.safetensors", 990, "cd" * 32)))
+
+
+def probe(*, kind="missing", files=None, manifest=None, parts=None, part_kind="none", want=None, free=10**9,
+          tools=None) -> S.PushProbe:
+    hm = S.HostModel("/srv/m.gguf", kind=kind, manifest_text=manifest, files=files or {}, read=True)
+    return S.PushProbe(hm, part_kind=part_kind, parts=parts or {}, want=want, fs_path="/srv", free_bytes=free,
+                       tools=tools or dict.fromkeys(S.PROBE_TOOLS, True), complete=True)
+
+
+def held(m: M.Manifest, mtime: int = 7) -> str:
+    files = tuple(M.FileEntry(f.path, f.size, f.sha256, f.size, mtime) for f in m.files)
+    return M.Manifest(m.model_path, m.kind, files, verified_at="2026-11-29T11:00:00+00:00").to_json()
+
+
+@pytest.mark.parametrize(("name", "pp", "action", "offsets", "reset", "why"), [
+    ("verified copy", probe(kind="file", files={"m.gguf": (1000, 7)}, manifest=held(WANT)), "skip", {}, False,
+     "verified 2026-11-29T11:00:00+00:00"),
+    ("touched since verified", probe(kind="file", files={"m.gguf": (1000, 8)}, manifest=held(WANT)), "adopt", {},
+     False, "sha256sum on the host"),
+    ("hand copy, right size", probe(kind="file", files={"m.gguf": (1000, 1)}), "adopt", {}, False, ""),
+    ("other content", probe(kind="file", files={"m.gguf": (999, 1)}), "send", {"m.gguf": 0}, True, "1,000 B to send"),
+    ("resume", probe(part_kind="file", parts={"m.gguf": 400}, want=WANT.content_digest), "send", {"m.gguf": 400},
+     False, "600 B to send, 400 B resumed"),
+    ("staging for other content", probe(part_kind="file", parts={"m.gguf": 400}, want="0" * 32), "send",
+     {"m.gguf": 0}, True, ""),
+    ("staging longer than the file", probe(part_kind="file", parts={"m.gguf": 5000}, want=WANT.content_digest),
+     "send", {"m.gguf": 0}, False, ""),
+    ("disk full", probe(free=999), "refuse", {"m.gguf": 0}, True,
+     "host h1: /srv (the filesystem of /srv/m.gguf) has 999 B free; the model needs 1,000 B more"),
+    ("a folder where the file goes", probe(kind="dir"), "refuse", {}, False, "/srv/m.gguf is a folder, the model is a file"),
+    ("no python3", probe(tools={**dict.fromkeys(S.PROBE_TOOLS, True), "python3": False}), "refuse", {}, False,
+     "python3 not found on the host"),
+])
+def test_decide(name, pp, action, offsets, reset, why):
+    d = P.decide(WANT, pp, "h1")
+    assert d.action == action, (name, d)
+    assert d.offsets == offsets and d.reset == reset
+    assert why in d.reason
+
+
+def test_decide_links_the_files_a_folder_already_holds():
+    pp = probe(kind="dir", files={"config.json": (10, 1), "w.safetensors": (990, 1)})
+    pp.model.model_path = "/srv/q"
+    assert P.decide(DIR, pp, "h1").action == "adopt"
+    d = P.decide(DIR, pp, "h1", adopt=False, verified_in_place=["config.json"])
+    assert d.action == "send" and d.offsets == {"config.json": 10, "w.safetensors": 0} and d.send_bytes == 990
+
+
+def inventory(services: list[dict], **hostvars) -> Inventory:
+    inv = Inventory(path="inv", groups={}, hosts={})
+    for name in ("h1", "h2"):
+        inv.hosts[name] = Host(name, vars={"ansible_host": "10.0.0.1" if name == "h1" else "127.0.0.1",
+                                           "llmfleet_services": services, **hostvars})
+    return inv
+
+
+SVC = {"name": "chat", "engine": "llamacpp", "model": "m", "model_path": "/srv/m.gguf", "image": "llamacpp:b1"}
+
+
+def test_jobs_and_their_usage_errors():
+    inv = inventory([dict(SVC, model_source="/data/m.gguf"), dict(SVC, name="b", port=8001, model_source="/data/m.gguf")])
+    (job,) = P.plan_jobs(inv, [inv.hosts["h1"]])
+    assert (job.model_path, job.services, job.origin) == ("/srv/m.gguf", ["chat", "b"], P.Origin("local", "/data/m.gguf"))
+    # --from a host: the source itself is not a target
+    jobs = P.plan_jobs(inv, list(inv.hosts.values()), from_host="h2")
+    assert [j.host.name for j in jobs] == ["h1"] and jobs[0].origin == P.Origin("host", "h2")
+    with pytest.raises(UsageError, match=r"host h1: service chat: no model_source"):
+        P.plan_jobs(inventory([SVC]), [inventory([SVC]).hosts["h1"]])
+    with pytest.raises(UsageError, match="not both"):
+        P.plan_jobs(inv, [inv.hosts["h1"]], source="/x", from_host="h2")
+    with pytest.raises(UsageError, match="--from nope: no such host"):
+        P.plan_jobs(inv, [inv.hosts["h1"]], from_host="nope")
+    two = inventory([dict(SVC, model_source="/a"), dict(SVC, name="b", port=8001, model_source="/b")])
+    with pytest.raises(UsageError, match="share model_path /srv/m.gguf but name different model_source"):
+        P.plan_jobs(two, [two.hosts["h1"]])
+    hf = inventory([dict(SVC, model_source={"hf": "Qwen/Q", "revision": "a" * 40, "allow_download": True})])
+    with pytest.raises(UsageError, match="a llamacpp image lacks"):
+        P.plan_jobs(hf, [hf.hosts["h1"]])
+
+
+@pytest.mark.parametrize(("hostvars", "target", "want"), [
+    ({"llmfleet_transfer_address": "gpu-2"}, "h1", ("gpu-2", 22)),
+    ({"llmfleet_transfer_address": "gpu-2:2222"}, "h1", ("gpu-2", 2222)),
+    ({"llmfleet_cluster_address": "10.1.0.5"}, "h1", ("10.1.0.5", 22)),
+    ({"ansible_port": 2200}, "h1", ("10.0.0.1", 2200)),
+])
+def test_the_address_a_peer_reaches_a_target_at(hostvars, target, want):
+    inv = inventory([SVC], **hostvars)
+    h = inv.hosts[target]
+    assert P.peer_address(h, host_settings(h.name, h.vars)) == want
+
+
+def test_a_loopback_target_address_is_a_one_line_usage_error():
+    inv = inventory([SVC])
+    with pytest.raises(UsageError, match="ansible_host 127.0.0.1 is loopback .* set llmfleet_transfer_address"):
+        P.peer_address(inv.hosts["h2"], HostSettings())
+
+
+@pytest.mark.parametrize(("text", "rate"), [("50M", 50_000_000), ("100Mi", 100 * 2**20), ("1G/s", 10**9),
+                                            ("500000", 500_000), ("1.5k", 1500), (None, None), ("", None)])
+def test_parse_rate(text, rate):
+    assert P.parse_rate(text) == rate
+
+
+@pytest.mark.parametrize("text", ["fast", "10 parsecs", "-5M", "100"])
+def test_a_bad_rate_is_a_usage_error(text):
+    with pytest.raises(UsageError, match="--limit-rate"):
+        P.parse_rate(text)
+
+
+def _job(host: Host, mp: str, origin: P.Origin, root: str = "/opt/llmfleet") -> P.Job:
+    return P.Job(host, HostSettings(root=root), mp, ["chat"], origin)
+
+
+def _real_probe(mp: str) -> str:
+    return subprocess.run(["sh", "-c", S.probe_script(mp)], capture_output=True, text=True, timeout=30).stdout
+
+
+def test_a_verified_host_costs_one_round_trip_and_changes_nothing(tmp_path):
+    mp = str(tmp_path / "m.gguf")
+    data = b"GGUF" + b"v" * 100
+    open(mp, "wb").write(data)
+    want = M.Manifest(mp, "file", (M.FileEntry("m.gguf", len(data), hashlib.sha256(data).hexdigest()),))
+    subprocess.run(["sh", "-c", S.commit_script(mp, "file", move=False)], input=want.verified(at="t0", by="b").to_json(),
+                   text=True, check=True)
+    remote = FakeRemote([Command(S.probe_script(mp), out=_real_probe(mp))])
+    o = P.push_job(_job(Host("h1"), mp, P.Origin("local", "/data/m.gguf")), want, config=None, options=P.Options(),
+                   reporter=P.Quiet(), connect=lambda h: remote)
+    remote.assert_done()
+    assert (o.result, o.round_trips, o.bytes_sent, o.verified_at) == ("verified", 1, 0, "t0")
+
+
+def test_a_full_disk_is_refused_in_one_line_before_anything_is_sent():
+    out = "\n".join(["@@kind missing", "@@manifest none", "@@part-kind none", "@@fs /srv", "@@avail-kib 0",
+                     *[f"@@tool {t} yes" for t in S.PROBE_TOOLS], "@@probe-done"])
+    remote = FakeRemote([Command(S.probe_script("/srv/m.gguf"), out=out)])
+    o = P.push_job(_job(Host("h1"), "/srv/m.gguf", P.Origin("local", "/x")), WANT, config=None, options=P.Options(),
+                   reporter=P.Quiet(), connect=lambda h: remote)
+    remote.assert_done()
+    assert o.result == "failed" and o.round_trips == 1
+    assert o.error == ("host h1: /srv (the filesystem of /srv/m.gguf) has 0 B free; the model needs 1,000 B more; "
+                       "free space or choose another model_path")
+
+
+def test_an_unreachable_host_is_one_line():
+    from llmfleet.errors import RemoteError
+
+    def refuse(h):
+        raise RemoteError("host h1: cannot connect to 10.0.0.1:22: timed out")
+
+    o = P.push_job(_job(Host("h1"), "/srv/m.gguf", P.Origin("local", "/x")), WANT, config=None, options=P.Options(),
+                   reporter=P.Quiet(), connect=refuse)
+    assert (o.result, o.error) == ("failed", "host h1: cannot connect to 10.0.0.1:22: timed out")
+
+
+def test_push_end_to_end_over_ssh_resume_adopt_and_skip(sshd, tmp_path):
+    src = tmp_path / "local" / "model.gguf"
+    src.parent.mkdir()
+    data = b"GGUF" + os.urandom(2_000_000)
+    src.write_bytes(data)
+    mp = str(tmp_path / "host" / "models" / "m.gguf")
+    root = str(tmp_path / "host" / "llmfleet")
+    host = host_for(sshd)
+    kh = tmp_path / "known_hosts"
+    origin = P.Origin("local", str(src))
+    want = M.build_local(str(src), mp, source=origin.record())
+    remotes = []
+
+    def conn(h):
+        r = connect(host, config={"known_hosts": str(kh)}, accept_new_host_keys=True)
+        remotes.append(r)
+        return r
+
+    # a copy cut part-way earlier: its staging file is resumed
+    os.makedirs(os.path.dirname(mp))
+    subprocess.run(["sh", "-c", S.prepare_script(mp, "file", want.content_digest, reset=True)], check=True)
+    open(M.part_path(mp), "wb").write(data[:700_000])
+    job = _job(host, mp, origin, root=root)
+    o = P.push_job(job, want, config=None, options=P.Options(who="tester", limit_rate=None), reporter=P.Quiet(),
+                   connect=conn, now=lambda: NOW)
+    assert o.result == "pushed", o.error
+    assert (o.bytes_sent, o.bytes_resumed) == (len(data) - 700_000, 700_000)
+    assert open(mp, "rb").read() == data and not os.path.exists(M.part_path(mp))
+    written = json.loads(open(M.manifest_path(mp)).read())
+    assert written["verified_at"] == "2026-11-29T12:00:00+00:00" and written["verified_by"] == "tester"
+    assert written["source"]["path"] == str(src)
+    audit = [json.loads(line) for line in open(f"{root}/audit.jsonl")]
+    assert audit[-1]["action"] == "models.push" and audit[-1]["result"] == "pushed" and audit[-1]["model_path"] == mp
+    # again: one round trip, nothing sent
+    o2 = P.push_job(job, want, config=None, options=P.Options(), reporter=P.Quiet(), connect=conn)
+    assert (o2.result, o2.round_trips, o2.bytes_sent) == ("verified", 1, 0)
+    # touched (same bytes, new mtime): sha256sum on the host, only the manifest rewritten
+    os.utime(mp, (1, 1))
+    o3 = P.push_job(job, want, config=None, options=P.Options(), reporter=P.Quiet(), connect=conn)
+    assert (o3.result, o3.bytes_sent) == ("adopted", 0)
+    # tampered (a byte changed): sent again in full, verified, put in place
+    with open(mp, "r+b") as fh:
+        fh.seek(100)
+        fh.write(b"X")
+    o4 = P.push_job(job, want, config=None, options=P.Options(), reporter=P.Quiet(), connect=conn)
+    assert (o4.result, o4.bytes_sent) == ("pushed", len(data))
+    assert open(mp, "rb").read() == data
+    for r in remotes:
+        r.close()

@@ -1,0 +1,144 @@
+"""The push's remote scripts, run in a real ``sh`` on a scratch folder, read back by their parsers: the probe
+(model, manifest, staging copy, free space), receive, prepare, verify, commit (a cut-short or corrupt copy
+never reaches model_path), cleanup, hash. Their exact text is pinned in tests/golden/scripts/models_*.sh."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+
+import pytest
+
+from llmfleet.models import manifest as M
+from llmfleet.models import scripts as S
+
+
+def sh(script: str, stdin: bytes | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(["sh", "-c", script], input=stdin, capture_output=True, timeout=60)
+
+
+def out(res: subprocess.CompletedProcess) -> str:
+    return res.stdout.decode()
+
+
+def wanted_file(mp: str, data: bytes) -> M.Manifest:
+    return M.Manifest(mp, "file", (M.FileEntry(os.path.basename(mp), len(data), hashlib.sha256(data).hexdigest()),),
+                      {"path": "/data/x"})
+
+
+def test_the_probe_of_an_empty_place(tmp_path):
+    mp = str(tmp_path / "models" / "m it's.gguf")  # its folder does not exist yet
+    pp = S.parse_probe(out(sh(S.probe_script(mp))), mp)
+    assert pp.complete and pp.model.kind == "missing" and pp.model.manifest_text is None
+    assert pp.part_kind == "none" and pp.parts == {} and pp.want is None
+    assert pp.fs_path == str(tmp_path) and pp.free_bytes and pp.free_bytes > 0
+    assert pp.tools == {"sha256sum": True, "python3": True, "stat": True, "truncate": True}
+
+
+def test_receive_prepare_verify_commit_a_file_model(tmp_path):
+    mp = str(tmp_path / "m.gguf")
+    data = b"GGUF" + os.urandom(5000)
+    want = wanted_file(mp, data)
+    assert S.parse_prepared(out(sh(S.prepare_script(mp, "file", want.content_digest, reset=True))))
+    part = S.staging_file(mp, "file", "m.gguf")
+    res = sh(S.receive_script(part, 0), data[:3000])  # cut short
+    assert res.returncode == 0 and S.parse_received(out(res)) == 3000
+    pp = S.parse_probe(out(sh(S.probe_script(mp))), mp)
+    assert (pp.part_kind, pp.parts, pp.want) == ("file", {"m.gguf": 3000}, want.content_digest)
+    assert pp.model.kind == "missing"  # nothing at model_path while it arrives
+    res = sh(S.receive_script(part, 3000), data[3000:])
+    assert S.parse_received(out(res)) == len(data)
+    final = want.verified(at="2026-11-29T12:00:00+00:00", by="t")
+    res = sh(S.verify_script(mp, want) + "\n" + S.commit_script(mp, "file"), final.to_json().encode())
+    assert res.returncode == 0, res.stderr
+    assert S.parse_verify(out(res)) == (["m.gguf"], {}) and S.parse_committed(out(res))
+    assert open(mp, "rb").read() == data and not os.path.exists(part) and not os.path.exists(M.want_path(mp))
+    assert oct(os.stat(mp).st_mode & 0o777) == "0o644"
+    written = json.loads(open(M.manifest_path(mp)).read())
+    st = os.stat(mp)
+    assert written["files"][0]["observed"] == {"size": len(data), "mtime": int(st.st_mtime)}
+    # the probe now reads it back, verified
+    pp = S.parse_probe(out(sh(S.probe_script(mp))), mp)
+    held, problems = pp.model.manifest()
+    assert problems == [] and M.compare(held, pp.model.files, want).intact
+    assert M.judge(mp, pp.model.manifest_text, pp.model.files).state == "verified"
+
+
+def test_a_corrupt_staging_copy_is_removed_and_the_old_model_stays(tmp_path):
+    mp = str(tmp_path / "m.gguf")
+    old = b"GGUF old model"
+    open(mp, "wb").write(old)
+    data = b"GGUF" + b"n" * 100
+    want = wanted_file(mp, data)
+    part = S.staging_file(mp, "file", "m.gguf")
+    sh(S.receive_script(part, 0), data[:-1] + b"X")  # one byte wrong
+    res = sh(S.verify_script(mp, want) + "\n" + S.commit_script(mp, "file"), b"{}")
+    assert res.returncode == S.VERIFY_FAILED_RC
+    ok, bad = S.parse_verify(out(res))
+    assert ok == [] and list(bad) == ["m.gguf"]
+    assert open(mp, "rb").read() == old and not os.path.exists(part)  # model untouched, bad part gone
+
+
+def test_a_resume_point_past_the_staging_file_is_refused(tmp_path):
+    part = str(tmp_path / "p")
+    open(part, "wb").write(b"abc")
+    res = sh(S.receive_script(part, 10), b"more")
+    assert res.returncode == S.RESUME_LOST_RC and S.parse_resume_lost(out(res)) == 3
+    assert open(part, "rb").read() == b"abc"
+
+
+def test_a_folder_model_replaces_the_old_folder_and_links_what_it_keeps(tmp_path):
+    mp = str(tmp_path / "qwen")
+    os.makedirs(mp)
+    open(f"{mp}/config.json", "w").write("{}")
+    open(f"{mp}/stale.bin", "w").write("old weights")
+    files = {"config.json": b"{}", "w/model.safetensors": b"weights" * 100}
+    want = M.Manifest(mp, "dir", tuple(M.FileEntry(p, len(b), hashlib.sha256(b).hexdigest())
+                                       for p, b in sorted(files.items())))
+    res = sh(S.verify_script(mp, want, in_place=True))
+    ok, bad = S.parse_verify(out(res))
+    assert res.returncode == S.VERIFY_FAILED_RC and ok == ["config.json"] and list(bad) == ["w/model.safetensors"]
+    sh(S.prepare_script(mp, "dir", want.content_digest, reset=True, link=("config.json",)))
+    res = sh(S.receive_script(S.staging_file(mp, "dir", "w/model.safetensors"), 0), files["w/model.safetensors"])
+    assert res.returncode == 0
+    pp = S.parse_probe(out(sh(S.probe_script(mp))), mp)
+    assert pp.part_kind == "dir" and pp.parts == {"config.json": 2, "w/model.safetensors": 700}
+    final = want.verified(at="2026-11-29T12:00:00+00:00", by="t")
+    res = sh(S.verify_script(mp, want) + "\n" + S.commit_script(mp, "dir"), final.to_json().encode())
+    assert res.returncode == 0, res.stderr
+    assert sorted(os.listdir(mp)) == ["config.json", "w"]  # the old folder's stale file went with it
+    assert oct(os.stat(f"{mp}/w").st_mode & 0o777) == "0o755"
+    pp = S.parse_probe(out(sh(S.probe_script(mp))), mp)
+    assert M.judge(mp, pp.model.manifest_text, pp.model.files).state == "verified"
+    assert not os.path.exists(M.part_path(mp)) and not os.path.exists(mp + ".llmfleet.old")
+    # hash_script reads what a copy holds without a manifest
+    sh(S.prepare_script(mp, "dir", "x", reset=True))
+    sh(S.receive_script(S.staging_file(mp, "dir", "a b.json"), 0), b"hi")
+    assert S.parse_hashes(out(sh(S.hash_script(mp, "dir")))) == [("a b.json", 2, hashlib.sha256(b"hi").hexdigest())]
+    assert "@@cleaned" in out(sh(S.cleanup_script(mp)))
+    assert not os.path.exists(M.part_path(mp))
+
+
+def test_in_place_commit_writes_only_the_manifest(tmp_path):
+    mp = str(tmp_path / "m.gguf")
+    data = b"GGUF hand copied"
+    open(mp, "wb").write(data)
+    want = wanted_file(mp, data)
+    res = sh(S.verify_script(mp, want, in_place=True) + "\n" + S.commit_script(mp, "file", move=False),
+             want.verified(at="t", by="b").to_json().encode())
+    assert res.returncode == 0 and S.parse_committed(out(res))
+    assert open(mp, "rb").read() == data and os.path.exists(M.manifest_path(mp))
+
+
+@pytest.mark.parametrize(("printed", "kind", "files", "manifest"), [
+    ("@@kind file\n@@file 10 100 m.gguf\n@@manifest none\n", "file", {"m.gguf": (10, 100)}, None),
+    ("@@kind dir\n@@file 5 1 a b/c d.json\n@@manifest begin\n{\"x\": 1}\n\n@@manifest end\n", "dir",
+     {"a b/c d.json": (5, 1)}, '{"x": 1}'),
+    ("@@kind dir\n@@file garbage\n@@file 5 x y\n@@manifest begin\n{cut", "dir", {}, "{cut"),
+    ("nothing at all", "unknown", {}, None),
+])
+def test_the_reader_parser_never_raises(printed, kind, files, manifest):
+    hm = S.parse_reader(printed, "/m")
+    assert (hm.kind, hm.files, hm.manifest_text) == (kind, files, manifest)
