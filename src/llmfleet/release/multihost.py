@@ -43,6 +43,7 @@ from llmfleet.errors import LlmfleetError, RemoteError, UsageError
 from llmfleet.images import lock as images
 from llmfleet.inventory.ansible import Host, Inventory, load_inventory, settings_for
 from llmfleet.inventory.services import HostSettings, Service, resolve_workers
+from llmfleet.knowledge.engines import for_engine
 from llmfleet.knowledge.planner import Plan, summarize
 from llmfleet.release import cluster as C
 from llmfleet.release import decide, health, pipeline, store
@@ -133,7 +134,7 @@ def prepare_service(inventory: Inventory | str, head: str, service: str, setting
     names = workers_of(inv, head, svc)
     role = load_role(svc.engine)
     port = C.cluster_port(svc, role)
-    if checks_rpc_image(str(role.cluster.get("kind"))):  # before any SSH: an image known to lack rpc-server
+    if for_engine(svc.engine).checks_worker_image:  # before any SSH: an image known to lack rpc-server
         problem = C.rpc_image_problem(svc)
         if problem:
             where_file = host.sources.get("llmfleet_services", str(inv.path))
@@ -268,22 +269,10 @@ def _worker_check(run: HostRun, target: HealthTarget, member: C.Member, port: in
     return health.HealthReport(ok, [stage])
 
 
-# ---------------------------------------------------------------------------------------------
-# Engine differences, each in one place (cluster kind "rpc": llama.cpp's rpc-server; "ray": vLLM over Ray)
-
-
-def checks_rpc_image(kind: str) -> bool:
-    """The image must ship rpc-server (llama.cpp), checked before any SSH."""
-    return kind == "rpc"
-
-
-def workers_read_model(kind: str) -> bool:
-    """Each worker loads its share of the model from the same path (Ray), so its facts check that path."""
-    return kind == "ray"
-
-
-def _join_check(kind: str) -> Callable[[HostSlot, C.Cluster, dict[str, HostSlot]], tuple[bool, str, dict[str, object]]]:
-    return _joined_rpc if kind == "rpc" else _joined_ray
+def _join_check(cluster: C.Cluster) -> Callable[[HostSlot, C.Cluster, dict[str, HostSlot]],
+                                                tuple[bool, str, dict[str, object]]]:
+    """How the head learns its workers joined: the engine's runtime says who connects to whom."""
+    return _joined_ray if cluster.runtime.workers_join_head else _joined_rpc
 
 
 # ---------------------------------------------------------------------------------------------
@@ -344,7 +333,7 @@ def _cluster_preflight(ready: PreparedService, slots: dict[str, HostSlot], head_
     out = slots[head_name].out
     found: dict[str, Facts] = {}
     for name in sorted(slots):
-        paths = [svc.model_path] if name == head_name or workers_read_model(cluster.kind) else []
+        paths = [svc.model_path] if name == head_name or cluster.runtime.workers_load_model else []
         found[name] = facts_mod.gather(slots[name].run.remote, root=slots[name].run.root, model_paths=paths)
     speeds = [s.network_gbps for s in [ready.head.settings, *(w.settings for w in ready.workers)] if s.network_gbps]
     slowest = min(speeds) if speeds else None
@@ -526,7 +515,7 @@ def _joined_rpc(hh: HostSlot, cluster: C.Cluster, slots: dict[str, HostSlot]) ->
 
 def _joined_ray(hh: HostSlot, cluster: C.Cluster, slots: dict[str, HostSlot]) -> tuple[bool, str, dict[str, object]]:
     """vLLM over Ray: Ray's live node count, asked in the head's container."""
-    python = str(load_role("vllm").cluster.get("python", "python3"))
+    python = str(load_role(cluster.runtime.name).cluster.get("python", "python3"))
     nodes = C.parse_ray_nodes(hh.run.run(C.ray_nodes_script(hh.item.paths, python), timeout=60).stdout)
     return (nodes is not None and nodes >= cluster.size, f"Ray sees {nodes} live node(s), want {cluster.size}",
             {"ray_nodes": nodes, "want": cluster.size})
@@ -550,7 +539,7 @@ def _switch_head(hh: HostSlot, svc: Service, cluster: C.Cluster, res: ServiceRun
     if not report.ok:
         return f"{hh.name}: release {it.step.release_id} failed: {report.message}", report
     try:
-        ok, shortfall, detail = _join_check(cluster.kind)(hh, cluster, slots)
+        ok, shortfall, detail = _join_check(cluster)(hh, cluster, slots)
     except RemoteError as exc:
         return f"{hh.name}: join check: {exc}", report
     res.joined = detail
