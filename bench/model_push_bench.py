@@ -193,7 +193,8 @@ def main() -> int:
                      f"{r['wall_s'] if r['wall_s'] is not None else '-'} | {r.get('vs_scp', '-')} | "
                      f"{r.get('vs_rsync', '-')} |")
     lines.append("")
-    lines.append(f"Resume after a cut half-way ({resume['first_error'] or resume['first_result']}): the re-run "
+    why = (resume["first_error"] or resume["first_result"]).split(": ", 1)[-1].split(";")[0]
+    lines.append(f"Resume after a cut half-way (`{why}`): the re-run "
                  f"resumed from {resume['resumed_from']:,} bytes and sent {resume['sent_again']:,} of {size:,} "
                  f"({resume['sent_again_fraction']:.0%}); result {resume['second_result']}.")
     table = "\n".join(lines)
