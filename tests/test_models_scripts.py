@@ -142,3 +142,38 @@ def test_in_place_commit_writes_only_the_manifest(tmp_path):
 def test_the_reader_parser_never_raises(printed, kind, files, manifest):
     hm = S.parse_reader(printed, "/m")
     assert (hm.kind, hm.files, hm.manifest_text) == (kind, files, manifest)
+
+
+def test_the_host_probe_reads_the_manifest_and_the_preflight_judges_it(tmp_path):
+    """The whole host probe (host/probe), run in sh: its model_manifest section lands in Facts, and the
+    preflight's model-verified check passes the verified copy, then fails it naming the changed file."""
+    from llmfleet.host import facts as facts_mod
+    from llmfleet.host.probe import new_mark, probe_command, probe_sh
+    from llmfleet.inventory.services import Service
+    from llmfleet.knowledge.preflight import model_verified_check
+
+    mp = str(tmp_path / "m.gguf")
+    data = b"GGUF" + b"p" * 500
+    open(mp, "wb").write(data)
+    want = wanted_file(mp, data)
+    sh(S.commit_script(mp, "file", move=False), want.verified(at="2026-11-29T12:00:00+00:00", by="t").to_json().encode())
+    svc = Service(name="chat", engine="llamacpp", model="m", model_path=mp, image="llamacpp:b1")
+
+    def check():
+        mark = new_mark()
+        res = subprocess.run(probe_command(mark, str(tmp_path / "root"), [mp]), input=probe_sh(), capture_output=True,
+                             timeout=120)
+        facts = facts_mod.parse_probe_document(res.stdout.decode(), mark, "h1")
+        model = facts.model(mp)
+        assert model is not None and model.manifest_read
+        return model_verified_check("h1", svc, model)
+
+    c = check()
+    assert (c.status, c.message.split(" (")[0]) == ("pass", f"{mp}: verified 2026-11-29T12:00:00+00:00")
+    os.utime(mp, (5, 5))
+    c = check()
+    assert c.status == "fail" and c.message.startswith(f"model file {mp} changed since it was verified")
+    assert "invoke models.push --host h1 --service chat" in c.fix
+    os.remove(M.manifest_path(mp))
+    c = check()
+    assert (c.status, c.message) == ("warn", f"{mp}: no manifest: push it with `invoke models.push`")
