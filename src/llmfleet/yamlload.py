@@ -9,6 +9,9 @@ llmfleet's own data files (the catalogs, images.lock, role defaults: no secrets 
 as ``marshal`` data, keyed by the text itself and the parser's and Python's versions, so an unchanged
 file is read back in a tenth of a millisecond instead of parsed again (the five catalogs took ~35 ms
 of every command). A value ``marshal`` cannot hold (a YAML timestamp) just leaves the file unkept.
+Measured with this and the compiled templates (``release.template_cache``) both off (docs/bench.md
+"Start-up tricks"): a no-change deploy's CPU 0.65 -> 0.75 s, a changed deploy 2.62 -> 2.83 s (medians
+of three sittings). Kept.
 """
 
 from __future__ import annotations

@@ -23,6 +23,9 @@ atexit.register(gc.freeze)
 # threshold (a young collection every 700 allocations, 140 of them for a deploy) the collector spends
 # ~0.1 s walking them. Young collections every 20,000 allocations keep garbage cycles (a fleet run's
 # closed connections) collected while costing a fraction of that.
+# Measured with both lines removed (docs/bench.md "Start-up tricks"; bench/deploy_bench.py --src,
+# bench/startup_bench.py --src, medians of three sittings): a no-change deploy 0.95 -> 1.16 s (CPU
+# 0.65 -> 0.90 s), a changed one 2.62 -> 2.93 s, `invoke --list` 0.180 -> 0.201 s. Kept.
 gc.set_threshold(20_000, 10, 10)
 
 flags.install()  # usage errors: one line, exit 2 (also under Invoke's own `invoke` program)

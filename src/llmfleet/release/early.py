@@ -24,6 +24,10 @@ the host connected again), and the probe is taken only when it is the very same 
 never made with ``accept_new_host_keys`` (no host key is recorded on a guess), for an executable
 (dynamic) inventory, or for more hosts than one batch. The probe is read-only: a guess that turns
 out wrong, or input refused later, changes nothing on any host.
+
+Measured against the same code with ``recall``, ``start`` and ``remember`` doing nothing
+(docs/bench.md "Start-up tricks"): a no-change deploy on a lab host 0.95 -> 1.10 s (medians of three
+sittings; its timeline's connect 0.00 -> 0.09 s and probe 0.22-0.30 -> 0.38-0.41 s). Kept.
 """
 
 from __future__ import annotations
