@@ -421,24 +421,6 @@ def decide_rollback(states: Mapping[str, ServiceState], services: list[str], *, 
 
 
 # ---------------------------------------------------------------------------------------------
-# The deploy lock
-
-
-def may_take_over(holder: Mapping[str, Any] | None, origin: str, alive: Callable[[int], bool]) -> bool:
-    """A lock left by a deploy from this very machine whose process is gone (Ctrl-C'd, killed, or its
-    SSH connection dropped before it could unlock): safe to take over. Anything else is refused."""
-    if not holder or holder.get("from") != origin:
-        return False
-    try:
-        pid = int(holder.get("pid"))  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return False
-    return not alive(pid)
-
-
-def is_release_id(text: str) -> bool:
-    return bool(RELEASE_ID_RE.match(text))
-# ---------------------------------------------------------------------------------------------
 # A service over several hosts (a head and its workers)
 
 
@@ -492,3 +474,21 @@ def service_op_result(results: Sequence[Result]) -> Result:
     return done[0] if done else Result.ABSENT
 
 
+# ---------------------------------------------------------------------------------------------
+# The deploy lock
+
+
+def may_take_over(holder: Mapping[str, Any] | None, origin: str, alive: Callable[[int], bool]) -> bool:
+    """A lock left by a deploy from this very machine whose process is gone (Ctrl-C'd, killed, or its
+    SSH connection dropped before it could unlock): safe to take over. Anything else is refused."""
+    if not holder or holder.get("from") != origin:
+        return False
+    try:
+        pid = int(holder.get("pid"))  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return False
+    return not alive(pid)
+
+
+def is_release_id(text: str) -> bool:
+    return bool(RELEASE_ID_RE.match(text))

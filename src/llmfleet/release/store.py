@@ -862,28 +862,6 @@ def service_remove_script(paths: Paths, image_refs: list[str]) -> str:
     return "\n".join(lines)
 
 
-def service_logs_script(paths: Paths, lines: int, *, follow: bool = False, seconds: float | None = None) -> str:
-    """The engine's log: the unit's journal, else the container's own log (a service started outside
-    systemd); ``follow`` keeps printing new lines, for at most ``seconds`` (``timeout`` on the host)."""
-    n = int(lines)
-    if not 1 <= n <= MAX_LOG_LINES:
-        raise ValueError(f"lines must be 1 to {MAX_LOG_LINES}, got {n}")
-    unit, container = q(paths.unit), q(paths.container)
-    if not follow:
-        return logs_script(paths, n)
-    bound = f"timeout {max(1, int(seconds))} " if seconds else ""
-    return "\n".join([
-        f"if journalctl -u {unit} -n 1 --no-pager -o cat 2>/dev/null | grep -a -q .; then",
-        f"  exec {bound}journalctl -u {unit} -n {n} -f --no-pager -o cat",
-        "else",
-        f"  exec {bound}{DOCKER} logs -f --tail {n} {container} 2>&1",
-        "fi",
-    ])
-
-
-# ---------------------------------------------------------------------------------------------
-# Benchmark results kept with a release (``invoke bench``)
-
 @dataclass(frozen=True)
 class ServiceOpAnswer:
     """What a stop, start or remove script printed: ``done`` its last marker (``@@stopped``,
@@ -913,6 +891,28 @@ def service_present_script(paths: Paths) -> str:
 def parse_service_present(stdout: str) -> bool:
     return "@@present" in stdout.splitlines()
 
+
+def service_logs_script(paths: Paths, lines: int, *, follow: bool = False, seconds: float | None = None) -> str:
+    """The engine's log: the unit's journal, else the container's own log (a service started outside
+    systemd); ``follow`` keeps printing new lines, for at most ``seconds`` (``timeout`` on the host)."""
+    n = int(lines)
+    if not 1 <= n <= MAX_LOG_LINES:
+        raise ValueError(f"lines must be 1 to {MAX_LOG_LINES}, got {n}")
+    unit, container = q(paths.unit), q(paths.container)
+    if not follow:
+        return logs_script(paths, n)
+    bound = f"timeout {max(1, int(seconds))} " if seconds else ""
+    return "\n".join([
+        f"if journalctl -u {unit} -n 1 --no-pager -o cat 2>/dev/null | grep -a -q .; then",
+        f"  exec {bound}journalctl -u {unit} -n {n} -f --no-pager -o cat",
+        "else",
+        f"  exec {bound}{DOCKER} logs -f --tail {n} {container} 2>&1",
+        "fi",
+    ])
+
+
+# ---------------------------------------------------------------------------------------------
+# Benchmark results kept with a release (``invoke bench``)
 
 BENCH_FILE = "bench.json"
 
