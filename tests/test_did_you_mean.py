@@ -137,12 +137,13 @@ def test_stop_start_remove_of_a_service_typo_say_did_you_mean(tmp_path, monkeypa
     from llmfleet.inventory.ansible import settings_for
     from llmfleet.release import service_ops
     from tests.fake_remote import Command, FakeRemote
+    from tests.test_service_ops import _lock_state, _states
 
     inv = _two_hosts(tmp_path)
     h = inv.hosts["solo"]
     for action in ("stop", "start", "remove"):
-        remote = FakeRemote([Command(None, "@@acquired\n"), Command(None, "@@service chat\n@@unit active\n"),
-                             Command(None, "")], name="solo")
+        # the lock with the state read (the host runs "chat"), then the last round trip (audit, unlock)
+        remote = FakeRemote([Command(None, _lock_state(action, _states()).out), Command(None, "")], name="solo")
         monkeypatch.setattr(ssh, "connect", lambda *a, r=remote, **k: r)
         r = service_ops.service_op(h, settings_for(h), action, ["caht"], config={"audit_log": str(tmp_path / "a")})
         assert (r.result, r.services) == ("absent", {"caht": "absent"}), action

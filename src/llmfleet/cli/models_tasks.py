@@ -112,9 +112,9 @@ def push(c, host=None, group=None, inventory=None, service=None, source=None, fr
     def pinned(h: Any, svc: Any) -> str:
         from llmfleet.images import lock as images
         from llmfleet.inventory.ansible import settings_for
-        path = images.images_lock_path(h.vars, inv.path, settings.images_lock)
+        path = images.images_lock_path(h.vars, inv.path, settings.images_lock) or ""  # "": the default lock
         if path not in lock_cache:
-            lock_cache[path] = images.load_lock(path)
+            lock_cache[path] = images.load_lock(path or None)
         hs = settings_for(h)
         return images.resolve(svc.image, lock_cache[path], mirrors=dict(hs.image_mirrors),
                               where=f"host {h.name}: service {svc.name}").pull_ref

@@ -117,6 +117,17 @@ class Runner(Protocol):
             sudo: bool = False, check: bool = False) -> Result: ...
 
 
+class Link(Runner, Protocol):
+    """What a deploy's executor needs of a host's connection (``Remote``, or a scripted remote in
+    tests): commands, a counted round trip, a forwarded port for the health check, a close."""
+
+    round_trips: int
+
+    def forward(self, remote_port: int, remote_host: str = "127.0.0.1") -> contextlib.AbstractContextManager[int]: ...
+
+    def close(self) -> None: ...
+
+
 class Remote:
     """An open SSH connection to one host."""
 

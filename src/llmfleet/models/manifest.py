@@ -174,7 +174,7 @@ def parse(text: str | bytes | None) -> tuple[Manifest | None, list[str]]:
         return None, [f"manifest is {len(text)} bytes, over {MAX_MANIFEST_BYTES}"]
     try:
         doc = json.loads(text)
-    except ValueError as exc:
+    except json.JSONDecodeError as exc:
         return None, [f"manifest is not JSON ({exc.msg} at line {exc.lineno})"]
     if not isinstance(doc, dict):
         return None, ["manifest is not a JSON object"]
@@ -204,7 +204,10 @@ def parse(text: str | bytes | None) -> tuple[Manifest | None, list[str]]:
             problems.append(f"files[{i}] is not an object")
             continue
         rel, size, sha = item.get("path"), _int(item.get("size")), item.get("sha256")
-        why = check_relpath(rel) if isinstance(rel, str) else f"files[{i}].path is not a string"
+        if not isinstance(rel, str):
+            problems.append(f"files[{i}].path is not a string")
+            continue
+        why = check_relpath(rel)
         if why:
             problems.append(why)
             continue

@@ -170,7 +170,7 @@ class Job:
 
 
 def plan_jobs(inv: Inventory, hosts: Sequence[Host], *, service: str | None = None, source: str | None = None,
-              from_host: str | None = None, lock: Callable[[Host, HostSettings], Any] | None = None) -> list[Job]:
+              from_host: str | None = None, lock: Callable[[Host, Service], str] | None = None) -> list[Job]:
     """The (host, model path) pairs to push and where each model comes from. Raises ``UsageError``
     (one line naming the host, service and field) before anything is contacted."""
     if source and from_host:

@@ -143,7 +143,7 @@ def send_file(remote: Any, local_path: str, dest_part: str, *, offset: int, size
                 if chan.exit_status_ready():
                     break  # the host's command ended (refused the resume point, disk full, ...)
                 pacer.wait(n)
-                chan.sendall(view[:n])
+                chan.sendall(bytes(view[:n]))
                 pos += n
                 if progress is not None:
                     progress(n)

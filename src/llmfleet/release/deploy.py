@@ -230,7 +230,7 @@ def _switch_and_check(run: HostRun, it: Item) -> ServiceOutcome:
         report = None
         failure = str(exc)
     else:
-        failure = report.message
+        failure = report.message if report is not None else ""
     if report is not None and report.ok and not run.confirm(paths, svc.name, token):
         failure, report = f"healthy, but the host timer reverted it first ({HOST_TIMER})", None
     if report is not None:

@@ -146,7 +146,7 @@ def http_health(run: HostRun, target: HealthTarget) -> health.HealthReport:
     def probe() -> store.UnitProbe:
         return store.parse_unit_probe(run.run(store.unit_probe_script(target.paths), timeout=30).stdout)
 
-    with run.remote.forward(svc.port) as local_port:
+    with run.link.forward(svc.port) as local_port:
         return health.HealthChecker(
             residency=(lambda: residency_check(run, target)) if target.residency else None,
             probe=probe,
@@ -194,7 +194,7 @@ class HostRun:
     what it decides comes from ``llmfleet.release.decide``. ``health``, ``now``, ``token`` and
     ``alive`` are injected so that the executor runs against a scripted remote in tests."""
 
-    def __init__(self, host_name: str, host_settings: HostSettings, remote: Any, *, settings: Settings, log: Log,
+    def __init__(self, host_name: str, host_settings: HostSettings, remote: ssh.Link | None, *, settings: Settings, log: Log,
                  who: str | None = None, message: str = "", health_fn: HealthFn = http_health,
                  now: Callable[[], datetime] = now_utc, token: Callable[[], str] = lambda: secrets.token_hex(16),
                  alive: Callable[[int], bool] = pid_alive, origin: str | None = None, pid: int | None = None,
@@ -233,11 +233,18 @@ class HostRun:
                                   "seconds": round(self.clock() - t, 3), "round_trips": self._round_trips() - rt})
 
     def _round_trips(self) -> int:
-        return int(getattr(self.remote, "round_trips", 0) or 0)
+        return self.remote.round_trips if self.remote is not None else 0
 
     def run(self, script: str, *, timeout: float | None = None, stdin: bytes | None = None,
             check: bool = False) -> ssh.Result:
-        return self.remote.run(script, timeout=timeout, stdin=stdin, sudo=True, check=check)
+        return self.link.run(script, timeout=timeout, stdin=stdin, sudo=True, check=check)
+
+    @property
+    def link(self) -> ssh.Link:
+        """The host's connection; a step run before the pipeline connected is a programming error."""
+        if self.remote is None:
+            raise RemoteError(f"{self.host}: not connected")
+        return self.remote
 
     def run_chain(self, scripts: list[str], *, timeout: float | None = None, stdin: bytes | None = None,
                   stdin_step: int | None = None) -> list[ssh.Result | None]:

@@ -334,7 +334,7 @@ def _cluster_preflight(ready: PreparedService, slots: dict[str, HostSlot], head_
     found: dict[str, Facts] = {}
     for name in sorted(slots):
         paths = [svc.model_path] if name == head_name or cluster.runtime.workers_load_model else []
-        found[name] = facts_mod.gather(slots[name].run.remote, root=slots[name].run.root, model_paths=paths)
+        found[name] = facts_mod.gather(slots[name].run.link, root=slots[name].run.root, model_paths=paths)
     speeds = [s.network_gbps for s in [ready.head.settings, *(w.settings for w in ready.workers)] if s.network_gbps]
     slowest = min(speeds) if speeds else None
     plan, plan_error = preflight.plan_for(svc, found[head_name], ready.head.settings, hosts=cluster.size)
@@ -665,6 +665,8 @@ def _image_of(manifest: Manifest) -> images.ImageRef:
 def _cluster_of(service: str, manifest: Manifest) -> C.Cluster | None:
     """The cluster a worker's release was rendered for (its manifest's inputs)."""
     d = manifest.inputs.get("cluster")
+    if not isinstance(d, dict):
+        return None
     try:
         head = C.Member(**d["head"])
         workers = tuple(C.Member(**w) for w in d["workers"])

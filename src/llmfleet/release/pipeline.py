@@ -54,15 +54,7 @@ if TYPE_CHECKING:
     from llmfleet.release.speed_history import FleetGate
 
 
-class Connection(Protocol):
-    """What the pipeline needs of a host's connection (``host.ssh.Remote``; a scripted one in tests)."""
-
-    round_trips: int
-
-    def close(self) -> None: ...
-
-
-Connector = Callable[[Host, Settings, bool], Connection]
+Connector = Callable[[Host, Settings, bool], "ssh.Link"]  # host.ssh.Remote; a scripted remote in tests
 
 
 OutcomeT = TypeVar("OutcomeT", bound=decide.Outcome)  # the outcome each host of the run fills in
@@ -200,7 +192,7 @@ def _finish_all(slots: Mapping[str, Slot[OutcomeT]], order: list[str], verdict: 
             with run.stage("final (marks, prune, audit, unlock)"):
                 run.finish(write_audit=not check)
         finally:
-            out.round_trips = int(getattr(run.remote, "round_trips", 0) or 0)
+            out.round_trips = run.remote.round_trips if run.remote is not None else 0
             out.timeline = run.timeline
             if run.remote is not None:
                 try:
@@ -217,7 +209,7 @@ def _finish_all(slots: Mapping[str, Slot[OutcomeT]], order: list[str], verdict: 
 def gather_and_preflight(run: HostRun, ready: PreparedHost, out: HostOutcome) -> tuple[list[Plan | None], Facts]:
     """Facts (one round trip, as the deploy's user: the release state comes with them) and the
     preflight's verdict for each service; the plans it made and the facts. A FAIL refuses."""
-    found = facts_mod.gather(run.remote, root=run.root, model_paths=[p.service.model_path for p in ready.services],
+    found = facts_mod.gather(run.link, root=run.root, model_paths=[p.service.model_path for p in ready.services],
                              sudo=True)
     if found.probe_version is None:  # nothing ran (sudo refused, no shell): no checks to judge
         raise RemoteError(f"host {run.host}: the host probe did not run: {found.errors[0] if found.errors else '?'}")

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, TypeVar, cast
 
 from llmfleet.errors import RemoteError, UsageError
 from llmfleet.host import ssh
@@ -53,10 +53,12 @@ def run_hosts(fn: Callable[[T], R], items: Sequence[T], forks: int) -> list[R]:
     the items' order; what ``fn`` raised (deploy and rollback turn host trouble into outcomes, so only
     bad input does) is raised again here."""
     results = run_on_hosts(fn, items, forks=forks, thread_name="llmfleet-host")
+    out: list[R] = []
     for r in results:
         if r.exception is not None:
             raise r.exception
-    return list(results.values())
+        out.append(cast(R, r.value))  # no exception: the value fn returned
+    return out
 
 
 def multihost_services(inv: Inventory, host_names: list[str]) -> list[tuple[str, str]]:
