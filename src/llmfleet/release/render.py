@@ -30,9 +30,9 @@ import yaml
 
 from llmfleet import yamlload
 from llmfleet.errors import UsageError
+from llmfleet.host.probe.state_reader import MANIFEST_FILE  # noqa: F401 - re-exported: one name for writer and reader
 from llmfleet.images.lock import ImageRef
 from llmfleet.inventory.services import HostSettings, Service
-from llmfleet.release.state_reader import MANIFEST_FILE  # noqa: F401 - re-exported: one name for writer and reader
 
 if TYPE_CHECKING:
     from llmfleet.knowledge.planner import Plan, PlanSummary

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from llmfleet.host.probe.state_reader import MANIFEST_FILE, MAX_HEALTH, MAX_MANIFEST, STATE_READER  # noqa: F401 - re-exported
 from llmfleet.release.manifest import Manifest
 from llmfleet.release.render import (
     COMPOSE_FILE,
@@ -35,7 +36,6 @@ from llmfleet.release.render import (
     project_name,
     unit_name,
 )
-from llmfleet.release.state_reader import MANIFEST_FILE, MAX_HEALTH, MAX_MANIFEST, STATE_READER  # noqa: F401 - re-exported
 
 RELEASE_ID_RE = re.compile(r"^\d{8}T\d{6}Z-[0-9a-f]{10}$")
 DEFAULT_KEEP = 5
@@ -161,7 +161,7 @@ class ServiceState:
         return self.releases.get(self.current) if self.current else None
 
 
-# The reader is a shell function of its own module (llmfleet.release.state_reader), so that the host
+# The reader is a shell function of its own module (llmfleet.host.probe.state_reader), so that the host
 # probe can send it without importing the release machinery.
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import secrets
 from importlib import resources
 
-from llmfleet.release.state_reader import STATE_READER
+from llmfleet.host.probe.state_reader import STATE_READER
 
 # Largest probe document we parse; the script caps each section well below this.
 MAX_DOCUMENT = 8 * 1024 * 1024

@@ -1,6 +1,6 @@
 """The release-state reader: a POSIX shell function that prints every service's current release, unit
 state and kept releases (manifest, health) under a root. Light on purpose (no imports of the release
-machinery): the host probe (``llmfleet.host.probe``) sends it as a section of its document, and
+machinery): the host probe (``llmfleet.host.probe``, this package) sends it as a section of its document, and
 ``llmfleet.release.store`` runs it on its own (``state_script``) and parses what it prints.
 """
 
