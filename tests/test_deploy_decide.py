@@ -92,7 +92,9 @@ def test_steps_say_what_changes_without_secret_values():
 def test_which_steps_pull_and_switch(action, pulls, switches):
     step = D.ServiceStep("chat", action, R1)
     assert (step.pulls, step.switches) == (pulls, switches)
-    assert step.arms_revert == switches  # commit confirmed: every switch is armed, a verify is not
+    # commit confirmed: every switch is armed, and a verify too (its arm replaces the revert timer an
+    # earlier, killed deploy may have left running on that release)
+    assert step.arms_revert == (switches or action == Action.VERIFY)
 
 
 @pytest.mark.parametrize(("previous", "target", "arms"), [(R2, R1, True), (None, R1, True), (R1, R1, False)])

@@ -316,12 +316,15 @@ def test_a_failed_switch_goes_back():
 
 
 def test_interrupted_deploy_is_verified_not_redeployed():
-    """Current and running but never marked healthy: health-check it, mark it; no pull, no switch."""
+    """Current and running but never marked healthy: health-check it, mark it; no pull, no switch. Its
+    revert is armed again first (to the release last confirmed, R1): that replaces the timer the killed
+    deploy may have left running, and the confirmation stops it."""
     st = svc_state({R1: (OTHER, True), R2: (NEW.content_hash, False)}, R2)
-    r = Run([state(st), acquire(), WATCHDOG], {R2: [HEALTHY]})  # nothing armed: the watchdog starts
+    r = Run([state(st), acquire(), arm(R2, R1), confirmed()], {R2: [HEALTHY]})
     o = r.deploy()
     assert o.result == "deployed" and o.releases == {"chat": R2}
     assert f"{PATHS.release(R2)}/health.json" in r.finish()
+    assert any(f"host reverts to {R1}" in ln for ln in r.lines)
 
 
 def test_current_release_with_a_failed_unit_is_restarted():

@@ -149,8 +149,12 @@ class ServiceStep:
 
     @property
     def arms_revert(self) -> bool:
-        """Commit confirmed: a host-side revert is armed before every switch (a verify switches nothing)."""
-        return self.switches
+        """Commit confirmed: a host-side revert is armed before every switch, and before a verify's health
+        check too: a verify finds a release some earlier deploy switched to and never confirmed (killed,
+        its connection lost), whose revert timer may still be running; arming again replaces that timer
+        with this deploy's, which its confirmation then stops (else the old timer would later put a
+        release this deploy just confirmed back to an older one)."""
+        return self.switches or self.action == Action.VERIFY
 
 
 @dataclass(frozen=True)

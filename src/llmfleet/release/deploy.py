@@ -173,9 +173,9 @@ def _switch_and_check(run: HostRun, it: Item) -> ServiceOutcome:
                                          llmfleet_version=__version__, message=run.message)
             files, modes = store.release_files(rendered, it.manifest)
             steps["upload"], stdin = store.upload_script(paths, rid), store.pack_release(files, modes)
+        if step.arms_revert:
+            armed_token, steps["arm revert"] = run.arm_script(paths, svc, rid, previous, "deploy")
         if step.switches:
-            if step.arms_revert:
-                armed_token, steps["arm revert"] = run.arm_script(paths, svc, rid, previous, "deploy")
             steps["switch + restart"] = store.switch_script(paths, rid)
             steps["container start"] = store.unit_wait_script(paths)
         results: dict[str, ssh.Result | None] = {}
@@ -194,12 +194,12 @@ def _switch_and_check(run: HostRun, it: Item) -> ServiceOutcome:
                 raise RemoteError(f"upload of release {rid} failed: "
                                   f"{short(res.stderr or res.stdout, 300) if res else 'it did not run'}")
             run.log(f"{svc.name}: uploaded release {rid}")
+        if step.arms_revert:
+            if results["arm revert"] is None:
+                raise RemoteError(f"{svc.name}: the host-side revert was not armed (the step did not run)")
+            run.armed(svc, previous, results["arm revert"])
+            token = armed_token
         if step.switches:
-            if step.arms_revert:
-                if results["arm revert"] is None:
-                    raise RemoteError(f"{svc.name}: the host-side revert was not armed (the step did not run)")
-                run.armed(svc, previous, results["arm revert"])
-                token = armed_token
             res = results["switch + restart"]
             switched = True
             if res is None or not store.parse_switch(res.rc, res.stdout):
