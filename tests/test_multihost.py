@@ -61,7 +61,7 @@ def test_workers_resolve_or_say_why(workers, engine, want):
 
 
 def test_a_worker_listed_twice_in_the_service_is_a_schema_error():
-    with pytest.raises(InventoryError, match=r"host h: llmfleet_services\[0\]\.workers: .*w1 is listed twice"):
+    with pytest.raises(InventoryError, match=r"host h: service big: llmfleet_services\[0\]\.workers: .*w1 is listed twice"):
         host_settings("h", {"llmfleet_services": [svc(workers=["w1"]).model_dump() | {"workers": ["w1", "w1"]}]})
 
 

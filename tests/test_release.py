@@ -443,3 +443,17 @@ def test_the_watchdog_is_started_with_a_reload_only_for_new_unit_files(tmp_path,
     assert ("systemctl daemon-reload" in called) is reloads
     assert (units / "llmfleet-chat-watchdog.timer").read_text() == "[Unit]\n# llmfleet-chat-watchdog.timer\n"
     assert "systemctl enable --no-reload llmfleet-chat-watchdog.timer" in called
+
+
+def test_the_state_parse_ends_at_the_readers_end_mark():
+    """``invoke status`` prints each model's manifest after the release state, with ``@@manifest``
+    lines of its own: they must not overwrite the last release's manifest."""
+    from llmfleet.release import store
+
+    rid = "20261102T100000Z-bbbbbbbbbb"
+    text = (f"@@service chat\n@@current releases/{rid}\n@@unit active\n@@release {rid}\n"
+            '@@manifest {"release": "%s", "service": "chat"}\n@@health {"result": "unhealthy"}\n@@end\n'
+            "@@model-of 0\n@@kind missing\n@@manifest none\n@@health {}\n" % rid)
+    info = store.parse_state(text)["chat"].releases[rid]
+    assert info.manifest is not None and info.manifest.release == rid
+    assert info.health == {"result": "unhealthy"}

@@ -177,10 +177,14 @@ def state_complete(stdout: str) -> bool:
 
 
 def parse_state(stdout: str) -> dict[str, ServiceState]:
+    """The reader's section up to its ``@@end``: what a script prints after it (``invoke status`` reads
+    each model's manifest next, with ``@@manifest`` lines of its own) is not the releases'."""
     services: dict[str, ServiceState] = {}
     cur: ServiceState | None = None
     rel: ReleaseInfo | None = None
     for line in stdout.splitlines():
+        if line == "@@end":
+            break
         if line.startswith("@@service "):
             cur = services.setdefault(line[10:].strip(), ServiceState(name=line[10:].strip()))
             rel = None
