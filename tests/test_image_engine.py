@@ -13,7 +13,8 @@ import pytest
 from llmfleet.errors import UsageError
 from llmfleet.images.lock import ImageLock, LockedImage
 from llmfleet.inventory.ansible import load_inventory
-from llmfleet.release.check import check_inventory, image_engine, image_engine_mismatch
+from llmfleet.knowledge.compat import image_engine, image_engine_mismatch
+from llmfleet.release.check import check_inventory
 
 REPO = Path(__file__).resolve().parents[1]
 LLMFLEET = str(Path(sys.executable).parent / "llmfleet")

@@ -45,7 +45,7 @@ def _render_service(inv: Any, host: Any, settings: Any, svc: Any, lock: Any, con
     from llmfleet.release.secret import resolve_secret
 
     where = f"host {host.name}: service {svc.name}"
-    from llmfleet.release.check import image_engine_mismatch
+    from llmfleet.knowledge.compat import image_engine_mismatch
 
     mismatch = image_engine_mismatch(svc.image, svc.engine, lock)
     if mismatch:

@@ -11,7 +11,7 @@ import functools
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, TypedDict, Unpack
+from typing import TYPE_CHECKING, Literal, Protocol, TypedDict, Unpack
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -1007,3 +1007,41 @@ def flag_checks(rel: EngineRelease, rules: EngineRules, *, quant: str | None, kv
         "attention": check_attention(rel, args, env, cc),
         "kv-dtype": check_kv_dtype(rel, rules, kv_dtype, args, env, cc),
     }
+
+
+# ---------------------------------------------------------------------------------------------
+# Which engine an image serves
+
+
+class LockLookup(Protocol):
+    """What the image/engine check needs of images.lock (``images.lock.ImageLock``): an entry by key,
+    whose ``engine`` (when it has one) names the engine the image serves."""
+
+    def get(self, key: str) -> object | None: ...
+
+
+def image_engine(image: str, lock: LockLookup | None = None) -> str | None:
+    """The engine an image key serves: its images.lock entry's engine, else the engine catalog's
+    (engines.yaml), else the key's ENGINE: prefix when it names a known engine; None for a full
+    reference (``repo@sha256:...``) nothing describes."""
+    from llmfleet.knowledge import engines
+
+    locked = lock.get(image) if lock is not None else None
+    locked_engine = getattr(locked, "engine", None)  # an entry pinned before engines were recorded has none
+    if locked_engine:
+        return str(locked_engine)
+    release = load_engine_catalog().release(image)
+    if release is not None:
+        return release.engine
+    head, sep, _ = image.partition(":")
+    return head if sep and "/" not in head and head in engines.names() else None
+
+
+def image_engine_mismatch(image: str, engine: str, lock: LockLookup | None = None) -> str | None:
+    """One line when ``image`` is another engine's image than the service's ``engine`` (a llama.cpp
+    service given ``vllm:0.19.1`` would start vLLM with llama-server's flags); None when it fits."""
+    found = image_engine(image, lock)
+    if found is None or found == engine:
+        return None
+    return (f"image {image!r} is a {found} image, but the service's engine is {engine}; give a {engine} image "
+            f"(`invoke images.list` shows them) or set engine: {found}")

@@ -22,10 +22,9 @@ from llmfleet.inventory.ansible import Host, Inventory
 from llmfleet.inventory.connection import connection_settings
 from llmfleet.inventory.services import HostSettings, Service, host_settings_all, resolve_workers
 from llmfleet.inventory.templating import TemplateError, resolve_namespace
-from llmfleet.knowledge import compat
 from llmfleet.knowledge.catalog import find_gpu, find_quant
+from llmfleet.knowledge.compat import image_engine_mismatch
 from llmfleet.knowledge.engines import for_engine
-from llmfleet.knowledge.engines import names as engine_names
 from llmfleet.knowledge.planner import plan_for_service
 from llmfleet.release import cluster
 from llmfleet.release.render import load_role
@@ -225,26 +224,3 @@ def check_inventory(
 ) -> list[HostReport]:
     return [check_host(h, inventory, lock_for=lock_for) for h in (hosts if hosts is not None else inventory.hosts.values())]
 
-
-def image_engine(image: str, lock: Any = None) -> str | None:
-    """The engine an image key serves: its images.lock entry's engine, else the engine catalog's
-    (engines.yaml), else the key's ENGINE: prefix when it names a known engine; None for a full
-    reference (``repo@sha256:...``) nothing describes."""
-    locked = lock.get(image) if lock is not None else None
-    if locked is not None and getattr(locked, "engine", None):
-        return str(locked.engine)
-    release = compat.load_engine_catalog().release(image)
-    if release is not None:
-        return release.engine
-    head, sep, _ = image.partition(":")
-    return head if sep and "/" not in head and head in engine_names() else None
-
-
-def image_engine_mismatch(image: str, engine: str, lock: Any = None) -> str | None:
-    """One line when ``image`` is another engine's image than the service's ``engine`` (a llama.cpp
-    service given ``vllm:0.19.1`` would start vLLM with llama-server's flags); None when it fits."""
-    found = image_engine(image, lock)
-    if found is None or found == engine:
-        return None
-    return (f"image {image!r} is a {found} image, but the service's engine is {engine}; give a {engine} image "
-            f"(`invoke images.list` shows them) or set engine: {found}")

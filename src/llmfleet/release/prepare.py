@@ -102,7 +102,7 @@ def prepare_host(inventory: Inventory | str, host_name: str, settings: Settings,
     for svc in chosen:
         where = f"host {host.name}: service {svc.name}"
         svc = apply_overrides(svc, options.overrides, where)
-        from llmfleet.release.check import image_engine_mismatch
+        from llmfleet.knowledge.compat import image_engine_mismatch
 
         mismatch = image_engine_mismatch(svc.image, svc.engine, lock)
         if mismatch:
