@@ -199,8 +199,12 @@ def _inventory(tmp: Path, registry_host: str, lock_text: str) -> Path:
 def built(registry, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("bundle")
     pushed = push_loadable_image(registry, "lab/llama-server", "lab")
-    lock = images.render_lock(images.ImageLock(images={"llamacpp:lab-cpu": images.LockedImage(
-        key="llamacpp:lab-cpu", repository="lab-registry:5000/lab/llama-server", digest=pushed["ref"], tag="lab")}))
+    # the lock also pins an image no service names: the bundle does not carry it
+    lock = images.render_lock(images.ImageLock(images={
+        "llamacpp:lab-cpu": images.LockedImage(key="llamacpp:lab-cpu", repository="lab-registry:5000/lab/llama-server",
+                                               digest=pushed["ref"], tag="lab"),
+        "llamacpp:next": images.LockedImage(key="llamacpp:next", repository="lab-registry:5000/lab/llama-server",
+                                            digest=D, tag="next")}))
     inventory = _inventory(tmp, registry.host, lock)
     out = tmp / "site bundle"
     res = inv("bundle.create", str(out), "-i", str(inventory), "--group", "fleet", "--mirror", f"lab-registry:5000={registry.host}",
@@ -326,3 +330,43 @@ def test_deploy_refuses_a_bad_bundle_before_contacting_any_host(built, tmp_path)
 def test_deploy_bundle_refuses_a_service_over_several_hosts():
     res = inv("deploy", "-i", "inventory/lab", "--host", "gpu-p40-11", "--bundle", "/nonexistent")
     assert res.returncode == 2 and "spans hosts" in res.stderr and "single-host services only" in res.stderr
+
+
+def test_upgrade_refuses_a_bad_bundle_before_touching_any_host(built, tmp_path):
+    """upgrade --bundle refuses as deploy --bundle does, before its first batch: a missing archive
+    (exit 1), the inventory on another lock, an image the bundle lacks (exit 2); one line each, and no
+    host is contacted (nothing listens for them: a contact would say it cannot connect)."""
+    import shutil
+
+    out, doc, _, inventory = built
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    (copy / doc["images"][0]["archive"]).unlink()
+    res = inv("upgrade", "-i", str(inventory), "--group", "fleet", "--set", "context=4096", "--bundle", str(copy))
+    assert res.returncode == 1, res.stderr
+    assert res.stderr.strip().splitlines() == [
+        f"error: {copy}/images/llamacpp_lab-cpu.tar: missing from the bundle (listed in bundle.json); copy the bundle again"]
+    assert "batch" not in res.stdout + res.stderr
+    # an image the lock pins but the bundle does not carry
+    res = inv("upgrade", "-i", str(inventory), "--group", "fleet", "--image", "llamacpp=next", "--bundle", str(out))
+    assert res.returncode == 2, res.stderr
+    (line,) = res.stderr.strip().splitlines()
+    assert "image 'llamacpp:next' is not in the bundle" in line and "batch" not in res.stdout
+    # the inventory on another lock
+    lock = inventory.parent / "images.lock"
+    original = lock.read_text()
+    try:
+        lock.write_text(original + "# edited at the site\n")
+        res = inv("upgrade", "-i", str(inventory), "--group", "fleet", "--set", "context=4096", "--bundle", str(out))
+        assert res.returncode == 2, res.stderr
+        (line,) = res.stderr.strip().splitlines()
+        assert f"{inventory}/../images.lock: this images.lock" in line and f"{out}/images.lock" in line
+    finally:
+        lock.write_text(original)
+    assert "cannot connect" not in res.stdout + res.stderr and "Traceback" not in res.stderr
+
+
+def test_upgrade_bundle_refuses_a_service_over_several_hosts():
+    res = inv("upgrade", "-i", "inventory/lab", "--group", "lab_split", "--set", "context=4096", "--bundle",
+              "/nonexistent")
+    assert res.returncode == 2 and "spans hosts" in res.stderr and "upgrade --bundle deploys single-host" in res.stderr

@@ -499,3 +499,63 @@ def test_upgrade_task_runs_a_service_over_two_hosts_as_one_unit(tmp_path):
     assert "big over" in unit["reason"] and "cannot connect" in unit["reason"]
     assert summary["counts"] == {"failed": 1} and summary["excluded"] == {}
     assert "Traceback" not in res.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-batch preparation (upgrade --bundle: each batch's hosts get the bundle's images and models first)
+
+
+def test_each_batch_is_prepared_just_before_it_deploys_and_unprepared_hosts_count_as_failed():
+    """The preparation of a batch runs after the previous batch's deploys and before its own; a host it
+    could not prepare is not deployed, is reported failed with its reason, and counts against the
+    batch's failure budget."""
+    fleet = FakeFleet()
+    events: list[str] = []
+    deploy = fleet.deploy
+
+    def tracked_deploy(h):
+        events.append(f"deploy {h}")
+        return deploy(h)
+
+    def before_batch(batch):
+        events.append(f"prepare {','.join(batch)}")
+        return {h: Outcome(h, "failed", reason="llamacpp:lab-cpu: the archive arrived damaged")
+                for h in batch if h in ("h3", "h6")}
+
+    report = run_upgrade(HOSTS[:6], deploy=tracked_deploy, serial=[1, 2], max_fail_percentage=50,
+                         before_batch=before_batch)
+    # batch 1 = h1; batch 2 = h2,h3 (1 of 2 failed: 50%, not over); batch 3 = h4,h5; batch 4 = h6
+    assert report.batches == [["h1"], ["h2", "h3"], ["h4", "h5"], ["h6"]]
+    prepares = [i for i, e in enumerate(events) if e.startswith("prepare")]
+    assert [events[i] for i in prepares] == ["prepare h1", "prepare h2,h3", "prepare h4,h5", "prepare h6"]
+    for i, at in enumerate(prepares):  # every deploy of a batch lies between its preparation and the next
+        end = prepares[i + 1] if i + 1 < len(prepares) else len(events)
+        assert {e for e in events[at + 1:end]} == {f"deploy {h}" for h in report.batches[i] if h not in ("h3", "h6")}
+    assert "h3" not in fleet.calls and "h6" not in fleet.calls
+    got = {h.host: (h.result, h.reason) for h in report.hosts}
+    assert got["h3"] == ("failed", "llamacpp:lab-cpu: the archive arrived damaged")
+    assert got["h2"][0] == "deployed"
+    # h6's batch: 1 of 1 failed, over 50%: the rollout is aborted after it
+    assert report.aborted and "batch 4" in report.abort_reason
+
+
+def test_a_batch_whose_preparation_fails_entirely_aborts_before_the_next_batch():
+    fleet = FakeFleet()
+
+    def before_batch(batch):
+        if "h2" in batch:
+            raise OSError("bundle folder went away")
+        return {}
+
+    report = run_upgrade(HOSTS[:4], deploy=fleet.deploy, serial=[1, 1], before_batch=before_batch)
+    assert fleet.calls == ["h1"]
+    assert results(report) == {"h1": "deployed", "h2": "failed", "h3": "skipped", "h4": "skipped"}
+    assert "preparing the batch failed: OSError: bundle folder went away" in report.hosts[1].reason
+    assert report.aborted
+
+
+def test_check_mode_prepares_nothing():
+    fleet = FakeFleet()
+    calls: list[list[str]] = []
+    report = run_upgrade(HOSTS[:3], deploy=fleet.deploy, check=True, before_batch=lambda b: calls.append(b) or {})
+    assert calls == [] and sorted(fleet.calls) == HOSTS[:3] and not report.aborted

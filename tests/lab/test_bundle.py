@@ -9,6 +9,9 @@ disconnected from this lab's network (the hosts' only route to ``lab-registry``)
   store), checks its image ID, pushes the model from the bundle (``models.push``: sha256-verified,
   its manifest written beside it), and deploys and health-checks the service; the host's engine records no pull (``docker events``), the registry is
   unreachable from the host throughout, and a second deploy sends nothing (the image ID is there);
+- ``upgrade --group v100 --bundle`` (the rolling upgrade) with the registry cut off: the batch's host
+  gets its model pushed from the bundle again (removed from the host beforehand) and its image checked
+  by ID before it deploys the new setting; no pull;
 - a copy of the bundle with one byte flipped in the image archive is refused before any host is
   contacted, naming the file (exit 1), and the host is as it was;
 - a bundle built from another images.lock is refused, naming the lock (exit 2).
@@ -122,6 +125,47 @@ def test_deploy_from_the_bundle_with_the_registry_cut_off(lab, bundle):
         assert json.loads(r.stdout)["hosts"][0]["result"] == "unchanged"
         assert f"{lab.gguf_path}: already" in r.stderr  # the model's manifest vouches for it: nothing sent
         assert f"{IMAGE}: already on the host" in r.stderr and "sending" not in r.stderr
+    finally:
+        lab_hosts.connect_registry(lab.name)
+    deadline = time.monotonic() + 30
+    while not _registry_reachable(lab) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _registry_reachable(lab)
+
+
+def test_upgrade_from_the_bundle_with_the_registry_cut_off(lab, bundle):
+    """The rolling upgrade from the bundle: the batch is prepared (image checked by ID or loaded, the
+    model pushed from the bundle: the host's copy was removed) before its host deploys, and nothing is
+    pulled."""
+    out, doc, tmp, inv = bundle
+    (image,) = [i for i in doc["images"] if i["key"] == IMAGE]
+    lab.exec(HOST, ["sh", "-c", f"rm -f {lab.gguf_path} {lab.gguf_path}.llmfleet.json"])
+    since = lab.exec(HOST, ["date", "+%s"]).stdout.strip()
+    lab_docker.run(["network", "disconnect", lab.name, lab_hosts.REGISTRY_CONTAINER])
+    try:
+        assert not _registry_reachable(lab)
+        r = _cli(lab, tmp, "upgrade", "-i", str(inv), "--group", "v100", "--bundle", str(out),
+                 "--set", "context=384", "--json")
+        assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+        report = json.loads(r.stdout)
+        assert report["ok"] and report["batches"] == [[HOST]]
+        assert [(h["host"], h["result"]) for h in report["hosts"]] == [(HOST, "deployed")]
+        err = r.stderr
+        assert f"{HOST}: {IMAGE}: " in err and f"image ID {image['image_id'][:19]} verified" in err
+        pushed = err.index(f"{HOST}: {lab.gguf_path}: pushed")  # the batch's preparation, from the bundle ...
+        assert err.index("batch 1/1") < pushed < err.index("tiny: image loaded from the bundle, image ID verified")
+        held = json.loads(lab.exec(HOST, ["cat", f"{lab.gguf_path}.llmfleet.json"]).stdout)
+        (entry,) = [m for m in doc["files"] if m["path"] == "models" + lab.gguf_path]
+        assert [(f["size"], "sha256:" + f["sha256"]) for f in held["files"]] == [(entry["size"], entry["sha256"])]
+        until = lab.exec(HOST, ["date", "+%s"]).stdout.strip()
+        events = lab.exec(HOST, ["docker", "events", "--since", since, "--until", until, "--filter", "type=image",
+                                 "--format", "{{.Action}} {{.Actor.ID}}"]).stdout.splitlines()
+        assert "pull" not in {e.split(" ", 1)[0] for e in events}, events
+        running = lab.exec(HOST, ["docker", "inspect", "-f", "{{.Config.Image}} {{.Image}}", "llmfleet-tiny"]).stdout
+        assert running.split() == [image["tag"], image["image_id"]]
+        assert " -c 384 " in lab.exec(HOST, ["docker", "inspect", "-f", "{{join .Args \" \"}}",
+                                                   "llmfleet-tiny"]).stdout
+        assert not _registry_reachable(lab)
     finally:
         lab_hosts.connect_registry(lab.name)
     deadline = time.monotonic() + 30

@@ -97,13 +97,15 @@ def verified(bundle_dir: str | Path) -> Verified:
     return Verified(Path(bundle_dir), verify(bundle_dir))
 
 
-def refuse_spanning(hosts: list[Any], services: list[str] | None) -> None:
-    """``deploy --bundle`` deploys single-host services: a chosen service with workers is refused
-    (usage error) before any host is contacted, rather than left to a pull that cannot succeed."""
+def refuse_spanning(hosts: list[Any], services: list[str] | None, task: str = "deploy") -> None:
+    """``deploy --bundle`` (and ``upgrade --bundle``) deploys single-host services: a chosen service
+    with workers is refused (usage error) before any host is contacted, rather than left to a pull
+    that cannot succeed."""
     from llmfleet.inventory.ansible import settings_for
 
     for h in hosts:
         for svc in settings_for(h).services:
             if svc.workers and (services is None or svc.name in services):
-                raise UsageError(f"host {h.name}: service {svc.name} spans hosts ({', '.join(svc.workers)}): deploy "
-                                 "--bundle deploys single-host services only; leave it out with --service")
+                raise UsageError(f"host {h.name}: service {svc.name} spans hosts ({', '.join(svc.workers)}): {task} "
+                                 f"--bundle deploys single-host services only; leave it out with "
+                                 f"{'--service' if task == 'deploy' else '--host PATTERN'}")

@@ -97,10 +97,13 @@ def deploy(c, host=None, group=None, inventory=None, check=False, diff=False, ac
         if not bundle:  # a bundle's loads change what the hosts hold before the probes would be read
             early.recall(source, selection, settings,
                          accept_new_host_keys=bool(accept_new_host_keys), forks=forks)
+        from llmfleet.bundle import apply as bundle_apply
         from llmfleet.release.prepare import DeployOptions, prepare_host
 
         inv, hosts = select_hosts(c, inventory, host, group)
-        verified = _bundle(bundle, hosts, service) if bundle else None  # every file checked: a corrupt one stops here
+        # every file of the bundle checked (a corrupt one stops here), no service spanning hosts
+        verified = (bundle_apply.open_bundle(bundle, hosts, lambda _h: [service] if service else None)
+                    if bundle else None)
         # --diff is a --check that also prints diffs: neither takes the lock or writes an audit record.
         options = DeployOptions(check=bool(check or diff), diff=bool(diff),
                                 accept_new_host_keys=bool(accept_new_host_keys), allow_unpinned=bool(allow_unpinned),
@@ -111,7 +114,8 @@ def deploy(c, host=None, group=None, inventory=None, check=False, diff=False, ac
         locks: dict[str, Any] = {}
         prepared = {h.name: prepare_host(inv, h.name, settings, options, lock_cache=locks) for h in hosts}
         if verified is not None and not options.check:
-            prepared, not_loaded = _load_bundle(verified, prepared, settings, options, forks)
+            prepared, not_loaded = bundle_apply.put_in_place(verified, prepared, settings, forks=forks, log=log_line,
+                                                             accept_new_host_keys=options.accept_new_host_keys)
         select_s = time.monotonic() - t_select
         early.start(list(prepared.values()), settings, accept_new_host_keys=options.accept_new_host_keys, forks=forks)
         from llmfleet.release.service_ops import deploy_hosts
@@ -139,34 +143,6 @@ def deploy(c, host=None, group=None, inventory=None, check=False, diff=False, ac
         _summary(outcomes, "deploy --diff" if diff else ("deploy --check" if check else "deploy"))
     if not all(o.ok for o in outcomes):
         raise Exit(code=1)
-
-
-def _bundle(path: str, hosts: list[Any], service: str | None) -> Any:
-    """A bundle every file of which was checked against its bundle.json (exit 1 naming each one that
-    is missing or corrupt; nothing contacted)."""
-    from llmfleet.bundle import check as bundle_check
-
-    bundle_check.refuse_spanning(hosts, [service] if service else None)
-    return bundle_check.verified(path)
-
-
-def _load_bundle(verified: Any, prepared: dict[str, Any], settings: Any, options: Any,
-                 forks: int) -> tuple[dict[str, Any], list[Any]]:
-    """Each host's images from the bundle (sent when its engine lacks them, loaded, image ID checked,
-    tagged), then its models (models.push from the bundle); the hosts where that failed are left out
-    of the deploy, as failed."""
-    from llmfleet.bundle.load import load_hosts, send_file
-    from llmfleet.bundle.models import push_models
-    from llmfleet.release.decide import HostOutcome, Result
-
-    failed = load_hosts(list(prepared.values()), settings, verified, forks=forks, send=send_file, log=log_line,
-                        accept_new_host_keys=options.accept_new_host_keys)
-    loaded = [p for h, p in prepared.items() if h not in failed]
-    failed.update(push_models(loaded, settings, verified, forks=forks, log=log_line,
-                              accept_new_host_keys=options.accept_new_host_keys))
-    outcomes = [HostOutcome(host=h, result=Result.FAILED, reason=f"{why}; nothing was switched")
-                for h, why in failed.items()]
-    return {h: p for h, p in prepared.items() if h not in failed}, outcomes
 
 
 @fleet_task(

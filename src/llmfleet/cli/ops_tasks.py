@@ -258,12 +258,15 @@ def _remote_audit(c, hosts: list[Any], n: int, timeout: float, unreachable: list
         "verbose": VERBOSE_HELP,
         "bench_gate": "PCT: bench each host before and after its deploy; a new release that decodes more than "
                       "PCT% slower is rolled back and fails the host (docs/bench.md)",
+        "bundle": "upgrade from a bundle folder (bundle.create), never from a registry: the bundle is verified "
+                  "before any host is touched; each batch's hosts get the image archives they lack (docker load, "
+                  "image ID checked) and the bundle's models before they deploy (docs/bundle.md)",
     },
 )
 def upgrade(c, group=None, host=None, inventory=None, image=None, set_=None, serial=None, max_fail_percentage=None,
             forks=5, pause=0.0, rollback_on_abort=False, check=False, json=False, message="",
             accept_new_host_keys=False, allow_unpinned=False, verbose=False, json_lines=False,
-            bench_gate=None):
+            bench_gate=None, bundle=None):
     """Rolling upgrade of a group: full deploy per host in serial batches, abort on max-fail-percentage."""
     from datetime import UTC, datetime
 
@@ -300,9 +303,16 @@ def upgrade(c, group=None, host=None, inventory=None, image=None, set_=None, ser
     from llmfleet.release.executor import default_who
 
     who = default_who()
-    msg = message or f"upgrade --group {group}" + "".join(f" --image {v}" for v in images.values())
+    msg = message or (f"upgrade --group {group}" + "".join(f" --image {v}" for v in images.values())
+                      + (f" --bundle {bundle}" if bundle else ""))
+    verified = None
+    if bundle:  # as deploy --bundle: every file checked and no service spanning hosts, before any host is touched
+        from llmfleet.bundle import apply as bundle_apply
+
+        verified = bundle_apply.open_bundle(bundle, [h for h in hosts if h.name in changes],
+                                            lambda n: changes[n].services, task="upgrade")
     options = DeployOptions(check=bool(check), accept_new_host_keys=bool(accept_new_host_keys),
-                            allow_unpinned=bool(allow_unpinned), message=msg, who=who)
+                            allow_unpinned=bool(allow_unpinned), message=msg, who=who, bundle=verified)
     # a service over several hosts is one rollout unit with its workers (counted once in its batch)
     from llmfleet.release import multihost as mh
 
@@ -323,7 +333,8 @@ def upgrade(c, group=None, host=None, inventory=None, image=None, set_=None, ser
     if not units:
         raise UsageError("upgrade: no selected host has a service to deploy: " +
                          "; ".join(f"{k}: {v}" for k, v in excluded.items()))
-    # every host's deploy prepared (overrides, secrets, pinned images) before any host is touched
+    # every host's deploy prepared (overrides, secrets, pinned images; with --bundle each image localized:
+    # the bundle's images.lock, the image in the bundle) before any host is touched
     prepared = upgrade_mod.prepare(inv, [h for u in units for h in u.singles], changes, config=config, options=options)
     prepared_services = {(h, svc): mh.prepare_service(inv, h, svc, config, upgrade_mod._host_options(
         options, changes[h])) for u in units for h, svc in u.services}
@@ -340,13 +351,27 @@ def upgrade(c, group=None, host=None, inventory=None, image=None, set_=None, ser
                                              changes=changes, log=host_log, prepared_services=prepared_services)
     unreachable: list[dict[str, str]] = []
 
-    def deploy(name: str) -> Any:
-        from llmfleet.cli.deploy_tasks import never_reached
+    from llmfleet.cli.deploy_tasks import never_reached
 
+    def deploy(name: str) -> Any:
         outcome = deploy_unit(name)
         if not isinstance(outcome, upgrade_mod.UnitOutcome) and never_reached(outcome):
             unreachable.append(unreachable_entry(outcome.host, outcome.reason))
         return outcome
+
+    def put_batch(batch: list[str]) -> dict[str, Any]:
+        """This batch's hosts get the bundle's images and models (as deploy --bundle) before they deploy."""
+        from llmfleet.bundle import apply as bundle_apply
+
+        if verified is None:
+            return {}
+        keep = {h: prepared[h] for u in units if u.key in batch for h in u.singles}
+        _ready, not_ready = bundle_apply.put_in_place(verified, keep, config, forks=forks, log=host_log,
+                                                      accept_new_host_keys=options.accept_new_host_keys)
+        for o in not_ready:
+            if never_reached(o):
+                unreachable.append(unreachable_entry(o.host, o.reason))
+        return {o.host: o for o in not_ready}
 
     rollback = (upgrade_mod.unit_rollback_fn(inv, units, config=config, options=options, log=log)
                 if rollback_on_abort else None)
@@ -369,7 +394,7 @@ def upgrade(c, group=None, host=None, inventory=None, image=None, set_=None, ser
     report = upgrade_mod.run_upgrade(
         [u.key for u in units], deploy=deploy, members={u.key: list(u.hosts) for u in units if len(u.hosts) > 1}, serial=serial_list, max_fail_percentage=mfp, forks=forks, pause=pause,
         rollback_on_abort=bool(rollback_on_abort), rollback=rollback, check=bool(check), log=run_log,
-        progress=progress, on_host=on_host,
+        progress=progress, on_host=on_host, before_batch=put_batch if verified is not None else None,
     )
     report.excluded = excluded
     if not check:

@@ -16,7 +16,8 @@ An abort starts no new batch. Hosts that already finished stay on the new releas
 later batches are reported as ``skipped``.
 
 ``run_upgrade`` is the orchestration and takes the per-host deploy and rollback as functions, so the
-batch and abort logic is tested without hosts; ``deploy_fn`` / ``rollback_fn`` build the real ones on
+batch and abort logic is tested without hosts (and, for ``upgrade --bundle``, a ``before_batch`` function
+that puts each batch's images and models in place just before that batch deploys); ``deploy_fn`` / ``rollback_fn`` build the real ones on
 ``llmfleet.release.deploy``. Overrides (``--image ENGINE=VERSION``, ``--set key=value``) are computed here,
 per host, and handed to the deploy as service-level sets.
 """
@@ -38,7 +39,7 @@ from llmfleet.host.group import run_on_hosts
 from llmfleet.inventory.ansible import Inventory
 from llmfleet.inventory.services import Service
 from llmfleet.knowledge import engines
-from llmfleet.release.decide import HostOutcome
+from llmfleet.release.decide import HostOutcome, Result
 from llmfleet.release.deploy import deploy_host, rollback_host
 from llmfleet.release.prepare import DeployOptions, PreparedHost, prepare_host
 from llmfleet.settings import Settings
@@ -331,6 +332,39 @@ def _run_batch(
     run_on_hosts(one, hosts, forks=forks, thread_name="llmfleet-upgrade")
 
 
+def _prepare_batch(
+    batch: Sequence[str],
+    before_batch: Callable[[list[str]], dict[str, Any]],
+    results: dict[str, HostResult],
+    log: Callable[[str], None],
+    clock: Callable[[], float],
+    apply: Callable[[HostResult, Any, float], None],
+    progress: Any = None,
+    on_host: Callable[[HostResult], None] | None = None,
+) -> list[str]:
+    """``before_batch`` on the batch; each host it could not prepare gets its outcome (as a deploy's)
+    and is reported; returns the hosts left to deploy, in batch order."""
+    t0 = clock()
+    try:
+        not_ready = dict(before_batch(list(batch)))
+    except Exception as exc:  # noqa: BLE001 - the batch fails; the report still comes out
+        why = f"preparing the batch failed: {type(exc).__name__}: {exc}"[:500]
+        not_ready = {h: HostOutcome(host=h, result=Result.FAILED, reason=why) for h in batch}
+    for h in batch:
+        if h in not_ready:
+            if progress is not None:
+                progress.host_started()
+            outcome = not_ready[h]
+            if isinstance(outcome, HostOutcome) and not outcome.duration_s:
+                outcome.duration_s = clock() - t0  # the time its batch's preparation took
+            apply(results[h], outcome, t0)
+            if progress is not None:
+                progress.host_done(results[h].result, results[h].failed)
+            if on_host is not None:
+                on_host(results[h])
+    return [h for h in batch if h not in not_ready]
+
+
 def run_upgrade(
     hosts: Sequence[str],
     *,
@@ -349,6 +383,7 @@ def run_upgrade(
     progress: Any = None,
     on_host: Callable[[HostResult], None] | None = None,
     members: dict[str, Sequence[str]] | None = None,
+    before_batch: Callable[[list[str]], dict[str, Any]] | None = None,
 ) -> UpgradeReport:
     """Deploy ``hosts`` batch by batch. ``deploy(host)`` returns a HostOutcome-like object (``result``,
     ``releases``, ``duration_s``, ``reason``, ``changes``) and should not raise; if it does, the
@@ -359,6 +394,11 @@ def run_upgrade(
     ``progress`` (a :class:`llmfleet.fleet.progress.LiveLine`) gets each batch's start and end and each
     host's start and result; ``on_host`` is called with each host's result as it finishes.
     ``members``: for a name that stands for a unit of several hosts, those hosts (its result's ``hosts``).
+    ``before_batch(batch)``: called once per batch before any of its hosts deploys (not in ``check``
+    mode), to put in place what its deploys need (``upgrade --bundle``: the bundle's images and
+    models, ``llmfleet.bundle.apply.put_in_place``); it returns name -> outcome for the hosts that
+    could not be prepared: they are not deployed and count as failed in their batch. If it raises,
+    every host of the batch fails with the exception as its reason.
     """
     if rollback_on_abort and rollback is None and not check:
         raise UsageError("rollback_on_abort needs a rollback function")
@@ -386,7 +426,9 @@ def run_upgrade(
         if progress is not None:
             progress.begin(i + 1, len(plan), len(batch))
         try:
-            _run_batch(batch, deploy, forks, results, log, clock, apply_deploy, progress, on_host)
+            ready = _prepare_batch(batch, before_batch, results, log, clock, apply_deploy, progress, on_host) \
+                if before_batch is not None and not check else list(batch)
+            _run_batch(ready, deploy, forks, results, log, clock, apply_deploy, progress, on_host)
         except KeyboardInterrupt:
             # Ctrl-C: the hosts already deploying have finished (their locks released); stop here
             for h in batch:
