@@ -11,9 +11,8 @@ from datetime import UTC, datetime
 from llmfleet.images.lock import ImageLock, LockedImage, resolve
 from llmfleet.inventory.services import HostSettings, host_settings
 from llmfleet.knowledge.planner import PlanSummary
-from llmfleet.release.manifest import Manifest
+from llmfleet.knowledge.release_state import Manifest, ReleaseInfo, ServiceState
 from llmfleet.release.render import Rendered, render
-from llmfleet.release.store import ReleaseInfo, ServiceState
 
 DIGEST = "sha256:" + "cd" * 32
 OLD_DIGEST = "sha256:" + "ab" * 32

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from llmfleet.inventory.services import host_settings
+from llmfleet.knowledge import release_state
 from llmfleet.release import confirm, watchdog
 from llmfleet.release import store as R
 
@@ -422,7 +423,7 @@ def test_status_rows_carry_restarts_and_the_last_watchdog_action():
              "@@gpu\nTesla T4\n"
              '@@watchdog chat 1 2 active {"result":"restarted","time":"2026-12-01T05:00:00+00:00"}\n')
     assert "@@watchdog" in S.status_script("/opt/llmfleet")
-    st = S.HostStatus(host="h", reachable=True, gpus=S.parse_card_names(probe), states=R.parse_state(probe),
+    st = S.HostStatus(host="h", reachable=True, gpus=S.parse_card_names(probe), states=release_state.parse_state(probe),
                       supervision=watchdog.parse_status(probe))
     (row,) = S.host_rows(st, None)
     assert st.gpus == ["Tesla T4"]

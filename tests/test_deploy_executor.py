@@ -15,6 +15,7 @@ import pytest
 
 from llmfleet.errors import RemoteError
 from llmfleet.images.lock import resolve
+from llmfleet.knowledge import release_state
 from llmfleet.release import confirm, watchdog
 from llmfleet.release import deploy as D
 from llmfleet.release import executor as E
@@ -41,7 +42,7 @@ HEALTHY = HealthReport(ok=True, stages=[StageResult("completion", True, 0.5, "ok
 UNHEALTHY = HealthReport(ok=False, stages=[StageResult("health", False, 15.0, "/health 200 not reached")])
 
 
-def state_text(*states: S.ServiceState) -> str:
+def state_text(*states: release_state.ServiceState) -> str:
     """What the host's state reader prints for these services."""
     lines = []
     for st in states:
@@ -161,7 +162,7 @@ class Run:
         return self.remote.sent[-1]
 
 
-def state(*states: S.ServiceState) -> Command:
+def state(*states: release_state.ServiceState) -> Command:
     return Command(S.state_script(ROOT), out=state_text(*states))
 
 
@@ -253,7 +254,7 @@ def test_a_failure_with_no_confirmed_release_stops_the_unit_even_if_one_is_curre
 
 def test_going_back_checks_the_old_release_as_it_was_deployed():
     old = svc_state({R1: (OTHER, True)}, R1)
-    old.releases[R1].manifest = S.Manifest.parse({
+    old.releases[R1].manifest = release_state.Manifest.parse({
         **old.releases[R1].manifest.to_dict(), "inputs": {"port": 7000}, "plan": {"decode_tokps_ceiling": 99.0}})
     r = Run([state(old), lock_pull(), switch_in(NEW_ID, R1), ENGINE_LOG, Command(None), DISARM,
              switch(R1), Command(None)], {NEW_ID: [UNHEALTHY], R1: [HEALTHY]})
@@ -430,7 +431,7 @@ def test_a_state_cut_short_is_an_error_not_an_empty_host():
 # rollback
 
 
-def rollback_state() -> S.ServiceState:
+def rollback_state() -> release_state.ServiceState:
     return svc_state({R1: (OTHER, True), R2: (OTHER, True), R3: (OTHER, True)}, R3, refs={R2: REF, R1: REF, R3: REF})
 
 
@@ -526,7 +527,7 @@ def test_a_rollback_the_host_timer_reverted_is_a_failure():
 # round trips of a whole deploy: the probe brings the release state
 
 
-def _probed(monkeypatch, st: S.ServiceState, *, cut_short: bool) -> list[bool]:
+def _probed(monkeypatch, st: release_state.ServiceState, *, cut_short: bool) -> list[bool]:
     """The probe as one round trip whose facts carry the release state (the preflight's checks are
     test_preflight's); returns the ``sudo`` of each probe sent."""
     from llmfleet.knowledge import facts as F
@@ -536,7 +537,7 @@ def _probed(monkeypatch, st: S.ServiceState, *, cut_short: bool) -> list[bool]:
     def gather(remote, *, root, model_paths, sudo=False, **_):
         sent_sudo.append(sudo)
         remote.run("probe", sudo=sudo)
-        return F.Facts(host="h1", probe_version=3, releases=S.parse_state(state_text(st)), releases_read=not cut_short)
+        return F.Facts(host="h1", probe_version=3, releases=release_state.parse_state(state_text(st)), releases_read=not cut_short)
 
     monkeypatch.setattr(P.facts_mod, "gather", gather)
     monkeypatch.setattr(P.preflight, "plan_for", lambda *a, **k: (None, None))

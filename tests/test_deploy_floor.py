@@ -14,12 +14,13 @@ import pytest
 
 from llmfleet.images.lock import resolve
 from llmfleet.inventory.services import host_settings
+from llmfleet.knowledge import release_state
 from llmfleet.knowledge.planner import PlanRequest, PlanSummary, plan
-from llmfleet.release import confirm, store
+from llmfleet.release import confirm
 from llmfleet.release import deploy as D
 from llmfleet.release import executor as E
 from llmfleet.release.health import HealthReport, StageResult
-from llmfleet.release.manifest import Manifest
+from llmfleet.release.manifest import build as manifest_build
 from llmfleet.release.render import render
 from llmfleet.settings import Settings
 from tests.deploy_fixtures import LOCK, NOW, R1, ROOT
@@ -50,7 +51,7 @@ def _state_text(hs, svc, history: list[float]) -> str:
     for i, tokps in enumerate(history):
         rid = R1[:-1] + str(i)
         old = svc.model_copy(update={"port": 8090 + i})
-        m = Manifest.build(render(old, hs, resolve(svc.image, LOCK), PLAN), rid, host="h1", who="t", when=NOW,
+        m = manifest_build(render(old, hs, resolve(svc.image, LOCK), PLAN), rid, host="h1", who="t", when=NOW,
                            llmfleet_version="0")
         lines += [f"@@release {rid}", "@@manifest " + m.to_text().strip(),
                   "@@health " + json.dumps({"result": "healthy", "decode_tokps": tokps})]
@@ -118,7 +119,7 @@ def test_the_planners_floor_is_never_above_its_own_realistic_range():
 
 def test_store_parses_what_this_test_feeds_it():
     hs, svc = _settings(None, None)
-    st = store.parse_state(_state_text(hs, svc, [100.0]))["chat"]
+    st = release_state.parse_state(_state_text(hs, svc, [100.0]))["chat"]
     info = next(iter(st.releases.values()))
     assert info.manifest is not None and PlanSummary.from_dict(info.manifest.plan).health_floor_tokps == \
         pytest.approx(PLAN.health_floor_tokps)

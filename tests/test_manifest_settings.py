@@ -7,14 +7,15 @@ import pytest
 
 from llmfleet.errors import UsageError
 from llmfleet.knowledge.planner import PlanRequest, PlanSummary, plan, summarize
-from llmfleet.release.manifest import Manifest
+from llmfleet.knowledge.release_state import Manifest
+from llmfleet.release.manifest import build as manifest_build
 from llmfleet.settings import DEFAULT_AUDIT_LOG, Settings, SshSettings
 from tests.deploy_fixtures import NOW, R1, rendered
 
 
 def test_manifest_round_trips_through_its_text():
     r = rendered(api_key={"from_env": "K"})
-    m = Manifest.build(r, R1, host="h1", who="ops@ws", when=NOW, llmfleet_version="1.2", message="canary")
+    m = manifest_build(r, R1, host="h1", who="ops@ws", when=NOW, llmfleet_version="1.2", message="canary")
     text = m.to_text()
     assert text.endswith("\n") and text.count("\n") == 1
     back = Manifest.parse(text)

@@ -516,8 +516,7 @@ def test_deploy_and_render_refuse_before_any_connection(tmp_path):
 def test_a_worker_goes_back_to_where_its_previous_release_listens():
     # a deploy that moves the cluster port (or the address) checks the previous release, when going back,
     # on the endpoint its own render put it on
-    from llmfleet.release.manifest import Manifest
-    from llmfleet.release.store import ReleaseInfo, ServiceState
+    from llmfleet.knowledge.release_state import Manifest, ReleaseInfo, ServiceState
 
     _, old = _cluster(workers=("w1", "w2"))
     man = Manifest(release="r1", service="big", inputs={"cluster": old.to_dict(), "role": "worker"})

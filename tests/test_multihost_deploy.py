@@ -12,8 +12,9 @@ import yaml
 from llmfleet.host.ssh import Result as SshResult
 from llmfleet.images.lock import ImageRef
 from llmfleet.inventory.ansible import load_inventory, settings_for
+from llmfleet.knowledge import release_state
 from llmfleet.release import cluster as C
-from llmfleet.release import health, store
+from llmfleet.release import health
 from llmfleet.release import multihost as M
 from llmfleet.release import pipeline as P
 from llmfleet.release.deploy import DeployOptions, Prepared, PreparedHost
@@ -86,8 +87,8 @@ def fake_run_class(sim: Sim):
         def read_state(self):
             if not sim.existing:
                 return {}
-            st = store.ServiceState(name="big", current=OLD, unit="active")
-            st.releases[OLD] = store.ReleaseInfo(OLD, manifest(OLD, "0" * 64), {"result": "healthy"})
+            st = release_state.ServiceState(name="big", current=OLD, unit="active")
+            st.releases[OLD] = release_state.ReleaseInfo(OLD, manifest(OLD, "0" * 64), {"result": "healthy"})
             return {"big": st}
 
         def lock(self, action, then=None, **kw):

@@ -16,14 +16,13 @@ import yaml
 from llmfleet.errors import UsageError
 from llmfleet.host.ssh import Result as SshResult
 from llmfleet.inventory.ansible import load_inventory
+from llmfleet.knowledge.release_state import Manifest, ReleaseInfo, ServiceState
 from llmfleet.release import clusterset as CS
 from llmfleet.release import health, service_ops, store
 from llmfleet.release import multihost as M
 from llmfleet.release.decide import Refusal
 from llmfleet.release.deploy import DeployOptions
 from llmfleet.release.executor import HostRun
-from llmfleet.release.manifest import Manifest
-from llmfleet.release.store import ReleaseInfo, ServiceState
 
 ADDR = {"head": "10.0.0.1", "w1": "10.0.0.2", "w2": "10.0.0.3"}
 REF = "reg.lab:5000/llama@sha256:" + "ab" * 32

@@ -17,10 +17,12 @@ import pytest
 
 from llmfleet.images.lock import ImageLock, LockedImage, resolve
 from llmfleet.inventory.services import host_settings
+from llmfleet.knowledge import release_state
 from llmfleet.knowledge.planner import PlanSummary
+from llmfleet.knowledge.release_state import Manifest
 from llmfleet.release import decide as Dc
 from llmfleet.release import store as R
-from llmfleet.release.manifest import Manifest
+from llmfleet.release.manifest import build as manifest_build
 from llmfleet.release.render import render
 
 DIGEST = "sha256:" + "cd" * 32
@@ -43,7 +45,7 @@ def rendered(**svc):
 
 
 def upload(root: Path, r, rid: str) -> subprocess.CompletedProcess:
-    m = Manifest.build(r, rid, host="h1", who="ops", when=NOW, llmfleet_version="0")
+    m = manifest_build(r, rid, host="h1", who="ops", when=NOW, llmfleet_version="0")
     files, modes = R.release_files(r, m)
     return sh(R.upload_script(R.Paths(str(root), r.service), rid), R.pack_release(files, modes))
 
@@ -63,8 +65,8 @@ def upload(root: Path, r, rid: str) -> subprocess.CompletedProcess:
 def test_release_ids_are_utc_and_sortable(when, h, expected):
     rid = R.new_release_id(h, when)
     assert rid == expected
-    assert R.RELEASE_ID_RE.match(rid)
-    assert R.release_time(rid).tzinfo is not None
+    assert release_state.RELEASE_ID_RE.match(rid)
+    assert release_state.release_time(rid).tzinfo is not None
 
 
 @pytest.mark.parametrize("bad", ["../etc", "20261129T120000Z-zz", "x; rm -rf /", "", "20261129T120000Z-0123456789/.."])
@@ -79,7 +81,7 @@ def test_paths_refuse_anything_but_a_release_id(bad):
 
 def test_manifest_never_holds_the_secret():
     r = rendered(api_key={"from_env": "CHAT_KEY"})
-    m = Manifest.build(r, "20261129T120000Z-0123456789", host="h1", who="ops", when=NOW, llmfleet_version="0")
+    m = manifest_build(r, "20261129T120000Z-0123456789", host="h1", who="ops", when=NOW, llmfleet_version="0")
     text = m.to_text()
     assert "sk-secret-123" not in text
     assert "service.env" not in m.files  # not even its hash
@@ -109,7 +111,7 @@ def test_interrupted_upload_is_never_visible_under_its_id(tmp_path):
     r = rendered()
     rid = "20261129T120000Z-0123456789"
     # a truncated tar (the connection dropped mid-upload)
-    m = Manifest.build(r, rid, host="h1", who="ops", when=NOW, llmfleet_version="0")
+    m = manifest_build(r, rid, host="h1", who="ops", when=NOW, llmfleet_version="0")
     data = R.pack_release(*R.release_files(r, m))
     p = sh(R.upload_script(R.Paths(str(tmp_path), "chat"), rid), data[: len(data) // 3])
     assert p.returncode != 0
@@ -137,7 +139,7 @@ def test_state_script_reads_back_releases_current_and_health(tmp_path):
     os.symlink(f"releases/{ids[1]}", sdir / "current")
     assert sh(R.mark_healthy_script(R.Paths(str(tmp_path), "chat"), ids[0], {"result": "healthy", "tokps": 9.5})).returncode == 0
     p = sh(R.state_script(str(tmp_path)))
-    st = R.parse_state(p.stdout.decode())
+    st = release_state.parse_state(p.stdout.decode())
     assert set(st) == {"chat"}
     s = st["chat"]
     assert s.current == ids[1]
@@ -152,13 +154,13 @@ def test_state_script_reads_back_releases_current_and_health(tmp_path):
 
 
 def test_state_of_an_empty_host(tmp_path):
-    assert R.parse_state(sh(R.state_script(str(tmp_path / "nothing"))).stdout.decode()) == {}
+    assert release_state.parse_state(sh(R.state_script(str(tmp_path / "nothing"))).stdout.decode()) == {}
 
 
-def _state(releases: dict[str, bool], current: str | None) -> R.ServiceState:
-    s = R.ServiceState(name="chat", current=current)
+def _state(releases: dict[str, bool], current: str | None) -> release_state.ServiceState:
+    s = release_state.ServiceState(name="chat", current=current)
     for rid, healthy in releases.items():
-        s.releases[rid] = R.ReleaseInfo(rid, None, {"result": "healthy"} if healthy else None)
+        s.releases[rid] = release_state.ReleaseInfo(rid, None, {"result": "healthy"} if healthy else None)
     return s
 
 
@@ -199,11 +201,11 @@ def test_releases_to_prune(ids, keep, protect, expected):
 
 def test_images_to_prune_keeps_images_any_kept_release_uses():
     def info(rid, ref):
-        return R.ReleaseInfo(rid, Manifest(release=rid, service="a", image={"ref": ref}))
+        return release_state.ReleaseInfo(rid, Manifest(release=rid, service="a", image={"ref": ref}))
 
     st = {
-        "a": R.ServiceState("a", A, releases={A: info(A, "img@1"), B: info(B, "img@2"), C: info(C, "img@3")}),
-        "b": R.ServiceState("b", D, releases={D: info(D, "img@2")}),
+        "a": release_state.ServiceState("a", A, releases={A: info(A, "img@1"), B: info(B, "img@2"), C: info(C, "img@3")}),
+        "b": release_state.ServiceState("b", D, releases={D: info(D, "img@2")}),
     }
     assert Dc.images_to_prune(st, {"a": [B, C]}) == ["img@3"]
 
@@ -331,10 +333,10 @@ def test_the_state_reader_skips_hostile_names_on_the_host(tmp_path):
     (good / "20261129T100000Z-aaaaaaaaaa\n@@release x").mkdir()
     out = sh(R.state_script(str(tmp_path))).stdout.decode()
     assert not canary.exists()
-    st = R.parse_state(out)
+    st = release_state.parse_state(out)
     assert set(st) == {"chat"} and set(st["chat"].releases) == {A}
     assert st["chat"].releases[A].manifest is None  # two lines of text are not a JSON object
-    assert R.state_complete(out)
+    assert release_state.state_complete(out)
 
 
 @pytest.mark.parametrize(
@@ -371,7 +373,7 @@ def test_a_chain_runs_its_steps_in_one_shell_and_stops_at_the_first_failure(tmp_
     the rest (a compose file the engine rejects is never switched to); each step's answer is its own."""
     rid = "20261129T120000Z-0123456789"
     r = rendered()
-    files, modes = R.release_files(r, Manifest.build(r, rid, host="h1", who="ops", when=NOW, llmfleet_version="0"))
+    files, modes = R.release_files(r, manifest_build(r, rid, host="h1", who="ops", when=NOW, llmfleet_version="0"))
     tar = R.pack_release(files, modes)
     paths = R.Paths(str(tmp_path), "chat")
     marker = tmp_path / "switched"
@@ -448,12 +450,11 @@ def test_the_watchdog_is_started_with_a_reload_only_for_new_unit_files(tmp_path,
 def test_the_state_parse_ends_at_the_readers_end_mark():
     """``invoke status`` prints each model's manifest after the release state, with ``@@manifest``
     lines of its own: they must not overwrite the last release's manifest."""
-    from llmfleet.release import store
 
     rid = "20261102T100000Z-bbbbbbbbbb"
     text = (f"@@service chat\n@@current releases/{rid}\n@@unit active\n@@release {rid}\n"
             '@@manifest {"release": "%s", "service": "chat"}\n@@health {"result": "unhealthy"}\n@@end\n'
             "@@model-of 0\n@@kind missing\n@@manifest none\n@@health {}\n" % rid)
-    info = store.parse_state(text)["chat"].releases[rid]
+    info = release_state.parse_state(text)["chat"].releases[rid]
     assert info.manifest is not None and info.manifest.release == rid
     assert info.health == {"result": "unhealthy"}

@@ -18,12 +18,13 @@ from llmfleet.images.lock import ImageLock, LockedImage, resolve
 from llmfleet.inventory.ansible import load_inventory
 from llmfleet.inventory.services import host_settings
 from llmfleet.knowledge.planner import PlanSummary
+from llmfleet.knowledge.release_state import Manifest
 from llmfleet.release import decide as Dc
 from llmfleet.release import deploy as D
 from llmfleet.release import executor as E
 from llmfleet.release import pipeline as P
 from llmfleet.release import store as R
-from llmfleet.release.manifest import Manifest
+from llmfleet.release.manifest import build as manifest_build
 from llmfleet.release.render import render
 from llmfleet.release.secret import resolve_secret
 
@@ -120,7 +121,7 @@ def _rendered(**svc):
 
 
 def _manifest(r) -> Manifest:
-    return Manifest.build(r, "20261129T120000Z-0123456789", host="h", who="w", when=NOW, llmfleet_version="0")
+    return manifest_build(r, "20261129T120000Z-0123456789", host="h", who="w", when=NOW, llmfleet_version="0")
 
 
 @pytest.mark.parametrize(

@@ -14,6 +14,7 @@ import pytest
 
 from llmfleet.errors import UsageError
 from llmfleet.host import trace
+from llmfleet.knowledge import release_state
 from llmfleet.release import service_ops
 from llmfleet.release import store as R
 
@@ -125,7 +126,7 @@ def test_logs_read_the_journal_else_the_container(tmp_path):
 
 
 def test_orphans_are_host_services_the_inventory_no_longer_lists():
-    states = {n: R.ServiceState(name=n) for n in ("chat", "old-chat", "embed")}
+    states = {n: release_state.ServiceState(name=n) for n in ("chat", "old-chat", "embed")}
     assert service_ops.orphans(states, ["chat", "embed"]) == ["old-chat"]
     assert service_ops.orphans(states, ["chat", "embed", "old-chat"]) == []
     assert service_ops.orphans({}, ["chat"]) == []

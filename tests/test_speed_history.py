@@ -11,8 +11,9 @@ import pytest
 
 from llmfleet import cache
 from llmfleet.fleet import speed as fleet_speed
+from llmfleet.knowledge import release_state
 from llmfleet.knowledge.planner import PlanSummary
-from llmfleet.release import speed_cache, speed_overlay, store
+from llmfleet.release import speed_cache, speed_overlay
 from llmfleet.release import speed_history as sh
 
 R1 = "20261101T100000Z-aaaaaaaaaa"
@@ -124,7 +125,7 @@ def test_records_from_state_marks_unhealthy_and_unchecked_runs_and_reads_bench_r
     })
     bench = {"chat": {R1: bench_doc([level(1, 2048, 101.0), level(1, 128, 112.5), level(4, 128, 90.0)]),
                       R3: bench_doc([level(1, 128, 120.0)])}}
-    recs = sh.records_from_state("gpu-v100-01", store.parse_state(out), bench=bench)
+    recs = sh.records_from_state("gpu-v100-01", release_state.parse_state(out), bench=bench)
     got = {(r.release, r.source): (r.tokps, r.healthy) for r in recs}
     assert got == {(R1, "health"): (118.4, True), (R1, "bench"): (112.5, True), (R2, "health"): (11.0, False),
                    (R3, "bench"): (120.0, False)}
@@ -149,7 +150,7 @@ def test_records_from_state_marks_unhealthy_and_unchecked_runs_and_reads_bench_r
     state_output({"chat": (R1, {R1: (dict(manifest(R1), image="llamacpp"), healthy(9.0))})}),
 ])
 def test_odd_host_output_never_raises_and_gives_no_made_up_record(output):
-    recs = sh.records_from_state("h1", store.parse_state(output),
+    recs = sh.records_from_state("h1", release_state.parse_state(output),
                                  bench={"chat": {R1: {"levels": "x"}}, "other": "y", 3: None})  # type: ignore[dict-item]
     assert all(r.tokps > 0 for r in recs)
     assert not [r for r in recs if r.key.card == "7"]
@@ -176,9 +177,9 @@ def test_bench_batch1_tokps(doc, expected):
 
 def test_a_lab_bench_result_is_a_lab_record():
     out = state_output({"chat": (R1, {R1: (manifest(R1), healthy(30.0))})})
-    recs = sh.records_from_state("lab1", store.parse_state(out), bench={"chat": {R1: bench_doc([level(1, 128, 9.0)], lab=True)}})
+    recs = sh.records_from_state("lab1", release_state.parse_state(out), bench={"chat": {R1: bench_doc([level(1, 128, 9.0)], lab=True)}})
     assert {(r.source, r.lab) for r in recs} == {("health", False), ("bench", True)}
-    assert all(r.lab for r in sh.records_from_state("lab1", store.parse_state(out), lab=True))
+    assert all(r.lab for r in sh.records_from_state("lab1", release_state.parse_state(out), lab=True))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -244,7 +245,7 @@ def test_a_lab_gate_counts_only_lab_runs():
 
 def test_gate_for_takes_the_hosts_own_state_over_its_cached_records():
     out = state_output({"chat": (R2, {R2: (manifest(R2), healthy(60.0))})})
-    states = store.parse_state(out)
+    states = release_state.parse_state(out)
     cached = [rec("gpu-v100-01", 200.0), rec("gpu-v100-02", 100.0)]  # the first host's R1 was pruned since
     gate = sh.gate_for(PlanSummary.from_dict(plan()), {"key": IMAGE}, host="gpu-v100-01", states=states,
                        cached=cached, fraction=0.5)
@@ -376,7 +377,7 @@ def test_status_keeps_the_records_it_read_and_never_a_secret(folder):
     m["inputs"]["api_key"] = secret  # a manifest never holds one; if it did, the cache must not copy it
     m["engine_args"] = ["--api-key", secret]
     out = state_output({"chat": (R1, {R1: (m, healthy(118.4) | {"who": secret})})})
-    up = HostStatus(host="gpu-v100-01", reachable=True, states=store.parse_state(out))
+    up = HostStatus(host="gpu-v100-01", reachable=True, states=release_state.parse_state(out))
     down = HostStatus(host="gpu-v100-02", reachable=False, error="timeout")
     speed_cache.remember({"gpu-v100-02": [rec("gpu-v100-02", 99.0)]})
     fleet_speed.remember_status([up, down], [Host("gpu-v100-01"), Host("gpu-v100-02")])
@@ -443,6 +444,6 @@ def test_an_odd_overlay_is_a_problem_line_never_an_error(text, problem):
 def test_a_hosts_state_read_again_keeps_bench_records_of_releases_it_still_holds(folder):
     speed_cache.remember({"h1": [rec("h1", 110.0, source="bench"), rec("h1", 90.0, release=R2, source="bench")]})
     out = state_output({"chat": (R1, {R1: (manifest(R1), healthy(118.4))})})  # R2 was pruned since
-    fleet_speed.remember_hosts({"h1": store.parse_state(out)})
+    fleet_speed.remember_hosts({"h1": release_state.parse_state(out)})
     assert sorted((r.release, r.source, r.tokps) for r in speed_cache.load()) == [
         (R1, "bench", 110.0), (R1, "health", 118.4)]

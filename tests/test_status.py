@@ -19,8 +19,9 @@ from llmfleet.fleet import status as st
 from llmfleet.host.group import run_on_hosts
 from llmfleet.inventory.ansible import Host
 from llmfleet.inventory.services import HostSettings, Service
+from llmfleet.knowledge.release_state import parse_state
 from llmfleet.release import audit
-from llmfleet.release.store import audit_record, parse_state
+from llmfleet.release.store import audit_record
 from llmfleet.settings import SshSettings
 
 REPO = Path(__file__).resolve().parents[1]
@@ -425,8 +426,7 @@ def test_releases_and_audit_tasks(fleet):
 
 
 def _split_status(host, release, *, unit="active", inputs=None, **kw):
-    from llmfleet.release.manifest import Manifest
-    from llmfleet.release.store import ReleaseInfo, ServiceState
+    from llmfleet.knowledge.release_state import Manifest, ReleaseInfo, ServiceState
 
     s = ServiceState(name="big", current=release, unit=unit)
     s.releases[release] = ReleaseInfo(release, Manifest(release=release, service="big", engine="llamacpp",

@@ -31,6 +31,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from llmfleet.knowledge import release_state
 from llmfleet.lab import hosts as lab_hosts
 from llmfleet.lab import models
 from llmfleet.release import store as R
@@ -97,9 +98,9 @@ class Bench:
         except ValueError:
             raise AssertionError(f"rc {res.returncode}: {res.stdout[-1000:]!r} {res.stderr[-3000:]}") from None
 
-    def state(self, host: str) -> R.ServiceState:
+    def state(self, host: str) -> release_state.ServiceState:
         out = self.lab.exec(host, ["sh", "-c", R.state_script(ROOT)]).stdout
-        return R.parse_state(out)["tiny"]
+        return release_state.parse_state(out)["tiny"]
 
     def host_bench(self, host: str, release: str) -> dict:
         out = self.lab.exec(host, ["cat", f"{ROOT}/services/tiny/releases/{release}/bench.json"]).stdout

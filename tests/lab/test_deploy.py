@@ -14,6 +14,7 @@ import time
 import httpx
 import pytest
 
+from llmfleet.knowledge import release_state
 from llmfleet.release import decide as Dc
 from llmfleet.release import store as R
 from llmfleet.release.deploy import DeployOptions, deploy_host, rollback_host
@@ -43,9 +44,9 @@ class Ctx:
                         options=DeployOptions(**{"who": "tester", **opts}), log=self.lines.append)
         return o
 
-    def state(self, host=HOST) -> R.ServiceState:
+    def state(self, host=HOST) -> release_state.ServiceState:
         out = self.lab.exec(host, ["sh", "-c", R.state_script(ROOT)]).stdout
-        return R.parse_state(out)["tiny" if host == HOST else "tiny-vllm"]
+        return release_state.parse_state(out)["tiny" if host == HOST else "tiny-vllm"]
 
     def started_at(self, host=HOST, container=CONTAINER) -> str:
         return self.lab.exec(host, ["docker", "inspect", "-f", "{{.State.StartedAt}}", container]).stdout.strip()
@@ -69,7 +70,7 @@ def test_first_deploy(ctx):
     o = ctx.deploy(message="first")
     assert o.result == "deployed", o.reason
     rid = o.releases["tiny"]
-    assert R.RELEASE_ID_RE.match(rid)
+    assert release_state.RELEASE_ID_RE.match(rid)
     st = ctx.state()
     assert st.current == rid and st.releases[rid].healthy and st.unit == "active"
     h = o.health["tiny"]

@@ -29,6 +29,7 @@ import yaml
 
 from llmfleet.images.lock import ImageRef
 from llmfleet.inventory.services import Service, host_settings
+from llmfleet.knowledge import release_state
 from llmfleet.knowledge.planner import PlanSummary
 from llmfleet.release import cluster as C
 from llmfleet.release import store as R
@@ -72,8 +73,8 @@ class Ctx:
         self.round_trips[label] = {h: o.round_trips for h, o in res.hosts.items()}
         return res
 
-    def state(self, host: str) -> R.ServiceState:
-        return R.parse_state(self.lab.exec(host, ["sh", "-c", R.state_script(ROOT)]).stdout)[SERVICE]
+    def state(self, host: str) -> release_state.ServiceState:
+        return release_state.parse_state(self.lab.exec(host, ["sh", "-c", R.state_script(ROOT)]).stdout)[SERVICE]
 
     def address(self, host: str) -> str:
         out = self.lab.exec(host, ["sh", "-c", C.address_script("eth0")]).stdout

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from llmfleet.knowledge import release_state
 from llmfleet.release import store as R
 from tests.lab.test_status import relaxed_inventory
 
@@ -50,9 +51,9 @@ class Fleet:
             raise AssertionError(f"rc {res.returncode}; stdout {res.stdout[-1000:]!r}; stderr {res.stderr[-3000:]}") from None
         return res.returncode, doc, res.stderr
 
-    def state(self, host: str) -> R.ServiceState:
+    def state(self, host: str) -> release_state.ServiceState:
         out = self.lab.exec(host, ["sh", "-c", R.state_script(ROOT)]).stdout
-        return R.parse_state(out).get("tiny") or R.ServiceState(name="tiny")
+        return release_state.parse_state(out).get("tiny") or release_state.ServiceState(name="tiny")
 
     def current(self) -> dict[str, str | None]:
         return {h: self.state(h).current for h in FLEET}

@@ -21,6 +21,7 @@ import time
 
 import pytest
 
+from llmfleet.knowledge import release_state
 from llmfleet.release import cluster as C
 from llmfleet.release import store as R
 from llmfleet.release.deploy import DeployOptions
@@ -43,8 +44,8 @@ class Ctx:
         self.seconds: dict[str, float] = {}
         self.ray_nodes: list[int] = []
 
-    def states(self, host: str) -> dict[str, R.ServiceState]:
-        return R.parse_state(self.lab.exec(host, ["sh", "-c", R.state_script(ROOT)]).stdout)
+    def states(self, host: str) -> dict[str, release_state.ServiceState]:
+        return release_state.parse_state(self.lab.exec(host, ["sh", "-c", R.state_script(ROOT)]).stdout)
 
     def sh(self, host: str, script: str, timeout: float = 60) -> str:
         return self.lab.exec(host, ["sh", "-c", script], check=False, timeout=timeout).stdout

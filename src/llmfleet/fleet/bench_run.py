@@ -38,9 +38,10 @@ from llmfleet.fleet import bench as B
 from llmfleet.fleet import loadgen
 from llmfleet.inventory.ansible import Host, Inventory, settings_for
 from llmfleet.inventory.services import HostSettings, Service
+from llmfleet.knowledge import release_state
+from llmfleet.knowledge.release_state import Manifest
 from llmfleet.release import health as health_mod
 from llmfleet.release import store
-from llmfleet.release.manifest import Manifest
 from llmfleet.release.speed_cache import is_lab
 from llmfleet.settings import Settings
 
@@ -258,12 +259,12 @@ def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
-def _state(remote: Any, settings: HostSettings, service: str) -> store.ServiceState | None:
+def _state(remote: Any, settings: HostSettings, service: str) -> release_state.ServiceState | None:
     res = remote.run(store.state_script(settings.root), sudo=True, timeout=60)
     if not res.ok and "@@end" not in res.stdout and "@@none" not in res.stdout:
         raise RemoteError(f"host {remote.name}: reading the releases failed: "
                           f"{(res.stderr or res.stdout).strip()[-200:]}")
-    return store.parse_state(res.stdout).get(service)
+    return release_state.parse_state(res.stdout).get(service)
 
 
 def health_gate(remote: Any, service: Service, paths: store.Paths, base_url: str, api_key: str | None,
@@ -434,7 +435,7 @@ def read_results(remote: Any, settings: HostSettings, service: str,
 
 def check_release_id(rid: str) -> str:
     rid = str(rid).strip()
-    if not store.RELEASE_ID_RE.match(rid):
+    if not release_state.RELEASE_ID_RE.match(rid):
         raise UsageError(f"--compare {rid!r}: not a release id (like 20261129T120000Z-0123456789); see "
                          "`invoke releases --host HOST`")
     return rid

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llmfleet.errors import LlmfleetError
+from llmfleet.knowledge import release_state
 from llmfleet.release import speed_cache
 from llmfleet.release import store as rel
 from llmfleet.release.speed_cache import is_lab, remember_hosts
@@ -44,7 +45,7 @@ def parse_speed(host: str, stdout: str, *, lab: bool = False) -> list[SpeedRecor
     for sec in sections:
         name, _, rest = sec.partition("\n")
         bench[name.strip()] = rel.parse_bench(rest)
-    return records_from_state(host, rel.parse_state(head), bench=bench, lab=lab)
+    return records_from_state(host, release_state.parse_state(head), bench=bench, lab=lab)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -75,7 +76,7 @@ def query_speed(host: Any, *, config: Any = None, connect: Callable[..., Any] | 
         return HostSpeeds(host.name, False, str(exc), seconds=time.monotonic() - t0)
     try:
         res = remote.run(speed_script(settings.root, [s.name for s in settings.services]), sudo=True)
-        if not rel.state_complete(res.stdout.split(f"\n{BENCH_MARK} ", 1)[0]):
+        if not release_state.state_complete(res.stdout.split(f"\n{BENCH_MARK} ", 1)[0]):
             detail = (res.stderr.strip() or res.stdout.strip()).splitlines()[-1:] or [f"exit {res.rc}"]
             return HostSpeeds(host.name, False, f"state probe failed: {detail[0][:200]}",
                               seconds=time.monotonic() - t0)

@@ -27,7 +27,7 @@ from llmfleet.host import ssh
 from llmfleet.host.group import run_on_hosts
 from llmfleet.inventory.ansible import Host, settings_for
 from llmfleet.inventory.services import HostSettings, Service
-from llmfleet.knowledge import engines
+from llmfleet.knowledge import engines, release_state
 from llmfleet.release import audit as audit_mod
 from llmfleet.release import decide, watchdog
 from llmfleet.release import store as rel
@@ -168,11 +168,11 @@ def short_digest(digest: str | None) -> str:
     return audit_mod.short(digest)
 
 
-def _digest(info: rel.ReleaseInfo | None) -> str | None:
+def _digest(info: release_state.ReleaseInfo | None) -> str | None:
     return info.manifest.digest if info is not None and info.manifest else None
 
 
-def health_label(info: rel.ReleaseInfo | None) -> str:
+def health_label(info: release_state.ReleaseInfo | None) -> str:
     """``healthy`` (confirmed healthy), ``unhealthy`` (its check failed), ``unconfirmed`` (no health
     mark: a deploy switched to it and never confirmed it, e.g. killed after the switch); a failure
     never goes back to a release that is not ``healthy`` (``decide.go_back_target``)."""
@@ -183,7 +183,7 @@ def health_label(info: rel.ReleaseInfo | None) -> str:
     return str(info.health.get("result") or "unknown")
 
 
-def go_back_note(st: rel.ServiceState) -> str:
+def go_back_note(st: release_state.ServiceState) -> str:
     """Said of a service whose current release is not confirmed healthy: where a failure goes back to."""
     info = st.current_release
     if info is None or info.healthy:
@@ -193,7 +193,7 @@ def go_back_note(st: rel.ServiceState) -> str:
             + (f"{back}, the last confirmed" if back else "nothing (no release confirmed healthy: the service is stopped)"))
 
 
-def health_tokps(info: rel.ReleaseInfo | None) -> float | None:
+def health_tokps(info: release_state.ReleaseInfo | None) -> float | None:
     if info is None or not info.health:
         return None
     v = info.health.get("decode_tokps")
@@ -231,7 +231,7 @@ class HostStatus:
     reachable: bool
     error: str = ""
     gpus: list[str] = field(default_factory=list)
-    states: dict[str, rel.ServiceState] = field(default_factory=dict)
+    states: dict[str, release_state.ServiceState] = field(default_factory=dict)
     metrics: dict[str, EngineMetrics | str] = field(default_factory=dict)  # service -> metrics or why not
     seconds: float = 0.0
     supervision: dict[str, watchdog.Supervision] = field(default_factory=dict)
@@ -394,7 +394,7 @@ class ReleaseRow:
         return asdict(self)
 
 
-def release_rows(host: str, states: dict[str, rel.ServiceState]) -> list[ReleaseRow]:
+def release_rows(host: str, states: dict[str, release_state.ServiceState]) -> list[ReleaseRow]:
     """Every kept release of every service, newest first per service."""
     out: list[ReleaseRow] = []
     for name in sorted(states):
@@ -405,7 +405,7 @@ def release_rows(host: str, states: dict[str, rel.ServiceState]) -> list[Release
             m = info.manifest
             out.append(ReleaseRow(
                 host=host, service=name, release=rid,
-                time=rel.release_time(rid).isoformat(timespec="seconds"),
+                time=release_state.release_time(rid).isoformat(timespec="seconds"),
                 current=(rid == st.current), digest=_digest(info), health=health_label(info),
                 tokps=health_tokps(info), who=(m.who or None) if m else None, message=(m.message or None) if m else None,
                 confirmed=info.healthy, go_back=(rid == back),
@@ -482,12 +482,12 @@ def query_host(
     try:
         paths = [s.model_path for s in settings.services] if settings else []
         res = remote.run(status_script(root, paths), sudo=True)
-        if not rel.state_complete(res.stdout):
+        if not release_state.state_complete(res.stdout):
             detail = (res.stderr.strip() or res.stdout.strip()).splitlines()[-1:] or [f"exit {res.rc}"]
             return HostStatus(host=host.name, reachable=False, error=f"state probe failed: {detail[0][:200]}",
                               seconds=time.monotonic() - t0)
         status = HostStatus(host=host.name, reachable=True, gpus=parse_card_names(res.stdout),
-                            states=rel.parse_state(res.stdout), supervision=watchdog.parse_status(res.stdout),
+                            states=release_state.parse_state(res.stdout), supervision=watchdog.parse_status(res.stdout),
                             listening=parse_listening(res.stdout), containers=parse_worker_containers(res.stdout),
                             models=parse_models(res.stdout, paths))
         if metrics and settings:

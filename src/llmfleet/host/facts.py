@@ -19,7 +19,7 @@ from llmfleet.host.probe import MAX_DOCUMENT, new_mark, probe_command, probe_sh
 from llmfleet.knowledge.catalog import find_gpu
 from llmfleet.knowledge.compat import branch_cuda, driver_branches
 from llmfleet.knowledge.facts import Container, Disk, Docker, Facts, GpuFact, ModelFile
-from llmfleet.release.store import parse_state, state_complete
+from llmfleet.knowledge.release_state import parse_state, state_complete
 
 if TYPE_CHECKING:  # paramiko and fabric load only when a connection is opened
     from llmfleet.host.ssh import Runner

@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from llmfleet.release.store import ServiceState
+from llmfleet.knowledge.release_state import ServiceState
 
 
 class GpuFact(BaseModel):

@@ -24,6 +24,7 @@ from typing import Any
 
 import yaml
 
+from llmfleet.knowledge import release_state
 from llmfleet.release import store as R
 
 SERVICE = "tiny"
@@ -132,8 +133,8 @@ class FaultBench:
         t.start()
         return t, box
 
-    def state(self) -> R.ServiceState:
-        return R.parse_state(self.exec(R.state_script(ROOT)).stdout).get(SERVICE) or R.ServiceState(SERVICE)
+    def state(self) -> release_state.ServiceState:
+        return release_state.parse_state(self.exec(R.state_script(ROOT)).stdout).get(SERVICE) or release_state.ServiceState(SERVICE)
 
     def answers(self, port: int = PORT) -> bool:
         return self.exec(f"curl -fsS -o /dev/null --max-time 3 http://127.0.0.1:{port}/health",

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from llmfleet.knowledge import release_state
 from llmfleet.release import store
 from llmfleet.release.decide import Refusal, Result
 
@@ -97,11 +98,11 @@ def merge(histories: Sequence[Sequence[ClusterSet]]) -> list[ClusterSet]:
     return sorted(seen.values(), key=lambda e: (e.time, e.key))
 
 
-def current_set(states: Mapping[str, store.ServiceState | None]) -> dict[str, str | None]:
+def current_set(states: Mapping[str, release_state.ServiceState | None]) -> dict[str, str | None]:
     return {h: (st.current if st else None) for h, st in states.items()}
 
 
-def shared_target(service: str, hosts: Sequence[str], states: Mapping[str, store.ServiceState | None],
+def shared_target(service: str, hosts: Sequence[str], states: Mapping[str, release_state.ServiceState | None],
                   history: Sequence[ClusterSet], *, to: str | None = None) -> ClusterSet:
     """The set of releases every host of the service goes back to. ``hosts``: the service's hosts now
     (head and workers); ``to``: a release id of any host (the set that holds it, newest first).

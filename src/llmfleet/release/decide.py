@@ -16,9 +16,10 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any, Protocol, TypedDict
 
-from llmfleet.release.manifest import Manifest, file_hashes
+from llmfleet.knowledge.release_state import RELEASE_ID_RE, Manifest, ReleaseInfo, ServiceState
+from llmfleet.release.manifest import file_hashes
 from llmfleet.release.render import ENV_FILE, Rendered
-from llmfleet.release.store import DEFAULT_KEEP, RELEASE_ID_RE, ReleaseInfo, ServiceState, new_release_id
+from llmfleet.release.store import DEFAULT_KEEP, new_release_id
 
 
 class Action(StrEnum):

@@ -33,6 +33,7 @@ from llmfleet import __version__
 from llmfleet.errors import LlmfleetError, RemoteError, UsageError
 from llmfleet.host import ssh
 from llmfleet.inventory.ansible import Inventory
+from llmfleet.knowledge import release_state
 from llmfleet.knowledge.planner import Plan
 from llmfleet.release import decide, pipeline, store
 from llmfleet.release.decide import Action, GoBack, HostOutcome, Refusal, Result, ServiceOutcome
@@ -44,7 +45,7 @@ from llmfleet.release.executor import (
     service_for_release,
     short,
 )
-from llmfleet.release.manifest import Manifest
+from llmfleet.release.manifest import build as manifest_build
 from llmfleet.release.pipeline import Item
 from llmfleet.release.prepare import (  # noqa: F401 - re-exported: the deploy API
     DeployOptions,
@@ -131,7 +132,7 @@ def run_deploy(run: HostRun, ready: PreparedHost, out: HostOutcome, options: Dep
     pipeline.deploy([slot], options, out, what="service", switch=switch)
 
 
-def _fleet_gates(run: HostRun, ready: PreparedHost, todo: list[Item], states: dict[str, store.ServiceState]) -> None:
+def _fleet_gates(run: HostRun, ready: PreparedHost, todo: list[Item], states: dict[str, release_state.ServiceState]) -> None:
     """The fleet's own floor for each release to check: earlier healthy runs of the same card,
     engine, image, model, quant and context class, on this host (the state just read) and on the
     hosts this machine read before (``speed_cache``). Best effort: no history, no gate."""
@@ -148,7 +149,7 @@ def _fleet_gates(run: HostRun, ready: PreparedHost, todo: list[Item], states: di
         run.log(f"warning: the fleet's speed history could not be read ({exc}); the planner's floor applies")
 
 
-def _remember_speeds(run: HostRun, ready: PreparedHost, after: dict[str, store.ServiceState]) -> None:
+def _remember_speeds(run: HostRun, ready: PreparedHost, after: dict[str, release_state.ServiceState]) -> None:
     """Keep this host's health records (the new release's too) for later gates and ``invoke plan``."""
     from llmfleet.release import speed_cache
 
@@ -169,7 +170,7 @@ def _switch_and_check(run: HostRun, it: Item) -> ServiceOutcome:
         steps: dict[str, str] = {}
         stdin: bytes | None = None
         if step.action == Action.NEW:
-            it.manifest = Manifest.build(rendered, rid, host=run.host, who=run.who, when=run.now(),
+            it.manifest = manifest_build(rendered, rid, host=run.host, who=run.who, when=run.now(),
                                          llmfleet_version=__version__, message=run.message)
             files, modes = store.release_files(rendered, it.manifest)
             steps["upload"], stdin = store.upload_script(paths, rid), store.pack_release(files, modes)

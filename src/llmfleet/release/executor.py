@@ -26,10 +26,11 @@ from llmfleet.errors import LlmfleetError, RemoteError
 from llmfleet.host import ssh
 from llmfleet.inventory.ansible import Host
 from llmfleet.inventory.services import HostSettings, Service
+from llmfleet.knowledge import release_state
 from llmfleet.knowledge.planner import PlanSummary
+from llmfleet.knowledge.release_state import Manifest
 from llmfleet.release import audit, decide, early, store
 from llmfleet.release.decide import GoBack, Refusal, Result
-from llmfleet.release.manifest import Manifest
 from llmfleet.release.store import Paths
 from llmfleet.settings import Settings
 
@@ -265,11 +266,11 @@ class HostRun:
             out.append(ssh.Result(rc=rc, stdout=part[1], stderr=res.stderr if rc != 0 else "", command=script))
         return out
 
-    def read_state(self) -> dict[str, store.ServiceState]:
+    def read_state(self) -> dict[str, release_state.ServiceState]:
         res = self.run(store.state_script(self.root), check=True)
-        if not store.state_complete(res.stdout):
+        if not release_state.state_complete(res.stdout):
             raise RemoteError(f"host {self.host}: the release state came back cut short: {short(res.stdout, 200)}")
-        return store.parse_state(res.stdout)
+        return release_state.parse_state(res.stdout)
 
     def record(self, *, action: str, service: str | None, release_id: str | None, digest: str | None,
                result: str, detail: str = "", **extra: Any) -> None:
@@ -446,7 +447,7 @@ class HostRun:
             pass
 
     def go_back(self, paths: Paths, service: Service, api_key: str | None, previous: str | None,
-                state: store.ServiceState | None) -> GoBack:
+                state: release_state.ServiceState | None) -> GoBack:
         """Point ``current`` back at ``previous``, restart and health-check it (no previous: stop the unit)."""
         if previous is None:
             try:

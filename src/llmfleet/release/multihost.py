@@ -43,13 +43,15 @@ from llmfleet.errors import LlmfleetError, RemoteError, UsageError
 from llmfleet.images import lock as images
 from llmfleet.inventory.ansible import Host, Inventory, load_inventory, settings_for
 from llmfleet.inventory.services import HostSettings, Service, resolve_workers
+from llmfleet.knowledge import release_state
 from llmfleet.knowledge.engines import for_engine
 from llmfleet.knowledge.planner import Plan, summarize
+from llmfleet.knowledge.release_state import Manifest
 from llmfleet.release import cluster as C
 from llmfleet.release import decide, health, pipeline, store
 from llmfleet.release.decide import Action, GoBack, HostOutcome, Refusal, Result, ServiceOutcome, ServiceStep
 from llmfleet.release.executor import HealthFn, HealthTarget, HostRun, Log, connect, http_health, short
-from llmfleet.release.manifest import Manifest
+from llmfleet.release.manifest import build as manifest_build
 from llmfleet.release.pipeline import Connector, HostSlot, Item
 from llmfleet.release.prepare import DeployOptions, Prepared, PreparedHost, apply_overrides
 from llmfleet.release.render import load_role, render, search_paths
@@ -228,7 +230,7 @@ class ServiceRun:
 # Worker health: the unit runs and (rpc) its port answers from the host itself
 
 
-def release_endpoint(state: store.ServiceState | None, release_id: str | None, host: str) -> tuple[str, int] | None:
+def release_endpoint(state: release_state.ServiceState | None, release_id: str | None, host: str) -> tuple[str, int] | None:
     """(address, port) a worker's release listens on, from its manifest's cluster inputs; None if unknown."""
     info = state.releases.get(release_id) if state and release_id else None
     cl = (info.manifest.inputs.get("cluster") if info and info.manifest else None) or {}
@@ -438,7 +440,7 @@ def _arm_all(workers: list[HostSlot], hh: HostSlot, svc: Service, action: str = 
         try:
             if step.action == Action.NEW:
                 assert it.rendered is not None
-                it.manifest = Manifest.build(it.rendered, step.release_id, host=run.host, who=run.who,
+                it.manifest = manifest_build(it.rendered, step.release_id, host=run.host, who=run.who,
                                              when=run.now(), llmfleet_version=__version__, message=run.message)
                 files, modes = store.release_files(it.rendered, it.manifest)
                 up = run.run(store.upload_script(it.paths, step.release_id), stdin=store.pack_release(files, modes),

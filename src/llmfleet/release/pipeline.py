@@ -35,13 +35,13 @@ from llmfleet.errors import RemoteError
 from llmfleet.host import facts as facts_mod
 from llmfleet.inventory.ansible import Host
 from llmfleet.inventory.services import HostSettings
-from llmfleet.knowledge import preflight
+from llmfleet.knowledge import preflight, release_state
 from llmfleet.knowledge.facts import Facts
 from llmfleet.knowledge.planner import Plan, PlanSummary, summarize
+from llmfleet.knowledge.release_state import Manifest
 from llmfleet.release import decide, store
 from llmfleet.release.decide import Action, HostOutcome, Refusal, Result, ServiceOutcome, ServiceStep
 from llmfleet.release.executor import HostRun, Log, connect, short
-from llmfleet.release.manifest import Manifest
 from llmfleet.release.prepare import DeployOptions, Prepared, PreparedHost
 from llmfleet.release.render import ENV_FILE, Rendered, render, search_paths
 from llmfleet.release.store import Paths
@@ -80,7 +80,7 @@ class Item:
     plan: PlanSummary | None
     rendered: Rendered | None
     paths: Paths
-    state: store.ServiceState | None
+    state: release_state.ServiceState | None
     step: ServiceStep
     manifest: Manifest | None = None
     health: HealthReport | None = None
@@ -234,7 +234,7 @@ def gather_and_preflight(run: HostRun, ready: PreparedHost, out: HostOutcome) ->
 
 
 def render_and_decide(run: HostRun, ready: PreparedHost, plans: Sequence[Plan | None],
-                      states: Mapping[str, store.ServiceState]) -> list[Item]:
+                      states: Mapping[str, release_state.ServiceState]) -> list[Item]:
     """Render each service of one host and decide what to do with it."""
     items: list[Item] = []
     # roles and templates: the inventory's and the configuration's overrides, then the packaged ones
@@ -248,7 +248,7 @@ def render_and_decide(run: HostRun, ready: PreparedHost, plans: Sequence[Plan | 
 
 
 def item_for(run: HostRun, prepared: Prepared, plan: PlanSummary | None, rendered: Rendered,
-             state: store.ServiceState | None) -> Item:
+             state: release_state.ServiceState | None) -> Item:
     """One rendered service on one host, with ``decide.decide_service``'s step."""
     return Item(prepared, plan, rendered, Paths(run.root, prepared.service.name), state,
                 decide.decide_service(state, rendered, run.now()))
@@ -369,7 +369,7 @@ def judge_pull(run: HostRun, it: Item, res: ssh.Result | None) -> None:
 # 4: commit (what a switched, healthy host keeps)
 
 
-def prune_after(run: HostRun, states: Mapping[str, store.ServiceState], done: Sequence[Item]) -> dict[str, store.ServiceState]:
+def prune_after(run: HostRun, states: Mapping[str, release_state.ServiceState], done: Sequence[Item]) -> dict[str, release_state.ServiceState]:
     """The host's state once ``done`` are current and healthy (``decide.state_after``); what
     ``decide.prune_plan`` then chooses is deleted in the last round trip. Returns that state."""
     after = decide.state_after(states, {it.name: (it.step.release_id, it.manifest, it.health_doc) for it in done})

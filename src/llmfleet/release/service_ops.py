@@ -23,6 +23,7 @@ from llmfleet.host import ssh
 from llmfleet.host.group import run_on_hosts
 from llmfleet.inventory.ansible import Host, Inventory
 from llmfleet.inventory.services import HostSettings, Service
+from llmfleet.knowledge import release_state
 from llmfleet.release import decide, pipeline, store
 from llmfleet.release.decide import HostOutcome, Result
 from llmfleet.release.executor import (
@@ -155,7 +156,7 @@ def check_service_name(name: str) -> str:
     return name
 
 
-def orphans(states: Mapping[str, store.ServiceState], inventory_services: Sequence[str]) -> list[str]:
+def orphans(states: Mapping[str, release_state.ServiceState], inventory_services: Sequence[str]) -> list[str]:
     """Services found on the host that the inventory no longer lists for it. Pure."""
     known = set(inventory_services)
     return sorted(n for n in states if n not in known)
@@ -192,10 +193,10 @@ def run_service_op(run: HostRun, action: str, names: Sequence[str], out: Service
                    orphans_only: bool = False) -> None:
     """The service op after connecting: lock + state (one round trip), then each service's script."""
     (answer,) = run.lock(action, [store.state_script(run.root)], name="lock + state")
-    if answer is None or not store.state_complete(answer.stdout):
+    if answer is None or not release_state.state_complete(answer.stdout):
         raise RemoteError(f"host {run.host}: the release state came back cut short: "
                           f"{short(answer.stdout if answer else '', 200)}")
-    states = store.parse_state(answer.stdout)
+    states = release_state.parse_state(answer.stdout)
     if orphans_only:
         names = orphans(states, [s.name for s in run.host_settings.services])
         if not names:
@@ -227,7 +228,7 @@ def run_service_op(run: HostRun, action: str, names: Sequence[str], out: Service
 Step = tuple[Result, str, str]  # (result, the unit's state or "removed", the detail for people and the audit)
 
 
-def _stop(run: HostRun, name: str, states: Mapping[str, store.ServiceState], names: Sequence[str],
+def _stop(run: HostRun, name: str, states: Mapping[str, release_state.ServiceState], names: Sequence[str],
           out: ServiceOpResult) -> Step:
     res = run.run(store.service_stop_script(Paths(run.root, name)), timeout=150)
     got = store.parse_service_op(res.stdout, "@@stopped")
@@ -235,7 +236,7 @@ def _stop(run: HostRun, name: str, states: Mapping[str, store.ServiceState], nam
     return (Result.STOPPED if ok else Result.FAILED), got.unit, f"unit {got.unit}"
 
 
-def _start(run: HostRun, name: str, states: Mapping[str, store.ServiceState], names: Sequence[str],
+def _start(run: HostRun, name: str, states: Mapping[str, release_state.ServiceState], names: Sequence[str],
            out: ServiceOpResult) -> Step:
     paths = Paths(run.root, name)
     res = run.run(store.service_start_script(paths), timeout=150)
@@ -254,7 +255,7 @@ def _start(run: HostRun, name: str, states: Mapping[str, store.ServiceState], na
     return Result.STARTED, got.unit, f"unit {got.unit}; {why}"
 
 
-def _remove(run: HostRun, name: str, states: Mapping[str, store.ServiceState], names: Sequence[str],
+def _remove(run: HostRun, name: str, states: Mapping[str, release_state.ServiceState], names: Sequence[str],
             out: ServiceOpResult) -> Step:
     deleted = {name: list(states[name].releases)}
     keep = {k: v for k, v in states.items() if k == name or k not in names}
@@ -268,11 +269,11 @@ def _remove(run: HostRun, name: str, states: Mapping[str, store.ServiceState], n
                                        f"{len(got.images_removed)} image(s)")
 
 
-_ACTIONS: dict[str, Callable[[HostRun, str, Mapping[str, store.ServiceState], Sequence[str], ServiceOpResult], Step]] = {
+_ACTIONS: dict[str, Callable[[HostRun, str, Mapping[str, release_state.ServiceState], Sequence[str], ServiceOpResult], Step]] = {
     "stop": _stop, "start": _start, "remove": _remove}
 
 
-def _health(run: HostRun, svc: Service, paths: Paths, state: store.ServiceState) -> tuple[bool | None, str]:
+def _health(run: HostRun, svc: Service, paths: Paths, state: release_state.ServiceState) -> tuple[bool | None, str]:
     """The deploy's staged health check (``HostRun.check_health``) of the current release after a start:
     (healthy, why); healthy is None when it could not be judged here (the API key is not readable on
     this machine)."""

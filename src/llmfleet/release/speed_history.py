@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from llmfleet.release.manifest import Manifest
+from llmfleet.knowledge.release_state import Manifest
 
 SOURCES = ("health", "bench")
 DEFAULT_FRACTION = 0.6
@@ -277,7 +277,7 @@ def _release_time(rid: str, *docs: Any) -> str:
         if isinstance(t, str) and t.strip():
             return t.strip()
     try:
-        from llmfleet.release.store import release_time
+        from llmfleet.knowledge.release_state import release_time
 
         return release_time(rid).isoformat(timespec="seconds")
     except ValueError:

@@ -22,12 +22,12 @@ import json
 import re
 import shlex
 import tarfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from llmfleet.host.probe.state_reader import MANIFEST_FILE, MAX_HEALTH, MAX_MANIFEST, STATE_READER  # noqa: F401 - re-exported
-from llmfleet.release.manifest import Manifest
+from llmfleet.knowledge.release_state import RELEASE_ID_RE, Manifest, loads_object
 from llmfleet.release.render import (
     COMPOSE_FILE,
     ENV_FILE,
@@ -37,7 +37,6 @@ from llmfleet.release.render import (
     unit_name,
 )
 
-RELEASE_ID_RE = re.compile(r"^\d{8}T\d{6}Z-[0-9a-f]{10}$")
 DEFAULT_KEEP = 5
 LOCK_HELD_RC = 3
 DOCKER = "docker"
@@ -56,10 +55,6 @@ def new_release_id(content_hash: str, now: datetime) -> str:
     if now.tzinfo is None:
         now = now.replace(tzinfo=UTC)
     return f"{now.astimezone(UTC):%Y%m%dT%H%M%SZ}-{content_hash[:10]}"
-
-
-def release_time(release_id: str) -> datetime:
-    return datetime.strptime(release_id.split("-", 1)[0], "%Y%m%dT%H%M%SZ").replace(tzinfo=UTC)
 
 
 @dataclass(frozen=True)
@@ -103,67 +98,9 @@ def audit_path(root: str) -> str:
     return f"{root.rstrip('/')}/audit.jsonl"
 
 
-def _loads(text: str) -> dict[str, Any] | None:
-    try:
-        v = json.loads(text)
-    except ValueError:
-        return None
-    return v if isinstance(v, dict) else None
-
-
 # ---------------------------------------------------------------------------------------------
-# State of a host's releases: one reader (also run inside the host probe), one model
-
-
-@dataclass
-class ReleaseInfo:
-    id: str
-    manifest: Manifest | None = None
-    health: dict[str, Any] | None = None
-
-    @property
-    def healthy(self) -> bool:
-        """Confirmed healthy: its ``health.json`` says ``healthy``. That mark is written only after a
-        health check passed and, for a switch, after the controller's confirmation won against the
-        host timer (``llmfleet.release.confirm``); a release a deploy switched to and never confirmed
-        (the controller killed, the connection lost) has no mark, one whose check failed is marked
-        ``unhealthy``. Only a confirmed release is ever gone back to (``decide.go_back_target``)."""
-        return bool(self.health and self.health.get("result") == "healthy")
-
-    @property
-    def confirmed_at(self) -> datetime | None:
-        """When it was last confirmed healthy: the mark's ``time`` (each health check that passes,
-        a go-back's included, writes it anew); a mark without a readable time counts from the
-        release's creation (its id). None when it is not confirmed."""
-        if not self.healthy:
-            return None
-        assert self.health is not None
-        try:
-            t = datetime.fromisoformat(str(self.health.get("time") or ""))
-        except ValueError:
-            return release_time(self.id) if RELEASE_ID_RE.match(self.id) else datetime.min.replace(tzinfo=UTC)
-        return t if t.tzinfo is not None else t.replace(tzinfo=UTC)
-
-    @property
-    def image_ref(self) -> str | None:
-        return self.manifest.image_ref if self.manifest else None
-
-
-@dataclass
-class ServiceState:
-    name: str
-    current: str | None = None
-    unit: str = "unknown"
-    releases: dict[str, ReleaseInfo] = field(default_factory=dict)
-
-    @property
-    def current_release(self) -> ReleaseInfo | None:
-        return self.releases.get(self.current) if self.current else None
-
-
-# The reader is a shell function of its own module (llmfleet.host.probe.state_reader), so that the host
-# probe can send it without importing the release machinery.
-
+# State of a host's releases: the reader, also run inside the host probe (its model and parser:
+# llmfleet.knowledge.release_state)
 
 
 def state_script(root: str) -> str:
@@ -171,38 +108,6 @@ def state_script(root: str) -> str:
     return f"{STATE_READER}\nllmfleet_release_state {q(root.rstrip('/') or '/')}"
 
 
-def state_complete(stdout: str) -> bool:
-    """The reader ran to its end (a state cut short must not be taken for the whole)."""
-    return "@@end" in stdout.splitlines()
-
-
-def parse_state(stdout: str) -> dict[str, ServiceState]:
-    """The reader's section up to its ``@@end``: what a script prints after it (``invoke status`` reads
-    each model's manifest next, with ``@@manifest`` lines of its own) is not the releases'."""
-    services: dict[str, ServiceState] = {}
-    cur: ServiceState | None = None
-    rel: ReleaseInfo | None = None
-    for line in stdout.splitlines():
-        if line == "@@end":
-            break
-        if line.startswith("@@service "):
-            cur = services.setdefault(line[10:].strip(), ServiceState(name=line[10:].strip()))
-            rel = None
-        elif cur is None:
-            continue
-        elif line.startswith("@@current"):
-            target = line[9:].strip()
-            cur.current = target.rstrip("/").rsplit("/", 1)[-1] if target else None
-        elif line.startswith("@@unit"):
-            cur.unit = line[6:].strip() or "unknown"
-        elif line.startswith("@@release "):
-            rid = line[10:].strip()
-            rel = cur.releases.setdefault(rid, ReleaseInfo(id=rid)) if RELEASE_ID_RE.match(rid) else None
-        elif line.startswith("@@manifest ") and rel is not None:
-            rel.manifest = Manifest.parse(line[11:])
-        elif line.startswith("@@health ") and rel is not None:
-            rel.health = _loads(line[9:])
-    return services
 
 
 # ---------------------------------------------------------------------------------------------
@@ -665,7 +570,7 @@ def _holder_after(marker: str, stdout: str) -> dict[str, Any] | None:
     if marker not in lines:
         return None
     tail = [ln for ln in lines[lines.index(marker) + 1:] if ln.strip() and not ln.startswith("@@")]
-    holder = _loads(tail[0]) if tail else None
+    holder = loads_object(tail[0]) if tail else None
     return holder or {"note": "lock directory exists without a readable holder (a deploy died while taking it)"}
 
 
@@ -959,7 +864,7 @@ def parse_bench(stdout: str) -> dict[str, dict[str, Any]]:
         if not line.startswith("@@bench "):
             continue
         rid, _, text = line[8:].partition(" ")
-        doc = _loads(text)
+        doc = loads_object(text)
         if RELEASE_ID_RE.match(rid) and doc is not None:
             out[rid] = doc
     return out
