@@ -1,6 +1,6 @@
 """Model push throughput in the lab: `invoke models.push` beside plain scp and rsync of the same file, in one run.
 
-    .venv/bin/python bench/model_push_bench.py [--size-mib 1024] [--json] [--keep] [--write]
+    .venv/bin/python bench/model_push_bench.py [--size-mib 1024] [--hosts 1,4] [--no-resume] [--json] [--keep] [--write]
 
 Needs `invoke lab.setup` once (the lab host image carries rsync for this comparison). Brings up its own
 uniquely named lab (lab-node-01..05 from a generated copy of inventory/lab/), generates a file of
@@ -10,6 +10,8 @@ uniquely named lab (lab-node-01..05 from a generated copy of inventory/lab/), ge
   on the host, rename, manifest); MB/s of the send phase per host and in aggregate, and the whole
   command's wall time;
 - push, host to host: ``--from lab-node-01`` (the source's OpenSSH client streams to the targets);
+- push from here, seeded (4 hosts): ``models.push``'s seeding on, this machine sends one copy and
+  each host holding a verified copy sends on; the bytes this machine sent against the file's size;
 - scp and rsync of the same file from here to /tmp on the same hosts (OpenSSH; rsync over ssh), the
   same number of hosts at once, no verification;
 
@@ -49,6 +51,10 @@ MP = "/srv/models/bench/model.gguf"
 MB = 1e6
 
 
+class _Done(Exception):
+    """Every asked case measured: leave the try (the lab comes down in its finally)."""
+
+
 def make_file(path: Path, mib: int) -> None:
     with path.open("wb") as fh:
         fh.write(b"GGUF")
@@ -64,11 +70,12 @@ def clear(lab: str, hosts: list[str]) -> None:
 
 
 def push(inv_path: str, config: dict, targets: list[str], *, source: str | None = None, from_host: str | None = None,
-         limit_rate: int | None = None) -> tuple[list[P.Outcome], float]:
+         limit_rate: int | None = None, seed: bool = False) -> tuple[list[P.Outcome], float]:
     inv = load_inventory(inv_path)
     jobs = P.plan_jobs(inv, [inv.hosts[h] for h in targets], service="pushed", source=source, from_host=from_host)
     t0 = time.monotonic()
-    outs = P.push(inv, jobs, config=config, options=P.Options(limit_rate=limit_rate, forks=len(targets), who="bench"))
+    outs = P.push(inv, jobs, config=config, options=P.Options(limit_rate=limit_rate, forks=len(targets), who="bench",
+                                                              seed=seed))
     return outs, time.monotonic() - t0
 
 
@@ -109,7 +116,12 @@ def main() -> int:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--keep", action="store_true", help="keep the lab afterwards")
     ap.add_argument("--write", action="store_true", help="write the table into docs/bench.md")
+    ap.add_argument("--hosts", default="1,4", help="host counts to measure, of 1 and 4 (default 1,4); --write needs both")
+    ap.add_argument("--no-resume", action="store_true", help="skip the cut-and-resume case")
     args = ap.parse_args()
+    counts = [int(x) for x in args.hosts.split(",") if x.strip()]
+    if not set(counts) <= {1, 4} or (args.write and (sorted(counts) != [1, 4] or args.no_resume)):
+        raise SystemExit("--hosts takes 1, 4 or 1,4; --write needs every case (--hosts 1,4, no --no-resume)")
     if not shutil.which("rsync") or not shutil.which("scp"):
         raise SystemExit("scp and rsync are needed on this machine for the comparison (apt-get install rsync)")
     work = Path(tempfile.mkdtemp(prefix="llmfleet-mbench-"))
@@ -129,13 +141,23 @@ def main() -> int:
     try:
         lab_hosts.up(str(inv_path), lab=lab, names=HOSTS, known_hosts=kh, key_path=key, stage=False)
         print(f"lab {lab} up; file {size / MB:.0f} MB; load {load()}", file=sys.stderr)
-        for n in (1, 4):
+        for n in counts:
             targets = HOSTS[:n]
             clear(lab, HOSTS)
             outs, wall = push(str(inv_path), config, targets, source=str(src))
             assert all(o.result == "pushed" for o in outs), [o.error for o in outs]
             span = max(o.send_seconds for o in outs)
             rows.append(row("push from here", n, size, span, [o.rate for o in outs if o.rate], wall))
+            if n > 2:  # seeded: this machine sends one copy, the hosts that hold one send on (a tree)
+                clear(lab, HOSTS)
+                outs, wall = push(str(inv_path), config, targets, source=str(src), seed=True)
+                assert all(o.result == "pushed" for o in outs), [o.error for o in outs]
+                here = sum(n_ for o in outs for k, n_ in o.bytes_by_source.items() if k.endswith("(this machine)"))
+                # the copies run one after another along the tree: the span is the whole send, first to last
+                r = row("push from here, seeded", n, size, wall, [o.rate for o in outs if o.rate], wall)
+                r["from_here_bytes"] = here
+                r["from_hosts_bytes"] = sum(o.bytes_sent for o in outs) - here
+                rows.append(r)
             # host to host: lab-node-01 (holding a verified copy) sends to the next n hosts
             if n == 1:
                 outs, _ = push(str(inv_path), config, ["lab-node-01"], source=str(src))
@@ -149,6 +171,9 @@ def main() -> int:
                 clear(lab, HOSTS)
                 secs = plain(tool, str(inv_path), key, kh, targets, src)
                 rows.append(row(tool, n, size, secs))
+        resume = None
+        if args.no_resume:
+            raise _Done
         # resume after a cut half-way
         clear(lab, HOSTS)
         victim = "lab-node-01"
@@ -172,6 +197,8 @@ def main() -> int:
         resume = {"first_result": first[0].result, "first_error": first[0].error, "sent_before_cut": first[0].bytes_sent,
                   "resumed_from": again[0].bytes_resumed, "sent_again": again[0].bytes_sent, "size": size,
                   "sent_again_fraction": round(again[0].bytes_sent / size, 3), "second_result": again[0].result}
+    except _Done:
+        pass
     finally:
         if not args.keep:
             lab_hosts.down(lab, known_hosts=kh)
@@ -192,11 +219,17 @@ def main() -> int:
         lines.append(f"| {r['how']} | {r['hosts']} | {r['per_host_MBps']} | {r['aggregate_MBps']} | {r['seconds']} | "
                      f"{r['wall_s'] if r['wall_s'] is not None else '-'} | {r.get('vs_scp', '-')} | "
                      f"{r.get('vs_rsync', '-')} |")
-    lines.append("")
-    why = (resume["first_error"] or resume["first_result"]).split(": ", 1)[-1].split(";")[0]
-    lines.append(f"Resume after a cut half-way (`{why}`): the re-run "
-                 f"resumed from {resume['resumed_from']:,} bytes and sent {resume['sent_again']:,} of {size:,} "
-                 f"({resume['sent_again_fraction']:.0%}); result {resume['second_result']}.")
+    for r in rows:
+        if "from_here_bytes" in r:
+            lines += ["", f"Seeded, {r['hosts']} hosts: this machine sent {r['from_here_bytes']:,} bytes "
+                          f"({r['from_here_bytes'] / size:.2f}x the file), the hosts {r['from_hosts_bytes']:,}; its "
+                          "seconds are the whole push (the copies run along the tree, one after another)."]
+    if resume is not None:
+        lines.append("")
+        why = (resume["first_error"] or resume["first_result"]).split(": ", 1)[-1].split(";")[0]
+        lines.append(f"Resume after a cut half-way (`{why}`): the re-run "
+                     f"resumed from {resume['resumed_from']:,} bytes and sent {resume['sent_again']:,} of {size:,} "
+                     f"({resume['sent_again_fraction']:.0%}); result {resume['second_result']}.")
     table = "\n".join(lines)
     print(table)
     if args.write:

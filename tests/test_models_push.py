@@ -230,3 +230,135 @@ def test_push_end_to_end_over_ssh_resume_adopt_and_skip(sshd, tmp_path):
     assert open(mp, "rb").read() == data
     for r in remotes:
         r.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Seeding: who copies from whom as hosts finish (pure plan)
+
+C = P.CONTROLLER
+
+
+def tree(root: str, n: int) -> tuple[list[list[tuple[str, str]]], int]:
+    """Every target wants a copy at once; each round, every copy in flight ends and its target becomes
+    a holder. Returns the pairs started per round and how many copies this machine sent."""
+    plan = P.SeedPlan(root)
+    targets = [f"h{i}" for i in range(1, n + 1)]
+    for t in targets:
+        plan.want(t)
+    rounds = []
+    while plan.waiting:
+        pairs = plan.assign()
+        assert pairs, plan  # always progress
+        rounds.append(pairs)
+        for t, _src in pairs:
+            plan.sent(t, ok=True)
+            plan.holds(t)
+    return rounds, sum(1 for r in rounds for _t, s in r if s == C)
+
+
+@pytest.mark.parametrize(("root", "n", "per_round", "from_here"), [
+    # from this machine: it sends once, then the hosts double the copies each round
+    (C, 1, [1], 1),
+    (C, 4, [1, 1, 2], 1),
+    (C, 8, [1, 1, 2, 4], 1),
+    (C, 11, [1, 1, 2, 4, 3], 1),
+    # from a host (--from): the source is a holder like the others, so it doubles from the first round
+    ("src", 1, [1], 0),
+    ("src", 3, [1, 2], 0),
+    ("src", 8, [1, 2, 4, 1], 0),
+])
+def test_seed_plan_is_a_tree(root, n, per_round, from_here):
+    rounds, here = tree(root, n)
+    assert [len(r) for r in rounds] == per_round
+    assert here == from_here
+    for r in rounds:  # no source serves two copies at once, no target is served twice
+        assert len({s for _t, s in r}) == len(r)
+    assert sorted(t for r in rounds for t, _s in r) == sorted(f"h{i}" for i in range(1, n + 1))
+
+
+def test_seed_plan_pairs_step_by_step():
+    plan = P.SeedPlan(C)
+    for t in "abcd":
+        plan.want(t)
+    assert plan.assign() == [("a", C)]
+    assert plan.assign() == []  # this machine serves no second copy while one is in flight
+    plan.sent("a", ok=True)
+    assert plan.assign() == []  # a's copy is across but not verified yet: not a holder
+    plan.holds("a")
+    assert plan.assign() == [("b", "a")]
+    plan.sent("b", ok=True)
+    plan.holds("b")
+    assert plan.assign() == [("c", "a"), ("d", "b")]
+
+
+def test_a_host_found_verified_seeds_without_this_machine_sending():
+    plan = P.SeedPlan(C)
+    plan.start("a")
+    plan.start("b")
+    plan.holds("a")  # its copy was already verified: no copy needed
+    plan.want("b")
+    assert plan.assign() == [("b", "a")]
+
+
+def test_a_failed_holder_serves_no_more_and_its_target_gets_another():
+    plan = P.SeedPlan(C, holders=["a", "b"])
+    plan.want("c")
+    plan.want("d")
+    assert plan.assign() == [("c", "a"), ("d", "b")]
+    plan.sent("c", ok=False)  # a's copy to c failed
+    plan.want("c")
+    assert plan.assign() == []  # b is busy, a is out, this machine waits while a copy is in flight
+    plan.sent("d", ok=True)
+    plan.holds("d")
+    assert plan.assign() == [("c", "b")]
+    plan.sent("c", ok=False)
+    plan.want("c")
+    assert plan.assign() == [("c", "d")]
+    plan.sent("c", ok=False)  # every holder failed: this machine, the root, sends
+    plan.want("c")
+    assert plan.assign() == [("c", C)] and plan.bad == {"a", "b", "d"}
+    plan.sent("c", ok=False)  # a failure of this machine's own copy does not take it out
+    plan.want("c")
+    assert plan.assign() == [("c", C)]
+
+
+def test_from_a_host_with_no_holder_left_the_targets_are_stuck():
+    plan = P.SeedPlan("src")
+    plan.want("a")
+    plan.start("b")  # still probing: it may turn out to hold a copy
+    assert plan.assign() == [("a", "src")]
+    plan.sent("a", ok=False)
+    plan.want("a")
+    assert plan.assign() == [] and plan.stuck() == []
+    plan.finish("b")  # b failed too: nothing can serve a any more
+    assert plan.stuck() == ["a"]
+    assert P.SeedPlan(C, waiting=["a"], active={"a"}).stuck() == []  # this machine always can
+
+
+@pytest.mark.parametrize(("flag", "forks", "targets", "on"), [
+    (None, 5, 3, True), (None, 5, 2, False), (None, 1, 8, False), (False, 5, 8, False), (True, 1, 2, True),
+])
+def test_seeding_on_by_default_only_with_forks_and_more_than_two_targets(flag, forks, targets, on):
+    assert P.seeding_on(flag, forks, targets) is on
+
+
+def test_seed_groups_leave_out_hosts_no_other_host_can_reach():
+    inv = Inventory("inv", {}, {})
+    jobs = []
+    for name, addr in (("a", "10.0.0.1"), ("b", "10.0.0.2"), ("c", "10.0.0.3"), ("lo", "127.0.0.1")):
+        h = Host(name, {"ansible_host": addr})
+        inv.hosts[name] = h
+        jobs.append(P.Job(h, host_settings(name, {}), "/srv/m.gguf", ["chat"], P.Origin("local", "/data/m.gguf")))
+    seeders = P.seed_groups(inv, jobs, range(4), P.Options(forks=4))
+    assert sorted(seeders) == [0, 1, 2] and seeders[0] is seeders[2]  # lo: loopback, copies from here
+    assert P.seed_groups(inv, jobs, range(4), P.Options(forks=4, seed=False)) == {}
+    assert P.seed_groups(inv, jobs[:2], range(2), P.Options(forks=4)) == {}  # two targets: no tree
+
+
+def test_a_target_that_ends_mid_copy_frees_its_source():
+    plan = P.SeedPlan(C)
+    plan.want("a")
+    plan.want("b")
+    assert plan.assign() == [("a", C)]
+    plan.finish("a")  # its push ended without a word on its copy (the connection broke)
+    assert plan.assign() == [("b", C)] and not plan.served

@@ -174,3 +174,35 @@ def test_a_tampered_model_is_refused_by_the_preflight_and_a_push_repairs_it(lab,
     o = outcomes(res)[victim]
     assert res.returncode == 0 and o["result"] == "pushed" and o["bytes_sent"] == SIZE
     assert host_sha(lab, victim) == sha
+
+
+def test_a_push_to_four_hosts_from_here_sends_the_file_once_and_the_hosts_seed_each_other(lab, fleet):
+    """Seeding (on by default: --forks 4, four hosts): this machine sends the file to one host; each host
+    that ends with a verified copy sends it on, one copy at a time, until all four hold it."""
+    tmp, _src, _sha = fleet
+    new = tmp / "model-v3.gguf"
+    new_sha = model_file(new, b"three")
+    res = invoke(tmp, "models.push", "--host", ",".join(HOSTS), "--service", "pushed", "--source", str(new),
+                 "--forks", "4", "--json")
+    assert res.returncode == 0, res.stderr[-2000:]
+    got = outcomes(res)
+    here = f"{new} (this machine)"
+    sent: dict[str, int] = {}
+    for h in HOSTS:
+        assert (got[h]["result"], got[h]["bytes_sent"]) == ("pushed", SIZE), got[h]
+        for src, n in got[h]["bytes_by_source"].items():
+            sent[src] = sent.get(src, 0) + n
+        assert host_sha(lab, h) == new_sha
+    assert sent.pop(here) == SIZE  # the controller's uplink carried the file once
+    assert sum(sent.values()) == 3 * SIZE and set(sent) <= {f"host {h}" for h in HOSTS}
+    seeded = [h for h in HOSTS if got[h]["source"] != here]
+    for h in seeded:  # the manifest names the host it came from, and where that host's copy came from
+        man = json.loads(lab.exec(h, ["cat", MP + ".llmfleet.json"]).stdout)
+        assert man["source"]["host"] == got[h]["source"].removeprefix("host ") and man["source"]["origin"]["path"]
+    # --no-seed: every host from here again
+    newer = tmp / "model-v4.gguf"
+    model_file(newer, b"four")
+    res = invoke(tmp, "models.push", "--host", ",".join(HOSTS[:3]), "--service", "pushed", "--source", str(newer),
+                 "--forks", "4", "--no-seed", "--json")
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert {o["source"] for o in outcomes(res).values()} == {f"{newer} (this machine)"}

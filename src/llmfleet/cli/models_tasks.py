@@ -95,10 +95,13 @@ class _RichReporter:
         "accept_new_host_keys": "record unknown SSH host keys (like OpenSSH accept-new; changed keys are refused)",
         "verbose": "print each remote command with its exit status and duration",
         "json": 'print {"hosts": [one result per host and model path], "unreachable": [{"host", "error"}]}',
+        "no_seed": "every host copies from the source itself (this machine, or --from HOST); by default, with "
+                   "--forks above 1 and more than 2 hosts, a host holding a verified copy sends to the next "
+                   "(a tree: this machine sends the file once; docs/models.md)",
     },
 )
 def push(c, host=None, group=None, inventory=None, service=None, source=None, from_=None, limit_rate=None,
-         forks=DEFAULT_FORKS, accept_new_host_keys=False, verbose=False, json=False):
+         forks=DEFAULT_FORKS, accept_new_host_keys=False, verbose=False, json=False, no_seed=False):
     """Copy each service's model to its model_path, sha256-verified, resumable; skip hosts whose copy is verified."""
     import sys
 
@@ -120,7 +123,8 @@ def push(c, host=None, group=None, inventory=None, service=None, source=None, fr
                               where=f"host {h.name}: service {svc.name}").pull_ref
 
     jobs = P.plan_jobs(inv, hosts, service=service, source=source, from_host=from_, lock=pinned)
-    options = P.Options(limit_rate=rate, who=P.default_who(), forks=forks, accept_new_host_keys=accept_new_host_keys)
+    options = P.Options(limit_rate=rate, who=P.default_who(), forks=forks, accept_new_host_keys=accept_new_host_keys,
+                        seed=False if no_seed else None)
     with _RichReporter(live=sys.stderr.isatty() and not verbose) as reporter:
         outcomes = P.push(inv, jobs, config=settings, options=options, reporter=reporter,
                           audit_log=settings.audit_log)

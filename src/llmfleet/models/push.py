@@ -11,7 +11,10 @@ Per host and model path (services sharing a path share one push), in this order:
    **send** otherwise, resuming each file from what the staging copy holds; **refuse** (one line) when
    the filesystem lacks the room or the host lacks a tool;
 3. send: from this machine (``transfer.send_file``) or from a host holding a verified copy
-   (``--from``: ``transfer.send_between``), at most ``--limit-rate`` bytes/s;
+   (``--from``: ``transfer.send_between``), at most ``--limit-rate`` bytes/s; with seeding
+   (``SeedPlan``, on by default for more than two hosts at ``--forks`` above 1, ``--no-seed`` off)
+   the source is chosen as the copy starts: a host that ended with a verified copy serves the next
+   one, so the copies in flight double and this machine sends the file once;
 4. one round trip: ``sha256sum`` of every received file against the wanted manifest, the atomic
    rename into place, the manifest, the host's audit line (``scripts.verify_script`` +
    ``commit_script`` + ``store.audit_append_script``).
@@ -25,6 +28,7 @@ the service's own vLLM image, then hashed there).
 
 from __future__ import annotations
 
+import dataclasses
 import getpass
 import os
 import socket
@@ -117,6 +121,114 @@ def decide(wanted: M.Manifest, probe: S.PushProbe, host: str, *, adopt: bool = T
                         offsets, reset, send, held_bytes)
     return Decision("send", f"{gib(send)} to send" + (f", {gib(held_bytes)} resumed" if held_bytes else ""),
                     offsets, reset, send, held_bytes)
+
+
+# ---------------------------------------------------------------------------------------------
+# Pure: seeding, who copies from whom as hosts finish
+
+CONTROLLER = ""  # the seeding plan's name for this machine as a source
+
+
+def seeding_on(flag: bool | None, forks: int, targets: int) -> bool:
+    """Seeding by default only where it can pay: several copies at once (``forks > 1``) to more than
+    two hosts. ``flag``: False (``--no-seed``) or True decides; None: the default."""
+    if flag is not None:
+        return flag
+    return forks > 1 and targets > 2
+
+
+@dataclass
+class SeedPlan:
+    """Who sends a model to whom, as the copies finish (pure; the shell asks it under a lock).
+
+    ``root``: the first holder: ``CONTROLLER`` (this machine) or the ``--from`` host. A host that ends
+    with a verified copy (pushed, adopted, or already verified) becomes a holder (``holds``) and may
+    then serve hosts not served yet. Each holder serves at most one copy at a time, so the copies in
+    flight double each round, like a tree. This machine is the scarce source: it serves only when no
+    host can (no holder free, no copy in flight or being verified: the first copy, or after the
+    copies from hosts failed), so a push from here to N hosts sends its uplink the file once. A
+    holder whose send failed (``sent(..., ok=False)``) serves no one else in the run; its target asks
+    again (``want``) and gets another holder."""
+
+    root: str
+    holders: list[str] = field(default_factory=list)  # hosts holding a verified copy, in the order they got it
+    busy: set[str] = field(default_factory=set)
+    bad: set[str] = field(default_factory=set)  # sources whose send failed
+    waiting: list[str] = field(default_factory=list)  # targets that need a source now, first come first
+    flight: dict[str, str] = field(default_factory=dict)  # target -> its source, while the copy runs
+    served: set[str] = field(default_factory=set)  # targets whose copy is across, being verified
+    active: set[str] = field(default_factory=set)  # targets started and not finished
+
+    def __post_init__(self) -> None:
+        if self.root != CONTROLLER and self.root not in self.holders:
+            self.holders.insert(0, self.root)
+
+    def start(self, target: str) -> None:
+        """A target's push began (it may find its copy verified and never need a source)."""
+        self.active.add(target)
+
+    def want(self, target: str) -> None:
+        """The target must be sent the model: queue it for a source."""
+        self.active.add(target)
+        if target not in self.waiting and target not in self.flight:
+            self.waiting.append(target)
+
+    def _usable(self, h: str) -> bool:
+        return h not in self.busy and h not in self.bad
+
+    def assign(self) -> list[tuple[str, str]]:
+        """Pair waiting targets with free sources; the pairs start now (their sources are busy until
+        ``sent``)."""
+        out: list[tuple[str, str]] = []
+        for t in list(self.waiting):
+            free = [h for h in self.holders if h != t and self._usable(h)]
+            if free:
+                src = free[0]
+            elif self.root == CONTROLLER and CONTROLLER not in self.busy and not self.flight and not self.served:
+                src = CONTROLLER
+            else:
+                continue
+            self.waiting.remove(t)
+            self.flight[t] = src
+            self.busy.add(src)
+            out.append((t, src))
+        return out
+
+    def sent(self, target: str, ok: bool) -> None:
+        """The target's copy ended (its bytes are across, or the send failed): its source is free again,
+        or, failed, is a source no more (this machine stays one)."""
+        src = self.flight.pop(target, None)
+        if src is None:
+            return
+        self.busy.discard(src)
+        if ok:
+            self.served.add(target)
+        elif src != CONTROLLER:
+            self.bad.add(src)
+
+    def holds(self, host: str) -> None:
+        """The host ended with a verified copy: a holder from now on."""
+        self.finish(host)
+        if host not in self.holders and host not in self.bad:
+            self.holders.append(host)
+
+    def finish(self, target: str) -> None:
+        """The target's push ended (either way)."""
+        self.active.discard(target)
+        self.served.discard(target)
+        if target in self.waiting:
+            self.waiting.remove(target)
+        src = self.flight.pop(target, None)
+        if src is not None:
+            self.busy.discard(src)
+
+    def stuck(self) -> list[str]:
+        """Targets still waiting after ``assign`` that no source can ever serve: nothing in flight, no
+        target still running that may become a holder, and no free holder (this machine, the root,
+        always can)."""
+        if self.flight or self.root == CONTROLLER or any(t not in self.waiting for t in self.active):
+            return []
+        return [t for t in self.waiting if not any(h != t and self._usable(h) for h in self.holders)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -269,6 +381,7 @@ class Outcome:
     round_trips: int = 0
     verified_at: str | None = None
     error: str | None = None
+    bytes_by_source: dict[str, int] = field(default_factory=dict)  # source (as ``source``) -> bytes it sent
 
     @property
     def ok(self) -> bool:
@@ -284,7 +397,7 @@ class Outcome:
                 "bytes_sent": self.bytes_sent, "bytes_resumed": self.bytes_resumed,
                 "send_seconds": round(self.send_seconds, 3), "rate_bytes_per_s": round(self.rate) if self.rate else None,
                 "seconds": round(self.seconds, 3), "round_trips": self.round_trips, "verified_at": self.verified_at,
-                "error": self.error}
+                "error": self.error, "bytes_by_source": dict(self.bytes_by_source)}
 
 
 class Reporter(Protocol):
@@ -316,6 +429,61 @@ class Options:
     who: str = ""
     forks: int = 5
     accept_new_host_keys: bool = False
+    seed: bool | None = None  # hosts with a verified copy serve the others (None: ``seeding_on``'s default)
+
+
+SEED_ATTEMPTS = 3  # copies tried per target when seeding: a failed holder's target gets another one
+SEED_WAIT_S = DOWNLOAD_TIMEOUT_S  # the longest a target waits for a free holder
+
+
+class SeedFailed(RemoteError):
+    """A copy from a holder host failed: the target may ask another holder."""
+
+
+class Seeder:
+    """The shell around one model's ``SeedPlan``: the pushes' threads ask it for a source under one
+    lock, each wait bounded."""
+
+    def __init__(self, plan: SeedPlan, root: Origin, hosts: dict[str, Host]) -> None:
+        import threading
+
+        self.plan, self.root, self.hosts = plan, root, hosts
+        self.cv = threading.Condition()
+
+    def start(self, target: str) -> None:
+        with self.cv:
+            self.plan.start(target)
+
+    def acquire(self, target: str, wait_s: float = SEED_WAIT_S) -> Origin | None:
+        """Where ``target`` copies from now (this machine's origin, or a holder host); None when no
+        source is left."""
+        deadline = time.monotonic() + wait_s
+        with self.cv:
+            self.plan.want(target)
+            while True:
+                if self.plan.assign():
+                    self.cv.notify_all()
+                src = self.plan.flight.get(target)
+                if src is not None:
+                    return self.root if src == CONTROLLER else Origin("host", src)
+                if target in self.plan.stuck() or time.monotonic() > deadline:
+                    self.plan.finish(target)
+                    self.cv.notify_all()
+                    return None
+                self.cv.wait(timeout=1.0)
+
+    def sent(self, target: str, ok: bool) -> None:
+        with self.cv:
+            self.plan.sent(target, ok)
+            self.cv.notify_all()
+
+    def end(self, target: str, held: bool) -> None:
+        with self.cv:
+            if held:
+                self.plan.holds(target)
+            else:
+                self.plan.finish(target)
+            self.cv.notify_all()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -377,25 +545,39 @@ def _timeout(total: int) -> float:
 
 def push_job(job: Job, wanted: M.Manifest | None, *, config: Any, options: Options, reporter: Reporter,
              now: Callable[[], datetime] = lambda: datetime.now(UTC), connect: Callable[..., Any] | None = None,
-             source_remote: Callable[[], Any] | None = None) -> Outcome:
+             source_remote: Callable[[], Any] | None = None, seeder: Seeder | None = None) -> Outcome:
     """Push one model path to one host (module docstring). Never raises for the host's own trouble:
-    the outcome says ``failed`` with one line."""
+    the outcome says ``failed`` with one line. ``seeder``: the source is chosen when the copy starts
+    (this machine or a host holding a verified copy); a copy from a holder that fails is tried again
+    from another one, up to ``SEED_ATTEMPTS`` copies."""
     connect = connect or (lambda h: _connect(h, config, options))
     t0 = time.monotonic()
     mp = job.model_path
     out = Outcome(job.host.name, mp, list(job.services), "failed", source=job.origin.describe())
     remote = None
+    if seeder is not None:
+        seeder.start(job.host.name)
     try:
         remote = connect(job.host)
-        probe = _probe(remote, mp)
-        if job.origin.kind == "hf":
-            _download(remote, job, probe, out, options, reporter, now)
-        else:
+        for attempt in range(SEED_ATTEMPTS if seeder is not None else 1):
+            probe = _probe(remote, mp)
+            if job.origin.kind == "hf":
+                _download(remote, job, probe, out, options, reporter, now)
+                break
             assert wanted is not None
-            _push(remote, job, wanted.for_path(mp), probe, out, options, reporter, now, source_remote)
+            try:
+                _push(remote, job, wanted.for_path(mp), probe, out, options, reporter, now, source_remote, seeder,
+                      connect)
+                break
+            except SeedFailed as exc:
+                if attempt == SEED_ATTEMPTS - 1:
+                    raise
+                reporter.log(f"{job.host.name}: {mp}: {exc}; trying another holder")
     except LlmfleetError as exc:
         out.result, out.error = "failed", str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     finally:
+        if seeder is not None:
+            seeder.end(job.host.name, held=out.ok)
         if remote is not None:
             out.round_trips = remote.round_trips
             try:
@@ -407,7 +589,8 @@ def push_job(job: Job, wanted: M.Manifest | None, *, config: Any, options: Optio
 
 
 def _push(remote: Any, job: Job, wanted: M.Manifest, probe: S.PushProbe, out: Outcome, options: Options,
-          reporter: Reporter, now: Callable[[], datetime], source_remote: Callable[[], Any] | None) -> None:
+          reporter: Reporter, now: Callable[[], datetime], source_remote: Callable[[], Any] | None,
+          seeder: Seeder | None = None, connect: Callable[..., Any] | None = None) -> None:
     host, mp = job.host.name, job.model_path
     out.bytes_total = wanted.total_size
     d = decide(wanted, probe, host)
@@ -435,11 +618,32 @@ def _push(remote: Any, job: Job, wanted: M.Manifest, probe: S.PushProbe, out: Ou
     if not S.parse_prepared(res.stdout):
         detail = (res.stderr.strip() or res.stdout.strip() or f"exit {res.rc}").splitlines()[-1][:200]
         raise RemoteError(f"host {host}: cannot prepare the staging copy of {mp}: {detail}")
+    if seeder is not None:  # the source is chosen now: this machine, or a host that holds a verified copy
+        origin = seeder.acquire(host)
+        if origin is None:
+            raise CheckFailed(f"host {host}: no holder of a verified copy of {mp} is left to send it (their copies "
+                              "to other hosts failed); run it again, or name a source with --from")
+        job = dataclasses.replace(job, origin=origin)
+        out.source = origin.describe()
+        if origin.kind == "host":
+            assert connect is not None  # push_job passes its own
+            src_host, via = seeder.hosts[origin.value], connect
+            source_remote = lambda: via(src_host)  # noqa: E731
+        else:
+            source_remote = None
     key = f"{host}:{mp}"
     reporter.begin(key, f"{host} {mp.rsplit('/', 1)[-1]}", wanted.total_size, wanted.total_size - d.send_bytes)
     t_send = time.monotonic()
-    src = source_remote() if source_remote is not None else None
+    sent_before = out.bytes_sent
+    src = None
+    sent_ok = False
     try:
+        try:
+            src = source_remote() if source_remote is not None else None
+        except LlmfleetError as exc:
+            if seeder is not None:
+                raise SeedFailed(f"cannot reach {job.origin.describe()}: {str(exc).splitlines()[0]}") from None
+            raise
         for f in wanted.files:
             off = d.offsets[f.path]
             if off >= f.size and f.size > 0:
@@ -461,13 +665,24 @@ def _push(remote: Any, job: Job, wanted: M.Manifest, probe: S.PushProbe, out: Ou
                 if key_obj is None:
                     raise RemoteError(f"host {host}: SSH connection is closed")
                 peer = transfer.Peer(addr, port, remote.user, f"{key_obj.get_name()} {key_obj.get_base64()}")
-                transfer.send_between(src, remote, src_file, dest, offset=off, size=f.size, peer=peer,
-                                      limit_rate=options.limit_rate, progress=advance)
+                try:
+                    transfer.send_between(src, remote, src_file, dest, offset=off, size=f.size, peer=peer,
+                                          limit_rate=options.limit_rate, progress=advance)
+                except transfer.TransferError as exc:
+                    if seeder is None:
+                        raise
+                    raise SeedFailed(f"the copy from {job.origin.describe()} failed: {str(exc).splitlines()[0]}") \
+                        from None
+        sent_ok = True
     finally:
-        out.send_seconds = time.monotonic() - t_send
+        out.send_seconds += time.monotonic() - t_send
+        by = job.origin.describe()
+        out.bytes_by_source[by] = out.bytes_by_source.get(by, 0) + out.bytes_sent - sent_before
         if src is not None:
             src.close()
         reporter.end(key)
+        if seeder is not None:
+            seeder.sent(host, sent_ok)
     _commit(remote, job, wanted, out, options, now, move=True)
     out.result = "pushed"
 
@@ -561,19 +776,20 @@ def push(inv: Inventory, jobs: list[Job], *, config: Any, options: Options, repo
     for i, job in enumerate(jobs):
         if i not in failed_before:
             by_host.setdefault(job.host.name, []).append(i)
+    seeders = seed_groups(inv, jobs, [i for i in range(len(jobs)) if i not in failed_before], options)
 
     def one_host(name: str) -> list[tuple[int, Outcome]]:
         done = []
         for i in by_host[name]:
             job = jobs[i]
             src = None
-            if job.origin.kind == "host":
+            if job.origin.kind == "host" and i not in seeders:
                 src_host = inv.hosts[job.origin.value]
 
                 def src(h: Host = src_host) -> Any:
                     return _connect(h, config, options)
             o = push_job(job, wanted.get((job.origin, job.model_path)), config=config, options=options,
-                         reporter=reporter, source_remote=src)
+                         reporter=reporter, source_remote=src, seeder=seeders.get(i))
             reporter.log(line(o))
             done.append((i, o))
         return done
@@ -593,6 +809,29 @@ def push(inv: Inventory, jobs: list[Job], *, config: Any, options: Options, repo
 
         audit.append_local(audit_log, [_local_record(o, options) for o in ordered])
     return ordered
+
+
+def seed_groups(inv: Inventory, jobs: Sequence[Job], live: Sequence[int], options: Options) -> dict[int, Seeder]:
+    """Job index -> the seeder of its model, for the jobs that copy through seeding: the jobs of one
+    model (source and model_path) whose host other hosts can reach (``peer_address``: the rule of
+    ``--from``), when ``seeding_on`` for their number. The other jobs copy from their own source."""
+    groups: dict[tuple[Origin, str], list[int]] = {}
+    for i in live:
+        job = jobs[i]
+        if job.origin.kind not in ("local", "host"):
+            continue
+        try:
+            peer_address(job.host, job.settings)
+        except UsageError:
+            continue  # no host can reach it: it copies from its own source
+        groups.setdefault((job.origin, job.model_path), []).append(i)
+    out: dict[int, Seeder] = {}
+    for (origin, _mp), idx in groups.items():
+        if not seeding_on(options.seed, options.forks, len(idx)):
+            continue
+        seeder = Seeder(SeedPlan(CONTROLLER if origin.kind == "local" else origin.value), origin, inv.hosts)
+        out.update(dict.fromkeys(idx, seeder))
+    return out
 
 
 def _local_record(o: Outcome, options: Options) -> dict[str, Any]:
