@@ -63,6 +63,15 @@ def _registry_reachable(lab) -> bool:
     return res.returncode == 0 and res.stdout.strip() == "200"
 
 
+def _as_new(lab) -> None:
+    """The host as if freshly installed: no llmfleet unit, container, release or image left from
+    earlier tests of this lab session."""
+    lab.exec(HOST, ["sh", "-c",
+                    "systemctl stop 'llmfleet-*' >/dev/null 2>&1; systemctl reset-failed 'llmfleet-*' >/dev/null 2>&1; "
+                    "rm -f /etc/systemd/system/llmfleet-*; systemctl daemon-reload; "
+                    "docker ps -aq | xargs -r docker rm -f >/dev/null; rm -rf /opt/llmfleet/services; true"])
+
+
 @pytest.fixture(scope="module")
 def bundle(lab, tmp_path_factory):
     """The bundle, and an inventory whose ``tiny`` service takes its model from this machine
@@ -89,7 +98,9 @@ def bundle(lab, tmp_path_factory):
 def test_deploy_from_the_bundle_with_the_registry_cut_off(lab, bundle):
     out, doc, tmp, inv = bundle
     (image,) = [i for i in doc["images"] if i["key"] == IMAGE]
-    # a host that never ran the service, whose engine does not hold the image
+    # a host that never ran the service, whose engine does not hold the image (the lab's host may have
+    # run other test files' services: those go first, as on a freshly installed host)
+    _as_new(lab)
     lab.exec(HOST, ["sh", "-c", f"docker image rm -f {image['image_id']} >/dev/null 2>&1 || true"])
     lab.exec(HOST, ["sh", "-c", f"rm -f {lab.gguf_path} {lab.gguf_path}.llmfleet.json"])  # nor the model
     assert _registry_reachable(lab)
