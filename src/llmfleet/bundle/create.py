@@ -15,6 +15,7 @@ import hashlib
 import os
 import shutil
 import tarfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -148,10 +149,16 @@ def fetch_image(client: RegistryClient, locked: images.LockedImage, mirrors: dic
     log(f"{locked.key}: {source} ({PLATFORM} {manifest.digest[:19]}): {len(manifest.layers)} layer(s), "
         f"{total / 1e6:.1f} MB")
     blobs: dict[str, Path] = {}
-    for d in descs:
-        digest = str(d["digest"])
+    done = 0
+    for i, d in enumerate(descs, 1):
+        digest, size = str(d["digest"]), int(d["size"])
         dest = staging / digest.split(":", 1)[1]
-        client.fetch_blob(ref, digest, dest, size=int(d["size"]))
+        t0 = time.monotonic()
+        client.fetch_blob(ref, digest, dest, size=size)
+        done += size
+        # a CUDA engine image is gigabytes: each blob says when it is in, so a long fetch is never silent
+        log(f"{locked.key}: blob {i}/{len(descs)} {digest[:19]} {size / 1e6:.1f} MB in "
+            f"{time.monotonic() - t0:.1f} s ({done / 1e6:.1f} of {total / 1e6:.1f} MB)")
         blobs[digest] = dest
     mpath = staging / manifest.digest.split(":", 1)[1]
     mpath.write_bytes(manifest.body)
@@ -162,6 +169,7 @@ def fetch_image(client: RegistryClient, locked: images.LockedImage, mirrors: dic
     small = bc.image_layout(tag, manifest.digest, manifest.media_type, len(manifest.body), manifest.image_id,
                             [str(d["digest"]) for d in manifest.layers])
     name = bc.archive_name(locked.key)
+    log(f"{locked.key}: writing {name} ({total / 1e6:.1f} MB, sha256 while written)")
     entry = write_archive(out_dir / name, small, blobs)
     image = bc.BundleImage(key=locked.key, repository=locked.repository, digest=locked.digest,
                            manifest=manifest.digest, image_id=manifest.image_id, archive=name, tag=tag,
