@@ -20,20 +20,17 @@ from llmfleet.cli.common import (
     select_hosts,
 )
 from llmfleet.cli.flags import fleet_task
+from llmfleet.cli.images_tasks import registry_client, selected_mirrors, split_words
 
 MIRROR_HELP = ("fetch through the private mirrors in the selected hosts' llmfleet_image_mirrors (the digest "
                "stays the same; the bundle records the lock's repository)")
-
-
-def _split(values: str | None) -> list[str]:
-    return [v for v in (values or "").replace(",", " ").split() if v]
 
 
 def _mirror_pairs(values: str | None) -> dict[str, str]:
     from llmfleet.errors import UsageError
 
     out: dict[str, str] = {}
-    for item in _split(values):
+    for item in split_words(values):
         public, sep, private = item.partition("=")
         if not sep or not public or not private:
             raise UsageError(f"--mirror {item!r} must be REPOSITORY_PREFIX=MIRROR_PREFIX (e.g. "
@@ -67,18 +64,16 @@ def create(c, dir, host=None, group=None, service=None, inventory=None, registry
     bundle.json with every file's size and sha256.
     """
     from llmfleet.bundle import create as bcreate
-    from llmfleet.images.registry import RegistryClient
 
     inv, hosts = select_hosts(c, inventory, host, group)
-    sel = bcreate.select(inv, [h.name for h in hosts], _split(service) or None, cfg(c, "images_lock"))
+    sel = bcreate.select(inv, [h.name for h in hosts], split_words(service) or None, cfg(c, "images_lock"))
     mirrors: dict[str, str] = {}
     if registry_mirror:
-        from llmfleet.cli.images_tasks import _mirrors
 
-        mirrors.update(_mirrors(c, inventory, host, group))
+        mirrors.update(selected_mirrors(c, inventory, host, group))
     mirrors.update(_mirror_pairs(mirror))
     out = Path(dir).expanduser()
-    bundle = bcreate.create(sel, out, client=RegistryClient(insecure=_split(insecure)), mirrors=mirrors,
+    bundle = bcreate.create(sel, out, client=registry_client(insecure), mirrors=mirrors,
                             log=lambda m: err_console.print(escape(m)))
     tarball = bcreate.write_tarball(out) if tar else None
     if json:

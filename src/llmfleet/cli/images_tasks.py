@@ -54,11 +54,11 @@ def _in_checkout() -> bool:
     return (Path(__file__).resolve().parents[3] / "pyproject.toml").is_file()
 
 
-def _split(values: str | None) -> list[str]:
+def split_words(values: str | None) -> list[str]:
     return [v for v in (values or "").replace(",", " ").split() if v]
 
 
-def _mirrors(c, inventory: str | None, host: str | None, group: str | None) -> dict[str, str]:
+def selected_mirrors(c, inventory: str | None, host: str | None, group: str | None) -> dict[str, str]:
     """The union of ``llmfleet_image_mirrors`` over the selected hosts; two hosts mapping one public
     repository to different mirrors is a usage error (say which with --host/--group)."""
     from llmfleet.inventory.ansible import load_inventory, settings_for
@@ -97,10 +97,10 @@ def _dockerfiles(c) -> Path:
     return root
 
 
-def _client(insecure: str | None):
+def registry_client(insecure: str | None):
     from llmfleet.images.registry import RegistryClient
 
-    return RegistryClient(insecure=_split(insecure))
+    return RegistryClient(insecure=split_words(insecure))
 
 
 def _catalog_images() -> dict:
@@ -129,19 +129,19 @@ def pin(c, refs, inventory=None, lock=None, registry_mirror=False, host=None, gr
         inspect=False):
     """Resolve image tags to digests against their registry and write them into images.lock."""
     catalog = _catalog_images()
-    args = _split(refs)
+    args = split_words(refs)
     if args == ["all"]:
         args = [k.replace(":", "=", 1) for k, r in sorted(catalog.items()) if not r.cpu]
     specs = img.parse_pin_args(args, catalog)
     if registry_mirror:
-        mirrors = _mirrors(c, inventory, host, group)
+        mirrors = selected_mirrors(c, inventory, host, group)
         specs = [img.through_mirror(s, mirrors) for s in specs]
     own = Path(img.PROJECT_LOCK)
     fresh = not own.exists()
     path = _writable_lock(_lock_path(c, lock), announce=False)
     created = fresh and own.exists()
     try:
-        entries = img.pin(specs, _client(insecure), path)
+        entries = img.pin(specs, registry_client(insecure), path)
         if inspect:
             entries = _inspect_pinned(entries, specs, path, quiet=json)
     except BaseException:
@@ -177,8 +177,8 @@ def verify(c, inventory=None, lock=None, registry_mirror=False, host=None, group
     if not path.exists():
         raise UsageError(f"{path}: no such lock file; run `invoke images.pin` first or pass --lock")
     lock_data = img.load_lock(path)
-    mirrors = _mirrors(c, inventory, host, group) if registry_mirror else {}
-    results = img.verify(lock_data, _client(insecure), mirrors=mirrors)
+    mirrors = selected_mirrors(c, inventory, host, group) if registry_mirror else {}
+    results = img.verify(lock_data, registry_client(insecure), mirrors=mirrors)
     failed = [r for r in results if r.status in ("missing", "error")]
     if record:
         img.write_lock(img.mark_verified(lock_data, results), _writable_lock(path))
@@ -223,7 +223,7 @@ def build(c, name, resolve_base=False, build_arg=None, tag=None, dry_run=False, 
             raise UsageError(f"--build-arg {item!r} must be KEY=VALUE")
         overrides[key] = value
     if resolve_base:
-        client = _client(None)
+        client = registry_client(None)
         for arg, (image, digest) in spec.bases.items():
             if not digest and not overrides.get(arg):
                 overrides[arg] = client.resolve(image)

@@ -106,6 +106,7 @@ def push(c, host=None, group=None, inventory=None, service=None, source=None, fr
     import sys
 
     from llmfleet.models import push as P
+    from llmfleet.release.executor import default_who
 
     inv, hosts = select_hosts(c, inventory, host, group)
     settings = load_settings(c)
@@ -123,7 +124,7 @@ def push(c, host=None, group=None, inventory=None, service=None, source=None, fr
                               where=f"host {h.name}: service {svc.name}").pull_ref
 
     jobs = P.plan_jobs(inv, hosts, service=service, source=source, from_host=from_, lock=pinned)
-    options = P.Options(limit_rate=rate, who=P.default_who(), forks=forks, accept_new_host_keys=accept_new_host_keys,
+    options = P.Options(limit_rate=rate, who=default_who(), forks=forks, accept_new_host_keys=accept_new_host_keys,
                         seed=False if no_seed else None)
     with _RichReporter(live=sys.stderr.isatty() and not verbose) as reporter:
         outcomes = P.push(inv, jobs, config=settings, options=options, reporter=reporter,

@@ -854,14 +854,6 @@ def line(o: Outcome) -> str:
             f"from {o.source}), verified {o.verified_at}")
 
 
-def default_who() -> str:
-    try:
-        user = getpass.getuser()
-    except Exception:  # noqa: BLE001 - no user name in some containers
-        user = "unknown"
-    return f"{user}@{socket.gethostname()}"
-
-
 _RATE_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
                "ki": 2**10, "kib": 2**10, "mi": 2**20, "mib": 2**20, "gi": 2**30, "gib": 2**30}
 
