@@ -135,9 +135,13 @@ def head_health(sim: Sim):
 
 @pytest.fixture
 def prepared(tmp_path: Path) -> M.PreparedService:
+    return make_prepared(tmp_path)
+
+
+def make_prepared(tmp_path: Path, **hostvars: object) -> M.PreparedService:
     svc = {"name": "big", "engine": "llamacpp", "model": "m", "model_path": "/srv/models/m.gguf",
            "image": "llamacpp:x", "workers": ["w2", "w1"], "health": {"stage_timeout_s": 1}}
-    hosts = {h: {"ansible_host": "127.0.0.1", "llmfleet_cluster_address": a} for h, a in ADDR.items()}
+    hosts = {h: {"ansible_host": "127.0.0.1", "llmfleet_cluster_address": a, **hostvars} for h, a in ADDR.items()}
     hosts["head"]["llmfleet_services"] = [svc]
     (tmp_path / "hosts.yml").write_text(yaml.safe_dump({"all": {"hosts": hosts}}))
     inv = load_inventory(str(tmp_path))
@@ -307,3 +311,36 @@ def test_a_head_that_cannot_reach_a_worker_stops_before_it_switches(prepared, mo
     assert [e[1] for e in kinds(sim, "finish")] == ["head", "w1", "w2"]  # every lock released
 
 
+
+
+def test_the_prune_after_a_deploy_keeps_an_image_another_service_on_the_host_still_uses(tmp_path, monkeypatch):
+    """The host also runs service "chat" on image X; "big"'s oldest release, pruned by this deploy, used
+    X too. The prune decides over every service on the host: X stays (it removed X before)."""
+    older = "20261128T110000Z-0123456789"
+    shared = "reg.lab:5000/llama@sha256:" + "cd" * 32
+    sim = Sim(existing=True)
+    base = fake_run_class(sim)
+
+    class Run(base):  # type: ignore[misc,valid-type]
+        def read_state(self):
+            st = release_state.ServiceState(name="big", current=OLD, unit="active")
+            st.releases[older] = release_state.ReleaseInfo(older, manifest(older, "1" * 64, ref=shared),
+                                                           {"result": "healthy"})
+            st.releases[OLD] = release_state.ReleaseInfo(OLD, manifest(OLD, "0" * 64), {"result": "healthy"})
+            chat = release_state.ServiceState(name="chat", current=older, unit="active")
+            chat.releases[older] = release_state.ReleaseInfo(older, manifest(older, "2" * 64, ref=shared),
+                                                             {"result": "healthy"})
+            return {"big": st, "chat": chat}
+
+    monkeypatch.setattr(M, "HostRun", Run)
+    prepared = make_prepared(tmp_path, llmfleet_keep_releases=1)
+    monkeypatch.setattr(M, "_cluster_preflight", lambda ready, hosts, run, cluster: [None])
+    monkeypatch.setattr(P, "judge_pull", lambda run, it, res: sim.events.append(("pull", run.host)))
+    monkeypatch.setattr(M, "WORKER_POLL_S", 0.01)
+    res = M.deploy_service(prepared.inventory, "head", "big", prepared=prepared, options=DeployOptions(who="t"),
+                           log=lambda line: None, head_health=head_health(sim),
+                           connector=lambda h, s, a: Remote(h.name))
+    assert res.result == "deployed", res.reason
+    last = "\n".join(sim.deferred["head"])
+    assert older in last  # big's oldest release is pruned ...
+    assert shared not in last  # ... but not the image chat's current release runs

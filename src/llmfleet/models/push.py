@@ -29,7 +29,6 @@ the service's own vLLM image, then hashed there).
 from __future__ import annotations
 
 import dataclasses
-import getpass
 import os
 import socket
 import time

@@ -383,7 +383,8 @@ def _deploy(ready: PreparedService, slots: dict[str, HostSlot], res: ServiceRun,
         workers.append(wh)
     images_by_host = {hh.name: prep.image} | {w.host.name: w.image for w in ready.workers}
     for name, h in slots.items():
-        st = h.run.read_state().get(svc.name)
+        h.host_states = h.run.read_state()
+        st = h.host_states.get(svc.name)
         p = Prepared(svc, prep.api_key if h.is_head else None, images_by_host[name])
         h.items = [pipeline.item_for(h.run, p, summarize(plan) if h.is_head else None, rendered[name], st)]
         previous = h.item.step.previous
@@ -593,7 +594,7 @@ def _commit(slots: dict[str, HostSlot], svc: Service, res: ServiceRun, report: h
         h.out.result = done
         h.out.services[svc.name] = ServiceOutcome(svc.name, done, rid, rid, it.step.previous)
         if action == "deploy" and it.step.action in (Action.NEW, Action.SWITCH) and it.state is not None:
-            pipeline.prune_after(h.run, {svc.name: it.state}, [it])
+            pipeline.prune_after(h.run, h.host_states or {svc.name: it.state}, [it])
 
 
 def _roll_back_all(slots: dict[str, HostSlot], workers: list[HostSlot], hh: HostSlot, svc: Service, failure: str,

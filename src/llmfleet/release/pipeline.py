@@ -107,6 +107,9 @@ class Slot(Generic[OutcomeT]):
     member: cluster.Member | None = None
     token: str | None = None
     switched: bool = False
+    # every service's state on the host, as read before the switch: a prune decides what is unused
+    # across all of them, not only the service being deployed
+    host_states: dict[str, release_state.ServiceState] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
