@@ -930,7 +930,7 @@ def check_service_hosts(
         checks.append(Check("tp-heads", "warn", f"model {service.model} is not in the catalog: its heads and layers "
                             "are unknown, so the split is not judged", "add it to catalog/models.yaml"))
     else:
-        tp = per_host if engines.for_engine(service.engine).tensor_parallel else 1
+        tp = per_host if engines.for_engine(service.engine).split_modes[0] == "tensor" else 1
         why = parallel.tp_problem(spec.heads, spec.kv_heads, tp, mla=spec.is_mla)
         if why:
             checks.append(Check("tp-heads", "fail", why, "use a GPU count per host that divides the heads "

@@ -66,10 +66,7 @@ class Manifest:
     @classmethod
     def parse(cls, data: str | dict[str, Any] | None) -> Manifest | None:
         if isinstance(data, str):
-            try:
-                data = json.loads(data)
-            except ValueError:
-                return None
+            data = loads_object(data)
         if not isinstance(data, dict):
             return None
 
@@ -103,7 +100,7 @@ class Manifest:
         if isinstance(d, str) and d:
             return d
         ref = self.image_ref
-        return ref.rsplit("@", 1)[1] if ref and "@sha256:" in ref else None
+        return ref.rsplit("@", 1)[1] if ref and "@" in ref else None  # repo@digest (images.registry.split_reference)
 
     def plan_summary(self) -> PlanSummary | None:
         return PlanSummary.from_dict(self.plan) if self.plan else None

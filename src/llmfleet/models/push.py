@@ -687,7 +687,10 @@ def _push(remote: Any, job: Job, wanted: M.Manifest, probe: S.PushProbe, out: Ou
 
 
 def _commit(remote: Any, job: Job, wanted: M.Manifest, out: Outcome, options: Options,
-            now: Callable[[], datetime], *, move: bool, result: str | None = None) -> None:
+            now: Callable[[], datetime], *, move: bool, result: str | None = None, verify: bool = True) -> None:
+    """Put the staged copy in place (``move``) or adopt what is there, write the manifest, audit. ``verify``:
+    check the staged files' sha256 against ``wanted`` first (False where ``wanted`` was just hashed from
+    those very files on the host, as after a download)."""
     from llmfleet.release import store
 
     host, mp = job.host.name, job.model_path
@@ -702,7 +705,7 @@ def _commit(remote: Any, job: Job, wanted: M.Manifest, out: Outcome, options: Op
         digest=None, result=result,
         detail=f"{mp}: {len(wanted.files)} file(s), {gib(wanted.total_size)}, from {job.origin.describe()}; "
                f"{out.bytes_sent:,} bytes sent", model_path=mp, content=wanted.content_digest)
-    parts = [] if not move else [S.verify_script(mp, wanted)]
+    parts = [S.verify_script(mp, wanted)] if move and verify else []
     parts += [S.commit_script(mp, wanted.kind, move=move), store.audit_append_script(job.settings.root, record)]
     res = remote.run("\n".join(parts), sudo=True, stdin=final.to_json().encode(), timeout=_timeout(wanted.total_size))
     _ok, bad = S.parse_verify(res.stdout)
@@ -738,7 +741,7 @@ def _download(remote: Any, job: Job, probe: S.PushProbe, out: Outcome, options: 
         raise RemoteError(f"host {job.host.name}: cannot hash the download of {o.value} in {M.part_path(job.model_path)}")
     wanted = M.Manifest(job.model_path, kind, tuple(M.FileEntry(r, s, h) for r, s, h in files), o.record())  # type: ignore[arg-type]
     out.bytes_total = wanted.total_size
-    _commit(remote, job, wanted, out, options, now, move=True, result="downloaded")
+    _commit(remote, job, wanted, out, options, now, move=True, result="downloaded", verify=False)
     out.result, out.reason = "downloaded", f"{o.value}@{o.revision} downloaded on the host"
 
 

@@ -59,9 +59,6 @@ from llmfleet.release.secret import resolve_secret
 from llmfleet.release.store import Paths
 from llmfleet.settings import Settings
 
-RESULTS = tuple(r.value for r in Result)
-
-
 # ---------------------------------------------------------------------------------------------
 # deploy
 

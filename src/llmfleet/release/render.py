@@ -399,10 +399,6 @@ def mask_env(text: str) -> str:
     return "".join(out)
 
 
-def effective_bind_address(service: Service, settings: HostSettings) -> str:
-    return settings.bind_address_for(service)  # TEMP: until release/watchdog.py calls it
-
-
 def gpu_count(service: Service) -> int | None:
     """GPUs the service asks for; None for ``all`` (unknown until the host is asked)."""
     return None if service.gpus == "all" else len(service.gpus)

@@ -203,10 +203,7 @@ def release_files(service: Service, settings: HostSettings) -> dict[str, tuple[s
     """The files a release ships for its watchdog (none when the host turned it off)."""
     if not settings.watchdog.enabled:
         return {}
-    from llmfleet.release.render import effective_bind_address
-
-    return _files(service, settings, script_text(service, settings,
-                                                  bind_address=effective_bind_address(service, settings)))
+    return _files(service, settings, script_text(service, settings, bind_address=settings.bind_address_for(service)))
 
 
 def _files(service: Service, settings: HostSettings, script: str) -> dict[str, tuple[str, int]]:

@@ -32,8 +32,7 @@ What a new engine (SGLang, TGI, ...) must provide, and nothing else:
      went and how large the KV cache is, and their parser (``loadlog.LoadReport``), for the
      residency check after a start (``release.residency``); ``kv_tokens_asked(args)``: the KV
      tokens a command line asks for, which the engine's report is compared with;
-   - for the planner: ``tensor_parallel`` (True: weights and KV shard over the cards; False: the
-     cards' memory adds up, layers split), ``quant_family`` (``hf`` or ``gguf``: the family of the
+   - for the planner: ``quant_family`` (``hf`` or ``gguf``: the family of the
      smaller quantizations it ranks), ``serves_only_quant_family`` (refuse other families),
      ``kv_flag_without_bf16`` (the KV dtype flag on a card without bf16), ``small_kv_dtype`` (the
      8-bit KV cache it suggests), ``embedding_on_gpu`` (False: an untied token-embedding table stays
@@ -134,7 +133,6 @@ class EngineKnowledge:
     # llmfleet metric (fleet.metrics.EngineMetrics field) -> the engine's Prometheus names, newest first
     metrics: ClassVar[dict[str, tuple[str, ...]]] = {}
     # planner facts (see the module docstring)
-    tensor_parallel: ClassVar[bool] = False
     quant_family: ClassVar[str] = "hf"
     serves_only_quant_family: ClassVar[bool] = False
     kv_flag_without_bf16: ClassVar[str] = "auto"

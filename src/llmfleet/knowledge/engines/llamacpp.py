@@ -16,7 +16,6 @@ _FA_VALUES = ("on", "off", "auto", "1", "0", "true", "false")
 
 class LlamaCppKnowledge(EngineKnowledge):
     name = "llamacpp"
-    tensor_parallel = False  # --split-mode layer: whole layers per card
     quant_family = "gguf"
     serves_only_quant_family = True  # it reads GGUF files only
     kv_flag_without_bf16 = "f16"

@@ -19,7 +19,6 @@ _GIB = 1024**3
 
 class VllmKnowledge(EngineKnowledge):
     name = "vllm"
-    tensor_parallel = True  # --tensor-parallel-size shards weights and KV heads over the cards
     quant_family = "hf"
     kv_flag_without_bf16 = "auto"
     small_kv_dtype = "fp8"
