@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from llmfleet.models import local as L
 from llmfleet.models import manifest as M
 
 SHA = "ab" * 32
@@ -66,7 +67,7 @@ def test_build_local_hashes_a_file_and_a_folder(tmp_path):
     f = tmp_path / "local-name.gguf"
     f.write_bytes(b"GGUF" + b"x" * 1000)
     seen: list[int] = []
-    m = M.build_local(str(f), "/srv/models/m.gguf", progress=seen.append)
+    m = L.build_local(str(f), "/srv/models/m.gguf", progress=seen.append)
     assert m.kind == "file" and m.model_path == "/srv/models/m.gguf"
     assert m.files == (M.FileEntry("m.gguf", 1004, hashlib.sha256(f.read_bytes()).hexdigest()),)  # the host's name
     assert sum(seen) == 1004
@@ -74,7 +75,7 @@ def test_build_local_hashes_a_file_and_a_folder(tmp_path):
     (d / "sub").mkdir(parents=True)
     (d / "config.json").write_text("{}")
     (d / "sub" / "w.safetensors").write_bytes(b"w" * 10)
-    md = M.build_local(str(d), "/srv/models/qwen")
+    md = L.build_local(str(d), "/srv/models/qwen")
     assert [(x.path, x.size) for x in md.files] == [("config.json", 2), ("sub/w.safetensors", 10)]
     assert md.content_digest != m.content_digest and len(md.content_digest) == 32
 
@@ -84,9 +85,9 @@ def test_build_local_refuses_what_a_host_script_cannot_carry(tmp_path):
     d.mkdir()
     (d / "bad\\name").write_text("x")
     with pytest.raises(ValueError, match="backslash"):
-        M.build_local(str(d), "/srv/q")
+        L.build_local(str(d), "/srv/q")
     with pytest.raises(ValueError, match="neither a file nor a folder"):
-        M.local_files(str(tmp_path / "absent"))
+        L.local_files(str(tmp_path / "absent"))
 
 
 def test_the_content_ignores_path_source_and_verification():

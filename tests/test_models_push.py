@@ -16,6 +16,7 @@ from llmfleet.errors import UsageError
 from llmfleet.host.ssh import connect
 from llmfleet.inventory.ansible import Host, Inventory
 from llmfleet.inventory.services import HostSettings, host_settings
+from llmfleet.models import local as L
 from llmfleet.models import manifest as M
 from llmfleet.models import push as P
 from llmfleet.models import scripts as S
@@ -191,7 +192,7 @@ def test_push_end_to_end_over_ssh_resume_adopt_and_skip(sshd, tmp_path):
     host = host_for(sshd)
     kh = tmp_path / "known_hosts"
     origin = P.Origin("local", str(src))
-    want = M.build_local(str(src), mp, source=origin.record())
+    want = L.build_local(str(src), mp, source=origin.record())
     remotes = []
 
     def conn(h):

@@ -3,7 +3,7 @@ to the hosts by ``llmfleet.models.push`` (the shell; the layout and checks are `
 
 ``bundle.create`` copies each model whose ``model_source`` is a path on this machine to
 ``models/<model_path without its leading />`` and writes the model's manifest beside the copy
-(``manifest.build_local``: every file's size and sha256; ``source`` names the bundle folder, never
+(``models.local.build_local``: every file's size and sha256; ``source`` names the bundle folder, never
 this machine's path). A model whose source is a host or a Hugging Face repository is not carried
 (the log says so): the site must already hold it. ``deploy --bundle`` pushes each carried model to
 the hosts whose services name its ``model_path``, from the bundle, through ``models.push`` (a
@@ -53,6 +53,7 @@ def bundle_dir_of(model_path: str) -> str:
 def carry(inv: Inventory, chosen: dict[str, list[str]], out: Path,
           log: Log) -> tuple[list[bc.BundleModel], list[bc.FileEntry]]:
     """Copy each locally sourced model into the bundle with its manifest beside it."""
+    from llmfleet.models import local as L
     from llmfleet.models import manifest as M
 
     models: list[bc.BundleModel] = []
@@ -72,7 +73,7 @@ def carry(inv: Inventory, chosen: dict[str, list[str]], out: Path,
         else:
             shutil.copyfile(local, dest)
         try:
-            manifest = M.build_local(str(dest), model_path, source={"bundle": rel})
+            manifest = L.build_local(str(dest), model_path, source={"bundle": rel})
         except ValueError as exc:
             raise UsageError(f"{where}: model_source {local}: {exc}") from None
         mrel = rel + M.SUFFIX

@@ -16,7 +16,7 @@ next to it, written by ``invoke models.push`` after ``sha256sum`` on the host ag
 the file right after verification: a later check compares them with ``stat`` alone (cheap) to tell
 whether a file changed since, without hashing it again.
 
-Pure, apart from ``build_local`` (hashes files on this machine). ``parse`` never raises on what a
+Pure (a local model is read and hashed by ``llmfleet.models.local``). ``parse`` never raises on what a
 host printed: it returns ``(manifest or None, problems)``.
 """
 
@@ -24,10 +24,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import posixpath
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -271,74 +270,6 @@ def compare(held: Manifest, observed: Mapping[str, tuple[int, int]], wanted: Man
         elif (now[0], now[1]) != (f.observed_size, f.observed_mtime) or now[0] != f.size:
             changed.append(f.path)
     return Comparison(same, tuple(changed), tuple(missing), tuple(unobserved))
-
-
-# ---------------------------------------------------------------------------------------------
-# Building from a local copy (the controller side)
-
-
-def local_files(local_path: str) -> tuple[Kind, list[tuple[str, str, int]]]:
-    """(kind, [(relative path, absolute path, size)]) of a local model file or folder, sorted. Raises
-    ``ValueError`` with one line for what cannot be pushed (a missing path, a name a host script
-    cannot carry, a special file, too many files)."""
-    if os.path.isfile(local_path):
-        return "file", [(os.path.basename(local_path), local_path, os.path.getsize(local_path))]
-    if not os.path.isdir(local_path):
-        raise ValueError(f"{local_path} is neither a file nor a folder")
-    out: list[tuple[str, str, int]] = []
-    for dirpath, dirnames, filenames in os.walk(local_path, followlinks=False):
-        dirnames.sort()
-        for name in sorted(filenames):
-            full = os.path.join(dirpath, name)
-            rel = os.path.relpath(full, local_path).replace(os.sep, "/")
-            if not os.path.isfile(full):
-                raise ValueError(f"{full} is not a regular file")
-            why = check_relpath(rel)
-            if why:
-                raise ValueError(f"{local_path}: {why}")
-            out.append((rel, full, os.path.getsize(full)))
-            if len(out) > MAX_FILES:
-                raise ValueError(f"{local_path} holds more than {MAX_FILES} files")
-    if not out:
-        raise ValueError(f"{local_path} is an empty folder")
-    return "dir", out
-
-
-def sha256_file(path: str, progress: Callable[[int], None] | None = None) -> str:
-    """sha256 of a local file; ``progress(n)`` after each chunk of ``n`` bytes."""
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while True:
-            chunk = fh.read(HASH_CHUNK)
-            if not chunk:
-                break
-            h.update(chunk)
-            if progress is not None:
-                progress(len(chunk))
-    return h.hexdigest()
-
-
-def build_local(local_path: str, model_path: str, *, source: Mapping[str, Any] | None = None,
-                progress: Callable[[int], None] | None = None,
-                hashes: Mapping[str, str] | None = None) -> Manifest:
-    """The manifest of a local model file or folder, placed at ``model_path`` on the hosts, every file
-    hashed here (``progress(n)`` per chunk hashed). ``hashes``: sha256s already known by absolute
-    path (a cache), not hashed again. Unverified: no ``verified_at`` until a host agrees."""
-    kind, entries = local_files(local_path)
-    files = []
-    for rel, full, size in entries:
-        known = (hashes or {}).get(full)
-        if known is not None and progress is not None:
-            progress(size)
-        files.append(FileEntry(rel, size, known or sha256_file(full, progress)))
-    m = Manifest(model_path=model_path, kind=kind, files=tuple(files),
-                 source=dict(source or {"path": os.path.abspath(local_path)}))
-    return m.for_path(model_path)
-
-
-def observed_from(entries: Iterable[tuple[str, int, int]]) -> dict[str, tuple[int, int]]:
-    """``[(rel, size, mtime)]`` -> ``{rel: (size, mtime)}``."""
-    return {rel: (size, mtime) for rel, size, mtime in entries}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -40,6 +40,7 @@ from typing import Any, Literal, Protocol
 from llmfleet.errors import CheckFailed, LlmfleetError, RemoteError, UsageError
 from llmfleet.inventory.ansible import Host, Inventory, settings_for
 from llmfleet.inventory.services import HostSettings, ModelSource, Service, split_transfer_address
+from llmfleet.models import local as L
 from llmfleet.models import manifest as M
 from llmfleet.models import scripts as S
 from llmfleet.models import transfer
@@ -523,14 +524,14 @@ def source_manifest(remote: Any, model_path: str) -> M.Manifest:
 def local_manifest(origin: Origin, model_path: str, reporter: Reporter) -> M.Manifest:
     """Hash the local model (progress per byte hashed) and place it at ``model_path``."""
     try:
-        kind, entries = M.local_files(origin.value)
+        kind, entries = L.local_files(origin.value)
     except (OSError, ValueError) as exc:
         raise UsageError(f"model source {origin.value}: {exc}") from None
     total = sum(size for _r, _f, size in entries)
     key = f"hash {origin.value}"
     reporter.begin(key, f"sha256 {origin.value}", total, 0)
     try:
-        return M.build_local(origin.value, model_path, source=origin.record(),
+        return L.build_local(origin.value, model_path, source=origin.record(),
                              progress=lambda n: reporter.advance(key, n))
     except OSError as exc:
         raise UsageError(f"model source {origin.value}: {exc}") from None
