@@ -283,6 +283,31 @@ def test_lock_takeover(holder, alive, take):
     assert D.may_take_over(holder, "me@ws", lambda pid: alive) is take
 
 
+OTHER = {"who": "bob", "from": "bob@ws2", "pid": 7, "action": "models.push"}
+MINE_DEAD = {"who": "me", "from": "me@ws", "pid": 7, "action": "deploy"}
+
+
+@pytest.mark.parametrize(
+    ("name", "acquired", "holder", "rc", "took_over", "waited", "wait", "step"),
+    [
+        ("free", True, None, 0, False, 0, 0, "acquired"),
+        ("free after waiting", True, None, 0, False, 12, 60, "acquired"),
+        ("another writer, no wait (deploys)", False, OTHER, 3, False, 0, 0, "refuse"),
+        ("another writer, time left", False, OTHER, 3, False, 10, 60, "wait"),
+        ("another writer, bound reached", False, OTHER, 3, False, 60.2, 60, "refuse"),
+        ("this machine's dead run", False, MINE_DEAD, 3, False, 0, 0, "take_over"),
+        ("this machine's dead run, taken over once already", False, MINE_DEAD, 3, True, 0, 0, "refuse"),
+        ("the script failed (read-only disk)", False, None, 2, False, 0, 60, "fail"),
+        ("the answer was cut short, time left", False, None, 0, False, 0, 60, "wait"),
+        ("the answer was cut short, no wait", False, None, 3, False, 0, 0, "refuse"),
+    ],
+)
+def test_lock_step(name, acquired, holder, rc, took_over, waited, wait, step):
+    got = D.lock_step(acquired=acquired, holder=holder, rc=rc, held_rc=3, origin="me@ws", alive=lambda pid: False,
+                      took_over=took_over, waited_s=waited, wait_s=wait)
+    assert got == step, name
+
+
 # ---------------------------------------------------------------------------------------------
 # going back
 

@@ -239,7 +239,8 @@ def test_lock_is_exclusive_and_names_its_holder(tmp_path):
     assert not o2.acquired and p2.returncode == R.LOCK_HELD_RC
     assert o2.holder["who"] == "alice" and o2.holder["message"] == "rolling out"
     text = R.describe_holder(o2.holder, NOW + timedelta(minutes=3, seconds=4))
-    assert "alice" in text and "alice@ws1" in text and "3 min 4 s ago" in text and "rolling out" in text
+    assert text == ("held by alice from alice@ws1 (pid 4242) since 2026-11-29T12:00:00+00:00 (3 min 4 s ago) for "
+                    "deploy: rolling out")
     # someone else's token cannot release it
     p3 = sh(R.lock_release_script(root, "tok-2"))
     assert p3.returncode == R.LOCK_HELD_RC and b"@@notours" in p3.stdout

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
-from typing import Any, Protocol, TypedDict
+from typing import Any, Literal, Protocol, TypedDict
 
 from llmfleet.knowledge.release_state import RELEASE_ID_RE, Manifest, ReleaseInfo, ServiceState
 from llmfleet.release.manifest import file_hashes
@@ -493,6 +493,27 @@ def may_take_over(holder: Mapping[str, Any] | None, origin: str, alive: Callable
     except (TypeError, ValueError):
         return False
     return not alive(pid)
+
+
+LockStep = Literal["acquired", "take_over", "wait", "refuse", "fail"]
+
+
+def lock_step(*, acquired: bool, holder: Mapping[str, Any] | None, rc: int, held_rc: int, origin: str,
+              alive: Callable[[int], bool], took_over: bool, waited_s: float, wait_s: float) -> LockStep:
+    """One answer of the lock script, and what the writer does next: ``acquired``; ``take_over`` a
+    stale lock of this machine (``may_take_over``; once per run: a second stale holder is refused);
+    ``fail`` when the script itself failed (no holder, an exit other than held); ``wait`` and ask
+    again while ``waited_s`` is below the writer's bound ``wait_s`` (0: never waits, as deploys);
+    else ``refuse`` naming the holder."""
+    if acquired:
+        return "acquired"
+    if not took_over and may_take_over(holder, origin, alive):
+        return "take_over"
+    if holder is None and rc not in (0, held_rc):
+        return "fail"
+    if waited_s < wait_s:
+        return "wait"
+    return "refuse"
 
 
 def is_release_id(text: str) -> bool:

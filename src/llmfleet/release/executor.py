@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 
 LOG_LINES = 200
 HOST_TIMER = "confirm_timeout_s too short for this service's load?"
+LOCK_POLL_S = 3.0  # a writer waiting for the deploy lock asks again this often
 
 Log = Callable[[str], None]
 
@@ -199,7 +200,8 @@ class HostRun:
                  who: str | None = None, message: str = "", health_fn: HealthFn = http_health,
                  now: Callable[[], datetime] = now_utc, token: Callable[[], str] = lambda: secrets.token_hex(16),
                  alive: Callable[[int], bool] = pid_alive, origin: str | None = None, pid: int | None = None,
-                 clock: Callable[[], float] = time.monotonic, t0: float | None = None) -> None:
+                 clock: Callable[[], float] = time.monotonic, t0: float | None = None,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
         self.host = host_name
         self.host_settings = host_settings
         self.root = host_settings.root
@@ -217,7 +219,10 @@ class HostRun:
         self.audit: list[dict[str, Any]] = []
         self.deferred: list[str] = []
         self.lock_token: str | None = None
+        self.lock_waited_s = 0.0  # how long ``lock`` waited for another writer before it got the lock
+        self.lock_holder_seen: dict[str, Any] | None = None  # the holder it waited for
         self.clock = clock
+        self.sleep = sleep
         self.t0 = clock() if t0 is None else t0
         self.timeline: list[decide.StageTime] = []
 
@@ -281,38 +286,53 @@ class HostRun:
     # -- lock -------------------------------------------------------------------------------------
 
     def lock(self, action: str, then: list[str] | None = None, *, name: str = "lock",
-             timeout: float | None = None) -> list[ssh.Result | None]:
+             timeout: float | None = None, wait_s: float = 0.0) -> list[ssh.Result | None]:
         """Take the host's deploy lock; ``then``: steps that run in the same round trip once it is
-        taken (the pulls of a deploy). Returns their results (None: not run). Refuses when held."""
+        taken (the pulls of a deploy). Returns their results (None: not run). A stale lock of this
+        machine is taken over (audited); one held by another writer is asked for again every few
+        seconds for at most ``wait_s`` (0: deploys, refused at once), then refused naming its holder."""
         with self.stage(name):
-            return self._lock(action, list(then or []), timeout)
+            return self._lock(action, list(then or []), timeout, wait_s)
 
-    def _lock(self, action: str, then: list[str], timeout: float | None) -> list[ssh.Result | None]:
+    def _lock(self, action: str, then: list[str], timeout: float | None, wait_s: float) -> list[ssh.Result | None]:
         token = self.token()
         holder = store.holder_document(token=token, who=self.who, origin=self.origin, action=action,
                                        message=self.message, now=self.now(), pid=self.pid)
-        for attempt in range(2):
+        t0 = self.clock()
+        took_over, told = False, False
+        while True:
             res, *after = self.run_chain([store.lock_acquire_script(self.root, holder), *then], timeout=timeout)
             assert res is not None  # the first step always runs
             got = store.parse_lock_acquire(res.rc, res.stdout)
-            if got.acquired:
+            waited = self.clock() - t0
+            step = decide.lock_step(acquired=got.acquired, holder=got.holder, rc=res.rc, held_rc=store.LOCK_HELD_RC,
+                                    origin=self.origin, alive=self.alive, took_over=took_over, waited_s=waited,
+                                    wait_s=wait_s)
+            if step == "acquired":
                 self.lock_token = token
+                self.lock_waited_s = round(waited, 1) if told else 0.0
                 return after
-            if attempt == 0 and decide.may_take_over(got.holder, self.origin, self.alive):
+            if step == "take_over":
                 self.log(f"taking over a stale lock left by this machine: {store.describe_holder(got.holder, self.now())}")
                 self.run(store.lock_break_script(self.root))
                 self.record(action="lock-break", service=None, release_id=None, digest=None, result="stale",
                             detail=store.describe_holder(got.holder))
+                took_over = True
                 continue
-            if got.holder is None and res.rc not in (0, store.LOCK_HELD_RC):
+            if step == "fail":
                 raise Refusal(Result.FAILED, f"cannot take the deploy lock: {short(res.stderr or res.stdout)}")
+            if step == "wait":
+                if not told:
+                    self.log(f"deploy lock {store.describe_holder(got.holder, self.now())}; waiting up to "
+                             f"{wait_s:.0f} s")
+                    told = True
+                    self.lock_holder_seen = got.holder
+                self.sleep(max(0.0, min(LOCK_POLL_S, wait_s - waited)))
+                continue
             holder_now = got.holder
             if holder_now is None:  # the answer was cut short: ask who holds it
                 _, holder_now = store.parse_lock_status(self.run(store.lock_status_script(self.root)).stdout)
-            raise Refusal(Result.REFUSED, f"deploy lock {store.describe_holder(holder_now, self.now())}; wait, or "
-                                          f"inspect with `invoke lock.status --host {self.host}` and break a stale one "
-                                          f"with `invoke lock.release --host {self.host} --yes`")
-        raise AssertionError("unreachable: the second attempt returns or raises")
+            raise Refusal(Result.REFUSED, store.lock_refusal(self.host, holder_now, self.now(), waited if told else 0))
 
     # -- the last round trip ----------------------------------------------------------------------
 

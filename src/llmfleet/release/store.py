@@ -641,10 +641,19 @@ def describe_holder(holder: dict[str, Any] | None, now: datetime | None = None) 
         except ValueError:
             age = ""
     msg = holder.get("message") or ""
+    pid = f" (pid {holder['pid']})" if holder.get("pid") is not None else ""
     return (
-        f"held by {holder.get('who', '?')} from {holder.get('from', '?')} since {holder.get('time', '?')}{age}"
+        f"held by {holder.get('who', '?')} from {holder.get('from', '?')}{pid} since {holder.get('time', '?')}{age}"
         f" for {holder.get('action', '?')}" + (f": {msg}" if msg else "")
     )
+
+
+def lock_refusal(host: str, holder: dict[str, Any] | None, now: datetime | None = None, waited_s: float = 0) -> str:
+    """The one line every writer refused by a host's deploy lock says: the holder (who, from which
+    controller and process, since when, for what), how long it waited, and the way out."""
+    waited = f"; waited {waited_s:.0f} s" if waited_s > 0 else ""
+    return (f"deploy lock {describe_holder(holder, now)}{waited}; wait, or inspect with `invoke lock.status --host "
+            f"{host}` and break a stale one with `invoke lock.release --host {host} --yes`")
 
 
 # ---------------------------------------------------------------------------------------------
