@@ -307,7 +307,8 @@ def _wd(tmp_path, **wd):
     root = tmp_path / "root"
     hs = host_settings("h", {
         "llmfleet_root": str(root),
-        "llmfleet_watchdog": {"failures": 2, "max_restarts_per_hour": 2, **wd},
+        # /health alone here (the judgement by work done: tests/test_watchdog_script.py)
+        "llmfleet_watchdog": {"failures": 2, "max_restarts_per_hour": 2, "progress": False, **wd},
         "llmfleet_services": [{"name": "chat", "engine": "llamacpp", "model": "m", "model_path": "/m.gguf",
                                "image": "i:1", "port": 8123, "bind_address": "127.0.0.1",
                                "health": {"load_timeout_s": 10}}],

@@ -91,7 +91,8 @@ def status(c, host=None, group=None, inventory=None, json=False, forks=DEFAULT_F
             elif unit == "active":
                 unit = "[green]active[/green]"
             health = {"healthy": "[green]healthy[/green]", "unhealthy": "[red]unhealthy[/red]",
-                      "unconfirmed": "[yellow]unconfirmed[/yellow]"}.get(r.health, r.health)
+                      "unconfirmed": "[yellow]unconfirmed[/yellow]", "hung": "[red]hung[/red]",
+                      "down": "[red]down[/red]"}.get(r.health, r.health)
             run_, wait_, kv, gen = status_mod.fmt_metrics(r.metrics)
             table.add_row(
                 r.host, escape(r.card), r.service, r.release or "-", status_mod.short_digest(r.digest), unit, health,

@@ -349,7 +349,7 @@ def host_rows(status: HostStatus, settings: HostSettings | None) -> list[Service
             row.metrics = m.to_dict()
         elif isinstance(m, str):
             row.note = m
-        _supervision(row, status.supervision.get(name))
+        _supervision(row, status.supervision.get(name), settings.watchdog.interval_s if settings else 30)
         if name not in engines:
             row.note = "; ".join(x for x in ("not in the inventory", row.note) if x)
         if st.current and info is None:
@@ -361,12 +361,18 @@ def host_rows(status: HostStatus, settings: HostSettings | None) -> list[Service
     return rows
 
 
-def _supervision(row: ServiceRow, sup: watchdog.Supervision | None) -> None:
+def _supervision(row: ServiceRow, sup: watchdog.Supervision | None, interval_s: int) -> None:
     """Restarts since the deploy (the watchdog's and systemd's own) and the watchdog's last action,
-    in the row's JSON and, when there is anything to say, its note."""
+    in the row's JSON and, when there is anything to say, its note. A fresh judgement of the watchdog
+    that the engine does no work (hung: requests stand still, or idle and a 1-token completion does not
+    finish; down: /health fails) is the row's health, whatever the release's health mark says."""
     if sup is None:
         return
     row.supervision = sup.to_dict()
+    stuck = sup.stuck(interval_s)
+    if stuck is not None:
+        row.health = stuck.verdict
+        row.note = "; ".join(x for x in (row.note, f"watchdog: {stuck.detail} ({stuck.age_s} s ago)") if x)
     total = sup.watchdog_restarts + sup.unit_restarts
     if total or sup.last:
         said = f"restarts since deploy: {total} (watchdog {sup.watchdog_restarts})"

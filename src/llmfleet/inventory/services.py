@@ -233,13 +233,22 @@ class Service(_Strict):
 
 
 class WatchdogSettings(_Strict):
-    """The host-side watchdog: restart a unit whose engine stopped answering /health."""
+    """The host-side watchdog: restart a unit whose engine stopped answering /health or stopped doing
+    work (requests running or waiting while its token counters stand still for ``stall_window_s``;
+    when idle, a 1-token completion that does not finish within ``probe_timeout_s``)."""
 
     enabled: bool = True
     interval_s: Annotated[int, Field(ge=5, le=3600)] = 30
     failures: Annotated[int, Field(ge=1, le=100)] = 3
     max_restarts_per_hour: Annotated[int, Field(ge=0, le=60)] = 3
     probe_timeout_s: Annotated[int, Field(ge=1, le=120)] = 10
+    # judge by work done (the engine's own counters), not by /health alone
+    progress: bool = True
+    # busy (requests running or waiting) with no token counted for this long: a failed judgement. Long
+    # enough for the longest prefill a service sees (a 128K-token prompt on a slow card takes a minute).
+    stall_window_s: Annotated[int, Field(ge=5, le=3600)] = 120
+    # idle and nothing counted since the last probe: ask for one token (bounded by probe_timeout_s)
+    idle_probe: bool = True
 
 
 def _check_bind_address(v: str | None) -> str | None:

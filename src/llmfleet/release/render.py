@@ -638,7 +638,8 @@ def render(
         modes[COMPOSE_OVERRIDE_FILE] = 0o644
     from llmfleet.release import watchdog
 
-    for name, (text, mode) in watchdog.release_files(service, settings).items():
+    for name, (text, mode) in watchdog.release_files(
+            service, settings, key_env=role.api_key_env if api_key is not None else None).items():
         files[name], modes[name] = text, mode
     # The hash covers the image too (it is in compose) and the secret (so a rotated key is a change);
     # only the hash, never the value, leaves this function.

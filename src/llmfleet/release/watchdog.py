@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from llmfleet.inventory.services import HostSettings, Service
@@ -29,6 +29,9 @@ from llmfleet.knowledge import engines
 SCRIPT = "watchdog.sh"
 STATE = "watchdog.state"  # <service dir>/watchdog.state.{fails,restarts,last,gaveup}
 MARK = "@@watchdog"
+JUDGEMENT_MARK = "@@watchdog-judgement"
+# verdicts of the judgement that mean the engine does no work although its unit runs
+STUCK = frozenset({"hung", "down"})
 
 
 def _q(value: object) -> str:
@@ -50,26 +53,118 @@ def probe_address(bind_address: str) -> str:
     return f"[{bind_address}]" if ":" in bind_address else bind_address
 
 
-_HTTP_PROBE = """if command -v curl >/dev/null 2>&1; then
-  curl -fsS -o /dev/null --max-time "$PROBE_TIMEOUT" "$URL" 2>/dev/null && ok=1 || ok=0
+_HTTP_PROBE = """why=''
+if command -v curl >/dev/null 2>&1; then
+  if curl -fsS -o /dev/null --max-time "$PROBE_TIMEOUT" "$URL" 2>/dev/null; then
+    judge
+  else
+    ok=0; verdict=down; why="/health did not answer 200 within $PROBE_TIMEOUT s"
+  fi
 else
   [ "$(docker inspect --format '{{.State.Health.Status}}' "$CONTAINER" 2>/dev/null)" = unhealthy ] && ok=0 || ok=1
+  verdict=unknown; [ "$ok" = 1 ] || { verdict=down; why="Docker healthcheck: unhealthy (no curl on the host)"; }
 fi"""
+
+# The judgement by work done (``judge``, run when /health answered): read the engine's /metrics; when
+# its progress counters moved since the last probe the engine works. Requests running or waiting with
+# the counters standing still for STALL_WINDOW seconds is a failed judgement ("hung"); idle with nothing
+# counted since the last probe, a 1-token completion must finish within PROBE_TIMEOUT. An engine whose
+# /metrics does not answer while /health does (llama-server answers /metrics from its main loop) fails
+# too. Secrets never reach argv: curl reads the Authorization header from its standard input (-K -).
+_JUDGE = r"""api() {  # path out [curl args...]: HTTP status of a bounded request, body in out
+  p=$1; o=$2; shift 2
+  if [ -n "$KEY_ENV" ] && [ -r "$SERVICE_DIR/current/service.env" ]; then
+    k=$(sed -n "s/^$KEY_ENV='\(.*\)'\$/\1/p" "$SERVICE_DIR/current/service.env" | head -n 1)
+    k=${k%%,*}
+  else
+    k=''
+  fi
+  if [ -n "$k" ]; then
+    printf 'header = "Authorization: Bearer %s"\n' "$(printf '%s' "$k" | sed 's/[\\"]/\\&/g')" |
+      curl -sS -K - -o "$o" -w '%{http_code}' --max-time "$PROBE_TIMEOUT" "$@" "$BASE$p" 2>/dev/null
+  else
+    curl -sS -o "$o" -w '%{http_code}' --max-time "$PROBE_TIMEOUT" "$@" "$BASE$p" 2>/dev/null
+  fi
+}
+judge() {
+  ok=1; verdict=healthy
+  [ "$PROGRESS" = 1 ] || return 0
+  code=$(api /metrics "$STATE.metrics")
+  if [ "$code" != 200 ] && [ "$code" != 404 ]; then
+    ok=0; verdict=hung; why="/health answers but /metrics did not within $PROBE_TIMEOUT s (HTTP ${code:-000})"
+    return 0
+  fi
+  set -- $( [ "$code" = 200 ] && awk -v R="$RUNNING" -v W="$WAITING" -v P="$PROGRESS_COUNTERS" '
+    function first(names, n,   i) { for (i = 1; i <= n; i++) if (names[i] in seen) return sprintf("%.0f", sum[names[i]]); return "-" }
+    BEGIN { nr = split(R, rn, " "); nw = split(W, wn, " "); np = split(P, pn, " ") }
+    /^#/ || NF < 2 { next }
+    { name = $1; i = index(name, "{"); if (i) name = substr(name, 1, i - 1); sum[name] += $NF; seen[name] = 1 }
+    END { p = 0; have = 0; for (i = 1; i <= np; i++) if (pn[i] in seen) { p += sum[pn[i]]; have = 1 }
+          printf "%s %s %s\n", first(rn, nr), first(wn, nw), (have ? sprintf("%.0f", p) : "-") }' "$STATE.metrics")
+  running=${1:--}; waiting=${2:--}; done_=${3:--}
+  now=$(date +%s)
+  read -r prev since < "$STATE.progress" 2>/dev/null || { prev=''; since=$now; }
+  if [ "$done_" != - ] && [ "$done_" != "$prev" ]; then
+    echo "$done_ $now" > "$STATE.progress"; verdict=working; return 0
+  fi
+  case "$running$waiting" in *-*) busy=0 ;; *) busy=$(awk -v a="$running" -v b="$waiting" 'BEGIN { print (a + b > 0) }') ;; esac
+  if [ "$done_" != - ] && [ "$busy" = 1 ]; then
+    stalled=$((now - ${since:-$now}))
+    verdict=busy
+    if [ "$stalled" -ge "$STALL_WINDOW" ]; then
+      ok=0; verdict=hung; why="$running requests running, $waiting waiting, 0 tokens generated in $stalled s"
+    fi
+    return 0
+  fi
+  verdict=idle
+  [ "$IDLE_PROBE" = 1 ] || return 0
+  code=$(api /v1/completions "$STATE.reply" -X POST -H 'Content-Type: application/json' -d "$COMPLETION")
+  if [ "$code" = 200 ] && grep -q '"choices"' "$STATE.reply" 2>/dev/null; then
+    return 0
+  fi
+  ok=0; verdict=hung
+  if [ "$code" = 000 ] || [ -z "$code" ]; then
+    why="idle; a 1-token completion did not finish within $PROBE_TIMEOUT s"
+  else
+    why="idle; a 1-token completion answered HTTP $code"
+  fi
+}"""
+
 
 # A worker of a service over several hosts serves no HTTP: it is healthy while its container runs and
 # (llama.cpp's rpc-server) a socket listens on its port. Listening, not connecting: rpc-server serves one
 # client at a time, so a probe's connection would wait in its accept queue while the head is attached
 # (and, repeated, fill that queue).
-_WORKER_PROBE = """ok=0
-[ "$(docker inspect --format '{{.State.Running}}' "$CONTAINER" 2>/dev/null)" = true ] && ok=1
+_WORKER_PROBE = """ok=0; verdict=down; why="container $CONTAINER not running"
+[ "$(docker inspect --format '{{.State.Running}}' "$CONTAINER" 2>/dev/null)" = true ] && { ok=1; verdict=healthy; why=''; }
 if [ "$ok" = 1 ] && [ -n "$PORT" ] && command -v ss >/dev/null 2>&1; then
-  ss -Hltn "( sport = :$PORT )" 2>/dev/null | grep -q . || ok=0
+  ss -Hltn "( sport = :$PORT )" 2>/dev/null | grep -q . || { ok=0; verdict=down; why="$LISTENER does not listen"; }
 fi"""
 
 
-def script_text(service: Service, settings: HostSettings, *, bind_address: str) -> str:
-    url = f"http://{probe_address(bind_address)}:{service.port}/health"
-    return _script(service, settings, what="/health probes", target=f"URL={_q(url)}", probe=_HTTP_PROBE)
+def script_text(service: Service, settings: HostSettings, *, bind_address: str, key_env: str | None = None) -> str:
+    """The watchdog of a service that serves HTTP: /health, then the judgement by work done.
+    ``key_env``: the env file's variable holding the service's API key (None: no key)."""
+    base = f"http://{probe_address(bind_address)}:{service.port}"
+    wd = settings.watchdog
+    knows = engines.for_engine(service.engine)
+    names = knows.metrics
+    completion = json.dumps({"model": service.public_name, "prompt": "ping", "max_tokens": 1, "temperature": 0},
+                            separators=(",", ":"))
+    target = "\n".join([
+        f"BASE={_q(base)}",
+        f"URL={_q(base + knows.health_path)}",
+        f"KEY_ENV={_q(key_env or '')}",
+        f"PROGRESS={1 if wd.progress and knows.progress_metrics else 0}",
+        f"STALL_WINDOW={int(wd.stall_window_s)}",
+        f"IDLE_PROBE={1 if wd.idle_probe else 0}",
+        f"RUNNING={_q(' '.join(names.get('requests_running', ())))}",
+        f"WAITING={_q(' '.join(names.get('requests_waiting', ())))}",
+        f"PROGRESS_COUNTERS={_q(' '.join(knows.progress_metrics))}",
+        f"COMPLETION={_q(completion)}",
+    ])
+    what = "judgements (/health, then work done)" if wd.progress and knows.progress_metrics else "/health probes"
+    return _script(service, settings, what=what, target=target, probe=_JUDGE + "\n\n" + _HTTP_PROBE)
 
 
 def worker_script_text(service: Service, settings: HostSettings, *, kind: str, address: str, port: int) -> str:
@@ -79,7 +174,7 @@ def worker_script_text(service: Service, settings: HostSettings, *, kind: str, a
     runtime = engines.for_cluster_kind(kind)
     if runtime.worker_serves_port:
         what = f"container {container} and {runtime.worker_runtime} {probe_address(address)}:{int(port)}"
-        target = f"PORT={int(port)}"
+        target = f"PORT={int(port)}\nLISTENER={_q(f'{runtime.worker_runtime} {probe_address(address)}:{int(port)}')}"
     else:
         what = f"container {container} ({runtime.worker_runtime})"
         target = "PORT=''"
@@ -102,6 +197,7 @@ CONTAINER={_q(f"llmfleet-{service.name}")}
 SERVICE_DIR={_q(sdir)}
 AUDIT={_q(settings.root.rstrip('/') + '/audit.jsonl')}
 {target}
+WHAT={_q(what.split(" (")[0])}
 FAILURES={int(wd.failures)}
 MAX_PER_HOUR={int(wd.max_restarts_per_hour)}
 GRACE={int(service.health.load_timeout_s)}
@@ -134,6 +230,10 @@ age=$(awk -v u="$up" -v s="${{started:-0}}" 'BEGIN {{ printf "%d", u - s / 10000
 [ "$age" -ge "$GRACE" ] || exit 0
 
 {probe}
+why=$(printf '%s' "$why" | tr -d '"\\' | tr -c '[:print:]' ' ' | head -c 300)
+# the last judgement, for `invoke status` (verdict: working, idle, busy, healthy, hung, down, unknown)
+printf '{{"time":"%s","verdict":"%s","detail":"%s"}}\\n' "$(date -u +%Y-%m-%dT%H:%M:%S+00:00)" "$verdict" "$why" \\
+  > "$STATE.judgement.tmp" && mv -f "$STATE.judgement.tmp" "$STATE.judgement"
 if [ "$ok" = 1 ]; then
   echo 0 > "$STATE.fails"
   rm -f "$STATE.gaveup"
@@ -143,20 +243,22 @@ n=$(( $(cat "$STATE.fails" 2>/dev/null || echo 0) + 1 ))
 echo "$n" > "$STATE.fails"
 [ "$n" -ge "$FAILURES" ] || exit 0
 
+evidence="$n failed $WHAT in a row; last: $why"
 now=$(date +%s)
 recent=$(awk -v now="$now" '$1 > now - 3600' "$STATE.restarts" 2>/dev/null | wc -l)
 if [ "$recent" -ge "$MAX_PER_HOUR" ]; then
-  [ -e "$STATE.gaveup" ] || audit watchdog-restart gave-up "$n failed probes of $URL; $recent restarts in the last hour: restart limit reached"
+  [ -e "$STATE.gaveup" ] || audit watchdog-restart gave-up "$evidence; $recent restarts in the last hour: restart limit reached"
   touch "$STATE.gaveup"
   exit 0
 fi
 echo "$now" >> "$STATE.restarts"
 echo 0 > "$STATE.fails"
+rm -f "$STATE.progress"
 systemctl reset-failed "$UNIT" >/dev/null 2>&1 || true
 if systemctl restart "$UNIT"; then
-  audit watchdog-restart restarted "$n failed probes of $URL"
+  audit watchdog-restart restarted "$evidence"
 else
-  audit watchdog-restart failed "$n failed probes of $URL; systemctl restart failed"
+  audit watchdog-restart failed "$evidence; systemctl restart failed"
 fi
 """
 
@@ -199,11 +301,13 @@ def worker_release_files(service: Service, settings: HostSettings, *, kind: str,
     return _files(service, settings, worker_script_text(service, settings, kind=kind, address=address, port=port))
 
 
-def release_files(service: Service, settings: HostSettings) -> dict[str, tuple[str, int]]:
-    """The files a release ships for its watchdog (none when the host turned it off)."""
+def release_files(service: Service, settings: HostSettings, *, key_env: str | None = None) -> dict[str, tuple[str, int]]:
+    """The files a release ships for its watchdog (none when the host turned it off); ``key_env``: the
+    env file's variable holding the service's API key, which the judgement's requests carry."""
     if not settings.watchdog.enabled:
         return {}
-    return _files(service, settings, script_text(service, settings, bind_address=settings.bind_address_for(service)))
+    return _files(service, settings, script_text(service, settings, bind_address=settings.bind_address_for(service),
+                                                 key_env=key_env))
 
 
 def _files(service: Service, settings: HostSettings, script: str) -> dict[str, tuple[str, int]]:
@@ -259,8 +363,32 @@ def status_script(root: str) -> str:
         '  t=$(systemctl is-active "llmfleet-$name-watchdog.timer" 2>/dev/null)',
         f'  last=$(head -c 2000 "${{s}}{STATE}.last" 2>/dev/null | tr -d "\\n")',
         f'  echo "{MARK} $name ${{r:-0}} ${{n:-0}} ${{t:-unknown}} $last"',
+        # the last judgement and its age in seconds by the host's own clock
+        f'  j="${{s}}{STATE}.judgement"',
+        '  if [ -f "$j" ]; then',
+        '    age=$(( $(date +%s) - $(stat -c %Y "$j" 2>/dev/null || date +%s) ))',
+        f'    echo "{JUDGEMENT_MARK} $name $age $(head -c 1000 "$j" | tr -d "\\n")"',
+        "  fi",
         "done",
     ])
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """The watchdog's last judgement of a service: ``verdict`` (working, busy, idle, healthy, hung,
+    down, unknown), its evidence and its age in seconds when read."""
+
+    verdict: str
+    detail: str
+    time: str
+    age_s: int
+
+    def fresh(self, interval_s: int) -> bool:
+        """Recent enough to speak for the engine now: within three timer periods."""
+        return 0 <= self.age_s <= 3 * interval_s + 5
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"verdict": self.verdict, "detail": self.detail, "time": self.time, "age_s": self.age_s}
 
 
 @dataclass(frozen=True)
@@ -270,6 +398,7 @@ class Supervision:
     unit_restarts: int
     timer: str
     last: dict[str, Any] | None
+    judgement: Judgement | None = None
 
     @property
     def last_action(self) -> str:
@@ -279,12 +408,37 @@ class Supervision:
 
     def to_dict(self) -> dict[str, Any]:
         return {"watchdog_restarts": self.watchdog_restarts, "unit_restarts": self.unit_restarts,
-                "watchdog_timer": self.timer, "last_watchdog_action": self.last}
+                "watchdog_timer": self.timer, "last_watchdog_action": self.last,
+                "judgement": self.judgement.to_dict() if self.judgement else None}
+
+    def stuck(self, interval_s: int) -> Judgement | None:
+        """The fresh judgement that the engine does no work (hung or down), else None."""
+        j = self.judgement
+        return j if j is not None and j.verdict in STUCK and j.fresh(interval_s) else None
+
+
+def _judgement(age: str, text: str) -> Judgement | None:
+    try:
+        v = json.loads(text)
+        seconds = int(age)
+    except ValueError:
+        return None
+    if not isinstance(v, dict):
+        return None
+    return Judgement(verdict=str(v.get("verdict") or "unknown")[:20], detail=str(v.get("detail") or "")[:300],
+                     time=str(v.get("time") or "")[:40], age_s=seconds)
 
 
 def parse_status(stdout: str) -> dict[str, Supervision]:
     out: dict[str, Supervision] = {}
+    judgements: dict[str, Judgement] = {}
     for line in stdout.splitlines():
+        if line.startswith(JUDGEMENT_MARK + " "):
+            parts = line.split(" ", 3)
+            j = _judgement(parts[2], parts[3]) if len(parts) == 4 else None
+            if j is not None:
+                judgements[parts[1]] = j
+            continue
         if not line.startswith(MARK + " "):
             continue
         parts = line.split(" ", 5)
@@ -305,4 +459,4 @@ def parse_status(stdout: str) -> dict[str, Supervision]:
             except ValueError:
                 last = None
         out[parts[1]] = Supervision(parts[1], num(parts[2]), num(parts[3]), parts[4], last)
-    return out
+    return {name: replace(sup, judgement=judgements.get(name)) for name, sup in out.items()}

@@ -79,6 +79,11 @@ for s in /opt/llmfleet/services/*/; do
   t=$(systemctl is-active "llmfleet-$name-watchdog.timer" 2>/dev/null)
   last=$(head -c 2000 "${s}watchdog.state.last" 2>/dev/null | tr -d "\n")
   echo "@@watchdog $name ${r:-0} ${n:-0} ${t:-unknown} $last"
+  j="${s}watchdog.state.judgement"
+  if [ -f "$j" ]; then
+    age=$(( $(date +%s) - $(stat -c %Y "$j" 2>/dev/null || date +%s) ))
+    echo "@@watchdog-judgement $name $age $(head -c 1000 "$j" | tr -d "\n")"
+  fi
 done
 ) 2>/dev/null || true
 docker ps -a --filter label=io.llmfleet.role=worker --format '@@worker-container {{.Names}} {{.State}}' 2>/dev/null | head -n 64 || true

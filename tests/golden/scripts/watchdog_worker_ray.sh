@@ -10,6 +10,7 @@ SERVICE_DIR=/opt/llmfleet/services/chat
 AUDIT=/opt/llmfleet/audit.jsonl
 PORT=''
 URL='container llmfleet-chat (Ray worker)'
+WHAT='worker probes'
 FAILURES=3
 MAX_PER_HOUR=3
 GRACE=900
@@ -41,11 +42,15 @@ up=$(cut -d' ' -f1 /proc/uptime)
 age=$(awk -v u="$up" -v s="${started:-0}" 'BEGIN { printf "%d", u - s / 1000000 }')
 [ "$age" -ge "$GRACE" ] || exit 0
 
-ok=0
-[ "$(docker inspect --format '{{.State.Running}}' "$CONTAINER" 2>/dev/null)" = true ] && ok=1
+ok=0; verdict=down; why="container $CONTAINER not running"
+[ "$(docker inspect --format '{{.State.Running}}' "$CONTAINER" 2>/dev/null)" = true ] && { ok=1; verdict=healthy; why=''; }
 if [ "$ok" = 1 ] && [ -n "$PORT" ] && command -v ss >/dev/null 2>&1; then
-  ss -Hltn "( sport = :$PORT )" 2>/dev/null | grep -q . || ok=0
+  ss -Hltn "( sport = :$PORT )" 2>/dev/null | grep -q . || { ok=0; verdict=down; why="$LISTENER does not listen"; }
 fi
+why=$(printf '%s' "$why" | tr -d '"\' | tr -c '[:print:]' ' ' | head -c 300)
+# the last judgement, for `invoke status` (verdict: working, idle, busy, healthy, hung, down, unknown)
+printf '{"time":"%s","verdict":"%s","detail":"%s"}\n' "$(date -u +%Y-%m-%dT%H:%M:%S+00:00)" "$verdict" "$why" \
+  > "$STATE.judgement.tmp" && mv -f "$STATE.judgement.tmp" "$STATE.judgement"
 if [ "$ok" = 1 ]; then
   echo 0 > "$STATE.fails"
   rm -f "$STATE.gaveup"
@@ -55,18 +60,20 @@ n=$(( $(cat "$STATE.fails" 2>/dev/null || echo 0) + 1 ))
 echo "$n" > "$STATE.fails"
 [ "$n" -ge "$FAILURES" ] || exit 0
 
+evidence="$n failed $WHAT in a row; last: $why"
 now=$(date +%s)
 recent=$(awk -v now="$now" '$1 > now - 3600' "$STATE.restarts" 2>/dev/null | wc -l)
 if [ "$recent" -ge "$MAX_PER_HOUR" ]; then
-  [ -e "$STATE.gaveup" ] || audit watchdog-restart gave-up "$n failed probes of $URL; $recent restarts in the last hour: restart limit reached"
+  [ -e "$STATE.gaveup" ] || audit watchdog-restart gave-up "$evidence; $recent restarts in the last hour: restart limit reached"
   touch "$STATE.gaveup"
   exit 0
 fi
 echo "$now" >> "$STATE.restarts"
 echo 0 > "$STATE.fails"
+rm -f "$STATE.progress"
 systemctl reset-failed "$UNIT" >/dev/null 2>&1 || true
 if systemctl restart "$UNIT"; then
-  audit watchdog-restart restarted "$n failed probes of $URL"
+  audit watchdog-restart restarted "$evidence"
 else
-  audit watchdog-restart failed "$n failed probes of $URL; systemctl restart failed"
+  audit watchdog-restart failed "$evidence; systemctl restart failed"
 fi

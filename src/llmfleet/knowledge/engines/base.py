@@ -132,6 +132,9 @@ class EngineKnowledge:
     load_log_grep: ClassVar[str] = ""  # grep -E pattern selecting the load lines of its log
     # llmfleet metric (fleet.metrics.EngineMetrics field) -> the engine's Prometheus names, newest first
     metrics: ClassVar[dict[str, tuple[str, ...]]] = {}
+    # counters that move with every step of work the engine does (prefill or decode), however long its
+    # requests: the watchdog's evidence of progress (release.watchdog); their sum is compared
+    progress_metrics: ClassVar[tuple[str, ...]] = ()
     # planner facts (see the module docstring)
     quant_family: ClassVar[str] = "hf"
     serves_only_quant_family: ClassVar[bool] = False

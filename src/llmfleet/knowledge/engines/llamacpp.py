@@ -50,6 +50,10 @@ class LlamaCppKnowledge(EngineKnowledge):
         "generation_tokens_total": ("llamacpp:tokens_predicted_total",),
         "prompt_tokens_total": ("llamacpp:prompt_tokens_total",),
     }
+    # llama-server adds a request's tokens to tokens_predicted_total / prompt_tokens_total only when it
+    # ends; n_decode_total counts every llama_decode() call, so it moves during a long stream
+    # (tools/server/server.cpp, server_metrics::on_decoded)
+    progress_metrics = ("llamacpp:n_decode_total", "llamacpp:tokens_predicted_total", "llamacpp:prompt_tokens_total")
 
     def deploy_adds(self, hosts: int, gpus: int) -> list[str]:
         if hosts <= 1:

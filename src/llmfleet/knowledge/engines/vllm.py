@@ -52,6 +52,9 @@ class VllmKnowledge(EngineKnowledge):
         "generation_tokens_total": ("vllm:generation_tokens_total",),
         "prompt_tokens_total": ("vllm:prompt_tokens_total",),
     }
+    # both counted per engine step (the V1 engine's IterationStats, vllm/v1/metrics/stats.py), so a long
+    # stream advances them while it runs
+    progress_metrics = ("vllm:generation_tokens_total", "vllm:prompt_tokens_total")
 
     # -------------------------------------------------------------------- several hosts
     def deploy_adds(self, hosts: int, gpus: int) -> list[str]:
