@@ -363,3 +363,264 @@ def test_a_target_that_ends_mid_copy_frees_its_source():
     assert plan.assign() == [("a", C)]
     plan.finish("a")  # its push ended without a word on its copy (the connection broke)
     assert plan.assign() == [("b", C)] and not plan.served
+
+
+# ---------------------------------------------------------------------------------------------
+# One writer per host: a push writes only under the host's deploy lock (release.executor.HostRun.lock)
+
+TOKEN, ORIGIN, PID, ROOT = "0a" * 16, "me@ws", 4242, "/opt/llmfleet"
+
+
+class Clock:
+    """A clock that moves only when the code under test sleeps."""
+
+    def __init__(self) -> None:
+        self.t = 100.0
+        self.slept: list[float] = []
+
+    def __call__(self) -> float:
+        return self.t
+
+    def sleep(self, s: float) -> None:
+        self.slept.append(s)
+        self.t += s
+
+
+def runs(alive: bool = True, clock: Clock | None = None):
+    from llmfleet.release.executor import HostRun
+
+    clock = clock or Clock()
+
+    def make(*args, **kwargs):
+        return HostRun(*args, **{**kwargs, "token": lambda: TOKEN, "origin": ORIGIN, "pid": PID,
+                                 "alive": lambda pid: alive, "clock": clock, "sleep": clock.sleep})
+    return make
+
+
+def holder_of(action: str = "models.push", mp: str = "/srv/m.gguf") -> dict:
+    from llmfleet.release import store
+
+    return store.holder_document(token=TOKEN, who=ORIGIN, origin=ORIGIN, action=action,
+                                 message=f"{mp} from /x (this machine)", now=NOW, pid=PID)
+
+
+def chain_answer(*steps: tuple[str, int]) -> str:
+    return "".join(f"@@step {i}\n{out}\n@@step-rc {i} {rc}\n" for i, (out, rc) in enumerate(steps))
+
+
+def locked_probe(mp: str, answer: str, holder: dict | None = None) -> Command:
+    """The lock and the probe under it: one round trip."""
+    from llmfleet.release import store
+
+    return Command(store.chain_script([store.lock_acquire_script(ROOT, holder or holder_of(mp=mp)),
+                                       S.probe_script(mp)]), out=answer)
+
+
+def held_by(who: dict) -> str:
+    from llmfleet.release import store
+
+    return chain_answer(("@@held\n" + json.dumps(who), store.LOCK_HELD_RC))
+
+
+def probe_out(*, part: int | None = None, want: str | None = None, kind: str = "missing",
+              files: dict | None = None) -> str:
+    lines = [f"@@kind {kind}", *[f"@@file {s} 1 {r}" for r, s in (files or {}).items()], "@@manifest none"]
+    lines += (["@@part-kind file", f"@@part {part} 5 m.gguf"] if part is not None else ["@@part-kind none"])
+    lines += [f"@@want {want}"] if want else []
+    lines += ["@@fs /srv", "@@avail-kib 100000", *[f"@@tool {t} yes" for t in S.PROBE_TOOLS], "@@probe-done"]
+    return "\n".join(lines)
+
+
+DEPLOYER = {"token": "f" * 32, "who": "bob", "from": "bob@ws2", "pid": 77, "action": "deploy", "message": "canary",
+            "time": "2026-11-29T11:50:00+00:00"}
+
+
+def test_a_push_during_a_deploy_is_refused_in_one_line_naming_the_deploy_and_audited():
+    from llmfleet.release import store
+
+    remote = FakeRemote([Command(S.probe_script("/srv/m.gguf"), out=probe_out()),
+                         locked_probe("/srv/m.gguf", held_by(DEPLOYER)),
+                         Command(None, out="")])  # the host's audit line
+    o = P.push_job(_job(Host("h1"), "/srv/m.gguf", P.Origin("local", "/x")), WANT, config=None,
+                   options=P.Options(who=ORIGIN, lock_wait=0), reporter=P.Quiet(), connect=lambda h: remote,
+                   now=lambda: NOW, make_run=runs())
+    remote.assert_done()
+    assert (o.result, o.refused, o.round_trips, o.bytes_sent) == ("failed", True, 3, 0)
+    assert o.error == ("host h1: /srv/m.gguf: not pushed: deploy lock held by bob from bob@ws2 (pid 77) since "
+                       "2026-11-29T11:50:00+00:00 (10 min 0 s ago) for deploy: canary; wait, or inspect with "
+                       "`invoke lock.status --host h1` and break a stale one with `invoke lock.release --host h1 --yes`")
+    assert P.line(o) == f"FAILED {o.error}"
+    audit = remote.sent[2]
+    assert store.lock_release_script(ROOT, TOKEN) not in audit  # nothing of the deploy's is released
+    assert '"action":"models.push"' in audit and '"result":"refused"' in audit and "held by bob" in audit
+
+
+def test_a_push_waits_for_another_push_then_finds_the_copy_it_verified(tmp_path):
+    mp = str(tmp_path / "m.gguf")
+    data = b"GGUF" + b"v" * 100
+    open(mp, "wb").write(data)
+    want = M.Manifest(mp, "file", (M.FileEntry("m.gguf", len(data), hashlib.sha256(data).hexdigest()),))
+    subprocess.run(["sh", "-c", S.commit_script(mp, "file", move=False)], input=want.verified(at="t0", by="b").to_json(),
+                   text=True, check=True)
+    from llmfleet.release import store
+
+    other = {**DEPLOYER, "action": "models.push", "message": f"{mp} from /y (this machine)"}
+    clock = Clock()
+    remote = FakeRemote([Command(S.probe_script(mp), out=probe_out(kind="missing")),  # the other push is committing
+                         locked_probe(mp, held_by(other)),
+                         locked_probe(mp, held_by(other)),
+                         locked_probe(mp, chain_answer(("@@acquired", 0), (_real_probe(mp), 0))),
+                         Command(store.final_script(ROOT, [], [], TOKEN), out="@@released")])
+    o = P.push_job(_job(Host("h1"), mp, P.Origin("local", "/x")), want, config=None,
+                   options=P.Options(who=ORIGIN, lock_wait=60), reporter=P.Quiet(), connect=lambda h: remote,
+                   now=lambda: NOW, make_run=runs(clock=clock))
+    remote.assert_done()
+    assert (o.result, o.bytes_sent, o.lock_wait_s) == ("verified", 0, 6.0) and clock.slept == [3.0, 3.0]
+    assert P.line(o) == (f"h1: {mp}: already verified t0 (nothing sent); waited 6 s for the deploy lock, held by "
+                         f"bob from bob@ws2 (pid 77) since 2026-11-29T11:50:00+00:00 for models.push: {mp} from /y "
+                         "(this machine)")
+
+
+def test_a_push_gives_up_waiting_at_its_bound_naming_the_holder():
+    clock = Clock()
+    remote = FakeRemote([Command(S.probe_script("/srv/m.gguf"), out=probe_out()),
+                         *[locked_probe("/srv/m.gguf", held_by(DEPLOYER)) for _ in range(4)],
+                         Command(None, out="")])
+    o = P.push_job(_job(Host("h1"), "/srv/m.gguf", P.Origin("local", "/x")), WANT, config=None,
+                   options=P.Options(who=ORIGIN, lock_wait=7), reporter=P.Quiet(), connect=lambda h: remote,
+                   now=lambda: NOW, make_run=runs(clock=clock))
+    remote.assert_done()
+    assert clock.slept == [3.0, 3.0, 1.0] and o.refused
+    assert "held by bob from bob@ws2 (pid 77)" in o.error and "for deploy: canary; waited 7 s; wait, or" in o.error
+
+
+def test_a_stale_lock_of_this_machine_is_taken_over_and_audited_with_the_push():
+    from llmfleet.release import store
+
+    mine = {**holder_of(), "token": "1" * 32, "pid": 999}
+    hand_copy = probe_out(kind="file", files={"m.gguf": 1000})
+    remote = FakeRemote([Command(S.probe_script("/srv/m.gguf"), out=hand_copy),
+                         locked_probe("/srv/m.gguf", held_by(mine)),
+                         Command(store.lock_break_script(ROOT), out="@@held\n@@broken"),
+                         locked_probe("/srv/m.gguf", chain_answer(("@@acquired", 0), (hand_copy, 0))),
+                         Command(S.verify_script("/srv/m.gguf", WANT, in_place=True), out=f"@@sha OK m.gguf {SHA}"),
+                         Command(None, out="@@manifest-written\n@@committed\n@@released")])
+    o = P.push_job(_job(Host("h1"), "/srv/m.gguf", P.Origin("local", "/x")), WANT, config=None,
+                   options=P.Options(who=ORIGIN), reporter=P.Quiet(), connect=lambda h: remote, now=lambda: NOW,
+                   make_run=runs(alive=False))
+    remote.assert_done()
+    assert o.result == "adopted", o.error
+    last = remote.sent[-1]  # the commit, the audit lines and the unlock: one round trip
+    assert S.commit_script("/srv/m.gguf", "file", move=False) in last
+    assert '"action":"lock-break"' in last and '"result":"stale"' in last and '"result":"adopted"' in last
+    assert last.rstrip().endswith(store.lock_release_script(ROOT, TOKEN) + "\n)")
+
+
+def test_a_push_whose_staging_copy_another_writer_took_says_so_and_touches_nothing_of_it():
+    from llmfleet.release import store
+
+    theirs = {**DEPLOYER, "token": "b" * 32, "action": "models.push", "message": "/srv/m.gguf from /y (this machine)"}
+    whole = probe_out(part=1000, want=WANT.content_digest)  # the staging copy holds every byte: nothing to send
+    remote = FakeRemote([
+        Command(S.probe_script("/srv/m.gguf"), out=whole),
+        locked_probe("/srv/m.gguf", chain_answer(("@@acquired", 0), (whole, 0))),
+        Command(S.prepare_script("/srv/m.gguf", "file", WANT.content_digest, reset=False, owner=TOKEN),
+                out="@@prepared"),
+        Command(None, out=f"@@staging-taken {'b' * 32}\n@@notours"),  # its lock was broken, its copy taken
+        Command(store.lock_status_script(ROOT), out="@@held\n" + json.dumps(theirs)),
+        Command(None, out="")])  # the audit line of the failure
+    o = P.push_job(_job(Host("h1"), "/srv/m.gguf", P.Origin("local", "/x")), WANT, config=None,
+                   options=P.Options(who=ORIGIN), reporter=P.Quiet(), connect=lambda h: remote, now=lambda: NOW,
+                   make_run=runs())
+    remote.assert_done()
+    commit = remote.sent[3]
+    assert commit.index(S.owner_check_script("/srv/m.gguf", TOKEN)) < commit.index(S.verify_script("/srv/m.gguf", WANT))
+    assert o.result == "failed" and "\n" not in o.error and "cut" not in o.error
+    assert o.error.startswith("host h1: /srv/m.gguf: this push's staging copy was taken while it was being written, by "
+                              "the writer now holding the deploy lock: held by bob from bob@ws2 (pid 77) since ")
+    assert o.error.endswith("for models.push: /srv/m.gguf from /y (this machine); nothing of this push was put in place")
+    assert '"result":"failed"' in remote.sent[5] and store.lock_release_script(ROOT, TOKEN) not in remote.sent[5]
+
+
+class Blocking(P.Quiet):
+    """A reporter that holds its push in the middle of its copy until ``go`` is set."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.sending, self.go = threading.Event(), threading.Event()
+        self.lines: list[str] = []
+
+    def advance(self, key: str, n: int) -> None:
+        self.sending.set()
+        assert self.go.wait(60), "the test never let the first push go on"
+
+    def log(self, line: str) -> None:
+        self.lines.append(line)
+
+
+def test_two_pushes_of_one_model_path_over_ssh_one_writes_the_other_waits_or_is_refused(sshd, tmp_path):
+    """Three pushes of different content to one model path at once: while the first is mid-copy, one that
+    will not wait is refused naming it, one that waits gets the lock when the first has committed and
+    puts its own copy in place; the file left is whole and its manifest vouches for it."""
+    import threading
+    import time
+
+    from llmfleet.release import store
+
+    mp = str(tmp_path / "host" / "models" / "m.gguf")
+    root = str(tmp_path / "host" / "llmfleet")
+    host = host_for(sshd)
+    kh = tmp_path / "known_hosts"
+    srcs = []
+    for name, fill in (("a", b"a"), ("b", b"b")):
+        p = tmp_path / f"{name}.gguf"
+        p.write_bytes(b"GGUF" + fill * 1_000_000)
+        srcs.append(P.Origin("local", str(p)))
+    a, b = srcs
+
+    def conn(h):
+        return connect(host, config={"known_hosts": str(kh)}, accept_new_host_keys=True)
+
+    def push(origin, wait, reporter=None, who="tester"):
+        return P.push_job(_job(host, mp, origin, root=root), L.build_local(origin.value, mp, source=origin.record()),
+                          config=None, options=P.Options(who=who, lock_wait=wait),
+                          reporter=reporter or P.Quiet(), connect=conn)
+
+    first_rep = Blocking()
+    got: dict[str, P.Outcome] = {}
+    first = threading.Thread(target=lambda: got.setdefault("first", push(a, 0, first_rep, who="alice")))
+    first.start()
+    try:
+        assert first_rep.sending.wait(60), "the first push never started its copy"
+        refused = push(b, 0, who="bob")
+        waiter_rep = Blocking()
+        waiter_rep.go.set()
+        waiter = threading.Thread(target=lambda: got.setdefault("waiter", push(b, 120, waiter_rep, who="carol")))
+        waiter.start()
+        deadline = time.monotonic() + 60
+        while not any("waiting up to 120 s" in ln for ln in waiter_rep.lines) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        held, holder = store.parse_lock_status(subprocess.run(["sh", "-c", store.lock_status_script(root)],
+                                                              capture_output=True, text=True).stdout)
+        assert held and holder["action"] == "models.push" and holder["who"] == "alice"
+    finally:
+        first_rep.go.set()
+        first.join(120)
+    waiter.join(120)
+    assert refused.result == "failed" and refused.refused and "\n" not in refused.error
+    assert refused.error.startswith(f"host test-host: {mp}: not pushed: deploy lock held by alice from ")
+    assert f"for models.push: {mp} from {a.value} (this machine)" in refused.error
+    assert got["first"].result == "pushed", got["first"].error
+    w = got["waiter"]
+    assert w.result == "pushed" and w.lock_wait_s > 0 and "held by alice" in w.lock_waited_for, w
+    assert "waited" in P.line(w)
+    assert waiter_rep.lines[0].endswith("for models.push: " + f"{mp} from {a.value} (this machine); waiting up to 120 s")
+    # one whole file, the last writer's, and its manifest vouches for it
+    assert open(mp, "rb").read() == open(b.value, "rb").read()
+    man = json.loads(open(M.manifest_path(mp)).read())
+    assert man["files"][0]["sha256"] == hashlib.sha256(open(b.value, "rb").read()).hexdigest()
+    assert not os.path.exists(M.part_path(mp)) and not os.path.exists(M.owner_path(mp))
+    assert not os.path.exists(store.lock_dir(root))
+    results = [(r["who"], r["result"]) for r in map(json.loads, open(f"{root}/audit.jsonl")) if r["action"] == "models.push"]
+    assert results == [("bob", "refused"), ("alice", "pushed"), ("carol", "pushed")]

@@ -81,6 +81,62 @@ def test_a_corrupt_staging_copy_is_removed_and_the_old_model_stays(tmp_path):
     assert open(mp, "rb").read() == old and not os.path.exists(part)  # model untouched, bad part gone
 
 
+def test_a_staging_copy_another_writer_took_is_never_written_nor_checked(tmp_path):
+    """The owner stamp: a push writes and commits its staging copy only while the stamp holds its token;
+    a copy restamped (another push took it) or removed stops it, naming what it found, and the other
+    writer's bytes stay as they are."""
+    mp = str(tmp_path / "m.gguf")
+    data = b"GGUF" + os.urandom(3000)
+    want = wanted_file(mp, data)
+    mine, theirs = "a" * 32, "b" * 32
+    part = S.staging_file(mp, "file", "m.gguf")
+    owned = (M.owner_path(mp), mine)
+    assert S.parse_prepared(out(sh(S.prepare_script(mp, "file", want.content_digest, reset=True, owner=mine))))
+    res = sh(S.receive_script(part, 0, owner=owned), data[:1000])
+    assert res.returncode == 0 and S.parse_received(out(res)) == 1000 and S.parse_staging_taken(out(res)) is None
+    # another push takes the staging copy (its own stamp, its own bytes)
+    sh(S.prepare_script(mp, "file", want.content_digest, reset=True, owner=theirs))
+    sh(S.receive_script(part, 0, owner=(M.owner_path(mp), theirs)), b"theirs")
+    res = sh(S.receive_script(part, 1000, owner=owned), data[1000:])
+    assert res.returncode == S.STAGING_TAKEN_RC and S.parse_staging_taken(out(res)) == theirs
+    assert open(part, "rb").read() == b"theirs"
+    # the commit's first step refuses before verify could remove the other writer's file
+    res = sh(S.owner_check_script(mp, mine) + "\n" + S.verify_script(mp, want) + "\n" + S.commit_script(mp, "file"),
+             b"{}")
+    assert res.returncode == S.STAGING_TAKEN_RC and S.parse_staging_taken(out(res)) == theirs
+    assert open(part, "rb").read() == b"theirs" and not os.path.exists(mp)
+    # removed by hand: no stamp at all
+    sh(S.cleanup_script(mp))
+    res = sh(S.receive_script(part, 0, owner=owned), data)
+    assert res.returncode == S.STAGING_TAKEN_RC and S.parse_staging_taken(out(res)) == "none"
+    assert not os.path.exists(part)
+
+
+def test_a_staging_file_replaced_while_it_is_written_is_named(tmp_path):
+    """Same stamp, but the file written to was swapped for another mid-copy (rm and a new file): the
+    receive says so instead of reporting a size that is not its own."""
+    import time
+
+    mp = str(tmp_path / "m.gguf")
+    mine = "a" * 32
+    part = S.staging_file(mp, "file", "m.gguf")
+    sh(S.prepare_script(mp, "file", "0" * 32, reset=True, owner=mine))
+    proc = subprocess.Popen(["sh", "-c", S.receive_script(part, 0, owner=(M.owner_path(mp), mine))],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    proc.stdin.write(b"x" * 100)
+    proc.stdin.flush()
+    deadline = time.monotonic() + 30
+    while (not os.path.exists(part) or os.path.getsize(part) < 100) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.remove(part)
+    open(part, "wb").write(b"someone else")
+    proc.stdin.write(b"y" * 100)
+    proc.stdin.close()
+    stdout = proc.stdout.read().decode()
+    assert proc.wait(timeout=30) == S.STAGING_TAKEN_RC
+    assert S.parse_staging_taken(stdout) == "replaced" and open(part, "rb").read() == b"someone else"
+
+
 def test_a_resume_point_past_the_staging_file_is_refused(tmp_path):
     part = str(tmp_path / "p")
     open(part, "wb").write(b"abc")

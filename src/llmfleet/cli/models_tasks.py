@@ -18,7 +18,7 @@ from llmfleet.cli.common import (
     select_hosts,
     unreachable_entry,
 )
-from llmfleet.cli.flags import POSITIVE, fleet_task
+from llmfleet.cli.flags import POSITIVE, SECONDS_OR_ZERO, fleet_task
 from llmfleet.errors import CheckFailed
 
 DEFAULT_FORKS = 5
@@ -81,7 +81,7 @@ class _RichReporter:
 
 
 @fleet_task(
-    numbers={"forks": POSITIVE},
+    numbers={"forks": POSITIVE, "lock_wait": SECONDS_OR_ZERO},
     help={
         "host": "hosts: name or Ansible --limit pattern (groups allowed)",
         "group": "inventory group (pattern allowed)",
@@ -98,10 +98,12 @@ class _RichReporter:
         "no_seed": "every host copies from the source itself (this machine, or --from HOST); by default, with "
                    "--forks above 1 and more than 2 hosts, a host holding a verified copy sends to the next "
                    "(a tree: this machine sends the file once; docs/models.md)",
+        "lock_wait": "seconds to wait for a host's deploy lock while another writer (a deploy, another push) holds "
+                     "it, then refuse naming the holder (default 60; 0: refuse at once)",
     },
 )
 def push(c, host=None, group=None, inventory=None, service=None, source=None, from_=None, limit_rate=None,
-         forks=DEFAULT_FORKS, accept_new_host_keys=False, verbose=False, json=False, no_seed=False):
+         forks=DEFAULT_FORKS, accept_new_host_keys=False, verbose=False, json=False, no_seed=False, lock_wait=None):
     """Copy each service's model to its model_path, sha256-verified, resumable; skip hosts whose copy is verified."""
     import sys
 
@@ -125,7 +127,8 @@ def push(c, host=None, group=None, inventory=None, service=None, source=None, fr
 
     jobs = P.plan_jobs(inv, hosts, service=service, source=source, from_host=from_, lock=pinned)
     options = P.Options(limit_rate=rate, who=default_who(), forks=forks, accept_new_host_keys=accept_new_host_keys,
-                        seed=False if no_seed else None)
+                        seed=False if no_seed else None,
+                        lock_wait=P.LOCK_WAIT_S if lock_wait is None else float(lock_wait))
     with _RichReporter(live=sys.stderr.isatty() and not verbose) as reporter:
         outcomes = P.push(inv, jobs, config=settings, options=options, reporter=reporter,
                           audit_log=settings.audit_log)

@@ -35,6 +35,7 @@ FORMAT_KEY = "llmfleet_model_manifest"
 SUFFIX = ".llmfleet.json"
 PART_SUFFIX = ".llmfleet.part"  # the staging copy beside model_path (same filesystem): a file or a folder
 WANT_SUFFIX = ".llmfleet.part.want"  # which manifest the staging copy is being filled for
+OWNER_SUFFIX = ".llmfleet.part.owner"  # which push fills it now (its deploy-lock token)
 MAX_FILES = 10_000
 MAX_MANIFEST_BYTES = 4 * 1024 * 1024
 HASH_CHUNK = 4 * 1024 * 1024
@@ -60,6 +61,10 @@ def part_path(model_path: str) -> str:
 
 def want_path(model_path: str) -> str:
     return _strip(model_path) + WANT_SUFFIX
+
+
+def owner_path(model_path: str) -> str:
+    return _strip(model_path) + OWNER_SUFFIX
 
 
 def check_relpath(rel: str) -> str | None:

@@ -49,6 +49,7 @@ Action = Literal["skip", "adopt", "send", "refuse"]
 Result = Literal["verified", "adopted", "pushed", "downloaded", "failed"]
 VERIFY_RATE = 40 * 1024 * 1024  # bytes/s sha256sum is assumed to reach at least, for its time limit
 DOWNLOAD_TIMEOUT_S = 6 * 3600
+LOCK_WAIT_S = 60.0  # --lock-wait: how long a push waits for another writer's deploy lock (docs/models.md)
 
 
 def gib(n: int | float | None) -> str:
@@ -382,6 +383,9 @@ class Outcome:
     verified_at: str | None = None
     error: str | None = None
     bytes_by_source: dict[str, int] = field(default_factory=dict)  # source (as ``source``) -> bytes it sent
+    refused: bool = False  # the host's deploy lock was held by another writer (``error`` names it)
+    lock_wait_s: float = 0.0  # how long it waited for the deploy lock before it got it
+    lock_waited_for: str | None = None  # the holder it waited for
 
     @property
     def ok(self) -> bool:
@@ -397,7 +401,8 @@ class Outcome:
                 "bytes_sent": self.bytes_sent, "bytes_resumed": self.bytes_resumed,
                 "send_seconds": round(self.send_seconds, 3), "rate_bytes_per_s": round(self.rate) if self.rate else None,
                 "seconds": round(self.seconds, 3), "round_trips": self.round_trips, "verified_at": self.verified_at,
-                "error": self.error, "bytes_by_source": dict(self.bytes_by_source)}
+                "error": self.error, "bytes_by_source": dict(self.bytes_by_source), "refused": self.refused,
+                "lock_wait_s": self.lock_wait_s, "lock_waited_for": self.lock_waited_for}
 
 
 class Reporter(Protocol):
@@ -430,6 +435,8 @@ class Options:
     forks: int = 5
     accept_new_host_keys: bool = False
     seed: bool | None = None  # hosts with a verified copy serve the others (None: ``seeding_on``'s default)
+    lock_wait: float = LOCK_WAIT_S  # seconds to wait for the host's deploy lock held by another writer
+    lock_action: str = "models.push"  # what the lock's holder says this writer is doing
 
 
 SEED_ATTEMPTS = 3  # copies tried per target when seeding: a failed holder's target gets another one
@@ -543,39 +550,159 @@ def _timeout(total: int) -> float:
     return 120 + total / VERIFY_RATE
 
 
+class Lease:
+    """One push's hold on a host's deploy lock (``release.executor.HostRun.lock``, the one lock path every
+    writer of a host takes): taken only when the push must write, with the probe in the same round
+    trip; released in the round trip that commits (or, after a failure, in one that audits it). The
+    token it holds is also the owner stamp of the staging copy it fills."""
+
+    def __init__(self, remote: Any, job: Job, options: Options, reporter: Reporter, now: Callable[[], datetime],
+                 config: Any = None, make_run: Callable[..., Any] | None = None) -> None:
+        from llmfleet.release.executor import HostRun
+
+        self.remote, self.job, self.options = remote, job, options
+        mp = job.model_path
+        log = lambda line: reporter.log(f"{job.host.name}: {mp}: {line}")  # noqa: E731
+        self.run = (make_run or HostRun)(job.host.name, job.settings, remote, settings=config, log=log,
+                                         who=options.who or None, message=f"{mp} from {job.origin.describe()}",
+                                         now=now)
+        self.taken_ever = False
+
+    @property
+    def token(self) -> str | None:
+        token: str | None = self.run.lock_token
+        return token
+
+    def take(self) -> S.PushProbe:
+        """The deploy lock (waiting at most ``options.lock_wait`` for another writer; a stale lock of this
+        machine taken over, audited), and the probe under it. Raises ``decide.Refusal`` naming the holder."""
+        mp = self.job.model_path
+        (res,) = self.run.lock(self.options.lock_action, [S.probe_script(mp)], wait_s=self.options.lock_wait,
+                               timeout=120)
+        self.taken_ever = True
+        pp = S.parse_probe(res.stdout, mp) if res is not None else S.PushProbe(S.HostModel(mp))
+        if not pp.complete:
+            detail = ((res.stderr.strip() or res.stdout.strip()) if res is not None else "") or "no answer"
+            raise RemoteError(f"host {self.job.host.name}: probe of {mp} failed: {detail.splitlines()[-1][:200]}")
+        return pp
+
+    def owner(self, path: str) -> tuple[str, str] | None:
+        return (path, self.token) if self.token else None
+
+    def last(self, steps: list[str], records: list[dict[str, Any]], *, stdin: bytes | None = None,
+             timeout: float = 120) -> Any:
+        """One round trip: ``steps`` (one subshell), the takeover lines and ``records`` audited, the
+        unlock. The lock is no longer this push's after it, whatever the steps did."""
+        from llmfleet.release import store
+
+        script = store.final_script(self.job.settings.root, steps, [*self.run.audit, *records], self.token)
+        self.run.audit = []
+        res = self.remote.run(script, sudo=True, stdin=stdin, timeout=timeout)
+        self.run.lock_token = None
+        return res
+
+    def finish_failed(self, out: Outcome, now: Callable[[], datetime]) -> None:
+        """After a failure: the host's audit line for it and the unlock, in one round trip (when the lock
+        was ever taken, or a lock refused the push). A connection that is gone leaves the lock stale:
+        this machine's next push takes it over."""
+        record = _host_record(self.job, out, self.options, now, result="refused" if out.refused else "failed",
+                              detail=out.error or "")
+        try:
+            self.last([], [record])
+        except LlmfleetError:
+            if self.token is not None:
+                out.error = (out.error or "") + ("; the deploy lock stays held until this machine's next push takes "
+                                                 f"it over (else `invoke lock.release --host {self.job.host.name} "
+                                                 "--yes`)")
+
+    def who_took(self, owner: str) -> str:
+        """Who took the staging copy: the deploy lock's holder when its token is the owner stamp's."""
+        from llmfleet.release import store
+
+        if owner == "none":
+            return "its staging files were removed"
+        if owner == "replaced":
+            return "its staging file was replaced by another"
+        try:
+            _held, holder = store.parse_lock_status(self.remote.run(store.lock_status_script(self.job.settings.root),
+                                                                    sudo=True, timeout=30).stdout)
+        except LlmfleetError:
+            holder = None
+        if holder and holder.get("token") == owner:
+            return f"by the writer now holding the deploy lock: {store.describe_holder(holder, datetime.now(UTC))}"
+        return f"by another writer (owner stamp {owner[:12]}, not the deploy lock's holder)"
+
+
+def _host_record(job: Job, out: Outcome, options: Options, now: Callable[[], datetime], *, result: str,
+                 detail: str) -> dict[str, Any]:
+    from llmfleet.release import store
+
+    extra: dict[str, Any] = {"model_path": job.model_path}
+    if out.lock_wait_s:
+        extra["lock_wait_s"] = out.lock_wait_s
+    return store.audit_record(now=now(), who=options.who, host=job.host.name, action="models.push",
+                              service=",".join(job.services), release=None, digest=None, result=result,
+                              detail=detail, **extra)
+
+
 def push_job(job: Job, wanted: M.Manifest | None, *, config: Any, options: Options, reporter: Reporter,
              now: Callable[[], datetime] = lambda: datetime.now(UTC), connect: Callable[..., Any] | None = None,
-             source_remote: Callable[[], Any] | None = None, seeder: Seeder | None = None) -> Outcome:
+             source_remote: Callable[[], Any] | None = None, seeder: Seeder | None = None,
+             make_run: Callable[..., Any] | None = None) -> Outcome:
     """Push one model path to one host (module docstring). Never raises for the host's own trouble:
     the outcome says ``failed`` with one line. ``seeder``: the source is chosen when the copy starts
     (this machine or a host holding a verified copy); a copy from a holder that fails is tried again
-    from another one, up to ``SEED_ATTEMPTS`` copies."""
+    from another one, up to ``SEED_ATTEMPTS`` copies. ``make_run``: builds the ``HostRun`` whose lock
+    the push takes (tests inject its clock, token and the liveness test of a holder's process)."""
+    from llmfleet.release.decide import Refusal
+
     connect = connect or (lambda h: _connect(h, config, options))
     t0 = time.monotonic()
     mp = job.model_path
     out = Outcome(job.host.name, mp, list(job.services), "failed", source=job.origin.describe())
     remote = None
+    lease: Lease | None = None
     if seeder is not None:
         seeder.start(job.host.name)
     try:
         remote = connect(job.host)
+        lease = Lease(remote, job, options, reporter, now, config, make_run)
         for attempt in range(SEED_ATTEMPTS if seeder is not None else 1):
-            probe = _probe(remote, mp)
+            probe = _probe(remote, mp)  # under the lock once it is held (a seeded copy tried again)
             if job.origin.kind == "hf":
-                _download(remote, job, probe, out, options, reporter, now)
+                if not _held_download(job, probe, out):
+                    probe = lease.take() if lease.token is None else probe
+                    _note_wait(out, lease)
+                    _download(remote, lease, job, probe, out, options, reporter, now)
                 break
             assert wanted is not None
+            want = wanted.for_path(mp)
+            if lease.token is None:
+                d = decide(want, probe, job.host.name)
+                if d.action in ("skip", "refuse"):  # read-only answers: the lock is never taken for them
+                    _push(remote, lease, job, want, probe, out, options, reporter, now, source_remote, seeder, connect)
+                    break
+                probe = lease.take()
+                _note_wait(out, lease)
             try:
-                _push(remote, job, wanted.for_path(mp), probe, out, options, reporter, now, source_remote, seeder,
-                      connect)
+                _push(remote, lease, job, want, probe, out, options, reporter, now, source_remote, seeder, connect)
                 break
             except SeedFailed as exc:
                 if attempt == SEED_ATTEMPTS - 1:
                     raise
                 reporter.log(f"{job.host.name}: {mp}: {exc}; trying another holder")
+    except Refusal as exc:
+        out.result, out.refused = "failed", True
+        out.error = f"host {job.host.name}: {mp}: not pushed: {exc.reason}"
+    except transfer.StagingTaken as exc:
+        who = lease.who_took(exc.owner) if lease is not None else ""
+        out.result, out.error = "failed", (f"host {job.host.name}: {mp}: this push's staging copy was taken while it "
+                                           f"was being written, {who}; nothing of this push was put in place")
     except LlmfleetError as exc:
         out.result, out.error = "failed", str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     finally:
+        if lease is not None and not out.ok and (lease.token is not None or out.refused or lease.taken_ever):
+            lease.finish_failed(out, now)
         if seeder is not None:
             seeder.end(job.host.name, held=out.ok)
         if remote is not None:
@@ -588,8 +715,28 @@ def push_job(job: Job, wanted: M.Manifest | None, *, config: Any, options: Optio
     return out
 
 
-def _push(remote: Any, job: Job, wanted: M.Manifest, probe: S.PushProbe, out: Outcome, options: Options,
-          reporter: Reporter, now: Callable[[], datetime], source_remote: Callable[[], Any] | None,
+def _note_wait(out: Outcome, lease: Lease) -> None:
+    from llmfleet.release import store
+
+    if lease.run.lock_waited_s:
+        out.lock_wait_s = lease.run.lock_waited_s
+        out.lock_waited_for = store.describe_holder(lease.run.lock_holder_seen)
+
+
+def _held_download(job: Job, probe: S.PushProbe, out: Outcome) -> bool:
+    """``model_source.hf``: the host already holds a verified download of that repository and revision."""
+    o = job.origin
+    held, _ = probe.model.manifest()
+    if held is not None and held.source.get("hf") == o.value and held.source.get("revision") == o.revision \
+            and M.compare(held, probe.model.files).intact:
+        out.result, out.reason, out.verified_at = "verified", f"verified {held.verified_at}", held.verified_at
+        out.bytes_total = held.total_size
+        return True
+    return False
+
+
+def _push(remote: Any, lease: Lease, job: Job, wanted: M.Manifest, probe: S.PushProbe, out: Outcome,
+          options: Options, reporter: Reporter, now: Callable[[], datetime], source_remote: Callable[[], Any] | None,
           seeder: Seeder | None = None, connect: Callable[..., Any] | None = None) -> None:
     host, mp = job.host.name, job.model_path
     out.bytes_total = wanted.total_size
@@ -597,15 +744,18 @@ def _push(remote: Any, job: Job, wanted: M.Manifest, probe: S.PushProbe, out: Ou
     if d.action == "skip":
         held, _ = probe.model.manifest()
         out.result, out.reason, out.verified_at = "verified", d.reason, held.verified_at if held else None
+        if lease.token is not None:  # found verified under the lock (another push just put it there)
+            lease.last([], [])
         return
     if d.action == "refuse":
         raise CheckFailed(d.reason)
+    assert lease.token is not None, "a push writes only under the host's deploy lock"
     linked: list[str] = []
     if d.action == "adopt":
         res = remote.run(S.verify_script(mp, wanted, in_place=True), sudo=True, timeout=_timeout(wanted.total_size))
         ok, bad = S.parse_verify(res.stdout)
         if res.rc == 0 and not bad and len(ok) == len(wanted.files):
-            _commit(remote, job, wanted, out, options, now, move=False)
+            _commit(lease, job, wanted, out, options, now, move=False)
             out.result, out.reason = "adopted", "the host's files matched; manifest written"
             return
         linked = ok if wanted.kind == "dir" else []
@@ -614,7 +764,8 @@ def _push(remote: Any, job: Job, wanted: M.Manifest, probe: S.PushProbe, out: Ou
             raise CheckFailed(d.reason)
     out.reason, out.bytes_resumed = d.reason, d.held_bytes
     res = remote.run(S.prepare_script(mp, wanted.kind, wanted.content_digest, reset=d.reset,
-                                      link=tuple(f for f in linked if f in d.offsets)), sudo=True, timeout=120)
+                                      link=tuple(f for f in linked if f in d.offsets), owner=lease.token),
+                     sudo=True, timeout=120)
     if not S.parse_prepared(res.stdout):
         detail = (res.stderr.strip() or res.stdout.strip() or f"exit {res.rc}").splitlines()[-1][:200]
         raise RemoteError(f"host {host}: cannot prepare the staging copy of {mp}: {detail}")
@@ -632,11 +783,12 @@ def _push(remote: Any, job: Job, wanted: M.Manifest, probe: S.PushProbe, out: Ou
         else:
             source_remote = None
     key = f"{host}:{mp}"
+    owner = lease.owner(M.owner_path(mp))
     reporter.begin(key, f"{host} {mp.rsplit('/', 1)[-1]}", wanted.total_size, wanted.total_size - d.send_bytes)
     t_send = time.monotonic()
     sent_before = out.bytes_sent
     src = None
-    sent_ok = False
+    sent_ok = taken = False
     try:
         try:
             src = source_remote() if source_remote is not None else None
@@ -657,7 +809,7 @@ def _push(remote: Any, job: Job, wanted: M.Manifest, probe: S.PushProbe, out: Ou
             if src is None:
                 local = job.origin.value if wanted.kind == "file" else os.path.join(job.origin.value, f.path)
                 transfer.send_file(remote, local, dest, offset=off, size=f.size, limit_rate=options.limit_rate,
-                                   progress=advance)
+                                   progress=advance, owner=owner)
             else:
                 src_file = mp if wanted.kind == "file" else f"{mp}/{f.path}"
                 addr, port = peer_address(job.host, job.settings)
@@ -667,13 +819,18 @@ def _push(remote: Any, job: Job, wanted: M.Manifest, probe: S.PushProbe, out: Ou
                 peer = transfer.Peer(addr, port, remote.user, f"{key_obj.get_name()} {key_obj.get_base64()}")
                 try:
                     transfer.send_between(src, remote, src_file, dest, offset=off, size=f.size, peer=peer,
-                                          limit_rate=options.limit_rate, progress=advance)
+                                          limit_rate=options.limit_rate, progress=advance, owner=owner)
+                except transfer.StagingTaken:
+                    raise
                 except transfer.TransferError as exc:
                     if seeder is None:
                         raise
                     raise SeedFailed(f"the copy from {job.origin.describe()} failed: {str(exc).splitlines()[0]}") \
                         from None
         sent_ok = True
+    except transfer.StagingTaken:
+        taken = True  # not the source's fault: it may serve others
+        raise
     finally:
         out.send_seconds += time.monotonic() - t_send
         by = job.origin.describe()
@@ -682,16 +839,17 @@ def _push(remote: Any, job: Job, wanted: M.Manifest, probe: S.PushProbe, out: Ou
             src.close()
         reporter.end(key)
         if seeder is not None:
-            seeder.sent(host, sent_ok)
-    _commit(remote, job, wanted, out, options, now, move=True)
+            seeder.sent(host, sent_ok or taken)
+    _commit(lease, job, wanted, out, options, now, move=True)
     out.result = "pushed"
 
 
-def _commit(remote: Any, job: Job, wanted: M.Manifest, out: Outcome, options: Options,
+def _commit(lease: Lease, job: Job, wanted: M.Manifest, out: Outcome, options: Options,
             now: Callable[[], datetime], *, move: bool, result: str | None = None, verify: bool = True) -> None:
-    """Put the staged copy in place (``move``) or adopt what is there, write the manifest, audit. ``verify``:
-    check the staged files' sha256 against ``wanted`` first (False where ``wanted`` was just hashed from
-    those very files on the host, as after a download)."""
+    """Put the staged copy in place (``move``) or adopt what is there, write the manifest, audit, and
+    release the deploy lock, in one round trip. A moved copy is first checked to be still this push's
+    (its owner stamp), then ``verify``-ed: each staged file's sha256 against ``wanted`` (False where
+    ``wanted`` was just hashed from those very files on the host, as after a download)."""
     from llmfleet.release import store
 
     host, mp = job.host.name, job.model_path
@@ -701,34 +859,35 @@ def _commit(remote: Any, job: Job, wanted: M.Manifest, out: Outcome, options: Op
         source["origin"] = dict(wanted.source)  # where the source host's copy came from
     final = wanted.verified(at=at, by=options.who, source=source)
     result = result or ("adopted" if not move else "pushed")
-    record = store.audit_record(
-        now=now(), who=options.who, host=host, action="models.push", service=",".join(job.services), release=None,
-        digest=None, result=result,
-        detail=f"{mp}: {len(wanted.files)} file(s), {gib(wanted.total_size)}, from {job.origin.describe()}; "
-               f"{out.bytes_sent:,} bytes sent", model_path=mp, content=wanted.content_digest)
-    parts = [S.verify_script(mp, wanted)] if move and verify else []
+    record = _host_record(job, out, options, now, result=result,
+                          detail=f"{mp}: {len(wanted.files)} file(s), {gib(wanted.total_size)}, from "
+                                 f"{job.origin.describe()}; {out.bytes_sent:,} bytes sent")
+    record["content"] = wanted.content_digest
+    parts = [S.owner_check_script(mp, str(lease.token))] if move and verify else []
+    parts += [S.verify_script(mp, wanted)] if move and verify else []
     parts += [S.commit_script(mp, wanted.kind, move=move), store.audit_append_script(job.settings.root, record)]
-    res = remote.run("\n".join(parts), sudo=True, stdin=final.to_json().encode(), timeout=_timeout(wanted.total_size))
+    res = lease.last(["\n".join(parts)], [], stdin=final.to_json().encode(), timeout=_timeout(wanted.total_size))
+    taken = S.parse_staging_taken(res.stdout)
+    if taken is not None:
+        raise transfer.StagingTaken(f"host {host}: the staging copy of {mp} was taken", owner=taken, host=host, path=mp)
     _ok, bad = S.parse_verify(res.stdout)
     if bad:
         rel, got = next(iter(bad.items()))
         raise CheckFailed(f"host {host}: {mp}: file {rel} arrived with sha256 {got[:16]}..., not {wanted.file(rel).sha256[:16]}... "  # type: ignore[union-attr]
                           "as sent; its staging copy was removed: run it again")
-    if res.rc != 0 or not S.parse_committed(res.stdout):
+    if not S.parse_committed(res.stdout):
         detail = (res.stderr.strip() or res.stdout.strip() or f"exit {res.rc}").splitlines()[-1][:200]
         raise RemoteError(f"host {host}: cannot put {mp} in place: {detail}")
     out.verified_at = at
 
 
-def _download(remote: Any, job: Job, probe: S.PushProbe, out: Outcome, options: Options, reporter: Reporter,
-              now: Callable[[], datetime]) -> None:
-    """``model_source.hf``: the host downloads with the service's own image, hashes, commits."""
+def _download(remote: Any, lease: Lease, job: Job, probe: S.PushProbe, out: Outcome, options: Options,
+              reporter: Reporter, now: Callable[[], datetime]) -> None:
+    """``model_source.hf``: the host downloads with the service's own image, hashes, commits (under the
+    host's deploy lock)."""
     o = job.origin
-    held, _ = probe.model.manifest()
-    if held is not None and held.source.get("hf") == o.value and held.source.get("revision") == o.revision \
-            and M.compare(held, probe.model.files).intact:
-        out.result, out.reason, out.verified_at = "verified", f"verified {held.verified_at}", held.verified_at
-        out.bytes_total = held.total_size
+    if _held_download(job, probe, out):  # found verified under the lock (another push just put it there)
+        lease.last([], [])
         return
     kind = "file" if o.file else "dir"
     res = remote.run(S.hf_download_script(str(job.image), o.value, str(o.revision), job.model_path, kind, o.file),
@@ -742,7 +901,7 @@ def _download(remote: Any, job: Job, probe: S.PushProbe, out: Outcome, options: 
         raise RemoteError(f"host {job.host.name}: cannot hash the download of {o.value} in {M.part_path(job.model_path)}")
     wanted = M.Manifest(job.model_path, kind, tuple(M.FileEntry(r, s, h) for r, s, h in files), o.record())  # type: ignore[arg-type]
     out.bytes_total = wanted.total_size
-    _commit(remote, job, wanted, out, options, now, move=True, result="downloaded", verify=False)
+    _commit(lease, job, wanted, out, options, now, move=True, result="downloaded", verify=False)
     out.result, out.reason = "downloaded", f"{o.value}@{o.revision} downloaded on the host"
 
 
@@ -840,9 +999,11 @@ def seed_groups(inv: Inventory, jobs: Sequence[Job], live: Sequence[int], option
 def _local_record(o: Outcome, options: Options) -> dict[str, Any]:
     from llmfleet.release import store
 
+    extra: dict[str, Any] = {"lock_wait_s": o.lock_wait_s} if o.lock_wait_s else {}
     return store.audit_record(now=datetime.now(UTC), who=options.who, host=o.host, action="models.push",
-                              service=",".join(o.services), release=None, digest=None, result=o.result,
-                              detail=(o.error or o.reason)[:500], model_path=o.model_path, bytes_sent=o.bytes_sent)
+                              service=",".join(o.services), release=None, digest=None,
+                              result="refused" if o.refused else o.result, detail=(o.error or o.reason)[:500],
+                              model_path=o.model_path, bytes_sent=o.bytes_sent, **extra)
 
 
 def line(o: Outcome) -> str:
@@ -851,10 +1012,11 @@ def line(o: Outcome) -> str:
         return f"FAILED {o.error}"
     rate = f" at {o.rate / 2**20:.1f} MiB/s" if o.rate else ""
     resumed = f", {gib(o.bytes_resumed)} resumed" if o.bytes_resumed else ""
+    waited = (f"; waited {o.lock_wait_s:.0f} s for the deploy lock, {o.lock_waited_for}" if o.lock_wait_s else "")
     if o.result == "verified":
-        return f"{o.host}: {o.model_path}: already {o.reason} (nothing sent)"
+        return f"{o.host}: {o.model_path}: already {o.reason} (nothing sent){waited}"
     return (f"{o.host}: {o.model_path}: {o.result} ({gib(o.bytes_sent)} sent{rate}{resumed}, "
-            f"from {o.source}), verified {o.verified_at}")
+            f"from {o.source}), verified {o.verified_at}{waited}")
 
 
 _RATE_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,

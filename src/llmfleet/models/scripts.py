@@ -8,8 +8,12 @@ final ``mv`` is a rename)::
     X.llmfleet.json        its manifest (models/manifest.py), written after sha256sum agreed
     X.llmfleet.part        the staging copy being received (a file, or a folder for a folder model)
     X.llmfleet.part.want   which content the staging copy is for (the wanted manifest's content digest)
+    X.llmfleet.part.owner  which push fills it now: the token of the deploy lock that push holds
 
-A half-received file only ever sits in the staging copy; ``commit_script`` renames it into place.
+A half-received file only ever sits in the staging copy; ``commit_script`` renames it into place. A
+push writes the staging copy only while it holds the host's deploy lock, and every write and the
+commit first check the owner stamp (``@@staging-taken OWNER``, exit 5): a push whose staging copy
+another writer took (the lock broken under it, a hand ``rm``) stops, and never touches the other's bytes.
 
 Pure: every builder returns a POSIX sh script with each value ``shlex.quote``-d; tests/golden/scripts/
 pins their text. Scripts print ``@@`` lines only the parsers here read.
@@ -236,14 +240,25 @@ def parse_probe(stdout: str, model_path: str) -> PushProbe:
 
 
 RESUME_LOST_RC = 4
+STAGING_TAKEN_RC = 5
 
 
-def receive_script(dest_part: str, offset: int) -> str:
+def _owner_test(owner_file: str, token: str) -> str:
+    """sh: exit 5 with ``@@staging-taken OWNER`` (``none``: no stamp) unless ``owner_file`` holds ``token``."""
+    return (f"o=$(head -c 64 -- {q(owner_file)} 2>/dev/null); "
+            f"if [ \"$o\" != {q(token)} ]; then echo \"@@staging-taken ${{o:-none}}\"; exit {STAGING_TAKEN_RC}; fi")
+
+
+def receive_script(dest_part: str, offset: int, owner: tuple[str, str] | None = None) -> str:
     """Append stdin to ``dest_part`` from byte ``offset`` (its folder made as needed, mode 0644 under
     umask 022): at 0 the file is emptied first; else it must hold at least ``offset`` bytes (cut back
     to exactly that: bytes past the resume point are dropped), or the script exits 4 without writing
     (``@@resume-lost SIZE``). Prints ``@@received SIZE`` (the file's size after). One line: it is also
-    the forced command of a one-use key (host-to-host copies)."""
+    the forced command of a one-use key (host-to-host copies).
+
+    ``owner`` (the owner stamp's path, this push's token): before writing, the stamp must name this
+    push, and after, it still must and ``dest_part`` must be the file written to (same inode); else
+    ``@@staging-taken OWNER`` and exit 5: another writer took the staging copy."""
     off = int(offset)
     if off < 0:
         raise ValueError(f"offset {offset} is negative")
@@ -255,8 +270,29 @@ def receive_script(dest_part: str, offset: int) -> str:
         start = (f"have=$(stat -c %s -- {p} 2>/dev/null) || have=-1; "
                  f"if [ \"$have\" -lt {off} ]; then echo \"@@resume-lost $have\"; exit {RESUME_LOST_RC}; fi; "
                  f"if [ \"$have\" -gt {off} ]; then truncate -s {off} -- {p} || exit 1; fi")
-    return (f"umask 022; mkdir -p -- {d} || exit 1; {start}; cat >> {p}; rc=$?; "
-            f"echo \"@@received $(stat -c %s -- {p} 2>/dev/null)\"; exit $rc")
+    if owner is None:
+        return (f"umask 022; mkdir -p -- {d} || exit 1; {start}; cat >> {p}; rc=$?; "
+                f"echo \"@@received $(stat -c %s -- {p} 2>/dev/null)\"; exit $rc")
+    check = _owner_test(*owner)
+    return (f"umask 022; mkdir -p -- {d} || exit 1; {check}; {start}; i=$(stat -c %i -- {p}); cat >> {p}; rc=$?; "
+            f"{check}; if [ \"$(stat -c %i -- {p} 2>/dev/null)\" != \"$i\" ]; then echo '@@staging-taken replaced'; "
+            f"exit {STAGING_TAKEN_RC}; fi; echo \"@@received $(stat -c %s -- {p} 2>/dev/null)\"; exit $rc")
+
+
+def owner_check_script(model_path: str, token: str) -> str:
+    """The first step of a commit: the staging copy is still this push's (its owner stamp holds
+    ``token``), else ``@@staging-taken OWNER`` and exit 5 before anything is checked or removed."""
+    return _owner_test(M.owner_path(model_path.rstrip("/") or "/"), token)
+
+
+def parse_staging_taken(stdout: str) -> str | None:
+    """Who holds the staging copy now, when a push's own step found it taken: the owner stamp's
+    token, ``none`` (no stamp: removed), ``replaced`` (the file written to is no longer there);
+    None when the step found the copy still its own."""
+    for line in stdout.splitlines():
+        if line.startswith("@@staging-taken"):
+            return line[15:].strip() or "none"
+    return None
 
 
 def parse_received(stdout: str) -> int | None:
@@ -286,22 +322,27 @@ def staging_file(model_path: str, kind: str, rel: str) -> str:
     return part if kind == "file" else f"{part}/{rel}"
 
 
-def prepare_script(model_path: str, kind: str, digest: str, *, reset: bool, link: tuple[str, ...] = ()) -> str:
+def prepare_script(model_path: str, kind: str, digest: str, *, reset: bool, link: tuple[str, ...] = (),
+                   owner: str | None = None) -> str:
     """Before sending: with ``reset`` drop the staging copy (it was for other content, or there is
     none), then stamp it with the content ``digest`` it is filled for; the model's folder made.
     ``link``: files of a folder model the host already holds verified (sha256sum just agreed), hard
-    linked into the staging folder instead of being sent again."""
+    linked into the staging folder instead of being sent again. ``owner``: the token of the deploy
+    lock the push holds, written to the owner stamp (the staging copy is this push's from now on)."""
     mp = model_path.rstrip("/") or "/"
     part, want = M.part_path(mp), M.want_path(mp)
     lines = ["umask 022", f"mkdir -p -- {q(mp.rsplit('/', 1)[0] or '/')} || exit 1"]
     if reset:
-        lines.append(f"rm -rf -- {q(part)} {q(want)} || exit 1")
+        lines.append(f"rm -rf -- {q(part)} {q(want)} {q(M.owner_path(mp))} || exit 1")
     if kind == "dir":
         lines.append(f"mkdir -p -- {q(part)} || exit 1")
         for rel in link:
             dest = f"{part}/{rel}"
             lines.append(f"mkdir -p -- {q(dest.rsplit('/', 1)[0])} && ln -f -- {q(mp + '/' + rel)} {q(dest)} || exit 1")
-    lines += [f"printf '%s\\n' {q(digest)} > {q(want)} || exit 1", "echo @@prepared"]
+    lines.append(f"printf '%s\\n' {q(digest)} > {q(want)} || exit 1")
+    if owner is not None:
+        lines.append(f"printf '%s\\n' {q(owner)} > {q(M.owner_path(mp))} || exit 1")
+    lines.append("echo @@prepared")
     return "\n".join(lines)
 
 
@@ -392,7 +433,7 @@ def commit_script(model_path: str, kind: str, *, move: bool = True) -> str:
                 f"mv -T -- {q(part)} {q(mp)} || exit 1",
                 f"rm -rf -- {old}",
             ]
-        lines.append(f"rm -f -- {q(want)}")
+        lines.append(f"rm -f -- {q(want)} {q(M.owner_path(mp))}")
     else:
         lines.append(f"rm -f -- {q(mf)} || exit 1")
     lines += [
@@ -411,7 +452,8 @@ def parse_committed(stdout: str) -> bool:
 def cleanup_script(model_path: str) -> str:
     """Drop the staging copy and its stamp (the model and its manifest are left alone)."""
     mp = model_path.rstrip("/") or "/"
-    return f"rm -rf -- {q(M.part_path(mp))} {q(M.want_path(mp))} {q(mp + '.llmfleet.old')}\necho @@cleaned"
+    return (f"rm -rf -- {q(M.part_path(mp))} {q(M.want_path(mp))} {q(M.owner_path(mp))} {q(mp + '.llmfleet.old')}"
+            "\necho @@cleaned")
 
 
 def hash_script(model_path: str, kind: str) -> str:

@@ -58,6 +58,32 @@ class TransferError(RemoteError):
         self.position = position
 
 
+class StagingTaken(TransferError):
+    """The staging file stopped being this copy's while it was written: its owner stamp names another
+    writer (``owner``: that writer's token, ``none`` when the stamp is gone, ``replaced`` when the file
+    written to was swapped). Not a cut: running it again would not resume this copy."""
+
+    def __init__(self, message: str, *, owner: str, host: str = "", path: str = "") -> None:
+        super().__init__(message, host=host, path=path, position=0)
+        self.owner = owner
+
+
+def _taken(host: str, dest_part: str, owner: str, path: str) -> StagingTaken:
+    return StagingTaken(f"host {host}: {dest_part} was taken by another writer while this copy was written to it "
+                        f"(its owner stamp: {owner})", owner=owner, host=host, path=path)
+
+
+def _buffered(chan: Any) -> str:
+    """What the host's command printed that is still in the channel's buffer (never blocks)."""
+    got = b""
+    try:
+        while chan is not None and chan.recv_ready() and len(got) < 65536:
+            got += chan.recv(65536)
+    except (OSError, EOFError, paramiko.SSHException):
+        pass
+    return got.decode("utf-8", "replace")
+
+
 @dataclass(frozen=True)
 class Sent:
     """One completed ``send_file``: bytes sent now, the staging file's size after, seconds taken."""
@@ -97,7 +123,7 @@ class Pacer:
 
 def send_file(remote: Any, local_path: str, dest_part: str, *, offset: int, size: int,
               limit_rate: int | None = None, progress: Callable[[int], None] | None = None,
-              sudo: bool = True, stall_s: float = STALL_S) -> Sent:
+              sudo: bool = True, stall_s: float = STALL_S, owner: tuple[str, str] | None = None) -> Sent:
     """Send bytes ``offset`` .. ``size`` of ``local_path`` to ``dest_part`` on the host of ``remote``
     (an open ``llmfleet.host.ssh.Remote``), appending to what ``dest_part`` holds.
 
@@ -110,7 +136,9 @@ def send_file(remote: Any, local_path: str, dest_part: str, *, offset: int, size
 
     Returns ``Sent``. Raises ``TransferError`` (one line naming the host, the file and the bytes
     reached) when the connection drops, the host refuses, or the sizes disagree; whatever reached the
-    host stays in ``dest_part`` for the next call to resume."""
+    host stays in ``dest_part`` for the next call to resume. ``owner``: (the owner stamp's path, this
+    copy's token): the host writes only while the stamp holds the token (``scripts.receive_script``),
+    else ``StagingTaken``: another writer took the staging file."""
     name = getattr(remote, "name", "?")
     if not 0 <= offset <= size:
         raise ValueError(f"offset {offset} outside 0..{size}")
@@ -118,7 +146,7 @@ def send_file(remote: Any, local_path: str, dest_part: str, *, offset: int, size
     if local_size != size:
         raise TransferError(f"host {name}: {local_path} is {local_size} bytes, not the {size} expected "
                             "(it changed since it was hashed)", host=name, path=local_path, position=offset)
-    command = S.receive_script(dest_part, offset)
+    command = S.receive_script(dest_part, offset, owner)
     t0 = time.monotonic()
     pos = offset
     rc: int | None = None
@@ -171,6 +199,9 @@ def send_file(remote: Any, local_path: str, dest_part: str, *, offset: int, size
     except EOFError:
         raise cut("the SSH connection closed") from None
     except (OSError, paramiko.SSHException, RemoteError) as exc:
+        said = _buffered(chan)  # a host that stopped the copy itself may have said why before it closed
+        if S.parse_staging_taken(said) is not None:
+            raise _taken(name, dest_part, str(S.parse_staging_taken(said)), local_path) from None
         raise cut(f"{type(exc).__name__}: {exc}".rstrip(": ")) from None
     finally:
         if chan is not None:
@@ -178,6 +209,9 @@ def send_file(remote: Any, local_path: str, dest_part: str, *, offset: int, size
         shown = remote.command_line(command, sudo=sudo) if hasattr(remote, "command_line") else command
         trace.emit(name, f"[{size - offset:,} bytes on stdin] {shown}", rc, time.monotonic() - t0)
     text = out.decode("utf-8", "replace")
+    taken = S.parse_staging_taken(text)
+    if taken is not None:
+        raise _taken(name, dest_part, taken, local_path)
     lost = S.parse_resume_lost(text)
     if lost is not None:
         raise TransferError(f"host {name}: {dest_part} holds {lost:,} bytes, fewer than the resume point "
@@ -344,7 +378,7 @@ def _sent_total(line: str) -> int | None:
 
 def send_between(source: Any, target: Any, source_file: str, dest_part: str, *, offset: int, size: int,
                  peer: Peer, limit_rate: int | None = None, progress: Callable[[int], None] | None = None,
-                 timeout: float | None = None, sudo: bool = True) -> Sent:
+                 timeout: float | None = None, sudo: bool = True, owner: tuple[str, str] | None = None) -> Sent:
     """The source host (``source``, an open Remote) sends bytes ``offset`` .. ``size`` of its
     ``source_file`` to ``dest_part`` on the target (``target``, an open Remote), directly: this
     machine only sets the one-use key up, watches the progress the source reports, and removes the
@@ -369,7 +403,7 @@ def send_between(source: Any, target: Any, source_file: str, dest_part: str, *, 
             detail = (res.stderr.strip() or res.stdout.strip() or f"exit {res.rc}").splitlines()[-1][:300]
             raise TransferError(f"host {sname}: cannot prepare the copy to {tname} ({peer.address}:{peer.port}): "
                                 f"{detail}", host=tname, path=source_file, position=pos)
-        forced = target.command_line(S.receive_script(dest_part, offset), sudo=sudo)
+        forced = target.command_line(S.receive_script(dest_part, offset, owner), sudo=sudo)
         line = authorized_line(pub, source_address=src_addr, command=forced, token=token)
         res = target.run(authorize_script(line, peer.user), timeout=60)
         authorized = res.rc == 0 and "@@authorized" in res.stdout
@@ -393,6 +427,9 @@ def send_between(source: Any, target: Any, source_file: str, dest_part: str, *, 
         limit = timeout if timeout is not None else 300 + (size - offset) / max(1, min(limit_rate or 2**20, 2**20))
         rc = source.stream(peer_send_script(peer_dir, source_file, offset, peer, limit_rate), on_line, timeout=limit)
         text = "\n".join(out)
+        taken = S.parse_staging_taken(text)
+        if taken is not None:
+            raise _taken(tname, dest_part, taken, source_file)
         ssh_rc = next((int(x[8:]) for x in reversed(out) if x.startswith("@@ssh-rc ") and x[8:].strip().isdigit()),
                       None)
         lost = S.parse_resume_lost(text)

@@ -7,7 +7,7 @@ rm -rf -- /srv/models/qwen.llmfleet.old || exit 1
 if [ -e /srv/models/qwen ] || [ -L /srv/models/qwen ]; then mv -T -- /srv/models/qwen /srv/models/qwen.llmfleet.old || exit 1; fi
 mv -T -- /srv/models/qwen.llmfleet.part /srv/models/qwen || exit 1
 rm -rf -- /srv/models/qwen.llmfleet.old
-rm -f -- /srv/models/qwen.llmfleet.part.want
+rm -f -- /srv/models/qwen.llmfleet.part.want /srv/models/qwen.llmfleet.part.owner
 python3 -c 'import json, os, sys
 mp, mf = sys.argv[1], sys.argv[2]
 doc = json.load(sys.stdin)

@@ -4,7 +4,7 @@ chmod -R u=rwX,go=rX -- /srv/models/m.gguf.llmfleet.part || exit 1
 if [ "$(id -u)" = 0 ]; then chown -R 0:0 -- /srv/models/m.gguf.llmfleet.part || exit 1; fi
 rm -f -- /srv/models/m.gguf.llmfleet.json || exit 1
 mv -fT -- /srv/models/m.gguf.llmfleet.part /srv/models/m.gguf || exit 1
-rm -f -- /srv/models/m.gguf.llmfleet.part.want
+rm -f -- /srv/models/m.gguf.llmfleet.part.want /srv/models/m.gguf.llmfleet.part.owner
 python3 -c 'import json, os, sys
 mp, mf = sys.argv[1], sys.argv[2]
 doc = json.load(sys.stdin)

@@ -1,0 +1,1 @@
+o=$(head -c 64 -- '/srv/models/m it'"'"'s.gguf.llmfleet.part.owner' 2>/dev/null); if [ "$o" != cdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcd ]; then echo "@@staging-taken ${o:-none}"; exit 5; fi
