@@ -140,6 +140,64 @@ def test_host_side_parsers():
     assert load.parse_load(f"@@id {C}\n").ok(C) and not load.parse_load("@@id \n").ok(C)
 
 
+def _locked_run(alive: bool = True):
+    from datetime import UTC, datetime
+
+    from llmfleet.release.executor import HostRun
+
+    def make(*args, **kwargs):
+        return HostRun(*args, **{**kwargs, "token": lambda: "0a" * 16, "origin": "me@ws", "pid": 4242, "who": "me@ws",
+                                 "alive": lambda pid: alive, "now": lambda: datetime(2026, 11, 29, 12, tzinfo=UTC)})
+    return make
+
+
+def _prepared_host():
+    from types import SimpleNamespace
+
+    from llmfleet.inventory.ansible import Host
+    from llmfleet.inventory.services import HostSettings
+
+    return SimpleNamespace(host=Host("h1"), settings=HostSettings(root="/opt/llmfleet"))
+
+
+def test_a_bundle_load_runs_under_the_hosts_deploy_lock_and_is_audited_with_the_unlock():
+    from datetime import UTC, datetime
+
+    from tests.fake_remote import Command, FakeRemote
+
+    holder = store.holder_document(token="0a" * 16, who="me@ws", origin="me@ws", action="deploy --bundle",
+                                   message="images from /b", now=datetime(2026, 11, 29, 12, tzinfo=UTC), pid=4242)
+    remote = FakeRemote([Command(store.lock_acquire_script("/opt/llmfleet", holder), out="@@acquired"),
+                         Command(None, out="@@released")])
+    ran = []
+    got = load.locked(remote, _prepared_host(), None, "deploy --bundle", "images from /b",
+                      lambda: ran.append(1) or [load.Loaded("llamacpp:b1", C, "r:t", True)], log=print,
+                      make_run=_locked_run())
+    remote.assert_done()
+    assert ran == [1] and [x.key for x in got] == ["llamacpp:b1"]
+    last = remote.sent[-1]
+    assert '"action":"bundle.load"' in last and '"result":"loaded"' in last and "llamacpp:b1 sent" in last
+    assert last.rstrip().endswith(store.lock_release_script("/opt/llmfleet", "0a" * 16) + "\n)")
+
+
+def test_a_bundle_load_is_refused_at_once_naming_the_writer_that_holds_the_lock():
+    from llmfleet.release.decide import Refusal
+    from tests.fake_remote import Command, FakeRemote
+
+    pusher = {"token": "b" * 32, "who": "bob", "from": "bob@ws2", "pid": 77, "action": "models.push",
+              "message": "/srv/m.gguf from /m.gguf (this machine)", "time": "2026-11-29T11:59:00+00:00"}
+    remote = FakeRemote([Command(None, out="@@held\n" + json.dumps(pusher), exit=store.LOCK_HELD_RC),
+                         Command(None, out="")])
+    with pytest.raises(Refusal) as exc:
+        load.locked(remote, _prepared_host(), None, "deploy --bundle", "images from /b",
+                    lambda: pytest.fail("loaded without the lock"), log=print, make_run=_locked_run())
+    remote.assert_done()
+    assert exc.value.reason.startswith("deploy lock held by bob from bob@ws2 (pid 77) since 2026-11-29T11:59:00+00:00 "
+                                       "(1 min 0 s ago) for models.push: /srv/m.gguf")
+    assert '"result":"refused"' in remote.sent[-1]
+    assert store.lock_release_script("/opt/llmfleet", "0a" * 16) not in remote.sent[-1]
+
+
 @pytest.mark.parametrize("script", [lambda: load.present_script([C, D]), lambda: load.load_script("/o/b/x.tar", C, "r:t"),
                                     lambda: load.load_script(None, C, "r:t"), lambda: store.loaded_image_script("r:t")])
 def test_host_scripts_are_posix_sh(script):

@@ -31,21 +31,22 @@ def open_bundle(path: str, hosts: Sequence[Any], services: Callable[[str], list[
 
 
 def put_in_place(verified: check.Verified, prepared: dict[str, Any], settings: Any, *, forks: int, log: Log,
-                 accept_new_host_keys: bool = False) -> tuple[dict[str, Any], list[Any]]:
+                 accept_new_host_keys: bool = False, task: str = "deploy") -> tuple[dict[str, Any], list[Any]]:
     """Each prepared host's images from the bundle (sent when its engine lacks them, loaded, image ID
-    checked, tagged), then its models (models.push from the bundle). Returns the hosts ready to deploy
-    (name -> ``PreparedHost``) and a failed ``HostOutcome`` for each of the others (nothing was
-    switched on them)."""
+    checked, tagged), then its models (models.push from the bundle), each under the host's deploy
+    lock, taken as the ``task`` (deploy or upgrade) would take it: refused at once naming the holder
+    when another writer holds it. Returns the hosts ready to deploy (name -> ``PreparedHost``) and a
+    failed ``HostOutcome`` for each of the others (nothing was switched on them)."""
     from llmfleet.bundle.load import load_hosts, send_file
     from llmfleet.bundle.models import push_models
     from llmfleet.release.decide import HostOutcome, Result
 
     failed = load_hosts(list(prepared.values()), settings, verified, forks=forks, send=send_file, log=log,
-                        accept_new_host_keys=accept_new_host_keys)
+                        accept_new_host_keys=accept_new_host_keys, task=task)
     loaded = [p for h, p in prepared.items() if h not in failed]
     if loaded:
         failed.update(push_models(loaded, settings, verified, forks=forks, log=log,
-                                  accept_new_host_keys=accept_new_host_keys))
+                                  accept_new_host_keys=accept_new_host_keys, task=task))
     outcomes = [HostOutcome(host=h, result=Result.FAILED, reason=f"{why}; nothing was switched")
                 for h, why in failed.items()]
     return {h: p for h, p in prepared.items() if h not in failed}, outcomes

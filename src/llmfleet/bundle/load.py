@@ -101,6 +101,42 @@ def parse_load(stdout: str) -> LoadAnswer:
 # ---------------------------------------------------------------------------------------------
 # The shell: one host
 
+def locked(remote: Any, ph: Any, settings: Any, action: str, message: str, body: Callable[[], list[Loaded]], *,
+           log: Log, make_run: Callable[..., Any] | None = None) -> list[Loaded]:
+    """``body`` under the host's deploy lock (``release.executor.HostRun.lock``, the one lock path:
+    refused at once naming the holder when another writer holds it, as the deploy this load belongs
+    to would be; a stale lock of this machine taken over). Its audit line (``bundle.load``: loaded,
+    failed or refused) and the unlock go in one last round trip."""
+    from llmfleet.errors import LlmfleetError
+    from llmfleet.release import store
+    from llmfleet.release.decide import Refusal
+    from llmfleet.release.executor import HostRun, now_utc
+
+    run = (make_run or HostRun)(ph.host.name, ph.settings, remote, settings=settings, log=log, message=message)
+    result, detail = "failed", ""
+    try:
+        run.lock(action)
+        out = body()
+        result, detail = "loaded", f"{message}: " + ", ".join(f"{x.key} {'sent' if x.sent else 'present'}"
+                                                              for x in out)
+        return out
+    except Refusal as exc:
+        result, detail = "refused", exc.reason
+        raise
+    except LlmfleetError as exc:
+        detail = str(exc)
+        raise
+    finally:
+        rec = store.audit_record(now=now_utc(), who=run.who, host=ph.host.name, action="bundle.load", service=None,
+                                 release=None, digest=None, result=result, detail=detail)
+        try:
+            remote.run(store.final_script(ph.settings.root, [], [*run.audit, rec], run.lock_token), sudo=True,
+                       timeout=60)
+        except LlmfleetError as exc:
+            log(f"warning: the audit line and unlock did not complete: {exc}"
+                + (f"; the next deploy from this machine takes the lock over, others need `invoke lock.release "
+                   f"--host {ph.host.name} --yes`" if run.lock_token else ""))
+
 Send = Callable[..., Any]  # (remote, local file, remote staging path, offset, size): arrives whole or raises
 Log = Callable[[str], None]
 SEND_ATTEMPTS = 3
@@ -174,10 +210,11 @@ def load_images(remote: Any, root: str, bundle_dir: Path, wanted: list[bc.Bundle
 
 
 def load_hosts(prepared: list[Any], settings: Any, source: Any, *, forks: int, send: Send,
-               log: Callable[[str], None], accept_new_host_keys: bool = False) -> dict[str, str]:
+               log: Callable[[str], None], accept_new_host_keys: bool = False, task: str = "deploy") -> dict[str, str]:
     """``load_images`` on every prepared host (``release.prepare.PreparedHost``, its images localized
-    from ``source``, a ``bundle.check.Verified``), ``forks`` at a time. Returns host -> why it failed,
-    for the hosts whose images are not all in place (nothing was switched on them)."""
+    from ``source``, a ``bundle.check.Verified``), ``forks`` at a time, each under the host's deploy
+    lock (``locked``; ``task``: the deploy or upgrade it is part of, as the lock's holder says). Returns host -> why it failed, for the hosts whose images are not all in place
+    (nothing was switched on them)."""
     from llmfleet.host import ssh
     from llmfleet.host.group import run_on_hosts
 
@@ -187,8 +224,11 @@ def load_hosts(prepared: list[Any], settings: Any, source: Any, *, forks: int, s
             return []
         name = ph.host.name
         with ssh.connect(ph.host, config=settings, accept_new_host_keys=accept_new_host_keys) as remote:
-            return load_images(remote, ph.settings.root, source.dir, wanted, {f.path: f for f in source.bundle.files},
-                               send=send, log=lambda m: log(f"{name}: {m}"))
+            return locked(remote, ph, settings, f"{task} --bundle", f"images from {source.dir}",
+                          lambda: load_images(remote, ph.settings.root, source.dir, wanted,
+                                              {f.path: f for f in source.bundle.files}, send=send,
+                                              log=lambda m: log(f"{name}: {m}")),
+                          log=lambda m: log(f"{name}: {m}"))
 
     failed: dict[str, str] = {}
     for r in run_on_hosts(one, prepared, forks=forks, thread_name="llmfleet-bundle"):

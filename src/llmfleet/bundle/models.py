@@ -89,10 +89,12 @@ def carry(inv: Inventory, chosen: dict[str, list[str]], out: Path,
 
 
 def push_models(prepared: list[Any], settings: Any, source: Any, *, forks: int, log: Log,
-                accept_new_host_keys: bool = False) -> dict[str, str]:
+                accept_new_host_keys: bool = False, task: str = "deploy") -> dict[str, str]:
     """``models.push`` of every carried model to the prepared hosts whose services name its model_path,
-    from the bundle. Returns host -> why it failed."""
+    from the bundle, each under the host's deploy lock as ``models.push`` takes it, but refused at once
+    (as the ``task`` it is part of would be) when another writer holds it. Returns host -> why it failed."""
     from llmfleet.models import push
+    from llmfleet.release.executor import default_who
 
     by_path = {m.host_path: m for m in source.bundle.models}
     jobs: list[Any] = []
@@ -108,8 +110,9 @@ def push_models(prepared: list[Any], settings: Any, source: Any, *, forks: int, 
     if not jobs:
         return {}
     inv = prepared[0].inventory
-    outcomes = push.push(inv, jobs, config=settings, options=push.Options(forks=forks,
-                                                                          accept_new_host_keys=accept_new_host_keys))
+    options = push.Options(forks=forks, accept_new_host_keys=accept_new_host_keys, who=default_who(), lock_wait=0,
+                           lock_action=f"{task} --bundle (models.push)")
+    outcomes = push.push(inv, jobs, config=settings, options=options)
     failed: dict[str, str] = {}
     for o in outcomes:
         log(push.line(o) if o.ok else f"{o.host}: {o.model_path}: {push.line(o)}")

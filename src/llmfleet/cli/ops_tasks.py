@@ -368,7 +368,8 @@ def upgrade(c, group=None, host=None, inventory=None, image=None, set_=None, ser
             return {}
         keep = {h: prepared[h] for u in units if u.key in batch for h in u.singles}
         _ready, not_ready = bundle_apply.put_in_place(verified, keep, config, forks=forks, log=host_log,
-                                                      accept_new_host_keys=options.accept_new_host_keys)
+                                                      accept_new_host_keys=options.accept_new_host_keys,
+                                                      task="upgrade")
         for o in not_ready:
             if never_reached(o):
                 unreachable.append(unreachable_entry(o.host, o.reason))
