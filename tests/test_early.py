@@ -83,7 +83,7 @@ def test_early_connection_and_probe_are_what_the_deploy_takes(sshd, tmp_path, se
     found = facts_mod.gather(remote, root=ready.settings.root, model_paths=[ready.services[0].service.model_path],
                              sudo=True)
     assert remote.round_trips == 1  # the probe sent ahead was the deploy's probe
-    assert found.probe_version == 3 and found.releases_read
+    assert found.probe_version == 4 and found.releases_read
     assert early.take(ready.host, settings, True) is None  # taken once
     remote.close()
 

@@ -398,7 +398,7 @@ def test_probe_script_asks_docker_info_once(fake_docker_host, tmp_path, tmpdir_o
     assert res.returncode == 0, res.stderr
     f = parse(res.stdout.decode())
     called = sorted(calls.read_text().splitlines())
-    assert f.probe_version == 3 and f.docker.server_version == "27.5.1" and f.compose.v2 == "2.33.1"
+    assert f.probe_version == 4 and f.docker.server_version == "27.5.1" and f.compose.v2 == "2.33.1"
     assert f.disk("docker_root").path == f"{tmp_path}/docker-root"
     assert {"docker_info", "docker_ps", "docker_images", "meminfo", "df docker_root"} <= set(f.probe_seconds)
     assert not list(tmp_path.glob("tmp*"))  # the probe's temporary folder is gone

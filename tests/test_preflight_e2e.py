@@ -52,7 +52,7 @@ def test_gather_is_one_round_trip_and_names_what_is_missing(sshd, tmp_path, mode
     with connect(host, config={"known_hosts": str(tmp_path / "kh")}, accept_new_host_keys=True) as remote:
         f = facts_mod.gather(remote, root=str(tmp_path / "root"), model_paths=[str(model_file), "/nonexistent/m"])
         assert remote.round_trips == 1
-    assert f.host == "test-host" and f.probe_version == 3 and f.kernel
+    assert f.host == "test-host" and f.probe_version == 4 and f.kernel
     assert f.releases == {} and f.releases_read and not any("release state" in e for e in f.errors)  # none yet
     # each section says how long it took on the host (the slowest is what a probe waits for)
     assert {"docker_info", "meminfo", "release_state", "model 0", "df docker_root"} <= set(f.probe_seconds)

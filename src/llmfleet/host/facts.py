@@ -15,10 +15,11 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
+from llmfleet.host.gpu_health import health_from_sections
 from llmfleet.host.probe import MAX_DOCUMENT, new_mark, probe_command, probe_sh
 from llmfleet.knowledge.catalog import find_gpu
 from llmfleet.knowledge.compat import branch_cuda, driver_branches
-from llmfleet.knowledge.facts import Container, Disk, Docker, Facts, GpuFact, ModelFile
+from llmfleet.knowledge.facts import Container, Disk, Docker, Facts, GpuFact, GpuHealth, ModelFile
 from llmfleet.knowledge.release_state import parse_state, state_complete
 
 if TYPE_CHECKING:  # paramiko and fabric load only when a connection is opened
@@ -36,8 +37,9 @@ QUERY_FIELDS = (
     "compute_cap",
 )
 SECTION_CAP = 65536
-# Sections the probe lets grow past 4 x SECTION_CAP (its STATECAP): every kept release's manifest.
-SECTION_CAPS = {"release_state": 1024 * 1024, "model_manifest": 1024 * 1024}
+# Sections the probe lets grow past 4 x SECTION_CAP (its STATECAP): every kept release's manifest, and
+# nvidia-smi -q (about 14 KiB a card).
+SECTION_CAPS = {"release_state": 1024 * 1024, "model_manifest": 1024 * 1024, "nvidia_q": 1024 * 1024}
 _SHOWN = 120  # characters of a bad value quoted back in an error
 _MAX_GPUS = 64
 _MAX_ENTRIES = 2000
@@ -524,6 +526,7 @@ def parse_probe_document(
     facts.toolkit.hook_path = tools.get("nvidia-container-runtime-hook") or None
 
     _parse_gpu_part(facts, one, gpu_lookup, driver_branches or {})
+    facts.gpu_health = _parse_health(facts, one)
 
     cc = one("cuda_compat")
     if cc:
@@ -692,6 +695,21 @@ def _parse_gpu_part(facts: Facts, one: Any, gpu_lookup: Any, branches: dict[int,
     topo = one("nvidia_topo")
     if topo is not None and (gpus or topo.rc == 0):  # no GPUs: the failure above already says why
         facts.gpu_topology = parse_topology_section(topo.body, topo.rc, topo.complete, errors)
+
+
+def _parse_health(facts: Facts, one: Any) -> GpuHealth | None:
+    """The cards' hardware health (``llmfleet.host.gpu_health``): None when the probe read none of it."""
+    q, xid, pci = one("nvidia_q"), one("kernel_xid"), one("pci_gpus")
+    if q is None and xid is None and pci is None:
+        return None
+    failed = ""
+    if q is not None and not q.complete:
+        failed = "cut short"
+    elif q is not None and q.rc != 0:
+        failed = nvidia_smi_failure(q.body, q.rc)
+    others = [s.body for s in (one("nvidia_query"), one("nvidia_query_nocc"), one("nvidia_smi")) if s is not None]
+    return health_from_sections(q.body if q is not None else None, xid.body if xid is not None else None,
+                                pci.body if pci is not None else None, facts.gpus, q_failed=failed, lost_from=others)
 
 
 def _lookup(gpu_lookup: Any, name: str) -> Any:

@@ -29,6 +29,66 @@ class GpuFact(BaseModel):
     data_center: bool | None = None
 
 
+class CardHealth(BaseModel):
+    """What ``nvidia-smi -q`` says about one card's hardware (None: the driver did not print it, or "N/A")."""
+
+    bus_id: str  # as nvidia-smi prints it, "00000000:3B:00.0"
+    index: int | None = None  # the card's nvidia-smi index, matched by bus id
+    name: str | None = None
+    ecc_mode: str | None = None  # "Enabled" / "Disabled"
+    ecc_volatile_uncorrectable: int | None = None  # since the last driver load or GPU reset
+    ecc_aggregate_uncorrectable: int | None = None  # over the card's life (its inforom)
+    sram_threshold_exceeded: bool | None = None  # the aggregate SRAM uncorrectable count passed NVIDIA's limit
+    retired_pages_sbe: int | None = None
+    retired_pages_dbe: int | None = None
+    retired_pages_pending: bool | None = None  # a page waits for a reset to be retired
+    remapped_rows_uncorrectable: int | None = None
+    remap_pending: bool | None = None  # a row remap waits for a GPU reset
+    remap_failure: bool | None = None  # a row remap has failed on this card
+    repair_pending: list[str] = Field(default_factory=list)  # "Channel Repair Pending", "TPC Repair Pending"
+    unrepairable_memory: bool | None = None
+    recovery_action: str | None = None  # "GPU Recovery Action" (R570 and newer): None, Reset, Reboot, Drain...
+    idle: bool | None = None  # the "Idle" clocks event/throttle reason is active
+    throttle_active: list[str] = Field(default_factory=list)  # active clocks event reasons other than Idle
+    pcie_gen_current: int | None = None
+    pcie_gen_max: int | None = None  # the highest this card reaches in this host ("Max")
+    pcie_gen_host_max: int | None = None  # the slot's ("Host Max", newer drivers)
+    pcie_width_current: int | None = None  # lanes: 16 for "16x"
+    pcie_width_max: int | None = None
+
+
+class XidEvent(BaseModel):
+    """Xid lines of one code for one card in the kernel log since boot (as far as it was read)."""
+
+    code: int
+    pci: str  # "0000:3b:00", as the kernel line names the card (lowercase)
+    count: int = 1
+    last: str = ""  # the last such line, bounded
+    gpu_index: int | None = None  # the nvidia-smi index of that card, when it is listed
+
+
+class MissingCard(BaseModel):
+    """An NVIDIA display or 3D device on the PCI bus that nvidia-smi does not list (or says it lost)."""
+
+    pci: str  # "0000:3b:00.0"
+    device: str | None = None  # "10de:2335"
+    expected_index: int | None = None  # its place among the bus's NVIDIA cards (nvidia-smi's order)
+    why: str = ""
+
+
+class GpuHealth(BaseModel):
+    """The cards' hardware health, read in the probe's round trip (``llmfleet.host.gpu_health``)."""
+
+    cards: list[CardHealth] = Field(default_factory=list)
+    xids: list[XidEvent] = Field(default_factory=list)
+    xid_source: Literal["dmesg", "journalctl"] | None = None  # None: the kernel log was not readable
+    xid_lines: int = 0  # Xid lines seen since boot
+    pci_source: Literal["lspci", "sysfs"] | None = None
+    pci_gpus: list[str] = Field(default_factory=list)  # NVIDIA display/3D devices on the PCI bus
+    missing: list[MissingCard] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)  # what could not be read, one line each
+
+
 class Docker(BaseModel):
     client_version: str | None = None
     server_version: str | None = None
@@ -100,6 +160,8 @@ class Facts(BaseModel):
     # `nvidia-smi topo -m` as the host printed it (terminal escapes removed): the GPU-to-GPU link matrix
     # preflight's topology check reads; None when nvidia-smi is missing or the command failed (see errors)
     gpu_topology: str | None = None
+    # the cards' hardware health: nvidia-smi -q, the kernel log's Xid lines, the PCI bus; None: not read
+    gpu_health: GpuHealth | None = None
     host_cuda_compat: list[str] = Field(default_factory=list)
     docker: Docker = Field(default_factory=Docker)
     containers: list[Container] = Field(default_factory=list)

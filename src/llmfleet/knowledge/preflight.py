@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from llmfleet.errors import LlmfleetError, UsageError
 from llmfleet.inventory.services import HostSettings, Service
-from llmfleet.knowledge import compat, engines
+from llmfleet.knowledge import compat, engines, gpu_health
 from llmfleet.knowledge.compat import EngineCatalog, EngineRelease, Kernels, Verdict
 from llmfleet.knowledge.facts import Facts, GpuFact, ModelFile
 
@@ -32,7 +32,7 @@ IMAGE_DISK_FACTOR = 1.5
 GPU_BUSY_FRACTION = 0.05
 # Every check id, in the order run_checks emits them (docs/preflight.md describes each).
 CHECK_IDS = (
-    "image", "gpu", "cuda-driver", "arch", "quant", "dtype", "attention", "kv-dtype", "known-issue", "plan",
+    "image", "gpu", "gpu-health", "cuda-driver", "arch", "quant", "dtype", "attention", "kv-dtype", "known-issue", "plan",
     "docker", "gpu-runtime", "compose", "disk-image", "model-files", "model-verified", "disk-model", "port", "bind",
     "facts",
 )
@@ -315,6 +315,11 @@ def run_checks(
     gpus, missing = selected_gpus(service, facts)
     gpu = _lowest_cc(gpus)
     checks.append(_gpu_check(service, facts, rel, gpus, missing))
+    # the cards' hardware: Xid events, ECC, pending retirements and remaps, PCIe link, missing cards
+    # (only when the probe read it: saved facts of an older probe have none)
+    health = gpu_health.judge(facts.gpu_health, None if service.gpus == "all" else list(service.gpus), service.name)
+    if health is not None:
+        checks.append(_c("gpu-health", health))
     cc = gpu.compute_capability if gpu else None
     name = gpu.name if gpu else None
     args = effective_args(service, plan)

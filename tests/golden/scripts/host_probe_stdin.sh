@@ -59,6 +59,55 @@ llmfleet_model_manifest() {
         echo "@@manifest none"
     fi
 }
+# llmfleet GPU health reader: the kernel log's NVRM Xid lines since boot, and the NVIDIA display and 3D
+# devices on the PCI bus (llmfleet.host.gpu_health parses both).
+llmfleet_gpu_xids() {
+    if dmesg >/dev/null 2>&1; then
+        echo "source=dmesg"
+        dmesg 2>/dev/null | llmfleet_xid_lines
+    elif [ -n "$(journalctl -k -b -n 1 -q --no-pager 2>/dev/null)" ]; then
+        echo "source=journalctl"
+        journalctl -k -b -q --no-pager -o short-monotonic 2>/dev/null | llmfleet_xid_lines
+    else
+        echo "source=none"
+        dmesg 2>&1 | head -n 1
+    fi
+    return 0
+}
+llmfleet_xid_lines() {
+    if command -v awk >/dev/null 2>&1; then
+        grep -e 'NVRM: Xid' -e 'fallen off the bus' | awk '
+            { n++; k = "?"
+              if (match($0, /Xid \((PCI:)?[0-9A-Fa-f:.]+\): *[0-9]+/)) k = substr($0, RSTART, RLENGTH)
+              else if (match($0, /GPU (at )?(PCI:)?[0-9A-Fa-f]+:[0-9A-Fa-f]+:[0-9A-Fa-f.]+/)) k = substr($0, RSTART, RLENGTH)
+              if (!(k in c)) { if (m >= 256) { skipped++; next }; o[++m] = k }
+              c[k]++; l[k] = substr($0, 1, 400) }
+            END { for (i = 1; i <= m; i++) printf "count=%d %s\n", c[o[i]], l[o[i]]
+                  printf "lines=%d\n", n
+                  if (skipped) printf "skipped=%d\n", skipped }'
+    else
+        grep -e 'NVRM: Xid' -e 'fallen off the bus' | tail -n 200
+    fi
+}
+llmfleet_gpu_pci() {
+    if command -v lspci >/dev/null 2>&1; then
+        echo "source=lspci"
+        lspci -D -n -d 10de: 2>&1 | head -n 256
+    elif [ -d /sys/bus/pci/devices ]; then
+        echo "source=sysfs"
+        for d in /sys/bus/pci/devices/*; do
+            [ "$(cat "$d/vendor" 2>/dev/null)" = 0x10de ] || continue
+            c=$(cat "$d/class" 2>/dev/null)
+            v=$(cat "$d/device" 2>/dev/null)
+            r=$(cat "$d/revision" 2>/dev/null)
+            c=${c#0x}
+            echo "${d##*/} $(printf '%.4s' "$c"): 10de:${v#0x} (rev ${r#0x})"
+        done | head -n 256
+    else
+        echo "source=none"
+    fi
+    return 0
+}
 #!/bin/sh
 # llmfleet host probe: everything preflight needs, gathered in one SSH round trip.
 #
@@ -77,7 +126,7 @@ llmfleet_model_manifest() {
 # Every command is bounded by a timeout and reads /dev/null, never this script. A missing tool
 # gives its section rc=127; nothing aborts the probe.
 #
-# The slow parts (nvidia-smi, the Docker CLI, the release state, model files) run at once, each
+# The slow parts (nvidia-smi, the GPU health, the Docker CLI, the release state, model files) run at once, each
 # group into a file of its own under a private temporary folder; their sections are printed after
 # the quick ones, so the probe takes as long as its slowest group, not the sum. Without a temporary
 # folder everything runs one after the other. Docker is asked once for `docker info` (its JSON has
@@ -86,7 +135,7 @@ llmfleet_model_manifest() {
 #
 # POSIX sh only (dash, busybox ash, bash): no arrays, no pipefail, no local.
 
-PROBE_VERSION=3
+PROBE_VERSION=4
 
 probe_main() {
     MARK=${1:-llmfleet-probe}
@@ -129,6 +178,9 @@ probe_main() {
         # how the GPUs are linked (NVLink, PCIe switch, host bridge, across the CPUs): preflight's topology
         group gpu_topo section nvidia_topo "" 20 nvidia-smi topo -m
     fi
+    # the cards' hardware health: nvidia-smi -q, the kernel log's Xid lines, the NVIDIA devices on the
+    # PCI bus (llmfleet_gpu_xids and llmfleet_gpu_pci: the GPU health reader, sent before this script)
+    group gpu_health gpu_health_part
     if command -v docker >/dev/null 2>&1; then
         group docker docker_part
         group docker_ps section docker_ps "" 15 docker ps --no-trunc --format '{{json .}}'
@@ -194,6 +246,20 @@ gpu_query_part() {
         section nvidia_query_nocc "" 20 nvidia-smi \
             --query-gpu=index,name,uuid,pci.bus_id,memory.total,memory.used,memory.free,driver_version \
             --format=csv,noheader,nounits
+    fi
+}
+
+# GPU hardware health: `nvidia-smi -q` (ECC, retired pages, row remaps, clocks event reasons, PCIe
+# link; about 14 KiB a card), then the reader's kernel log and PCI sections.
+gpu_health_part() {
+    if command -v nvidia-smi >/dev/null 2>&1; then
+        CAP=$STATECAP
+        section nvidia_q "" 20 nvidia-smi -q
+        CAP=$SMALLCAP
+    fi
+    if command -v llmfleet_gpu_xids >/dev/null 2>&1; then
+        fsection kernel_xid "" 10 llmfleet_gpu_xids
+        fsection pci_gpus "" 10 llmfleet_gpu_pci
     fi
 }
 

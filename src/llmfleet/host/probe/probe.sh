@@ -16,7 +16,7 @@
 # Every command is bounded by a timeout and reads /dev/null, never this script. A missing tool
 # gives its section rc=127; nothing aborts the probe.
 #
-# The slow parts (nvidia-smi, the Docker CLI, the release state, model files) run at once, each
+# The slow parts (nvidia-smi, the GPU health, the Docker CLI, the release state, model files) run at once, each
 # group into a file of its own under a private temporary folder; their sections are printed after
 # the quick ones, so the probe takes as long as its slowest group, not the sum. Without a temporary
 # folder everything runs one after the other. Docker is asked once for `docker info` (its JSON has
@@ -25,7 +25,7 @@
 #
 # POSIX sh only (dash, busybox ash, bash): no arrays, no pipefail, no local.
 
-PROBE_VERSION=3
+PROBE_VERSION=4
 
 probe_main() {
     MARK=${1:-llmfleet-probe}
@@ -68,6 +68,9 @@ probe_main() {
         # how the GPUs are linked (NVLink, PCIe switch, host bridge, across the CPUs): preflight's topology
         group gpu_topo section nvidia_topo "" 20 nvidia-smi topo -m
     fi
+    # the cards' hardware health: nvidia-smi -q, the kernel log's Xid lines, the NVIDIA devices on the
+    # PCI bus (llmfleet_gpu_xids and llmfleet_gpu_pci: the GPU health reader, sent before this script)
+    group gpu_health gpu_health_part
     if command -v docker >/dev/null 2>&1; then
         group docker docker_part
         group docker_ps section docker_ps "" 15 docker ps --no-trunc --format '{{json .}}'
@@ -133,6 +136,20 @@ gpu_query_part() {
         section nvidia_query_nocc "" 20 nvidia-smi \
             --query-gpu=index,name,uuid,pci.bus_id,memory.total,memory.used,memory.free,driver_version \
             --format=csv,noheader,nounits
+    fi
+}
+
+# GPU hardware health: `nvidia-smi -q` (ECC, retired pages, row remaps, clocks event reasons, PCIe
+# link; about 14 KiB a card), then the reader's kernel log and PCI sections.
+gpu_health_part() {
+    if command -v nvidia-smi >/dev/null 2>&1; then
+        CAP=$STATECAP
+        section nvidia_q "" 20 nvidia-smi -q
+        CAP=$SMALLCAP
+    fi
+    if command -v llmfleet_gpu_xids >/dev/null 2>&1; then
+        fsection kernel_xid "" 10 llmfleet_gpu_xids
+        fsection pci_gpus "" 10 llmfleet_gpu_pci
     fi
 }
 
