@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -189,3 +190,135 @@ def test_container_processes_reads_only_docker_containers(tmp_path):
         (d / "comm").write_text("llama-server\n")
     assert sim.container_processes(str(tmp_path)) == [{"pid": 10, "name": "llama-server", "used_mib": 41}]
     assert sim.container_processes(str(tmp_path / "missing")) is None
+
+
+# ------------------------------------------------------------------------------------------------
+# nvidia-smi -q, dmesg and lspci, and the injected hardware faults (tests/lab/test_gpu_health.py uses them)
+
+
+def _subsequence(small: list[str], big: list[str]) -> list[str]:
+    """The lines of ``small`` not found in ``big`` in the same order (empty: a subsequence)."""
+    it = iter(big)
+    return [ln for ln in small if not any(ln == b for b in it)]
+
+
+def test_q_prints_the_recorded_h200_lines():
+    cfg = configured("NVIDIA H200", "580.159.04", [dict(
+        pci_bus_id="00000000:00:06.0", uuid="GPU-a860cca5-cc2d-c460-91d7-bdf2cff1b29c")])
+    out, rc = sim.run(["-q"], cfg, "Sun Nov 29 09:47:34 2026")
+    real = (H200 / "q.txt").read_text().splitlines()
+    # values the simulator makes up (memory figures, temperature, utilization) aside, every line it prints is
+    # the recorded one, in the recorded order
+    made_up = ("        Total", "        Reserved", "        Used", "        Free", "        GPU Current Temp",
+               "        GPU   ", "        Memory   ")
+    ours = [ln for ln in out.splitlines() if not ln.startswith(made_up)]
+    assert rc == 0 and _subsequence(ours, real) == []
+
+
+def _health(cfg: dict, faults: dict | None = None):
+    from llmfleet.host.facts import parse_gpu_query
+    from llmfleet.host.gpu_health import health_from_sections
+
+    q, _ = sim.run(["-q"], cfg, "now", faults=faults)
+    query, _ = sim.run(["--query-gpu=index,name,uuid,pci.bus_id,memory.total,memory.used,memory.free,"
+                        "driver_version", "--format=csv,noheader,nounits"], cfg, "now", faults=faults)
+    gpus, _ = parse_gpu_query(query, [], tuple(PROBE_FIELDS.split(",")))
+    dmesg = "source=dmesg\n" + sim.render_dmesg(cfg, faults or {})
+    lspci = "source=lspci\n" + sim.render_lspci(cfg, faults or {}, ["-D", "-n", "-d", "10de:"])[0]
+    return health_from_sections(q, dmesg, lspci, gpus), gpus
+
+
+FAULTS = [
+    # (fault on GPU 0 of two A10s, driver 550, what the parsed health says)
+    ("xid-79", {"xid": [79]}, lambda h: [(e.code, e.gpu_index, e.count) for e in h.xids] == [(79, 0, 1)]),
+    ("xid-48-63-64", {"xid": [48, 63, 64]}, lambda h: [e.code for e in h.xids] == [48, 63, 64]),
+    ("ecc-volatile", {"ecc_volatile_uncorrectable": 2},
+     lambda h: (h.cards[0].ecc_volatile_uncorrectable, h.cards[0].ecc_aggregate_uncorrectable) == (2, 2)),
+    ("ecc-aggregate", {"ecc_aggregate_uncorrectable": 5},
+     lambda h: (h.cards[0].ecc_volatile_uncorrectable, h.cards[0].ecc_aggregate_uncorrectable) == (0, 5)),
+    ("remap-pending", {"remap_pending": True}, lambda h: (h.cards[0].remap_pending, h.cards[1].remap_pending)
+     == (True, False)),
+    ("remap-failure", {"remap_failure": True}, lambda h: h.cards[0].remap_failure is True),
+    ("retired-pending", {"retired_pages_pending": True}, lambda h: h.cards[0].retired_pages_pending is True),
+    ("recovery-action-not-printed-before-r570", {"recovery_action": "Reset"},
+     lambda h: h.cards[0].recovery_action is None),
+    ("pcie-width", {"pcie_width": 4}, lambda h: (h.cards[0].pcie_width_current, h.cards[0].pcie_width_max) == (4, 16)),
+    ("pcie-gen-busy", {"pcie_gen": 2, "busy": True},
+     lambda h: (h.cards[0].pcie_gen_current, h.cards[0].pcie_gen_max, h.cards[0].idle) == (2, 4, False)),
+    ("throttle", {"throttle": ["HW Power Brake Slowdown"]},
+     lambda h: h.cards[0].throttle_active == ["HW Power Brake Slowdown"]),
+    ("missing", {"missing": True}, lambda h: [(m.pci, m.expected_index) for m in h.missing] == [("0000:18:00.0", 0)]
+     and [c.bus_id for c in h.cards] == ["00000000:3B:00.0"] and h.cards[0].index == 0),
+]
+
+
+@pytest.mark.parametrize("fault,check", [f[1:] for f in FAULTS], ids=[f[0] for f in FAULTS])
+def test_each_injected_fault_reads_back(fault, check):
+    cfg = gpu_sim_config("h", "NVIDIA A10", "550.127.05", 2)
+    healthy, _ = _health(cfg)
+    assert (healthy.xids, healthy.missing, [c.remap_pending for c in healthy.cards]) == ([], [], [False, False])
+    h, _ = _health(cfg, {"0": fault})
+    assert check(h), h
+
+
+def test_recovery_action_is_printed_from_r570():
+    cfg = gpu_sim_config("h", "NVIDIA H200", "580", 1)
+    h, _ = _health(cfg, {"0": {"recovery_action": "Reset"}})
+    assert h.cards[0].recovery_action == "Reset"
+
+
+def test_a_missing_card_leaves_every_listing_and_the_rest_move_up():
+    cfg = gpu_sim_config("h", "Tesla P40", "535", 2)
+    faults = {"0": {"missing": True}}
+    assert sim.run(["-L"], cfg, "x", faults=faults)[0] == f"GPU 0: Tesla P40 (UUID: {cfg['gpus'][1]['uuid']})\n"
+    assert sim.run(["--query-gpu=index,pci.bus_id", "--format=csv,noheader"], cfg, "x", faults=faults) == (
+        "0, 00000000:3B:00.0\n", 0)
+    q = sim.run(["-q"], cfg, "x", faults=faults)[0]
+    assert "Attached GPUs                             : 1" in q and "00000000:18:00.0" not in q
+    banner = sim.run([], cfg, "x", faults=faults)[0]
+    assert "00000000:18:00.0" not in banner and "00000000:3B:00.0" in banner
+    assert sim.render_lspci(cfg, faults, ["-D", "-n", "-d", "10de:"]) == (
+        "0000:18:00.0 0302: 10de:1b38 (rev ff)\n0000:3b:00.0 0302: 10de:1b38 (rev a1)\n", 0)
+
+
+def test_lspci_names_and_the_geforce_audio_function():
+    cfg = gpu_sim_config("h", "NVIDIA GeForce RTX 4090", "550", 1)
+    assert sim.render_lspci(cfg, {}, []) == ("18:00.0 VGA compatible controller: NVIDIA Corporation Device 2684 "
+                                             "(rev a1)\n18:00.1 Audio device: NVIDIA Corporation Device 22ba (rev a1)\n", 0)
+
+
+def test_dmesg_lines_read_like_the_driver_s():
+    cfg = gpu_sim_config("h", "Tesla V100-SXM2-32GB", "535", 2)
+    out = sim.render_dmesg(cfg, {"1": {"xid": [79]}}, uptime=1000.0)
+    assert out.splitlines()[-2:] == [
+        "[  940.000000] NVRM: Xid (PCI:0000:3b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.",
+        "[  940.000000] NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus."]
+    assert "Xid" not in sim.render_dmesg(cfg, {})
+
+
+@pytest.mark.parametrize("driver,layout", [
+    ("418.67", ["Clocks Throttle Reasons", "Double Bit", "        Pending"]),
+    ("470.256.02", ["Clocks Throttle Reasons", "SRAM Uncorrectable      ", "Pending Page Blacklist"]),
+    ("535.183.01", ["Clocks Event Reasons", "SRAM Uncorrectable      "]),
+    ("580.95.05", ["Clocks Event Reasons", "SRAM Uncorrectable Parity", "GPU Recovery Action"]),
+])
+def test_q_layout_by_driver_branch_reads_the_same(driver, layout):
+    cfg = gpu_sim_config("h", "Tesla V100-SXM2-32GB", driver, 1)
+    q = sim.run(["-q"], cfg, "x", faults={"0": {"ecc_volatile_uncorrectable": 1, "retired_pages_pending": True}})[0]
+    for words in layout:
+        assert words in q, words
+    h, _ = _health(cfg, {"0": {"ecc_volatile_uncorrectable": 1, "retired_pages_pending": True}})
+    c = h.cards[0]
+    assert (c.ecc_volatile_uncorrectable, c.retired_pages_pending, c.idle, c.pcie_width_max) == (1, True, True, 16)
+
+
+def test_the_lab_helper_writes_only_known_faults():
+    from llmfleet.errors import UsageError
+    from llmfleet.lab.hosts import gpu_faults_text
+
+    assert gpu_faults_text(None) is None and gpu_faults_text({}) is None
+    assert json.loads(gpu_faults_text({1: {"xid": [79], "missing": True}}) or "") == {"1": {"missing": True, "xid": [79]}}
+    with pytest.raises(UsageError, match="unknown fault xids; known: xid, missing"):
+        gpu_faults_text({0: {"xids": [79]}})
+    with pytest.raises(UsageError, match="GPU index"):
+        gpu_faults_text({"gpu0": {"xid": [79]}})

@@ -15,6 +15,7 @@ a lab of their own. Images must be built once beforehand (``invoke lab.setup``; 
         lab.exec(host, argv)        # run argv in the host container (CompletedProcess, text)
         lab.stop_host(host); lab.start_host(host)
         lab.set_driver_dead(host, True)   # nvidia-smi fails like a dead driver
+        lab.set_gpu_faults(host, {0: {"xid": [79]}})   # injected hardware faults (None clears them)
         lab.registry                # "127.0.0.1:PORT" (push/resolve from here)
         lab.registry_inner          # "lab-registry:5000" (what hosts pull from)
         lab.lock_path               # images lock with the lab's pinned images
@@ -109,6 +110,11 @@ class Lab:
 
     def set_driver_dead(self, host: str, dead: bool = True) -> None:
         lab_hosts.set_driver_dead(self.container(host), dead)
+
+    def set_gpu_faults(self, host: str, faults: dict | None) -> None:
+        """Hardware faults per GPU index for the host's nvidia-smi, dmesg and lspci simulators
+        (``llmfleet.lab.nvidia_smi_sim.FAULT_KEYS``); None clears them."""
+        lab_hosts.set_gpu_faults(self.container(host), faults)
 
     def stage_models(self, host: str) -> None:
         lab_hosts.stage_models(self.container(host), lab_hosts.lab_models())

@@ -27,7 +27,8 @@ from llmfleet.host import ssh
 from llmfleet.host.group import run_on_hosts
 from llmfleet.inventory.ansible import Host, settings_for
 from llmfleet.inventory.services import HostSettings, Service
-from llmfleet.knowledge import engines, release_state
+from llmfleet.knowledge import engines, gpu_health, release_state
+from llmfleet.knowledge.facts import GpuHealth
 from llmfleet.release import audit as audit_mod
 from llmfleet.release import decide, watchdog
 from llmfleet.release import store as rel
@@ -46,11 +47,13 @@ MAX_METRICS_BYTES = 4 * 1024 * 1024
 
 
 def status_script(root: str, model_paths: Sequence[str] = ()) -> str:
-    """Release state of every service (the release store's reader), then the card names, then each model
-    path's manifest and files (``models.scripts.MANIFEST_READER``): one round trip."""
+    """Release state of every service (the release store's reader), then each model path's manifest and
+    files (``models.scripts.MANIFEST_READER``), the cards' hardware health (``host.gpu_health``), then the
+    card names: one round trip."""
     return "\n".join([
         rel.state_script(root),
         *_model_lines(model_paths),
+        *_health_lines(),
         f"echo '{GPU_MARK}'",
         "nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 64 || true",
         "(", watchdog.status_script(root), ") 2>/dev/null || true",
@@ -64,6 +67,56 @@ def status_script(root: str, model_paths: Sequence[str] = ()) -> str:
 
 MODEL_MARK = "@@model-of"
 MODEL_END = "@@model-end"
+HEALTH_MARKS = ("@@gpu-health-q", "@@gpu-health-xid", "@@gpu-health-pci", "@@gpu-health-end")
+
+
+def _health_lines() -> list[str]:
+    """nvidia-smi -q (bounded in time and size), the kernel log's Xid lines and the PCI bus's NVIDIA cards,
+    each after its mark (the same reader as the host probe's: ``host.gpu_health.HEALTH_READER``)."""
+    from llmfleet.host.gpu_health import HEALTH_READER
+
+    q, xid, pci, end = HEALTH_MARKS
+    return [HEALTH_READER.rstrip("\n"),
+            f"echo '{q}'",
+            "(if command -v timeout >/dev/null 2>&1; then timeout 20 nvidia-smi -q; else nvidia-smi -q; fi) 2>&1 "
+            "| head -c 1048576",
+            "echo",
+            f"echo '{xid}'",
+            "llmfleet_gpu_xids 2>/dev/null | head -c 262144",
+            f"echo '{pci}'",
+            "llmfleet_gpu_pci 2>/dev/null",
+            f"echo '{end}'"]
+
+
+def parse_gpu_health(stdout: str) -> GpuHealth | None:
+    """The cards' hardware health ``status_script`` read (cards indexed in nvidia-smi -q order); None
+    when its marks are not there."""
+    from llmfleet.host.gpu_health import health_from_sections
+
+    parts: dict[str, list[str]] = {}
+    cur: str | None = None
+    for line in stdout.split("\n"):
+        if line in HEALTH_MARKS:
+            cur = None if line == HEALTH_MARKS[3] else line
+            if cur is not None:
+                parts[cur] = []
+        elif cur is not None:
+            parts[cur].append(line)
+    if HEALTH_MARKS[0] not in parts:
+        return None
+    q, xid, pci = ("\n".join(parts.get(m, [])) for m in HEALTH_MARKS[:3])
+    return health_from_sections(q, xid if HEALTH_MARKS[1] in parts else None, pci if HEALTH_MARKS[2] in parts else None)
+
+
+def hardware_note(row: ServiceRow, health: GpuHealth | None, service: Service | None) -> None:
+    """The fatal and degraded conditions of the cards the service uses: in the row's JSON (``hardware``)
+    and a short note (``hardware: GPU 0 Xid 79 (GPU has fallen off the bus) FATAL``)."""
+    if health is None or service is None:
+        return
+    found = gpu_health.status_findings(health, None if service.gpus == "all" else list(service.gpus))
+    if found:
+        row.hardware = [f.to_dict() for f in found]
+        row.note = "; ".join(x for x in (row.note, gpu_health.status_note(found)) if x)
 
 
 def _model_lines(model_paths: Sequence[str]) -> list[str]:
@@ -218,6 +271,7 @@ class ServiceRow:
     role: str = ""  # a service over several hosts: "head" or "worker of HEAD"
     workers: list[dict[str, Any]] | None = None  # on the head's row: each worker's state (``worker_state``)
     model: dict[str, Any] | None = None  # the model at its model_path and whether it is verified (``model_state``)
+    hardware: list[dict[str, Any]] | None = None  # conditions of the service's cards (``gpu_health.Finding``)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -238,6 +292,7 @@ class HostStatus:
     listening: set[int] = field(default_factory=set)  # TCP ports the host listens on
     containers: dict[str, str] = field(default_factory=dict)  # worker container -> its state
     models: dict[str, dict[str, Any]] = field(default_factory=dict)  # model path -> ``model_state``
+    gpu_health: GpuHealth | None = None  # the cards' hardware health (``parse_gpu_health``)
 
 
 def worker_state(status: HostStatus | None, host: str, service: str) -> dict[str, Any]:
@@ -316,6 +371,7 @@ def host_rows(status: HostStatus, settings: HostSettings | None) -> list[Service
     names = [s.name for s in services]
     engines = {s.name: s.engine for s in services}
     model_paths = {s.name: s.model_path for s in services}
+    by_name = {s.name: s for s in services}
     if not status.reachable:
         reason = status.error or "no answer"
         if not names:
@@ -336,6 +392,7 @@ def host_rows(status: HostStatus, settings: HostSettings | None) -> list[Service
                          model=status.models.get(model_paths.get(name, "")))
         if st is None:
             row.unit = "not deployed"
+            hardware_note(row, status.gpu_health, by_name.get(name))
             rows.append(row)
             continue
         row.release = st.current
@@ -355,6 +412,7 @@ def host_rows(status: HostStatus, settings: HostSettings | None) -> list[Service
         if st.current and info is None:
             row.note = "; ".join(x for x in (f"current points at missing release {st.current}", row.note) if x)
         row.note = "; ".join(x for x in (go_back_note(st), row.note) if x)
+        hardware_note(row, status.gpu_health, by_name.get(name))
         rows.append(row)
     if not rows:
         rows.append(ServiceRow(host=status.host, service="-", card=card, unit="-", note="no services"))
@@ -495,7 +553,7 @@ def query_host(
         status = HostStatus(host=host.name, reachable=True, gpus=parse_card_names(res.stdout),
                             states=release_state.parse_state(res.stdout), supervision=watchdog.parse_status(res.stdout),
                             listening=parse_listening(res.stdout), containers=parse_worker_containers(res.stdout),
-                            models=parse_models(res.stdout, paths))
+                            models=parse_models(res.stdout, paths), gpu_health=parse_gpu_health(res.stdout))
         if metrics and settings:
             for svc in settings.services:
                 st = status.states.get(svc.name)

@@ -27,7 +27,7 @@ from llmfleet.errors import CheckFailed, UsageError
 from llmfleet.inventory.ansible import Inventory, load_inventory
 from llmfleet.lab import docker, engine
 from llmfleet.lab.cards import gpu_sim_config
-from llmfleet.lab.nvidia_smi_sim import render_proc_version
+from llmfleet.lab.nvidia_smi_sim import FAULT_KEYS, FAULTS_PATH, render_proc_version
 from llmfleet.lab.paths import (
     HOST_MODELS_DIR,
     REGISTRY_CONTAINER,
@@ -570,3 +570,30 @@ def status(lab: str, *, memory: bool = True) -> list[HostState]:
 def set_driver_dead(container: str, dead: bool) -> None:
     """Make the host's nvidia-smi simulator fail like a dead driver (or recover)."""
     exec_(container, ["touch", SIM_DEAD_FLAG] if dead else ["rm", "-f", SIM_DEAD_FLAG])
+
+
+def gpu_faults_text(faults: dict[int | str, dict] | None) -> str | None:
+    """The simulator's faults file for ``{gpu index: {fault: value}}`` (``nvidia_smi_sim.FAULT_KEYS``);
+    None: no fault. Pure; a key the simulator does not know is a usage error."""
+    if not faults:
+        return None
+    out: dict[str, dict] = {}
+    for gpu, f in faults.items():
+        if not str(gpu).isdigit() or not isinstance(f, dict):
+            raise UsageError(f"GPU faults: {gpu!r}: write {{GPU index: {{fault: value}}}}")
+        unknown = sorted(set(f) - set(FAULT_KEYS))
+        if unknown:
+            raise UsageError(f"GPU faults: GPU {gpu}: unknown fault {', '.join(unknown)}; known: {', '.join(FAULT_KEYS)}")
+        out[str(int(gpu))] = f
+    return json.dumps(out, sort_keys=True)
+
+
+def set_gpu_faults(container: str, faults: dict[int | str, dict] | None) -> None:
+    """Inject hardware faults into the host's simulated cards (nvidia-smi, dmesg and lspci simulators read
+    them at every call), or clear them all (None or empty)."""
+    text = gpu_faults_text(faults)
+    if text is None:
+        exec_(container, ["rm", "-f", FAULTS_PATH])
+        return
+    exec_(container, ["sh", "-c", f"cat > {FAULTS_PATH}.new && mv {FAULTS_PATH}.new {FAULTS_PATH}"],
+          input=text.encode())

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""nvidia-smi SIMULATOR for lab hosts (there is no GPU in the lab).
+"""nvidia-smi SIMULATOR for lab hosts (there is no GPU in the lab), with its dmesg and lspci simulators.
 
 Installed as ``/usr/bin/nvidia-smi`` in the lab host image. It prints output shaped like the real
 nvidia-smi for the cards and driver described in ``/etc/llmfleet-sim/gpus.json`` (written at
@@ -23,6 +23,17 @@ Behaviour it reproduces:
   and exit code 2, exactly like an unknown field
 - "dead driver" mode: when ``/etc/llmfleet-sim/driver-dead`` exists every call fails like a host
   whose kernel module is gone, exit code 9
+- ``-q``: the sections the GPU health checks read (PCI link, clocks event reasons, ECC counters, retired
+  pages, remapped rows), laid out as recorded on the H200 (driver 580) and, for older branches, as public
+  R418 and R510 output
+- injected hardware faults: ``/etc/llmfleet-sim/faults.json`` (``FAULT_KEYS``, per GPU), read at every
+  call: Xid lines, a card missing from nvidia-smi, uncorrectable ECC errors, a pending retirement or row
+  remap, a remap failure, a narrow or slow PCIe link, clocks held down
+
+The same file is the lab host's **dmesg SIMULATOR** (``render_dmesg``: the injected Xid lines, as the
+NVIDIA driver writes them) and **lspci SIMULATOR** (``render_lspci``: the simulated cards on the bus, a
+missing one reading ``rev ff``), installed as ``/usr/bin/dmesg`` and ``/usr/bin/lspci``; it tells which
+it is by the name it runs as.
 
 Pure functions (``render_*``, ``run``) take the config dict and return (stdout, exit code); only
 ``main`` touches files and the clock. Standard library only: it runs on the host's python3.
@@ -414,12 +425,283 @@ def render_banner(cfg: dict, now: str, ids: list[int] | None = None) -> str:
     return "".join(line + "\n" for line in out)
 
 
+# -- injected hardware faults (lab tests of the GPU health checks) -----------------------------------
+
+FAULTS_PATH = f"{SIM_DIR}/faults.json"
+# What /etc/llmfleet-sim/faults.json may say per GPU (keyed by the card's index in gpus.json, its place on
+# the simulated bus): read at every call, so a test changes a card's health without restarting anything.
+FAULT_KEYS = {
+    "xid": "Xid codes the kernel log (the dmesg simulator) shows for the card since boot, e.g. [79]",
+    "missing": "the card is gone from nvidia-smi (the cards after it move up an index); lspci still lists "
+               "it, its config space reading 0xff (rev ff)",
+    "ecc_volatile_uncorrectable": "uncorrectable ECC errors since the last reset (DRAM Uncorrectable, Volatile)",
+    "ecc_aggregate_uncorrectable": "uncorrectable ECC errors over the card's life (Aggregate)",
+    "retired_pages_pending": "a retired page waits for a reset (Pending Page Blacklist: Yes)",
+    "remap_pending": "a row remap waits for a reset (Remapped Rows, Pending: Yes)",
+    "remap_failure": "a row remap failed (Remapping Failure Occurred: Yes)",
+    "recovery_action": "GPU Recovery Action (R570 and newer): Reset, Reboot, ...",
+    "pcie_width": "the link's current width in lanes (the card's maximum stays 16)",
+    "pcie_gen": "the link's current PCIe generation",
+    "throttle": "active clocks event reasons, e.g. [\"HW Thermal Slowdown\"]",
+    "busy": "the card works (the Idle reason is not active, utilization 100 %)",
+}
+# PCI device ids of the catalog's cards (pci.ids), for the lspci simulator only.
+PCI_DEVICE_IDS = {
+    "v100-sxm2-32gb": "1db5", "v100-sxm2-16gb": "1db1", "v100-pcie-32gb": "1db6", "v100-pcie-16gb": "1db4",
+    "v100s-pcie-32gb": "1df6", "p40": "1b38", "p100-pcie-16gb": "15f8", "t4": "1eb8", "rtx-3090": "2204",
+    "rtx-4090": "2684", "a10": "2236", "l4": "27b8", "a100-sxm4-40gb": "20b0", "a100-pcie-40gb": "20f1",
+    "a100-sxm4-80gb": "20b2", "a100-pcie-80gb": "20b5", "h100-sxm-80gb": "2330", "h100-pcie-80gb": "2331",
+    "h200-141gb": "2335", "a40": "2235", "l40s": "26b9",
+}
+# The kernel's text after "NVRM: Xid (PCI:...): CODE, " for the codes tests inject (shaped like public
+# reports; a code not listed gets a generic text).
+XID_TEXT = {
+    13: "pid=2412, name=llama-server, Graphics Exception: ESR 0x50e730=0x1000e 0x50e734=0x0",
+    31: "pid=2412, name=llama-server, Ch 00000008, intr 00000000. MMU Fault: ENGINE GRAPHICS GPCCLIENT_T1_0 "
+        "faulted @ 0x7f1c_00000000. Fault is of type FAULT_PDE ACCESS_TYPE_VIRT_READ",
+    43: "pid=2412, name=llama-server, Ch 00000008",
+    45: "pid=2412, name=llama-server, Ch 00000008",
+    48: "pid='<unknown>', name=<unknown>, An uncorrectable double bit error (DBE) has been detected on GPU in the "
+        "framebuffer at partition 0, subpartition 0.",
+    63: "pid='<unknown>', name=<unknown>, Row Remapper: New row marked for remapping, reset gpu to activate.",
+    64: "pid='<unknown>', name=<unknown>, Row Remapper: Failed to remap row",
+    74: "pid='<unknown>', name=<unknown>, NVLink: fatal error detected on link 0(0x10000, 0x0, 0x0, 0x0, 0x0, 0x0, 0x0)",
+    79: "pid='<unknown>', name=<unknown>, GPU has fallen off the bus.",
+    92: "pid='<unknown>', name=<unknown>, High single-bit ECC error rate",
+    94: "pid=2412, name=llama-server, Contained: SM (0x1). RST: No, D-RST: No",
+    95: "pid=2412, name=llama-server, Uncontained: LTC TAG (0x2,0x0). RST: Yes, D-RST: No",
+    119: "pid=2412, name=llama-server, Timeout after 6s of waiting for RPC response from GPU0 GSP!",
+}
+
+
+def gpu_faults(faults: dict, g: dict) -> dict:
+    """The faults injected for one card (by its place on the simulated bus)."""
+    got = faults.get(str(g.get("slot", g["index"]))) if isinstance(faults, dict) else None
+    return got if isinstance(got, dict) else {}
+
+
+def visible(cfg: dict, faults: dict) -> dict:
+    """The config as nvidia-smi sees it: missing cards left out, the others indexed in bus order
+    (``slot`` keeps each card's place on the bus, which the faults file names)."""
+    shown: list[dict] = []
+    for g in cfg.get("gpus", []):
+        if gpu_faults(faults, g).get("missing"):
+            continue
+        shown.append(dict(g, slot=g.get("slot", g["index"]), index=len(shown)))
+    return dict(cfg, gpus=shown)
+
+
+def _arch(cc: str) -> str:
+    major, _, minor = str(cc).partition(".")
+    m = int(major or 0)
+    return {6: "Pascal", 7: "Turing" if minor == "5" else "Volta", 8: "Ada Lovelace" if minor == "9" else "Ampere",
+            9: "Hopper"}.get(m, "Blackwell" if m >= 10 else "Unknown")
+
+
+def _pcie_max_gen(cc: str) -> int:
+    m = int(str(cc).split(".")[0] or 0)
+    return 3 if m < 8 else 4 if m < 9 else 5
+
+
+def _q_width(driver: str) -> int:
+    """Where nvidia-smi -q puts its colons: column 55 on the R580 recording, 42 on R510 (A100) and R535-era
+    output, 36 on R418 (V100) public output."""
+    b = driver_branch(driver)
+    return 55 if b >= 560 else 42 if b >= 450 else 36
+
+
+def render_q(cfg: dict, now: str, faults: dict | None = None, ids: list[int] | None = None) -> str:
+    """``nvidia-smi -q`` for the configured (visible) cards, with the injected faults: the sections the GPU
+    health checks read (PCI link, clocks event reasons, ECC, retired pages, remapped rows), laid out like the
+    recorded H200 output (driver 580) and, for older branches, like public R418/R510 output."""
+    faults = faults or {}
+    v = cfg["driver_version"]
+    b = driver_branch(v)
+    w = _q_width(v)
+    out: list[str] = []
+
+    def kv(level: int, key: str, value: object) -> None:
+        out.append(f"{'    ' * level}{key}".ljust(w) + f": {value}")
+
+    def grp(level: int, key: str) -> None:
+        out.append(f"{'    ' * level}{key}")
+
+    gpus = _gpus(cfg, ids)
+    out += ["", "==============NVSMI LOG==============", ""]
+    kv(0, "Timestamp", now)
+    kv(0, "Driver Version", v)
+    kv(0, "CUDA Version", cuda_for_driver(v))
+    out.append("")
+    kv(0, "Attached GPUs", len(cfg.get("gpus", [])))
+    for g in gpus:
+        f = gpu_faults(faults, g)
+        dc = g.get("data_center", True)
+        cc = str(g.get("compute_cap") or "0.0")
+        ampere_up = float(cc) >= 8.0
+        name = g["name"]
+        out.append(f"GPU {g['pci_bus_id']}")
+        kv(1, "Product Name", name)
+        kv(1, "Product Brand", "Tesla" if name.startswith("Tesla") else "GeForce" if "GeForce" in name else "NVIDIA")
+        if b >= 510:
+            kv(1, "Product Architecture", _arch(cc))
+        kv(1, "Persistence Mode", "Enabled" if g.get("persistence", True) else "Disabled")
+        kv(1, "GPU UUID", g["uuid"])
+        kv(1, "Minor Number", g.get("slot", g["index"]))
+        if b >= 570:
+            kv(1, "GPU Recovery Action", f.get("recovery_action") or "None")
+        dom, bus, dev_fn = g["pci_bus_id"].split(":")
+        dev = dev_fn.split(".")[0]
+        grp(1, "PCI")
+        kv(2, "Bus", f"0x{bus}")
+        kv(2, "Device", f"0x{dev}")
+        kv(2, "Domain", f"0x{dom[-4:]}")
+        kv(2, "Device Id", f"0x{PCI_DEVICE_IDS.get(str(cfg.get('card_id')), '0000').upper()}10DE")
+        kv(2, "Bus Id", g["pci_bus_id"])
+        busy = bool(f.get("busy"))
+        top = _pcie_max_gen(cc)
+        # an idle consumer card drops its link to generation 1 to save power; data-center cards held in
+        # persistence mode keep it (the recorded H200 shows gen 5 at idle)
+        gen = int(f.get("pcie_gen") or (top if busy or dc else 1))
+        grp(2, "GPU Link Info")
+        grp(3, "PCIe Generation")
+        kv(4, "Max", top)
+        kv(4, "Current", gen)
+        if b >= 560:
+            kv(4, "Device Current", gen)
+            kv(4, "Device Max", top)
+            kv(4, "Host Max", "N/A")
+        grp(3, "Link Width")
+        kv(4, "Max", "16x")
+        kv(4, "Current", f"{int(f.get('pcie_width') or 16)}x")
+        kv(1, "Performance State", g.get("pstate", "P0"))
+        grp(1, "Clocks Event Reasons" if b >= 535 else "Clocks Throttle Reasons")
+        active = set(f.get("throttle") or [])
+        if not busy:
+            active.add("Idle")
+        for level, reason in ((2, "Idle"), (2, "Applications Clocks Setting"), (2, "SW Power Cap"),
+                              (2, "HW Slowdown"), (3, "HW Thermal Slowdown"), (3, "HW Power Brake Slowdown"),
+                              (2, "Sync Boost"), (2, "SW Thermal Slowdown"), (2, "Display Clock Setting")):
+            kv(level, reason, "Active" if reason in active else "Not Active")
+        grp(1, "FB Memory Usage")
+        kv(2, "Total", f"{int(g['memory_total_mib'])} MiB")
+        kv(2, "Reserved", f"{int(g.get('memory_reserved_mib', 0))} MiB")
+        kv(2, "Used", f"{int(g.get('memory_used_mib', 0))} MiB")
+        kv(2, "Free", f"{_free(g)} MiB")
+        kv(1, "Compute Mode", "Default")
+        grp(1, "Utilization")
+        kv(2, "GPU", f"{100 if busy else int(g.get('utilization_pct', 0))} %")
+        kv(2, "Memory", "0 %")
+        ecc = dc or f.get("ecc_volatile_uncorrectable") or f.get("ecc_aggregate_uncorrectable")
+        grp(1, "ECC Mode")
+        kv(2, "Current", "Enabled" if ecc else "Disabled")
+        kv(2, "Pending", "Enabled" if ecc else "Disabled")
+        vol = int(f.get("ecc_volatile_uncorrectable") or 0)
+        agg = max(int(f.get("ecc_aggregate_uncorrectable") or 0), vol)
+        grp(1, "ECC Errors")
+        for scope, dram in (("Volatile", vol), ("Aggregate", agg)):
+            grp(2, scope)
+            val = (lambda n: n) if ecc else (lambda n: "N/A")
+            if b < 450:  # R418: per-location single and double bit counters
+                for kind, total in (("Single Bit", 0), ("Double Bit", dram)):
+                    grp(3, kind)
+                    kv(4, "Device Memory", val(total))
+                    kv(4, "Total", val(total))
+                continue
+            kv(3, "SRAM Correctable", val(0))
+            if b >= 560:
+                kv(3, "SRAM Uncorrectable Parity", val(0))
+                kv(3, "SRAM Uncorrectable SEC-DED", val(0))
+            else:
+                kv(3, "SRAM Uncorrectable", val(0))
+            kv(3, "DRAM Correctable", val(0))
+            kv(3, "DRAM Uncorrectable", val(dram))
+            if scope == "Aggregate" and b >= 560:
+                kv(3, "SRAM Threshold Exceeded", "No" if ecc else "N/A")
+        if b >= 560:
+            kv(2, "Channel Repair Pending", "No" if ecc else "N/A")
+            kv(2, "TPC Repair Pending", "No" if ecc else "N/A")
+            kv(2, "Unrepairable Memory", "No" if ecc else "N/A")
+        grp(1, "Retired Pages")
+        pages = dc and not ampere_up
+        pending = bool(f.get("retired_pages_pending"))
+        kv(2, "Single Bit ECC", 0 if pages else "N/A")
+        kv(2, "Double Bit ECC", (1 if pending else 0) if pages or pending else "N/A")
+        kv(2, "Pending Page Blacklist" if b >= 450 else "Pending",
+           "Yes" if pending else "No" if pages else "N/A")
+        remap = f.get("remap_pending") or f.get("remap_failure")
+        if (ampere_up and ecc) or remap:
+            grp(1, "Remapped Rows")
+            kv(2, "Correctable Error", 0)
+            kv(2, "Uncorrectable Error", 1 if remap else 0)
+            kv(2, "Pending", "Yes" if f.get("remap_pending") else "No")
+            kv(2, "Remapping Failure Occurred", "Yes" if f.get("remap_failure") else "No")
+        elif b >= 450:
+            kv(1, "Remapped Rows", "N/A")
+        grp(1, "Temperature")
+        kv(2, "GPU Current Temp", f"{int(g.get('temperature_c', 34))} C")
+        kv(1, "Processes", "None")
+    return "".join(line + "\n" for line in out)
+
+
+def _kernel_pci(bus_id: str) -> str:
+    """``00000000:3B:00.0`` -> ``0000:3b:00`` (how NVRM names a card in the kernel log)."""
+    dom, bus, dev_fn = bus_id.split(":")
+    return f"{dom[-4:]}:{bus}:{dev_fn.split('.')[0]}".lower()
+
+
+def render_dmesg(cfg: dict, faults: dict, uptime: float = 3600.0) -> str:
+    """dmesg SIMULATOR: a few boot lines of the NVIDIA driver, then the injected Xid lines of each card
+    (an Xid 79 also with the "GPU has fallen off the bus" line the driver prints after it)."""
+    v = cfg.get("driver_version", "")
+    lines = [(4.2, "nvidia: module license 'NVIDIA' taints kernel."),
+             (4.9, f"NVRM: loading NVIDIA UNIX x86_64 Kernel Module  {v}  Release Build")]
+    t = max(60.0, uptime - 60.0)
+    for g in cfg.get("gpus", []):
+        codes = gpu_faults(faults, g).get("xid") or []
+        for code in codes if isinstance(codes, list) else []:
+            pci = _kernel_pci(g["pci_bus_id"])
+            text = XID_TEXT.get(int(code), "pid='<unknown>', name=<unknown>, simulated Xid event")
+            lines.append((t, f"NVRM: Xid (PCI:{pci}): {int(code)}, {text}"))
+            if int(code) == 79:
+                lines.append((t, f"NVRM: GPU {pci}.0: GPU has fallen off the bus."))
+            t += 0.5
+    return "".join(f"[{ts:12.6f}] {text}\n" for ts, text in lines)
+
+
+def render_lspci(cfg: dict, faults: dict, argv: list[str]) -> tuple[str, int]:
+    """lspci SIMULATOR: the simulated cards on the bus (``-D`` full addresses, ``-n`` numeric ids and class,
+    ``-d 10de:`` NVIDIA only: nothing else is simulated), a missing card with its config space reading
+    0xff (``rev ff``); GeForce cards with their HDMI audio function."""
+    numeric = "-n" in argv or "-nn" in argv
+    full = "-D" in argv
+    out = []
+    for g in cfg.get("gpus", []):
+        dom, bus, dev_fn = g["pci_bus_id"].split(":")
+        addr = f"{dom[-4:].lower() + ':' if full else ''}{bus.lower()}:{dev_fn.lower()}"
+        dev = PCI_DEVICE_IDS.get(str(cfg.get("card_id")), "0000")
+        rev = "ff" if gpu_faults(faults, g).get("missing") else "a1"
+        geforce = "GeForce" in g["name"]
+        cls, label = ("0300", "VGA compatible controller") if geforce else ("0302", "3D controller")
+        if numeric:
+            out.append(f"{addr} {cls}: 10de:{dev} (rev {rev})")
+        else:
+            out.append(f"{addr} {label}: NVIDIA Corporation Device {dev} (rev {rev})")
+        if geforce:
+            audio = addr[:-1] + "1"
+            out.append(f"{audio} 0403: 10de:22ba (rev a1)" if numeric
+                       else f"{audio} Audio device: NVIDIA Corporation Device 22ba (rev a1)")
+    return "".join(line + "\n" for line in out), 0
+
+
 def run(argv: list[str], cfg: dict, now: str, driver_dead: bool = False, cpus: int = 16,
-        procs: Callable[[], list[dict] | None] = lambda: []) -> tuple[str, int]:
+        procs: Callable[[], list[dict] | None] = lambda: [], faults: dict | None = None) -> tuple[str, int]:
     """Dispatch one command line (without argv[0]); returns (stdout text, exit code). ``procs``
-    lists the container processes for ``--query-compute-apps`` (called only for that query)."""
+    lists the container processes for ``--query-compute-apps`` (called only for that query); ``faults``
+    the injected hardware faults (``FAULT_KEYS``)."""
     if driver_dead:
         return DEAD_DRIVER_MESSAGE, DEAD_DRIVER_RC
+    faults = faults or {}
+    cfg = visible(cfg, faults)
     if argv[:1] == ["topo"]:
         if argv[1:] in (["-m"], ["--matrix"]):
             return render_topo(cfg, cpus), 0
@@ -444,6 +726,8 @@ def run(argv: list[str], cfg: dict, now: str, driver_dead: bool = False, cpus: i
             i += 1
         elif a in ("-L", "--list-gpus"):
             mode = "list"
+        elif a in ("-q", "--query"):
+            mode = "q"
         elif a == "--version":
             mode = "version"
         elif a.startswith("--id="):
@@ -464,22 +748,52 @@ def run(argv: list[str], cfg: dict, now: str, driver_dead: bool = False, cpus: i
         return render_query(cfg, query or "", fmt, ids)
     if mode == "list":
         return render_list(cfg, ids), 0
+    if mode == "q":
+        return render_q(cfg, now, faults, ids), 0
     if mode == "version":
         return render_version(cfg)
     return render_banner(cfg, now, ids), 0
 
 
+def _read_json(path: str) -> dict | None:  # pragma: no cover - reads this host
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _uptime() -> float:  # pragma: no cover - reads this host
+    try:
+        with open("/proc/uptime", encoding="utf-8") as fh:
+            return float(fh.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 3600.0
+
+
 def main() -> int:  # pragma: no cover - the imperative shell, exercised on lab hosts
-    dead = os.path.exists(DEAD_FLAG)
-    cfg: dict = {}
-    if not dead:
-        try:
-            with open(CONFIG_PATH, encoding="utf-8") as fh:
-                cfg = json.load(fh)
-        except (OSError, ValueError):
-            dead = True
+    # One file, three simulators: installed as nvidia-smi, dmesg and lspci, told apart by the name it runs as.
+    # LLMFLEET_SIM_DIR: another folder than /etc/llmfleet-sim (the simulators run as stand-ins in unit tests).
+    prog = os.path.basename(sys.argv[0])
+    sim_dir = os.environ.get("LLMFLEET_SIM_DIR") or SIM_DIR
+    faults = _read_json(f"{sim_dir}/faults.json") or {}
+    config = f"{sim_dir}/gpus.json"
+    if prog == "dmesg":
+        if any(a in ("-C", "--clear") for a in sys.argv[1:]):
+            return 0  # the simulated log is the faults file: the lab's set_gpu_faults clears it
+        sys.stdout.write(render_dmesg(_read_json(config) or {}, faults, _uptime()))
+        return 0
+    if prog == "lspci":
+        out, rc = render_lspci(_read_json(config) or {}, faults, sys.argv[1:])
+        sys.stdout.write(out)
+        return rc
+    dead = os.path.exists(f"{sim_dir}/driver-dead")
+    cfg = {} if dead else _read_json(config)
+    if cfg is None:
+        dead, cfg = True, {}
     out, rc = run(sys.argv[1:], cfg, time.strftime("%a %b %d %H:%M:%S %Y"), dead, os.cpu_count() or 1,
-                  container_processes)
+                  container_processes, faults)
     sys.stdout.write(out)
     return rc
 
