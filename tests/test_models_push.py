@@ -534,7 +534,8 @@ def test_a_push_whose_staging_copy_another_writer_took_says_so_and_touches_nothi
                    make_run=runs())
     remote.assert_done()
     commit = remote.sent[3]
-    assert commit.index(S.owner_check_script("/srv/m.gguf", TOKEN)) < commit.index(S.verify_script("/srv/m.gguf", WANT))
+    check = S.owner_check_script("/srv/m.gguf", TOKEN, f"{ROOT}/locks/deploy/holder.json")
+    assert commit.index(check) < commit.index(S.verify_script("/srv/m.gguf", WANT))
     assert o.result == "failed" and "\n" not in o.error and "cut" not in o.error
     assert o.error.startswith("host h1: /srv/m.gguf: this push's staging copy was taken while it was being written, by "
                               "the writer now holding the deploy lock: held by bob from bob@ws2 (pid 77) since ")
@@ -624,3 +625,20 @@ def test_two_pushes_of_one_model_path_over_ssh_one_writes_the_other_waits_or_is_
     assert not os.path.exists(store.lock_dir(root))
     results = [(r["who"], r["result"]) for r in map(json.loads, open(f"{root}/audit.jsonl")) if r["action"] == "models.push"]
     assert results == [("bob", "refused"), ("alice", "pushed"), ("carol", "pushed")]
+
+
+def test_a_push_whose_lock_was_broken_under_it_puts_nothing_in_place():
+    whole = probe_out(part=1000, want=WANT.content_digest)
+    remote = FakeRemote([
+        Command(S.probe_script("/srv/m.gguf"), out=whole),
+        locked_probe("/srv/m.gguf", chain_answer(("@@acquired", 0), (whole, 0))),
+        Command(None, out="@@prepared"),
+        Command(None, out="@@lock-lost\n@@notheld"),  # `lock.release --yes` by someone who thought it dead
+        Command(None, out="")])
+    o = P.push_job(_job(Host("h1"), "/srv/m.gguf", P.Origin("local", "/x")), WANT, config=None,
+                   options=P.Options(who=ORIGIN), reporter=P.Quiet(), connect=lambda h: remote, now=lambda: NOW,
+                   make_run=runs())
+    remote.assert_done()
+    assert o.result == "failed" and o.error == (
+        "host h1: /srv/m.gguf: the deploy lock was broken under this push (`invoke lock.release`) before it could "
+        "commit; nothing of this push was put in place; run it again: it resumes from its staging copy")

@@ -101,9 +101,18 @@ def test_a_staging_copy_another_writer_took_is_never_written_nor_checked(tmp_pat
     assert res.returncode == S.STAGING_TAKEN_RC and S.parse_staging_taken(out(res)) == theirs
     assert open(part, "rb").read() == b"theirs"
     # the commit's first step refuses before verify could remove the other writer's file
-    res = sh(S.owner_check_script(mp, mine) + "\n" + S.verify_script(mp, want) + "\n" + S.commit_script(mp, "file"),
-             b"{}")
+    holder = tmp_path / "holder.json"
+    holder.write_text(json.dumps({"token": mine}))
+    commit = "\n".join([S.owner_check_script(mp, mine, str(holder)), S.verify_script(mp, want),
+                        S.commit_script(mp, "file")])
+    res = sh(commit, b"{}")
     assert res.returncode == S.STAGING_TAKEN_RC and S.parse_staging_taken(out(res)) == theirs
+    assert open(part, "rb").read() == b"theirs" and not os.path.exists(mp)
+    # its own stamp again, but the deploy lock is no longer its own (broken, or someone else's): no commit
+    sh(f"printf '%s\\n' {mine} > '{M.owner_path(mp)}'")
+    holder.write_text(json.dumps({"token": theirs}))
+    res = sh(commit, b"{}")
+    assert res.returncode == S.STAGING_TAKEN_RC and S.parse_lock_lost(out(res)) and S.parse_staging_taken(out(res)) is None
     assert open(part, "rb").read() == b"theirs" and not os.path.exists(mp)
     # removed by hand: no stamp at all
     sh(S.cleanup_script(mp))

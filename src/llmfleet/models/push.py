@@ -863,13 +863,18 @@ def _commit(lease: Lease, job: Job, wanted: M.Manifest, out: Outcome, options: O
                           detail=f"{mp}: {len(wanted.files)} file(s), {gib(wanted.total_size)}, from "
                                  f"{job.origin.describe()}; {out.bytes_sent:,} bytes sent")
     record["content"] = wanted.content_digest
-    parts = [S.owner_check_script(mp, str(lease.token))] if move and verify else []
+    holder = store.lock_dir(job.settings.root) + "/holder.json"
+    parts = [S.owner_check_script(mp, str(lease.token), holder)] if move and verify else []
     parts += [S.verify_script(mp, wanted)] if move and verify else []
     parts += [S.commit_script(mp, wanted.kind, move=move), store.audit_append_script(job.settings.root, record)]
     res = lease.last(["\n".join(parts)], [], stdin=final.to_json().encode(), timeout=_timeout(wanted.total_size))
     taken = S.parse_staging_taken(res.stdout)
     if taken is not None:
         raise transfer.StagingTaken(f"host {host}: the staging copy of {mp} was taken", owner=taken, host=host, path=mp)
+    if S.parse_lock_lost(res.stdout):
+        raise CheckFailed(f"host {host}: {mp}: the deploy lock was broken under this push (`invoke lock.release`) "
+                          "before it could commit; nothing of this push was put in place; run it again: it resumes "
+                          "from its staging copy")
     _ok, bad = S.parse_verify(res.stdout)
     if bad:
         rel, got = next(iter(bad.items()))

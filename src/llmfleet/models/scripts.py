@@ -279,10 +279,19 @@ def receive_script(dest_part: str, offset: int, owner: tuple[str, str] | None = 
             f"exit {STAGING_TAKEN_RC}; fi; echo \"@@received $(stat -c %s -- {p} 2>/dev/null)\"; exit $rc")
 
 
-def owner_check_script(model_path: str, token: str) -> str:
+def owner_check_script(model_path: str, token: str, lock_holder: str) -> str:
     """The first step of a commit: the staging copy is still this push's (its owner stamp holds
-    ``token``), else ``@@staging-taken OWNER`` and exit 5 before anything is checked or removed."""
-    return _owner_test(M.owner_path(model_path.rstrip("/") or "/"), token)
+    ``token``), else ``@@staging-taken OWNER``; and the host's deploy lock is still this push's (its
+    holder document ``lock_holder`` names ``token``), else ``@@lock-lost`` (the lock was broken under
+    the push). Either exits 5 before anything is checked, moved or removed."""
+    return "\n".join([
+        _owner_test(M.owner_path(model_path.rstrip("/") or "/"), token),
+        f"grep -qF -- {q(token)} {q(lock_holder)} 2>/dev/null || {{ echo '@@lock-lost'; exit {STAGING_TAKEN_RC}; }}",
+    ])
+
+
+def parse_lock_lost(stdout: str) -> bool:
+    return "@@lock-lost" in stdout.splitlines()
 
 
 def parse_staging_taken(stdout: str) -> str | None:
