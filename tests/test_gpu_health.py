@@ -546,3 +546,17 @@ def test_sysfs_fallback_prints_the_lspci_format(tmp_path):
     src, devices = parse_pci_section(res.stdout)
     assert src == ("sysfs" if Path("/sys/bus/pci/devices").is_dir() else None)
     assert all(d[2].startswith("10de:") and d[1].startswith("03") for d in devices)
+
+
+def test_facts_table_rows():
+    from llmfleet.cli.facts_tasks import gpu_health_rows
+    from llmfleet.knowledge.facts import Facts
+
+    assert gpu_health_rows(Facts(host="h1")) == []  # an older probe: no row
+    clean = Facts(host="h1", gpu_health=host(xids=(xid(13, count=2),)))
+    assert gpu_health_rows(clean) == [
+        ("GPU health", "GPU 0: Xid 13 (Graphics Engine Exception) x2 (application-level)"),
+        ("GPU health", "nvidia-smi -q: 2 card(s), no condition; kernel log (dmesg): 0 Xid line(s) since boot; "
+                       "PCI bus (lspci): 0 NVIDIA card(s)")]
+    bad = Facts(host="h1", gpu_health=host(healthy(0), healthy(1, remap_pending=True)))
+    assert gpu_health_rows(bad) == [("GPU health", "GPU 1: a row remap waits for a reset (fatal)")]

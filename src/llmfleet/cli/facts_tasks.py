@@ -114,6 +114,7 @@ def facts_rows(f) -> list[tuple[str, str]]:
         pairs = [f"GPU{i}-GPU{j} {k}" for (i, j), k in sorted(links.items()) if i < j]
         rows.append(("GPU links", ("; ".join(pairs[:12]) + (f"; {len(pairs) - 12} more" if len(pairs) > 12 else ""))
                      if pairs else ("one GPU" if f.gpu_topology else "unknown (no `nvidia-smi topo -m`)")))
+    rows.extend(gpu_health_rows(f))
     rows.append(("driver", f"{f.driver_version or '-'} (CUDA {f.cuda_driver_version or '?'}"
                  + (f" from {f.cuda_driver_source}" if f.cuda_driver_source else "") + ")"))
     d = f.docker
@@ -133,6 +134,27 @@ def facts_rows(f) -> list[tuple[str, str]]:
     for m in f.models:
         rows.append(("model", f"{m.path}: {m.kind}" + (f", {m.size_bytes} bytes" if m.size_bytes is not None else "")))
     rows.extend(("problem", e) for e in f.errors)
+    return rows
+
+
+def gpu_health_rows(f) -> list[tuple[str, str]]:
+    """The cards' hardware health: one row per condition (knowledge.gpu_health), else what was read."""
+    from llmfleet.knowledge.gpu_health import findings
+
+    h = f.gpu_health
+    if h is None:
+        return []
+    found = findings(h)
+    rows = [("GPU health", f"{x.where}: {x.what} ({x.severity if x.severity != 'app' else 'application-level'})")
+            for x in found]
+    if not [x for x in found if x.severity != "app"]:
+        read = [f"nvidia-smi -q: {len(h.cards)} card(s), no condition"]
+        read.append(f"kernel log ({h.xid_source}): {h.xid_lines} Xid line(s) since boot" if h.xid_source
+                    else "kernel log not read")
+        if h.pci_source:
+            read.append(f"PCI bus ({h.pci_source}): {len(h.pci_gpus)} NVIDIA card(s)")
+        rows.append(("GPU health", "; ".join(read)))
+    rows.extend(("GPU health", n) for n in h.notes)
     return rows
 
 
