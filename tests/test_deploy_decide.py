@@ -283,6 +283,20 @@ def test_lock_takeover(holder, alive, take):
     assert D.may_take_over(holder, "me@ws", lambda pid: alive) is take
 
 
+@pytest.mark.parametrize(
+    ("holder", "live", "take"),
+    [
+        ({"from": "me@ws", "pid": 7, "token": "t1"}, {"t2"}, True),  # an earlier run of this process, gone
+        ({"from": "me@ws", "pid": 7, "token": "t1"}, {"t1"}, False),  # a run of this process holds it now
+        ({"from": "me@ws", "pid": 7}, set(), False),  # no token to tell
+        ({"from": "bob@elsewhere", "pid": 7, "token": "t1"}, set(), False),
+    ],
+)
+def test_lock_takeover_within_this_process(holder, live, take):
+    """This process (pid 7) is alive, so the pid alone cannot tell: the tokens its runs hold now do."""
+    assert D.may_take_over(holder, "me@ws", lambda pid: True, own_pid=7, live=live) is take
+
+
 OTHER = {"who": "bob", "from": "bob@ws2", "pid": 7, "action": "models.push"}
 MINE_DEAD = {"who": "me", "from": "me@ws", "pid": 7, "action": "deploy"}
 

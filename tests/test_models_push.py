@@ -386,21 +386,21 @@ class Clock:
         self.t += s
 
 
-def runs(alive: bool = True, clock: Clock | None = None):
+def runs(alive: bool = True, clock: Clock | None = None, token: str = TOKEN):
     from llmfleet.release.executor import HostRun
 
     clock = clock or Clock()
 
     def make(*args, **kwargs):
-        return HostRun(*args, **{**kwargs, "token": lambda: TOKEN, "origin": ORIGIN, "pid": PID,
+        return HostRun(*args, **{**kwargs, "token": lambda: token, "origin": ORIGIN, "pid": PID,
                                  "alive": lambda pid: alive, "clock": clock, "sleep": clock.sleep})
     return make
 
 
-def holder_of(action: str = "models.push", mp: str = "/srv/m.gguf") -> dict:
+def holder_of(action: str = "models.push", mp: str = "/srv/m.gguf", token: str = TOKEN) -> dict:
     from llmfleet.release import store
 
-    return store.holder_document(token=TOKEN, who=ORIGIN, origin=ORIGIN, action=action,
+    return store.holder_document(token=token, who=ORIGIN, origin=ORIGIN, action=action,
                                  message=f"{mp} from /x (this machine)", now=NOW, pid=PID)
 
 
@@ -642,3 +642,39 @@ def test_a_push_whose_lock_was_broken_under_it_puts_nothing_in_place():
     assert o.result == "failed" and o.error == (
         "host h1: /srv/m.gguf: the deploy lock was broken under this push (`invoke lock.release`) before it could "
         "commit; nothing of this push was put in place; run it again: it resumes from its staging copy")
+
+
+def test_a_lock_an_earlier_push_of_this_process_left_behind_is_taken_over():
+    """A push whose connection dropped leaves the lock held (it cannot unlock); the next push from the same
+    process (a push of many hosts, a bench) sees its own pid, alive, but a token no run of it holds any
+    more: stale, taken over."""
+    from llmfleet.errors import RemoteError
+    from llmfleet.release import store
+
+    whole = probe_out(part=1000, want=WANT.content_digest)
+    first, second = "1" * 32, "2" * 32
+    dropped = RemoteError("host h1: the SSH connection closed")
+    remote = FakeRemote([
+        Command(S.probe_script("/srv/m.gguf"), out=whole),
+        locked_probe("/srv/m.gguf", chain_answer(("@@acquired", 0), (whole, 0)), holder_of(token=first)),
+        Command(None, out="@@prepared"),
+        Command(None, raises=dropped),  # the commit
+        Command(None, raises=dropped)])  # the audit line and unlock after the failure
+    o = P.push_job(_job(Host("h1"), "/srv/m.gguf", P.Origin("local", "/x")), WANT, config=None,
+                   options=P.Options(who=ORIGIN), reporter=P.Quiet(), connect=lambda h: remote, now=lambda: NOW,
+                   make_run=runs(token=first))
+    remote.assert_done()
+    assert o.result == "failed" and "the deploy lock stays held until this machine's next push takes it over" in o.error
+    remote = FakeRemote([
+        Command(S.probe_script("/srv/m.gguf"), out=whole),
+        locked_probe("/srv/m.gguf", held_by(holder_of(token=first)), holder_of(token=second)),
+        Command(store.lock_break_script(ROOT), out="@@held\n@@broken"),
+        locked_probe("/srv/m.gguf", chain_answer(("@@acquired", 0), (whole, 0)), holder_of(token=second)),
+        Command(None, out="@@prepared"),
+        Command(None, out=f"@@sha OK m.gguf {SHA}\n@@manifest-written\n@@committed\n@@released")])
+    o = P.push_job(_job(Host("h1"), "/srv/m.gguf", P.Origin("local", "/x")), WANT, config=None,
+                   options=P.Options(who=ORIGIN), reporter=P.Quiet(), connect=lambda h: remote, now=lambda: NOW,
+                   make_run=runs(token=second))
+    remote.assert_done()
+    assert o.result == "pushed", o.error
+    assert '"action":"lock-break"' in remote.sent[-1] and '"result":"pushed"' in remote.sent[-1]

@@ -336,7 +336,7 @@ def test_a_service_op_takes_over_a_stale_lock_of_this_machine_and_refuses_anyone
     from tests.fake_remote import Command
     from tests.test_deploy_executor import PATHS, holder
 
-    held = "@@held\n" + json.dumps(holder("deploy"))
+    held = "@@held\n" + json.dumps({**holder("deploy"), "pid": 999})  # another process of this machine
     stale = [_lock_state("stop", "", got=held), Command(R.lock_break_script("/opt/llmfleet"), out="@@broken"),
              _lock_state("stop", _states()), Command(R.service_stop_script(PATHS), out="@@unit inactive\n@@stopped")]
     run, remote, lines, _ = _op_run(stale, alive=False)  # the holder's process is gone

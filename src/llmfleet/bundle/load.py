@@ -129,13 +129,16 @@ def locked(remote: Any, ph: Any, settings: Any, action: str, message: str, body:
     finally:
         rec = store.audit_record(now=now_utc(), who=run.who, host=ph.host.name, action="bundle.load", service=None,
                                  release=None, digest=None, result=result, detail=detail)
+        held = run.lock_token is not None
         try:
             remote.run(store.final_script(ph.settings.root, [], [*run.audit, rec], run.lock_token), sudo=True,
                        timeout=60)
         except LlmfleetError as exc:
             log(f"warning: the audit line and unlock did not complete: {exc}"
                 + (f"; the next deploy from this machine takes the lock over, others need `invoke lock.release "
-                   f"--host {ph.host.name} --yes`" if run.lock_token else ""))
+                   f"--host {ph.host.name} --yes`" if held else ""))
+        finally:
+            run.forget_lock()
 
 Send = Callable[..., Any]  # (remote, local file, remote staging path, offset, size): arrives whole or raises
 Log = Callable[[str], None]

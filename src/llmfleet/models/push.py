@@ -592,13 +592,14 @@ class Lease:
     def last(self, steps: list[str], records: list[dict[str, Any]], *, stdin: bytes | None = None,
              timeout: float = 120) -> Any:
         """One round trip: ``steps`` (one subshell), the takeover lines and ``records`` audited, the
-        unlock. The lock is no longer this push's after it, whatever the steps did."""
+        unlock. The lock is no longer this push's after it, whatever the steps did (when the round trip
+        itself fails, the push still holds it: ``finish_failed`` tries the unlock again)."""
         from llmfleet.release import store
 
         script = store.final_script(self.job.settings.root, steps, [*self.run.audit, *records], self.token)
         self.run.audit = []
-        res = self.remote.run(script, sudo=True, stdin=stdin, timeout=timeout)
-        self.run.lock_token = None
+        res = self.remote.run(script, sudo=True, stdin=stdin, timeout=timeout)  # raises: the unlock may not have run
+        self.run.forget_lock()
         return res
 
     def finish_failed(self, out: Outcome, now: Callable[[], datetime]) -> None:
@@ -607,10 +608,11 @@ class Lease:
         this machine's next push takes it over."""
         record = _host_record(self.job, out, self.options, now, result="refused" if out.refused else "failed",
                               detail=out.error or "")
+        held = self.token is not None
         try:
             self.last([], [record])
         except LlmfleetError:
-            if self.token is not None:
+            if held:
                 out.error = (out.error or "") + ("; the deploy lock stays held until this machine's next push takes "
                                                  f"it over (else `invoke lock.release --host {self.job.host.name} "
                                                  "--yes`)")
@@ -703,6 +705,8 @@ def push_job(job: Job, wanted: M.Manifest | None, *, config: Any, options: Optio
     finally:
         if lease is not None and not out.ok and (lease.token is not None or out.refused or lease.taken_ever):
             lease.finish_failed(out, now)
+        if lease is not None:
+            lease.run.forget_lock()  # this run is over: a lock it could not release is stale from now on
         if seeder is not None:
             seeder.end(job.host.name, held=out.ok)
         if remote is not None:

@@ -10,7 +10,7 @@ out; nothing here touches a host, and every decision is tested from fixtures (te
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
@@ -483,15 +483,21 @@ def service_op_result(results: Sequence[Result]) -> Result:
 # The deploy lock
 
 
-def may_take_over(holder: Mapping[str, Any] | None, origin: str, alive: Callable[[int], bool]) -> bool:
+def may_take_over(holder: Mapping[str, Any] | None, origin: str, alive: Callable[[int], bool], *,
+                  own_pid: int | None = None, live: Collection[str] = ()) -> bool:
     """A lock left by a deploy from this very machine whose process is gone (Ctrl-C'd, killed, or its
-    SSH connection dropped before it could unlock): safe to take over. Anything else is refused."""
+    SSH connection dropped before it could unlock): safe to take over. So is one left by this very
+    process (``own_pid``) under a token no run of it holds any more (``live``: the tokens its runs
+    hold now): an earlier run in the same process whose connection dropped before it could unlock
+    (a push of many hosts, a bench). Anything else is refused."""
     if not holder or holder.get("from") != origin:
         return False
     try:
         pid = int(holder.get("pid"))  # type: ignore[arg-type]
     except (TypeError, ValueError):
         return False
+    if own_pid is not None and pid == own_pid:
+        return bool(holder.get("token")) and holder.get("token") not in live
     return not alive(pid)
 
 
@@ -499,7 +505,8 @@ LockStep = Literal["acquired", "take_over", "wait", "refuse", "fail"]
 
 
 def lock_step(*, acquired: bool, holder: Mapping[str, Any] | None, rc: int, held_rc: int, origin: str,
-              alive: Callable[[int], bool], took_over: bool, waited_s: float, wait_s: float) -> LockStep:
+              alive: Callable[[int], bool], took_over: bool, waited_s: float, wait_s: float,
+              own_pid: int | None = None, live: Collection[str] = ()) -> LockStep:
     """One answer of the lock script, and what the writer does next: ``acquired``; ``take_over`` a
     stale lock of this machine (``may_take_over``; once per run: a second stale holder is refused);
     ``fail`` when the script itself failed (no holder, an exit other than held); ``wait`` and ask
@@ -507,7 +514,7 @@ def lock_step(*, acquired: bool, holder: Mapping[str, Any] | None, rc: int, held
     else ``refuse`` naming the holder."""
     if acquired:
         return "acquired"
-    if not took_over and may_take_over(holder, origin, alive):
+    if not took_over and may_take_over(holder, origin, alive, own_pid=own_pid, live=live):
         return "take_over"
     if holder is None and rc not in (0, held_rc):
         return "fail"

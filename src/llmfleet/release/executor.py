@@ -16,6 +16,7 @@ import os
 import re
 import secrets
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -41,6 +42,8 @@ if TYPE_CHECKING:
 LOG_LINES = 200
 HOST_TIMER = "confirm_timeout_s too short for this service's load?"
 LOCK_POLL_S = 3.0  # a writer waiting for the deploy lock asks again this often
+_LIVE_TOKENS: set[str] = set()  # the lock tokens the runs of this process hold now (decide.may_take_over)
+_LIVE_GUARD = threading.Lock()
 
 Log = Callable[[str], None]
 
@@ -305,11 +308,15 @@ class HostRun:
             assert res is not None  # the first step always runs
             got = store.parse_lock_acquire(res.rc, res.stdout)
             waited = self.clock() - t0
+            with _LIVE_GUARD:
+                live = frozenset(_LIVE_TOKENS)
             step = decide.lock_step(acquired=got.acquired, holder=got.holder, rc=res.rc, held_rc=store.LOCK_HELD_RC,
                                     origin=self.origin, alive=self.alive, took_over=took_over, waited_s=waited,
-                                    wait_s=wait_s)
+                                    wait_s=wait_s, own_pid=self.pid, live=live)
             if step == "acquired":
                 self.lock_token = token
+                with _LIVE_GUARD:
+                    _LIVE_TOKENS.add(token)
                 self.lock_waited_s = round(waited, 1) if told else 0.0
                 return after
             if step == "take_over":
@@ -334,6 +341,13 @@ class HostRun:
                 _, holder_now = store.parse_lock_status(self.run(store.lock_status_script(self.root)).stdout)
             raise Refusal(Result.REFUSED, store.lock_refusal(self.host, holder_now, self.now(), waited if told else 0))
 
+    def forget_lock(self) -> None:
+        """The run is over with the lock: released, or left behind by a dropped connection (then stale:
+        a later run of this process or machine takes it over)."""
+        with _LIVE_GUARD:
+            _LIVE_TOKENS.discard(self.lock_token or "")
+        self.lock_token = None
+
     # -- the last round trip ----------------------------------------------------------------------
 
     def defer(self, script: str) -> None:
@@ -353,7 +367,8 @@ class HostRun:
             self.log(f"warning: local audit log {self.settings.audit_log}: {exc}")
         token = self.lock_token
         script = store.final_script(self.root, self.deferred, records, token)
-        self.deferred, self.audit, self.lock_token = [], [], None
+        self.forget_lock()
+        self.deferred, self.audit = [], []
         if not script or self.remote is None:
             return
         try:
