@@ -24,7 +24,7 @@ XID_PAGE = "https://docs.nvidia.com/deploy/xid-errors/"
 PAGE_RETIREMENT = "https://docs.nvidia.com/deploy/dynamic-page-retirement/visibility.html"
 MEMORY_ERRORS = "https://docs.nvidia.com/deploy/a100-gpu-mem-error-mgmt/"
 NVML_PCIE = "https://docs.nvidia.com/deploy/nvml-api/group__nvmlDeviceQueries.html"
-NVML_CLOCKS = "https://docs.nvidia.com/deploy/nvml-api/group__nvmlClocksEventReasons.html"
+NVML_CLOCKS = "https://docs.nvidia.com/deploy/nvml-api/group__nvmlClocksThrottleReasons.html"
 # Clocks event reasons that hold the card below its clocks because of heat or power delivery
 # (SW Power Cap, the board's own power limit under load, is normal and never reported).
 SLOWDOWNS = ("HW Slowdown", "HW Thermal Slowdown", "HW Power Brake Slowdown", "SW Thermal Slowdown")
