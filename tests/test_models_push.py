@@ -678,3 +678,29 @@ def test_a_lock_an_earlier_push_of_this_process_left_behind_is_taken_over():
     remote.assert_done()
     assert o.result == "pushed", o.error
     assert '"action":"lock-break"' in remote.sent[-1] and '"result":"pushed"' in remote.sent[-1]
+
+
+def test_a_download_on_the_host_runs_under_the_lock_and_commits_with_the_unlock():
+    """model_source.hf: the download into the staging folder, its hashing and the commit run under the host's
+    deploy lock; the commit (no owner stamp to check: the host wrote the copy itself), its audit line and the
+    unlock are one round trip."""
+    from llmfleet.release import store
+
+    mp = "/srv/q"
+    origin = P.Origin("hf", "Qwen/Q", "a" * 40)
+    job = P.Job(Host("h1"), HostSettings(root=ROOT), mp, ["chat"], origin, "vllm", "reg/vllm@sha256:" + "ab" * 32)
+    nothing = probe_out()
+    remote = FakeRemote([
+        Command(S.probe_script(mp), out=nothing),
+        locked_probe(mp, chain_answer(("@@acquired", 0), (nothing, 0)),
+                     {**holder_of(mp=mp), "message": f"{mp} from {origin.describe()}"}),
+        Command(S.hf_download_script(job.image, "Qwen/Q", "a" * 40, mp, "dir"), out=""),
+        Command(S.hash_script(mp, "dir"), out=f"@@hash 10 {SHA} config.json"),
+        Command(None, out="@@manifest-written\n@@committed\n@@released")])
+    o = P.push_job(job, None, config=None, options=P.Options(who=ORIGIN), reporter=P.Quiet(),
+                   connect=lambda h: remote, now=lambda: NOW, make_run=runs())
+    remote.assert_done()
+    assert o.result == "downloaded", o.error
+    last = remote.sent[-1]
+    assert "@@staging-taken" not in last and '"result":"downloaded"' in last
+    assert last.rstrip().endswith(store.lock_release_script(ROOT, TOKEN) + "\n)")
