@@ -364,6 +364,14 @@ def test_no_health_read_means_no_check():
     assert rules.judge(None, [0], "chat") is None
 
 
+def test_a_failed_nvidia_smi_q_is_a_warning_not_a_pass():
+    h = health_from_sections("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.",
+                             "source=dmesg\nlines=0", None, q_failed="driver not loaded (nvidia-smi exit 9)")
+    v = rules.judge(h, [0], "chat")
+    assert v is not None and v.status == "warn"
+    assert v.message == "GPU 0: hardware health not judged: nvidia-smi -q: driver not loaded (nvidia-smi exit 9)"
+
+
 def test_status_note_names_the_services_cards_only():
     h = host(healthy(0, pcie_width_current=8), healthy(1, remap_pending=True), xids=(xid(79, gpu=1),))
     assert rules.status_note(rules.status_findings(h, [0])) == "hardware: GPU 0 PCIe link x8 of x16"

@@ -235,6 +235,11 @@ def judge(health: GpuHealth | None, used: Used, service: str) -> Verdict | None:
         if elsewhere:
             parts.append(f"not used by {service}, but on this host: {_said(elsewhere)}")
         return Verdict("warn", "; ".join(parts), _fixes(degraded + elsewhere))
+    read = [c for c in health.cards if used is None or c.index in used]
+    failed = [n for n in health.notes if n.startswith("nvidia-smi -q")]
+    if not read and failed:
+        return Verdict("warn", f"{cards}: hardware health not judged: {'; '.join(failed)}",
+                       "run `nvidia-smi -q` on the host and see what it says")
     return Verdict("pass", _clean(health, used, cards, [f for f in mine if f.severity == "app"]))
 
 
@@ -242,10 +247,7 @@ def _clean(health: GpuHealth, used: Used, cards: str, app: list[Finding]) -> str
     mine = [c for c in health.cards if used is None or c.index in used]
     read = []
     if mine:
-        read.append("nvidia-smi -q: no uncorrectable ECC error, nothing pending"
-                    + _links(mine))
-    elif health.notes:
-        read.append("nvidia-smi -q not read")
+        read.append("nvidia-smi -q: no uncorrectable ECC error, nothing pending" + _links(mine))
     if health.xid_source:
         read.append(f"kernel log ({health.xid_source}): "
                     + (f"only application-level Xids ({', '.join(f.where + ' ' + f.what for f in app)})" if app
