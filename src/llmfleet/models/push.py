@@ -693,8 +693,8 @@ def push_job(job: Job, wanted: M.Manifest | None, *, config: Any, options: Optio
                 if attempt == SEED_ATTEMPTS - 1:
                     raise
                 reporter.log(f"{job.host.name}: {mp}: {exc}; trying another holder")
-    except Refusal as exc:
-        out.result, out.refused = "failed", True
+    except Refusal as exc:  # the lock: held by another writer (refused), or the lock script failed
+        out.result, out.refused = "failed", exc.result == "refused"
         out.error = f"host {job.host.name}: {mp}: not pushed: {exc.reason}"
     except transfer.StagingTaken as exc:
         who = lease.who_took(exc.owner) if lease is not None else ""
