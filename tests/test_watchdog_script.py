@@ -75,7 +75,7 @@ class Host:
         (self.bin / "systemctl").write_text(
             "#!/bin/sh\n"
             f"echo \"$*\" >> {log}\n"
-            'case "$1" in is-active) echo active ;; show) echo 0 ;; esac\n'
+            'case "$1" in is-active) echo active ;; show) cat "$STUB/started_us" 2>/dev/null || echo 0 ;; esac\n'
         )
         (self.bin / "systemctl").chmod(0o755)
         (self.bin / "docker").write_text("#!/bin/sh\nexit 1\n")
@@ -159,11 +159,12 @@ def test_busy_with_still_counters_past_the_window_is_hung_and_restarted_after_n_
     assert stalled(first["detail"], "2 requests running, 1 waiting") >= 65
     assert host.restarts() == 0  # failures: 2
     second = host.run()
-    assert second["verdict"] == "hung"
     assert host.restarts() == 1
     (line,) = host.audit()
     assert line["action"] == "watchdog-restart" and line["result"] == "restarted"
     assert line["detail"].startswith("2 failed judgements in a row; last: 2 requests running, 1 waiting, 0 tokens")
+    # what status reads after the restart: the restart and its evidence, no longer "hung"
+    assert (second["verdict"], second["detail"]) == ("restarted", line["detail"])
     # the restart forgets the counters: the restarted engine starts a new window
     assert not (host.sdir / f"{watchdog.STATE}.progress").exists()
 
@@ -327,3 +328,19 @@ def test_status_parse_tolerates_a_broken_judgement():
     got = watchdog.parse_status("@@watchdog chat 0 0 active\n@@watchdog-judgement chat x {bad\n"
                                 "@@watchdog-judgement chat 5 [1]\n@@watchdog-judgement\n")
     assert got["chat"].judgement is None
+
+
+def test_a_young_engine_that_does_not_answer_yet_is_loading_not_down(host):
+    """Within its load budget (health.load_timeout_s) a /health failure is the engine loading; an engine
+    that already answers is judged by its work at once."""
+    uptime_s = float(Path("/proc/uptime").read_text().split()[0])
+    (host.stub / "started_us").write_text(str(int((uptime_s - 3) * 1_000_000)))
+    host.answers(health=22)
+    for _ in range(3):
+        v = host.run()
+    assert v["verdict"] == "starting" and v["detail"].endswith("within its load budget of 900 s")
+    assert host.restarts() == 0
+    host.answers(metrics=VLLM_IDLE % 7, completion="hang")
+    for _ in range(3):
+        host.run()
+    assert host.restarts() == 1

@@ -29,6 +29,23 @@ def bench(lab, tmp_path_factory):
     return b
 
 
+def status_health(bench: F.FaultBench, service: str = F.SERVICE):
+    """The service's health as ``invoke status`` shows it (over SSH, the inventory's settings)."""
+    from llmfleet.fleet import status as S
+    from llmfleet.inventory.ansible import load_inventory
+
+    host = load_inventory(bench.inventory_path).hosts[bench.host]
+
+    def health() -> str:
+        for st, settings in S.query_hosts([host], config=bench.config, timeout=20, metrics=False):
+            for row in S.host_rows(st, settings):
+                if row.service == service:
+                    return row.health
+        return "?"
+
+    return health
+
+
 def _check(r: F.FaultResult) -> None:
     assert r.serving, f"{r.fault}: nothing serves afterwards ({r.outcome}; {r.detail})"
     assert r.data_lost == "none", f"{r.fault}: {r.data_lost}"
@@ -48,6 +65,17 @@ def test_hung_engine_is_restarted_by_the_host_alone(bench):
     r = bench.hung_engine()
     _check(r)
     assert r.outcome.startswith("watchdog restarted"), r.outcome
+
+
+def test_engine_loop_frozen_with_health_still_200_is_judged_hung_and_restarted(bench):
+    """llama-server's slots stop advancing (its main loop held) while /health answers 200."""
+    r = bench.frozen_engine_loop(health=status_health(bench))
+    _check(r)
+    assert r.extra["health_while_frozen"], "the fault must leave /health answering"
+    assert r.extra["restarted_after_s"] is not None, r.extra
+    assert r.outcome.startswith("watchdog restarted: 2 failed judgements in a row; last: "), r.outcome
+    assert ("/metrics did not within" in r.outcome or "1-token completion did not finish" in r.outcome), r.outcome
+    assert "hung" in r.extra["health_seen"], r.extra
 
 
 def test_engine_crash_loop_after_a_healthy_deploy_stops_at_the_start_limit(bench):

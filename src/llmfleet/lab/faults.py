@@ -38,7 +38,7 @@ PORT = 8000
 HEALTH = {"load_timeout_s": 20, "stage_timeout_s": 60, "min_tokps": 2, "max_tokens": 32}
 BROKEN = "llamacpp:lab-broken"
 CONFIRM_TIMEOUT_S = 60
-WATCHDOG = {"interval_s": 5, "failures": 2, "max_restarts_per_hour": 3, "probe_timeout_s": 2}
+WATCHDOG = {"interval_s": 5, "failures": 2, "max_restarts_per_hour": 3, "probe_timeout_s": 2, "stall_window_s": 10}
 KEY_ENV = "LLMFLEET_FAULT_KEY"
 KEEP_RELEASES = 5  # inventory/lab: llmfleet_keep_releases
 
@@ -155,14 +155,7 @@ class FaultBench:
         return None
 
     def audit(self) -> list[dict[str, Any]]:
-        out = self.exec(f"cat {R.audit_path(ROOT)} 2>/dev/null || true").stdout
-        lines = []
-        for ln in out.splitlines():
-            try:
-                lines.append(json.loads(ln))
-            except ValueError:
-                lines.append({"unparsed": ln})
-        return lines
+        return parse_audit(self.exec(f"cat {R.audit_path(ROOT)} 2>/dev/null || true").stdout)
 
     def snapshot(self) -> dict[str, Any]:
         st = self.state()
@@ -263,6 +256,28 @@ class FaultBench:
         acts = [a for a in self.audit() if a.get("action") == "watchdog-restart"]
         if acts:
             r.outcome = f"watchdog {acts[-1].get('result')}: {acts[-1].get('detail', '')[:80]}"
+        return self.finish(r, before, expect=good)
+
+    def frozen_engine_loop(self, health: Callable[[], str] | None = None) -> FaultResult:
+        """llama-server's main loop stops (its thread held, ``freeze_thread``) while its HTTP threads
+        still answer /health 200: only a judgement by work done sees it. The host watchdog restarts it,
+        and the service's health (``health``: ``invoke status``'s, else the judgement read on the host)
+        says hung in between."""
+        good = self.healthy_baseline()
+        time.sleep(HEALTH["load_timeout_s"] + 1)  # the watchdog leaves a young engine alone
+        before = self.snapshot()
+        pid = int(self.exec(f"docker inspect -f '{{{{.State.Pid}}}}' {CONTAINER}", check=True).stdout.strip())
+        started = self.engine_started()
+        freeze_thread(self.container, pid, seconds=300)
+        t0 = time.monotonic()
+        r = FaultResult("engine loop frozen (/health still 200)", "after a healthy deploy", outcome="no restart seen")
+        time.sleep(1)
+        r.extra["health_while_frozen"] = self.answers()
+        r.extra.update(watch_until_restarted(self, started, t0, timeout=240, health=health))
+        r.time_to_serving_s = self.wait_serving(t0, 180, release=good)
+        acts = [a for a in self.audit() if a.get("action") == "watchdog-restart"]
+        if acts:
+            r.outcome = f"watchdog {acts[-1].get('result')}: {acts[-1].get('detail', '')}"
         return self.finish(r, before, expect=good)
 
     def two_controllers(self) -> FaultResult:
@@ -816,6 +831,73 @@ class FaultBench:
         return res
 
 
+def parse_audit(text: str) -> list[dict[str, Any]]:
+    """A host's audit log, a record per line (a line that is not JSON kept as ``unparsed``)."""
+    lines: list[dict[str, Any]] = []
+    for ln in text.splitlines():
+        try:
+            lines.append(json.loads(ln))
+        except ValueError:
+            lines.append({"unparsed": ln})
+    return lines
+
+
+# Holds one thread of a process in ptrace-stop (PTRACE_SEIZE + PTRACE_INTERRUPT stop that thread alone;
+# SIGSTOP would stop the whole process, its HTTP threads too) until the process is gone or SECONDS pass;
+# the thread runs on when this exits. Run on the lab host, as root, against an engine's main thread.
+FREEZE_PY = r"""
+import ctypes, os, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+tid, seconds = int(sys.argv[1]), float(sys.argv[2])
+for request in (0x4206, 0x4207):  # PTRACE_SEIZE, PTRACE_INTERRUPT
+    if libc.ptrace(request, tid, None, None) != 0:
+        sys.exit(f"ptrace {request:#x} {tid}: {os.strerror(ctypes.get_errno())}")
+deadline = time.monotonic() + seconds
+while time.monotonic() < deadline and os.path.exists(f"/proc/{tid}"):
+    time.sleep(0.5)
+"""
+
+
+def freeze_thread(container: str, tid: int, *, seconds: int) -> None:
+    """Hold thread ``tid`` (a PID on the lab host) stopped for at most ``seconds``, in the background."""
+    subprocess.run(["docker", "exec", "-d", container, "python3", "-c", FREEZE_PY, str(int(tid)), str(int(seconds))],
+                   check=True, capture_output=True, timeout=60)
+
+
+def judged_health(bench: Any, service: str = SERVICE, interval_s: int = WATCHDOG["interval_s"]) -> str:
+    """The health ``invoke status`` gives a service from the watchdog's fresh judgement (``hung``,
+    ``down``), read on the host; ``-`` when the judgement says nothing against it."""
+    from llmfleet.release import watchdog
+
+    sup = watchdog.parse_status(bench.exec(watchdog.status_script(ROOT)).stdout).get(service)
+    stuck = sup.stuck(interval_s) if sup else None
+    return stuck.verdict if stuck else "-"
+
+
+def watch_until_restarted(bench: Any, started: str, t0: float, *, timeout: float, service: str = SERVICE,
+                          health: Callable[[], str] | None = None) -> dict[str, Any]:
+    """Poll the service's health (``health``: e.g. a row of ``invoke status``; default
+    ``judged_health``) until the engine's container was started again (the watchdog's restart) or
+    ``timeout``: the health values seen meanwhile, and when the restart came. ``bench``: anything
+    with ``exec(script)`` on the host."""
+    ask = health or (lambda: judged_health(bench, service))
+    health_seen: list[str] = []
+    restarted_after = None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        now = ask()
+        if not health_seen or health_seen[-1] != now:
+            health_seen.append(now)
+        now_started = bench.exec(f"docker inspect --format '{{{{.State.StartedAt}}}}' llmfleet-{service} 2>/dev/null"
+                                 ).stdout.strip()
+        if now_started and now_started != started:
+            restarted_after = round(time.monotonic() - t0, 1)
+            break
+        time.sleep(0.5)
+    return {"health_seen": health_seen, "restarted_after_s": restarted_after}
+
+
 def watchdog_status(bench: FaultBench) -> dict[str, Any]:
     from llmfleet.release import watchdog
 
@@ -1024,7 +1106,7 @@ true
 """
 
 CUT_FAULTS = tuple(f"ssh_cut_{s.replace('-', '_')}" for s in CUT_STEPS)
-FAULTS = ("controller_killed_mid_health", *CUT_FAULTS, "killed_after_switch_then_failed", "sshd_restarted", "dockerd_restarted", "hung_engine",
+FAULTS = ("controller_killed_mid_health", *CUT_FAULTS, "killed_after_switch_then_failed", "sshd_restarted", "dockerd_restarted", "hung_engine", "frozen_engine_loop",
           "crash_loop_after_deploy", "two_controllers", "registry_unreachable", "unknown_digest", "port_taken",
           "disk_full", "model_missing", "model_truncated", "crash_loop", "hostile_values", "hostile_inventory",
           "secrets_scan")

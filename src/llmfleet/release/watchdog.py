@@ -8,8 +8,9 @@ service names and the llmfleet root are already restricted by the inventory sche
 
 The script does nothing while a switch awaits its confirmation (the revert timer owns the unit then),
 while the unit is not active (stopped, or failed after systemd's start limit: that it records once in
-the audit log, as ``unit-failed``/``start-limit``, so ``status`` shows it), or while the engine is
-younger than its load budget (a deploy's restart, or its own). It does not wait for the deploy lock:
+the audit log, as ``unit-failed``/``start-limit``, so ``status`` shows it). An engine younger than its
+load budget (a deploy's restart, or its own) that does not answer /health yet is loading, not down; one
+that answers is judged by its work at once. It does not wait for the deploy lock:
 a lock left by a vanished controller would otherwise turn the watchdog off until someone breaks it,
 and a deploy in progress only restarts engines, which makes them young. The probe goes
 from the host to the published port (curl), so it works for images without a shell or curl; where
@@ -204,6 +205,11 @@ GRACE={int(service.health.load_timeout_s)}
 PROBE_TIMEOUT={int(wd.probe_timeout_s)}
 STATE="$SERVICE_DIR/{STATE}"
 
+judged() {{  # verdict detail: the last judgement, for `invoke status`
+  printf '{{"time":"%s","verdict":"%s","detail":"%s"}}\\n' "$(date -u +%Y-%m-%dT%H:%M:%S+00:00)" "$1" "$2" \\
+    > "$STATE.judgement.tmp" && mv -f "$STATE.judgement.tmp" "$STATE.judgement"
+}}
+
 audit() {{  # action result detail
   now=$(date -u +%Y-%m-%dT%H:%M:%S+00:00)
   host=$(hostname 2>/dev/null | tr -cd 'A-Za-z0-9._-')
@@ -227,13 +233,15 @@ rm -f "$STATE.failed"
 started=$(systemctl show -p ExecMainStartTimestampMonotonic --value "$UNIT" 2>/dev/null)
 up=$(cut -d' ' -f1 /proc/uptime)
 age=$(awk -v u="$up" -v s="${{started:-0}}" 'BEGIN {{ printf "%d", u - s / 1000000 }}')
-[ "$age" -ge "$GRACE" ] || exit 0
+young=0; [ "$age" -ge "$GRACE" ] || young=1
 
 {probe}
+if [ "$young" = 1 ] && [ "$verdict" = down ]; then
+  judged starting "started $age s ago, within its load budget of $GRACE s"
+  exit 0
+fi
 why=$(printf '%s' "$why" | tr -d '"\\' | tr -c '[:print:]' ' ' | head -c 300)
-# the last judgement, for `invoke status` (verdict: working, idle, busy, healthy, hung, down, unknown)
-printf '{{"time":"%s","verdict":"%s","detail":"%s"}}\\n' "$(date -u +%Y-%m-%dT%H:%M:%S+00:00)" "$verdict" "$why" \\
-  > "$STATE.judgement.tmp" && mv -f "$STATE.judgement.tmp" "$STATE.judgement"
+judged "$verdict" "$why"
 if [ "$ok" = 1 ]; then
   echo 0 > "$STATE.fails"
   rm -f "$STATE.gaveup"
@@ -257,6 +265,7 @@ rm -f "$STATE.progress"
 systemctl reset-failed "$UNIT" >/dev/null 2>&1 || true
 if systemctl restart "$UNIT"; then
   audit watchdog-restart restarted "$evidence"
+  judged restarted "$evidence"
 else
   audit watchdog-restart failed "$evidence; systemctl restart failed"
 fi
@@ -376,7 +385,8 @@ def status_script(root: str) -> str:
 @dataclass(frozen=True)
 class Judgement:
     """The watchdog's last judgement of a service: ``verdict`` (working, busy, idle, healthy, hung,
-    down, unknown), its evidence and its age in seconds when read."""
+    down, unknown; restarted: it restarted the unit, with the evidence), its evidence and its age in
+    seconds when read."""
 
     verdict: str
     detail: str
