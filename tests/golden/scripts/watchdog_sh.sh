@@ -25,6 +25,11 @@ GRACE=900
 PROBE_TIMEOUT=10
 STATE="$SERVICE_DIR/watchdog.state"
 
+judged() {  # verdict detail: the last judgement, for `invoke status`
+  printf '{"time":"%s","verdict":"%s","detail":"%s"}\n' "$(date -u +%Y-%m-%dT%H:%M:%S+00:00)" "$1" "$2" \
+    > "$STATE.judgement.tmp" && mv -f "$STATE.judgement.tmp" "$STATE.judgement"
+}
+
 audit() {  # action result detail
   now=$(date -u +%Y-%m-%dT%H:%M:%S+00:00)
   host=$(hostname 2>/dev/null | tr -cd 'A-Za-z0-9._-')
@@ -48,7 +53,7 @@ rm -f "$STATE.failed"
 started=$(systemctl show -p ExecMainStartTimestampMonotonic --value "$UNIT" 2>/dev/null)
 up=$(cut -d' ' -f1 /proc/uptime)
 age=$(awk -v u="$up" -v s="${started:-0}" 'BEGIN { printf "%d", u - s / 1000000 }')
-[ "$age" -ge "$GRACE" ] || exit 0
+young=0; [ "$age" -ge "$GRACE" ] || young=1
 
 api() {  # path out [curl args...]: HTTP status of a bounded request, body in out
   p=$1; o=$2; shift 2
@@ -120,10 +125,12 @@ else
   [ "$(docker inspect --format '{{.State.Health.Status}}' "$CONTAINER" 2>/dev/null)" = unhealthy ] && ok=0 || ok=1
   verdict=unknown; [ "$ok" = 1 ] || { verdict=down; why="Docker healthcheck: unhealthy (no curl on the host)"; }
 fi
+if [ "$young" = 1 ] && [ "$verdict" = down ]; then
+  judged starting "started $age s ago, within its load budget of $GRACE s"
+  exit 0
+fi
 why=$(printf '%s' "$why" | tr -d '"\' | tr -c '[:print:]' ' ' | head -c 300)
-# the last judgement, for `invoke status` (verdict: working, idle, busy, healthy, hung, down, unknown)
-printf '{"time":"%s","verdict":"%s","detail":"%s"}\n' "$(date -u +%Y-%m-%dT%H:%M:%S+00:00)" "$verdict" "$why" \
-  > "$STATE.judgement.tmp" && mv -f "$STATE.judgement.tmp" "$STATE.judgement"
+judged "$verdict" "$why"
 if [ "$ok" = 1 ]; then
   echo 0 > "$STATE.fails"
   rm -f "$STATE.gaveup"
@@ -147,6 +154,7 @@ rm -f "$STATE.progress"
 systemctl reset-failed "$UNIT" >/dev/null 2>&1 || true
 if systemctl restart "$UNIT"; then
   audit watchdog-restart restarted "$evidence"
+  judged restarted "$evidence"
 else
   audit watchdog-restart failed "$evidence; systemctl restart failed"
 fi

@@ -18,6 +18,11 @@ GRACE=900
 PROBE_TIMEOUT=10
 STATE="$SERVICE_DIR/watchdog.state"
 
+judged() {  # verdict detail: the last judgement, for `invoke status`
+  printf '{"time":"%s","verdict":"%s","detail":"%s"}\n' "$(date -u +%Y-%m-%dT%H:%M:%S+00:00)" "$1" "$2" \
+    > "$STATE.judgement.tmp" && mv -f "$STATE.judgement.tmp" "$STATE.judgement"
+}
+
 audit() {  # action result detail
   now=$(date -u +%Y-%m-%dT%H:%M:%S+00:00)
   host=$(hostname 2>/dev/null | tr -cd 'A-Za-z0-9._-')
@@ -41,17 +46,19 @@ rm -f "$STATE.failed"
 started=$(systemctl show -p ExecMainStartTimestampMonotonic --value "$UNIT" 2>/dev/null)
 up=$(cut -d' ' -f1 /proc/uptime)
 age=$(awk -v u="$up" -v s="${started:-0}" 'BEGIN { printf "%d", u - s / 1000000 }')
-[ "$age" -ge "$GRACE" ] || exit 0
+young=0; [ "$age" -ge "$GRACE" ] || young=1
 
 ok=0; verdict=down; why="container $CONTAINER not running"
 [ "$(docker inspect --format '{{.State.Running}}' "$CONTAINER" 2>/dev/null)" = true ] && { ok=1; verdict=healthy; why=''; }
 if [ "$ok" = 1 ] && [ -n "$PORT" ] && command -v ss >/dev/null 2>&1; then
   ss -Hltn "( sport = :$PORT )" 2>/dev/null | grep -q . || { ok=0; verdict=down; why="$LISTENER does not listen"; }
 fi
+if [ "$young" = 1 ] && [ "$verdict" = down ]; then
+  judged starting "started $age s ago, within its load budget of $GRACE s"
+  exit 0
+fi
 why=$(printf '%s' "$why" | tr -d '"\' | tr -c '[:print:]' ' ' | head -c 300)
-# the last judgement, for `invoke status` (verdict: working, idle, busy, healthy, hung, down, unknown)
-printf '{"time":"%s","verdict":"%s","detail":"%s"}\n' "$(date -u +%Y-%m-%dT%H:%M:%S+00:00)" "$verdict" "$why" \
-  > "$STATE.judgement.tmp" && mv -f "$STATE.judgement.tmp" "$STATE.judgement"
+judged "$verdict" "$why"
 if [ "$ok" = 1 ]; then
   echo 0 > "$STATE.fails"
   rm -f "$STATE.gaveup"
@@ -75,6 +82,7 @@ rm -f "$STATE.progress"
 systemctl reset-failed "$UNIT" >/dev/null 2>&1 || true
 if systemctl restart "$UNIT"; then
   audit watchdog-restart restarted "$evidence"
+  judged restarted "$evidence"
 else
   audit watchdog-restart failed "$evidence; systemctl restart failed"
 fi
