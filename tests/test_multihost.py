@@ -188,7 +188,8 @@ def test_llamacpp_worker_runs_rpc_server_on_its_cluster_address_only():
     assert set(r.files) == {"compose.yml", "llmfleet-big.service", "service.env", "watchdog.sh",
                             "llmfleet-big-watchdog.service", "llmfleet-big-watchdog.timer"}
     wd = r.files["watchdog.sh"]
-    assert "PORT=50052\nURL='container llmfleet-big and rpc-server 10.0.0.2:50052'\n" in wd and "/health" not in wd
+    assert ("PORT=50052\nLISTENER='rpc-server 10.0.0.2:50052'\nURL='container llmfleet-big and rpc-server 10.0.0.2:50052'\n"
+            in wd and "/health" not in wd)
     assert r.files["service.env"].count("=") == 0
 
 
