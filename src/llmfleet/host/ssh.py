@@ -413,8 +413,12 @@ class Remote:
             finally:
                 done.set()
                 up.join()
-                chan.close()
-                sock.close()
+                # the connection may be gone already (closed under a running tunnel): nothing to tell
+                for closing in (chan.close, sock.close):
+                    try:
+                        closing()
+                    except (OSError, EOFError, paramiko.SSHException):
+                        pass
 
         def accept_loop() -> None:
             while not stop.is_set():
