@@ -879,23 +879,26 @@ def watch_until_restarted(bench: Any, started: str, t0: float, *, timeout: float
                           health: Callable[[], str] | None = None) -> dict[str, Any]:
     """Poll the service's health (``health``: e.g. a row of ``invoke status``; default
     ``judged_health``) until the engine's container was started again (the watchdog's restart) or
-    ``timeout``: the health values seen meanwhile, and when the restart came. ``bench``: anything
+    ``timeout``: the health values seen meanwhile, when it first said hung and when the restart came
+    (the stop waits out the engine's stop grace: a hung engine does not exit on SIGTERM). ``bench``: anything
     with ``exec(script)`` on the host."""
     ask = health or (lambda: judged_health(bench, service))
     health_seen: list[str] = []
-    restarted_after = None
+    restarted_after = hung_after = None
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         now = ask()
         if not health_seen or health_seen[-1] != now:
             health_seen.append(now)
+        if now == "hung" and hung_after is None:
+            hung_after = round(time.monotonic() - t0, 1)
         now_started = bench.exec(f"docker inspect --format '{{{{.State.StartedAt}}}}' llmfleet-{service} 2>/dev/null"
                                  ).stdout.strip()
         if now_started and now_started != started:
             restarted_after = round(time.monotonic() - t0, 1)
             break
         time.sleep(0.5)
-    return {"health_seen": health_seen, "restarted_after_s": restarted_after}
+    return {"health_seen": health_seen, "hung_after_s": hung_after, "restarted_after_s": restarted_after}
 
 
 def watchdog_status(bench: FaultBench) -> dict[str, Any]:
