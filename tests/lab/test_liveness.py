@@ -76,6 +76,7 @@ def test_vllm_engine_core_stopped_with_its_api_alive_is_judged_hung_and_restarte
                                        health=status_health(h, SERVICE))
     finally:
         h.exec(f"kill -CONT {int(found[0])} 2>/dev/null")
+    print(f"\nvLLM engine core stopped: {seen}")  # the figures docs/services.md quotes (pytest -s)
     assert seen["restarted_after_s"] is not None, seen
     assert "hung" in seen["health_seen"], seen
     audit = [a for a in F.parse_audit(h.exec(f"cat {R.audit_path(ROOT)}").stdout)
