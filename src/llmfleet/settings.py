@@ -87,6 +87,7 @@ class Settings:
     roles_path: Any = None  # folder(s) searched for engine roles before the packaged ones
     templates_path: Any = None  # folder(s) searched for templates before the packaged ones
     bench_dir: str | None = None  # where `invoke bench` keeps its results (None: llmfleet.fleet.bench_run's default)
+    prometheus_targets: str | None = None  # file_sd folder re-written after a rollout (docs/monitoring.md)
 
     @classmethod
     def of(cls, data: Settings | Mapping[str, Any] | None) -> Settings:
@@ -102,6 +103,7 @@ class Settings:
             roles_path=d.get("roles_path"),
             templates_path=d.get("templates_path"),
             bench_dir=_text("bench_dir", d.get("bench_dir")),
+            prometheus_targets=_text("prometheus_targets", d.get("prometheus_targets")),
         )
 
     @property

@@ -42,6 +42,7 @@ from llmfleet.cli import (  # noqa: E402 - after install(): the task modules dec
     lab_tasks,
     lock_tasks,
     models_tasks,
+    monitoring_tasks,
     ops_tasks,
     plan_tasks,
     service_tasks,
@@ -70,6 +71,8 @@ ns.configure(
             # llmfleet_roles_path / llmfleet_templates_path); docs/deploy.md
             "roles_path": None,
             "templates_path": None,
+            # a Prometheus file_sd folder deploy/rollback/upgrade/stop/start/remove re-write (docs/monitoring.md)
+            "prometheus_targets": None,
             "speed_overlay": None,  # a speed overlay file `invoke plan` shows (`invoke speed --write`; docs/planner.md)
         }
     }
@@ -98,5 +101,7 @@ ns.add_collection(lab_tasks.ns)
 ns.add_collection(catalog_tasks.ns)
 ns.add_collection(models_tasks.ns)
 ns.add_collection(bundle_tasks.ns)
+ns.add_collection(monitoring_tasks.prometheus_ns)
+ns.add_collection(monitoring_tasks.grafana_ns)
 
 common.repeatable_inventory(ns)

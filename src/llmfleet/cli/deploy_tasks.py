@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from invoke.exceptions import Exit
 
+from llmfleet.cli import monitoring_tasks
 from llmfleet.cli.common import (
     INVENTORY_HELP,
     console,
@@ -141,6 +142,7 @@ def deploy(c, host=None, group=None, inventory=None, check=False, diff=False, ac
                 console.print(f"[bold]{o.host}: {escape(name)}[/]")
                 console.print(escape(text), end="")
         _summary(outcomes, "deploy --diff" if diff else ("deploy --check" if check else "deploy"))
+    monitoring_tasks.refresh_after(hosts, outcomes, settings)  # Prometheus follows the rollout
     if not all(o.ok for o in outcomes):
         raise Exit(code=1)
 
@@ -172,8 +174,10 @@ def rollback(c, host=None, group=None, service=None, to=None, inventory=None, ac
     inv, hosts = select_hosts(c, inventory, host, group)
     options = DeployOptions(accept_new_host_keys=bool(accept_new_host_keys),
                             message=message or f"rollback {to or ''}".strip())
-    outcomes = rollback_hosts(inv, [h.name for h in hosts], service=service, to=to, config=load_settings(c),
+    settings = load_settings(c)
+    outcomes = rollback_hosts(inv, [h.name for h in hosts], service=service, to=to, config=settings,
                               options=options, forks=forks, log=log_line)
+    monitoring_tasks.refresh_after(hosts, outcomes, settings)  # Prometheus follows the rollback
     if json:
         print_json(outcomes_document(outcomes))
     else:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from llmfleet.cli import monitoring_tasks
 from llmfleet.cli.common import (
     INVENTORY_HELP,
     console,
@@ -399,6 +400,8 @@ def upgrade(c, group=None, host=None, inventory=None, image=None, set_=None, ser
         progress=progress, on_host=on_host, before_batch=put_batch if verified is not None else None,
     )
     report.excluded = excluded
+    if not check:
+        monitoring_tasks.refresh_after(hosts, report.hosts, config)  # Prometheus follows the upgrade
     if not check:
         record = rel.audit_record(
             now=datetime.now(UTC), who=who, host=f"group:{group}", action="upgrade", service=None, release=None,

@@ -197,6 +197,14 @@ def parse_worker_containers(stdout: str) -> dict[str, str]:
     return out
 
 
+def parse_driver(stdout: str) -> str | None:
+    """The driver version nvidia-smi -q printed (``Driver Version : 535.183.01``); None when it did not."""
+    import re
+
+    m = re.search(r"^Driver Version\s*:\s*(\S+)\s*$", stdout, re.M)
+    return m.group(1)[:64] if m else None
+
+
 def parse_card_names(stdout: str) -> list[str]:
     """The card names ``status_script`` printed after its marker."""
     lines = stdout.splitlines()
@@ -293,6 +301,7 @@ class HostStatus:
     containers: dict[str, str] = field(default_factory=dict)  # worker container -> its state
     models: dict[str, dict[str, Any]] = field(default_factory=dict)  # model path -> ``model_state``
     gpu_health: GpuHealth | None = None  # the cards' hardware health (``parse_gpu_health``)
+    driver: str | None = None  # the NVIDIA driver version (``parse_driver``)
 
 
 def worker_state(status: HostStatus | None, host: str, service: str) -> dict[str, Any]:
@@ -553,7 +562,8 @@ def query_host(
         status = HostStatus(host=host.name, reachable=True, gpus=parse_card_names(res.stdout),
                             states=release_state.parse_state(res.stdout), supervision=watchdog.parse_status(res.stdout),
                             listening=parse_listening(res.stdout), containers=parse_worker_containers(res.stdout),
-                            models=parse_models(res.stdout, paths), gpu_health=parse_gpu_health(res.stdout))
+                            models=parse_models(res.stdout, paths), gpu_health=parse_gpu_health(res.stdout),
+                            driver=parse_driver(res.stdout))
         if metrics and settings:
             for svc in settings.services:
                 st = status.states.get(svc.name)

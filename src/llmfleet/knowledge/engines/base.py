@@ -129,6 +129,7 @@ class EngineKnowledge:
     health_path: ClassVar[str] = "/health"
     ready_status: ClassVar[int] = 200
     metrics_flag: ClassVar[str | None] = None
+    metrics_need_key: ClassVar[bool] = False  # /metrics answers only with the service's API key
     load_log_grep: ClassVar[str] = ""  # grep -E pattern selecting the load lines of its log
     # llmfleet metric (fleet.metrics.EngineMetrics field) -> the engine's Prometheus names, newest first
     metrics: ClassVar[dict[str, tuple[str, ...]]] = {}

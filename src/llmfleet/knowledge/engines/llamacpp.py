@@ -42,6 +42,9 @@ class LlamaCppKnowledge(EngineKnowledge):
     needs_torch_kernels = False
     health_path = "/health"
     metrics_flag = "--metrics"
+    # --api-key guards every route but /health, /v1/health, /models, /v1/models and /api/tags
+    # (tools/server/server.cpp, middleware_validate_api_key: public_endpoints), /metrics included
+    metrics_need_key = True
     load_log_grep = loadlog.LLAMACPP_GREP
     metrics: ClassVar[dict[str, tuple[str, ...]]] = {
         "requests_running": ("llamacpp:requests_processing",),
