@@ -14,6 +14,9 @@ command -v ssh-keygen >/dev/null || need_apt+=(openssh-client)
 command -v git >/dev/null || need_apt+=(git)
 # the registry tests run Debian's docker-registry binary on 127.0.0.1 (tests/registry_fixture.py)
 [ -x /usr/bin/docker-registry ] || need_apt+=(docker-registry)
+# the monitoring tests run promtool (rules, the dashboard's queries) and the lab's Prometheus
+# (tests/test_monitoring.py, tests/lab/test_prometheus.py): Debian's prometheus package has both
+[ -x /usr/bin/promtool ] || need_apt+=(prometheus)
 if [ ${#need_apt[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   echo "bootstrap: installing ${need_apt[*]}"
@@ -22,6 +25,10 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   # the package's own service (port 5000, all interfaces) is not wanted: tests start their own
   if [[ " ${need_apt[*]} " == *" docker-registry "* ]] && [ -d /run/systemd/system ]; then
     $SUDO systemctl disable --now docker-registry >/dev/null 2>&1 || true
+  fi
+  # nor Prometheus' own (port 9090, all interfaces): the lab test starts its own on a loopback port
+  if [[ " ${need_apt[*]} " == *" prometheus "* ]] && [ -d /run/systemd/system ]; then
+    $SUDO systemctl disable --now prometheus prometheus-node-exporter >/dev/null 2>&1 || true
   fi
 fi
 

@@ -104,14 +104,17 @@ def targets(c, out, host=None, group=None, inventory=None, keys_dir=None, json=F
         raise CheckFailed(f"{len(res.kept)} host(s) not read; their targets files were kept as they were")
 
 
-@fleet_task(help={"out": "folder to copy the rules file into (e.g. /etc/prometheus/rules)", "json": 'print {"path": ...}'})
-def rules(c, out=None, json=False):
+@fleet_task(help={"out": "folder to copy the rules file into, as llmfleet-rules.yml (e.g. /etc/prometheus/rules)",
+                  "runbook_base": "the address of your copy of docs/runbooks/ (e.g. https://wiki.example/llmfleet/"
+                                  "runbooks/): written into each alert's runbook_url",
+                  "json": 'print {"path": ...}'})
+def rules(c, out=None, runbook_base=None, json=False):
     """The alert rules file (engine down, hung, below floor, KV full, queue, restarts, Xid/ECC, driver)."""
-    _copy_packaged(c, "rules.yml", out, json)
+    _copy_packaged(c, "rules.yml", out, json, dest_name="llmfleet-rules.yml", runbook_base=runbook_base)
 
 
-def _copy_packaged(c: Any, name: str, out: Any, json: bool) -> None:
-    import shutil
+def _copy_packaged(c: Any, name: str, out: Any, json: bool, *, dest_name: str | None = None,
+                   runbook_base: str | None = None) -> None:
     from pathlib import Path
 
     from llmfleet.errors import UsageError
@@ -119,12 +122,19 @@ def _copy_packaged(c: Any, name: str, out: Any, json: bool) -> None:
 
     src = packaged(name)
     dest = src
+    if runbook_base and not out:
+        raise UsageError("--runbook-base needs --out DIR: the packaged file is not changed in place")
     if out:
         d = Path(str(out)).expanduser()
         if not d.is_dir():
             raise UsageError(f"--out {out}: not a folder; create it or give another")
-        dest = d / name
-        shutil.copyfile(src, dest)
+        dest = d / (dest_name or name)
+        text = src.read_text()
+        if runbook_base:
+            text = text.replace("runbook_url: docs/runbooks/", f"runbook_url: {runbook_base.rstrip('/')}/")
+        from llmfleet.fleet.prom_write import write_atomic
+
+        write_atomic(dest, text)
     if json:
         print_json({"path": str(dest)})
     else:

@@ -16,6 +16,7 @@ only its host's files and Prometheus (``file_sd_configs`` globs) follows without
 
     DIR/engines/HOST.json           targets scraped without a key
     DIR/auth-KEYID/HOST.json        targets whose /metrics needs the key named by KEYID
+    DIR/floors/HOST.yml             the host's decode floors as recording rules (``rule_files``)
     DIR/scrape-jobs.yml             the scrape jobs to paste into prometheus.yml
 """
 
@@ -245,7 +246,30 @@ def files_for_host(ht: HostTargets) -> dict[str, str]:
     by_job: dict[str, list[Target]] = {PLAIN_JOB: []}
     for t in ht.targets:
         by_job.setdefault(t.job, []).append(t)
-    return {f"{job}/{safe_file_name(ht.host)}.json": file_sd(ts) for job, ts in sorted(by_job.items())}
+    files = {f"{job}/{safe_file_name(ht.host)}.json": file_sd(ts) for job, ts in sorted(by_job.items())}
+    files[f"{FLOORS}/{safe_file_name(ht.host)}.yml"] = floor_rules(ht)
+    return files
+
+
+FLOORS = "floors"
+
+
+def floor_rules(ht: HostTargets) -> str:
+    """A rules file of the host's decode floors (``llmfleet:decode_floor_tokps{host, service, release}``,
+    one per target whose release has a floor in its health mark), which the rule LlmfleetDecodeBelowFloor
+    compares the engines' decode speed with: Prometheus cannot turn a label into a number."""
+    rules = []
+    for t in sorted(ht.targets, key=lambda t: t.service):
+        floor = t.labels.get("floor_tokps")
+        if not floor:
+            continue
+        labels = {k: t.labels[k] for k in ("host", "service", "release") if k in t.labels}
+        rules += ["      - record: llmfleet:decode_floor_tokps",
+                  f"        expr: vector({float(floor)!r})",
+                  "        labels: " + json.dumps(labels, sort_keys=True)]
+    if not rules:
+        return "groups: []\n"
+    return "\n".join(["groups:", f"  - name: {json.dumps('llmfleet-floors-' + ht.host)}", "    rules:", *rules]) + "\n"
 
 
 def credentials_path(keys_dir: str, job: str) -> str:
@@ -259,6 +283,9 @@ def scrape_jobs(out_dir: str, jobs: Sequence[str], *, keys_dir: str = KEYS_DIR,
     owned by the prometheus user). The key itself is never written here."""
     lines = ["# Scrape jobs for the targets llmfleet writes (invoke prometheus.targets); paste under",
              "# scrape_configs: in prometheus.yml. Prometheus re-reads the targets files when they change.",
+             "# The decode floors are recording rules: add them to rule_files (re-read on a reload:",
+             "# SIGHUP or POST /-/reload), next to llmfleet's alert rules (invoke prometheus.rules):",
+             f"#   rule_files: ['{out_dir.rstrip('/')}/{FLOORS}/*.yml', '/etc/prometheus/rules/llmfleet-rules.yml']",
              "scrape_configs:"]
     for job in sorted(set(jobs) | {PLAIN_JOB}):
         lines += [f"  - job_name: {job_name(job)}",
