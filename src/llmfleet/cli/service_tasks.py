@@ -243,6 +243,10 @@ def _service_op(c, action: str, *, host, group, service, orphans, inventory, mes
                                       accept_new_host_keys=accept_new_host_keys, log=log_host)
 
     results = service_ops.run_hosts(one, jobs, forks)
+    if action == "remove":  # a removed service leaves Prometheus' targets (stop and start change none)
+        from llmfleet.cli.monitoring_tasks import refresh_after
+
+        refresh_after(hosts, results, conf)
     if json:
         print_json(host_document("hosts", [r.to_dict() for r in results],
                                  [unreachable_entry(r.host, r.reason) for r in results if r.unreachable]))
