@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import os
 import secrets
 import shlex
 import sys
@@ -43,8 +44,9 @@ from llmfleet.release.deploy import DeployOptions, deploy_host  # noqa: E402
 
 WATCHDOG = {"interval_s": 5, "failures": 3, "max_restarts_per_hour": 3, "probe_timeout_s": 10, "stall_window_s": 60}
 # (name, seconds, concurrency, max_tokens, words): the cycle, repeated until --minutes have passed
-PHASES = [("idle", 120, 0, 0, 0), ("one stream", 90, 1, 256, 60), ("four streams", 120, 4, 512, 300),
-          ("idle", 60, 0, 0, 0), ("burst", 60, 8, 8, 20)]
+PHASES = [("idle", int(os.environ.get("SOAK_IDLE_S", "120")), 0, 0, 0), ("one stream", 90, 1, 200, 15), ("four streams", 120, 4, 300, 15),
+          ("idle", 60, 0, 0, 0), ("burst", 60, 8, 8, 10)]
+# (the lab's tiny models serve a 512-token context and count about four tokens a word: prompt and answer fit)
 ENGINES = {"gpu-v100-01": ("tiny", "llamacpp", {"load_timeout_s": 60, "stage_timeout_s": 60, "min_tokps": 1,
                                                  "max_tokens": 16}),
            "gpu-4090-01": ("tiny-vllm", "vllm", {"load_timeout_s": 900, "stage_timeout_s": 120, "min_tokps": 1,
@@ -57,6 +59,7 @@ class Soak:
         self.verdicts: dict[str, collections.Counter[str]] = {n: collections.Counter() for n in names}
         self.hung_seen: dict[str, list[str]] = {n: [] for n in names}
         self.requests: dict[str, collections.Counter[str]] = {n: collections.Counter() for n in names}
+        self.errors: dict[str, list[str]] = {n: [] for n in names}
         self.stop = threading.Event()
 
     def exec(self, host: str, script: str, timeout: float = 60) -> str:
@@ -88,6 +91,8 @@ class Soak:
                                     duration_s=seconds, timeout_s=300, seed=seed)
         for r in res:
             self.requests[host]["ok" if r.ok else "failed"] += 1
+            if not r.ok and len(self.errors[host]) < 5:
+                self.errors[host].append(f"{name}: {r.error}")
 
     def probe_cost(self, host: str, runs: int = 10) -> dict[str, Any]:
         """Run the release's watchdog.sh by hand ``runs`` times: wall and CPU (the script and its children)."""
@@ -174,7 +179,7 @@ def main() -> int:
                     "service": service, "engine": ENGINES[h][1], "watchdog_restarts": len(restarts),
                     "restart_details": [a.get("detail") for a in restarts],
                     "judgements_sampled": dict(soak.verdicts[h]), "stuck_seen": soak.hung_seen[h][:10],
-                    "requests": dict(soak.requests[h]), "probe_cost": cost[h],
+                    "requests": dict(soak.requests[h]), "request_errors": soak.errors[h], "probe_cost": cost[h],
                 }
         finally:
             hosts.down(lab, known_hosts=known)
