@@ -10,7 +10,8 @@ window of 60 s, probes bounded by 10 s), deploys, then alternates phases until t
 one stream, four streams of long answers, idle, a burst of short requests. Every 5 s it reads each
 host's last judgement; at the end it counts the watchdog's restarts (the audit log) and times the
 watchdog script itself (wall and CPU, idle and under load). Every request loop is bounded in count and
-time and talks only to the lab's hosts through SSH tunnels.
+time and talks only to the lab's hosts through SSH tunnels. SOAK_IDLE_S shortens the first idle
+phase (a quick check of the script itself).
 """
 
 from __future__ import annotations
