@@ -59,7 +59,7 @@ def test_a_deployed_service_is_one_target_with_the_fleet_labels():
     assert t.address == "10.0.0.5:8080"
     assert t.job == "engines"
     assert t.labels == {
-        "host": "gpu-v100-01", "group": "prod", "groups": ",prod,v100,", "service": "chat", "engine": "llamacpp",
+        "host": "gpu-v100-01", "group": "v100", "groups": ",prod,v100,", "service": "chat", "engine": "llamacpp",
         "model": "qwen2.5-7b-instruct", "quant": "Q4_K_M", "card": "Tesla V100-SXM2-32GB", "driver": "570.124.06",
         "release": REL, "served_model_name": "qwen-chat", "floor_tokps": "41.2", "driver_drives_card": "true",
     }

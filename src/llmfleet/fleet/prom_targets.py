@@ -165,7 +165,7 @@ def service_labels(host: Host, settings: HostSettings, service: Service, *, rele
     groups = _groups(host)
     labels = {
         "host": host.name,
-        "group": groups[0] if groups else "",
+        "group": groups[-1] if groups else "",  # the deepest (Host.groups is ordered by depth): its vars win
         "groups": "," + ",".join(groups) + "," if groups else "",
         "service": service.name,
         "engine": service.engine,

@@ -1,0 +1,205 @@
+"""A real Prometheus (Debian's /usr/bin/prometheus, on a free loopback port of this machine) scraping the lab's
+llama.cpp engines through the targets `invoke prometheus.targets` writes.
+
+The lab publishes its engines on loopback by default (reached through SSH tunnels); here two lab hosts are
+reached at their lab-network address, as a real fleet's hosts at their private address (host_vars:
+ansible_host, port 22), and publish their engines on 0.0.0.0: this machine reaches them there.
+Asserted: every lab service is in Prometheus with llmfleet's labels; a deploy that changes a release
+re-writes the targets (llmfleet.prometheus_targets) and Prometheus shows the new release; LlmfleetEngineDown
+fires for a stopped engine and not for the running one. The hung and below-floor alerts are covered by
+promtool's rule unit tests (tests/test_monitoring.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from llmfleet.monitoring import packaged
+
+pytestmark = pytest.mark.lab
+
+REPO = Path(__file__).resolve().parents[2]
+HOSTS = ["gpu-v100-01", "gpu-t4-01"]
+PROMETHEUS = "/usr/bin/prometheus"
+WAIT_S = 90
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _lab_address(lab, host: str) -> str:
+    out = subprocess.run(["docker", "inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}} {{end}}",
+                          lab.container(host)], capture_output=True, text=True, timeout=30, check=True).stdout
+    return out.split()[0]
+
+
+def invoke(lab, tmp: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 300):
+    full = dict(os.environ, INVOKE_LLMFLEET_SSH_KNOWN_HOSTS=str(tmp / "known_hosts"),
+                INVOKE_LLMFLEET_AUDIT_LOG=str(tmp / "local-audit.jsonl"), COLUMNS="250", **(env or {}))
+    argv = [sys.executable, "-m", "invoke", "--search-root", str(REPO), args[0], "-i", str(tmp / "inventory"),
+            *args[1:]]
+    return subprocess.run(argv, cwd=tmp, capture_output=True, text=True, timeout=timeout, env=full)
+
+
+def _inventory(lab, tmp: Path) -> dict[str, str]:
+    """The lab's inventory with the two hosts reached at their lab-network address (as a fleet's hosts at
+    their private address: SSH on port 22, the engines published on 0.0.0.0), a low decode floor (two
+    shared cores), and no API key (a test network only this machine reaches)."""
+    dest = tmp / "inventory"
+    shutil.copytree(lab.inventory_path, dest)
+    gv = dest / "group_vars" / "all.yml"
+    data = yaml.safe_load(gv.read_text())
+    data["llmfleet_services"] = [dict(s, health=dict(s.get("health") or {}, min_tokps=0.5))
+                                 for s in data["llmfleet_services"]]
+    gv.write_text(yaml.safe_dump(data, sort_keys=False))
+    addresses = {}
+    for h in HOSTS:
+        addresses[h] = _lab_address(lab, h)
+        (dest / "host_vars").mkdir(exist_ok=True)
+        (dest / "host_vars" / f"{h}.yml").write_text(yaml.safe_dump(
+            {"ansible_host": addresses[h], "ansible_port": 22, "llmfleet_bind_address": "0.0.0.0",
+             "llmfleet_allow_unauthenticated": True}))
+    shutil.copyfile(lab.known_hosts, tmp / "known_hosts")  # the hosts' keys at their lab address: a new entry
+    return addresses
+
+
+def _query(port: int, q: str) -> list[dict[str, Any]]:
+    r = httpx.get(f"http://127.0.0.1:{port}/api/v1/query", params={"query": q}, timeout=5, trust_env=False)
+    r.raise_for_status()
+    return r.json()["data"]["result"]
+
+
+def _wait(what: str, fn, timeout: float = WAIT_S):
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = fn()
+        except httpx.HTTPError as exc:
+            last = exc
+        else:
+            if last:
+                return last
+        time.sleep(1)
+    raise AssertionError(f"waited {timeout:.0f} s for {what}; last: {last!r}")
+
+
+def _config(tmp: Path, sd: Path) -> Path:
+    """prometheus.yml: the scrape jobs `prometheus.targets` wrote (at 1 s), and the packaged engine-down
+    rule with a 3 s hold instead of 2 minutes."""
+    jobs = yaml.safe_load((sd / "scrape-jobs.yml").read_text())["scrape_configs"]
+    for j in jobs:
+        j["scrape_interval"] = "1s"
+        j["scrape_timeout"] = "1s"
+    rules = yaml.safe_load(packaged("rules.yml").read_text())
+    down = next(r for g in rules["groups"] for r in g["rules"] if r.get("alert") == "LlmfleetEngineDown")
+    (tmp / "rules.yml").write_text(yaml.safe_dump({"groups": [{"name": "lab", "rules": [dict(down, **{"for": "3s"})]}]}))
+    cfg = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+           "rule_files": [str(tmp / "rules.yml"), str(sd / "floors" / "*.yml")], "scrape_configs": jobs}
+    p = tmp / "prometheus.yml"
+    p.write_text(yaml.safe_dump(cfg))
+    return p
+
+
+@pytest.fixture(scope="module")
+def fleet(lab, tmp_path_factory):
+    if not os.access(PROMETHEUS, os.X_OK):
+        pytest.fail(f"{PROMETHEUS} not installed: scripts/bootstrap.sh installs Debian's prometheus", pytrace=False)
+    tmp = tmp_path_factory.mktemp("prometheus")
+    lab.ensure_hosts(*HOSTS)
+    addresses = _inventory(lab, tmp)
+    res = invoke(lab, tmp, "deploy", "-l", ",".join(HOSTS), "--accept-new-host-keys", "--json", timeout=600)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    sd = tmp / "sd"
+    res = invoke(lab, tmp, "prometheus.targets", "--out", str(sd), "-l", ",".join(HOSTS), "--json")
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    doc = json.loads(res.stdout)
+    port = _free_port()
+    log = (tmp / "prometheus.log").open("w")
+    proc = subprocess.Popen([PROMETHEUS, f"--config.file={_config(tmp, sd)}", f"--storage.tsdb.path={tmp / 'data'}",
+                             f"--web.listen-address=127.0.0.1:{port}"], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        yield {"tmp": tmp, "sd": sd, "port": port, "targets": doc, "addresses": addresses}
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+        log.close()
+
+
+def test_prometheus_scrapes_every_lab_service_with_its_labels(fleet):
+    doc = fleet["targets"]
+    assert doc["unreachable"] == [] and doc["hosts_not_read"] == []
+    assert {(t["host"], t["service"]) for t in doc["targets"]} == {(h, "tiny") for h in HOSTS}
+    for t in doc["targets"]:
+        assert t["address"] == f"{fleet['addresses'][t['host']]}:8000"
+
+    def all_up():
+        got = _query(fleet["port"], 'up{job="llmfleet-engines"} == 1')
+        return got if {r["metric"]["host"] for r in got} == set(HOSTS) else None
+
+    got = _wait("both lab engines scraped", all_up)
+    for r in got:
+        m = r["metric"]
+        assert m["service"] == "tiny" and m["engine"] == "llamacpp" and m["model"] == "tiny-qwen2"
+        assert m["served_model_name"] == "tiny-qwen2" and m["release"] and m["driver"] and m["card"]
+        assert m["group"] in ("v100", "t4")
+    # the engine's own series carry the same labels
+    series = _wait("llama-server's metrics", lambda: _query(fleet["port"], "llamacpp:n_decode_total"))
+    assert {r["metric"]["host"] for r in series} == set(HOSTS)
+
+
+def test_a_deploy_that_changes_a_release_rewrites_the_targets(lab, fleet):
+    tmp, sd, port = fleet["tmp"], fleet["sd"], fleet["port"]
+    host = HOSTS[0]
+    before = json.loads((sd / "engines" / f"{host}.json").read_text())[0]["labels"]["release"]
+    hv = tmp / "inventory" / "host_vars" / f"{host}.yml"
+    services = yaml.safe_load((tmp / "inventory" / "group_vars" / "all.yml").read_text())["llmfleet_services"]
+    hv.write_text(yaml.safe_dump(yaml.safe_load(hv.read_text()) | {
+        "llmfleet_services": [dict(s, env={"LLMFLEET_LAB_MARK": "2"}) for s in services]}))
+    res = invoke(lab, tmp, "deploy", "-l", host, env={"INVOKE_LLMFLEET_PROMETHEUS_TARGETS": str(sd)}, timeout=600)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    assert "prometheus targets in" in res.stderr
+    after = json.loads((sd / "engines" / f"{host}.json").read_text())[0]["labels"]["release"]
+    assert after != before
+
+    def shows_new():
+        got = _query(port, f'up{{job="llmfleet-engines", host="{host}", release="{after}"}} == 1')
+        return got or None
+
+    _wait(f"Prometheus to scrape {host} with release {after}", shows_new)
+
+
+def test_the_engine_down_alert_fires_for_a_stopped_engine_only(lab, fleet):
+    tmp, port = fleet["tmp"], fleet["port"]
+    stopped, running = HOSTS[1], HOSTS[0]
+    res = invoke(lab, tmp, "stop", "-l", stopped, "--service", "tiny")
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    try:
+        def firing():
+            got = _query(port, 'ALERTS{alertname="LlmfleetEngineDown", alertstate="firing"}')
+            return got or None
+
+        got = _wait("LlmfleetEngineDown to fire", firing)
+        assert {r["metric"]["host"] for r in got} == {stopped}
+        assert _query(port, f'up{{job="llmfleet-engines", host="{running}"}} == 1')
+    finally:
+        invoke(lab, tmp, "start", "-l", stopped, "--service", "tiny")
