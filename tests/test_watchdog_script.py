@@ -78,7 +78,7 @@ class Host:
             'case "$1" in is-active) echo active ;; show) cat "$STUB/started_us" 2>/dev/null || echo 0 ;; esac\n'
         )
         (self.bin / "systemctl").chmod(0o755)
-        (self.bin / "docker").write_text("#!/bin/sh\nexit 1\n")
+        (self.bin / "docker").write_text(f"#!/bin/sh\necho \"docker $*\" >> {log}\nexit 1\n")
         (self.bin / "docker").chmod(0o755)
 
     def with_key(self, key: str, engine_env: str = "VLLM_API_KEY") -> None:
@@ -165,6 +165,9 @@ def test_busy_with_still_counters_past_the_window_is_hung_and_restarted_after_n_
     assert line["detail"].startswith("2 failed judgements in a row; last: 2 requests running, 1 waiting, 0 tokens")
     # what status reads after the restart: the restart and its evidence, no longer "hung"
     assert (second["verdict"], second["detail"]) == ("restarted", line["detail"])
+    # the hung container is killed first (it would not act on the stop's SIGTERM), then the unit restarted
+    calls = (host.stub / "systemctl.log").read_text().splitlines()
+    assert calls.index("docker kill llmfleet-chat") < calls.index("restart llmfleet-chat.service")
     # the restart forgets the counters: the restarted engine starts a new window
     assert not (host.sdir / f"{watchdog.STATE}.progress").exists()
 

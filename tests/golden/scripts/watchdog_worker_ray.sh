@@ -78,6 +78,8 @@ fi
 echo "$now" >> "$STATE.restarts"
 echo 0 > "$STATE.fails"
 rm -f "$STATE.progress"
+# a hung engine does not act on SIGTERM: the unit's stop would wait out its stop grace for nothing
+docker kill "$CONTAINER" >/dev/null 2>&1 || true
 systemctl reset-failed "$UNIT" >/dev/null 2>&1 || true
 if systemctl restart "$UNIT"; then
   audit watchdog-restart restarted "$evidence"
