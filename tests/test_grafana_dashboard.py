@@ -76,7 +76,7 @@ def test_the_dashboard_shows_what_operators_ask_for():
 def test_every_recorded_series_the_dashboard_reads_is_recorded_by_the_rules():
     rules = yaml.safe_load(packaged("rules.yml").read_text())
     recorded = {r["record"] for g in rules["groups"] for r in g["rules"] if "record" in r}
-    recorded.add("llmfleet:decode_floor_tokps")  # the floors file `invoke prometheus.targets` writes
+    recorded.add("llmfleet:decode_floor_tokps")  # the host rules `invoke prometheus.targets` writes
     used = {m for e in exprs(dashboard()) for m in re.findall(r"llmfleet:[a-z0-9_:]+", e)}
     assert used and used <= recorded, used - recorded
 

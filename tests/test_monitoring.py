@@ -35,13 +35,15 @@ def test_promtool_checks_the_rules():
     assert "SUCCESS" in res.stdout
 
 
-def _floors_file(tmp_path: Path, floor: float) -> Path:
-    """The floors file `invoke prometheus.targets` writes for a host whose release has this floor."""
+def _host_rules_file(tmp_path: Path, floor: float, deadline: int | None = None) -> Path:
+    """The rules file `invoke prometheus.targets` writes for a host whose release has this floor (and, with
+    ``deadline``, an unconfirmed release whose revert timer ends then: Unix time)."""
     ht = pt.HostTargets(host="gpu-01", targets=[pt.Target(
         host="gpu-01", service="chat", address="10.0.0.5:8080", job="engines",
-        labels={"host": "gpu-01", "service": "chat", "release": "r1", "floor_tokps": f"{floor:.1f}"})])
-    p = tmp_path / "floors.yml"
-    p.write_text(pt.floor_rules(ht))
+        labels={"host": "gpu-01", "service": "chat", "release": "r1", "floor_tokps": f"{floor:.1f}"})],
+        unconfirmed=[{"service": "chat", "release": "r1", "deadline": deadline}] if deadline is not None else [])
+    p = tmp_path / "host-rules.yml"
+    p.write_text(pt.host_rules(ht))
     return p
 
 
@@ -94,6 +96,9 @@ SCENARIOS = [
     ("LlmfleetDriverDropsCard", {f'up{{{T}, driver="590.44.01", card="Tesla V100-SXM2-32GB", '
                                  'driver_drives_card="false"}': "0x5"}, "3m", True),
     ("LlmfleetDriverDropsCard", {f'up{{{T}, driver="580.95.05", driver_drives_card="true"}}': "1x5"}, "3m", False),
+    # a release never confirmed: its revert timer ended a minute into the test (promtool's clock starts at 0)
+    ("LlmfleetReleaseUnconfirmed", {"deadline": "passed", f"up{{{T}}}": "1x20"}, "10m", True),
+    ("LlmfleetReleaseUnconfirmed", {"deadline": "ahead", f"up{{{T}}}": "1x20"}, "10m", False),
     ("LlmfleetGpuXid", {f"DCGM_FI_DEV_XID_ERRORS{{{G}}}": "0 0 79x5"}, "4m", True),
     ("LlmfleetGpuXid", {f"DCGM_FI_DEV_XID_ERRORS{{{G}}}": "0x10"}, "8m", False),
     ("LlmfleetGpuUncorrectableEcc", {f"DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS{{{G}}}": "0 0 1x5"}, "4m", True),
@@ -103,10 +108,16 @@ SCENARIOS = [
 ]
 
 
+# the revert timer's end (Unix time) the host's rules file gives an unconfirmed release, per scenario
+UNCONFIRMED = {"LlmfleetReleaseUnconfirmed": {"passed": 60, "ahead": 2_000_000_000}}
+
+
 def _test_file(tmp_path: Path, alert: str, series: dict[str, str], at: str, fires: bool) -> Path:
+    deadline = UNCONFIRMED.get(alert, {}).get(series.get("deadline", ""))
+    series = {k: v for k, v in series.items() if k != "deadline"}
     expr = f'count by (alertname) (ALERTS{{alertname="{alert}", alertstate="firing"}})'
     doc = {
-        "rule_files": [str(RULES), str(_floors_file(tmp_path, 20.0))],
+        "rule_files": [str(RULES), str(_host_rules_file(tmp_path, 20.0, deadline))],
         "evaluation_interval": "1m",
         "tests": [{
             "interval": "1m",
@@ -160,9 +171,9 @@ def test_the_down_alert_says_which_engine_and_where_its_runbook_is(tmp_path):
     assert res.returncode == 0, res.stdout + res.stderr
 
 
-def test_the_floors_file_prometheus_targets_writes_is_valid_rules(tmp_path):
-    res = promtool("check", "rules", str(_floors_file(tmp_path, 41.5)))
+def test_the_host_rules_file_prometheus_targets_writes_is_valid_rules(tmp_path):
+    res = promtool("check", "rules", str(_host_rules_file(tmp_path, 41.5, 1_800_000_000)))
     assert res.returncode == 0, res.stdout + res.stderr
     empty = tmp_path / "empty.yml"
-    empty.write_text(pt.floor_rules(pt.HostTargets(host="h")))
+    empty.write_text(pt.host_rules(pt.HostTargets(host="h")))
     assert promtool("check", "rules", str(empty)).returncode == 0

@@ -182,16 +182,34 @@ def test_file_sd_document_is_what_prometheus_reads():
 
 def test_a_host_always_has_its_plain_file_so_gone_services_disappear():
     files = pt.files_for_host(pt.HostTargets(host="gpu/01"))
-    assert files == {"engines/gpu_01.json": "[]\n", "floors/gpu_01.yml": "groups: []\n"}
+    assert files == {"engines/gpu_01.json": "[]\n", "rules/gpu_01.yml": "groups: []\n"}
 
 
 def test_floor_rules_carry_each_release_floor_as_a_number():
     h = host(services=[svc(), svc(name="embed", port=8081)])
     ht = targets_of(h, [state(health={"result": "healthy", "floor_tokps": 33.3}), state(name="embed")])
-    text = pt.floor_rules(ht)
+    text = pt.host_rules(ht)
     assert text.count("record: llmfleet:decode_floor_tokps") == 1  # embed's release has no floor
     assert "expr: vector(33.3)" in text
     assert f'labels: {{"host": "gpu-v100-01", "release": "{REL}", "service": "chat"}}' in text
+
+
+@pytest.mark.parametrize(("health", "listed"), [
+    (None, True),  # switched to, never confirmed
+    ({"result": "healthy"}, False),
+    ({"result": "unhealthy"}, False),  # its check failed: a deploy went back or stopped it, and said so
+])
+def test_an_unconfirmed_release_gets_the_end_of_its_revert_timer(health, listed):
+    h = host(services=[svc()], llmfleet_confirm_timeout_s=600)
+    ht = targets_of(h, [state(health=health)])
+    if not listed:
+        assert ht.unconfirmed == [] and "release_unconfirmed" not in pt.host_rules(ht)
+        return
+    from datetime import UTC, datetime
+
+    start = int(datetime(2026, 12, 1, 10, 0, 0, tzinfo=UTC).timestamp())
+    assert ht.unconfirmed == [{"service": "chat", "release": REL, "deadline": start + 600}]
+    assert f"expr: vector({start + 600})" in pt.host_rules(ht)
 
 
 def test_parse_driver_from_nvidia_smi_q():
@@ -215,7 +233,7 @@ def test_write_host_moves_a_target_whose_job_changed(tmp_path):
     res = prom_write.WriteResult()
     h = host(services=[svc(api_key={"from_env": "K"})])
     prom_write.write_host(tmp_path, targets_of(h, [state()]), res)
-    assert sorted(res.written) == ["auth-env-k/gpu-v100-01.json", "engines/gpu-v100-01.json", "floors/gpu-v100-01.yml"]
+    assert sorted(res.written) == ["auth-env-k/gpu-v100-01.json", "engines/gpu-v100-01.json", "rules/gpu-v100-01.yml"]
     res = prom_write.WriteResult()
     prom_write.write_host(tmp_path, targets_of(host(services=[svc()]), [state()]), res)
     assert res.removed == ["auth-env-k/gpu-v100-01.json"]

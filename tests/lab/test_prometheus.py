@@ -110,7 +110,7 @@ def _config(tmp: Path, sd: Path) -> Path:
     down = next(r for g in rules["groups"] for r in g["rules"] if r.get("alert") == "LlmfleetEngineDown")
     (tmp / "rules.yml").write_text(yaml.safe_dump({"groups": [{"name": "lab", "rules": [dict(down, **{"for": "3s"})]}]}))
     cfg = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-           "rule_files": [str(tmp / "rules.yml"), str(sd / "floors" / "*.yml")], "scrape_configs": jobs}
+           "rule_files": [str(tmp / "rules.yml"), str(sd / "rules" / "*.yml")], "scrape_configs": jobs}
     p = tmp / "prometheus.yml"
     p.write_text(yaml.safe_dump(cfg))
     return p

@@ -82,7 +82,7 @@ def _render(res: Any, out: str) -> None:
         "inventory": INVENTORY_HELP,
         "keys_dir": f"where the scrape jobs read llama-server API keys from (default {KEYS_DIR}); the key is never written",
         "json": 'print {"targets": [...], "unreachable": [{"host", "service", "reason", "fix"}], "skipped", '
-                '"hosts_not_read", "written", "removed", "kept", "jobs_file"}',
+                '"hosts_not_read", "unconfirmed", "written", "removed", "kept", "jobs_file"}',
         "forks": f"hosts read at once (default {DEFAULT_FORKS})",
         "timeout": f"seconds allowed per host (default {DEFAULT_TIMEOUT})",
         "verbose": "print each remote command (secrets masked) with its exit status and duration",

@@ -16,7 +16,7 @@ only its host's files and Prometheus (``file_sd_configs`` globs) follows without
 
     DIR/engines/HOST.json           targets scraped without a key
     DIR/auth-KEYID/HOST.json        targets whose /metrics needs the key named by KEYID
-    DIR/floors/HOST.yml             the host's decode floors as recording rules (``rule_files``)
+    DIR/rules/HOST.yml              the host's decode floors and unconfirmed releases as recording rules
     DIR/scrape-jobs.yml             the scrape jobs to paste into prometheus.yml
 """
 
@@ -82,6 +82,7 @@ class HostTargets:
     unreachable: list[Unreachable] = field(default_factory=list)
     skipped: list[dict[str, str]] = field(default_factory=list)  # {"service", "reason"}: not deployed, ...
     read: bool = True  # False: the host was not read; targets come from the inventory alone
+    unconfirmed: list[dict[str, Any]] = field(default_factory=list)  # {"service", "release", "deadline"}
 
 
 def sanitise(value: Any) -> str:
@@ -188,6 +189,19 @@ def _floor(status: HostStatus, name: str) -> float | None:
     return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
 
 
+def unconfirmed(service: Service, settings: HostSettings, release: str) -> dict[str, Any]:
+    """A current release with no health mark: when the host's revert timer should have put it back (the
+    release's time, from its id, plus ``confirm.timeout_s``; None when the id tells no time)."""
+    from llmfleet.knowledge.release_state import release_time
+    from llmfleet.release import confirm
+
+    try:
+        start = release_time(release).timestamp()
+    except ValueError:
+        return {"service": service.name, "release": release, "deadline": None}
+    return {"service": service.name, "release": release, "deadline": int(start) + confirm.timeout_s(service, settings)}
+
+
 def host_targets(host: Host, settings: HostSettings | None, status: HostStatus | None) -> HostTargets:
     """The targets of one host: every inventory service with a current release on the host (a stopped one
     too: Prometheus then reports it down). ``status`` None or unreachable: the inventory's services, with
@@ -205,6 +219,9 @@ def host_targets(host: Host, settings: HostSettings | None, status: HostStatus |
                 out.skipped.append({"service": svc.name, "reason": "not deployed (no current release)"})
                 continue
             release = st.current
+            info = st.current_release
+            if info is not None and info.health is None:
+                out.unconfirmed.append(unconfirmed(svc, settings, release))
         else:
             release = UNKNOWN
         bind = settings.bind_address_for(svc)
@@ -248,17 +265,19 @@ def files_for_host(ht: HostTargets) -> dict[str, str]:
     for t in ht.targets:
         by_job.setdefault(t.job, []).append(t)
     files = {f"{job}/{safe_file_name(ht.host)}.json": file_sd(ts) for job, ts in sorted(by_job.items())}
-    files[f"{FLOORS}/{safe_file_name(ht.host)}.yml"] = floor_rules(ht)
+    files[f"{HOST_RULES}/{safe_file_name(ht.host)}.yml"] = host_rules(ht)
     return files
 
 
-FLOORS = "floors"
+HOST_RULES = "rules"
 
 
-def floor_rules(ht: HostTargets) -> str:
-    """A rules file of the host's decode floors (``llmfleet:decode_floor_tokps{host, service, release}``,
-    one per target whose release has a floor in its health mark), which the rule LlmfleetDecodeBelowFloor
-    compares the engines' decode speed with: Prometheus cannot turn a label into a number."""
+def host_rules(ht: HostTargets) -> str:
+    """A rules file of what the alert rules compare with and Prometheus cannot read from a label (it has no
+    way to turn a label into a number): each service's decode floor (``llmfleet:decode_floor_tokps``, from
+    its release's health mark; LlmfleetDecodeBelowFloor) and, for a current release never confirmed, when
+    the host's revert timer should have put it back (``llmfleet:release_unconfirmed_deadline_seconds``, Unix
+    time; LlmfleetReleaseUnconfirmed). Labels host, service, release."""
     rules = []
     for t in sorted(ht.targets, key=lambda t: t.service):
         floor = t.labels.get("floor_tokps")
@@ -268,9 +287,14 @@ def floor_rules(ht: HostTargets) -> str:
         rules += ["      - record: llmfleet:decode_floor_tokps",
                   f"        expr: vector({float(floor)!r})",
                   "        labels: " + json.dumps(labels, sort_keys=True)]
+    for u in sorted((u for u in ht.unconfirmed if u["deadline"] is not None), key=lambda u: u["service"]):
+        labels = {"host": sanitise(ht.host), "service": sanitise(u["service"]), "release": sanitise(u["release"])}
+        rules += ["      - record: llmfleet:release_unconfirmed_deadline_seconds",
+                  f"        expr: vector({int(u['deadline'])})",
+                  "        labels: " + json.dumps(labels, sort_keys=True)]
     if not rules:
         return "groups: []\n"
-    return "\n".join(["groups:", f"  - name: {json.dumps('llmfleet-floors-' + ht.host)}", "    rules:", *rules]) + "\n"
+    return "\n".join(["groups:", f"  - name: {json.dumps('llmfleet-host-' + ht.host)}", "    rules:", *rules]) + "\n"
 
 
 def credentials_path(keys_dir: str, job: str) -> str:
@@ -284,9 +308,9 @@ def scrape_jobs(out_dir: str, jobs: Sequence[str], *, keys_dir: str = KEYS_DIR,
     owned by the prometheus user). The key itself is never written here."""
     lines = ["# Scrape jobs for the targets llmfleet writes (invoke prometheus.targets); paste under",
              "# scrape_configs: in prometheus.yml. Prometheus re-reads the targets files when they change.",
-             "# The decode floors are recording rules: add them to rule_files (re-read on a reload:",
+             "# The hosts' floors and unconfirmed releases are recording rules: add them to rule_files (re-read on a reload:",
              "# SIGHUP or POST /-/reload), next to llmfleet's alert rules (invoke prometheus.rules):",
-             f"#   rule_files: ['{out_dir.rstrip('/')}/{FLOORS}/*.yml', '/etc/prometheus/rules/llmfleet-rules.yml']",
+             f"#   rule_files: ['{out_dir.rstrip('/')}/{HOST_RULES}/*.yml', '/etc/prometheus/rules/llmfleet-rules.yml']",
              "scrape_configs:"]
     for job in sorted(set(jobs) | {PLAIN_JOB}):
         lines += [f"  - job_name: {job_name(job)}",
@@ -311,4 +335,5 @@ def report(hosts: Sequence[HostTargets]) -> dict[str, Any]:
         "unreachable": [u.to_dict() for h in hosts for u in h.unreachable],
         "skipped": [{"host": h.host, **s} for h in hosts for s in h.skipped],
         "hosts_not_read": [h.host for h in hosts if not h.read],
+        "unconfirmed": [{"host": h.host, **u} for h in hosts for u in h.unconfirmed],
     }
