@@ -4,7 +4,8 @@ llama.cpp engines through the targets `invoke prometheus.targets` writes.
 The lab publishes its engines on loopback by default (reached through SSH tunnels); here two lab hosts are
 reached at their lab-network address, as a real fleet's hosts at their private address (host_vars:
 ansible_host, port 22), and publish their engines on 0.0.0.0: this machine reaches them there.
-Asserted: every lab service is in Prometheus with llmfleet's labels; a deploy that changes a release
+Asserted: every lab service is in Prometheus with llmfleet's labels (one llama-server holds an API key:
+scraped by its own job, the key read from the credentials_file the operator writes, never from the task); a deploy that changes a release
 re-writes the targets (llmfleet.prometheus_targets) and Prometheus shows the new release; LlmfleetEngineDown
 fires for a stopped engine and not for the running one. The hung and below-floor alerts are covered by
 promtool's rule unit tests (tests/test_monitoring.py).
@@ -34,6 +35,9 @@ REPO = Path(__file__).resolve().parents[2]
 HOSTS = ["gpu-v100-01", "gpu-t4-01"]
 PROMETHEUS = "/usr/bin/prometheus"
 WAIT_S = 90
+KEY_ENV = "LLMFLEET_LAB_PROM_KEY"  # gpu-t4-01's llama-server holds an API key: its /metrics needs it
+KEY = "lab-prom-key-7f3a9c"
+KEYED = HOSTS[1]
 
 
 def _free_port() -> int:
@@ -49,7 +53,7 @@ def _lab_address(lab, host: str) -> str:
 
 
 def invoke(lab, tmp: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 300):
-    full = dict(os.environ, INVOKE_LLMFLEET_SSH_KNOWN_HOSTS=str(tmp / "known_hosts"),
+    full = dict(os.environ, **{KEY_ENV: KEY}, INVOKE_LLMFLEET_SSH_KNOWN_HOSTS=str(tmp / "known_hosts"),
                 INVOKE_LLMFLEET_AUDIT_LOG=str(tmp / "local-audit.jsonl"), COLUMNS="250", **(env or {}))
     argv = [sys.executable, "-m", "invoke", "--search-root", str(REPO), args[0], "-i", str(tmp / "inventory"),
             *args[1:]]
@@ -58,22 +62,25 @@ def invoke(lab, tmp: Path, *args: str, env: dict[str, str] | None = None, timeou
 
 def _inventory(lab, tmp: Path) -> dict[str, str]:
     """The lab's inventory with the two hosts reached at their lab-network address (as a fleet's hosts at
-    their private address: SSH on port 22, the engines published on 0.0.0.0), a low decode floor (two
-    shared cores), and no API key (a test network only this machine reaches)."""
+    their private address: SSH on port 22, the engines published on 0.0.0.0), a low decode floor and
+    longer health stages (two cores shared with other runs); one host's service holds an API key (its llama-server's /metrics then needs it)."""
     dest = tmp / "inventory"
     shutil.copytree(lab.inventory_path, dest)
     gv = dest / "group_vars" / "all.yml"
     data = yaml.safe_load(gv.read_text())
-    data["llmfleet_services"] = [dict(s, health=dict(s.get("health") or {}, min_tokps=0.5))
+    data["llmfleet_services"] = [dict(s, health=dict(s.get("health") or {}, min_tokps=0.5, stage_timeout_s=120,
+                                                  load_timeout_s=180))
                                  for s in data["llmfleet_services"]]
     gv.write_text(yaml.safe_dump(data, sort_keys=False))
     addresses = {}
     for h in HOSTS:
         addresses[h] = _lab_address(lab, h)
         (dest / "host_vars").mkdir(exist_ok=True)
-        (dest / "host_vars" / f"{h}.yml").write_text(yaml.safe_dump(
-            {"ansible_host": addresses[h], "ansible_port": 22, "llmfleet_bind_address": "0.0.0.0",
-             "llmfleet_allow_unauthenticated": True}))
+        hv = {"ansible_host": addresses[h], "ansible_port": 22, "llmfleet_bind_address": "0.0.0.0",
+              "llmfleet_allow_unauthenticated": True}
+        if h == KEYED:
+            hv["llmfleet_services"] = [dict(s, api_key={"from_env": KEY_ENV}) for s in data["llmfleet_services"]]
+        (dest / "host_vars" / f"{h}.yml").write_text(yaml.safe_dump(hv))
     shutil.copyfile(lab.known_hosts, tmp / "known_hosts")  # the hosts' keys at their lab address: a new entry
     return addresses
 
@@ -126,9 +133,14 @@ def fleet(lab, tmp_path_factory):
     res = invoke(lab, tmp, "deploy", "-l", ",".join(HOSTS), "--accept-new-host-keys", "--json", timeout=600)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
     sd = tmp / "sd"
-    res = invoke(lab, tmp, "prometheus.targets", "--out", str(sd), "-l", ",".join(HOSTS), "--json")
+    keys = tmp / "keys"
+    res = invoke(lab, tmp, "prometheus.targets", "--out", str(sd), "-l", ",".join(HOSTS), "--keys-dir", str(keys),
+                 "--json")
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     doc = json.loads(res.stdout)
+    keys.mkdir()
+    (keys / "env-llmfleet_lab_prom_key").write_text(KEY)  # what the operator writes, mode 0600
+    os.chmod(keys / "env-llmfleet_lab_prom_key", 0o600)
     port = _free_port()
     log = (tmp / "prometheus.log").open("w")
     proc = subprocess.Popen([PROMETHEUS, f"--config.file={_config(tmp, sd)}", f"--storage.tsdb.path={tmp / 'data'}",
@@ -153,7 +165,7 @@ def test_prometheus_scrapes_every_lab_service_with_its_labels(fleet):
         assert t["address"] == f"{fleet['addresses'][t['host']]}:8000"
 
     def all_up():
-        got = _query(fleet["port"], 'up{job="llmfleet-engines"} == 1')
+        got = _query(fleet["port"], 'up{job=~"llmfleet-.*"} == 1')
         return got if {r["metric"]["host"] for r in got} == set(HOSTS) else None
 
     got = _wait("both lab engines scraped", all_up)
@@ -162,6 +174,11 @@ def test_prometheus_scrapes_every_lab_service_with_its_labels(fleet):
         assert m["service"] == "tiny" and m["engine"] == "llamacpp" and m["model"] == "tiny-qwen2"
         assert m["served_model_name"] == "tiny-qwen2" and m["release"] and m["driver"] and m["card"]
         assert m["group"] in ("v100", "t4")
+    # the key-holding llama-server is scraped by its own job, with the key from its credentials_file
+    assert {r["metric"]["host"]: r["metric"]["job"] for r in got} == {
+        HOSTS[0]: "llmfleet-engines", KEYED: "llmfleet-auth-env-llmfleet_lab_prom_key"}
+    written = "".join(p.read_text() for p in fleet["sd"].rglob("*") if p.is_file())
+    assert KEY not in written and "credentials_file:" in written
     # the engine's own series carry the same labels
     series = _wait("llama-server's metrics", lambda: _query(fleet["port"], "llamacpp:n_decode_total"))
     assert {r["metric"]["host"] for r in series} == set(HOSTS)
@@ -182,7 +199,7 @@ def test_a_deploy_that_changes_a_release_rewrites_the_targets(lab, fleet):
     assert after != before
 
     def shows_new():
-        got = _query(port, f'up{{job="llmfleet-engines", host="{host}", release="{after}"}} == 1')
+        got = _query(port, f'up{{job=~"llmfleet-.*", host="{host}", release="{after}"}} == 1')
         return got or None
 
     _wait(f"Prometheus to scrape {host} with release {after}", shows_new)
@@ -200,6 +217,6 @@ def test_the_engine_down_alert_fires_for_a_stopped_engine_only(lab, fleet):
 
         got = _wait("LlmfleetEngineDown to fire", firing)
         assert {r["metric"]["host"] for r in got} == {stopped}
-        assert _query(port, f'up{{job="llmfleet-engines", host="{running}"}} == 1')
+        assert _query(port, f'up{{job=~"llmfleet-.*", host="{running}"}} == 1')
     finally:
         invoke(lab, tmp, "start", "-l", stopped, "--service", "tiny")
