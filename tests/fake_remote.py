@@ -35,6 +35,7 @@ class FakeRemote:
         self.round_trips = 0
         self.closed = False
         self.forwarded: list[int] = []
+        self.forwarded_to: list[str] = []  # the address on the host each forward reaches
 
     def run(self, command: str, *, timeout: float | None = None, stdin: bytes | None = None, sudo: bool = False,
             check: bool = False) -> Result:
@@ -51,8 +52,9 @@ class FakeRemote:
         return Result(rc=want.exit, stdout=want.out, stderr=want.err, command=command)
 
     @contextlib.contextmanager
-    def forward(self, port: int) -> Iterator[int]:
+    def forward(self, port: int, host: str = "127.0.0.1") -> Iterator[int]:
         self.forwarded.append(port)
+        self.forwarded_to.append(host)
         yield 1
 
     def close(self) -> None:

@@ -380,7 +380,7 @@ def _run(host: Host, settings: HostSettings, service: Service, api_key: str | No
     if max(params.concurrency) > service.concurrency:
         notes.append(f"the service is deployed for {service.concurrency} concurrent sequence(s) (its `concurrency`); "
                      "requests beyond that queue in the engine")
-    with remote.forward(service.port) as local_port:
+    with remote.forward(service.port, settings.reach_address_for(service)) as local_port:
         base_url = f"http://127.0.0.1:{local_port}"
         log(f"{host.name}/{service.name}: release {release}; health check through SSH (port {service.port})")
         report = health_gate(remote, service, paths, base_url, api_key, log)

@@ -511,14 +511,16 @@ def fmt_metrics(m: dict[str, float | None] | None) -> tuple[str, str, str, str]:
 # Shell
 
 
-def fetch_metrics(remote: Any, service: Service, timeout: float = METRICS_TIMEOUT_S) -> EngineMetrics | str:
-    """``GET /metrics`` of one service through a forwarded port; a reason string when it fails."""
+def fetch_metrics(remote: Any, service: Service, timeout: float = METRICS_TIMEOUT_S,
+                  address: str = "127.0.0.1") -> EngineMetrics | str:
+    """``GET /metrics`` of one service through a port forwarded to ``address:port`` as the host sees
+    it (``HostSettings.reach_address_for``); a reason string when it fails."""
     headers = {}
     key = secret_if_readable(service.api_key)  # a key not readable here only means no live metrics
     if key:
         headers["Authorization"] = f"Bearer {key}"
     try:
-        with remote.forward(service.port) as local_port, httpx.Client(
+        with remote.forward(service.port, address) as local_port, httpx.Client(
             timeout=httpx.Timeout(timeout), trust_env=False, verify=False  # plain HTTP into the tunnel: no TLS
         ) as client:
             with client.stream("GET", f"http://127.0.0.1:{local_port}/metrics", headers=headers) as resp:
@@ -569,7 +571,7 @@ def query_host(
                 st = status.states.get(svc.name)
                 if st is None or not st.current:
                     continue
-                status.metrics[svc.name] = fetch_metrics(remote, svc)
+                status.metrics[svc.name] = fetch_metrics(remote, svc, address=settings.reach_address_for(svc))
     except LlmfleetError as exc:
         return HostStatus(host=host.name, reachable=False, error=str(exc), seconds=time.monotonic() - t0)
     finally:

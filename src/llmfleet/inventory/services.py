@@ -395,6 +395,13 @@ class HostSettings(_Strict):
         ``llmfleet_bind_address``, else 0.0.0.0."""
         return service.bind_address or self.bind_address or DEFAULT_BIND_ADDRESS
 
+    def reach_address_for(self, service: Service) -> str:
+        """Where the host itself reaches the service's published port (the SSH tunnels of the health
+        check, status and bench, the watchdog's probes): loopback for a wildcard bind, else the one
+        address it is bound to."""
+        address = self.bind_address_for(service)
+        return "127.0.0.1" if address in {"0.0.0.0", "::"} else address
+
     def allow_unauthenticated_for(self, service: Service) -> bool:
         """Whether the service may publish its port without an API key (the service's setting wins)."""
         if service.allow_unauthenticated is not None:

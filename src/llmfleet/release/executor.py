@@ -151,7 +151,7 @@ def http_health(run: HostRun, target: HealthTarget) -> health.HealthReport:
     def probe() -> store.UnitProbe:
         return store.parse_unit_probe(run.run(store.unit_probe_script(target.paths), timeout=30).stdout)
 
-    with run.link.forward(svc.port) as local_port:
+    with run.link.forward(svc.port, run.host_settings.reach_address_for(svc)) as local_port:
         return health.HealthChecker(
             residency=(lambda: residency_check(run, target)) if target.residency else None,
             probe=probe,

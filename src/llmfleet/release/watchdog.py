@@ -51,7 +51,7 @@ def probe_address(bind_address: str) -> str:
     """Where the host reaches the published port: loopback for a wildcard bind, else that address."""
     if bind_address in {"0.0.0.0", "::"}:
         return "127.0.0.1"
-    return f"[{bind_address}]" if ":" in bind_address else bind_address
+    return f"[{bind_address}]" if ":" in bind_address else bind_address  # as HostSettings.reach_address_for
 
 
 _HTTP_PROBE = """why=''
