@@ -41,7 +41,8 @@ KEYS_DIR = "/etc/prometheus/llmfleet-keys"  # where the scrape jobs read API key
 LABEL_MAX = 200
 LABELS = ("host", "group", "groups", "service", "engine", "model", "quant", "card", "driver", "release",
           "served_model_name", "floor_tokps", "driver_drives_card")
-LOOPBACK_FIX = ("publish the engine beyond loopback (llmfleet_bind_address: 0.0.0.0, with api_key) and let only "
+LOOPBACK_FIX = ("publish the engine beyond loopback (llmfleet_bind_address: the host's private address, or "
+                "0.0.0.0; with api_key) and let only "
                 "the Prometheus server and your clients reach that port (a firewall rule in Docker's DOCKER-USER "
                 "chain: published ports bypass the host's INPUT rules), then deploy")
 UNKNOWN = "unknown"
