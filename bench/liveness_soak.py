@@ -22,6 +22,7 @@ import json
 import os
 import secrets
 import shlex
+import subprocess
 import sys
 import tempfile
 import threading
@@ -64,8 +65,6 @@ class Soak:
         self.stop = threading.Event()
 
     def exec(self, host: str, script: str, timeout: float = 60) -> str:
-        import subprocess
-
         return subprocess.run(["docker", "exec", f"{self.lab}-{host}", "sh", "-c", script], capture_output=True,
                               text=True, timeout=timeout).stdout
 
@@ -73,7 +72,11 @@ class Soak:
         while not self.stop.wait(5):
             for h in self.names:
                 service = ENGINES[h][0]
-                out = self.exec(h, watchdog.status_script("/opt/llmfleet"))
+                try:
+                    out = self.exec(h, watchdog.status_script("/opt/llmfleet"))
+                except subprocess.TimeoutExpired:  # a machine loaded beyond its cores: a sample lost, not the run
+                    self.verdicts[h]["(not read in 60 s)"] += 1
+                    continue
                 sup = watchdog.parse_status(out).get(service)
                 if sup and sup.judgement:
                     self.verdicts[h][sup.judgement.verdict] += 1
