@@ -621,3 +621,46 @@ def test_a_head_and_its_workers_are_locked_in_sorted_order_and_every_lock_taken_
     for r in remotes.values():  # the refusal, audited on every host of the set, naming the service
         assert audit_results(r.sent[-1]) == [("deploy", "refused")] and '"service":"chat"' in r.sent[-1]
     assert all(s.out.round_trips == len(remotes[n].sent) for n, s in slots.items())
+
+
+def test_a_lock_being_taken_by_another_run_of_this_process_is_not_stale():
+    """Two runs in one process (two controllers in threads): the second reads the first's holder while
+    the first's answer is still on its way. The first's token is live from the moment it is sent, so
+    the second is refused, never takes it over."""
+    seen_by_second: list[str] = []
+
+    class Link:
+        """The first run's lock round trip: while it is 'on the wire', the second run asks."""
+
+        def __init__(self, on_send):
+            self.on_send, self.round_trips = on_send, 0
+
+        def run(self, command, *, timeout=None, stdin=None, sudo=False, check=False):
+            from llmfleet.host.ssh import Result
+
+            self.round_trips += 1
+            out = self.on_send(command)
+            return Result(command=command, rc=0 if "@@acquired" in out else S.LOCK_HELD_RC, stdout=out, stderr="")
+
+    settings_h = host()
+    first_holder: dict = {}
+
+    def second_asks(command: str) -> str:
+        held = "@@held\n" + json.dumps(first_holder)
+        second = E.HostRun("h1", settings_h, Link(lambda _c: held), settings=Settings(), log=seen_by_second.append,
+                           origin="me@ws", pid=4242, token=lambda: "second")
+        with pytest.raises(E.Refusal) as exc:
+            second.lock("deploy")
+        seen_by_second.append(str(exc.value))
+        return "@@acquired"
+
+    first = E.HostRun("h1", settings_h, Link(second_asks), settings=Settings(), log=lambda _l: None,
+                      origin="me@ws", pid=4242, token=lambda: "first")
+    first_holder.update(S.holder_document(token="first", who="me", origin="me@ws", action="deploy", message="",
+                                          now=NOW, pid=4242))
+    first.lock("deploy")
+    assert first.lock_token == "first"
+    assert not any("taking over" in line for line in seen_by_second), seen_by_second
+    assert "deploy lock held by" in seen_by_second[-1]
+    first.forget_lock()
+    assert "first" not in E._LIVE_TOKENS and "second" not in E._LIVE_TOKENS

@@ -302,6 +302,19 @@ class HostRun:
         holder = store.holder_document(token=token, who=self.who, origin=self.origin, action=action,
                                        message=self.message, now=self.now(), pid=self.pid)
         t0 = self.clock()
+        # live before it is sent: another run of this process that reads this holder while the answer is
+        # on its way must see a run that holds it, not a stale lock to take over
+        with _LIVE_GUARD:
+            _LIVE_TOKENS.add(token)
+        try:
+            return self._lock_loop(action, then, timeout, wait_s, token, holder, t0)
+        except BaseException:
+            with _LIVE_GUARD:
+                _LIVE_TOKENS.discard(token)
+            raise
+
+    def _lock_loop(self, action: str, then: list[str], timeout: float | None, wait_s: float, token: str,
+                   holder: dict[str, Any], t0: float) -> list[ssh.Result | None]:
         took_over, told = False, False
         while True:
             res, *after = self.run_chain([store.lock_acquire_script(self.root, holder), *then], timeout=timeout)
@@ -315,8 +328,6 @@ class HostRun:
                                     wait_s=wait_s, own_pid=self.pid, live=live)
             if step == "acquired":
                 self.lock_token = token
-                with _LIVE_GUARD:
-                    _LIVE_TOKENS.add(token)
                 self.lock_waited_s = round(waited, 1) if told else 0.0
                 return after
             if step == "take_over":
