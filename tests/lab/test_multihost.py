@@ -152,7 +152,8 @@ def test_split_model_is_served_with_its_second_layer_on_the_worker(ctx):
         assert ".confirm-pending" not in left and ".revert.sh" not in left, (host, left)
         assert left.split()[-2:] == ["inactive", "active"], (host, left)
     wd = ctx.lab.exec(WORKER, ["cat", f"{ROOT}/services/{SERVICE}/current/watchdog.sh"]).stdout
-    assert f"PORT=50052\nURL='container llmfleet-{SERVICE} and rpc-server {worker_addr}:50052'\n" in wd
+    assert (f"PORT=50052\nLISTENER='rpc-server {worker_addr}:50052'\n"
+            f"URL='container llmfleet-{SERVICE} and rpc-server {worker_addr}:50052'\n") in wd
     # one probe now (its grace after a start set to 0): a serving worker counts no failure
     sdir = f"{ROOT}/services/{SERVICE}"
     ran = ctx.lab.exec(WORKER, ["sh", "-c", f"rm -f {sdir}/watchdog.state.fails; sed 's/^GRACE=.*/GRACE=0/' "
