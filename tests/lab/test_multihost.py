@@ -336,14 +336,20 @@ def test_a_controller_lost_after_the_workers_switched_leaves_both_hosts_on_their
     timer puts it back, then the head's (armed last, firing last) restarts the head's release so that
     it attaches to the worker again; the service serves, both hosts on the releases of before."""
     before = {h: ctx.state(h).current for h in (HEAD, WORKER)}
-    code = ("import json, sys\n"
+    # the controller stops dead once it has said the worker is up (then it is killed): on a loaded machine
+    # the lines are read late, and a controller left running would have switched the head by then
+    code = ("import json, sys, time\n"
             "from llmfleet.release.deploy import DeployOptions\n"
             "from llmfleet.release.multihost import deploy_service\n"
+            "def log(line):\n"
+            "    print(line, flush=True)\n"
+            "    if line.startswith(sys.argv[5]):\n"
+            "        time.sleep(3600)\n"
             "deploy_service(sys.argv[1], sys.argv[2], sys.argv[3], config=json.loads(sys.argv[4]),\n"
             "               options=DeployOptions(overrides={'env': {'LLMFLEET_LAB_VERSION': 'c'}}, who='lost'),\n"
-            "               log=lambda line: print(line, flush=True))\n")
+            "               log=log)\n")
     proc = subprocess.Popen([sys.executable, "-c", code, str(ctx.lab.inventory_path), HEAD, SERVICE,
-                             json.dumps(ctx.config)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             json.dumps(ctx.config), f"{WORKER}: {SERVICE}: worker up"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=dict(os.environ, PYTHONPATH=str(REPO / "src")))
     assert proc.stdout is not None
     seen = []
