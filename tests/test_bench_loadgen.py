@@ -26,6 +26,7 @@ class Fake:
         self.active = 0
         self.max_active = 0
         self.lock = threading.Lock()
+        self.metrics_reads = 0
 
     def handler(self):
         fake = self
@@ -35,6 +36,15 @@ class Fake:
 
             def log_message(self, *a):  # quiet
                 pass
+
+            def do_GET(self):  # /metrics in vLLM's names: one request running, KV cache 25 % used
+                body = (b"vllm:num_requests_running 1\nvllm:num_requests_waiting 0\n"
+                        b"vllm:kv_cache_usage_perc 0.25\n") if self.path == "/metrics" else b""
+                fake.metrics_reads += self.path == "/metrics"
+                self.send_response(200 if body else 404)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
 
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -201,3 +211,29 @@ def test_a_level_needs_a_bound():
     with pytest.raises(ValueError):
         loadgen.run_level(loadgen.Target("http://127.0.0.1:9", "m"), concurrency=1, words=1, max_tokens=2,
                           requests=None, duration_s=None, timeout_s=1)
+
+
+def test_a_level_reads_the_engines_metrics_at_its_start_and_end_whatever_its_length(serve):
+    """The sampler's own thread is never started here (as if starved on a busy machine, or a level
+    shorter than its period): the level still has the two readings it takes itself."""
+    from types import SimpleNamespace
+
+    from llmfleet.fleet.bench_run import Samplers, measure
+
+    fake = Fake(prefill_s=0.0, token_s=0.0)
+    url = serve(fake)
+    samplers = Samplers(remote=None, base_url=url, engine="vllm", every_s=3600)
+    params = B.BenchParams(concurrency=(1,), prompt_tokens=(8,), max_tokens=3, requests=1, request_timeout_s=10)
+    levels, _ = measure(url, SimpleNamespace(public_name="m"), None, params, samplers=samplers, log=lambda _m: None)
+    (lv,) = levels
+    assert lv.ok == 1
+    assert lv.metrics_samples == 2 and fake.metrics_reads == 2
+    assert lv.kv_cache_usage_max == 0.25 and lv.requests_running_max == 1
+
+
+def test_a_metrics_reading_that_fails_is_kept_as_the_reason_not_raised():
+    from llmfleet.fleet.bench_run import Samplers
+
+    samplers = Samplers(remote=None, base_url="http://127.0.0.1:9", engine="vllm")
+    assert samplers.read_metrics_now() is False
+    assert samplers.metrics == [] and "ConnectError" in samplers.metrics_error

@@ -145,6 +145,7 @@ class Samplers:
     metrics_error: str = ""
     _stop: threading.Event = field(default_factory=threading.Event)
     _threads: list[threading.Thread] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def start(self) -> Samplers:
         for fn in (self._gpu_loop, self._metrics_loop):
@@ -179,32 +180,52 @@ class Samplers:
                 return  # no nvidia-smi (or no driver): no GPU figures, said in the notes
             self._stop.wait(max(0.05, self.every_s - (self.clock() - t)))
 
-    def _metrics_loop(self) -> None:
-        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-        failures = 0
+    def _client(self) -> httpx.Client:
+        return httpx.Client(base_url=self.base_url, timeout=httpx.Timeout(METRICS_TIMEOUT_S), trust_env=False,
+                            verify=not self.base_url.startswith("http://"))  # no TLS, no CA bundle to load
+
+    def _read_metrics(self, c: httpx.Client) -> bool:
+        """One /metrics reading appended to ``metrics``; False (the error kept) when it failed."""
         from llmfleet.fleet.metrics import engine_metrics
 
-        with httpx.Client(base_url=self.base_url, timeout=httpx.Timeout(METRICS_TIMEOUT_S), trust_env=False,
-                          verify=not self.base_url.startswith("http://")) as c:  # no TLS, no CA bundle to load
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        t = self.clock()
+        try:
+            with c.stream("GET", "/metrics", headers=headers) as resp:
+                if resp.status_code != 200:
+                    raise httpx.HTTPError(f"/metrics answered {resp.status_code}")
+                body = bytearray()
+                for chunk in resp.iter_bytes():
+                    body += chunk
+                    if len(body) > MAX_METRICS_BYTES:
+                        break
+            m = engine_metrics(self.engine, body.decode("utf-8", "replace"))
+        except Exception as exc:  # noqa: BLE001 - a sampler must never stop the bench
+            self.metrics_error = f"{type(exc).__name__}: {exc}"[:200]
+            return False
+        with self._lock:
+            if len(self.metrics) < MAX_SAMPLES:
+                self.metrics.append(B.MetricsSample(t=t, requests_running=m.requests_running,
+                                                    requests_waiting=m.requests_waiting,
+                                                    kv_cache_usage=m.kv_cache_usage))
+        return True
+
+    def read_metrics_now(self) -> bool:
+        """A reading taken at once, whatever the period: a level reads the engine's metrics at its start
+        and its end, so a level shorter than the period (or a sampler thread starved on a busy machine)
+        still has figures."""
+        with self._client() as c:
+            return self._read_metrics(c)
+
+    def _metrics_loop(self) -> None:
+        failures = 0
+        with self._client() as c:
             while not self._stop.is_set() and len(self.metrics) < MAX_SAMPLES:
                 t = self.clock()
-                try:
-                    with c.stream("GET", "/metrics", headers=headers) as resp:
-                        if resp.status_code != 200:
-                            raise httpx.HTTPError(f"/metrics answered {resp.status_code}")
-                        body = bytearray()
-                        for chunk in resp.iter_bytes():
-                            body += chunk
-                            if len(body) > MAX_METRICS_BYTES:
-                                break
-                    m = engine_metrics(self.engine, body.decode("utf-8", "replace"))
-                    self.metrics.append(B.MetricsSample(t=t, requests_running=m.requests_running,
-                                                        requests_waiting=m.requests_waiting,
-                                                        kv_cache_usage=m.kv_cache_usage))
+                if self._read_metrics(c):
                     failures = 0
-                except Exception as exc:  # noqa: BLE001 - a sampler must never stop the bench
+                else:
                     failures += 1
-                    self.metrics_error = f"{type(exc).__name__}: {exc}"[:200]
                     if failures >= 3:
                         return
                 self._stop.wait(max(0.05, self.every_s - (self.clock() - t)))
@@ -309,9 +330,13 @@ def measure(
                 bound += (" or " if bound else "") + f"{params.duration_s:g} s"
             log(f"level: concurrency {c}, prompt ~{p} tokens, {params.max_tokens} output tokens, {bound}")
             t0 = clock()
+            if samplers is not None:
+                samplers.read_metrics_now()
             results = loadgen.run_level(target, concurrency=c, words=words, max_tokens=params.max_tokens,
                                         requests=n, duration_s=params.duration_s, timeout_s=params.request_timeout_s,
                                         seed=seed, clock=clock)
+            if samplers is not None:
+                samplers.read_metrics_now()
             t1 = clock()
             seed += len(results) + 1
             lv = B.aggregate_level(c, p, params.max_tokens, results,
