@@ -205,7 +205,9 @@ def _floor_text(p: Plan) -> str:
 def render_plan(p: Plan, title: str | None = None, fleet: dict[str, Any] | None = None) -> None:
     from rich.table import Table
 
-    verdict = "[green]FITS[/green]" if p.fits else "[red]DOES NOT FIT[/red]"
+    no_image = not p.fits and p.image is None and bool(p.notes) and p.notes[0].startswith("REFUSED: no ")
+    verdict = "[green]FITS[/green]" if p.fits else "[red]NO IMAGE RUNS ON THIS CARD[/red]" if no_image else \
+        "[red]DOES NOT FIT[/red]"
     where = f"{p.gpus} x {p.gpu_name}" + (f" on each of {p.hosts} hosts" if p.hosts > 1 else "")
     t = Table(title=title or f"{p.model} ({p.quant}) on {where}, {p.engine}: {verdict}",
               show_header=False, title_justify="left")
@@ -379,5 +381,7 @@ def plan_task(c, model=None, quant=None, gpu=None, host=None, gpus=None, context
     if not p.fits:
         first = p.notes[0] if p.notes else "does not fit"
         hosts_txt = f" on each of {p.hosts} hosts" if p.hosts > 1 else ""
-        raise CheckFailed(f"{p.model} ({p.quant}) does not fit {p.gpus} x {p.gpu_name}{hosts_txt}: {first}")
+        no_image = p.image is None and first.startswith("REFUSED: no ")  # no catalog image of the engine runs here
+        raise CheckFailed(f"{p.model} ({p.quant}) {'cannot be served on' if no_image else 'does not fit'} {p.gpus} x "
+                          f"{p.gpu_name}{hosts_txt}: {first}")
 

@@ -199,6 +199,11 @@ class EngineRules(_Model):
     kv_dtypes: list[str]
     kv_needs_flash_attn: list[str] = Field(default_factory=list)
     cuda_flash_attn_kv: CudaFlashAttnKv | None = None
+    # the lowest compute capability the engine supports at all (its own docs), with confidence and source:
+    # what a plan names when no catalog image of the engine runs on a card
+    min_cc: str | None = None
+    min_cc_confidence: Literal["H", "M", "U"] | None = None
+    min_cc_source: str | None = None
 
 
 class CompatRule(_Model):

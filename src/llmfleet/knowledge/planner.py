@@ -603,6 +603,7 @@ class _Resolved:
     notes: tuple[str, ...]
     release: Any = None  # compat.EngineRelease judged against (None: no catalog image runs on the card)
     image_note: str = ""
+    image_refusal: str = ""  # no catalog image of the engine runs on the card: what to serve it with instead
 
 
 def _resolve_model(model: str | ModelSpec) -> ModelSpec:
@@ -787,8 +788,32 @@ def _resolve(req: PlanRequest) -> _Resolved:
     quant = _pick_quant(req, spec, for_engine(engine), quant, notes)
     weights = _pick_weights(req, spec, quant, notes)
     release, image_note = _judged_release(req, cat, engine, gpu, release)
+    image_refusal = _no_image_refusal(cat, engine, gpu) if release is None else ""
+    if image_refusal:
+        image_note = ""  # the refusal says it
     kv_key, kv_bytes, kv_flag = _pick_kv(req, engine, gpu, notes)
-    return _Resolved(spec, quant, gpu, engine, kv_key, kv_bytes, kv_flag, weights, tuple(notes), release, image_note)
+    return _Resolved(spec, quant, gpu, engine, kv_key, kv_bytes, kv_flag, weights, tuple(notes), release, image_note,
+                     image_refusal)
+
+
+def _no_image_refusal(cat: Any, engine: str, gpu: Gpu) -> str:
+    """Why a plan for an engine none of whose catalog GPU images has kernels for the card is refused:
+    the engine's own lowest compute capability (catalog engines.yaml, with its source) where the card is
+    below it, and the engines whose catalog images do run there."""
+    label = for_engine(engine).label
+    cc = gpu.compute_capability
+    rules = cat.engines.get(engine)
+    floor = ""
+    if rules is not None and rules.min_cc and (compat.cc_tuple(cc) or (0, 0)) < (compat.cc_tuple(rules.min_cc) or (0, 0)):
+        floor = (f": {label} needs compute capability {rules.min_cc} or higher (catalog engines.yaml, confidence "
+                 f"{rules.min_cc_confidence or 'U'}: {rules.min_cc_source or 'no source recorded'})")
+    others = [for_engine(e) for e in engine_names() if e != engine and _default_release(cat, e, gpu) is not None]
+    fix = ("; serve this card with " + " or ".join(
+        f"{k.label} (--engine {k.name}" + (f" and a {k.quant_family.upper()} --quant or file" if k.serves_only_quant_family
+                                           else "") + ")" for k in others)
+           if others else "; no catalog image of any engine runs on it")
+    return (f"REFUSED: no {label} image in the catalog runs on {gpu.name} (compute capability {cc}){floor}"
+            + fix)
 
 
 def _default_release(cat: Any, engine: str, gpu: Gpu, driver: str | None = None) -> Any:
@@ -1523,6 +1548,8 @@ def _refusals(req: PlanRequest, r: _Resolved, b: Budget) -> list[str]:
         out.append(f"REFUSED: the heads do not split evenly over {req.gpus} GPUs (tensor parallel): {why}")
     if req.hosts > spec.num_layers:
         out.append(f"REFUSED: {req.hosts} hosts for {spec.num_layers} layers: every host needs at least one layer")
+    if r.image_refusal:
+        out.append(r.image_refusal)
     return out
 
 
