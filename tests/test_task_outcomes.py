@@ -27,3 +27,53 @@ def test_a_plan_for_an_engine_without_an_image_for_the_card_is_refused(gpu, engi
         # the engine's catalog minimum, its source, and what serves the card instead
         assert "compute capability 7.0 or higher" in first and "docs.vllm.ai" in first
         assert "--engine llamacpp" in first
+
+
+V100S = ["v100-sxm2-32gb", "v100-sxm2-16gb", "v100-pcie-32gb", "v100-pcie-16gb", "v100s-pcie-32gb"]
+A100S = ["a100-sxm4-40gb", "a100-pcie-40gb", "a100-sxm4-80gb", "a100-pcie-80gb"]
+
+
+@pytest.mark.parametrize(
+    ("typed", "suggested"),
+    [
+        ("v100", V100S),  # every V100 variant
+        ("Tesla V100", V100S),  # nvidia-smi's vendor word: not 'Tesla P40'
+        ("NVIDIA V100", V100S),
+        ("a100", A100S),  # the A100s, not the A10
+        ("NVIDIA A100", A100S),
+        ("h200", ["h200-141gb", "h200-nvl-141gb"]),
+        ("H100", ["h100-sxm-80gb", "h100-pcie-80gb"]),
+        ("4090", ["rtx-4090"]),
+        ("rtx 3090", ["rtx-3090", "rtx-3090-ti"]),
+        ("a10o", []),  # a typo, not a family: the close match below
+        ("x", []),
+    ],
+)
+def test_card_family_and_prefix_matches(typed, suggested):
+    from llmfleet.knowledge.catalog import gpu_family_matches, load_gpus
+
+    assert gpu_family_matches(typed, load_gpus()) == suggested
+
+
+@pytest.mark.parametrize(
+    ("typed", "named", "not_named"),
+    [
+        ("v100", V100S, ["p40"]),
+        ("Tesla V100", V100S, ["Tesla P40", "p40"]),
+        ("a100", A100S, ["a10"]),
+        ("h200", ["h200-141gb", "h200-nvl-141gb"], []),
+        ("H100", ["h100-sxm-80gb", "h100-pcie-80gb"], []),
+        ("a10o", ["a10"], []),
+    ],
+)
+def test_an_unknown_card_says_did_you_mean_with_its_family(typed, named, not_named):
+    from llmfleet.errors import UsageError
+    from llmfleet.knowledge.catalog import find_gpu
+
+    with pytest.raises(UsageError) as e:
+        find_gpu(typed)
+    hint = str(e.value).split("did you mean", 1)[1].split("?")[0]
+    for n in named:
+        assert f"'{n}'" in hint
+    for n in not_named:
+        assert f"'{n}'" not in hint

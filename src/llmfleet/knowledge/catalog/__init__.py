@@ -115,8 +115,41 @@ def find_gpu(name_or_id: str) -> Gpu:
         if key == gpu.id or key in {_norm(n) for n in gpu.names}:
             return gpu
     known = ", ".join(g.id for g in load_gpus())
-    hint = did_you_mean(key, [g.id for g in load_gpus()] + [n for g in load_gpus() for n in g.names])
+    family = gpu_family_matches(name_or_id, load_gpus())
+    if len(family) == 1:
+        hint = f" (did you mean {family[0]!r}?)"
+    elif family:
+        hint = f" (did you mean one of {', '.join(repr(f) for f in family)}?)"
+    else:
+        hint = did_you_mean(key, [g.id for g in load_gpus()] + [n for g in load_gpus() for n in g.names])
     raise UsageError(f"unknown GPU {name_or_id!r}{hint}; known (id or nvidia-smi name): {known}")
+
+
+_VENDOR_WORDS = ("nvidia", "tesla", "geforce")
+
+
+def _card_key(name: str) -> str:
+    """A card name without the vendor words nvidia-smi and people put before it, lower case, its words
+    joined by '-' ("NVIDIA Tesla V100-SXM2-32GB" -> "v100-sxm2-32gb")."""
+    words = "".join(ch if ch.isalnum() else " " for ch in str(name).lower()).split()
+    return "-".join(w for w in words if w not in _VENDOR_WORDS)
+
+
+def gpu_family_matches(typed: str, gpus: list[Gpu] | tuple[Gpu, ...]) -> list[str]:
+    """The catalog ids of the cards whose id or nvidia-smi name starts with what was typed, at a word
+    boundary, vendor words and separators aside: 'v100' and 'Tesla V100' -> every V100 variant, 'a100' ->
+    the A100s (not the A10), 'h200' -> both H200s, '4090' -> rtx-4090. Empty when nothing starts so."""
+    key = _card_key(typed).replace("-", "")
+    if len(key) < 2:
+        return []
+    found = []
+    for gpu in gpus:
+        for name in (gpu.id, *gpu.names):
+            words = _card_key(name).split("-")
+            if any("".join(words[i:]).startswith(key) for i in range(len(words))):
+                found.append(gpu.id)
+                break
+    return found
 
 
 # ------------------------------------------------------------------------------------------ quants
