@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import errno
 import os
+import socket
 import stat
+import threading
 import time
 
+import paramiko
 import pytest
 
 from llmfleet.errors import RemoteError
-from llmfleet.host.ssh import HostKeyError, Target, connect
+from llmfleet.host.ssh import HostKeyError, Target, connect, connect_failure
 from llmfleet.inventory.ansible import Host
 
 
@@ -173,8 +177,75 @@ def test_closing_a_forward_wakes_its_listener_without_reaching_the_host(remote):
 
 def test_unreachable_host_is_one_line_error(tmp_path):
     h = Host(name="down", vars={"ansible_host": "127.0.0.1", "ansible_port": 1})
-    with pytest.raises(RemoteError, match=r"^host down: cannot connect to 127.0.0.1:1"):
+    with pytest.raises(RemoteError, match=r"^host down: cannot connect to 127.0.0.1:1: connection refused: is sshd "):
         connect(h, config={"known_hosts": str(tmp_path / "kh"), "connect_timeout": 2})
+
+
+def _banner_error(cause: BaseException) -> paramiko.SSHException:
+    """What paramiko's transport raises when reading the server's banner fails with ``cause``."""
+    try:
+        try:
+            raise cause
+        except BaseException as e:
+            raise paramiko.SSHException("Error reading SSH protocol banner" + str(e)) from None
+    except paramiko.SSHException as wrapped:
+        wrapped.__context__ = cause
+        return wrapped
+
+
+def _refused(*codes: int) -> OSError:
+    return paramiko.ssh_exception.NoValidConnectionsError(
+        {(f"10.0.0.{i}", 22): OSError(code, os.strerror(code)) for i, code in enumerate(codes)})
+
+
+@pytest.mark.parametrize(
+    ("exc", "banner", "says"),
+    [
+        # accepts TCP, never speaks: paramiko's banner timeout, or its negotiation wait ending first
+        (_banner_error(TimeoutError()), "", "host h: cannot connect: no SSH banner from 10.0.0.1:22 within 3 s: "
+                                            "is sshd listening there?"),
+        (paramiko.SSHException("No existing session"), "", "no SSH banner from 10.0.0.1:22 within 3 s"),
+        (paramiko.SSHException("Negotiation failed."), "", "no SSH banner from 10.0.0.1:22 within 3 s"),
+        (_banner_error(EOFError()), "", "10.0.0.1:22 closed the connection before sending an SSH banner"),
+        (paramiko.SSHException('Indecipherable protocol version "HTTP/1.1 400 Bad Request"'), "",
+         "10.0.0.1:22 does not speak SSH (it sent 'HTTP/1.1 400 Bad Request')"),
+        (paramiko.SSHException("No existing session"), "SSH-2.0-OpenSSH_9.6",
+         "host h: cannot connect to 10.0.0.1:22: the SSH handshake did not finish within 3 s (the server said "
+         "'SSH-2.0-OpenSSH_9.6')"),
+        (paramiko.SSHException("Incompatible ssh peer (no acceptable kex algorithm)"), "SSH-2.0-old",
+         "host h: cannot connect to 10.0.0.1:22: Incompatible ssh peer (no acceptable kex algorithm)"),
+        (_refused(errno.ECONNREFUSED), None, "host h: cannot connect to 10.0.0.1:22: connection refused: is sshd "
+                                             "running there, and is the port right (ansible_port)?"),
+        (_refused(errno.ECONNREFUSED, errno.EHOSTUNREACH), None, "cannot connect to 10.0.0.1:22: 10.0.0.0: Connection refused; 10.0.0.1: No route to host"),
+        (_refused(errno.EHOSTUNREACH), None, "cannot connect to 10.0.0.1:22: no route to the host"),
+        (socket.gaierror(-2, "Name or service not known"), None,
+         "cannot connect to 10.0.0.1:22: cannot resolve 10.0.0.1: Name or service not known; check ansible_host"),
+        (TimeoutError("timed out"), None, "cannot connect to 10.0.0.1:22: no answer within 3 s: is the host up"),
+        (OSError(errno.ENETDOWN, "Network is down"), None, "cannot connect to 10.0.0.1:22: [Errno 100] Network is down"),
+    ],
+)
+def test_a_failed_connection_is_said_in_one_line_with_what_to_check(exc, banner, says):
+    line = connect_failure("h", "10.0.0.1", 22, 3, exc, banner)
+    assert says in line and "\n" not in line
+
+
+def test_a_host_that_never_speaks_ssh_is_one_line_and_paramiko_prints_nothing(tmp_path, capfd):
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(4)
+    port = srv.getsockname()[1]
+    h = Host(name="mute", vars={"ansible_host": "127.0.0.1", "ansible_port": port})
+    try:
+        with pytest.raises(RemoteError) as err:
+            connect(h, config={"known_hosts": str(tmp_path / "kh"), "connect_timeout": 1})
+        for t in threading.enumerate():  # paramiko's transport thread logs its failure as it ends
+            if isinstance(t, paramiko.Transport):
+                t.join(10)
+    finally:
+        srv.close()
+    assert str(err.value) == f"host mute: cannot connect: no SSH banner from 127.0.0.1:{port} within 1 s: " \
+                             "is sshd listening there?"
+    assert capfd.readouterr().err == ""
 
 
 def test_missing_key_file_is_named(tmp_path):

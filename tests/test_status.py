@@ -392,7 +392,7 @@ def test_status_task_table_and_json_with_one_host_down(fleet):
     assert res.returncode == 1, res.stderr
     assert "Traceback" not in res.stderr + res.stdout
     assert "unreachable" in res.stdout and R2 in res.stdout and "4321" in res.stdout
-    assert res.stderr.strip().splitlines()[-1].startswith("error: 1 of 2 host(s) unreachable: down")
+    assert res.stderr.strip().splitlines()[-1].startswith("error: 1 of 2 host(s) unreachable: down (cannot connect")
     res = _invoke(fleet, "status", "-i", str(inv), "--host", "up", "--json")
     assert res.returncode == 0, res.stderr
     doc = json.loads(res.stdout)

@@ -109,8 +109,11 @@ def status(c, host=None, group=None, inventory=None, json=False, forks=DEFAULT_F
             console.print(f"[red]{len(unreachable)} host(s) unreachable[/red]: "
                           + ", ".join(u["host"] for u in unreachable))
     if unreachable:
+        # one host: its reason too (the table may be cut, or not read); many: the table says each
+        one = unreachable[0]
+        why = "" if len(unreachable) > 1 else " (" + one["error"].removeprefix("host " + one["host"] + ": ") + ")"
         raise CheckFailed(f"{len(unreachable)} of {len(results)} host(s) unreachable: "
-                          + ", ".join(u["host"] for u in unreachable))
+                          + ", ".join(u["host"] for u in unreachable) + why)
 
 
 # ---------------------------------------------------------------------------------------------

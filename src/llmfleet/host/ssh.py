@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import errno
 import hashlib
+import logging
 import os
 import shlex
 import socket
@@ -42,6 +44,14 @@ EOF_GRACE_S = 2.0  # how long to wait for the end of the output after the exit s
 # waiting on a 3 s probe, 20 ms meant 5,000 wake-ups a second.
 POLL_MAX_S = 0.1
 MAX_OUTPUT = 16 * 1024 * 1024  # cap per stream: a hostile host cannot exhaust our memory
+
+# Paramiko logs its transport thread's failures itself, with a traceback, at ERROR ("Exception (client):
+# Error reading SSH protocol banner" and 20 lines). With no handler configured Python's last-resort handler
+# prints them on stderr. The same failure reaches llmfleet as an exception and is reported there in one
+# line (``connect_failure``), so paramiko's records go nowhere; ``-v`` traces the commands llmfleet sends.
+_PARAMIKO_LOG = logging.getLogger("paramiko")
+_PARAMIKO_LOG.addHandler(logging.NullHandler())
+_PARAMIKO_LOG.propagate = False
 
 
 class HostKeyError(RemoteError):
@@ -630,11 +640,66 @@ def connect_target(target: Target, ssh: SshSettings, *, accept_new_host_keys: bo
             f"{target.address}:{conn.port}: {exc}; check ansible_user / ansible_ssh_private_key_file"
         ) from None
     except (paramiko.SSHException, OSError, EOFError) as exc:
+        failed = client.get_transport()
+        banner = None if failed is None else failed.remote_version
+        with contextlib.suppress(Exception):  # its thread may still wait for a banner: stop it now
+            client.close()
         raise RemoteError(
-            f"host {target.name}: cannot connect to {target.address}:{conn.port}: {exc or type(exc).__name__}"
+            connect_failure(target.name, str(target.address), int(conn.port or 22), connect_timeout, exc, banner)
         ) from None
     transport = client.get_transport()
     if transport is not None:
         with contextlib.suppress(OSError):
             transport.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return Remote(target, conn, float(ssh.command_timeout))
+
+
+def _cause(exc: BaseException) -> BaseException | None:
+    """The innermost exception ``exc`` was raised while handling (paramiko wraps a socket timeout or EOF in
+    ``SSHException("Error reading SSH protocol banner")``)."""
+    seen = exc
+    while seen.__context__ is not None and seen.__context__ is not seen:
+        seen = seen.__context__
+    return None if seen is exc else seen
+
+
+def connect_failure(name: str, address: str, port: int, timeout: float, exc: BaseException,
+                    banner: str | None) -> str:
+    """The one line that says why a connection to ``address:port`` failed, and what to look at.
+
+    ``exc`` is what opening the connection raised; ``banner`` the SSH identification the server sent
+    (``""``: none yet; ``None``: no SSH transport was made, the failure came before or with TCP). Paramiko
+    reports a server that accepts TCP and never speaks SSH as "Error reading SSH protocol banner", or, when
+    its own negotiation wait ends first, as "No existing session": both are said here as what they mean.
+    """
+    where = f"{address}:{port}"
+    head = f"host {name}: cannot connect to {where}"
+    text = str(exc).strip()
+    if banner == "" and isinstance(exc, (paramiko.SSHException, EOFError)):
+        cause = _cause(exc)
+        if isinstance(exc, EOFError) or isinstance(cause, (EOFError, ConnectionResetError)):
+            return (f"host {name}: cannot connect: {where} closed the connection before sending an SSH banner: "
+                    f"is sshd listening there (and does it accept this client)?")
+        if text.startswith("Indecipherable protocol version"):
+            said = text.split('"', 1)[-1].rstrip('"')[:60]
+            return (f"host {name}: cannot connect: {where} does not speak SSH (it sent {said!r}): "
+                    f"is this the host's SSH port (ansible_port)?")
+        return f"host {name}: cannot connect: no SSH banner from {where} within {timeout:g} s: is sshd listening there?"
+    if banner and isinstance(exc, paramiko.SSHException) and text in ("No existing session", "Negotiation failed.", ""):
+        return (f"{head}: the SSH handshake did not finish within {timeout:g} s (the server said "
+                f"{banner[:60]!r}): is the host overloaded?")
+    if isinstance(exc, socket.gaierror):
+        return f"{head}: cannot resolve {address}: {exc.strerror or text}; check ansible_host (or ~/.ssh/config)"
+    errors = getattr(exc, "errors", None)  # paramiko's NoValidConnectionsError: one socket error per address
+    codes = {getattr(e, "errno", None) for e in errors.values()} if isinstance(errors, dict) else {
+        getattr(exc, "errno", None)}
+    if codes == {errno.ECONNREFUSED}:
+        return f"{head}: connection refused: is sshd running there, and is the port right (ansible_port)?"
+    if codes <= {errno.EHOSTUNREACH, errno.ENETUNREACH} and codes:
+        return f"{head}: no route to the host: is it up, and is the address right (ansible_host)?"
+    if isinstance(errors, dict) and errors:
+        each = (f"{a[0]}: {getattr(e, 'strerror', None) or e}" for a, e in sorted(errors.items(), key=str))
+        return f"{head}: " + "; ".join(each)
+    if isinstance(exc, TimeoutError):
+        return f"{head}: no answer within {timeout:g} s: is the host up, and is the port open?"
+    return f"{head}: {text or type(exc).__name__}"
