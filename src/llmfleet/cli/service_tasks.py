@@ -22,7 +22,7 @@ from llmfleet.cli.common import (
     unreachable_entry,
 )
 from llmfleet.cli.deploy_tasks import VERBOSE_HELP
-from llmfleet.cli.flags import LINES, POSITIVE, SECONDS, fleet_task
+from llmfleet.cli.flags import LINES, POSITIVE, SECONDS, fleet_task, hints
 from llmfleet.errors import CheckFailed, UsageError
 from llmfleet.suggest import did_you_mean
 
@@ -36,9 +36,10 @@ PLACEHOLDER_KEY = "********"
 # render
 
 
-def _render_service(inv: Any, host: Any, settings: Any, svc: Any, lock: Any, conf: Any,
-                    allow_unpinned: bool) -> dict[str, Any]:
-    """What a deploy would write for one service, computed here without connecting (secrets masked)."""
+def _render_service(inv: Any, host: Any, settings: Any, svc: Any, lock: Any, conf: Any) -> dict[str, Any]:
+    """What a deploy would write for one service, computed here without connecting (secrets masked). An image
+    without a digest is rendered with its floating tag and marked unpinned (``pinned``: false, and a note):
+    render connects nowhere, so it needs no pin; deploy still refuses it without --allow-unpinned."""
     from llmfleet.images import lock as images
     from llmfleet.knowledge import planner
     from llmfleet.release import render as render_mod
@@ -51,8 +52,10 @@ def _render_service(inv: Any, host: Any, settings: Any, svc: Any, lock: Any, con
     if mismatch:
         raise UsageError(f"{inv.path}: {where}: {mismatch}")
     notes: list[str] = []
-    ref = images.resolve(svc.image, lock, mirrors=dict(settings.image_mirrors), allow_unpinned=allow_unpinned,
-                         where=where)
+    ref = images.resolve(svc.image, lock, mirrors=dict(settings.image_mirrors), allow_unpinned=True, where=where)
+    unpinned = images.unpinned_note(ref, lock)
+    if unpinned:
+        notes.append(hints(unpinned))
     plan = None
     if settings.gpu:
         try:
@@ -85,7 +88,10 @@ def _render_service(inv: Any, host: Any, settings: Any, svc: Any, lock: Any, con
         for m in cl.workers:
             ws = wsettings[m.host]
             wref = images.resolve(svc.worker_image or svc.image, lock, mirrors=dict(ws.image_mirrors),
-                                  allow_unpinned=allow_unpinned, where=f"host {m.host}: service {svc.name}")
+                                  allow_unpinned=True, where=f"host {m.host}: service {svc.name}")
+            wnote = images.unpinned_note(wref, lock)
+            if wnote and wref.key != ref.key:
+                notes.append(hints(f"worker {m.host}: {wnote}"))
             workers[m.host] = cluster.render_worker(svc, ws, wref, cl, m).masked_files()
     rendered = render_mod.render(svc, settings, ref, plan, api_key=key, head=head,
                                  **render_mod.search_paths(host.vars, inv.path, conf.search_config))
@@ -103,6 +109,12 @@ def _render_service(inv: Any, host: Any, settings: Any, svc: Any, lock: Any, con
     }
 
 
+def _unpinned_line(host: str, svc: dict[str, Any]) -> str:
+    return hints(f"[bold yellow]# {host}/{escape(svc['service'])}: UNPINNED image {escape(svc['image'])}[/bold yellow] "
+                 "(a floating tag, not a digest): deploy refuses it until `invoke images.pin` pins it, "
+                 "or with --allow-unpinned")
+
+
 @fleet_task(
     help={
         "host": "hosts: name or Ansible --limit pattern",
@@ -110,12 +122,14 @@ def _render_service(inv: Any, host: Any, settings: Any, svc: Any, lock: Any, con
         "service": "only this service (default: every service of the host)",
         "out": "write the files to OUT/HOST/SERVICE/ (secrets masked) instead of printing them",
         "inventory": INVENTORY_HELP,
-        "allow_unpinned": "render an image given as a floating tag (deploy refuses it without this flag too)",
+        "allow_unpinned": "accepted for older scripts; render always renders an image without a digest, marked "
+                          "unpinned (deploy refuses it without --allow-unpinned)",
         "json": 'print {"hosts": [{"host", "services": [{service, image, engine_args, files, notes}]}]}',
     },
 )
 def render(c, host=None, group=None, service=None, out=None, inventory=None, allow_unpinned=False, json=False):
     """Show the compose file, systemd unit and env file a deploy would write (secrets masked); connects nowhere."""
+    del allow_unpinned  # render needs no pin: an image without a digest is rendered and marked unpinned
     from llmfleet.images import lock as images
     from llmfleet.inventory.ansible import settings_for
 
@@ -130,8 +144,7 @@ def render(c, host=None, group=None, service=None, out=None, inventory=None, all
             raise UsageError(f"{inv.path}: host {h.name} has no service {service!r}"
                                  f"{did_you_mean(service, [s.name for s in settings.services])} (services: {known})")
         lock = images.load_lock(images.images_lock_path(h.vars, inv.path, conf.images_lock))
-        docs.append({"host": h.name, "services": [_render_service(inv, h, settings, s, lock, conf, bool(allow_unpinned))
-                                                  for s in svcs]})
+        docs.append({"host": h.name, "services": [_render_service(inv, h, settings, s, lock, conf) for s in svcs]})
     if service and not any(d["services"] for d in docs):
         raise UsageError(f"{inv.path}: no selected host has service {service!r}")
     if out:
@@ -151,11 +164,15 @@ def render(c, host=None, group=None, service=None, out=None, inventory=None, all
                         os.chmod(wfolder / name, 0o600 if name == "service.env" else 0o644)
                 if not json:
                     console.print(f"wrote {folder}/ ({', '.join(sorted(s['files']))})")
+                    if not s["pinned"]:
+                        console.print(_unpinned_line(d["host"], s))
     if json:
         print_json({"hosts": docs})
     elif not out:
         for d in docs:
             for s in d["services"]:
+                if not s["pinned"]:  # said first, before the files, and again among the notes below them
+                    console.print(_unpinned_line(d["host"], s))
                 for name, text in s["files"].items():
                     console.print(f"[bold]# {d['host']}/{escape(s['service'])}/{escape(name)}[/bold]")
                     console.print(escape(text), end="" if text.endswith("\n") else "\n")

@@ -326,6 +326,19 @@ def resolve(
     )
 
 
+def unpinned_note(ref: ImageRef, lock: ImageLock) -> str | None:
+    """What ``render`` says of an image it rendered without a digest (None for a pinned one): the floating
+    tag it wrote, that deploy refuses it, and the fix. Pure."""
+    if ref.pinned:
+        return None
+    if lock.get(ref.key) is not None:
+        fix = f"`invoke images.pin {ref.key.replace(':', '=', 1)}` writes its digest where the registry is reachable"
+    else:
+        fix = f"it is pinned in {lock.path} (`invoke images.pin`) or named as repo@sha256:..."
+    return (f"image {ref.key!r} is UNPINNED: rendered with the floating tag {ref.pull_ref}, which can change under "
+            f"you; deploy refuses it until {fix}, or takes it with --allow-unpinned (not for production)")
+
+
 # ------------------------------------------------------------------------------------------------
 # Writing the lock (pure) and pinning / verifying against registries (shell)
 
