@@ -154,33 +154,50 @@ def fixture_lock(images_used: list[str]) -> str:
 
 
 def test_the_readme_pip_commands_work_as_written(installed_wheel, tmp_path):
-    """From a folder holding only a copy of inventory/example/: the README's commands, as written."""
+    """The README's commands, as written, from a folder holding only an inventory: a copy of inventory/example/
+    whose V100 service names the image the README pins."""
     lines = readme_pip_block()
-    assert lines[0] == "pipx install llmfleet-ops" and "python3 -m pip install llmfleet-ops" in \
-        (REPO / "README.md").read_text()
-    # the install itself: the fixture installed the wheel by that name into a fresh venv (offline)
-    assert lines[1] == "mkdir fleet && cd fleet"
+    text = (REPO / "README.md").read_text()
+    # llmfleet-ops is not on any index: the README builds the wheel from the checkout and installs that file
+    assert "**not published**" in text and "pip install llmfleet-ops" not in "\n".join(lines)
+    assert lines[0] == "python3 -m pip wheel --no-deps -w dist ."
+    assert lines[1] == "pipx install ./dist/llmfleet_ops-*.whl"
+    assert "python3 -m pip install ./dist/llmfleet_ops-*.whl" in text
+    # the glob finds the wheel such a build writes (the fixture built and installed it, offline)
+    assert Path("dist", installed_wheel.wheel.name).match("dist/llmfleet_ops-*.whl"), installed_wheel.wheel.name
+    assert lines[2] == "mkdir ~/fleet && cd ~/fleet"
     env = {**clean_env(), "PATH": f"{installed_wheel.venv / 'bin'}:/usr/bin:/bin", "HOME": str(tmp_path),
            "COLUMNS": "200", "QWEN32B_API_KEY": "k", "ANSIBLE_CONFIG": str(tmp_path / "none.cfg")}
     env.pop("ANSIBLE_INVENTORY", None)
     sh = shutil.which("bash") or "/bin/bash"
-    subprocess.run([sh, "-c", lines[1]], cwd=tmp_path, check=True, env=env, timeout=60)
+    subprocess.run([sh, "-c", lines[2]], cwd=tmp_path, check=True, env=env, timeout=60)
     fleet = tmp_path / "fleet"
+    (pin,) = [ln for ln in lines if ln.startswith("llmfleet images.pin ")]
+    key = pin.split()[2].replace("=", ":", 1)
     shutil.copytree(REPO / "inventory/example", fleet / "inventory")
+    hv = fleet / "inventory/host_vars/gpu-v100-01.yml"
+    hv.write_text(hv.read_text().replace("image: vllm:0.19.1-volta ", f"image: {key} ", 1))
+    assert f"image: {key} " in hv.read_text()
     ran = []
-    for line in lines[2:]:
+    pinned = False
+    for line in lines[3:]:
         if line.startswith("llmfleet images.pin"):
-            (fleet / "images.lock").write_text(fixture_lock(["vllm:0.19.1-volta", "llamacpp:b5000-cu122"]))
+            # no registry is reachable from a test: the lock it would write, the README's key pinned
+            (fleet / "images.lock").write_text(fixture_lock([key]))
             ran.append(line)
+            pinned = True
             continue
         res = subprocess.run([sh, "-c", line], cwd=fleet, capture_output=True, text=True, timeout=180, env=env)
         assert "Traceback" not in res.stderr, (line, res.stderr[-2000:])
         if line.startswith("llmfleet deploy"):
+            assert pinned  # the README pins before it deploys
             # everything up to the connection works; this machine has no key for the example's hosts
             assert res.returncode == 1, (line, res.stdout[-2000:], res.stderr[-2000:])
             assert "ansible_ssh_private_key_file" in res.stdout + res.stderr
         else:
             assert res.returncode == 0, (line, res.stdout[-2000:], res.stderr[-2000:])
+        if line.startswith("llmfleet render"):  # before the pin: rendered, and marked unpinned
+            assert "UNPINNED image docker.io/vllm/vllm-openai:v0.19.1" in res.stdout, res.stdout[:2000]
         ran.append(line)
     assert any(x.startswith("llmfleet render") for x in ran) and any(x.startswith("llmfleet deploy") for x in ran)
     assert sorted(p.name for p in fleet.iterdir()) == ["images.lock", "inventory"]  # nothing else left behind
