@@ -16,3 +16,30 @@ ROWS += [
     Cmd(("plan", "--gpu", "h200", "--model", "qwen2.5-7b"), 2, says="'h200-nvl-141gb'"),
     Cmd(("plan", "--gpu", "H100", "--model", "qwen2.5-7b"), 2, says="'h100-sxm-80gb'"),
 ]
+
+# every --json task prints one JSON document whatever the outcome: a host that refuses, bad input
+_BENCH_INV = (b"all:\n  vars: {ansible_user: deploy, ansible_ssh_private_key_file: ~/.ssh/fleet_ed25519}\n"
+              b"  hosts:\n    gpu-4090-01:\n      ansible_host: 127.0.0.1\n      ansible_port: 1\n"
+              b"      llmfleet_gpu: NVIDIA GeForce RTX 4090\n      llmfleet_services:\n"
+              b"        - {name: gemma27b, engine: llamacpp, model: gemma-3-27b-it, quant: q4_k_m,\n"
+              b"           model_path: /srv/models/g.gguf, image: 'llamacpp:b5000-cu122', port: 8080}\n")
+ROWS += [
+    Cmd(("bench", "--host", "gpu-4090-01", "--json"), 2, says="api_key", json=True),
+    Cmd(("bench", "--host", "gpu-4090-01", "--json", "-i", "bench-inv/hosts.yml"), 1, says="connection refused",
+        json=True, connects=True, files={"bench-inv/hosts.yml": _BENCH_INV}),
+    Cmd(("bench", "--json"), 2, says="--host", json=True),
+    Cmd(("lock.release", "--host", "gpu-4090-01", "--json", "--yes"), 1, says="connection refused", json=True,
+        connects=True),
+    Cmd(("lock.release", "--host", "gpu-4090-01", "--json"), 1, says="connection refused", json=True, connects=True),
+    Cmd(("lock.release", "--host", "nosuchhost", "--json", "--yes"), 2, json=True),
+    Cmd(("lock.status", "--host", "gpu-4090-01", "--json"), 1, json=True, connects=True, one_line=False),
+    Cmd(("status", "--host", "gpu-4090-01", "--json"), 1, says="unreachable", json=True, connects=True),
+    Cmd(("facts", "--host", "gpu-4090-01", "--json"), 1, json=True, connects=True, one_line=False),
+    Cmd(("preflight", "--host", "gpu-4090-01", "--json"), 1, json=True, connects=True, one_line=False),
+    Cmd(("releases", "--host", "gpu-4090-01", "--json"), 1, says="unreachable", json=True, connects=True),
+    Cmd(("audit", "--host", "gpu-4090-01", "--json"), 1, says="unreachable", json=True, connects=True),
+    Cmd(("speed", "--host", "gpu-4090-01", "--json"), 1, says="unreachable", json=True, connects=True),
+    Cmd(("facts", "--json"), 2, says="--host", json=True),
+    Cmd(("plan", "--gpu", "p40", "--model", "nosuchmodel", "--json"), 2, says="unknown model", json=True),
+    Cmd(("bundle.verify", "no-such-folder", "--json"), 2, says="no such folder", json=True),
+]

@@ -77,3 +77,49 @@ def test_an_unknown_card_says_did_you_mean_with_its_family(typed, named, not_nam
         assert f"'{n}'" in hint
     for n in not_named:
         assert f"'{n}'" not in hint
+
+
+@pytest.mark.parametrize(
+    ("raised", "code"),
+    [("usage", 2), ("check", 1), ("remote", 1), ("exit", 1)],
+)
+def test_a_json_task_that_ends_on_an_error_prints_one_json_document(capsys, raised, code):
+    import json
+
+    from invoke.exceptions import Exit
+
+    from llmfleet.cli.common import handles_errors
+    from llmfleet.errors import CheckFailed, RemoteError, UsageError
+
+    errors = {"usage": UsageError("no host 'x'"), "check": CheckFailed("no host 'x'"),
+              "remote": RemoteError("no host 'x'"), "exit": Exit("error: no host 'x'", code=1)}
+
+    @handles_errors
+    def task(c, json=False):
+        raise errors[raised]
+
+    with pytest.raises(Exit) as e:
+        task(None, json=True)
+    assert e.value.code == code
+    assert json.loads(capsys.readouterr().out) == {"error": "no host 'x'", "exit": code}
+    with pytest.raises(Exit):
+        task(None, json=False)  # without --json: the line on stderr only
+    assert capsys.readouterr().out == ""
+
+
+def test_a_json_task_that_printed_its_document_prints_no_second_one(capsys):
+    import json
+
+    from invoke.exceptions import Exit
+
+    from llmfleet.cli.common import handles_errors, print_json
+    from llmfleet.errors import CheckFailed
+
+    @handles_errors
+    def task(c, json=False):
+        print_json({"fits": False})
+        raise CheckFailed("does not fit")
+
+    with pytest.raises(Exit):
+        task(None, json=True)
+    assert json.loads(capsys.readouterr().out) == {"fits": False}

@@ -104,23 +104,47 @@ def repeatable_inventory(collection) -> None:
         repeatable_inventory(sub)
 
 
+_json_documents = 0  # how many JSON documents this process has printed on stdout
+
+
 def print_json(data: Any) -> None:
+    global _json_documents
+    _json_documents += 1
     sys.stdout.write(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
     sys.stdout.flush()
 
 
+def error_document(message: str, code: int) -> dict[str, Any]:
+    """What a ``--json`` task prints on stdout when it ends before its own document (bad input, a host it
+    could not reach, a missing file): the error line (as on stderr, without "error: ") and the exit code."""
+    return {"error": message.removeprefix("error: "), "exit": code}
+
+
 def handles_errors(fn: Callable) -> Callable:
-    """Turn llmfleet errors into Invoke's Exit: one line on stderr, the error's exit code."""
+    """Turn llmfleet errors into Invoke's Exit: one line on stderr, the error's exit code. A task run
+    with ``--json`` that ends so before printing its document prints ``error_document`` on stdout too:
+    every ``--json`` outcome is one JSON document."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        printed = _json_documents
+        wants_json = bool(kwargs.get("json"))
         try:
             return fn(*args, **kwargs)
         except LlmfleetError as exc:
             from llmfleet.cli.flags import hints
 
-            raise Exit(hints(f"error: {exc}"), code=exc.exit_code) from None
+            line = hints(f"error: {exc}")
+            if wants_json and _json_documents == printed:
+                print_json(error_document(line, exc.exit_code))
+            raise Exit(line, code=exc.exit_code) from None
+        except Exit as exc:
+            if wants_json and exc.code and _json_documents == printed:
+                print_json(error_document(str(exc.message or "failed"), exc.code))
+            raise
         except KeyboardInterrupt:
+            if wants_json and _json_documents == printed:
+                print_json(error_document("interrupted", 130))
             raise Exit("interrupted", code=130) from None
 
     return wrapper

@@ -79,18 +79,27 @@ def release(c, host, inventory=None, yes=False, accept_new_host_keys=False, verb
         raise UsageError(f"lock.release takes one host; {host!r} matches {len(hosts)}")
     h = hosts[0]
     settings = settings_for(h)
-    if not yes:
-        st = lock_status(h, settings, config=load_settings(c), accept_new_host_keys=accept_new_host_keys)
-        if not st["held"]:
-            console.print(f"{h.name}: the deploy lock is free")
-            return
-        if not sys.stdin.isatty():
-            raise UsageError(f"{h.name}: lock {st['description']}; pass --yes to break it (no terminal to ask on)")
-        answer = input(f"{h.name}: lock {st['description']}.\nBreak it? A deploy that still runs would lose "
-                       "its protection. [y/N] ")
-        if answer.strip().lower() not in {"y", "yes"}:
-            raise Exit("not broken", code=1)
-    res = lock_break(h, settings, config=load_settings(c), accept_new_host_keys=accept_new_host_keys)
+    try:
+        if not yes:
+            st = lock_status(h, settings, config=load_settings(c), accept_new_host_keys=accept_new_host_keys)
+            if not st["held"]:
+                if json:
+                    print_json(host_document("hosts", [{"host": h.name, "was_held": False, "broken": False,
+                                                        "holder": None, "description": st.get("description")}], []))
+                else:
+                    console.print(f"{h.name}: the deploy lock is free")
+                return
+            if not sys.stdin.isatty():
+                raise UsageError(f"{h.name}: lock {st['description']}; pass --yes to break it (no terminal to ask on)")
+            answer = input(f"{h.name}: lock {st['description']}.\nBreak it? A deploy that still runs would lose "
+                           "its protection. [y/N] ")
+            if answer.strip().lower() not in {"y", "yes"}:
+                raise Exit("not broken", code=1)
+        res = lock_break(h, settings, config=load_settings(c), accept_new_host_keys=accept_new_host_keys)
+    except RemoteError as exc:
+        if json:  # the fleet tasks' shape: the host that could not be reached under "unreachable"
+            print_json(host_document("hosts", [], [unreachable_entry(h.name, str(exc))]))
+        raise
     if json:
         print_json(host_document("hosts", [res], []))
     elif res["broken"]:
