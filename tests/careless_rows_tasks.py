@@ -43,3 +43,15 @@ ROWS += [
     Cmd(("plan", "--gpu", "p40", "--model", "nosuchmodel", "--json"), 2, says="unknown model", json=True),
     Cmd(("bundle.verify", "no-such-folder", "--json"), 2, says="no such folder", json=True),
 ]
+
+# images.verify with no registry answering: the count of pinned images and the cause (a loopback registry
+# port where nothing listens: no connection leaves the machine)
+_LOOP_LOCK = (b"images:\n  vllm:0.10.1.1:\n    repository: 127.0.0.1:1/vllm/vllm-openai\n    tag: v0.10.1.1\n"
+              b"    digest: sha256:d731ee65c044ae0977421eed3d93f931d4b7d79614394184c939db35b8f28fc2\n"
+              b"  vllm:0.19.1:\n    repository: docker.io/vllm/vllm-openai\n    tag: v0.19.1\n    digest: null\n")
+ROWS += [
+    Cmd(("images.verify", "--lock", "loop.lock"), 1, says="1 of 1 pinned image could not be checked: registry unreachable",
+        files={"loop.lock": _LOOP_LOCK}),
+    Cmd(("images.verify", "--lock", "loop.lock", "--json"), 1, says="registry unreachable", json=True,
+        files={"loop.lock": _LOOP_LOCK}),
+]

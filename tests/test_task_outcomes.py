@@ -123,3 +123,38 @@ def test_a_json_task_that_printed_its_document_prints_no_second_one(capsys):
     with pytest.raises(Exit):
         task(None, json=True)
     assert json.loads(capsys.readouterr().out) == {"fits": False}
+
+
+def _vr(key, status, message=""):
+    from llmfleet.images.lock import VerifyResult
+
+    return VerifyResult(key, f"r/{key}", status, message)
+
+
+_UNREACH = "registry-1.docker.io: cannot reach registry: ConnectError: [Errno -2] Name or service not known"
+
+
+@pytest.mark.parametrize(
+    ("results", "says", "never"),
+    [
+        # one pinned of many entries, no network: the count is of pinned entries, the cause is the network
+        ([_vr("a", "unpinned"), _vr("b", "unpinned"), _vr("vllm:0.10.1.1", "error", _UNREACH)],
+         ["1 of 1 pinned image could not be checked", "registry unreachable", "registry-1.docker.io",
+          "Name or service not known", "vllm:0.10.1.1"], ["do not resolve", "of 3"]),
+        ([_vr("a", "missing", "digest no longer in the registry"), _vr("b", "ok")],
+         ["1 of 2 pinned images do not resolve", "digest gone", ": a"], ["unreachable"]),
+        ([_vr("a", "missing"), _vr("b", "error", "127.0.0.1:1: cannot reach registry: ConnectError: refused"),
+          _vr("c", "error", "r/c: access denied by r; check `docker login r`")],
+         ["1 of 3 pinned images do not resolve", "registry unreachable (127.0.0.1:1:", "c (r/c: access denied"],
+         []),
+    ],
+)
+def test_images_verify_fails_with_the_count_of_pinned_images_and_the_cause(results, says, never):
+    from llmfleet.cli.images_tasks import verify_failure_line
+
+    line = verify_failure_line(results)
+    assert "\n" not in line
+    for s in says:
+        assert s in line
+    for s in never:
+        assert s not in line

@@ -195,8 +195,35 @@ def verify(c, inventory=None, lock=None, registry_mirror=False, host=None, group
             table.add_row(r.key, r.ref, f"[{style[r.status]}]{r.status}[/]", r.message)
         console.print(table)
     if failed:
-        raise CheckFailed(f"{len(failed)} of {len(results)} pinned images do not resolve: "
-                          + ", ".join(f"{r.key} ({r.status})" for r in failed))
+        raise CheckFailed(verify_failure_line(results))
+
+
+UNREACHABLE = "cannot reach registry"  # images.registry's words for a registry that did not answer
+
+
+def verify_failure_line(results: list) -> str:
+    """The one line images.verify fails with: of the pinned images only (an unpinned entry is not
+    checked), those whose digest is gone, those whose registry did not answer (no network, a registry
+    down: the digest may well be there) and those the registry refused otherwise, each with its cause."""
+    pinned = [r for r in results if r.status != "unpinned"]
+    missing = [r for r in pinned if r.status == "missing"]
+    unreachable = [r for r in pinned if r.status == "error" and UNREACHABLE in r.message]
+    other = [r for r in pinned if r.status == "error" and r not in unreachable]
+    n = len(pinned)
+    parts = []
+    if missing:
+        parts.append(f"{len(missing)} of {n} pinned image{'s' if n != 1 else ''} do not resolve "
+                     f"(digest gone from the registry: re-pin or restore it): {', '.join(r.key for r in missing)}")
+    if unreachable:
+        registries = sorted({r.message.split(": " + UNREACHABLE, 1)[0] for r in unreachable})
+        parts.append(f"{len(unreachable)} of {n} pinned image{'s' if n != 1 else ''} could not be checked: registry "
+                     f"unreachable ({', '.join(registries)}: no network or the registry is down; "
+                     f"{unreachable[0].message.split(UNREACHABLE + ': ', 1)[-1]}): "
+                     + ", ".join(r.key for r in unreachable))
+    if other:
+        parts.append(f"{len(other)} of {n} pinned image{'s' if n != 1 else ''} could not be checked: "
+                     + ", ".join(f"{r.key} ({r.message})" for r in other))
+    return "; ".join(parts)
 
 
 @fleet_task(
