@@ -6,7 +6,7 @@ Every task is declared with ``fleet_task`` (Invoke's ``@task`` with ``FleetTask`
   Ansible's letters where Ansible has them (``SHORT``), ``-h`` stays help, and a safety override
   (``--allow-unpinned``, ``--accept-new-host-keys``, ``--yes``) has no short flag;
 - ``--host`` is also ``--limit`` / ``-l`` (an Ansible ``--limit`` pattern), except in a task with
-  its own ``limit`` flag;
+  its own ``limit`` flag (``inventory``), where ``-l`` is that flag;
 - every numeric flag declares what it accepts (``Number``); a bad value is refused while the command
   line is parsed, before the task body runs: one line, exit 2, nothing contacted;
 - ``-v`` (``verbose``) prints each remote command, secrets masked, with its duration.
@@ -22,8 +22,9 @@ import inspect
 import os
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 from invoke import Program, Task
@@ -35,6 +36,7 @@ from invoke.parser import Argument, ParserContext
 # -D diff, -v verbose, -T timeout; -n a number of lines/records, as tail and journalctl.
 SHORT: dict[str, str] = {
     "inventory": "i",
+    "limit": "l",  # a task's own --limit (inventory's, as ansible-inventory -l); else -l is --host
     "forks": "f",
     "check": "C",
     "diff": "D",
@@ -54,7 +56,7 @@ class Number:
     low: float | None = None
     low_open: bool = False  # True: the value must be more than ``low``
     high: float | None = None
-    k_suffix: bool = False  # 32k = 32768 (token counts)
+    k_suffix: bool = False  # 32k = 32768, 1M = 1048576 (token counts: binary, as context lengths are)
     metavar: str = "N"
 
     def describe(self) -> str:
@@ -65,16 +67,22 @@ class Number:
             rng = f"more than {_fmt(self.low)}" if self.low_open else f"{_fmt(self.low)} or more"
         else:
             rng = ""
-        return f"{what}{', ' + rng if rng else ''}" + (" (e.g. 8192 or 8k)" if self.k_suffix else "")
+        return f"{what}{', ' + rng if rng else ''}" + (" (e.g. 8192, 8k or 1M)" if self.k_suffix else "")
 
     def parse(self, flag: str, raw: Any) -> int | float:
         text = str(raw).strip().replace("_", "")
         scale = 1
-        if self.k_suffix and text.lower().endswith("k"):
-            text, scale = text[:-1], 1024
+        if self.k_suffix and text[-1:].lower() in ("k", "m"):
+            text, scale = text[:-1], 1024 if text[-1:].lower() == "k" else 1024 * 1024
         try:
-            value: int | float = int(text) * scale if self.kind is int else float(text) * scale
-        except ValueError:
+            if self.kind is int and scale > 1 and "." in text:  # 1.5k = 1536: whole once scaled
+                exact = Decimal(text) * scale
+                if exact != exact.to_integral_value() or not exact.is_finite():
+                    raise ValueError(text)
+                value: int | float = int(exact)
+            else:
+                value = int(text) * scale if self.kind is int else float(text) * scale
+        except (ValueError, ArithmeticError):
             raise ParseError(f"{flag}: {raw!r} is not {self.describe()}") from None
         if value != value or value in (float("inf"), float("-inf")):  # NaN, inf
             raise ParseError(f"{flag}: {raw!r} is not {self.describe()}")
@@ -206,8 +214,9 @@ def _traced(fn: Callable) -> Callable:
 # Invoke's core flags (Program.core_args and task_args) llmfleet does not take -> why. They change how
 # *local shell commands* run, and llmfleet runs none: accepted and ignored, `--dry` would let a deploy
 # start. The `llmfleet` program does not offer them; under `invoke` those that reach a task are refused.
+# A hint here names no task's flag: ``refusal`` adds the task's own (--timeout, -v, --check) where it has one.
 REFUSED: dict[str, str] = {
-    "command-timeout": "give the task's own --timeout, or set llmfleet.ssh.command_timeout in invoke.yaml",
+    "command-timeout": "set llmfleet.ssh.command_timeout in invoke.yaml",
     "debug": "give -v after the task name to see each remote command",
     "dry": "llmfleet runs no local shell commands; see what a deploy would change with `{prog} deploy --check --diff`",
     "echo": "give -v after the task name to see each remote command",
@@ -241,10 +250,21 @@ def refused_flag(token: str) -> str | None:
     return None
 
 
-def refusal(token: str, prog: str, *, before_task: bool = False) -> str:
-    """One line refusing Invoke core flag ``token``."""
+def refusal(token: str, prog: str, *, before_task: bool = False, task: str | None = None,
+            flags: Container[str] | None = None) -> str:
+    """One line refusing Invoke core flag ``token``; ``task``/``flags``: the task it was given with (after
+    it, or before it) and that task's flags, for a hint naming only flags the task has."""
     name = refused_flag(token) or token.lstrip("-")
     why = REFUSED.get(name, "not an llmfleet flag").format(prog=prog)
+    own = flags if flags is not None else ()
+    if name == "command-timeout" and task and "--timeout" in own:
+        why = f"give {task}'s own --timeout (`{prog} {task} --timeout SECONDS`), or {why}"
+    elif name in ("echo", "debug") and task:
+        why = ("give -v after the task name to see each remote command" if "--verbose" in own
+               else f"{task} has no -v (`{prog} --help {task}` lists its flags)")
+    elif name == "dry" and task and "--check" in own:
+        why = (f"llmfleet runs no local shell commands; see what {task} would change with "
+               f"`{prog} {task} --check{' --diff' if '--diff' in own else ''}`")
     shown = token.split("=", 1)[0] if token.startswith("--") else token[:2]
     long = f" (--{name})" if shown != f"--{name}" else ""
     return f"error: llmfleet does not take Invoke's {shown}{long}{' before the task name' if before_task else ''}: {why}"
@@ -260,8 +280,38 @@ _NEEDS = re.compile(r"^Flag <\w+: (\S+?)(?: \(.*?\))? .*> needed value and was n
 _NO_VALUE = re.compile(r"^Flag <\w+: (\S+?)(?: \(.*?\))? .*> doesn't take any value!$")
 
 
-def usage_line(exc: ParseError, prog: str | None = None, tasks: Any = ()) -> str:
-    """Invoke's parse error as one line that names the task and the flag (and the closest known name)."""
+def _after(argv: Sequence[str], task: str | None) -> list[str]:
+    """The words of ``argv`` after the task name (all of them without a task)."""
+    words = list(argv[1:])
+    return words[words.index(task) + 1:] if task and task in words else words
+
+
+def _task_words(rest: Sequence[str], tasks: Any) -> list[str]:
+    """``rest`` up to the next task name (Invoke takes several tasks on one command line)."""
+    names = set(tasks)
+    out: list[str] = []
+    for word in rest:
+        if word in names:
+            break
+        out.append(word)
+    return out
+
+
+def _value_flags(ctx: Any) -> set[str]:
+    """Every spelling of the flags of ``ctx`` (an Invoke ParserContext) that take a value."""
+    out: set[str] = set()
+    for arg in getattr(ctx, "args", {}).values():
+        if arg.takes_value:
+            out |= {f"-{n}" if len(n) == 1 else f"--{n.replace('_', '-')}" for n in arg.names}
+    return out
+
+
+def usage_line(exc: ParseError, prog: str | None = None, tasks: Any = (), argv: Sequence[str] = (),
+               contexts: dict[str, Any] | None = None) -> str:
+    """Invoke's parse error as one line that names the task and the flag (and the closest known name, or
+    llmfleet's way for another tool's habit: cli.habits). ``argv``: the command line, for the word after
+    the flag and the rest of the task's words; ``contexts``: task name -> its ParserContext."""
+    from llmfleet.cli import habits
     from llmfleet.suggest import did_you_mean
 
     prog = prog or PROG
@@ -269,17 +319,51 @@ def usage_line(exc: ParseError, prog: str | None = None, tasks: Any = ()) -> str
     ctx = getattr(exc, "context", None)
     task = getattr(ctx, "name", None)
     where = f"{task}: " if task else ""
+    flags = getattr(ctx, "flags", None) if ctx is not None else None
     if m := _NO_IDEA.match(msg):
         what = m.group(1)
+        rest = _after(argv, task)
+        at = next((i for i, w in enumerate(rest) if w == what or w.startswith(what + "=")), None)
+        nxt = None
+        if at is not None:  # the word after the flag (Invoke splits --flag=value before it gets here)
+            nxt = rest[at].split("=", 1)[1] if rest[at] != what else rest[at + 1] if at + 1 < len(rest) else None
         if what.startswith("-"):
+            if task and flags is not None:
+                with_value = nxt is not None and not nxt.startswith("-") and nxt not in tasks
+                if refused_flag(what) and not (refused_flag(what) in ("command-timeout", "list-depth", "collection")
+                                               or (what[:2] == "-e" and (with_value or len(what) > 2))):
+                    return refusal(what, prog, task=task, flags=flags)
+                line = habits.flag_hint(what, task, flags, prog, nxt if with_value else None)
+                if line is not None:
+                    return line
             if refused_flag(what):
-                return refusal(what, prog)
-            known = sorted(getattr(ctx, "flags", {}) or {}) if ctx is not None else []
-            hint = did_you_mean(what.split("=", 1)[0], [k for k in known if k.startswith("--")], cutoff=0.7)
+                return refusal(what, prog, task=task, flags=flags)
+            if not task and contexts:  # before the task name (under `invoke`)
+                following = next((w for w in rest if w in contexts), None)
+                line = habits.before_task_hint(what, prog, following,
+                                               contexts[following].flags if following else None,
+                                               nxt, habits.owners(contexts))
+                if line is not None:
+                    return line
+            known = sorted(flags or {}) if flags is not None else []
+            known = [k for k in known if k.startswith("--") and not refused_flag(k)]
+            hint = did_you_mean(what.split("=", 1)[0], known, cutoff=0.7)
             return f"error: {where}no flag {what}{hint} (`{prog} --help {task or 'TASK'}` lists the flags)"
         hint = did_you_mean(what, tasks)
+        if task and at is not None and at > 0 and rest[at - 1] == "-e" and flags is not None:
+            # `invoke deploy -e k=v`: Invoke took -e as its --echo; the word after it is Ansible's extra vars
+            line = habits.flag_hint("-e", task, flags, prog, what)
+            if line is not None:
+                return line
         if task:
+            if not hint:
+                hint = habits.word_hint(what, task, flags or (), prog, _task_words(rest, tasks),
+                                        _value_flags(ctx))
+                if hint:
+                    return f"error: {what!r} is neither a task nor a flag of {task}{hint}"
             return f"error: {what!r} is neither a task nor a flag of {task}{hint} (`{prog} --help {task}`)"
+        if not hint and (hint := habits.first_word_hint(what, prog, rest, tasks)):
+            return f"error: no task {what!r}{hint}"
         return f"error: no task {what!r}{hint} (`{prog} --list` shows the tasks)"
     if m := _NEEDS.match(msg):
         return f"error: {where}{_flag(m.group(1))} needs a value"
@@ -317,7 +401,9 @@ def install() -> None:
             except ParseError as exc:
                 coll = getattr(self, "collection", None)
                 tasks = list(coll.task_names) if coll is not None else []
-                raise Exit(usage_line(exc, _prog(self), tasks), code=2) from None
+                contexts = {c.name: c for c in coll.to_contexts()} if coll is not None else None
+                raise Exit(usage_line(exc, _prog(self), tasks, getattr(self, "argv", None) or (), contexts),
+                           code=2) from None
 
         return wrapper
 
@@ -353,9 +439,12 @@ def install() -> None:
     @functools.wraps(cleanup)
     def cleanup_refusing(self: Program) -> Any:
         # `invoke --dry deploy`, `invoke status -e`: flags for local shell commands llmfleet never runs
+        parsed = getattr(self, "tasks", None) or []
+        ctx = parsed[0] if len(parsed) == 1 else None
         for name in REFUSED_UNDER_INVOKE:
             if name in self.args and self.args[name].value:
-                raise Exit(refusal(f"--{name}", _prog(self)), code=2)
+                raise Exit(refusal(f"--{name}", _prog(self), task=getattr(ctx, "name", None),
+                                   flags=getattr(ctx, "flags", None)), code=2)
         return cleanup(self)
 
     update = Program.update_config

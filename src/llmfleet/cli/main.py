@@ -63,14 +63,7 @@ class LlmfleetProgram(Program):
         prog = self.binary
         first = self.core.unparsed[0] if self.core.unparsed else None
         if first is not None and first.startswith("-"):
-            if refused_flag(first):
-                raise Exit(refusal(first, prog, before_task=True), code=2)
-            known = [f"--{a.name}" for a in self.core_args()]
-            from llmfleet.suggest import did_you_mean
-
-            hint = did_you_mean(first.split("=", 1)[0], known, cutoff=0.7)
-            raise Exit(f"error: no flag {first} before the task name{hint} (`{prog} --help` shows the flags; "
-                       f"`{prog} --help TASK` a task's)", code=2)
+            raise Exit(self.before_task_error(first, self.core.unparsed[1:]), code=2)
         path = self.args.config.value
         flag = "-f"
         if path is None and os.environ.get("INVOKE_RUNTIME_CONFIG"):
@@ -83,6 +76,29 @@ class LlmfleetProgram(Program):
                 if str(path).isdigit():
                     err += f" (-f before the task name is a config file; after it, --forks: `{prog} deploy -f {path}`)"
                 raise Exit(f"error: {err}", code=2)
+
+    def before_task_error(self, first: str, rest: list[str]) -> str:
+        """One line for flag ``first`` given before the task name (``rest``: the words after it)."""
+        from llmfleet.cli import habits
+        from llmfleet.suggest import did_you_mean
+
+        prog = self.binary
+        contexts = {str(c.name): c for c in ns.to_contexts()}
+        task = next((w for w in rest if w in contexts), None)
+        flags = contexts[task].flags if task else None
+        value = rest[0] if "=" not in first and rest and rest[0] != task and not rest[0].startswith("-") else None
+        refused = refused_flag(first)
+        ansible_e = refused == "echo" and first[:2] == "-e" and (
+            len(first) > 2 or (value is not None and ("=" in value or value.startswith(("@", "{")))))
+        if refused and not ansible_e and not (flags is not None and first.split("=", 1)[0] in flags):
+            return refusal(first, prog, before_task=True, task=task, flags=flags)
+        line = habits.before_task_hint(first, prog, task, flags, value, habits.owners(contexts))
+        if line is not None:
+            return line
+        known = [f"--{a.name}" for a in self.core_args() if a.name in HONOURED]
+        hint = did_you_mean(first.split("=", 1)[0], known, cutoff=0.7)
+        return (f"error: no flag {first} before the task name{hint} (`{prog} --help` shows the flags; "
+                f"`{prog} --help TASK` a task's)")
 
     def parse_collection(self) -> None:
         super().parse_collection()
