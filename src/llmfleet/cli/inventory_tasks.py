@@ -36,7 +36,7 @@ def _lock_for(c, inv):
         "host": "print one host's merged variables as JSON, like `ansible-inventory --host NAME`",
         "check": "validate everything checkable offline (schema, catalogs, images.lock, GPUs, ports, plans); "
                  "every error is reported",
-        "limit": "with --check: only hosts matching this pattern",
+        "limit": "only hosts matching this pattern (Ansible --limit), in the table and with --check",
         "json": "with --check: print the findings as JSON",
         "vault_password_file": "decrypt !vault values llmfleet needs with this file "
                                "(default: $ANSIBLE_VAULT_PASSWORD_FILE)",
@@ -50,6 +50,9 @@ def inventory(c, inventory=None, list=False, host=None, check=False, limit=None,
     from llmfleet.inventory.ansible import load_inventory
     from llmfleet.release.check import check_inventory
 
+    if limit and (list or host):
+        raise UsageError(f"inventory: -l/--limit {limit} picks the hosts of the table and of --check; --list and "
+                         "--host print the whole inventory and one host")
     # its warnings print on stderr (cli.common)
     inv = load_inventory(inventory_path(c, inventory), vault_password_file=vault_password_file)
     if list:
