@@ -158,3 +158,31 @@ def test_images_verify_fails_with_the_count_of_pinned_images_and_the_cause(resul
         assert s in line
     for s in never:
         assert s not in line
+
+
+@pytest.mark.parametrize("image", ["vllm:0.19.1", "vllm:9.9.9", "vllm/vllm-openai:latest"])
+def test_a_refusal_names_allow_unpinned_only_for_a_task_that_takes_it(image):
+    from llmfleet.errors import UsageError
+    from llmfleet.images.lock import ImageLock, LockedImage, resolve
+
+    lock = ImageLock(images={"vllm:0.19.1": LockedImage(key="vllm:0.19.1", repository="docker.io/vllm/vllm-openai", tag="v0.19.1",
+                                                        digest=None)}, path="images.lock")
+    with pytest.raises(UsageError) as deploy:
+        resolve(image, lock)
+    assert "--allow-unpinned" in str(deploy.value)
+    with pytest.raises(UsageError) as bundle:
+        resolve(image, lock, unpinned_flag=False)  # bundle.create: pinned images only
+    assert "--allow-unpinned" not in str(bundle.value) and "images.pin" in str(bundle.value)
+
+
+@pytest.mark.parametrize(("prog", "shown"), [("llmfleet", "`llmfleet speed --group G`"),
+                                             ("invoke", "`invoke speed --group G`")])
+def test_printed_hints_name_the_command_typed(capsys, monkeypatch, prog, shown):
+    from llmfleet.cli import flags
+    from llmfleet.cli.common import _LazyConsole, log_line
+
+    monkeypatch.setattr(flags, "PROG", prog)
+    _LazyConsole(stderr=False).print("no host read now: run `invoke speed --group G`")
+    assert shown in capsys.readouterr().out
+    log_line("run `invoke speed --group G`")
+    assert shown in capsys.readouterr().err

@@ -36,6 +36,13 @@ class _LazyConsole:
         """Whether the rich Console was made (something printed through it, or a live display runs)."""
         return self._console is not None
 
+    def print(self, *objects: Any, **kwargs: Any) -> None:
+        """rich's print, with the command hints of plain text in the words typed (`llmfleet speed` for a
+        user of the `llmfleet` command, `invoke speed` for one of `invoke`: ``flags.hints``)."""
+        from llmfleet.cli.flags import hints
+
+        self.__getattr__("print")(*(hints(o) if isinstance(o, str) else o for o in objects), **kwargs)
+
     def __getattr__(self, name: str) -> Any:
         if self._console is None:
             from rich.console import Console
@@ -202,7 +209,7 @@ def load_inv(c, inventory: Any) -> Any:
     """The inventory named by -i (or the configured default); loaded on demand (pydantic, yaml)."""
     from llmfleet.inventory.ansible import load_inventory
 
-    return load_inventory(inventory_path(c, inventory))
+    return load_inventory(inventory_path(c, inventory), script_timeout=load_settings(c).inventory_timeout)
 
 
 def select_hosts(c, inventory: Any, host: str | None, group: str | None) -> tuple[Any, list[Any]]:
@@ -243,7 +250,9 @@ def log_line(line: str) -> None:
     ``--json`` run need not pay."""
     from datetime import UTC, datetime
 
-    text = f"{datetime.now(UTC):%H:%M:%S} {line}"
+    from llmfleet.cli.flags import hints
+
+    text = hints(f"{datetime.now(UTC):%H:%M:%S} {line}")
     if not err_console.in_use:
         sys.stderr.write(text + "\n")
         sys.stderr.flush()
