@@ -55,3 +55,13 @@ ROWS += [
     Cmd(("images.verify", "--lock", "loop.lock", "--json"), 1, says="registry unreachable", json=True,
         files={"loop.lock": _LOOP_LOCK}),
 ]
+
+ROWS += [
+    # hints name the command as typed: `llmfleet speed`, never `invoke speed`
+    Cmd(("speed",), 0, says="`llmfleet speed --group G`"),
+    # bundle.create takes pinned images only: its refusal does not suggest --allow-unpinned, which it refuses
+    Cmd(("bundle.create", "bundle-out", "--host", "gpu-4090-01"), 2, says="`llmfleet images.pin llamacpp=b5000-cu122`"),
+    # a lock named by --lock that is not there: one line, exit 2
+    Cmd(("images.list", "--lock", "MISSING"), 2, says="MISSING: no such lock file"),
+    Cmd(("images.list", "--lock", "MISSING", "--json"), 2, says="no such lock file", json=True),
+]

@@ -76,7 +76,8 @@ def select(inv: Inventory, host_names: list[str], services: list[str] | None, co
     lock = images.load_lock(lock_path)
     out: list[images.LockedImage] = []
     for key, where in sorted(keys.items()):
-        ref = images.resolve(key, lock, where=where)  # refuses floating tags and unpinned entries
+        # refuses floating tags and unpinned entries (a bundle takes no --allow-unpinned: pinned images only)
+        ref = images.resolve(key, lock, where=where, unpinned_flag=False)
         locked = lock.get(key)
         if locked is None:
             raise UsageError(f"{where}: image {key!r} is not a key of {lock.path}; a bundle carries pinned images "

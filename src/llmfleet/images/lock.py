@@ -270,19 +270,23 @@ def resolve(
     mirrors: dict[str, str] | None = None,
     allow_unpinned: bool = False,
     where: str = "inventory",
+    unpinned_flag: bool = True,
 ) -> ImageRef:
     """A service's ``image`` -> the exact reference to pull.
 
     ``image`` is a key of images.lock (``vllm:0.9.2``), or a full reference with a digest
     (``repo@sha256:...``: pinned by itself), or a floating tag (refused unless ``allow_unpinned``).
+    ``unpinned_flag``: whether the caller's task takes --allow-unpinned (a refusal names it only then:
+    bundle.create carries pinned images only).
     """
     mirrors = mirrors or {}
+    or_flag = ", or pass --allow-unpinned" if unpinned_flag else ""
     locked = lock.get(image)
     if locked is not None and locked.digest is None:
         if not allow_unpinned:
             raise UsageError(
                 f"{where}: image {image!r} is listed in {lock.path} without a digest (never resolved); run "
-                f"`invoke images.pin {image.replace(':', '=', 1)}` where the registry is reachable, or pass --allow-unpinned"
+                f"`invoke images.pin {image.replace(':', '=', 1)}` where the registry is reachable{or_flag}"
             )
         return ImageRef(
             key=image, repository=apply_mirror(locked.repository, mirrors), digest=None,
@@ -303,7 +307,8 @@ def resolve(
         known = ", ".join(sorted(lock.images)) or "none"
         raise UsageError(
             f"{where}: image {image!r} is not in {lock.path} (pinned: {known}); run `invoke images.pin "
-            f"{image.replace(':', '=', 1)}` or give a full reference (repo@sha256:..., or repo:tag with --allow-unpinned)"
+            f"{image.replace(':', '=', 1)}` or give a full reference (repo@sha256:..."
+            + (", or repo:tag with --allow-unpinned)" if unpinned_flag else ")")
         )
     repo, tag, digest = split_reference(image)
     if not _REPO_RE.match(repo) or (tag is not None and not _TAG_RE.match(tag)):
@@ -317,8 +322,8 @@ def resolve(
         )
     if not allow_unpinned:
         raise UsageError(
-            f"{where}: image {image!r} is a floating tag; pin it in {lock.path} (`invoke images.pin`) "
-            f"or pass --allow-unpinned"
+            f"{where}: image {image!r} is a floating tag; pin it in {lock.path} (`invoke images.pin`)"
+            + (" or pass --allow-unpinned" if unpinned_flag else "")
         )
     return ImageRef(
         key=image, repository=apply_mirror(repo, mirrors), digest=None, tag=tag or "latest",
