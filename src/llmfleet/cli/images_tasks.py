@@ -371,6 +371,8 @@ def inspect(c, key, ref=None, lock=None, pull=False, no_write=False, json=False)
 def list_(c, lock=None, json=False):
     """Show the pinned images with their CUDA, architectures and when a registry last confirmed them."""
     path = _lock_path(c, lock)
+    if not path.exists():  # a lock named by --lock or the configuration: a typo is not an empty lock
+        raise UsageError(f"{path}: no such lock file; run `invoke images.pin` first or pass --lock")
     lock_data = img.load_lock(path)
     catalog = _catalog_images()
     try:
