@@ -8,7 +8,10 @@ Two steps:
 ``record`` brings up one lab host of its own (lab-node-01 of inventory/lab, a real llama.cpp service),
 deploys it, then runs ``facts``, ``status --no-metrics``, ``upgrade --check`` and a no-change ``deploy``
 against it while recording every command llmfleet sends and what the host answered, into
-bench/data/simfleet-lab-node.json; then removes the lab host.
+bench/data/simfleet-lab-node.json (with the images.lock entries its releases were rendered with: ``run``
+renders the same ones whatever the lab's images are now); then removes the lab host.
+tests/test_simfleet_recording.py replays those commands against the committed recording (no lab) and
+fails, naming this command, when the code sends one it does not hold.
 
 ``run`` starts a simulated fleet (``python -m llmfleet.lab.simfleet``: one process, one loopback port per
 host, paramiko's server side answering from the recording, each answer delayed by the time the real
@@ -36,7 +39,32 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RECORDING = ROOT / "bench" / "data" / "simfleet-lab-node.json"
 RECORD_HOST = "lab-node-01"
+RECORD_COMMAND = "python bench/fleet_scale_bench.py record"
+LAB_KEY = ROOT / ".lab" / "id_ed25519"
 sys.path.insert(0, str(ROOT / "src"))
+
+
+def controller_argv(command: str, inv: Path | str, forks: int) -> list[str]:
+    """The controller's command line for one measured command against the simulated fleet's inventory
+    (tests/test_simfleet_recording.py replays the same against the committed recording)."""
+    return {
+        "status": ["status", "-i", str(inv), "--group", "simfleet", "--no-metrics", "--json",
+                   "--forks", str(forks), "--timeout", "120"],
+        "upgrade-check": ["upgrade", "-i", str(inv), "--group", "simfleet", "--check", "--json",
+                          "--forks", str(forks)],
+        # a no-change deploy (as recorded: every service on its current, healthy release)
+        "deploy": ["deploy", "-i", str(inv), "--group", "simfleet", "--json", "--forks", str(forks)],
+        "facts": ["facts", "-i", str(inv), "--group", "simfleet", "--json"],  # (no --forks: facts has none)
+    }[command]
+
+
+def recorded_lock(lock_path: Path, host_vars: dict) -> str:
+    """The lock text of the images the recorded host's services name, as the recording run resolved them."""
+    from llmfleet.images.lock import ImageLock, load_lock, render_lock
+
+    lock = load_lock(lock_path)
+    keys = {s.get("image") for s in host_vars.get("llmfleet_services") or []} & set(lock.images)
+    return render_lock(ImageLock(images={k: lock.images[k] for k in sorted(keys)}, path=str(lock_path)))
 
 
 def load() -> str:
@@ -50,7 +78,7 @@ def _cli(argv: list[str]) -> int:
     from llmfleet.cli.main import program
 
     try:
-        program.run(["llmfleet", *argv], exit=False)
+        program.run(["llmfleet", *argv])  # exits (SystemExit) on a failure; exit=False would hide its code
     except SystemExit as exc:
         return int(exc.code or 0) if not isinstance(exc.code, str) else 1
     return 0
@@ -84,7 +112,8 @@ def record(out: Path) -> None:
         host_vars = dict(load_inventory(str(inv_dir)).hosts[RECORD_HOST].vars)
         rec = Recording(host=RECORD_HOST, host_vars=host_vars,
                         recorded_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                        notes="lab-node-01 of inventory/lab (llama.cpp, tiny model), deployed and healthy")
+                        notes="lab-node-01 of inventory/lab (llama.cpp, tiny model), deployed and healthy",
+                        images_lock=recorded_lock(ROOT / ".lab" / "images.lock", host_vars))
         runs = {
             "facts": ["facts", *sel, "--host", RECORD_HOST, "--json"],
             "status": ["status", *sel, "--host", RECORD_HOST, "--no-metrics", "--json"],
@@ -109,14 +138,21 @@ def record(out: Path) -> None:
 # -- run ---------------------------------------------------------------------------------------------
 
 
-def write_fleet(work: Path, ports: list[int], key_type: str, key_b64: str, host_vars: dict) -> tuple[Path, Path]:
+def write_fleet(work: Path, ports: list[int], key_type: str, key_b64: str, host_vars: dict, *,
+                images_lock: str = "", key_path: Path = LAB_KEY) -> tuple[Path, Path]:
+    """The simulated fleet's inventory, known_hosts and configuration under ``work``. The images lock is the
+    recording's own (``images_lock``: the digests its releases were rendered with), else the lab's."""
     import yaml
 
     from llmfleet.lab.simfleet import fleet_inventory, known_hosts_text
 
     hv = dict(host_vars)
-    hv["ansible_ssh_private_key_file"] = str(ROOT / ".lab" / "id_ed25519")
-    hv["llmfleet_images_lock"] = str(ROOT / ".lab" / "images.lock")
+    hv["ansible_ssh_private_key_file"] = str(key_path)
+    if images_lock:
+        (work / "images.lock").write_text(images_lock)
+        hv["llmfleet_images_lock"] = str(work / "images.lock")
+    else:
+        hv["llmfleet_images_lock"] = str(ROOT / ".lab" / "images.lock")
     inv = work / f"inventory-{len(ports)}.yml"
     inv.write_text(yaml.safe_dump(fleet_inventory(ports, hv), sort_keys=False))
     known = work / "known_hosts"
@@ -128,9 +164,12 @@ def write_fleet(work: Path, ports: list[int], key_type: str, key_b64: str, host_
     return inv, cfg
 
 
-def measure(argv: list[str], timeout: float, src: Path = ROOT / "src") -> dict:
-    """Run the controller as a process; wall, CPU, max RSS from wait4, peak fds/threads sampled from /proc."""
+def measure(argv: list[str], timeout: float, src: Path = ROOT / "src", cache: Path | None = None) -> dict:
+    """Run the controller as a process; wall, CPU, max RSS from wait4, peak fds/threads sampled from /proc.
+    ``cache``: its cache folder (the simulated hosts' speeds must not reach the user's own history)."""
     env = dict(os.environ, PYTHONPATH=str(src), COLUMNS="160")
+    if cache is not None:
+        env["XDG_CACHE_HOME"] = str(cache)
     code = "import sys; from llmfleet.cli.main import program; program.run(['llmfleet', *sys.argv[1:]])"
     t0 = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-c", code, *argv], cwd=ROOT, env=env,
@@ -192,18 +231,10 @@ def run(sizes: list[int], forks_list: list[int], commands: list[str], latency: f
     from llmfleet.lab.simfleet import Recording
 
     if not RECORDING.exists():
-        raise SystemExit(f"{RECORDING} is missing: run `python bench/fleet_scale_bench.py record` (needs the lab)")
+        raise SystemExit(f"{RECORDING} is missing: run `{RECORD_COMMAND}` (needs the lab)")
     rec = Recording.load(RECORDING)
     print(f"recording: {RECORDING.relative_to(ROOT)} ({len(rec.entries)} commands, host {rec.host}, "
           f"{rec.recorded_at}); latency x{latency}; load {load()}", flush=True)
-    argv_for = {
-        "status": lambda inv, f: ["status", "-i", str(inv), "--group", "simfleet", "--no-metrics", "--json",
-                                  "--forks", str(f), "--timeout", "120"],
-        "upgrade-check": lambda inv, f: ["upgrade", "-i", str(inv), "--group", "simfleet", "--check", "--json",
-                                         "--forks", str(f)],
-        # a no-change deploy (as recorded: every service on its current, healthy release)
-        "deploy": lambda inv, f: ["deploy", "-i", str(inv), "--group", "simfleet", "--json", "--forks", str(f)],
-    }
     results = []
     for n in sizes:
         work = Path(tempfile.mkdtemp(prefix=f"llmfleet-simfleet-{n}-"))
@@ -218,15 +249,20 @@ def run(sizes: list[int], forks_list: list[int], commands: list[str], latency: f
             if not line:
                 raise SystemExit("the simulated fleet did not start")
             info = json.loads((work / "ports.json").read_text())
-            inv, cfg = write_fleet(work, info["ports"], info["key_type"], info["key"], rec.host_vars)
-            inv1, _ = write_fleet(work, info["ports"][:1], info["key_type"], info["key"], rec.host_vars)
-            write_fleet(work, info["ports"], info["key_type"], info["key"], rec.host_vars)  # known_hosts: all
+            lock = rec.images_lock
+            inv, cfg = write_fleet(work, info["ports"], info["key_type"], info["key"], rec.host_vars, images_lock=lock)
+            inv1, _ = write_fleet(work, info["ports"][:1], info["key_type"], info["key"], rec.host_vars, images_lock=lock)
+            write_fleet(work, info["ports"], info["key_type"], info["key"], rec.host_vars,
+                        images_lock=lock)  # known_hosts: all
             for cmd in commands:
                 for side, src in sources.items():
-                    one = measure(["-f", str(cfg), *argv_for[cmd](inv1, 1)], timeout=120, src=src)
+                    # the one-host run also fills this side's cache (parsed catalogs) before the measured runs
+                    cache = work / f"cache-{side}"
+                    one = measure(["-f", str(cfg), *controller_argv(cmd, inv1, 1)], timeout=120, src=src,
+                                  cache=cache)
                     for forks in forks_list:
-                        runs = [measure(["-f", str(cfg), *argv_for[cmd](inv, forks)], timeout=1800, src=src)
-                                for _ in range(repeat)]
+                        runs = [measure(["-f", str(cfg), *controller_argv(cmd, inv, forks)], timeout=1800, src=src,
+                                        cache=cache) for _ in range(repeat)]
                         walls = [r["wall_s"] for r in runs]
                         best = sorted(runs, key=lambda r: r["wall_s"])[len(runs) // 2]
                         # the controller's CPU for each host past the first (none for a fleet of one)

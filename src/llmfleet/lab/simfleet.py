@@ -41,12 +41,15 @@ CHANNEL_TIMEOUT_S = 60.0  # a client that sends no EOF on stdin within this is d
 ACCEPT_BACKLOG = 128
 
 # Volatile parts of a command: random hex tokens (probe marks, lock tokens, content hashes of a
-# fresh release), ISO timestamps, and process ids in lock holder documents.
+# fresh release), ISO timestamps, process ids in lock holder documents, and who sent it from where to which
+# host in audit records and lock holders (the recording machine's user@host and the lab host's name are
+# not the replaying controller's, nor a simulated host's).
 _VOLATILE = re.compile(
     r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:[+-]\d\d:\d\d|Z)?"  # ISO time
     r"|\b\d{8}T\d{6}Z?\b"  # compact time (release ids)
     r"|[0-9a-f]{8,}"  # hex tokens
     r"|\"pid\":\s*\d+"
+    r'|"(?:who|from|host)":\s*"[^"\\]*"'  # JSON fields naming the controller or the host
 )
 
 
@@ -93,6 +96,9 @@ class Recording:
     version: int = RECORDING_VERSION
     recorded_at: str = ""
     notes: str = ""
+    # The images.lock entries of the recorded host's services, as the recording run used them (lock text):
+    # a replaying controller must render the same releases, whatever the lab's images are now.
+    images_lock: str = ""
 
     def add(self, command: str, stdin: bytes | None, rc: int, stdout: str, stderr: str, seconds: float,
             label: str = "") -> None:
@@ -122,7 +128,8 @@ class Recording:
 
     def to_json(self) -> str:
         doc = {"version": self.version, "host": self.host, "recorded_at": self.recorded_at, "notes": self.notes,
-               "host_vars": self.host_vars, "entries": [asdict(e) | {"key": k} for k, e in self.entries.items()]}
+               "host_vars": self.host_vars, "images_lock": self.images_lock,
+               "entries": [asdict(e) | {"key": k} for k, e in self.entries.items()]}
         return json.dumps(doc, indent=1, sort_keys=False) + "\n"
 
     @classmethod
@@ -134,7 +141,8 @@ class Recording:
         if not isinstance(doc, dict) or doc.get("version") != RECORDING_VERSION:
             raise ValueError(f"{where}: not a version {RECORDING_VERSION} simulated-fleet recording")
         rec = cls(host=doc.get("host", ""), host_vars=doc.get("host_vars") or {},
-                  recorded_at=doc.get("recorded_at", ""), notes=doc.get("notes", ""))
+                  recorded_at=doc.get("recorded_at", ""), notes=doc.get("notes", ""),
+                  images_lock=doc.get("images_lock") or "")
         for raw in doc.get("entries", []):
             key = raw.pop("key")
             rec.entries[key] = Entry(**raw)
