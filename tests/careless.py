@@ -46,7 +46,8 @@ class Cmd:
     stdout: str = "pipe"  # pipe | closed (the reader went away, e.g. `| head -0`)
     json: bool = False  # stdout must be one JSON document
     one_line: bool = True  # a failure is exactly one line on stderr
-    files: dict[str, bytes] = field(default_factory=dict)  # written into the folder first (relative paths)
+    # written into the folder first (relative paths); one starting with #! is made executable (a script)
+    files: dict[str, bytes] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
     timeout_s: float = 90.0
 
@@ -137,6 +138,8 @@ class Fleet:
             p = self.folder / rel
             p.parent.mkdir(parents=True, exist_ok=True)
             p.write_bytes(data)
+            if data.startswith(b"#!"):
+                p.chmod(0o755)
         env = {**self.env, **cmd.env}
         stdin: int | None = subprocess.DEVNULL
         feed: bytes | None = None

@@ -303,3 +303,61 @@ def test_other_inventory_plugins_run_through_ansible_inventory(tmp_path: Path) -
           application: [web, api]
         """})
     same_as_ansible(tmp_path, ["gen.yml"])
+
+
+def test_a_script_that_never_answers_is_killed_at_its_time_limit_and_named(tmp_path: Path) -> None:
+    # the shell's child (sleep) holds the output pipe: it is killed with the script, or the wait never ends
+    write_tree(tmp_path, {"inv/cloud.sh": "#!/bin/sh\nsleep 1000\n", "inv/hosts.ini": "[web]\nw1\n"},
+               executable=("inv/cloud.sh",))
+    with pytest.raises(InventoryError, match=r"inv/cloud.sh --list: no answer within 1 s, killed; give a slow "
+                                             r"inventory script longer with llmfleet.inventory_timeout"):
+        load_inventory(tmp_path / "inv", script_timeout=1)
+
+
+def test_a_script_reads_nothing_from_stdin(tmp_path: Path) -> None:
+    script = """
+        #!/bin/sh
+        read line  # a script that asks: it gets end-of-input at once, not the terminal
+        echo '{"web": {"hosts": ["w1"]}, "_meta": {"hostvars": {}}}'
+        """
+    write_tree(tmp_path, {"inv.sh": script}, executable=("inv.sh",))
+    assert list(load_inventory(tmp_path / "inv.sh", script_timeout=30).hosts) == ["w1"]
+
+
+@pytest.mark.parametrize(
+    ("files", "executable", "says"),
+    [
+        # an executable in a folder runs as a script (as Ansible runs it); one that fails stops the load
+        ({"inv/a-tool": "#!/bin/sh\necho usage: a-tool >&2\nexit 2\n", "inv/hosts.ini": "[web]\nw1\n"},
+         ("inv/a-tool",), r"inv/a-tool --list: exited 2: usage: a-tool \(an executable in a folder source is run as "
+                          r"an inventory script, as Ansible does\)"),
+        ({"inv/quiet": "#!/bin/sh\nexit 0\n"}, ("inv/quiet",),
+         r"inv/quiet --list: printed nothing; an inventory script prints its groups as JSON"),
+        ({"inv/chatty": "#!/bin/sh\necho hello\n"}, ("inv/chatty",), r"inv/chatty --list: output is not JSON"),
+    ],
+)
+def test_a_failing_script_in_a_folder_stops_the_load_with_its_line(tmp_path: Path, files, executable, says) -> None:
+    write_tree(tmp_path, files, executable=executable)
+    with pytest.raises(InventoryError, match=says):
+        load_inventory(tmp_path / "inv")
+
+
+def test_an_executable_that_cannot_start_is_read_as_a_file_as_ansible_does(tmp_path: Path) -> None:
+    # an INI file with the executable bit (a Windows share): no #! line, so not a script; Ansible's ini reads it
+    write_tree(tmp_path, {"inv/hosts": "[web]\nw1\n"}, executable=("inv/hosts",))
+    same_as_ansible(tmp_path, ["inv"])
+
+
+def test_an_unreadable_executable_is_not_run(tmp_path: Path) -> None:
+    if os.geteuid() == 0:
+        pytest.skip("root reads every file")
+    write_tree(tmp_path, {"inv/x": "#!/bin/sh\ntouch ran\n", "inv/hosts.ini": "[web]\nw1\n"})
+    (tmp_path / "inv" / "x").chmod(0o111)
+    inv = load_inventory(tmp_path / "inv", cwd=tmp_path)
+    assert list(inv.hosts) == ["w1"] and not (tmp_path / "ran").exists()
+
+
+def test_a_folder_reached_twice_through_a_link_is_read_once(tmp_path: Path) -> None:
+    write_tree(tmp_path, {"inv/hosts.ini": "[web]\nw1\n"})
+    (tmp_path / "inv" / "loop").symlink_to(tmp_path / "inv")
+    assert list(load_inventory(tmp_path / "inv").hosts) == ["w1"]

@@ -70,6 +70,7 @@ def test_settings_from_the_nested_config_and_from_a_flat_one():
     assert nested == flat
     assert (nested.ssh.connect_timeout, nested.ssh.command_timeout, nested.ssh.user) == (3, 120, "ops")
     assert nested.audit_log == DEFAULT_AUDIT_LOG and nested.images_lock is None
+    assert (nested.inventory_timeout, Settings.of({"inventory_timeout": "5"}).inventory_timeout) == (30, 5)
     assert Settings.of(nested) is nested and SshSettings.of(nested) is nested.ssh
 
 
@@ -78,6 +79,7 @@ def test_settings_from_the_nested_config_and_from_a_flat_one():
     [
         ({"ssh": {"connect_timeout": "soon"}}, "llmfleet.ssh.connect_timeout: 'soon' is not a number"),
         ({"pull_timeout": -1}, "llmfleet.pull_timeout: -1 must be more than 0"),
+        ({"inventory_timeout": 0}, "llmfleet.inventory_timeout: 0 must be more than 0"),
         ({"audit_log": 5}, "llmfleet.audit_log: 5 is not a string"),
     ],
 )

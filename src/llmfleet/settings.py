@@ -20,6 +20,7 @@ DEFAULT_INVENTORY = "inventory/lab/"
 DEFAULT_KNOWN_HOSTS = "~/.local/state/llmfleet/known_hosts"
 DEFAULT_AUDIT_LOG = "~/.local/state/llmfleet/audit.jsonl"
 DEFAULT_PULL_TIMEOUT_S = 1800.0
+DEFAULT_INVENTORY_TIMEOUT_S = 30.0
 
 
 def _number(key: str, value: Any, default: float) -> float:
@@ -84,6 +85,7 @@ class Settings:
     audit_log: str = DEFAULT_AUDIT_LOG  # the local audit log
     images_lock: str | None = None  # None: images.lock at the repository root (or the inventory's own)
     pull_timeout: float = DEFAULT_PULL_TIMEOUT_S  # seconds one image pull may take
+    inventory_timeout: float = DEFAULT_INVENTORY_TIMEOUT_S  # seconds one inventory script may run
     roles_path: Any = None  # folder(s) searched for engine roles before the packaged ones
     templates_path: Any = None  # folder(s) searched for templates before the packaged ones
     bench_dir: str | None = None  # where `invoke bench` keeps its results (None: llmfleet.fleet.bench_run's default)
@@ -100,6 +102,7 @@ class Settings:
             audit_log=_text("audit_log", d.get("audit_log")) or DEFAULT_AUDIT_LOG,
             images_lock=_text("images_lock", d.get("images_lock")),
             pull_timeout=_number("pull_timeout", d.get("pull_timeout"), DEFAULT_PULL_TIMEOUT_S),
+            inventory_timeout=_number("inventory_timeout", d.get("inventory_timeout"), DEFAULT_INVENTORY_TIMEOUT_S),
             roles_path=d.get("roles_path"),
             templates_path=d.get("templates_path"),
             bench_dir=_text("bench_dir", d.get("bench_dir")),

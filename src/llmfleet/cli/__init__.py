@@ -55,6 +55,7 @@ ns.configure(
         "llmfleet": {
             # None: -i, else as Ansible finds it (ANSIBLE_INVENTORY, ansible.cfg, ./inventory)
             "inventory": None,
+            "inventory_timeout": 30,  # seconds an inventory script may run (llmfleet.inventory.script)
             "ssh": {
                 "connect_timeout": 10,
                 "command_timeout": 120,

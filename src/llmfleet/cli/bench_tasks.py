@@ -140,7 +140,7 @@ def bench(c, host=None, service=None, concurrency=None, prompt_tokens=None, max_
         ext = str(plot_file).lower().rsplit(".", 1)[-1]
         if ext not in ("png", "html", "htm", "svg"):
             raise UsageError(f"--plot {plot_file}: give a file ending in .png, .html or .svg")
-    inv = load_inventory(inventory_path(c, inventory))
+    inv = load_inventory(inventory_path(c, inventory), script_timeout=load_settings(c).inventory_timeout)
     if host not in inv.hosts:
         raise UsageError(f"{inv.path}: no host {host!r}; hosts: {', '.join(inv.hosts) or '(none)'}")
     ids = _compare_ids(compare)

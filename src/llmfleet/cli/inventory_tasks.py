@@ -6,7 +6,7 @@ import builtins
 from pathlib import Path
 
 from llmfleet.cli import common
-from llmfleet.cli.common import console, err_console, escape, inventory_path, print_json
+from llmfleet.cli.common import console, err_console, escape, inventory_path, load_settings, print_json
 from llmfleet.cli.flags import fleet_task
 from llmfleet.errors import InventoryError, UsageError
 
@@ -54,7 +54,8 @@ def inventory(c, inventory=None, list=False, host=None, check=False, limit=None,
         raise UsageError(f"inventory: -l/--limit {limit} picks the hosts of the table and of --check; --list and "
                          "--host print the whole inventory and one host")
     # its warnings print on stderr (cli.common)
-    inv = load_inventory(inventory_path(c, inventory), vault_password_file=vault_password_file)
+    inv = load_inventory(inventory_path(c, inventory), vault_password_file=vault_password_file,
+                         script_timeout=load_settings(c).inventory_timeout)
     if list:
         print_json(inv.to_ansible_list())
         return

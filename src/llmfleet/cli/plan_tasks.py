@@ -22,7 +22,7 @@ MICROSECONDS = Number(float, low=0, metavar="US")
 def _host_settings(c, inventory: str | None, host: str):
     from llmfleet.inventory.ansible import load_inventory, settings_for
 
-    inv = load_inventory(inventory_path(c, inventory))
+    inv = load_inventory(inventory_path(c, inventory), script_timeout=load_settings(c).inventory_timeout)
     if host not in inv.hosts:
         raise UsageError(f"{inv.path}: no host {host!r}; hosts: {', '.join(inv.hosts) or 'none'}")
     return settings_for(inv.hosts[host])
@@ -63,7 +63,8 @@ def _hosts_of(c, inventory: str | None, host: str, svc) -> int:
         from llmfleet.release.multihost import workers_of
     except ImportError:  # no multi-host deploy in this build: count the names as hosts
         return 1 + len(workers)
-    return 1 + len(workers_of(load_inventory(inventory_path(c, inventory)), host, svc))
+    inv = load_inventory(inventory_path(c, inventory), script_timeout=load_settings(c).inventory_timeout)
+    return 1 + len(workers_of(inv, host, svc))
 
 
 def _gather(c, inventory: str | None, host: str, accept_new_host_keys: bool):
@@ -72,7 +73,7 @@ def _gather(c, inventory: str | None, host: str, accept_new_host_keys: bool):
     from llmfleet.host import ssh
     from llmfleet.inventory.ansible import load_inventory, settings_for
 
-    inv = load_inventory(inventory_path(c, inventory))
+    inv = load_inventory(inventory_path(c, inventory), script_timeout=load_settings(c).inventory_timeout)
     if host not in inv.hosts:
         raise UsageError(f"{inv.path}: no host {host!r}; hosts: {', '.join(inv.hosts) or 'none'}")
     h = inv.hosts[host]

@@ -714,8 +714,12 @@ def load_inventory(
     *,
     cwd: str | os.PathLike[str] | None = None,
     vault_password_file: str | None = None,
+    script_timeout: float | None = None,
 ) -> Inventory:
     """Read one or several ``-i`` sources (files, folders, scripts, host lists) as ansible-inventory does.
+
+    An inventory script runs for at most ``script_timeout`` seconds (None: llmfleet.inventory.script's
+    default, 30 s).
 
     Vars files encrypted whole with ansible-vault are decrypted with the vault password file
     (``vault_password_file``, else ``ANSIBLE_VAULT_PASSWORD_FILE``); without one they are skipped
@@ -728,6 +732,8 @@ def load_inventory(
         args = [os.fspath(p) for p in path]
     if not args:
         raise UsageError("no inventory given: pass -i PATH or set llmfleet.inventory in invoke.yaml")
+    from llmfleet.inventory.script import TIMEOUT_S
     from llmfleet.inventory.vault import Vault
 
-    return load_sources(args, cwd=Path(cwd) if cwd is not None else None, vault=Vault(vault_password_file))
+    return load_sources(args, cwd=Path(cwd) if cwd is not None else None, vault=Vault(vault_password_file),
+                        script_timeout=TIMEOUT_S if script_timeout is None else script_timeout)

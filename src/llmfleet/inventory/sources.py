@@ -9,7 +9,9 @@ Each argument, in order, is one source:
   .md .txt .rst .orig .cfg .retry``; overridden by ``ANSIBLE_INVENTORY_IGNORE``, plus the regexes in
   ``ANSIBLE_INVENTORY_IGNORE_REGEX``);
 - a file: Ansible's plugins in their default order, the first that accepts it wins:
-  ``script`` (executable: run with ``--list``), ``auto`` (``.yml``/``.yaml`` with ``plugin:``: the
+  ``script`` (readable and executable: run with ``--list``, nothing on stdin, for at most
+  ``llmfleet.inventory_timeout`` seconds; one that runs and fails, or gives no answer in time, stops
+  the load, in a folder too; one that cannot be started is left to the other formats), ``auto`` (``.yml``/``.yaml`` with ``plugin:``: the
   ``constructed`` plugin here; any other plugin is run through ``ansible-inventory`` when it is
   installed), ``yaml`` (``.yml .yaml .json`` or no extension), ``ini`` (anything but ``.toml``),
   ``toml``.
@@ -88,11 +90,11 @@ def _yaml_data(path: Path):
     return load_yaml(path)
 
 
-def _try_script(b: Builder, path: Path, cwd: Path | None) -> None:
-    script.parse_script_inventory(b, path, cwd)
+def _try_script(b: Builder, path: Path, cwd: Path | None, timeout: float) -> None:
+    script.parse_script_inventory(b, path, cwd, timeout)
 
 
-def _try_auto(b: Builder, path: Path, cwd: Path | None) -> None:
+def _try_auto(b: Builder, path: Path, cwd: Path | None, timeout: float) -> None:
     try:
         data = _yaml_data(path)
     except InventoryError as exc:
@@ -109,25 +111,29 @@ def _try_auto(b: Builder, path: Path, cwd: Path | None) -> None:
             f"{path}: inventory plugin {name!r} runs only inside Ansible, and ansible-inventory is not installed; "
             "install ansible-core, or give an inventory file or script instead"
         )
-    script.ingest(b, path, script.run([exe, "-i", str(path), "--list"], cwd, f"ansible-inventory -i {path} --list"))
+    script.ingest(b, path, script.run([exe, "-i", str(path), "--list"], cwd, f"ansible-inventory -i {path} --list",
+                                      timeout))
 
 
-def _try_yaml(b: Builder, path: Path, cwd: Path | None) -> None:
+def _try_yaml(b: Builder, path: Path, cwd: Path | None, timeout: float) -> None:
     parse_yaml_inventory(b, path, _yaml_data(path))
 
 
-def _try_ini(b: Builder, path: Path, cwd: Path | None) -> None:
+def _try_ini(b: Builder, path: Path, cwd: Path | None, timeout: float) -> None:
     ini.parse_ini_inventory(b, path, read_text(path))
 
 
-def _try_toml(b: Builder, path: Path, cwd: Path | None) -> None:
+def _try_toml(b: Builder, path: Path, cwd: Path | None, timeout: float) -> None:
     toml_inv.parse_toml_inventory(b, path, read_text(path))
 
 
 def _plugins(path: Path) -> list[tuple[str, object]]:
     ext = path.suffix
     out: list[tuple[str, object]] = []
-    if os.access(path, os.X_OK):
+    # Ansible's script plugin takes a readable file that is executable (or starts with #!, which then fails
+    # to run unless executable): lib/ansible/plugins/inventory/script.py, verify_file, and the readable check
+    # of lib/ansible/plugins/inventory/__init__.py, BaseInventoryPlugin.verify_file
+    if os.access(path, os.X_OK) and os.access(path, os.R_OK):
         out.append(("script", _try_script))
     if ext in (".yml", ".yaml"):
         out.append(("auto", _try_auto))
@@ -152,12 +158,12 @@ def _preferred(path: Path, failures: list[tuple[str, str]]) -> str:
     return "; ".join(f"as {n}: {m}" for n, m in failures)
 
 
-def parse_file(b: Builder, path: Path, cwd: Path | None, explicit: bool) -> bool:
+def parse_file(b: Builder, path: Path, cwd: Path | None, explicit: bool, timeout: float = script.TIMEOUT_S) -> bool:
     failures: list[tuple[str, str]] = []
     for name, fn in _plugins(path):
         b.current_source = str(path)
         try:
-            fn(b, path, cwd)  # type: ignore[operator]
+            fn(b, path, cwd, timeout)  # type: ignore[operator]
             return True
         except _Refused as exc:
             if name != "auto":
@@ -165,6 +171,11 @@ def parse_file(b: Builder, path: Path, cwd: Path | None, explicit: bool) -> bool
         except InventoryError as exc:
             if name == "auto":
                 raise
+            if name == "script" and not isinstance(exc, script.CannotRun):
+                # It ran, so it is a script, and it failed (exit status, output, no answer in time): that
+                # stops the load, in a folder too. Ansible would warn and read the script's text as INI.
+                raise InventoryError(str(exc) if explicit else f"{exc} (an executable in a folder source is "
+                                     f"run as an inventory script, as Ansible does)") from None
             failures.append((name, str(exc)))
         finally:
             b.current_source = None
@@ -175,7 +186,16 @@ def parse_file(b: Builder, path: Path, cwd: Path | None, explicit: bool) -> bool
     return False
 
 
-def parse_folder(b: Builder, folder: Path, cwd: Path | None, ignored: re.Pattern[str]) -> int:
+def parse_folder(b: Builder, folder: Path, cwd: Path | None, ignored: re.Pattern[str],
+                 timeout: float = script.TIMEOUT_S, _seen: set[str] | None = None) -> int:
+    """Every entry of ``folder`` in name order, as Ansible's InventoryManager.parse_source walks a folder
+    (lib/ansible/inventory/manager.py): hidden entries, group_vars/host_vars/vars_plugins and the ignored
+    extensions skipped, sub-folders recursively (a folder reached twice through links is read once)."""
+    seen = set() if _seen is None else _seen
+    real = os.path.realpath(folder)
+    if real in seen:
+        return 0
+    seen.add(real)
     parsed = 0
     try:
         entries = sorted(os.listdir(folder))
@@ -186,13 +206,14 @@ def parse_folder(b: Builder, folder: Path, cwd: Path | None, ignored: re.Pattern
             continue
         full = folder / entry
         if full.is_dir():
-            parsed += parse_folder(b, full, cwd, ignored)
+            parsed += parse_folder(b, full, cwd, ignored, timeout, seen)
         elif full.is_file():
-            parsed += parse_file(b, full, cwd, explicit=False)
+            parsed += parse_file(b, full, cwd, explicit=False, timeout=timeout)
     return parsed
 
 
-def load_sources(args: list[str], cwd: Path | None = None, vault=None) -> Inventory:
+def load_sources(args: list[str], cwd: Path | None = None, vault=None, script_timeout: float = script.TIMEOUT_S
+                 ) -> Inventory:
     """Read every ``-i`` source in order into one inventory, then merge host variables."""
     b = Builder()
     var_dirs: list[Path] = []
@@ -207,11 +228,11 @@ def load_sources(args: list[str], cwd: Path | None = None, vault=None) -> Invent
         if not path.exists():
             raise InventoryError(f"{arg}: inventory not found; pass -i PATH or set llmfleet.inventory in invoke.yaml")
         if path.is_dir():
-            if not parse_folder(b, path, cwd, ignored):
+            if not parse_folder(b, path, cwd, ignored, script_timeout):
                 raise InventoryError(f"{path}: no inventory file found in this folder (YAML, INI, TOML or a script)")
             var_dirs.append(path)
         else:
-            parse_file(b, path, cwd, explicit=True)
+            parse_file(b, path, cwd, explicit=True, timeout=script_timeout)
             var_dirs.append(path.parent)
     # ``path`` is where relative settings (llmfleet_images_lock) are based: the first file or folder
     # source; a host list alone has none.
