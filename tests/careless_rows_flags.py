@@ -48,6 +48,7 @@ ROWS: list[Cmd] = [
     Cmd(("deploy", "--host", H, "--tags", "chat"), 2, says="`llmfleet deploy --service chat`"),
     Cmd(("status", "--host", H, "--tags", "chat"), 2, says="llmfleet has no tags"),
     Cmd(("render", "--host", H, "--forks", "4"), 2, says="render has no --forks"),
+    Cmd(("render", "--host", H, "-f", "4"), 2, says="render has no --forks"),
     Cmd(("deploy", "--host", H, "-c", "local"), 2, says="connects over SSH"),
     Cmd(("remove", "--host", H, "-y"), 2, says="`llmfleet remove --yes`"),
     # --context takes k and M (binary, as 256k = 262144); garbage is one line

@@ -454,7 +454,12 @@ def install() -> None:
         # `invoke -f FILE`: a file that is not there is an error, not silently skipped
         path = self.args.config.value if "config" in self.args else None
         if path and not os.path.exists(os.path.expanduser(str(path))):
-            raise Exit(f"error: -f {path}: no such config file", code=2)
+            parsed = getattr(self, "tasks", None) or []
+            names = [c.name for c in parsed if "--forks" not in c.flags]
+            why = ""
+            if str(path).isdigit() and names:  # `render -f 5`: a task without --forks left -f to Invoke's core
+                why = f" ({names[0]} has no --forks: after a task that has none, -f names a config file)"
+            raise Exit(f"error: -f {path}: no such config file{why}", code=2)
         return update(self, merge)
 
     from invoke.config import Config
