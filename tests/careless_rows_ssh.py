@@ -18,5 +18,8 @@ ROWS: list[Cmd] = [
     Cmd(("facts", "-i", "slow"), 2, says="slow/cloud.sh --list: no answer within 2 s, killed",
         files={"slow/cloud.sh": b"#!/bin/sh\nsleep 100000\n"}, env={"INVOKE_LLMFLEET_INVENTORY_TIMEOUT": "2"}),
     Cmd(("inventory", "-i", "slow", "--list"), 2, says="slow/cloud.sh --list: no answer within 2 s, killed",
-        env={"INVOKE_LLMFLEET_INVENTORY_TIMEOUT": "2"}),
+        files={"slow/cloud.sh": b"#!/bin/sh\nsleep 100000\n"}, env={"INVOKE_LLMFLEET_INVENTORY_TIMEOUT": "2"}),
+    # ANSIBLE_CONFIG naming a missing file: passed over as Ansible does, with a warning naming it
+    Cmd(("inventory", "--host", "gpu-v100-01"), 0, says="ANSIBLE_CONFIG names /nonexistent/ansible.cfg, which does not exist",
+        env={"ANSIBLE_CONFIG": "/nonexistent/ansible.cfg"}),
 ]

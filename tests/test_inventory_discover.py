@@ -107,3 +107,37 @@ def test_the_cli_finds_it_as_ansible_does(box):
     assert "cfg-host" in run(cwd, home).stdout
     (cwd / "env.yml").write_text("g:\n  hosts:\n    env-host:\n")
     assert "env-host" in run(cwd, home, ANSIBLE_INVENTORY="env.yml").stdout
+
+
+@pytest.mark.parametrize(
+    ("named", "says"),
+    [
+        (None, None),
+        ("{cwd}/ansible.cfg", None),
+        ("{cwd}", None),  # a folder: its ansible.cfg
+        ("{cwd}/gone.cfg", "ANSIBLE_CONFIG names {cwd}/gone.cfg, which does not exist; passed over as Ansible does"),
+        ("{home}", "ANSIBLE_CONFIG names {home}/ansible.cfg, which does not exist"),
+    ],
+)
+def test_an_ansible_config_naming_no_file_is_said(box, named, says):
+    from llmfleet.inventory.discover import missing_ansible_config
+
+    cwd, home = box
+    (cwd / "ansible.cfg").write_text("[defaults]\ninventory = here\n")
+    env = {} if named is None else {"ANSIBLE_CONFIG": named.format(cwd=cwd, home=home)}
+    got = missing_ansible_config(env)
+    if says is None:
+        assert got is None
+    else:
+        assert got is not None and got.startswith(says.format(cwd=cwd, home=home)) and "unset ANSIBLE_CONFIG" in got
+
+
+def test_a_missing_ansible_config_is_passed_over_with_a_warning(box):
+    from llmfleet.inventory.values import InventoryWarning
+
+    cwd, home = box
+    (cwd / "ansible.cfg").write_text("[defaults]\ninventory = here\n")
+    (cwd / "here").mkdir()
+    with pytest.warns(InventoryWarning, match=r"ANSIBLE_CONFIG names /nope/ansible.cfg, which does not exist"):
+        found = find(None, None, {"ANSIBLE_CONFIG": "/nope/ansible.cfg"}, str(cwd), str(home))
+    assert found.sources == [str(cwd / "here")]  # the next in Ansible's order, as Ansible reads it

@@ -5,7 +5,8 @@
 3. ``ANSIBLE_INVENTORY`` (comma-separated sources, as Ansible reads it);
 4. ``[defaults] inventory`` of the first ansible.cfg found in Ansible's order: ``ANSIBLE_CONFIG``,
    ``./ansible.cfg``, ``~/.ansible.cfg``, ``/etc/ansible/ansible.cfg`` (relative paths are relative to
-   that file's folder, as in Ansible);
+   that file's folder, as in Ansible); an ``ANSIBLE_CONFIG`` naming no readable file is passed over, as
+   Ansible passes it over (lib/ansible/config/manager.py, find_ini_config_file), with a warning;
 5. ``./inventory`` when it exists;
 
 else one line saying where it looked. Pure apart from reading the environment given and the files
@@ -16,10 +17,12 @@ from __future__ import annotations
 
 import configparser
 import os
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from llmfleet.errors import UsageError
+from llmfleet.inventory.values import InventoryWarning
 
 SYSTEM_CFG = "/etc/ansible/ansible.cfg"
 
@@ -39,6 +42,21 @@ def ansible_cfg_paths(env: Mapping[str, str], cwd: str, home: str) -> list[str]:
         out.append(os.path.join(given, "ansible.cfg") if os.path.isdir(given) else given)
     out += [os.path.join(cwd, "ansible.cfg"), os.path.join(home, ".ansible.cfg"), SYSTEM_CFG]
     return out
+
+
+def missing_ansible_config(env: Mapping[str, str]) -> str | None:
+    """The warning for an ``ANSIBLE_CONFIG`` that names no readable file (None when it is unset or fine).
+    Ansible says nothing and reads the next ansible.cfg in its order."""
+    given = env.get("ANSIBLE_CONFIG")
+    if not given:
+        return None
+    path = os.path.expanduser(given)
+    path = os.path.join(path, "ansible.cfg") if os.path.isdir(path) else path
+    if os.path.isfile(path) and os.access(path, os.R_OK):
+        return None
+    why = "is not readable" if os.path.exists(path) else "does not exist"
+    return (f"ANSIBLE_CONFIG names {path}, which {why}; passed over as Ansible does (next: ./ansible.cfg, "
+            f"~/.ansible.cfg, {SYSTEM_CFG}): fix or unset ANSIBLE_CONFIG")
 
 
 def _split(value: str, base: str | None, home: str) -> list[str]:
@@ -82,6 +100,9 @@ def find(given: str | Sequence[str] | None, configured: str | Sequence[str] | No
     if env.get("ANSIBLE_INVENTORY", "").strip():
         return _existing(_split(env["ANSIBLE_INVENTORY"], cwd, home), "ANSIBLE_INVENTORY")
     looked = []
+    missing = missing_ansible_config(env)
+    if missing:
+        warnings.warn(missing, InventoryWarning, stacklevel=2)
     for cfg in ansible_cfg_paths(env, cwd, home):
         if os.path.isfile(cfg):
             sources = cfg_inventory(cfg, home)
