@@ -46,6 +46,7 @@ class Cmd:
     stdout: str = "pipe"  # pipe | closed (the reader went away, e.g. `| head -0`)
     json: bool = False  # stdout must be one JSON document
     one_line: bool = True  # a failure is exactly one line on stderr
+    silent: bool = False  # ends saying nothing (the reader of stdout went away: exit 141, as `head` leaves a tool)
     # written into the folder first (relative paths); one starting with #! is made executable (a script)
     files: dict[str, bytes] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
@@ -182,7 +183,9 @@ def check(fleet: Fleet, cmd: Cmd) -> None:
     assert res.rc is not None, f"no end within {cmd.timeout_s:g} s (a hang)\n{shown}"
     assert "Traceback (most recent call last)" not in res.out + res.err, f"a traceback\n{shown}"
     assert res.rc == cmd.rc, f"exit {res.rc}, not {cmd.rc}\n{shown}"
-    if cmd.rc != 0:
+    if cmd.silent:
+        assert not res.err.strip(), f"a closed stdout is not worth a word on stderr\n{shown}"
+    elif cmd.rc != 0:
         # on stderr; a fleet command's per-host outcome may be its report on stdout
         lines = [ln for ln in res.err.splitlines() if ln.strip()] or [ln for ln in res.out.splitlines() if ln.strip()]
         assert lines, f"a failure that says nothing\n{shown}"

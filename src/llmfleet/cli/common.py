@@ -50,7 +50,22 @@ class _LazyConsole:
             stream = sys.stderr if self._stderr else sys.stdout
             width = None if stream.isatty() or os.environ.get("COLUMNS") else 160
             self._console = Console(stderr=self._stderr, highlight=False, soft_wrap=True, width=width)
+            self._console.on_broken_pipe = _reader_went_away  # rich would exit 1; the program ends with 141
         return getattr(self._console, name)
+
+
+def _reader_went_away() -> None:
+    """rich's on_broken_pipe: the reader of stdout went away (`llmfleet plan ... | head -1`). rich exits 1
+    there; raised on, it reaches the program's closed-pipe handling (flags.install: quietly, 141)."""
+    raise BrokenPipeError
+
+
+def can_ask() -> bool:
+    """Whether a question can be put to a person: stdin is a terminal (not closed, not a pipe or file)."""
+    try:
+        return sys.stdin is not None and sys.stdin.isatty()
+    except (ValueError, OSError):  # a closed or broken stdin
+        return False
 
 
 console: Any = _LazyConsole(stderr=False)

@@ -6,6 +6,7 @@ from invoke.exceptions import Exit
 
 from llmfleet.cli.common import (
     INVENTORY_HELP,
+    can_ask,
     console,
     escape,
     host_document,
@@ -69,7 +70,6 @@ def status(c, host=None, group=None, inventory=None, accept_new_host_keys=False,
 )
 def release(c, host, inventory=None, yes=False, accept_new_host_keys=False, verbose=False, json=False):
     """Break a host's deploy lock (a stale one left by a dead deploy); asks first unless --yes. Audited."""
-    import sys
 
     from llmfleet.inventory.ansible import settings_for
     from llmfleet.release.executor import lock_break, lock_status
@@ -89,7 +89,7 @@ def release(c, host, inventory=None, yes=False, accept_new_host_keys=False, verb
                 else:
                     console.print(f"{h.name}: the deploy lock is free")
                 return
-            if not sys.stdin.isatty():
+            if not can_ask():
                 raise UsageError(f"{h.name}: lock {st['description']}; pass --yes to break it (no terminal to ask on)")
             answer = input(f"{h.name}: lock {st['description']}.\nBreak it? A deploy that still runs would lose "
                            "its protection. [y/N] ")

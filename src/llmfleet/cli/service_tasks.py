@@ -11,6 +11,7 @@ from invoke.exceptions import Exit
 
 from llmfleet.cli.common import (
     INVENTORY_HELP,
+    can_ask,
     console,
     escape,
     host_document,
@@ -323,7 +324,7 @@ def remove(c, host=None, group=None, service=None, orphans=False, inventory=None
     if not yes:
         what = f"service {service}" if service else "every orphaned service"
         where = host or group or "?"
-        if not sys.stdin.isatty():
+        if not can_ask():
             raise UsageError(f"remove: pass --yes to remove {what} from {where} (no terminal to ask on)")
         answer = input(f"Remove {what} from {where}: unit, containers, releases and images only it uses? [y/N] ")
         if answer.strip().lower() not in {"y", "yes"}:

@@ -208,7 +208,14 @@ def load_lock(path: str | Path | None = None) -> ImageLock:
     if not p.is_file():
         return ImageLock(images={}, path=str(p))
     # Parsed once per file content for the process (a fleet run reads the same lock for every host).
-    text = p.read_text(encoding="utf-8")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise UsageError(f"{p}: not a text file (images.lock is YAML); name the lock file, or write one with "
+                         "`invoke images.pin`") from None
+    except OSError as exc:
+        raise UsageError(f"{p}: cannot read it ({exc.strerror or exc}); fix its permissions or name another "
+                         "lock") from None
     cached = _LOCK_CACHE.get(str(p))
     if cached is None or cached[0] != text:
         cached = (text, parse_lock(text, path=str(p), keep=True))
