@@ -21,3 +21,10 @@ ROWS = [
     # a binary file where a YAML lock is expected
     Cmd(("images.list", "--lock", "some.bin"), 2, says="some.bin: not a text file", files={"some.bin": b"\x00\xff\xfe"}),
 ]
+
+# a usage error Invoke finds before the task runs is JSON too when --json was asked for
+ROWS += [
+    Cmd(("images.pin", "--json"), 2, json=True),
+    Cmd(("lock.release", "--json"), 2, json=True),
+    Cmd(("deploy", "--host", "gpu-v100-01", "--json", "--bogus"), 2, json=True, says="--bogus"),
+]

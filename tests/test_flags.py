@@ -138,3 +138,27 @@ def test_invoke_itself_exits_2_with_one_line():
                          text=True, timeout=60)
     assert res.returncode == 2 and res.stderr.strip().splitlines() == [
         "error: deploy: no flag --nope (`invoke --help deploy` lists the flags)"]
+
+
+def test_a_tables_text_cells_and_title_name_the_command_as_typed(monkeypatch):
+    from rich.table import Table
+
+    from llmfleet.cli import common, flags
+
+    monkeypatch.setattr(flags, "PROG", "llmfleet")
+    t = Table(title="from `invoke plan`")
+    t.add_column("check")
+    t.add_column("fix")
+    t.add_row("image", "pin it: `invoke images.pin vllm=0.19.1`")
+    from rich.text import Text
+
+    styled = Text("`invoke x` styled")
+    t.add_row("disk", styled)  # not plain text: left as it is
+    common._hint_cells(t)
+    assert t.columns[1]._cells == ["pin it: `llmfleet images.pin vllm=0.19.1`", styled]
+    assert t.title == "from `llmfleet plan`"
+    monkeypatch.setattr(flags, "PROG", "invoke")
+    t2 = Table()
+    t2.add_column("fix")
+    t2.add_row("`invoke images.pin`")
+    assert common._hint_cells(t2).columns[0]._cells == ["`invoke images.pin`"]

@@ -41,7 +41,7 @@ class _LazyConsole:
         user of the `llmfleet` command, `invoke speed` for one of `invoke`: ``flags.hints``)."""
         from llmfleet.cli.flags import hints
 
-        self.__getattr__("print")(*(hints(o) if isinstance(o, str) else o for o in objects), **kwargs)
+        self.__getattr__("print")(*(hints(o) if isinstance(o, str) else _hint_cells(o) for o in objects), **kwargs)
 
     def __getattr__(self, name: str) -> Any:
         if self._console is None:
@@ -52,6 +52,22 @@ class _LazyConsole:
             self._console = Console(stderr=self._stderr, highlight=False, soft_wrap=True, width=width)
             self._console.on_broken_pipe = _reader_went_away  # rich would exit 1; the program ends with 141
         return getattr(self._console, name)
+
+
+def _hint_cells(obj: Any) -> Any:
+    """A rich Table's text cells and title with their command hints in the words typed (a preflight fix
+    column that says `invoke images.pin` to an llmfleet user); anything else as it is."""
+    from llmfleet.cli.flags import hints
+
+    columns = getattr(obj, "columns", None)
+    if isinstance(columns, list):
+        for col in columns:
+            cells = getattr(col, "_cells", None)
+            if isinstance(cells, list):
+                col._cells = [hints(c) if isinstance(c, str) else c for c in cells]
+        if isinstance(getattr(obj, "title", None), str):
+            obj.title = hints(obj.title)
+    return obj
 
 
 def _reader_went_away() -> None:

@@ -402,8 +402,13 @@ def install() -> None:
                 coll = getattr(self, "collection", None)
                 tasks = list(coll.task_names) if coll is not None else []
                 contexts = {c.name: c for c in coll.to_contexts()} if coll is not None else None
-                raise Exit(usage_line(exc, _prog(self), tasks, getattr(self, "argv", None) or (), contexts),
-                           code=2) from None
+                argv = getattr(self, "argv", None) or ()
+                line = usage_line(exc, _prog(self), tasks, argv, contexts)
+                if "--json" in argv:  # every --json outcome is one JSON document, a usage error's too
+                    from llmfleet.cli.common import error_document, print_json
+
+                    print_json(error_document(line, 2))
+                raise Exit(line, code=2) from None
 
         return wrapper
 
