@@ -279,7 +279,7 @@ def render_plan(p: Plan, title: str | None = None, fleet: dict[str, Any] | None 
         "network_latency_us": "with --hosts: one-way latency per message in microseconds (default: 25-100)",
         "split_mode": "llama.cpp with several GPUs: layer (default) or row (one host)",
         "interconnect": "nvlink or pcie between the cards of a host (default: the card's catalog entry)",
-        "context": "tokens per sequence (e.g. 8192 or 8k); default: the most that fits",
+        "context": "tokens per sequence (e.g. 8192, 8k or 1M; k = 1024); default: the most that fits",
         "concurrency": "concurrent sequences (vLLM --max-num-seqs, llama.cpp -np); default 1",
         "kv_dtype": "KV cache dtype: auto, fp8 (vLLM); f16, q8_0, q4_0 (llama.cpp)",
         "engine": "vllm or llamacpp (default: llamacpp for GGUF, vllm otherwise)",
