@@ -76,8 +76,15 @@ SCENARIOS = [
                             f"llamacpp:tokens_predicted_total{{{T}}}": "4000x30",
                             f"llamacpp:prompt_tokens_total{{{T}}}": "3000x30"}, "20m", False),
     # decode speed below the release's floor (20 tok/s) for 15 minutes
-    ("LlmfleetDecodeBelowFloor", {f"llamacpp:predicted_tokens_seconds{{{T}}}": "9x40"}, "30m", True),
-    ("LlmfleetDecodeBelowFloor", {f"llamacpp:predicted_tokens_seconds{{{T}}}": "31x40"}, "30m", False),
+    # llama-server: tokens generated over the slots' generation seconds (540 tokens in 60 s: 9 tok/s)
+    ("LlmfleetDecodeBelowFloor", {f"llamacpp:tokens_predicted_total{{{T}}}": "0+540x40",
+                                  f"llamacpp:tokens_predicted_seconds_total{{{T}}}": "0+60x40"}, "30m", True),
+    ("LlmfleetDecodeBelowFloor", {f"llamacpp:tokens_predicted_total{{{T}}}": "0+1860x40",
+                                  f"llamacpp:tokens_predicted_seconds_total{{{T}}}": "0+60x40"}, "30m", False),
+    # ... and a service idle for part of the window is judged by the requests it did serve
+    ("LlmfleetDecodeBelowFloor", {f"llamacpp:tokens_predicted_total{{{T}}}": "0+540x10 5400x10 5400+540x20",
+                                  f"llamacpp:tokens_predicted_seconds_total{{{T}}}": "0+60x10 600x10 600+60x20"},
+     "40m", True),
     ("LlmfleetDecodeBelowFloor", {  # vLLM: 0.1 s per output token = 10 tok/s
         f"vllm:time_per_output_token_seconds_sum{{{T}}}": "0+6x40",
         f"vllm:time_per_output_token_seconds_count{{{T}}}": "0+60x40"}, "30m", True),
