@@ -1,24 +1,38 @@
 """A real Prometheus (Debian's /usr/bin/prometheus, on a free loopback port of this machine) scraping the lab's
-llama.cpp engines through the targets `invoke prometheus.targets` writes.
+engines through the targets `invoke prometheus.targets` writes, with llmfleet's rules loaded.
 
-The lab publishes its engines on loopback by default (reached through SSH tunnels); here two lab hosts are
+The lab publishes its engines on loopback by default (reached through SSH tunnels); here the lab hosts are
 reached at their lab-network address, as a real fleet's hosts at their private address (host_vars:
 ansible_host, port 22), and publish their engines on 0.0.0.0: this machine reaches them there.
-Asserted: every lab service is in Prometheus with llmfleet's labels (one llama-server holds an API key:
-scraped by its own job, the key read from the credentials_file the operator writes, never from the task); a deploy that changes a release
-re-writes the targets (llmfleet.prometheus_targets) and Prometheus shows the new release; LlmfleetEngineDown
-fires for a stopped engine and not for the running one. The hung and below-floor alerts are covered by
-promtool's rule unit tests (tests/test_monitoring.py).
+
+The rules are the shipped ones (src/llmfleet/monitoring/rules.yml, every expression as shipped) with their
+time windows scaled down by ``SCALE`` (``lab_rules``: each `for:` and each range selector, so 5m becomes
+15 s, 10m 30 s, 15m 45 s): the lab cannot wait a quarter of an hour per alert. Scrapes and evaluations
+every second.
+
+Asserted, on two llama.cpp hosts: every lab service is in Prometheus with llmfleet's labels (one
+llama-server holds an API key: scraped by its own job, the key read from the credentials_file the operator
+writes, never from the task); a deploy that changes a release re-writes the targets
+(llmfleet.prometheus_targets) and Prometheus shows the new release; LlmfleetEngineDown fires for a stopped
+engine and not for the running one. LlmfleetDecodeBelowFloor has no lab case yet (promtool's cases only).
+
+Asserted on vLLM (marker ``vllm``, one deploy): LlmfleetEngineHung fires when the engine core stops
+(SIGSTOP) while requests run, its API process still answering /metrics (so not LlmfleetEngineDown), and is
+not raised while the same engine serves that load. A llama-server whose main loop is frozen cannot show
+this: its /metrics is answered by that loop, so the scrape fails and the engine is down
+(LlmfleetEngineDown). Every alert is also covered by promtool's rule unit tests (tests/test_monitoring.py).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -38,6 +52,33 @@ WAIT_S = 90
 KEY_ENV = "LLMFLEET_LAB_PROM_KEY"  # gpu-t4-01's llama-server holds an API key: its /metrics needs it
 KEY = "lab-prom-key-7f3a9c"
 KEYED = HOSTS[1]
+SCALE = 1 / 20  # the rules' windows in the lab: 5m -> 15 s
+VLLM_HOST = "gpu-4090-01"
+DURATION = re.compile(r"^(\d+)([smhd])$")
+RANGE = re.compile(r"\[(\d+)([smhd])\]")
+UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def _scaled(n: str, unit: str, factor: float) -> str:
+    return f"{max(1, round(int(n) * UNIT_S[unit] * factor))}s"
+
+
+def lab_rules(rules: dict[str, Any], factor: float) -> dict[str, Any]:
+    """The rules file with every `for:` and every range selector (``[5m]``) multiplied by ``factor`` (in
+    seconds, at least 1 s); expressions, labels and annotations otherwise as given."""
+    out = json.loads(json.dumps(rules))
+    for group in out["groups"]:
+        for rule in group["rules"]:
+            rule["expr"] = RANGE.sub(lambda m: f"[{_scaled(m[1], m[2], factor)}]", rule["expr"])
+            if "for" in rule:
+                m = DURATION.match(str(rule["for"]))
+                assert m, f"unexpected duration {rule['for']!r} in {rule.get('alert')}"
+                rule["for"] = _scaled(m[1], m[2], factor)
+    return out
+
+
+def _rules_doc() -> dict[str, Any]:
+    return lab_rules(yaml.safe_load(packaged("rules.yml").read_text()), SCALE)
 
 
 def _free_port() -> int:
@@ -60,24 +101,28 @@ def invoke(lab, tmp: Path, *args: str, env: dict[str, str] | None = None, timeou
     return subprocess.run(argv, cwd=tmp, capture_output=True, text=True, timeout=timeout, env=full)
 
 
-def _inventory(lab, tmp: Path) -> dict[str, str]:
-    """The lab's inventory with the two hosts reached at their lab-network address (as a fleet's hosts at
+def _inventory(lab, tmp: Path, hosts: list[str] = HOSTS, group_vars: str = "all.yml",
+               extra: dict[str, Any] | None = None) -> dict[str, str]:
+    """The lab's inventory with ``hosts`` reached at their lab-network address (as a fleet's hosts at
     their private address: SSH on port 22, the engines published on 0.0.0.0), a low decode floor and
-    longer health stages (two cores shared with other runs); one host's service holds an API key (its llama-server's /metrics then needs it)."""
+    longer health stages (two cores shared with other runs; the services of ``group_vars``); the KEYED
+    host's service holds an API key (its llama-server's /metrics then needs it). ``extra``: more host
+    variables for every host."""
     dest = tmp / "inventory"
     shutil.copytree(lab.inventory_path, dest)
-    gv = dest / "group_vars" / "all.yml"
+    gv = dest / "group_vars" / group_vars
     data = yaml.safe_load(gv.read_text())
     data["llmfleet_services"] = [dict(s, health=dict(s.get("health") or {}, min_tokps=0.5, stage_timeout_s=120,
-                                                  load_timeout_s=180))
+                                                  load_timeout_s=max(180, (s.get("health") or {}).get(
+                                                      "load_timeout_s", 0))))
                                  for s in data["llmfleet_services"]]
     gv.write_text(yaml.safe_dump(data, sort_keys=False))
     addresses = {}
-    for h in HOSTS:
+    for h in hosts:
         addresses[h] = _lab_address(lab, h)
         (dest / "host_vars").mkdir(exist_ok=True)
         hv = {"ansible_host": addresses[h], "ansible_port": 22, "llmfleet_bind_address": "0.0.0.0",
-              "llmfleet_allow_unauthenticated": True}
+              "llmfleet_allow_unauthenticated": True, **(extra or {})}
         if h == KEYED:
             hv["llmfleet_services"] = [dict(s, api_key={"from_env": KEY_ENV}) for s in data["llmfleet_services"]]
         (dest / "host_vars" / f"{h}.yml").write_text(yaml.safe_dump(hv))
@@ -107,20 +152,80 @@ def _wait(what: str, fn, timeout: float = WAIT_S):
 
 
 def _config(tmp: Path, sd: Path) -> Path:
-    """prometheus.yml: the scrape jobs `prometheus.targets` wrote (at 1 s), and the packaged engine-down
-    rule with a 3 s hold instead of 2 minutes."""
+    """prometheus.yml: the scrape jobs `prometheus.targets` wrote (at 1 s), the packaged rules with their
+    windows scaled (``lab_rules``) and the hosts' floor rules `prometheus.targets` wrote."""
     jobs = yaml.safe_load((sd / "scrape-jobs.yml").read_text())["scrape_configs"]
     for j in jobs:
         j["scrape_interval"] = "1s"
         j["scrape_timeout"] = "1s"
-    rules = yaml.safe_load(packaged("rules.yml").read_text())
-    down = next(r for g in rules["groups"] for r in g["rules"] if r.get("alert") == "LlmfleetEngineDown")
-    (tmp / "rules.yml").write_text(yaml.safe_dump({"groups": [{"name": "lab", "rules": [dict(down, **{"for": "3s"})]}]}))
+    (tmp / "rules.yml").write_text(yaml.safe_dump(_rules_doc(), sort_keys=False))
     cfg = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
            "rule_files": [str(tmp / "rules.yml"), str(sd / "rules" / "*.yml")], "scrape_configs": jobs}
     p = tmp / "prometheus.yml"
     p.write_text(yaml.safe_dump(cfg))
     return p
+
+
+def _start_prometheus(tmp: Path, sd: Path) -> tuple[subprocess.Popen, int, Any]:
+    port = _free_port()
+    log = (tmp / "prometheus.log").open("w")
+    proc = subprocess.Popen([PROMETHEUS, f"--config.file={_config(tmp, sd)}", f"--storage.tsdb.path={tmp / 'data'}",
+                             f"--web.listen-address=127.0.0.1:{port}"], stdout=log, stderr=subprocess.STDOUT)
+    return proc, port, log
+
+
+def _stop_prometheus(proc: subprocess.Popen, log: Any) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)
+    log.close()
+
+
+def _firing(port: int, alert: str) -> set[str]:
+    return {r["metric"]["host"] for r in _query(port, f'ALERTS{{alertname="{alert}", alertstate="firing"}}')}
+
+
+class Load:
+    """Completions sent back to back to each engine (a lab address, port 8000) from one thread per engine,
+    each bounded: at most ``max_requests`` requests, none past ``max_s`` seconds, until ``stop()``. What
+    came back is counted (``done``, ``failed``) per address."""
+
+    def __init__(self, engines: dict[str, str | None], body: dict[str, Any], *, threads_per_engine: int = 1,
+                 max_requests: int = 400, max_s: float = 300, request_timeout_s: float = 60) -> None:
+        self.stop_event = threading.Event()
+        self.done: dict[str, int] = {a: 0 for a in engines}
+        self.failed: dict[str, int] = {a: 0 for a in engines}
+        self.deadline = time.monotonic() + max_s
+        self.threads = [threading.Thread(target=self._run, args=(a, k, body, max_requests, request_timeout_s),
+                                         daemon=True)
+                        for a, k in engines.items() for _ in range(threads_per_engine)]
+        for t in self.threads:
+            t.start()
+
+    def _run(self, address: str, key: str | None, body: dict[str, Any], max_requests: int, timeout: float) -> None:
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        with httpx.Client(timeout=timeout, trust_env=False) as client:
+            for _ in range(max_requests):
+                if self.stop_event.is_set() or time.monotonic() > self.deadline:
+                    return
+                try:
+                    r = client.post(f"http://{address}:8000/v1/completions", json=body, headers=headers)
+                    ok = r.status_code == 200
+                except httpx.HTTPError:
+                    ok = False
+                if ok:
+                    self.done[address] += 1
+                else:
+                    self.failed[address] += 1
+                    time.sleep(1)
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        for t in self.threads:
+            t.join(timeout=90)
 
 
 @pytest.fixture(scope="module")
@@ -141,20 +246,11 @@ def fleet(lab, tmp_path_factory):
     keys.mkdir()
     (keys / "env-llmfleet_lab_prom_key").write_text(KEY)  # what the operator writes, mode 0600
     os.chmod(keys / "env-llmfleet_lab_prom_key", 0o600)
-    port = _free_port()
-    log = (tmp / "prometheus.log").open("w")
-    proc = subprocess.Popen([PROMETHEUS, f"--config.file={_config(tmp, sd)}", f"--storage.tsdb.path={tmp / 'data'}",
-                             f"--web.listen-address=127.0.0.1:{port}"], stdout=log, stderr=subprocess.STDOUT)
+    proc, port, log = _start_prometheus(tmp, sd)
     try:
         yield {"tmp": tmp, "sd": sd, "port": port, "targets": doc, "addresses": addresses}
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-        log.close()
+        _stop_prometheus(proc, log)
 
 
 def test_prometheus_scrapes_every_lab_service_with_its_labels(fleet):
@@ -220,3 +316,55 @@ def test_the_engine_down_alert_fires_for_a_stopped_engine_only(lab, fleet):
         assert _query(port, f'up{{job=~"llmfleet-.*", host="{running}"}} == 1')
     finally:
         invoke(lab, tmp, "start", "-l", stopped, "--service", "tiny")
+
+
+@pytest.fixture(scope="module")
+def vllm_fleet(lab, tmp_path_factory):
+    """The lab's vLLM host deployed once, reached at its lab address, with a Prometheus of its own. Its
+    watchdog is off: it would restart the hung engine (tests/lab/test_liveness.py) before the alert's
+    window, and here the alert is under test."""
+    if not os.access(PROMETHEUS, os.X_OK):
+        pytest.fail(f"{PROMETHEUS} not installed: scripts/bootstrap.sh installs Debian's prometheus", pytrace=False)
+    tmp = tmp_path_factory.mktemp("prometheus-vllm")
+    lab.ensure_hosts(VLLM_HOST)
+    addresses = _inventory(lab, tmp, [VLLM_HOST], "lab_vllm.yml", {"llmfleet_watchdog": {"enabled": False}})
+    res = invoke(lab, tmp, "deploy", "-l", VLLM_HOST, "--accept-new-host-keys", "--json", timeout=1200)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    sd = tmp / "sd"
+    res = invoke(lab, tmp, "prometheus.targets", "--out", str(sd), "-l", VLLM_HOST, "--json")
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    proc, port, log = _start_prometheus(tmp, sd)
+    try:
+        yield {"tmp": tmp, "sd": sd, "port": port, "address": addresses[VLLM_HOST]}
+    finally:
+        _stop_prometheus(proc, log)
+        lab.exec(VLLM_HOST, ["systemctl", "stop", "llmfleet-tiny-vllm.service"], check=False, timeout=180)
+
+
+@pytest.mark.vllm
+def test_the_hung_alert_fires_for_a_vllm_engine_core_stopped_under_load(lab, vllm_fleet):
+    port, host = vllm_fleet["port"], VLLM_HOST
+    load = Load({vllm_fleet["address"]: None},
+                {"model": "tiny-qwen2", "prompt": "Once upon a time", "max_tokens": 200, "ignore_eos": True,
+                 "temperature": 0}, threads_per_engine=2, max_requests=100, max_s=420, request_timeout_s=120)
+    stopped = None
+    try:
+        # healthy and busy: requests running, tokens counted
+        _wait("vLLM serving the load in Prometheus", lambda: _query(
+            port, f'llmfleet:requests_running{{host="{host}"}} > 0 and on (job, instance) '
+                  f'llmfleet:progress_rate5m{{host="{host}"}} > 0'), timeout=300)
+        assert not _query(port, 'ALERTS{alertname="LlmfleetEngineHung"}'), "a busy engine is not hung"
+        found = lab.exec(host, ["sh", "-c", "pgrep -f '[E]ngineCore'"], check=False).stdout.split()
+        assert len(found) == 1, f"expected one EngineCore process on the host, found {found}"
+        stopped = int(found[0])
+        lab.exec(host, ["kill", "-STOP", str(stopped)])
+        got = _wait("LlmfleetEngineHung to fire", lambda: _firing(port, "LlmfleetEngineHung") or None, timeout=240)
+        assert got == {host}
+        # the API process still answers /metrics: hung, not down
+        assert _query(port, f'up{{job=~"llmfleet-.*", host="{host}"}} == 1')
+        assert not _firing(port, "LlmfleetEngineDown")
+        assert load.done[vllm_fleet["address"]] > 0
+    finally:
+        if stopped is not None:
+            lab.exec(host, ["kill", "-CONT", str(stopped)], check=False)
+        load.stop()
