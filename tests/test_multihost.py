@@ -329,7 +329,7 @@ def test_render_task_shows_the_heads_and_each_workers_files_offline(tmp_path):
                       {"llmfleet_cluster_address": "10.0.0.2"})
     inv = load_inventory(path)
     hs = inv.settings_for(inv.hosts["head"])
-    doc = _render_service(inv, inv.hosts["head"], hs, hs.services[0], ImageLock(images={}), Settings.of(None), False)
+    doc = _render_service(inv, inv.hosts["head"], hs, hs.services[0], ImageLock(images={}), Settings.of(None))
     args = doc["engine_args"]
     # the head's own address comes from its interface at deploy time; the worker's is in the inventory
     assert args[args.index("--rpc") + 1] == "10.0.0.2:50052"
@@ -511,7 +511,7 @@ def test_deploy_and_render_refuse_before_any_connection(tmp_path):
         key="llamacpp:server-cuda-12.8", repository="ghcr.io/ggml-org/llama.cpp", digest="sha256:" + "ef" * 32,
         tag="server-cuda")})
     with pytest.raises(UsageError, match="image llamacpp:server-cuda-12.8 has no rpc-server"):
-        _render_service(inv, inv.hosts["head"], hs, hs.services[0], lock, Settings.of(None), False)
+        _render_service(inv, inv.hosts["head"], hs, hs.services[0], lock, Settings.of(None))
 
 
 def test_a_worker_goes_back_to_where_its_previous_release_listens():
