@@ -14,7 +14,10 @@ Asserted, on two llama.cpp hosts: every lab service is in Prometheus with llmfle
 llama-server holds an API key: scraped by its own job, the key read from the credentials_file the operator
 writes, never from the task); a deploy that changes a release re-writes the targets
 (llmfleet.prometheus_targets) and Prometheus shows the new release; LlmfleetEngineDown fires for a stopped
-engine and not for the running one. LlmfleetDecodeBelowFloor has no lab case yet (promtool's cases only).
+engine and not for the running one; LlmfleetDecodeBelowFloor fires, under the same load of completions on
+both engines, for the one whose release's health mark carries the floor of a faster card (re-read by
+`prometheus.targets` and a reload of Prometheus) and not for the one above its own floor, and
+LlmfleetRestartStorm stays quiet after the single stop and start of the engine-down test.
 
 Asserted on vLLM (marker ``vllm``, one deploy): LlmfleetEngineHung fires when the engine core stops
 (SIGSTOP) while requests run, its API process still answering /metrics (so not LlmfleetEngineDown), and is
@@ -29,6 +32,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -248,7 +252,8 @@ def fleet(lab, tmp_path_factory):
     os.chmod(keys / "env-llmfleet_lab_prom_key", 0o600)
     proc, port, log = _start_prometheus(tmp, sd)
     try:
-        yield {"tmp": tmp, "sd": sd, "port": port, "targets": doc, "addresses": addresses}
+        yield {"tmp": tmp, "sd": sd, "keys": keys, "port": port, "proc": proc, "targets": doc,
+               "addresses": addresses}
     finally:
         _stop_prometheus(proc, log)
 
@@ -316,6 +321,74 @@ def test_the_engine_down_alert_fires_for_a_stopped_engine_only(lab, fleet):
         assert _query(port, f'up{{job=~"llmfleet-.*", host="{running}"}} == 1')
     finally:
         invoke(lab, tmp, "start", "-l", stopped, "--service", "tiny")
+
+
+HEALTH_MARK = "/opt/llmfleet/services/tiny/current/health.json"  # the lab's root; release.store's layout
+FASTER_FLOOR = 1e6  # tok/s: above any speed llama-server reaches on the lab's tiny model (about 10,000)
+
+
+def _refresh_floors(lab, fleet) -> dict[str, Any]:
+    """`invoke prometheus.targets` re-run (as from cron after a change) and Prometheus told to re-read its
+    rule files (SIGHUP: the test's Prometheus has no --web.enable-lifecycle)."""
+    res = invoke(lab, fleet["tmp"], "prometheus.targets", "--out", str(fleet["sd"]), "-l", ",".join(HOSTS),
+                 "--keys-dir", str(fleet["keys"]), "--json")
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    fleet["proc"].send_signal(signal.SIGHUP)
+    return json.loads(res.stdout)
+
+
+def _floors(port: int) -> dict[str, float]:
+    return {r["metric"]["host"]: float(r["value"][1]) for r in _query(port, "llmfleet:decode_floor_tokps")}
+
+
+def test_the_below_floor_alert_fires_for_a_service_below_its_releases_floor_only(lab, fleet):
+    """The slow host's current release carries the floor of a faster card (its health mark re-written, as
+    a floor recorded elsewhere would be); under the same load of completions on both engines the alert
+    fires for it and not for the other, whose own floor its engine beats. Run right after the engine-down
+    test: its single stop and start of one engine is no restart storm."""
+    port = fleet["port"]
+    slow, healthy = HOSTS
+    storm_window = _scaled("1", "h", SCALE)
+    original = lab.exec(slow, ["cat", HEALTH_MARK]).stdout
+    mark = json.loads(original)
+    assert mark.get("floor_tokps") is not None, f"{slow}'s health mark has no floor: {original[:300]}"
+    lab.exec(slow, ["sh", "-c", 'cat > "$1"', "sh", HEALTH_MARK],
+             input=json.dumps(dict(mark, floor_tokps=FASTER_FLOOR)) + "\n")
+    load = None
+    storms: list[Any] = []
+    try:
+        doc = _refresh_floors(lab, fleet)
+        assert {t["host"]: float(t["labels"]["floor_tokps"]) for t in doc["targets"]}[slow] == FASTER_FLOOR
+        floors = _wait("the new floor in Prometheus",
+                       lambda: (f := _floors(port)).get(slow) == FASTER_FLOOR and healthy in f and f)
+        load = Load({fleet["addresses"][slow]: None, fleet["addresses"][healthy]: KEY},
+                    {"model": "tiny-qwen2", "prompt": "Once upon a time", "max_tokens": 48, "ignore_eos": True,
+                     "temperature": 0}, max_requests=20000, max_s=300, request_timeout_s=60)
+
+        def below_floor():
+            storm = _query(port, 'ALERTS{alertname="LlmfleetRestartStorm"}')
+            if storm:
+                storms.append({"alerts": storm, "changes_up": _query(
+                    port, f'changes(up{{job=~"llmfleet-.*"}}[{storm_window}])'),
+                    "resets_n_decode": _query(port, f"resets(llamacpp:n_decode_total[{storm_window}])")})
+            return _query(port, 'ALERTS{alertname="LlmfleetDecodeBelowFloor", alertstate="firing"}') or None
+
+        got = _wait("LlmfleetDecodeBelowFloor to fire", below_floor, timeout=300)
+        assert {r["metric"]["host"] for r in got} == {slow}
+        assert {r["metric"]["service"] for r in got} == {"tiny"}
+        speeds = {r["metric"]["host"]: float(r["value"][1]) for r in _query(port, "llmfleet:decode_tokps")}
+        # the healthy engine is measured, with a floor of its own, and beats it: nothing pending for it
+        assert speeds.get(healthy, 0) > floors[healthy], (speeds, floors)
+        assert 0 < speeds[slow] < FASTER_FLOOR
+        assert not _query(port, f'ALERTS{{alertname="LlmfleetDecodeBelowFloor", host="{healthy}"}}')
+        assert load.done[fleet["addresses"][slow]] > 0 and load.done[fleet["addresses"][healthy]] > 0
+        below_floor()
+        assert not storms, f"LlmfleetRestartStorm after one stop and start: {json.dumps(storms)[:3000]}"
+    finally:
+        if load is not None:
+            load.stop()
+        lab.exec(slow, ["sh", "-c", 'cat > "$1"', "sh", HEALTH_MARK], input=original, check=False)
+        _refresh_floors(lab, fleet)
 
 
 @pytest.fixture(scope="module")
