@@ -100,6 +100,12 @@ SCENARIOS = [
      "12m", True),
     ("LlmfleetRestartStorm", {f"llamacpp:n_decode_total{{{T}}}": "10 20 0 10 0 10 0 5x10"}, "12m", True),
     ("LlmfleetRestartStorm", {f"process_start_time_seconds{{{T}}}": "100x20", f"up{{{T}}}": "1x20"}, "12m", False),
+    # scrapes that failed three times and worked at the next, the engine never restarted: no storm
+    ("LlmfleetRestartStorm", {f"up{{{T}}}": "1 0 1 0 1 0 1 0 1x10", f"llamacpp:n_decode_total{{{T}}}": "100+10x20"},
+     "12m", False),
+    # one stop and start: down a while, counters from zero again
+    ("LlmfleetRestartStorm", {f"up{{{T}}}": "1 1 0 0 0 1x15", f"llamacpp:n_decode_total{{{T}}}": "500 600 _ _ _ 0+10x15"},
+     "12m", False),
     ("LlmfleetDriverDropsCard", {f'up{{{T}, driver="590.44.01", card="Tesla V100-SXM2-32GB", '
                                  'driver_drives_card="false"}': "0x5"}, "3m", True),
     ("LlmfleetDriverDropsCard", {f'up{{{T}, driver="580.95.05", driver_drives_card="true"}}': "1x5"}, "3m", False),
