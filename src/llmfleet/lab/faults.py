@@ -565,7 +565,8 @@ class FaultBench:
         said: list[str] = []
         t0 = time.monotonic()
         o = self.deploy(log=said.append, engine_args=["--no-such-flag-llmfleet"])
-        r.outcome = f"{o.result}: {o.reason[:100]}"
+        # the head and the end of the reason: the end says where the deploy went back and how that went
+        r.outcome = f"{o.result}: {o.reason[:100]}" + (f" ... {o.reason[-300:]}" if len(o.reason) > 100 else "")
         r.time_to_serving_s = self.wait_serving(t0, 60, release=good)
         r.extra["armed"] = [ln for ln in said if "host reverts to" in ln]
         r.extra["went_back_to"] = o.services[SERVICE].current if SERVICE in o.services else None
