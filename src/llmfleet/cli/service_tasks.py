@@ -111,9 +111,10 @@ def _render_service(inv: Any, host: Any, settings: Any, svc: Any, lock: Any, con
 
 
 def _unpinned_line(host: str, svc: dict[str, Any]) -> str:
-    return hints(f"[bold yellow]# {host}/{escape(svc['service'])}: UNPINNED image {escape(svc['image'])}[/bold yellow] "
-                 "(a floating tag, not a digest): deploy refuses it until `invoke images.pin` pins it, "
-                 "or with --allow-unpinned")
+    """The first line for an unpinned service (console.print names the command as typed)."""
+    return (f"[bold yellow]# {host}/{escape(svc['service'])}: UNPINNED image {escape(svc['image'])}[/bold yellow] "
+            "(a floating tag, not a digest): deploy refuses it until `invoke images.pin` pins it, "
+            "or with --allow-unpinned")
 
 
 @fleet_task(
