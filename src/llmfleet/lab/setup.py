@@ -52,6 +52,12 @@ PINS = [
     LabPin(CU118_KEY, lab_images.CU118, "lab/llama-server-cu118", "lab",
            "lab: dockerfiles/llamacpp-cu118 built here (llama-server, CUDA 11.8 from Debian's nvidia-cuda-toolkit); "
            "without a GPU it serves on the CPU backend"),
+    LabPin("node-exporter:lab", "node-exporter", "lab/node-exporter", "lab",
+           "lab: the real node exporter from Debian bookworm's prometheus-node-exporter, laid out like "
+           "quay.io/prometheus/node-exporter (entrypoint /bin/node_exporter)"),
+    LabPin("dcgm-exporter:lab-sim", "dcgm-exporter-sim", "lab/dcgm-exporter-sim", "lab",
+           "lab: dcgm-exporter SIMULATOR (no GPU): DCGM_FI_DEV_* series shaped like recorded dcgm-exporter "
+           "output for DCGM_SIM_GPUS x DCGM_SIM_MODEL, dcgm-exporter's flags, XID/ECC faults from a file"),
 ]
 
 
