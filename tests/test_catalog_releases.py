@@ -9,11 +9,11 @@ import re
 
 import pytest
 
-from llmfleet.knowledge import compat
+from llmfleet.knowledge import compat, engines
 from llmfleet.knowledge.planner import PlanRequest, plan
 
 CAT = compat.load_engine_catalog()
-GPU = {k: r for k, r in CAT.images.items() if not r.cpu}
+GPU = {k: r for k, r in CAT.images.items() if not r.cpu and r.engine in engines.names()}  # exporters carry no kernels
 VLLM = {k: r for k, r in GPU.items() if r.engine == "vllm"}
 ARCH_WORDS = re.compile(r"kernel|arch|ARCH|sm_\d+|\d\.\d;\d\.\d|fatbin", re.I)
 

@@ -33,7 +33,7 @@ def sources(inv: Inventory, chosen: dict[str, list[str]]) -> dict[str, tuple[str
     out: dict[str, tuple[str | None, str]] = {}
     for name, names in chosen.items():
         for s in settings_for(inv.hosts[name]).services:
-            if s.name not in names:
+            if s.name not in names or s.model_path is None:  # an exporter has no model
                 continue
             src = s.model_source
             local = os.path.expanduser(src.path) if src is not None and src.path else None

@@ -79,7 +79,7 @@ def _gather(c, inventory: str | None, host: str, accept_new_host_keys: bool):
     h = inv.hosts[host]
     settings = settings_for(h)
     with ssh.connect(h, config=load_settings(c), accept_new_host_keys=accept_new_host_keys) as remote:
-        return facts_mod.gather(remote, root=settings.root, model_paths=[s.model_path for s in settings.services])
+        return facts_mod.gather(remote, root=settings.root, model_paths=[s.model_path for s in settings.services if s.model_path])
 
 
 def _b(n: int | float) -> str:

@@ -398,7 +398,7 @@ def host_rows(status: HostStatus, settings: HostSettings | None) -> list[Service
         info = st.current_release if st else None
         engine = engines.get(name) or (info.manifest.engine if info and info.manifest else None) or None
         row = ServiceRow(host=status.host, service=name, engine=engine, card=card,
-                         model=status.models.get(model_paths.get(name, "")))
+                         model=status.models.get(model_paths.get(name) or ""))
         if st is None:
             row.unit = "not deployed"
             hardware_note(row, status.gpu_health, by_name.get(name))
@@ -555,7 +555,7 @@ def query_host(
     except LlmfleetError as exc:
         return HostStatus(host=host.name, reachable=False, error=str(exc), seconds=time.monotonic() - t0)
     try:
-        paths = [s.model_path for s in settings.services] if settings else []
+        paths = [s.model_path for s in settings.services if s.model_path] if settings else []
         res = remote.run(status_script(root, paths), sudo=True)
         if not release_state.state_complete(res.stdout):
             detail = (res.stderr.strip() or res.stdout.strip()).splitlines()[-1:] or [f"exit {res.rc}"]

@@ -40,6 +40,16 @@ _SHOWN = 60  # characters of a refused value an error message shows
 _PLAIN_KEY = re.compile(r"^[A-Za-z0-9_.\[\]-]{1,64}$")
 _HOST_OR_GROUP_RE = r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,252}$"
 _IFNAME_RE = r"^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,14}$"
+# Services that are not inference engines: Prometheus exporters llmfleet deploys through the same
+# pipeline (knowledge/exporters.py has what each needs; docs/monitoring.md "Exporters").
+EXPORTER_KINDS = ("node-exporter", "dcgm-exporter")
+# Their default ports, as upstream sets them: node_exporter's --web.listen-address :9100, dcgm-exporter's
+# -a :9400 (https://github.com/prometheus/node_exporter, https://github.com/NVIDIA/dcgm-exporter).
+EXPORTER_PORTS = {"node-exporter": 9100, "dcgm-exporter": 9400}
+ENGINE_KINDS = ("vllm", "llamacpp")
+# What only an inference engine takes: an exporter setting one of these is refused with its name.
+_ENGINE_ONLY = ("model", "model_path", "quant", "context", "kv_dtype", "served_name", "gpu_memory_utilization",
+                "api_key", "engine_args", "offload", "workers", "cluster_port", "worker_image", "model_source")
 
 
 class _Strict(BaseModel):
@@ -153,12 +163,13 @@ class ModelSource(_Strict):
 
 
 class Service(_Strict):
-    """One inference server a host runs (one systemd unit, one compose project)."""
+    """One service a host runs (one systemd unit, one compose project): an inference server, or one of
+    the exporters in ``EXPORTER_KINDS`` (no model: ``model``/``model_path`` stay None)."""
 
     name: Annotated[str, Field(pattern=_NAME_RE)]
-    engine: Literal["vllm", "llamacpp"]
-    model: Annotated[str, Field(min_length=1, max_length=256)]
-    model_path: Annotated[str, Field(min_length=2, max_length=1024)]
+    engine: Literal["vllm", "llamacpp", "node-exporter", "dcgm-exporter"]
+    model: Annotated[str, Field(min_length=1, max_length=256)] | None = None
+    model_path: Annotated[str, Field(min_length=2, max_length=1024)] | None = None
     image: Annotated[str, Field(min_length=3, max_length=256)]
     quant: str | None = None
     gpus: list[Annotated[int, Field(ge=0, le=63)]] | Literal["all"] = "all"
@@ -192,6 +203,39 @@ class Service(_Strict):
     # Where `invoke models.push` takes the model from (a path here, a host, or hf + revision; docs/models.md).
     model_source: Annotated[ModelSource | None, BeforeValidator(_source_in)] = None
 
+    @model_validator(mode="wrap")
+    @classmethod
+    def _kind_fields(cls, data: Any, handler: Callable[[Any], Service]) -> Service:
+        """An engine needs model and model_path (reported with every other error of the service, as
+        required fields are); an exporter takes none of what only an engine takes."""
+        missing: list[str] = []
+        if isinstance(data, Mapping) and data.get("engine") in ENGINE_KINDS:
+            missing = [f for f in ("model", "model_path") if data.get(f) is None]
+        errors: list[Any] = [{"type": "missing", "loc": (f,), "input": data} for f in missing]
+        try:
+            svc = handler(data)
+        except ValidationError as exc:
+            if not errors:
+                raise
+            errors += [{k: e[k] for k in ("type", "loc", "input", "ctx") if k in e} for e in exc.errors()]
+            raise ValidationError.from_exception_data(cls.__name__, errors) from None
+        if errors:
+            raise ValidationError.from_exception_data(cls.__name__, errors)
+        if svc.engine in EXPORTER_KINDS:
+            given = [f for f in _ENGINE_ONLY if f in svc.model_fields_set and getattr(svc, f) not in (None, [], False)]
+            if given:
+                raise ValueError(f"{given[0]}: a {svc.engine} service has no model; remove {given[0]} "
+                                 "(an exporter takes name, engine, image, port, gpus, bind_address, env, "
+                                 "compose_overrides, health)")
+            if "port" not in svc.model_fields_set:
+                svc = svc.model_copy(update={"port": EXPORTER_PORTS[svc.engine]})
+        return svc
+
+    @property
+    def is_exporter(self) -> bool:
+        """An exporter (``EXPORTER_KINDS``), not an inference engine."""
+        return self.engine in EXPORTER_KINDS
+
     @field_validator("workers")
     @classmethod
     def _workers(cls, v: list[str]) -> list[str]:
@@ -212,7 +256,9 @@ class Service(_Strict):
 
     @field_validator("model_path")
     @classmethod
-    def _absolute(cls, v: str) -> str:
+    def _absolute(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
         if not v.startswith("/"):
             raise ValueError(f"must be an absolute path on the host, got {v!r}")
         if "\x00" in v or "\n" in v:

@@ -32,7 +32,7 @@ IMAGE_DISK_FACTOR = 1.5
 GPU_BUSY_FRACTION = 0.05
 # Every check id, in the order run_checks emits them (docs/preflight.md describes each).
 CHECK_IDS = (
-    "image", "gpu", "gpu-health", "cuda-driver", "arch", "quant", "dtype", "attention", "kv-dtype", "known-issue", "plan",
+    "image", "exporter", "gpu", "gpu-health", "cuda-driver", "arch", "quant", "dtype", "attention", "kv-dtype", "known-issue", "plan",
     "docker", "gpu-runtime", "compose", "disk-image", "model-files", "model-verified", "disk-model", "port", "bind",
     "facts",
 )
@@ -221,6 +221,8 @@ def plan_for(service: Service, facts: Facts, settings: HostSettings | None = Non
     """(plan, error) for a service on the host's cards: the card the service gets with the least
     memory, its memory as the host reports it, the host's card count. ``hosts``: the hosts the service
     spans (its head and workers, groups expanded); None: 1 + the names in its ``workers``, if any."""
+    if service.is_exporter:  # no model: nothing to plan
+        return None, None
     from llmfleet.knowledge import planner
     from llmfleet.knowledge.catalog import find_gpu
 
@@ -312,6 +314,9 @@ def run_checks(
                             + (f"; {'; '.join(notes)}" if notes else ""),
                             "make images.lock and catalog/engines.yaml agree" if notes else ""))
 
+    if service.is_exporter:
+        return checks + _exporter_checks(host_name, service, facts, rel, image_ref, settings)
+
     gpus, missing = selected_gpus(service, facts)
     gpu = _lowest_cc(gpus)
     checks.append(_gpu_check(service, facts, rel, gpus, missing))
@@ -365,7 +370,7 @@ def run_checks(
     checks.append(_gpu_runtime_check(facts, rel))
     checks.append(_compose_check(facts))
     checks.append(_disk_image_check(facts, rel, image_ref))
-    model = facts.model(service.model_path)
+    model = facts.model(service.model_path or "")
     checks.append(_model_files_check(host_name, service, model))
     if model is not None and model.manifest_read and model.kind in ("file", "dir"):
         checks.append(model_verified_check(host_name, service, model))
@@ -379,12 +384,62 @@ def run_checks(
     return checks
 
 
+def _exporter_checks(host_name: str, service: Service, facts: Facts, rel: EngineRelease | None, image_ref: Any,
+                     settings: HostSettings | None) -> list[Check]:
+    """An exporter's checks after its image: whether it works on the host's cards and driver
+    (``knowledge.exporters``), the cards' hardware for the DCGM exporter, the container engine, its
+    port and where it listens. No plan, no model."""
+    from llmfleet.knowledge import exporters
+
+    gpus, missing = selected_gpus(service, facts)
+    needs_gpu = exporters.for_kind(service.engine).gpus
+    checks = [_c("exporter", exporters.support(service.engine, gpus, facts.driver_version))]
+    if needs_gpu:
+        if missing:
+            checks.append(Check("gpu", "fail", f"service {service.name} asks for GPU {missing[0]}, which the host "
+                                "does not report", "fix llmfleet_services[].gpus"))
+        health = gpu_health.judge(facts.gpu_health, None if service.gpus == "all" else list(service.gpus), service.name)
+        if health is not None:
+            checks.append(_c("gpu-health", health))
+    checks.append(_docker_check(facts))
+    if needs_gpu:
+        checks.append(_gpu_runtime_check(facts, rel))
+    checks.append(_compose_check(facts))
+    checks.append(_disk_image_check(facts, rel, image_ref))
+    checks.append(_port_check(service, facts))
+    checks.append(exporter_bind_check(service, settings))
+    if facts.errors:
+        shown = "; ".join(facts.errors[:6]) + (f"; and {len(facts.errors) - 6} more" if len(facts.errors) > 6 else "")
+        checks.append(Check("facts", "warn", f"the probe reported: {shown}",
+                            "see `invoke facts --host " + host_name + "` for everything it found"))
+    return checks
+
+
+def exporter_bind_check(service: Service, settings: HostSettings | None) -> Check:
+    """An exporter has no API key: its /metrics answers whoever reaches the address. Loopback and a
+    private address pass; every interface (0.0.0.0) or a public address WARNs (host details for anyone
+    who reaches it; Docker's published ports bypass the host firewall)."""
+    import ipaddress
+
+    hs = settings or HostSettings()
+    addr = hs.bind_address_for(service)
+    ip = ipaddress.ip_address(addr)
+    where = f"exporter {service.name} listens on {addr}:{service.port}"
+    if ip.is_loopback:
+        return Check("bind", "pass", f"{where} (loopback: Prometheus must run on this host to scrape it)")
+    if ip.is_unspecified or not ip.is_private:
+        return Check("bind", "warn", f"{where}: its metrics (host and GPU details) answer anyone who reaches "
+                     "the address, and Docker's published ports bypass the host firewall",
+                     f"set llmfleet_services[{service.name}].bind_address to the address Prometheus scrapes")
+    return Check("bind", "pass", f"{where} (a private address)")
+
+
 def _is_multimodal(service: Service) -> bool:
     """The service's model carries a vision tower (catalog ``vision_params``); False when not known."""
     from llmfleet.knowledge.catalog import find_model
 
     try:
-        return (find_model(service.model).vision_params or 0) > 0
+        return service.model is not None and (find_model(service.model).vision_params or 0) > 0
     except UsageError:
         return False
 
@@ -553,7 +608,7 @@ def _disk_image_check(facts: Facts, rel: EngineRelease | None, image_ref: Any = 
 
 
 def _model_files_check(host: str, service: Service, model: ModelFile | None) -> Check:
-    path = service.model_path
+    path = service.model_path or ""
     if model is None:
         return Check("model-files", "warn", f"{path} was not probed", f"run `invoke preflight --host {host}` again")
     if model.kind == "missing":
@@ -592,7 +647,7 @@ def model_verified_check(host: str, service: Service, model: ModelFile) -> Check
     file changed since, WARN no manifest (a hand-copied model stays deployable)."""
     from llmfleet.models.manifest import judge
 
-    v = judge(service.model_path, model.manifest, model.observed)
+    v = judge(service.model_path or "", model.manifest, model.observed)
     push = f"`invoke models.push --host {host} --service {service.name}`"
     fix = {"no-manifest": f"{push} (a copy already there is checked with sha256sum on the host, not sent again)",
            "unreadable": push, "unchecked": push,
@@ -604,7 +659,7 @@ def model_verified_check(host: str, service: Service, model: ModelFile) -> Check
 def _disk_model_check(service: Service, facts: Facts, model: ModelFile | None, plan: Any) -> Check:
     if model is not None and model.kind in ("dir", "file"):
         return Check("disk-model", "pass", f"model already on the host ({_gib((model.size_bytes or 0) / 2**20)})")
-    disk = facts.disk("model:" + service.model_path)
+    disk = facts.disk("model:" + (service.model_path or ""))
     need = getattr(plan, "weights_bytes", None) if plan is not None else None
     if disk is None or disk.free_mib is None:
         return Check("disk-model", "warn", f"free space for {service.model_path} unknown",
@@ -631,6 +686,11 @@ def _port_check(service: Service, facts: Facts) -> Check:
     if holders:
         return Check("port", "fail", f"port {port} is held by container {holders[0].name} ({holders[0].image})",
                      f"stop that container or give service {service.name} another port")
+    if service.engine == "node-exporter":  # in the host's network: its own container publishes no port
+        own = [c for c in facts.containers if owned_by(c, service)]
+        if own:
+            return Check("port", "pass", f"port {port} is held by this service's own container {own[0].name} "
+                                         "(host network; a deploy replaces it)")
     rel = facts.releases.get(service.name)
     current = rel.current_release if rel is not None else None
     if current is not None and current.manifest and current.manifest.inputs.get("port", Service.model_fields["port"].default) == port:
@@ -927,7 +987,7 @@ def check_service_hosts(
         try:
             from llmfleet.knowledge.catalog import find_model
 
-            spec = find_model(service.model)
+            spec = find_model(service.model or "")
         except UsageError:
             spec = None
     n_hosts = len(hosts)

@@ -298,6 +298,8 @@ def plan_jobs(inv: Inventory, hosts: Sequence[Host], *, service: str | None = No
             raise UsageError(f"host {h.name} has no service {service!r} (services: "
                              f"{', '.join(s.name for s in settings.services) or 'none'})")
         for s in svcs:
+            if s.model_path is None:  # an exporter has no model
+                continue
             origin = _origin_for(h, s, source, from_host)
             if origin.kind == "host" and origin.value == h.name:
                 continue  # the source itself: it holds the copy the others get

@@ -151,8 +151,14 @@ def http_health(run: HostRun, target: HealthTarget) -> health.HealthReport:
     def probe() -> store.UnitProbe:
         return store.parse_unit_probe(run.run(store.unit_probe_script(target.paths), timeout=30).stdout)
 
+    series = None
+    if svc.is_exporter:
+        from llmfleet.knowledge import exporters
+
+        series = exporters.for_kind(svc.engine).health_series
     with run.link.forward(svc.port, run.host_settings.reach_address_for(svc)) as local_port:
         return health.HealthChecker(
+            metrics_series=series,
             residency=(lambda: residency_check(run, target)) if target.residency else None,
             probe=probe,
             base_url=f"http://127.0.0.1:{local_port}",

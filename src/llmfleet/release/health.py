@@ -243,6 +243,14 @@ def judge_speed(measured: float | None, floor: Floor) -> SpeedVerdict:
     return SpeedVerdict(True, f"decode {measured:.1f} tok/s >= floor {floor.tokps:.1f} tok/s", floor.tokps)
 
 
+def metrics_series_count(text: str, prefix: str) -> int:
+    """Samples in a Prometheus text exposition whose metric name starts with ``prefix`` (comments and
+    other series skipped; never raises)."""
+    if not prefix:
+        return 0
+    return sum(1 for line in text.splitlines() if line.startswith(prefix) and not line.startswith("#"))
+
+
 def models_list_ids(body: Any) -> list[str]:
     data = body.get("data") if isinstance(body, dict) else None
     ids: list[str] = []
@@ -337,6 +345,9 @@ class HealthChecker:
     sleep: Callable[[float], None] = time.sleep
     # the unit/container state the switch's own round trip answered: the first stages start from it
     initial: UnitProbe | None = None
+    # An exporter (no model): instead of /health, /v1/models and a completion, wait until /metrics
+    # answers 200 with a series whose name starts with this (knowledge/exporters.py).
+    metrics_series: str | None = None
     _last_probe: tuple[float, UnitProbe] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -361,13 +372,15 @@ class HealthChecker:
         stages: list[tuple[str, Callable[[httpx.Client], str]]] = [
             ("unit", self._unit),
             ("container", self._container),
-            ("health", self._health),
-            ("models", self._models),
         ]
-        if self.residency is not None:
-            stages.append(("residency", lambda c: self._residency(report)))
-        if self.measure_speed:
-            stages.append(("completion", lambda c: self._completion(c, report)))
+        if self.metrics_series is not None:
+            stages.append(("metrics", self._metrics))
+        else:
+            stages += [("health", self._health), ("models", self._models)]
+            if self.residency is not None:
+                stages.append(("residency", lambda c: self._residency(report)))
+            if self.measure_speed:
+                stages.append(("completion", lambda c: self._completion(c, report)))
         import httpx
 
         # Plain HTTP (the local end of the SSH tunnel) never uses TLS: no CA bundle to load (~25 ms).
@@ -467,6 +480,41 @@ class HealthChecker:
             return False, state
 
         return self._poll(self.load_timeout_s, step, "/health 200")
+
+    def _metrics(self, c: httpx.Client) -> str:
+        """An exporter: /metrics answers 200 and carries its own series (a bare 200 could be anything
+        listening on the port)."""
+        import httpx
+
+        series = self.metrics_series or ""
+        started = self.clock()
+        bad = [0]
+        last_probe = [started]
+
+        def step() -> tuple[bool, str]:
+            try:
+                r = c.get("/metrics", timeout=httpx.Timeout(10.0, connect=3.0))
+                if r.status_code == 200:
+                    found = metrics_series_count(r.text, series)
+                    if found:
+                        return True, (f"/metrics 200 with {found} {series}* sample{'s' if found != 1 else ''} "
+                                      f"after {self.clock() - started:.1f}s")
+                    state = f"/metrics 200 without {series}* series"
+                else:
+                    state = f"/metrics {r.status_code}"
+            except httpx.TransportError as exc:
+                state = f"not listening yet ({type(exc).__name__})"
+            now = self.clock()
+            if now - last_probe[0] >= self.probe_every_s:
+                last_probe[0] = now
+                p = self.probe()
+                bad[0] = bad[0] + 1 if p.unit == "failed" or p.container in {"exited", "dead", None} else 0
+                if bad[0] >= 2:
+                    raise _StageFailed(f"exporter stopped: unit {p.unit}, container {p.container or 'absent'}"
+                                       + (f" (exit {p.exit_code})" if p.exit_code is not None else ""))
+            return False, state
+
+        return self._poll(self.stage_timeout_s, step, f"/metrics with {series}* series")
 
     def _models(self, c: httpx.Client) -> str:
         import httpx

@@ -335,7 +335,7 @@ def _cluster_preflight(ready: PreparedService, slots: dict[str, HostSlot], head_
     out = slots[head_name].out
     found: dict[str, Facts] = {}
     for name in sorted(slots):
-        paths = [svc.model_path] if name == head_name or cluster.runtime.workers_load_model else []
+        paths = [svc.model_path] if svc.model_path and (name == head_name or cluster.runtime.workers_load_model) else []
         found[name] = facts_mod.gather(slots[name].run.link, root=slots[name].run.root, model_paths=paths)
     speeds = [s.network_gbps for s in [ready.head.settings, *(w.settings for w in ready.workers)] if s.network_gbps]
     slowest = min(speeds) if speeds else None

@@ -212,7 +212,8 @@ def _finish_all(slots: Mapping[str, Slot[OutcomeT]], order: list[str], verdict: 
 def gather_and_preflight(run: HostRun, ready: PreparedHost, out: HostOutcome) -> tuple[list[Plan | None], Facts]:
     """Facts (one round trip, as the deploy's user: the release state comes with them) and the
     preflight's verdict for each service; the plans it made and the facts. A FAIL refuses."""
-    found = facts_mod.gather(run.link, root=run.root, model_paths=[p.service.model_path for p in ready.services],
+    found = facts_mod.gather(run.link, root=run.root, model_paths=[p.service.model_path for p in ready.services
+                                                                      if p.service.model_path],
                              sudo=True)
     if found.probe_version is None:  # nothing ran (sudo refused, no shell): no checks to judge
         raise RemoteError(f"host {run.host}: the host probe did not run: {found.errors[0] if found.errors else '?'}")

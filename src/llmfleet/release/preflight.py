@@ -73,7 +73,7 @@ def preflight_host(
     chosen = settings.services if services is None else services
     try:
         with ssh.connect(host, config=config, accept_new_host_keys=accept_new_host_keys) as remote:
-            found = facts_mod.gather(remote, root=settings.root, model_paths=[s.model_path for s in chosen])
+            found = facts_mod.gather(remote, root=settings.root, model_paths=[s.model_path for s in chosen if s.model_path])
     except RemoteError as exc:
         return None, unreachable(host.name, str(exc), chosen)
     return found, check_host(host.name, settings, found, lock=lock, services=chosen, allow_unpinned=allow_unpinned)

@@ -149,11 +149,11 @@ def _load_role(engine: str, dirs: tuple[str, ...]) -> Role:
     wtpl = base / "templates" / "worker.yml.j2"
     return Role(
         engine=d["engine"],
-        model_target=d["model_target"],
+        model_target=str(d.get("model_target") or ""),  # an exporter's role has none
         model_is_file=bool(d.get("model_is_file")),
         base_args=tuple(tuple(str(x) for x in a) for a in d.get("base_args", [])),
         managed_flags=frozenset(d.get("managed_flags", [])),
-        api_key_env=d["api_key_env"],
+        api_key_env=str(d.get("api_key_env") or ""),
         ipc=d.get("ipc"),
         shm_size=d.get("shm_size"),
         loading_signal=str(d.get("loading_signal", "refused")),
@@ -564,7 +564,7 @@ def render(
     box = container_settings(role, service, jit_cache=jit_cache_for(image, plan) is not None)
     bind = bind_address or settings.bind_address_for(service)
     fill = {"model": role.model_target, "port": str(box["port"]), "served_name": service.public_name,
-            "listen": "0.0.0.0"}
+            "listen": "0.0.0.0", "bind": f"[{bind}]" if ":" in bind else bind}
     if head.host_network:  # no published port: the engine itself listens on the bind address
         fill |= {"port": str(service.port), "listen": bind}
         if box["healthcheck"]:
@@ -578,7 +578,9 @@ def render(
     args = base + merged + list(head.args)
 
     gpu_request: Any
-    if service.gpus == "all":
+    if service.engine == "node-exporter":  # reads the host, not the GPUs
+        gpu_request = None
+    elif service.gpus == "all":
         gpu_request = "all"
     else:
         gpu_request = [int(g) for g in service.gpus]
@@ -609,6 +611,7 @@ def render(
         "ulimits": box["ulimits"],
         "cache_volume": box["cache_volume"],
         "cache_target": box["cache_target"],
+        "host_root_mount": role.container.get("host_root_mount"),
     }
     compose_text = _template(role.template).render(**ctx)
 
