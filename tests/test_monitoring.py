@@ -22,6 +22,7 @@ RUNBOOKS = Path(__file__).resolve().parents[1] / "docs" / "runbooks"
 
 T = 'job="llmfleet-engines", instance="10.0.0.5:8080", host="gpu-01", service="chat"'
 G = 'gpu="0", Hostname="gpu-01", modelName="Tesla V100-SXM2-32GB"'
+X = 'job="llmfleet-exporters", instance="10.0.0.5:9100", host="gpu-01", service="node-exporter", engine="node-exporter"'
 
 
 def promtool(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -52,6 +53,11 @@ SCENARIOS = [
     ("LlmfleetEngineDown", {f"up{{{T}}}": "1 1 1 0x20"}, "10m", True),
     ("LlmfleetEngineDown", {f"up{{{T}}}": "1x20"}, "10m", False),
     ("LlmfleetEngineDown", {f"up{{{T}}}": "1 1 1 0 1x20"}, "10m", False),  # one missed scrape is not down
+    # an exporter down is not an engine down: its own alert, later and milder
+    ("LlmfleetEngineDown", {f"up{{{X}}}": "1 1 1 0x20"}, "10m", False),
+    ("LlmfleetExporterDown", {f"up{{{X}}}": "1 1 1 0x20"}, "10m", True),
+    ("LlmfleetExporterDown", {f"up{{{X}}}": "1 1 1 0 0 0 1x20"}, "10m", False),  # back within 5 minutes
+    ("LlmfleetExporterDown", {f"up{{{T}}}": "1 1 1 0x20"}, "10m", False),  # an engine: LlmfleetEngineDown
     # vLLM: requests running and waiting, its token counters still
     ("LlmfleetEngineHung", {f"vllm:num_requests_running{{{T}}}": "2x30", f"vllm:num_requests_waiting{{{T}}}": "3x30",
                             f"vllm:generation_tokens_total{{{T}}}": "500x30",

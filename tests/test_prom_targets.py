@@ -180,9 +180,28 @@ def test_file_sd_document_is_what_prometheus_reads():
     assert all(isinstance(v, str) for g in doc for v in g["labels"].values())
 
 
+def test_exporters_are_targets_of_their_own_job_with_the_hosts_labels_and_no_model():
+    h = host(services=[svc(), {"name": "node-exporter", "engine": "node-exporter", "image": "node-exporter:1.9.1"},
+                       {"name": "dcgm", "engine": "dcgm-exporter", "image": "dcgm-exporter:4.2.3-4.1.3", "gpus": [0]}],
+             llmfleet_bind_address="10.0.0.5")
+    ht = targets_of(h, [state(), state(name="node-exporter"), state(name="dcgm")])
+    by = {t.service: t for t in ht.targets}
+    assert (by["chat"].job, by["node-exporter"].job, by["dcgm"].job) == ("engines", "exporters", "exporters")
+    assert by["node-exporter"].address == "10.0.0.5:9100" and by["dcgm"].address == "10.0.0.5:9400"
+    for name in ("node-exporter", "dcgm"):
+        labels = by[name].labels
+        assert labels["host"] == "gpu-v100-01" and labels["card"] == "Tesla V100-SXM2-32GB"
+        assert labels["driver"] == "570.124.06" and labels["release"] == REL and labels["group"] == "v100"
+        assert not {"model", "quant", "served_model_name", "floor_tokps"} & set(labels), labels
+    files = pt.files_for_host(ht)
+    assert [g["labels"]["service"] for g in json.loads(files["exporters/gpu-v100-01.json"])] == ["dcgm", "node-exporter"]
+    jobs = pt.scrape_jobs("/etc/prometheus/llmfleet", ["engines", "exporters"])
+    assert "job_name: llmfleet-exporters" in jobs and jobs.count("credentials_file") == 0
+
+
 def test_a_host_always_has_its_plain_file_so_gone_services_disappear():
     files = pt.files_for_host(pt.HostTargets(host="gpu/01"))
-    assert files == {"engines/gpu_01.json": "[]\n", "rules/gpu_01.yml": "groups: []\n"}
+    assert files == {"engines/gpu_01.json": "[]\n", "exporters/gpu_01.json": "[]\n", "rules/gpu_01.yml": "groups: []\n"}
 
 
 def test_floor_rules_carry_each_release_floor_as_a_number():
@@ -233,7 +252,8 @@ def test_write_host_moves_a_target_whose_job_changed(tmp_path):
     res = prom_write.WriteResult()
     h = host(services=[svc(api_key={"from_env": "K"})])
     prom_write.write_host(tmp_path, targets_of(h, [state()]), res)
-    assert sorted(res.written) == ["auth-env-k/gpu-v100-01.json", "engines/gpu-v100-01.json", "rules/gpu-v100-01.yml"]
+    assert sorted(res.written) == ["auth-env-k/gpu-v100-01.json", "engines/gpu-v100-01.json",
+                                   "exporters/gpu-v100-01.json", "rules/gpu-v100-01.yml"]
     res = prom_write.WriteResult()
     prom_write.write_host(tmp_path, targets_of(host(services=[svc()]), [state()]), res)
     assert res.removed == ["auth-env-k/gpu-v100-01.json"]
