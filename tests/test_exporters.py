@@ -77,7 +77,7 @@ def test_an_exporter_with_what_only_an_engine_takes_is_one_line_naming_the_field
     text = str(err.value)
     assert "\n" not in text
     assert text.startswith(str(tmp_path / "inv" / "host_vars" / "gpu-1.yml") + ": host gpu-1: ")
-    assert f"{field}: a {service['engine']} service has no model; remove {field}" in text
+    assert f"service {service['name']}: llmfleet_services[0].{field}: Value error, a {service['engine']} service has no model; remove it" in text
 
 
 def test_an_engine_without_a_model_reports_model_and_model_path_with_the_other_missing_fields():

@@ -49,7 +49,7 @@ EXPORTER_PORTS = {"node-exporter": 9100, "dcgm-exporter": 9400}
 ENGINE_KINDS = ("vllm", "llamacpp")
 # What only an inference engine takes: an exporter setting one of these is refused with its name.
 _ENGINE_ONLY = ("model", "model_path", "quant", "context", "kv_dtype", "served_name", "gpu_memory_utilization",
-                "api_key", "offload", "workers", "cluster_port", "worker_image", "model_source")
+                "api_key", "offload", "concurrency", "allow_unauthenticated", "workers", "cluster_port", "worker_image", "model_source")
 
 
 class _Strict(BaseModel):
@@ -224,9 +224,12 @@ class Service(_Strict):
         if svc.engine in EXPORTER_KINDS:
             given = [f for f in _ENGINE_ONLY if f in svc.model_fields_set and getattr(svc, f) not in (None, [], False)]
             if given:
-                raise ValueError(f"{given[0]}: a {svc.engine} service has no model; remove {given[0]} "
-                                 "(an exporter takes name, engine, image, port, gpus, bind_address, engine_args, "
-                                 "env, compose_overrides, health)")
+                why = ValueError(f"a {svc.engine} service has no model; remove it (an exporter takes name, engine, "
+                                 "image, port, gpus, bind_address, engine_args, env, compose_overrides, health)")
+                raise ValidationError.from_exception_data(cls.__name__, [
+                    {"type": "value_error", "loc": (f,), "ctx": {"error": why},
+                     "input": data.get(f) if isinstance(data, Mapping) else None}
+                    for f in given])
             if "port" not in svc.model_fields_set:
                 svc = svc.model_copy(update={"port": EXPORTER_PORTS[svc.engine]})
         return svc

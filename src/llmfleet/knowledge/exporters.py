@@ -96,30 +96,42 @@ def support(kind: str, gpus: list[GpuFact], driver: str | None) -> Verdict:
         return Verdict("fail", f"{kind}: DCGM needs driver R{need} or newer; this host runs {driver} ({src})",
                        f"upgrade the driver to R{need}+ (docs/runbooks/driver-upgrade.md), or deploy node-exporter only")
     notes: list[str] = []
+    warn = False  # something no source settles: a WARN that says what, never a silent PASS
     for g in gpus:
-        dc = bool(g.data_center)
-        floor = str(sup.get("data_center_min_cc" if dc else "other_min_cc", "0.0"))
+        if g.data_center is None:  # not in the catalog: judged by the data-center floor, and said so
+            floor = str(sup.get("data_center_min_cc", "0.0"))
+        else:
+            floor = str(sup.get("data_center_min_cc" if g.data_center else "other_min_cc", "0.0"))
         ok = _at_least(g.compute_capability, floor)
         if ok is False:
-            what = "data-center" if dc else "non-data-center"
+            what = "data-center" if g.data_center is not False else "non-data-center"
             return Verdict("fail", f"{kind}: GPU {g.index} {g.name} ({g.compute_capability}) is older than DCGM "
                            f"supports for {what} cards ({floor}+; {src})",
                            "deploy node-exporter only on this host; nvidia-smi -q (invoke facts) still reads its health")
         if ok is None:
+            warn = True
             notes.append(f"GPU {g.index} {g.name}: compute capability unknown, DCGM support not judged")
-        elif not dc:
+            continue
+        if g.data_center is None:
+            warn = True
+            notes.append(f"GPU {g.index} {g.name} is not in the GPU catalog: whether it is a data-center card "
+                         f"(DCGM {sup.get('data_center_min_cc')}+) or another ({sup.get('other_min_cc')}+, part of "
+                         f"DCGM's functionality missing) is unknown ({src})")
+        elif not g.data_center:
             notes.append(f"GPU {g.index} {g.name} is not a data-center card: part of DCGM's functionality is "
                          f"missing on it ({src})")
         prof = ex.profiling.get("data_center_min_cc")
-        if prof and not (dc and _at_least(g.compute_capability, str(prof))):
+        if prof and not (g.data_center and _at_least(g.compute_capability, str(prof))):
             notes.append(f"GPU {g.index} {g.name}: no profiling (DCP) metrics (they need a data-center card "
                          f"{prof}+), the default counters only")
     confirmed = ex.dcgm4.get("confirmed_from_branch")
     if confirmed and branch < int(confirmed):
-        notes.append(f"driver {driver} (R{branch}) is a CUDA 11 branch: no source read here confirms DCGM 4 "
-                     f"(dcgm-exporter 4.x images) on it; it is confirmed from R{confirmed} "
-                     f"({', '.join(ex.dcgm4.get('sources') or ())})")
-    status: Status = "warn" if any("no source" in n or "unknown" in n for n in notes) else "pass"
-    head = f"{kind}: DCGM supports {len(gpus)} GPU{'s' if len(gpus) != 1 else ''} on driver {driver}"
+        warn = True
+        notes.append(f"driver {driver} (R{branch}): no source read here confirms DCGM 4 (dcgm-exporter 4.x "
+                     f"images) below R{confirmed} ({', '.join(ex.dcgm4.get('sources') or ())})")
+    status: Status = "warn" if warn else "pass"
+    judged = sum(1 for g in gpus if _at_least(g.compute_capability, "0.0"))
+    count = f"{judged} of {len(gpus)}" if judged != len(gpus) else str(len(gpus))
+    head = f"{kind}: DCGM supports {count} GPU{'s' if len(gpus) != 1 else ''} on driver {driver}"
     return Verdict(status, head + (f"; {'; '.join(notes)}" if notes else ""),
                    "check the exporter's /metrics after the deploy (its health check does)" if status == "warn" else "")

@@ -428,8 +428,10 @@ def exporter_bind_check(service: Service, settings: HostSettings | None) -> Chec
     if ip.is_loopback:
         return Check("bind", "pass", f"{where} (loopback: Prometheus must run on this host to scrape it)")
     if ip.is_unspecified or not ip.is_private:
+        how = ("it listens in the host's network: only the host firewall limits who reaches it"
+               if service.engine == "node-exporter" else "Docker's published ports bypass the host firewall")
         return Check("bind", "warn", f"{where}: its metrics (host and GPU details) answer anyone who reaches "
-                     "the address, and Docker's published ports bypass the host firewall",
+                     f"the address; {how}",
                      f"set llmfleet_services[{service.name}].bind_address to the address Prometheus scrapes")
     return Check("bind", "pass", f"{where} (a private address)")
 
@@ -687,7 +689,7 @@ def _port_check(service: Service, facts: Facts) -> Check:
         return Check("port", "fail", f"port {port} is held by container {holders[0].name} ({holders[0].image})",
                      f"stop that container or give service {service.name} another port")
     if service.engine == "node-exporter":  # in the host's network: its own container publishes no port
-        own = [c for c in facts.containers if owned_by(c, service)]
+        own = [c for c in facts.containers if owned_by(c, service) and c.state in ("running", "restarting")]
         if own:
             return Check("port", "pass", f"port {port} is held by this service's own container {own[0].name} "
                                          "(host network; a deploy replaces it)")
