@@ -17,6 +17,9 @@ command -v git >/dev/null || need_apt+=(git)
 # the monitoring tests run promtool (rules, the dashboard's queries) and the lab's Prometheus
 # (tests/test_monitoring.py, tests/lab/test_prometheus.py): Debian's prometheus package has both
 [ -x /usr/bin/promtool ] || need_apt+=(prometheus)
+# the gateway tests check each rendered HAProxy configuration with `haproxy -c`
+# (tests/test_gateway_config.py): Debian's haproxy package, the same 2.6 as the lab's gateway image
+[ -x /usr/sbin/haproxy ] || need_apt+=(haproxy)
 if [ ${#need_apt[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   echo "bootstrap: installing ${need_apt[*]}"
@@ -29,6 +32,10 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   # nor Prometheus' own (port 9090, all interfaces): the lab test starts its own on a loopback port
   if [[ " ${need_apt[*]} " == *" prometheus "* ]] && [ -d /run/systemd/system ]; then
     $SUDO systemctl disable --now prometheus prometheus-node-exporter >/dev/null 2>&1 || true
+  fi
+  # nor HAProxy's own (its packaged configuration): the tests only check configurations, the lab runs its image
+  if [[ " ${need_apt[*]} " == *" haproxy "* ]] && [ -d /run/systemd/system ]; then
+    $SUDO systemctl disable --now haproxy >/dev/null 2>&1 || true
   fi
 fi
 
