@@ -1,0 +1,1 @@
+timeout 5 bash -c 'exec 3<>"/dev/tcp/127.0.0.1/$1" || { echo "llmfleet: no HAProxy runtime API on 127.0.0.1:$1" >&2; exit 3; }; printf "%s\n" "$2" >&3; cat <&3' llmfleet-gateway-admin 9901 'show stat'
