@@ -176,7 +176,7 @@ def test_pin_args_explicit_source_reference_keeps_the_catalog_repository():
 @pytest.mark.parametrize(
     ("args", "message"),
     [([], "at least one"), (["vllm"], "ENGINE=VERSION"), (["=1"], "ENGINE=VERSION"),
-     (["tgi=1"], "vllm, llamacpp, node-exporter or dcgm-exporter"), (["vllm=0.0.1"], "not in the engine-release catalog")],
+     (["tgi=1"], "vllm, llamacpp, node-exporter, dcgm-exporter or gateway"), (["vllm=0.0.1"], "not in the engine-release catalog")],
 )
 def test_pin_args_errors(args, message):
     with pytest.raises(UsageError, match=message):

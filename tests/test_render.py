@@ -370,7 +370,7 @@ def test_an_unknown_engine_names_where_it_looked_and_what_is_there(tmp_path):
     with pytest.raises(UsageError) as err:
         load_role("tgi", [str(tmp_path)])
     msg = str(err.value)
-    assert "no role for engine 'tgi'" in msg and str(tmp_path) in msg and "roles there: dcgm-exporter, llamacpp, node-exporter, vllm" in msg
+    assert "no role for engine 'tgi'" in msg and str(tmp_path) in msg and "roles there: dcgm-exporter, gateway, llamacpp, node-exporter, vllm" in msg
     # the packaged roles load: an installed llmfleet never says "no role for vllm; known: vllm"
     assert load_role("vllm").engine == "vllm" and load_role("llamacpp").engine == "llamacpp"
 

@@ -42,7 +42,7 @@ def test_valid_services_load_and_other_variables_pass_through(tmp_path):
         ([{**GOOD, "port": "http"}], None, r"llmfleet_services\[0\]\.port: .*integer.*got 'http'"),
         ([{**GOOD, "port": 70000}], None, r"llmfleet_services\[0\]\.port: .*less than or equal to 65535"),
         ([{k: v for k, v in GOOD.items() if k != "engine"}], None, r"llmfleet_services\[0\]\.engine: required field is missing"),
-        ([{**GOOD, "engine": "tgi"}], None, r"engine: Input should be 'vllm', 'llamacpp', 'node-exporter' or 'dcgm-exporter', got 'tgi'"),
+        ([{**GOOD, "engine": "tgi"}], None, r"engine: Input should be 'vllm', 'llamacpp', 'node-exporter', 'dcgm-exporter' or 'gateway', got 'tgi'"),
         ([{**GOOD, "model_path": "models/q"}], None, r"model_path: .*absolute path on the host"),
         ([{**GOOD, "name": "Bad Name;rm"}], None, r"llmfleet_services\[0\]\.name: .*pattern"),
         ([{**GOOD, "gpus": [0, "one"]}], None, r"llmfleet_services\[0\]\.gpus\[1\]"),

@@ -569,7 +569,7 @@ def query_host(
         if metrics and settings:
             for svc in settings.services:
                 st = status.states.get(svc.name)
-                if st is None or not st.current or svc.is_exporter:  # an exporter's series are not an engine's
+                if st is None or not st.current or not svc.is_engine:  # an exporter's or the gateway's series are not an engine's
                     continue
                 status.metrics[svc.name] = fetch_metrics(remote, svc, address=settings.reach_address_for(svc))
     except LlmfleetError as exc:

@@ -27,8 +27,8 @@ from llmfleet.errors import LlmfleetError, UsageError
 from llmfleet.images.registry import explicit_registry, parse_reference, split_reference
 
 DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
-# ENGINE:VERSION: an inference engine (vllm, llamacpp) or an exporter llmfleet deploys (inventory.services)
-_KEY_RE = re.compile(r"^(vllm|llamacpp|node-exporter|dcgm-exporter):[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$")
+# ENGINE:VERSION: an inference engine (vllm, llamacpp), an exporter or the gateway (inventory.services)
+_KEY_RE = re.compile(r"^(vllm|llamacpp|node-exporter|dcgm-exporter|gateway):[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$")
 _REPO_RE = re.compile(r"^[a-z0-9]+(?:[._-][a-z0-9]+)*(?::[0-9]{1,5})?(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*$")
 _TAG_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 
@@ -157,7 +157,7 @@ def parse_lock(text: str, path: str = "images.lock", *, keep: bool = False) -> I
     for key, entry in entries.items():
         key = str(key)
         if not _KEY_RE.match(key):
-            raise UsageError(f"{path}: key {key!r} must look like ENGINE:VERSION (engine vllm, llamacpp, node-exporter or dcgm-exporter)")
+            raise UsageError(f"{path}: key {key!r} must look like ENGINE:VERSION (engine vllm, llamacpp, node-exporter, dcgm-exporter or gateway)")
         if not isinstance(entry, dict):
             raise UsageError(f"{path}: {key}: entry must be a mapping with repository and digest")
         repo = str(entry.get("repository", "")).strip()
@@ -437,7 +437,7 @@ def parse_pin_args(args: list[str], catalog_images: dict[str, Any]) -> list[PinS
             raise UsageError(f"images.pin: {arg!r} must be ENGINE=VERSION or ENGINE=VERSION=REPO:TAG")
         key = f"{parts[0]}:{parts[1]}"
         if not _KEY_RE.match(key):
-            raise UsageError(f"images.pin: {arg!r}: engine must be vllm, llamacpp, node-exporter or dcgm-exporter and the version a plain tag")
+            raise UsageError(f"images.pin: {arg!r}: engine must be vllm, llamacpp, node-exporter, dcgm-exporter or gateway and the version a plain tag")
         rel = catalog_images.get(key)
         if rel is None:
             known = ", ".join(k.replace(":", "=", 1) for k in sorted(catalog_images)) or "none"
@@ -550,7 +550,7 @@ def pin(specs: list[PinSpec] | dict[str, str], client: Any, lock_path: str | Pat
         specs = [PinSpec(key=k, ref=v) for k, v in specs.items()]
     for spec in specs:
         if not _KEY_RE.match(spec.key):
-            raise UsageError(f"pin: key {spec.key!r} must look like ENGINE:VERSION (engine vllm, llamacpp, node-exporter or dcgm-exporter)")
+            raise UsageError(f"pin: key {spec.key!r} must look like ENGINE:VERSION (engine vllm, llamacpp, node-exporter, dcgm-exporter or gateway)")
     at = _now()
     lock = load_lock(lock_path)
     entries = []

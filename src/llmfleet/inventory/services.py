@@ -43,9 +43,13 @@ _IFNAME_RE = r"^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,14}$"
 # Services that are not inference engines: Prometheus exporters llmfleet deploys through the same
 # pipeline (knowledge/exporters.py has what each needs; docs/monitoring.md "Exporters").
 EXPORTER_KINDS = ("node-exporter", "dcgm-exporter")
+# The fleet's one OpenAI endpoint (HAProxy) in front of the engine services of the hosts it names
+# (docs/gateway.md): a service with no model either.
+GATEWAY_KIND = "gateway"
+NON_ENGINE_KINDS = (*EXPORTER_KINDS, GATEWAY_KIND)  # no model, no plan, no watchdog
 # Their default ports, as upstream sets them: node_exporter's --web.listen-address :9100, dcgm-exporter's
 # -a :9400 (https://github.com/prometheus/node_exporter, https://github.com/NVIDIA/dcgm-exporter).
-EXPORTER_PORTS = {"node-exporter": 9100, "dcgm-exporter": 9400}
+EXPORTER_PORTS = {"node-exporter": 9100, "dcgm-exporter": 9400, GATEWAY_KIND: 8443}
 ENGINE_KINDS = ("vllm", "llamacpp")
 # What only an inference engine takes: an exporter setting one of these is refused with its name.
 _ENGINE_ONLY = ("model", "model_path", "quant", "context", "kv_dtype", "served_name", "gpu_memory_utilization",
@@ -162,12 +166,50 @@ class ModelSource(_Strict):
         return self
 
 
+class GatewayKey(_Strict):
+    """A client key of the gateway: its name (in access logs and metrics, never the key), the key itself
+    as a secret reference, and its rate limit."""
+
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
+    key: Annotated[SecretRef, BeforeValidator(_secret_in)]
+    requests_per_minute: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
+
+
+class GatewayTls(_Strict):
+    """The gateway's certificate chain and private key (PEM), each read on the machine running llmfleet."""
+
+    cert: Annotated[SecretRef, BeforeValidator(_secret_in)]
+    key: Annotated[SecretRef, BeforeValidator(_secret_in)]
+
+
+class GatewaySettings(_Strict):
+    """What a ``gateway`` service fronts and how (docs/gateway.md)."""
+
+    # hosts or groups: every engine service on them is a replica of its served name
+    upstreams: list[Annotated[str, Field(pattern=_HOST_OR_GROUP_RE)]] = Field(min_length=1, max_length=MAX_ITEMS)
+    api_keys: list[GatewayKey] = Field(default_factory=list, max_length=MAX_ITEMS)
+    tls: GatewayTls | None = None
+    max_body_mib: Annotated[int, Field(ge=1, le=64)] = 4
+    timeout_s: Annotated[int, Field(ge=5, le=86400)] = 600
+    drain_timeout_s: Annotated[int, Field(ge=0, le=3600)] = 120
+    admin_port: Annotated[int, Field(ge=1024, le=65534)] = 9901
+
+    @field_validator("api_keys")
+    @classmethod
+    def _unique_keys(cls, v: list[GatewayKey]) -> list[GatewayKey]:
+        names = [k.name for k in v]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"key name {dup[0]} is listed twice")
+        return v
+
+
 class Service(_Strict):
     """One service a host runs (one systemd unit, one compose project): an inference server, or one of
     the exporters in ``EXPORTER_KINDS`` (no model: ``model``/``model_path`` stay None)."""
 
     name: Annotated[str, Field(pattern=_NAME_RE)]
-    engine: Literal["vllm", "llamacpp", "node-exporter", "dcgm-exporter"]
+    engine: Literal["vllm", "llamacpp", "node-exporter", "dcgm-exporter", "gateway"]
     model: Annotated[str, Field(min_length=1, max_length=256)] | None = None
     model_path: Annotated[str, Field(min_length=2, max_length=1024)] | None = None
     image: Annotated[str, Field(min_length=3, max_length=256)]
@@ -202,6 +244,8 @@ class Service(_Strict):
     worker_image: Annotated[str, Field(min_length=3, max_length=256)] | None = None
     # Where `invoke models.push` takes the model from (a path here, a host, or hf + revision; docs/models.md).
     model_source: Annotated[ModelSource | None, BeforeValidator(_source_in)] = None
+    # engine: gateway only: the engine services it fronts, its keys, TLS and limits (docs/gateway.md)
+    gateway: GatewaySettings | None = None
 
     @model_validator(mode="wrap")
     @classmethod
@@ -221,11 +265,20 @@ class Service(_Strict):
             raise ValidationError.from_exception_data(cls.__name__, errors) from None
         if errors:
             raise ValidationError.from_exception_data(cls.__name__, errors)
-        if svc.engine in EXPORTER_KINDS:
-            given = [f for f in _ENGINE_ONLY if f in svc.model_fields_set and getattr(svc, f) not in (None, [], False)]
+        if svc.engine != GATEWAY_KIND and svc.gateway is not None:
+            raise ValidationError.from_exception_data(cls.__name__, [
+                {"type": "value_error", "loc": ("gateway",), "input": None,
+                 "ctx": {"error": ValueError(f"only an engine: gateway service takes gateway (this is {svc.engine})")}}])
+        if svc.engine == GATEWAY_KIND and svc.gateway is None:
+            raise ValidationError.from_exception_data(cls.__name__, [
+                {"type": "missing", "loc": ("gateway",), "input": data}])
+        if svc.engine in (*EXPORTER_KINDS, GATEWAY_KIND):
+            given = [f for f in _ENGINE_ONLY if f in svc.model_fields_set and getattr(svc, f) not in (None, [], False)
+                     and not (f == "allow_unauthenticated" and svc.engine == GATEWAY_KIND)]
             if given:
-                why = ValueError(f"a {svc.engine} service has no model; remove it (an exporter takes name, engine, "
-                                 "image, port, gpus, bind_address, engine_args, env, compose_overrides, health)")
+                takes = ("gateway, allow_unauthenticated" if svc.engine == GATEWAY_KIND else "gpus, engine_args")
+                why = ValueError(f"a {svc.engine} service has no model; remove it (it takes name, engine, image, "
+                                 f"port, bind_address, env, compose_overrides, health, {takes})")
                 raise ValidationError.from_exception_data(cls.__name__, [
                     {"type": "value_error", "loc": (f,), "ctx": {"error": why},
                      "input": data.get(f) if isinstance(data, Mapping) else None}
@@ -238,6 +291,11 @@ class Service(_Strict):
     def is_exporter(self) -> bool:
         """An exporter (``EXPORTER_KINDS``), not an inference engine."""
         return self.engine in EXPORTER_KINDS
+
+    @property
+    def is_engine(self) -> bool:
+        """An inference engine (``ENGINE_KINDS``): a model, a plan, a watchdog. Exporters and the gateway are not."""
+        return self.engine in ENGINE_KINDS
 
     @field_validator("workers")
     @classmethod

@@ -148,10 +148,10 @@ class EngineRelease(_Model):
     @field_validator("engine")
     @classmethod
     def _known_engine(cls, value: str) -> str:
-        from llmfleet.inventory.services import EXPORTER_KINDS
+        from llmfleet.inventory.services import NON_ENGINE_KINDS
         from llmfleet.knowledge import engines
 
-        known = [*engines.names(), *EXPORTER_KINDS]
+        known = [*engines.names(), *NON_ENGINE_KINDS]
         if value not in known:
             raise ValueError(f"engine {value!r} is not one llmfleet knows ({', '.join(known)})")
         return value
@@ -299,12 +299,12 @@ def parse_engine_catalog(text: str, path: str = "engines.yaml", *, keep: bool = 
         err = exc.errors()[0]
         where = ".".join(str(p) for p in err.get("loc", ()))
         raise UsageError(f"{path}: {where}: {err.get('msg')}") from None
-    from llmfleet.inventory.services import EXPORTER_KINDS
+    from llmfleet.inventory.services import NON_ENGINE_KINDS
 
     for key, rel in cat.images.items():
         if key.split(":", 1)[0] != rel.engine:
             raise UsageError(f"{path}: images.{key}: engine {rel.engine!r} does not match the key")
-        if rel.engine in EXPORTER_KINDS:  # no CUDA kernels of its own: catalog/exporters.yaml judges the host
+        if rel.engine in NON_ENGINE_KINDS:  # no CUDA kernels of its own (exporters: catalog/exporters.yaml)
             continue
         if not rel.cpu and (rel.cuda is None or rel.min_driver is None or not (rel.kernels.sass or rel.kernels.ptx)):
             raise UsageError(f"{path}: images.{key}: a GPU image needs cuda, min_driver and kernels")
@@ -822,10 +822,10 @@ def driver_alternatives(rel: EngineRelease, cat: EngineCatalog, **host: Unpack[D
     out: list[str] = []
     runs: list[tuple[bool, str]] = []
     running: set[str] = set()
-    from llmfleet.inventory.services import EXPORTER_KINDS
+    from llmfleet.inventory.services import NON_ENGINE_KINDS
 
     for key, other in cat.images.items():
-        if other.cpu or key == rel.key or other.engine in EXPORTER_KINDS:
+        if other.cpu or key == rel.key or other.engine in NON_ENGINE_KINDS:
             continue
         if check_architecture(other, host.get("gpu_name"), cc).status == "fail":
             continue
@@ -841,7 +841,7 @@ def driver_alternatives(rel: EngineRelease, cat: EngineCatalog, **host: Unpack[D
     dv = version_tuple(host.get("driver"))
     floors: dict[bool, list[tuple[tuple[int, ...], str]]] = {True: [], False: []}
     for key, other in cat.images.items():
-        if other.cpu or key in running or other.engine in EXPORTER_KINDS or check_architecture(other, host.get("gpu_name"), cc).status == "fail":
+        if other.cpu or key in running or other.engine in NON_ENGINE_KINDS or check_architecture(other, host.get("gpu_name"), cc).status == "fail":
             continue
         img = cuda_major_minor(other.cuda)
         floor = cat.minor_compat_floor.get(str(img[0])) if img else None

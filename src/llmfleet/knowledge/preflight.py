@@ -221,7 +221,7 @@ def plan_for(service: Service, facts: Facts, settings: HostSettings | None = Non
     """(plan, error) for a service on the host's cards: the card the service gets with the least
     memory, its memory as the host reports it, the host's card count. ``hosts``: the hosts the service
     spans (its head and workers, groups expanded); None: 1 + the names in its ``workers``, if any."""
-    if service.is_exporter:  # no model: nothing to plan
+    if not service.is_engine:  # no model: nothing to plan
         return None, None
     from llmfleet.knowledge import planner
     from llmfleet.knowledge.catalog import find_gpu
@@ -316,6 +316,8 @@ def run_checks(
 
     if service.is_exporter:
         return checks + _exporter_checks(host_name, service, facts, rel, image_ref, settings)
+    if not service.is_engine:  # the gateway
+        return checks + _gateway_checks(host_name, service, facts, rel, image_ref, settings)
 
     gpus, missing = selected_gpus(service, facts)
     gpu = _lowest_cc(gpus)
@@ -413,6 +415,46 @@ def _exporter_checks(host_name: str, service: Service, facts: Facts, rel: Engine
         checks.append(Check("facts", "warn", f"the probe reported: {shown}",
                             "see `invoke facts --host " + host_name + "` for everything it found"))
     return checks
+
+
+def _gateway_checks(host_name: str, service: Service, facts: Facts, rel: EngineRelease | None, image_ref: Any,
+                    settings: HostSettings | None) -> list[Check]:
+    """The gateway's checks after its image: the container engine, its port and who may use it. Its
+    replicas are resolved from the inventory before any host is contacted (fleet/gateway_plan.py)."""
+    checks = [_docker_check(facts), _compose_check(facts), _disk_image_check(facts, rel, image_ref),
+              _port_check(service, facts), gateway_bind_check(service, settings)]
+    if facts.errors:
+        shown = "; ".join(facts.errors[:6]) + (f"; and {len(facts.errors) - 6} more" if len(facts.errors) > 6 else "")
+        checks.append(Check("facts", "warn", f"the probe reported: {shown}",
+                            "see `invoke facts --host " + host_name + "` for everything it found"))
+    return checks
+
+
+def gateway_bind_check(service: Service, settings: HostSettings | None) -> Check:
+    """Beyond loopback the gateway needs client keys (or ``allow_unauthenticated: true``), and keys in
+    clear over the network WARN without TLS."""
+    import ipaddress
+
+    hs = settings or HostSettings()
+    addr = hs.bind_address_for(service)
+    gw = service.gateway
+    keys = len(gw.api_keys) if gw else 0
+    tls = gw is not None and gw.tls is not None
+    where = f"gateway {service.name} listens on {addr}:{service.port} ({'TLS' if tls else 'plain HTTP'})"
+    if ipaddress.ip_address(addr).is_loopback:
+        return Check("bind", "pass", f"{where} (loopback: reachable from the host only)")
+    if keys == 0:
+        if hs.allow_unauthenticated_for(service):
+            return Check("bind", "warn", f"{where} without client keys (allow_unauthenticated: true): anyone who "
+                         "reaches the address can use every model behind it",
+                         "add gateway.api_keys: [{name: NAME, key: {from_env: VAR}}]")
+        return Check("bind", "fail", f"{where} without client keys: anyone who reaches the address could use "
+                     "every model behind it", "add gateway.api_keys: [{name: NAME, key: {from_env: VAR}}], or "
+                     "bind_address: 127.0.0.1, or allow_unauthenticated: true to accept it")
+    if not tls:
+        return Check("bind", "warn", f"{where} with {keys} client key{'s' if keys != 1 else ''}: keys and prompts "
+                     "cross the network in clear", "add gateway.tls: {cert: {from_file: PEM}, key: {from_file: PEM}}")
+    return Check("bind", "pass", f"{where} with {keys} client key{'s' if keys != 1 else ''}")
 
 
 def exporter_bind_check(service: Service, settings: HostSettings | None) -> Check:
@@ -688,7 +730,7 @@ def _port_check(service: Service, facts: Facts) -> Check:
     if holders:
         return Check("port", "fail", f"port {port} is held by container {holders[0].name} ({holders[0].image})",
                      f"stop that container or give service {service.name} another port")
-    if service.engine == "node-exporter":  # in the host's network: its own container publishes no port
+    if service.engine in ("node-exporter", "gateway"):  # in the host's network: its own container publishes no port
         own = [c for c in facts.containers if owned_by(c, service) and c.state in ("running", "restarting")]
         if own:
             return Check("port", "pass", f"port {port} is held by this service's own container {own[0].name} "

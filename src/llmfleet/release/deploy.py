@@ -28,14 +28,15 @@ import importlib
 import threading
 import time
 from collections.abc import Sequence
+from contextlib import nullcontext
 
 from llmfleet import __version__
 from llmfleet.errors import LlmfleetError, RemoteError, UsageError
 from llmfleet.host import ssh
-from llmfleet.inventory.ansible import Inventory
+from llmfleet.inventory.ansible import Host, Inventory
 from llmfleet.knowledge import release_state
 from llmfleet.knowledge.planner import Plan
-from llmfleet.release import decide, pipeline, store
+from llmfleet.release import decide, drain, pipeline, store
 from llmfleet.release.decide import Action, GoBack, HostOutcome, Refusal, Result, ServiceOutcome
 from llmfleet.release.executor import (
     HOST_TIMER,
@@ -106,6 +107,7 @@ def run_deploy(run: HostRun, ready: PreparedHost, out: HostOutcome, options: Dep
     with run.stage("render + decide"):
         items = pipeline.render_and_decide(run, ready, plans, states)
     slot = pipeline.Slot(run, out, items=items)
+    drainer = gateway_drainer(run, ready.inventory)
 
     def switch() -> None:
         todo = [it for it in items if it.step.action != Action.UNCHANGED]
@@ -114,7 +116,9 @@ def run_deploy(run: HostRun, ready: PreparedHost, out: HostOutcome, options: Dep
             if it.step.action == Action.UNCHANGED:
                 pipeline.record_unchanged(run, it, out)
                 continue
-            so = _switch_and_check(run, it)
+            # out of rotation at the gateways in front of it while it restarts (release/drain.py)
+            with drainer.drained(it.name) if drainer is not None and it.step.switches else nullcontext():
+                so = _switch_and_check(run, it)
             out.services[it.name] = so
             if it.health is not None:
                 out.health[it.name] = it.health.to_dict()
@@ -126,7 +130,28 @@ def run_deploy(run: HostRun, ready: PreparedHost, out: HostOutcome, options: Dep
         out.reason = "; ".join(f"{it.name} on {it.step.release_id}" for it in todo)
         _remember_speeds(run, ready, pipeline.prune_after(run, states, todo))
 
-    pipeline.deploy([slot], options, out, what="service", switch=switch)
+    try:
+        pipeline.deploy([slot], options, out, what="service", switch=switch)
+    finally:
+        if drainer is not None:
+            drainer.close()
+
+
+def gateway_drainer(run: HostRun, inventory: Inventory | None) -> drain.Drainer | None:
+    """The drainer for this host's replicas, or None when no service of the inventory is a gateway."""
+    if inventory is None:
+        return None
+    from llmfleet.inventory.ansible import settings_for
+
+    def has_gateway(h: Host) -> bool:
+        try:
+            return any(s.engine == "gateway" for s in settings_for(h).services)
+        except LlmfleetError:
+            return False
+
+    if not any(has_gateway(h) for h in inventory.hosts.values()):
+        return None
+    return drain.Drainer(inventory, run.host, lambda h: ssh.connect(h, config=run.settings.ssh), log=run.log)
 
 
 def _fleet_gates(run: HostRun, ready: PreparedHost, todo: list[Item], states: dict[str, release_state.ServiceState]) -> None:
@@ -287,7 +312,7 @@ def rollback_host(
                          "(`invoke rollback --host` its head or a worker)")
     out = HostOutcome(host=host_name, result=Result.FAILED)
     pipeline.run_hosts([(host, host_settings, out)], "rollback",
-                       lambda slots: run_rollback(slots[host_name].run, service, to, out),
+                       lambda slots: run_rollback(slots[host_name].run, service, to, out, inventory=inv),
                        settings=settings, log=log, who=options.who, message=options.message,
                        accept_new_host_keys=options.accept_new_host_keys)
     if out.result == Result.FAILED and not out.reason:
@@ -295,8 +320,20 @@ def rollback_host(
     return out
 
 
-def run_rollback(run: HostRun, service: str | None, to: str | None, out: HostOutcome) -> None:
-    """The rollback after connecting: decide each service's target, then switch, check, go back on failure."""
+def run_rollback(run: HostRun, service: str | None, to: str | None, out: HostOutcome, *,
+                 inventory: Inventory | None = None) -> None:
+    """The rollback after connecting: decide each service's target, then switch, check, go back on failure
+    (each service out of rotation at the gateways in front of it meanwhile)."""
+    drainer = gateway_drainer(run, inventory)
+    try:
+        _rollback_steps(run, service, to, out, drainer)
+    finally:
+        if drainer is not None:
+            drainer.close()
+
+
+def _rollback_steps(run: HostRun, service: str | None, to: str | None, out: HostOutcome,
+                    drainer: drain.Drainer | None) -> None:
     states = run.read_state()
     # a service over several hosts goes back on all of them together (multihost.rollback_service)
     inv_services = {s.name: s for s in run.host_settings.services if not s.workers}
@@ -306,55 +343,56 @@ def run_rollback(run: HostRun, service: str | None, to: str | None, out: HostOut
             for st in steps}
     run.lock("rollback")
     for step in steps:
-        paths, st = Paths(run.root, step.service), states[step.service]
-        svc = service_for_release(inv_services[step.service], step.manifest)
-        if not store.parse_image_present(run.run(store.image_present_script(step.image_ref), timeout=30).stdout):
-            raise Refusal(Result.FAILED, f"service {step.service}: the image of release {step.target} "
-                                         f"({step.image_ref}) is no longer on the host; redeploy that version instead")
-        if step.previous == step.target:
-            run.log(f"{step.service}: release {step.target} is already current; restarting and checking it")
-        try:
-            token = run.arm(paths, svc, step.target, step.back, "rollback") if step.arms_revert else None
-        except RemoteError as exc:
-            raise Refusal(Result.FAILED, f"{step.service}: {exc}") from None
-        res = run.switch(paths, step.target)
-        if not store.parse_switch(res.rc, res.stdout):
-            raise Refusal(Result.FAILED, f"{step.service}: switch to {step.target} failed: "
-                                         f"{short(res.stderr or res.stdout, 300)}")
-        run.log(f"{step.service}: current -> {step.target}, unit restarted")
-        report = run.check_health(HealthTarget(svc, keys.get(step.service), paths, step.target,
-                                               step.manifest.plan_summary(), engine_args=step.manifest.engine_args),
-                                  f"release {step.target}")
-        if report.ok and not run.confirm(paths, step.service, token):
-            raise Refusal(Result.FAILED, f"{step.service}: release {step.target} was healthy, but the host timer "
-                                         f"reverted it to {step.back or 'nothing'} first ({HOST_TIMER})")
-        out.health[step.service] = report.to_dict()
-        if report.ok:
-            run.mark(paths, step.target, report, now=False)
-            out.releases[step.service] = step.target
-            out.services[step.service] = ServiceOutcome(step.service, Result.ROLLED_BACK, step.target, step.target,
-                                                        step.previous)
-            out.changes.append(f"{step.service}: {step.previous} -> {step.target}")
+        with drainer.drained(step.service) if drainer is not None else nullcontext():
+            paths, st = Paths(run.root, step.service), states[step.service]
+            svc = service_for_release(inv_services[step.service], step.manifest)
+            if not store.parse_image_present(run.run(store.image_present_script(step.image_ref), timeout=30).stdout):
+                raise Refusal(Result.FAILED, f"service {step.service}: the image of release {step.target} "
+                                             f"({step.image_ref}) is no longer on the host; redeploy that version instead")
+            if step.previous == step.target:
+                run.log(f"{step.service}: release {step.target} is already current; restarting and checking it")
+            try:
+                token = run.arm(paths, svc, step.target, step.back, "rollback") if step.arms_revert else None
+            except RemoteError as exc:
+                raise Refusal(Result.FAILED, f"{step.service}: {exc}") from None
+            res = run.switch(paths, step.target)
+            if not store.parse_switch(res.rc, res.stdout):
+                raise Refusal(Result.FAILED, f"{step.service}: switch to {step.target} failed: "
+                                             f"{short(res.stderr or res.stdout, 300)}")
+            run.log(f"{step.service}: current -> {step.target}, unit restarted")
+            report = run.check_health(HealthTarget(svc, keys.get(step.service), paths, step.target,
+                                                   step.manifest.plan_summary(), engine_args=step.manifest.engine_args),
+                                      f"release {step.target}")
+            if report.ok and not run.confirm(paths, step.service, token):
+                raise Refusal(Result.FAILED, f"{step.service}: release {step.target} was healthy, but the host timer "
+                                             f"reverted it to {step.back or 'nothing'} first ({HOST_TIMER})")
+            out.health[step.service] = report.to_dict()
+            if report.ok:
+                run.mark(paths, step.target, report, now=False)
+                out.releases[step.service] = step.target
+                out.services[step.service] = ServiceOutcome(step.service, Result.ROLLED_BACK, step.target, step.target,
+                                                            step.previous)
+                out.changes.append(f"{step.service}: {step.previous} -> {step.target}")
+                run.record(action="rollback", service=step.service, release_id=step.target, digest=step.manifest.digest,
+                           result=Result.ROLLED_BACK, detail=f"from {step.previous}")
+                continue
+            logs = run.engine_log(paths)
+            run.disarm(paths, token)
+            if step.previous != step.target:  # to the release last confirmed healthy (decide.go_back_target)
+                back = run.go_back(paths, inv_services[step.service], keys.get(step.service), step.back, st)
+            else:
+                back = GoBack(GoBack.NOTHING, None)
+            still = back.release == step.previous
+            out.result = Result.FAILED
+            out.reason = (f"ROLLBACK FAILED: {step.service}: release {step.target} is unhealthy: {report.message}; "
+                          f"engine log: {logs or '(empty)'}; {back.sentence(still=still)}")
+            out.releases[step.service] = back.current or ""
+            out.services[step.service] = ServiceOutcome(step.service, Result.FAILED, step.target, back.current,
+                                                        step.previous, out.reason)
+            run.log(out.reason)
             run.record(action="rollback", service=step.service, release_id=step.target, digest=step.manifest.digest,
-                       result=Result.ROLLED_BACK, detail=f"from {step.previous}")
-            continue
-        logs = run.engine_log(paths)
-        run.disarm(paths, token)
-        if step.previous != step.target:  # to the release last confirmed healthy (decide.go_back_target)
-            back = run.go_back(paths, inv_services[step.service], keys.get(step.service), step.back, st)
-        else:
-            back = GoBack(GoBack.NOTHING, None)
-        still = back.release == step.previous
-        out.result = Result.FAILED
-        out.reason = (f"ROLLBACK FAILED: {step.service}: release {step.target} is unhealthy: {report.message}; "
-                      f"engine log: {logs or '(empty)'}; {back.sentence(still=still)}")
-        out.releases[step.service] = back.current or ""
-        out.services[step.service] = ServiceOutcome(step.service, Result.FAILED, step.target, back.current,
-                                                    step.previous, out.reason)
-        run.log(out.reason)
-        run.record(action="rollback", service=step.service, release_id=step.target, digest=step.manifest.digest,
-                   result=Result.FAILED, detail=f"{report.message}; {back.sentence(still=still)}")
-        return
+                       result=Result.FAILED, detail=f"{report.message}; {back.sentence(still=still)}")
+            return
     out.result = Result.ROLLED_BACK
     out.reason = "; ".join(out.changes)
 

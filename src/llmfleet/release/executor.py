@@ -151,14 +151,19 @@ def http_health(run: HostRun, target: HealthTarget) -> health.HealthReport:
     def probe() -> store.UnitProbe:
         return store.parse_unit_probe(run.run(store.unit_probe_script(target.paths), timeout=30).stdout)
 
-    series = None
+    series, path = None, "/metrics"
     if svc.is_exporter:
         from llmfleet.knowledge import exporters
 
         series = exporters.for_kind(svc.engine).health_series
+    elif not svc.is_engine:  # the gateway: its monitor-uri answers 200 while it accepts requests
+        from llmfleet.release import gateway_config
+
+        series, path = "", gateway_config.HEALTH_PATH
     with run.link.forward(svc.port, run.host_settings.reach_address_for(svc)) as local_port:
         return health.HealthChecker(
             metrics_series=series,
+            metrics_path=path,
             residency=(lambda: residency_check(run, target)) if target.residency else None,
             probe=probe,
             base_url=f"http://127.0.0.1:{local_port}",

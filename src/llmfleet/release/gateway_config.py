@@ -36,7 +36,7 @@ import ipaddress
 import json
 import re
 import shlex
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 CONFIG_FILE = "haproxy.cfg"
@@ -319,6 +319,22 @@ def _server_address(address: str, port: int) -> str:
     return f"{address}:{port}"
 
 
+def _key_lines(path: str, ret: Callable[..., str]) -> list[str]:
+    """The client key check and each key's rate limit (the gateway has keys)."""
+    return [
+        "    # the client's key: the bearer token's sha256 looked up in keys.map gives its name",
+        "    http-request set-var(txn.key_name) req.fhdr(authorization),bytes(7),sha2(256),hex,lower,"
+        f"map({path}{KEYS_MAP}) if {{ req.fhdr(authorization) -m beg -i \"bearer \" }}",
+        "    " + ret(401, "401", ' hdr WWW-Authenticate "Bearer"') + " unless { var(txn.key_name) -m found }",
+        "    http-request del-header authorization",
+        f"    # each key's own limit (limits.map) on its requests in the last {RATE_WINDOW_S} s",
+        "    http-request track-sc0 var(txn.key_name)",
+        f"    http-request set-var(txn.rpm) var(txn.key_name),map_str_int({path}{LIMITS_MAP})",
+        "    " + ret(429, "429", f' hdr Retry-After "{RATE_WINDOW_S}"')
+        + " if { var(txn.rpm) -m found } { sc_http_req_rate(0),sub(txn.rpm) gt 0 }",
+    ]
+
+
 def haproxy_cfg(spec: GatewaySpec) -> str:
     """The configuration text (the spec is assumed checked: ``render_files`` checks it)."""
     d = spec.config_dir.rstrip("/") or "/"
@@ -379,16 +395,10 @@ def haproxy_cfg(spec: GatewaySpec) -> str:
         "    option http-buffer-request",
         f"    stick-table type string len {_MAX_NAME} size 10k expire {2 * RATE_WINDOW_S}s "
         f"store http_req_rate({RATE_WINDOW_S}s)",
-        "    # the client's key: the bearer token's sha256 looked up in keys.map gives its name",
-        "    http-request set-var(txn.key_name) req.fhdr(authorization),bytes(7),sha2(256),hex,lower,"
-        f"map({path}{KEYS_MAP}) if {{ req.fhdr(authorization) -m beg -i \"bearer \" }}",
-        "    " + ret(401, "401", ' hdr WWW-Authenticate "Bearer"') + " unless { var(txn.key_name) -m found }",
-        "    http-request del-header authorization",
-        f"    # each key's own limit (limits.map) on its requests in the last {RATE_WINDOW_S} s",
-        "    http-request track-sc0 var(txn.key_name)",
-        f"    http-request set-var(txn.rpm) var(txn.key_name),map_str_int({path}{LIMITS_MAP})",
-        "    " + ret(429, "429", f' hdr Retry-After "{RATE_WINDOW_S}"')
-        + " if { var(txn.rpm) -m found } { sc_http_req_rate(0),sub(txn.rpm) gt 0 }",
+        *(_key_lines(path, ret) if spec.keys else [
+            "    # no client keys (allow_unauthenticated: true): every request is let in, as key '-'",
+            "    http-request set-var(txn.key_name) str(-)",
+            "    http-request del-header authorization"]),
         f"    http-request return status 200 content-type application/json file {path}{MODELS_JSON} "
         f"if {{ path {MODELS_PATH} }} {{ method GET HEAD }}",
         f"    # bodies over {limit} bytes: refused (a body must fit in the buffer to be routed by its model)",

@@ -348,6 +348,7 @@ class HealthChecker:
     # An exporter (no model): instead of /health, /v1/models and a completion, wait until /metrics
     # answers 200 with a series whose name starts with this (knowledge/exporters.py).
     metrics_series: str | None = None
+    metrics_path: str = "/metrics"  # where it is read; with metrics_series "" any 200 there passes (the gateway)
     _last_probe: tuple[float, UnitProbe] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -487,21 +488,24 @@ class HealthChecker:
         import httpx
 
         series = self.metrics_series or ""
+        path = self.metrics_path
         started = self.clock()
         bad = [0]
         last_probe = [started]
 
         def step() -> tuple[bool, str]:
             try:
-                r = c.get("/metrics", timeout=httpx.Timeout(10.0, connect=3.0))
+                r = c.get(path, timeout=httpx.Timeout(10.0, connect=3.0))
+                if r.status_code == 200 and not series:
+                    return True, f"{path} 200 after {self.clock() - started:.1f}s"
                 if r.status_code == 200:
                     found = metrics_series_count(r.text, series)
                     if found:
                         return True, (f"/metrics 200 with {found} {series}* sample{'s' if found != 1 else ''} "
                                       f"after {self.clock() - started:.1f}s")
-                    state = f"/metrics 200 without {series}* series"
+                    state = f"{path} 200 without {series}* series"
                 else:
-                    state = f"/metrics {r.status_code}"
+                    state = f"{path} {r.status_code}"
             except httpx.TransportError as exc:
                 state = f"not listening yet ({type(exc).__name__})"
             now = self.clock()
@@ -514,7 +518,7 @@ class HealthChecker:
                                        + (f" (exit {p.exit_code})" if p.exit_code is not None else ""))
             return False, state
 
-        return self._poll(self.stage_timeout_s, step, f"/metrics with {series}* series")
+        return self._poll(self.stage_timeout_s, step, f"{path} with {series}* series" if series else f"{path} 200")
 
     def _models(self, c: httpx.Client) -> str:
         import httpx

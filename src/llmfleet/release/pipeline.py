@@ -246,7 +246,7 @@ def render_and_decide(run: HostRun, ready: PreparedHost, plans: Sequence[Plan | 
                           ready.inventory.path if ready.inventory else None, run.settings.search_config)
     for p, plan in zip(ready.services, plans, strict=True):
         rendered = render(p.service, ready.settings, p.image, plan, api_key=p.api_key,
-                          roles_dir=search["roles_dir"], templates_dir=search["templates_dir"])
+                          roles_dir=search["roles_dir"], templates_dir=search["templates_dir"], gateway=p.gateway)
         items.append(item_for(run, p, summarize(plan), rendered, states.get(p.service.name)))
     return items
 

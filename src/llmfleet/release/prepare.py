@@ -56,6 +56,7 @@ class Prepared:
     service: Service
     api_key: str | None
     image: images.ImageRef
+    gateway: Any = None  # a gateway service: its release.gateway_plan.GatewayPlan (replicas, keys, TLS)
 
 
 @dataclass(frozen=True)
@@ -112,5 +113,10 @@ def prepare_host(inventory: Inventory | str, host_name: str, settings: Settings,
                              allow_unpinned=options.allow_unpinned, where=where)
         if options.bundle is not None:  # loaded from the bundle, named by a local tag, checked by image ID
             ref = options.bundle.localize(ref, path, where)
-        out.append(Prepared(svc, key, ref))
+        gateway = None
+        if svc.engine == "gateway":
+            from llmfleet.release import gateway_plan
+
+            gateway = gateway_plan.plan_gateway(inv, host, svc)
+        out.append(Prepared(svc, key, ref, gateway))
     return PreparedHost(inv, host, host_settings, tuple(out))

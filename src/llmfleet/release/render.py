@@ -385,7 +385,15 @@ class Rendered:
 
     def masked_files(self) -> dict[str, str]:
         """The files with every secret value replaced, fit for diffs and logs."""
-        return {name: (mask_env(text) if name in self.secret_files else text) for name, text in self.files.items()}
+        return {name: (text if name not in self.secret_files else mask_env(text) if name == ENV_FILE
+                       else mask_whole(text)) for name, text in self.files.items()}
+
+
+def mask_whole(text: str) -> str:
+    """A secret file that is not KEY=value lines (the gateway's TLS PEM): its content never shown, only
+    a digest prefix, so a diff still says whether it changed."""
+    digest = hashlib.sha256(text.encode()).hexdigest()[:12]
+    return f"{SECRET_MASK} ({len(text.encode())} bytes, sha256 {digest}...)\n"
 
 
 def mask_env(text: str) -> str:
@@ -550,6 +558,7 @@ def render(
     roles_dir: Dirs = None,
     templates_dir: Dirs = None,
     head: HeadOverlay | None = None,
+    gateway: Any = None,
 ) -> Rendered:
     role = load_role(service.engine, roles_dir)
     head = head or HeadOverlay()
@@ -578,7 +587,7 @@ def render(
     args = base + merged + list(head.args)
 
     gpu_request: Any
-    if service.engine == "node-exporter":  # reads the host, not the GPUs
+    if service.engine in ("node-exporter", "gateway"):  # reads the host / proxies: no GPU
         gpu_request = None
     elif service.gpus == "all":
         gpu_request = "all"
@@ -612,6 +621,7 @@ def render(
         "cache_volume": box["cache_volume"],
         "cache_target": box["cache_target"],
         "host_root_mount": role.container.get("host_root_mount"),
+        "config_dir": role.container.get("config_dir"),
     }
     compose_text = _template(role.template).render(**ctx)
 
@@ -631,6 +641,10 @@ def render(
         timeout_stop=unit_stop_timeout_s(service),
     )
     secrets = {role.api_key_env: api_key_value(role, api_key, args)} if api_key is not None else {}
+    if service.engine == "gateway":
+        if gateway is None:
+            raise UsageError(f"service {service.name}: a gateway is rendered from its plan (release.gateway_plan)")
+        secrets |= dict(sorted(gateway.env.items()))  # the replicas' keys, referenced by haproxy.cfg
     env_text = _template(template_text("service.env.j2", templates_dir)).render(service_name=service.name, secrets=secrets)
 
     unit_file = unit_name(service)
@@ -639,6 +653,15 @@ def render(
     if service.compose_overrides:
         files[COMPOSE_OVERRIDE_FILE] = compose_override_text(service)
         modes[COMPOSE_OVERRIDE_FILE] = 0o644
+    secret_files = {ENV_FILE}
+    if gateway is not None and service.engine == "gateway":
+        from llmfleet.release import gateway_config
+
+        for name, text in gateway_config.render_files(gateway.spec).items():
+            files[name], modes[name] = text, 0o644
+        if gateway.tls_pem is not None:
+            files[gateway_config.TLS_PEM], modes[gateway_config.TLS_PEM] = gateway.tls_pem, 0o600
+            secret_files.add(gateway_config.TLS_PEM)
     from llmfleet.release import watchdog
 
     for name, (text, mode) in watchdog.release_files(
@@ -651,7 +674,7 @@ def render(
         engine=service.engine,
         files=files,
         modes=modes,
-        secret_files=frozenset({ENV_FILE}),
+        secret_files=frozenset(secret_files),
         engine_args=args,
         image=image,
         content_hash=content_hash(files),

@@ -316,7 +316,7 @@ def release_files(service: Service, settings: HostSettings, *, key_env: str | No
     """The files a release ships for its watchdog (none when the host turned it off); ``key_env``: the
     env file's variable holding the service's API key, which the judgement's requests carry. An
     exporter ships none: systemd restarts it when it exits, and it has no work to judge."""
-    if not settings.watchdog.enabled or service.is_exporter:
+    if not settings.watchdog.enabled or not service.is_engine:
         return {}
     return _files(service, settings, script_text(service, settings, bind_address=settings.bind_address_for(service),
                                                  key_env=key_env))

@@ -1,0 +1,133 @@
+"""Drain instead of drop: before a replica's unit restarts (deploy, rollback, stop, remove), every gateway
+that fronts it takes it out of rotation and its requests in flight finish; after its health check (or its
+go-back) it is put back, and the gateway's own checks let traffic in once it answers.
+
+The gateways are found in the inventory (``gateway_plan.fronting``); each is reached over its own SSH
+connection and told through HAProxy's runtime API on its loopback (``gateway_config``'s commands).
+Waiting is bounded by the gateway's ``drain_timeout_s`` and a count of polls. A gateway that cannot be
+reached does not stop the rollout: the run's log says the replica was not drained there, and HAProxy's
+health checks and retries (before anything is sent) are what then protect its clients.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from llmfleet.errors import LlmfleetError
+from llmfleet.release import gateway_config as gc
+from llmfleet.release.gateway_plan import Front, fronting
+
+if TYPE_CHECKING:
+    from llmfleet.inventory.ansible import Inventory
+
+POLL_S = 0.5
+MAX_POLLS = 7200  # bounds every wait whatever the timeout (an hour at 0.5 s)
+
+Connect = Callable[[Any], Any]  # a gateway Host -> an open host.ssh link (run(script, sudo, timeout))
+
+
+@dataclass
+class Drained:
+    """What one drain did at one gateway (for the run's log and JSON)."""
+
+    gateway: str  # host/service
+    server: str
+    drained: bool
+    in_flight_left: int | None = None
+    seconds: float = 0.0
+    error: str = ""
+
+    def sentence(self) -> str:
+        if self.error:
+            return f"not drained at gateway {self.gateway}: {self.error}"
+        left = "" if not self.in_flight_left else f", {self.in_flight_left} request(s) still in flight at the timeout"
+        return f"drained at gateway {self.gateway} in {self.seconds:.1f}s{left}"
+
+
+def _run(link: Any, front: Front, command: str, timeout: float = 20) -> str:
+    res = link.run(gc.admin_script(front.admin_port, command), sudo=True, timeout=timeout)
+    if res.rc != 0:
+        raise LlmfleetError(f"runtime API on {front.host.name}: exit {res.rc}: {(res.stderr or res.stdout).strip()[:200]}")
+    return str(res.stdout)
+
+
+def in_flight(text: str, front: Front) -> int | None:
+    state = gc.parse_show_stat(text).get((front.backend, front.server))
+    return None if state is None else state.current_sessions
+
+
+def drain_one(link: Any, front: Front, *, clock: Callable[[], float] = time.monotonic,
+              sleep: Callable[[float], None] = time.sleep) -> Drained:
+    """Take the replica out of rotation at one gateway and wait until its sessions there end (or the
+    gateway's drain timeout)."""
+    name = f"{front.host.name}/{front.service.name}"
+    t0 = clock()
+    _run(link, front, gc.drain_command(front.backend, front.server))
+    left: int | None = None
+    deadline = t0 + front.drain_timeout_s
+    for _ in range(MAX_POLLS):
+        left = in_flight(_run(link, front, gc.show_stat_command()), front)
+        if not left or clock() >= deadline:
+            break
+        sleep(POLL_S)
+    return Drained(name, front.server, True, left, round(clock() - t0, 3))
+
+
+@dataclass
+class Drainer:
+    """The gateways in front of one host's replicas, connected on first use, closed by ``close``."""
+
+    inventory: Inventory
+    host: str
+    connect: Connect
+    log: Callable[[str], None] = lambda line: None
+    links: dict[str, Any] = field(default_factory=dict)
+    done: list[Drained] = field(default_factory=list)
+
+    def fronts(self, service: str) -> list[Front]:
+        return fronting(self.inventory, self.host, service)
+
+    def _link(self, front: Front) -> Any:
+        if front.host.name not in self.links:
+            self.links[front.host.name] = self.connect(front.host)
+        return self.links[front.host.name]
+
+    @contextmanager
+    def drained(self, service: str) -> Iterator[list[Drained]]:
+        """Out of rotation at every gateway in front of ``service`` while the block runs; back after it,
+        whatever happened in it."""
+        fronts = self.fronts(service)
+        out: list[Drained] = []
+        taken: list[Front] = []
+        for front in fronts:
+            try:
+                d = drain_one(self._link(front), front)
+                taken.append(front)
+            except LlmfleetError as exc:
+                d = Drained(f"{front.host.name}/{front.service.name}", front.server, False, error=str(exc))
+            out.append(d)
+            self.log(f"{service}: {d.sentence()}")
+        self.done += out
+        try:
+            yield out
+        finally:
+            for front in taken:
+                try:
+                    _run(self._link(front), front, gc.ready_command(front.backend, front.server))
+                    self.log(f"{service}: back in rotation at gateway {front.host.name}/{front.service.name} "
+                             "(its health checks let traffic in once it answers)")
+                except LlmfleetError as exc:
+                    self.log(f"{service}: NOT put back in rotation at gateway {front.host.name}: {exc}; "
+                             f"it rejoins at the gateway's next deploy, or by its runtime API: set server {front.backend}/{front.server} state ready")
+
+    def close(self) -> None:
+        for link in self.links.values():
+            try:
+                link.close()
+            except Exception:  # noqa: BLE001,S110 - closing a broken connection must not hide the result
+                pass
+        self.links.clear()
