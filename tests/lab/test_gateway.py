@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import ssl
 import subprocess
 import threading
 import time
@@ -87,7 +88,7 @@ def gw(lab, tmp_path_factory):
                  "--json", env=ENV, timeout=900)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     url = f"https://{addresses[GATEWAY_HOST]}:{PORT}"
-    client = httpx.Client(base_url=url, verify=str(cert), timeout=60, trust_env=False)
+    client = httpx.Client(base_url=url, verify=ssl.create_default_context(cafile=str(cert)), timeout=60, trust_env=False)
     try:
         yield {"tmp": tmp, "url": url, "cert": cert, "client": client, "addresses": addresses}
     finally:
@@ -171,16 +172,18 @@ class Load:
 
 def test_a_rolling_upgrade_behind_the_gateway_drops_no_request(lab, gw):
     direct_host = REPLICA_HOSTS[0]
-    through = Load(f"{gw['url']}/v1/completions", _auth(), str(gw["cert"]), threads=2)
+    through = Load(f"{gw['url']}/v1/completions", _auth(), ssl.create_default_context(cafile=str(gw["cert"])), threads=2)
     direct = Load(f"http://{gw['addresses'][direct_host]}:8000/v1/completions", _auth(REPLICA_KEY), True, threads=1)
     try:
         time.sleep(3)
-        res = invoke(lab, gw["tmp"], "upgrade", "--host", ",".join(REPLICA_HOSTS), "--image",
+        res = invoke(lab, gw["tmp"], "upgrade", "--group", "lab", "--host", ",".join(REPLICA_HOSTS), "--image",
                      "llamacpp=lab-cpu-next", "--serial", "1", "--json", env=ENV, timeout=1200)
         time.sleep(3)
     finally:
         through.stop()
         direct.stop()
+    print(f"rolling upgrade: through the gateway {through.ok} ok, {through.failed} failed; "
+          f"straight to {direct_host}:8000 {direct.ok} ok, {direct.failed} failed")
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "drained at gateway" in res.stderr, res.stderr[-3000:]
     assert through.ok > 0 and through.failed == 0, (through.ok, through.failed, through.errors[:5])

@@ -166,7 +166,9 @@ def http_health(run: HostRun, target: HealthTarget) -> health.HealthReport:
             metrics_path=path,
             residency=(lambda: residency_check(run, target)) if target.residency else None,
             probe=probe,
-            base_url=f"http://127.0.0.1:{local_port}",
+            # a gateway with TLS answers only TLS: its own certificate (deployed by this run; its name is
+            # not 127.0.0.1) is not verified here, clients verify it
+            base_url=f"{'https' if svc.gateway is not None and svc.gateway.tls else 'http'}://127.0.0.1:{local_port}",
             served_name=svc.public_name,
             api_key=target.api_key,
             load_timeout_s=svc.health.load_timeout_s,

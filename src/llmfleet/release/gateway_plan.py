@@ -109,8 +109,16 @@ def replicas(inv: Inventory, gateway_host: Host, service: Service) -> list[tuple
     return out
 
 
-def plan_gateway(inv: Inventory, host: Host, service: Service, resolve: Resolver = resolve_secret) -> GatewayPlan:
-    """What the gateway release is rendered from. Raises ``UsageError`` (nothing contacted)."""
+def plan_gateway(inv: Inventory, host: Host, service: Service, resolve: Resolver | None = None) -> GatewayPlan:
+    """What the gateway release is rendered from. Raises ``UsageError`` (nothing contacted).
+    ``resolve(ref, where)``: reads a secret (default: ``release.secret.resolve_secret``, which names
+    the field and refuses a key file others can read; a certificate may be readable)."""
+
+    def get(ref: SecretRef | None, where: str, field: str, public: bool = False) -> str | None:
+        if resolve is not None:
+            return resolve(ref, where)
+        return resolve_secret(ref, where, field=field, public=public)
+
     gw = service.gateway
     if service.engine != GATEWAY_KIND or gw is None:
         raise UsageError(f"{_where(inv, host, service)}: not a gateway service")
@@ -125,7 +133,7 @@ def plan_gateway(inv: Inventory, host: Host, service: Service, resolve: Resolver
         name = None
         if svc.api_key is not None:
             name = key_env(svc.api_key)
-            value = resolve(svc.api_key, f"host {h.name}: service {svc.name}")
+            value = get(svc.api_key, f"host {h.name}: service {svc.name}", "api_key")
             if value is None:
                 raise UsageError(f"{_where(inv, h, svc)}: its api_key could not be read for gateway {service.name}")
             env[name] = value
@@ -133,15 +141,15 @@ def plan_gateway(inv: Inventory, host: Host, service: Service, resolve: Resolver
                                served_name=svc.public_name, key_env=name, maxconn=max(1, svc.concurrency)))
     keys: list[gc.ClientKey] = []
     for k in gw.api_keys:
-        value = resolve(k.key, f"{where}: gateway.api_keys {k.name}")
+        value = get(k.key, f"{where}: gateway.api_keys {k.name}", "key")
         if not value:
             raise UsageError(f"{where}: gateway.api_keys {k.name}: the key is empty")
         keys.append(gc.ClientKey(name=k.name, sha256_hex=hashlib.sha256(value.encode()).hexdigest(),
                                  requests_per_minute=k.requests_per_minute))
     tls_pem = None
     if gw.tls is not None:
-        cert = resolve(gw.tls.cert, f"{where}: gateway.tls.cert")
-        key = resolve(gw.tls.key, f"{where}: gateway.tls.key")
+        cert = get(gw.tls.cert, f"{where}: gateway.tls", "cert", public=True)
+        key = get(gw.tls.key, f"{where}: gateway.tls", "key")
         if not cert or "BEGIN" not in cert or not key or "PRIVATE KEY" not in key:
             raise UsageError(f"{where}: gateway.tls: cert must be a PEM certificate chain and key a PEM private key")
         tls_pem = cert.rstrip("\n") + "\n" + key.rstrip("\n") + "\n"

@@ -13,31 +13,32 @@ from llmfleet.inventory.services import SecretRef
 from llmfleet.inventory.vault import Vault
 
 
-def resolve_secret(ref: SecretRef | None, where: str) -> str | None:
+def resolve_secret(ref: SecretRef | None, where: str, *, field: str = "api_key", public: bool = False) -> str | None:
     """The secret's value (None when the service has none). A missing variable or file, or a file
-    others can read, is a usage error naming ``where`` and the fix."""
+    others can read, is a usage error naming ``where``, the ``field`` and the fix. ``public``: a value
+    that may be readable by others (a TLS certificate), read the same way without the mode check."""
     if ref is None:
         return None
     if ref.vault is not None:  # ansible-vault value: decrypted with the vault password file
-        return Vault().decrypt(ref.vault, f"{where}: api_key").strip()
+        return Vault().decrypt(ref.vault, f"{where}: {field}").strip()
     if ref.from_env is not None:
         value = os.environ.get(ref.from_env)
         if not value:
-            raise UsageError(f"{where}: api_key.from_env {ref.from_env} is not set on this machine; export it")
+            raise UsageError(f"{where}: {field}.from_env {ref.from_env} is not set on this machine; export it")
         return value
     path = Path(os.path.expanduser(str(ref.from_file)))
     try:
         st = path.stat()
     except OSError:
-        raise UsageError(f"{where}: api_key.from_file {path} does not exist on this machine") from None
-    if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise UsageError(f"{where}: api_key.from_file {path} is readable by others; chmod 600 {path}")
+        raise UsageError(f"{where}: {field}.from_file {path} does not exist on this machine") from None
+    if not public and st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise UsageError(f"{where}: {field}.from_file {path} is readable by others; chmod 600 {path}")
     try:
         value = path.read_text(encoding="utf-8").strip()
     except OSError as exc:
-        raise UsageError(f"{where}: api_key.from_file {path}: {exc.strerror}") from None
+        raise UsageError(f"{where}: {field}.from_file {path}: {exc.strerror}") from None
     if not value:
-        raise UsageError(f"{where}: api_key.from_file {path} is empty")
+        raise UsageError(f"{where}: {field}.from_file {path} is empty")
     return value
 
 
