@@ -58,6 +58,7 @@ SCRIPTS = {
     "pull_loaded": lambda: S.pull_script("reg.lab:5000/llamacpp:sha256-" + "cd" * 32, loaded=True),
     "image_present": lambda: S.image_present_script(REF),
     "switch": lambda: S.switch_script(PATHS, R2),
+    "gateway_switch": lambda: S.gateway_switch_script(PATHS, R2, "llmfleet-chat"),
     "stop": lambda: S.stop_script(PATHS, forget_current=True),
     "engine_log": lambda: S.logs_script(PATHS, 200),
     "mark_healthy": lambda: S.mark_healthy_script(PATHS, R2, {"result": "healthy", "decode_tokps": 42.5}),
@@ -203,6 +204,7 @@ def test_every_golden_file_belongs_to_a_script():
 def test_every_script_builder_of_the_release_store_has_a_golden_file():
     builders = sorted(n for n in dir(S) if n.endswith("_script") and callable(getattr(S, n)))
     pinned = {"state_script", "upload_script", "pull_script", "image_present_script", "switch_script", "stop_script",
+              "gateway_switch_script",
               "logs_script", "mark_healthy_script", "unit_probe_script", "current_files_script", "prune_script",
               "image_remove_script", "lock_acquire_script", "lock_release_script", "lock_status_script",
               "lock_break_script", "audit_append_script", "final_script", "service_stop_script",

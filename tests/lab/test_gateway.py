@@ -199,3 +199,27 @@ def test_a_replica_killed_costs_only_what_it_held(lab, gw):
         assert codes == [200] * 8, codes  # retried elsewhere before anything was sent, then checked out
     finally:
         invoke(lab, gw["tmp"], "start", "-l", REPLICA_HOSTS[1], "--service", "tiny", env=ENV, timeout=300)
+
+
+def test_a_gateway_change_is_a_reload_that_drops_no_request(lab, gw):
+    """A new client key: the gateway's configuration changes, its image, keys of the replicas and unit do not:
+    a graceful reload (the running HAProxy checks the new file, then its master starts new workers while
+    the old ones finish their streams), under load, with no failed request and the new key working."""
+    hv = gw["tmp"] / "inventory" / "host_vars" / f"{GATEWAY_HOST}.yml"
+    doc = yaml.safe_load(hv.read_text())
+    doc["llmfleet_services"][0]["gateway"]["api_keys"].append({"name": "team-b", "key": {"from_env": "LAB_GW_KEY_B"}})
+    hv.write_text(yaml.safe_dump(doc))
+    env = ENV | {"LAB_GW_KEY_B": "gw-key-team-b-91aa"}
+    through = Load(f"{gw['url']}/v1/completions", _auth(), ssl.create_default_context(cafile=str(gw["cert"])), threads=2)
+    try:
+        time.sleep(2)
+        res = invoke(lab, gw["tmp"], "deploy", "-l", GATEWAY_HOST, "--json", env=env, timeout=600)
+        time.sleep(2)
+    finally:
+        through.stop()
+    print(f"gateway reload: {through.ok} ok, {through.failed} failed")
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "configuration reloaded" in res.stderr, res.stderr[-2000:]
+    assert through.ok > 0 and through.failed == 0, (through.ok, through.failed, through.errors[:5])
+    r = gw["client"].post("/v1/completions", json=BODY, headers=_auth("gw-key-team-b-91aa"))
+    assert r.status_code == 200, r.text[:300]

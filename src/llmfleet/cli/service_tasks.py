@@ -259,7 +259,7 @@ def _service_op(c, action: str, *, host, group, service, orphans, inventory, mes
 
         return service_ops.service_op(h, settings, action, [service] if service else None, config=conf,
                                       orphans_only=bool(orphans), message=msg,
-                                      accept_new_host_keys=accept_new_host_keys, log=log_host)
+                                      accept_new_host_keys=accept_new_host_keys, log=log_host, inventory=inv)
 
     results = service_ops.run_hosts(one, jobs, forks)
     if action == "remove":  # a removed service leaves Prometheus' targets (stop and start change none)

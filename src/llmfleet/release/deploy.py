@@ -33,7 +33,7 @@ from contextlib import nullcontext
 from llmfleet import __version__
 from llmfleet.errors import LlmfleetError, RemoteError, UsageError
 from llmfleet.host import ssh
-from llmfleet.inventory.ansible import Host, Inventory
+from llmfleet.inventory.ansible import Inventory
 from llmfleet.knowledge import release_state
 from llmfleet.knowledge.planner import Plan
 from llmfleet.release import decide, drain, pipeline, store
@@ -56,6 +56,7 @@ from llmfleet.release.prepare import (  # noqa: F401 - re-exported: the deploy A
     load_host,
     prepare_host,
 )
+from llmfleet.release.render import project_name
 from llmfleet.release.secret import resolve_secret
 from llmfleet.release.store import Paths
 from llmfleet.settings import Settings
@@ -107,7 +108,7 @@ def run_deploy(run: HostRun, ready: PreparedHost, out: HostOutcome, options: Dep
     with run.stage("render + decide"):
         items = pipeline.render_and_decide(run, ready, plans, states)
     slot = pipeline.Slot(run, out, items=items)
-    drainer = gateway_drainer(run, ready.inventory)
+    drainer = drain.for_run(run, ready.inventory)
 
     def switch() -> None:
         todo = [it for it in items if it.step.action != Action.UNCHANGED]
@@ -137,21 +138,6 @@ def run_deploy(run: HostRun, ready: PreparedHost, out: HostOutcome, options: Dep
             drainer.close()
 
 
-def gateway_drainer(run: HostRun, inventory: Inventory | None) -> drain.Drainer | None:
-    """The drainer for this host's replicas, or None when no service of the inventory is a gateway."""
-    if inventory is None:
-        return None
-    from llmfleet.inventory.ansible import settings_for
-
-    def has_gateway(h: Host) -> bool:
-        try:
-            return any(s.engine == "gateway" for s in settings_for(h).services)
-        except LlmfleetError:
-            return False
-
-    if not any(has_gateway(h) for h in inventory.hosts.values()):
-        return None
-    return drain.Drainer(inventory, run.host, lambda h: ssh.connect(h, config=run.settings.ssh), log=run.log)
 
 
 def _fleet_gates(run: HostRun, ready: PreparedHost, todo: list[Item], states: dict[str, release_state.ServiceState]) -> None:
@@ -199,7 +185,8 @@ def _switch_and_check(run: HostRun, it: Item) -> ServiceOutcome:
         if step.arms_revert:
             armed_token, steps["arm revert"] = run.arm_script(paths, svc, rid, previous, "deploy")
         if step.switches:
-            steps["switch + restart"] = store.switch_script(paths, rid)
+            steps["switch + restart"] = (store.gateway_switch_script(paths, rid, project_name(svc)) if svc.engine == "gateway"
+                                         else store.switch_script(paths, rid))
             steps["container start"] = store.unit_wait_script(paths)
         results: dict[str, ssh.Result | None] = {}
         if steps:
@@ -228,7 +215,9 @@ def _switch_and_check(run: HostRun, it: Item) -> ServiceOutcome:
             if res is None or not store.parse_switch(res.rc, res.stdout):
                 raise RemoteError(f"switch to {rid} failed: "
                                   f"{short(res.stderr or res.stdout, 300) if res else 'it did not run'}")
-            run.log(f"{svc.name}: current -> {rid}, unit restarted")
+            reloaded = "@@reloaded" in res.stdout.splitlines()
+            run.log(f"{svc.name}: current -> {rid}, " + ("configuration reloaded (open streams kept)" if reloaded
+                                                          else "unit restarted"))
             if results["container start"] is not None:
                 started = store.parse_unit_probe(results["container start"].stdout)
         else:
@@ -324,7 +313,7 @@ def run_rollback(run: HostRun, service: str | None, to: str | None, out: HostOut
                  inventory: Inventory | None = None) -> None:
     """The rollback after connecting: decide each service's target, then switch, check, go back on failure
     (each service out of rotation at the gateways in front of it meanwhile)."""
-    drainer = gateway_drainer(run, inventory)
+    drainer = drain.for_run(run, inventory)
     try:
         _rollback_steps(run, service, to, out, drainer)
     finally:

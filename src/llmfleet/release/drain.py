@@ -22,7 +22,8 @@ from llmfleet.release import gateway_config as gc
 from llmfleet.release.gateway_plan import Front, fronting
 
 if TYPE_CHECKING:
-    from llmfleet.inventory.ansible import Inventory
+    from llmfleet.inventory.ansible import Host, Inventory
+    from llmfleet.release.executor import HostRun
 
 POLL_S = 0.5
 MAX_POLLS = 7200  # bounds every wait whatever the timeout (an hour at 0.5 s)
@@ -124,6 +125,30 @@ class Drainer:
                     self.log(f"{service}: NOT put back in rotation at gateway {front.host.name}: {exc}; "
                              f"it rejoins at the gateway's next deploy, or by its runtime API: set server {front.backend}/{front.server} state ready")
 
+    def drain(self, service: str) -> list[Drained]:
+        """Out of rotation at every gateway in front of ``service``, and left so (a stop, a remove):
+        ``ready`` puts it back (a start)."""
+        out = []
+        for front in self.fronts(service):
+            try:
+                d = drain_one(self._link(front), front)
+            except LlmfleetError as exc:
+                d = Drained(f"{front.host.name}/{front.service.name}", front.server, False, error=str(exc))
+            out.append(d)
+            self.log(f"{service}: {d.sentence()}")
+        self.done += out
+        return out
+
+    def ready(self, service: str) -> None:
+        """Back in rotation at every gateway in front of ``service`` (its checks let traffic in once it
+        answers)."""
+        for front in self.fronts(service):
+            try:
+                _run(self._link(front), front, gc.ready_command(front.backend, front.server))
+                self.log(f"{service}: back in rotation at gateway {front.host.name}/{front.service.name}")
+            except LlmfleetError as exc:
+                self.log(f"{service}: NOT put back in rotation at gateway {front.host.name}: {exc}")
+
     def close(self) -> None:
         for link in self.links.values():
             try:
@@ -131,3 +156,23 @@ class Drainer:
             except Exception:  # noqa: BLE001,S110 - closing a broken connection must not hide the result
                 pass
         self.links.clear()
+
+
+def for_run(run: HostRun, inventory: Inventory | None) -> Drainer | None:
+    """The drainer for one host's run, or None when no service of the inventory is a gateway (then
+    nothing is looked up or contacted)."""
+    if inventory is None:
+        return None
+    from llmfleet.inventory.ansible import settings_for
+
+    def has_gateway(h: Host) -> bool:
+        try:
+            return any(s.engine == "gateway" for s in settings_for(h).services)
+        except LlmfleetError:
+            return False
+
+    if not any(has_gateway(h) for h in inventory.hosts.values()):
+        return None
+    from llmfleet.host import ssh
+
+    return Drainer(inventory, run.host, lambda h: ssh.connect(h, config=run.settings.ssh), log=run.log)

@@ -19,9 +19,8 @@ from llmfleet.errors import UsageError
 from llmfleet.inventory.ansible import Host, Inventory, settings_for
 from llmfleet.inventory.services import GATEWAY_KIND, SecretRef, Service
 from llmfleet.release import gateway_config as gc
+from llmfleet.release.render import service_dir
 from llmfleet.release.secret import resolve_secret
-
-CONFIG_DIR = "/etc/llmfleet-gateway"  # the release's folder inside the gateway's container
 
 Resolver = Callable[[SecretRef | None, str], str | None]
 
@@ -158,7 +157,8 @@ def plan_gateway(inv: Inventory, host: Host, service: Service, resolve: Resolver
         spec = gc.GatewaySpec(name=service.name, bind=settings.bind_address_for(service), port=service.port,
                               admin_port=gw.admin_port, tls=tls_pem is not None,
                               max_body_bytes=gw.max_body_mib * 1024 * 1024, timeout_s=gw.timeout_s,
-                              replicas=tuple(reps), keys=tuple(keys), config_dir=CONFIG_DIR)
+                              replicas=tuple(reps), keys=tuple(keys),
+                              config_dir=f"{service_dir(settings, service)}/current")
         gc.render_files(spec)  # a spec the config cannot hold (replicas of one name with different keys)
     except ValueError as exc:
         raise UsageError(f"{where}: {exc}") from None

@@ -572,8 +572,9 @@ def render(
     merged = merge_engine_args(plan_engine_args(plan), list(service.engine_args), role)
     box = container_settings(role, service, jit_cache=jit_cache_for(image, plan) is not None)
     bind = bind_address or settings.bind_address_for(service)
+    sdir = service_dir(settings, service)
     fill = {"model": role.model_target, "port": str(box["port"]), "served_name": service.public_name,
-            "listen": "0.0.0.0", "bind": f"[{bind}]" if ":" in bind else bind}
+            "listen": "0.0.0.0", "bind": f"[{bind}]" if ":" in bind else bind, "service_dir": sdir}
     if head.host_network:  # no published port: the engine itself listens on the bind address
         fill |= {"port": str(service.port), "listen": bind}
         if box["healthcheck"]:
@@ -594,7 +595,6 @@ def render(
     else:
         gpu_request = [int(g) for g in service.gpus]
 
-    sdir = service_dir(settings, service)
     ctx = {
         "service_name": service.name,
         "engine": service.engine,
@@ -621,7 +621,7 @@ def render(
         "cache_volume": box["cache_volume"],
         "cache_target": box["cache_target"],
         "host_root_mount": role.container.get("host_root_mount"),
-        "config_dir": role.container.get("config_dir"),
+        "service_dir": sdir,
     }
     compose_text = _template(role.template).render(**ctx)
 

@@ -24,7 +24,7 @@ from llmfleet.host.group import run_on_hosts
 from llmfleet.inventory.ansible import Host, Inventory
 from llmfleet.inventory.services import HostSettings, Service
 from llmfleet.knowledge import release_state
-from llmfleet.release import decide, pipeline, store
+from llmfleet.release import decide, drain, pipeline, store
 from llmfleet.release.decide import HostOutcome, Result
 from llmfleet.release.executor import (
     HealthFn,
@@ -165,13 +165,16 @@ def orphans(states: Mapping[str, release_state.ServiceState], inventory_services
 def service_op(host: Host, settings: HostSettings, action: str, services: Sequence[str] | None, *,
                config: Settings | dict[str, object], orphans_only: bool = False, message: str = "",
                who: str | None = None, accept_new_host_keys: bool = False, log: Log = lambda line: None,
-               health_fn: HealthFn = http_health, connector: Connector = connect) -> ServiceOpResult:
+               health_fn: HealthFn = http_health, connector: Connector = connect,
+               inventory: Inventory | None = None) -> ServiceOpResult:
     """Stop, start or remove services of one host through ``pipeline``: connect, the deploy lock (a
     stale one of this machine taken over) with the state read in its round trip, one script per
     service, the audit lines and the unlock in the last round trip.
 
     ``services``: the names to act on; with ``orphans_only`` (remove), every service on the host that
-    its inventory entry no longer lists.
+    its inventory entry no longer lists. ``inventory``: where gateways in front of these services are
+    found: a stop or remove takes the service out of their rotation first, a start puts it back after
+    its health check (release/drain.py).
     """
     if action not in ACTIONS:
         raise UsageError(f"unknown action {action!r}")
@@ -181,7 +184,12 @@ def service_op(host: Host, settings: HostSettings, action: str, services: Sequen
     def body(slots: dict[str, pipeline.Slot[ServiceOpResult]]) -> None:
         run = slots[host.name].run
         run.health_fn = health_fn
-        run_service_op(run, action, names, out, orphans_only=orphans_only)
+        drainer = drain.for_run(run, inventory)
+        try:
+            run_service_op(run, action, names, out, orphans_only=orphans_only, drainer=drainer)
+        finally:
+            if drainer is not None:
+                drainer.close()
 
     pipeline.run_hosts([(host, settings, out)], action, body, settings=Settings.of(config), log=log, who=who,
                        message=message, accept_new_host_keys=accept_new_host_keys, connector=connector)
@@ -190,7 +198,7 @@ def service_op(host: Host, settings: HostSettings, action: str, services: Sequen
 
 
 def run_service_op(run: HostRun, action: str, names: Sequence[str], out: ServiceOpResult, *,
-                   orphans_only: bool = False) -> None:
+                   orphans_only: bool = False, drainer: drain.Drainer | None = None) -> None:
     """The service op after connecting: lock + state (one round trip), then each service's script."""
     (answer,) = run.lock(action, [store.state_script(run.root)], name="lock + state")
     if answer is None or not release_state.state_complete(answer.stdout):
@@ -208,8 +216,12 @@ def run_service_op(run: HostRun, action: str, names: Sequence[str], out: Service
             out.services[name] = "absent"
             results.append(Result.ABSENT)
             continue
+        if drainer is not None and action in ("stop", "remove"):
+            drainer.drain(name)  # out of the gateways' rotation before its unit stops; left so
         with run.stage(f"{name}: {action}"):
             result, state, detail = _ACTIONS[action](run, name, states, names, out)
+        if drainer is not None and action == "start" and result == Result.STARTED:
+            drainer.ready(name)
         out.services[name] = state
         results.append(result)
         run.log(f"{name}: {result} ({detail})")

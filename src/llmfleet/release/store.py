@@ -28,6 +28,7 @@ from typing import Any
 
 from llmfleet.host.probe.state_reader import MANIFEST_FILE, MAX_HEALTH, MAX_MANIFEST, STATE_READER  # noqa: F401 - re-exported
 from llmfleet.knowledge.release_state import RELEASE_ID_RE, Manifest, loads_object
+from llmfleet.release.gateway_config import CONFIG_FILE as GATEWAY_CONFIG
 from llmfleet.release.render import (
     COMPOSE_FILE,
     ENV_FILE,
@@ -310,6 +311,42 @@ def switch_script(paths: Paths, release_id: str) -> str:
         f"systemctl reset-failed {q(paths.unit)} >/dev/null 2>&1 || true",
         f"systemctl enable --no-reload {q(paths.unit)} >/dev/null 2>&1 || true",
         f"systemctl restart {q(paths.unit)}",
+        "echo '@@switched'",
+    ])
+
+
+def gateway_switch_script(paths: Paths, release_id: str, container: str) -> str:
+    """The gateway's switch: where its container and unit stay the same (compose file, env file, unit
+    file: the same image, arguments and replica keys) and it runs, a graceful reload instead of a
+    restart: the new configuration checked by the running HAProxy first (``haproxy -c``; a bad one
+    puts ``current`` back and fails the switch), then SIGUSR2 to its master, whose new workers take new
+    connections while the old ones finish their streams. Otherwise (first release, a new image, keys
+    or unit, a stopped gateway) the usual switch and restart (``switch_script``). Prints ``@@reloaded``
+    or ``@@restarted`` before ``@@switched``."""
+    rel = f"releases/{_check_id(release_id)}"
+    same = " && ".join(f"cmp -s \"$old/{name}\" {q(rel + '/' + name)}" for name in (COMPOSE_FILE, ENV_FILE, paths.unit))
+    restart = switch_script(paths, release_id).splitlines()[2:-1]  # after `set -e` and `cd`, before the marker
+    return "\n".join([
+        "set -e",
+        f"cd {q(paths.service_dir)}",
+        f"test -f {q(rel + '/' + COMPOSE_FILE)}",
+        "old=$(readlink current 2>/dev/null || true)",
+        f"if [ -n \"$old\" ] && [ -d \"$old\" ] && {same} && cmp -s {q(rel + '/' + paths.unit)} {q(paths.unit_path)} "
+        f"&& systemctl is-active --quiet {q(paths.unit)} "
+        f"&& [ \"$(docker inspect -f '{{{{.State.Running}}}}' {q(container)} 2>/dev/null)\" = true ]; then",
+        f"  ln -sfn {q(rel)} .current.tmp",
+        "  mv -T .current.tmp current",
+        f"  if ! docker exec {q(container)} haproxy -c -q -f {q(paths.service_dir + '/current/' + GATEWAY_CONFIG)} >&2; then",
+        "    ln -sfn \"$old\" .current.tmp && mv -T .current.tmp current",
+        "    echo 'the new configuration does not load (haproxy -c above); current is back where it was' >&2",
+        "    exit 1",
+        "  fi",
+        f"  docker kill -s USR2 {q(container)} >/dev/null",
+        "  echo '@@reloaded'",
+        "else",
+        *(f"  {line}" for line in restart),
+        "  echo '@@restarted'",
+        "fi",
         "echo '@@switched'",
     ])
 

@@ -1,0 +1,28 @@
+set -e
+cd /opt/llmfleet/services/chat
+test -f releases/20261129T120000Z-abcdef0123/compose.yml
+old=$(readlink current 2>/dev/null || true)
+if [ -n "$old" ] && [ -d "$old" ] && cmp -s "$old/compose.yml" releases/20261129T120000Z-abcdef0123/compose.yml && cmp -s "$old/service.env" releases/20261129T120000Z-abcdef0123/service.env && cmp -s "$old/llmfleet-chat.service" releases/20261129T120000Z-abcdef0123/llmfleet-chat.service && cmp -s releases/20261129T120000Z-abcdef0123/llmfleet-chat.service /etc/systemd/system/llmfleet-chat.service && systemctl is-active --quiet llmfleet-chat.service && [ "$(docker inspect -f '{{.State.Running}}' llmfleet-chat 2>/dev/null)" = true ]; then
+  ln -sfn releases/20261129T120000Z-abcdef0123 .current.tmp
+  mv -T .current.tmp current
+  if ! docker exec llmfleet-chat haproxy -c -q -f /opt/llmfleet/services/chat/current/haproxy.cfg >&2; then
+    ln -sfn "$old" .current.tmp && mv -T .current.tmp current
+    echo 'the new configuration does not load (haproxy -c above); current is back where it was' >&2
+    exit 1
+  fi
+  docker kill -s USR2 llmfleet-chat >/dev/null
+  echo '@@reloaded'
+else
+  test -f releases/20261129T120000Z-abcdef0123/compose.yml
+  ln -sfn releases/20261129T120000Z-abcdef0123 .current.tmp
+  mv -T .current.tmp current
+  if ! cmp -s releases/20261129T120000Z-abcdef0123/llmfleet-chat.service /etc/systemd/system/llmfleet-chat.service || [ -n "$(systemctl show -p NeedDaemonReload --value llmfleet-chat.service 2>/dev/null | grep -vx no)" ]; then
+    install -m 0644 releases/20261129T120000Z-abcdef0123/llmfleet-chat.service /etc/systemd/system/llmfleet-chat.service
+    systemctl daemon-reload
+  fi
+  systemctl reset-failed llmfleet-chat.service >/dev/null 2>&1 || true
+  systemctl enable --no-reload llmfleet-chat.service >/dev/null 2>&1 || true
+  systemctl restart llmfleet-chat.service
+  echo '@@restarted'
+fi
+echo '@@switched'
