@@ -166,7 +166,7 @@ def test_the_config_routes_checks_and_limits_as_the_design_says():
         "    retry-on conn-failure empty-response",
         '    http-request set-header Authorization "Bearer ${LLMFLEET_KEY_1}"',
         "    server gpu-c__coder gpu-c.lab:8000 check inter 2s fall 2 rise 2 maxconn 4",
-        "    bind 127.0.0.1:9902",
+        "    bind 0.0.0.0:9902",
         "    http-request use-service prometheus-exporter if { path /metrics }",
     ]:
         assert line in cfg.splitlines(), line

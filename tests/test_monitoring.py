@@ -22,6 +22,7 @@ RUNBOOKS = Path(__file__).resolve().parents[1] / "docs" / "runbooks"
 
 T = 'job="llmfleet-engines", instance="10.0.0.5:8080", host="gpu-01", service="chat"'
 G = 'gpu="0", Hostname="gpu-01", modelName="Tesla V100-SXM2-32GB"'
+GW = 'job="llmfleet-gateways", instance="10.0.0.9:9902", host="gw-01", service="gateway", engine="gateway"'
 X = 'job="llmfleet-exporters", instance="10.0.0.5:9100", host="gpu-01", service="node-exporter", engine="node-exporter"'
 
 
@@ -58,6 +59,11 @@ SCENARIOS = [
     ("LlmfleetExporterDown", {f"up{{{X}}}": "1 1 1 0x20"}, "10m", True),
     ("LlmfleetExporterDown", {f"up{{{X}}}": "1 1 1 0 0 0 1x20"}, "10m", False),  # back within 5 minutes
     ("LlmfleetExporterDown", {f"up{{{T}}}": "1 1 1 0x20"}, "10m", False),  # an engine: LlmfleetEngineDown
+    ("LlmfleetGatewayDown", {f"up{{{GW}}}": "1 1 1 0x20"}, "10m", True),
+    ("LlmfleetGatewayDown", {f"up{{{GW}}}": "1x20"}, "10m", False),
+    ("LlmfleetEngineDown", {f"up{{{GW}}}": "1 1 1 0x20"}, "10m", False),  # the gateway's own alert
+    ("LlmfleetGatewayNoReplica", {f"haproxy_backend_active_servers{{{GW}, proxy=\"m_tiny\"}}": "2 1 0x20"}, "10m", True),
+    ("LlmfleetGatewayNoReplica", {f"haproxy_backend_active_servers{{{GW}, proxy=\"m_tiny\"}}": "2 1 1x20"}, "10m", False),
     # vLLM: requests running and waiting, its token counters still
     ("LlmfleetEngineHung", {f"vllm:num_requests_running{{{T}}}": "2x30", f"vllm:num_requests_waiting{{{T}}}": "3x30",
                             f"vllm:generation_tokens_total{{{T}}}": "500x30",

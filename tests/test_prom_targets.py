@@ -199,9 +199,20 @@ def test_exporters_are_targets_of_their_own_job_with_the_hosts_labels_and_no_mod
     assert "job_name: llmfleet-exporters" in jobs and jobs.count("credentials_file") == 0
 
 
+def test_a_gateway_is_scraped_at_its_metrics_port_in_its_own_job():
+    gw = {"name": "gw", "engine": "gateway", "image": "gateway:2.6.12", "port": 8443,
+          "gateway": {"upstreams": ["gpu-v100-01"], "admin_port": 9901}}
+    h = host(services=[gw], llmfleet_bind_address="10.0.0.5")
+    (t,) = targets_of(h, [state(name="gw")]).targets
+    assert (t.job, t.address) == ("gateways", "10.0.0.5:9902")
+    assert t.labels["engine"] == "gateway" and "served_model_name" not in t.labels
+    assert "job_name: llmfleet-gateways" in pt.scrape_jobs("/etc/prometheus/llmfleet", ["gateways"])
+
+
 def test_a_host_always_has_its_plain_file_so_gone_services_disappear():
     files = pt.files_for_host(pt.HostTargets(host="gpu/01"))
-    assert files == {"engines/gpu_01.json": "[]\n", "exporters/gpu_01.json": "[]\n", "rules/gpu_01.yml": "groups: []\n"}
+    assert files == {"engines/gpu_01.json": "[]\n", "exporters/gpu_01.json": "[]\n", "gateways/gpu_01.json": "[]\n",
+                     "rules/gpu_01.yml": "groups: []\n"}
 
 
 def test_floor_rules_carry_each_release_floor_as_a_number():
@@ -253,7 +264,7 @@ def test_write_host_moves_a_target_whose_job_changed(tmp_path):
     h = host(services=[svc(api_key={"from_env": "K"})])
     prom_write.write_host(tmp_path, targets_of(h, [state()]), res)
     assert sorted(res.written) == ["auth-env-k/gpu-v100-01.json", "engines/gpu-v100-01.json",
-                                   "exporters/gpu-v100-01.json", "rules/gpu-v100-01.yml"]
+                                   "exporters/gpu-v100-01.json", "gateways/gpu-v100-01.json", "rules/gpu-v100-01.yml"]
     res = prom_write.WriteResult()
     prom_write.write_host(tmp_path, targets_of(host(services=[svc()]), [state()]), res)
     assert res.removed == ["auth-env-k/gpu-v100-01.json"]

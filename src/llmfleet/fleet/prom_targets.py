@@ -38,6 +38,7 @@ from llmfleet.knowledge import engines
 
 PLAIN_JOB = "engines"
 EXPORTER_JOB = "exporters"  # node and DCGM exporters deployed as services: no key, their own job
+GATEWAY_JOB = "gateways"  # the gateways' own metrics (HAProxy's exporter, release.gateway_config.metrics_port)
 KEYS_DIR = "/etc/prometheus/llmfleet-keys"  # where the scrape jobs read API keys from (the operator writes them)
 LABEL_MAX = 200
 LABELS = ("host", "group", "groups", "service", "engine", "model", "quant", "card", "driver", "release",
@@ -177,7 +178,7 @@ def service_labels(host: Host, settings: HostSettings, service: Service, *, rele
         "card": card,
         "driver": driver or "",
         "release": release,
-        "served_model_name": "" if service.is_exporter else service.public_name,
+        "served_model_name": service.public_name if service.is_engine else "",
         "floor_tokps": f"{floor:.1f}" if floor is not None else "",
         "driver_drives_card": drives_card(driver, inventory_card or settings.gpu),
     }
@@ -241,11 +242,16 @@ def host_targets(host: Host, settings: HostSettings | None, status: HostStatus |
         labels = service_labels(host, settings, svc, release=release, card=card, driver=driver,
                                 floor=_floor(status, svc.name) if out.read and status is not None else None,
                                 inventory_card=one_card)
-        need_key = (svc.api_key is not None and not svc.is_exporter
+        need_key = (svc.api_key is not None and svc.is_engine
                     and engines.for_engine(svc.engine).metrics_need_key)
-        plain = EXPORTER_JOB if svc.is_exporter else PLAIN_JOB
+        plain = EXPORTER_JOB if svc.is_exporter else PLAIN_JOB if svc.is_engine else GATEWAY_JOB
+        port = svc.port
+        if svc.gateway is not None:  # its metrics, not its clients' port
+            from llmfleet.release.gateway_config import metrics_port
+
+            port = metrics_port(svc.gateway.admin_port)
         out.targets.append(Target(
-            host=host.name, service=svc.name, address=_scrape_address(host, bind, svc.port),
+            host=host.name, service=svc.name, address=_scrape_address(host, bind, port),
             job=f"auth-{key_id(svc.api_key)}" if need_key and svc.api_key is not None else plain,
             labels=labels, key_source=key_source(svc.api_key) if need_key and svc.api_key is not None else ""))
     return out
@@ -265,7 +271,7 @@ def safe_file_name(host: str) -> str:
 def files_for_host(ht: HostTargets) -> dict[str, str]:
     """Relative path -> content of every file this host has (the plain job's file always, so a host
     whose services went away is emptied)."""
-    by_job: dict[str, list[Target]] = {PLAIN_JOB: [], EXPORTER_JOB: []}
+    by_job: dict[str, list[Target]] = {PLAIN_JOB: [], EXPORTER_JOB: [], GATEWAY_JOB: []}
     for t in ht.targets:
         by_job.setdefault(t.job, []).append(t)
     files = {f"{job}/{safe_file_name(ht.host)}.json": file_sd(ts) for job, ts in sorted(by_job.items())}
@@ -316,13 +322,13 @@ def scrape_jobs(out_dir: str, jobs: Sequence[str], *, keys_dir: str = KEYS_DIR,
              "# SIGHUP or POST /-/reload), next to llmfleet's alert rules (invoke prometheus.rules):",
              f"#   rule_files: ['{out_dir.rstrip('/')}/{HOST_RULES}/*.yml', '/etc/prometheus/rules/llmfleet-rules.yml']",
              "scrape_configs:"]
-    for job in sorted(set(jobs) | {PLAIN_JOB, EXPORTER_JOB}):
+    for job in sorted(set(jobs) | {PLAIN_JOB, EXPORTER_JOB, GATEWAY_JOB}):
         lines += [f"  - job_name: {job_name(job)}",
                   f"    scrape_interval: {interval}",
                   "    metrics_path: /metrics",
                   "    file_sd_configs:",
                   f"      - files: ['{out_dir.rstrip('/')}/{job}/*.json']"]
-        if job not in (PLAIN_JOB, EXPORTER_JOB):
+        if job not in (PLAIN_JOB, EXPORTER_JOB, GATEWAY_JOB):
             src = (sources or {}).get(job, "")
             lines += [f"    # llama-server's /metrics needs the API key ({src or 'its api_key'}): write it, and only it,",
                       "    # into this file (chmod 0600, owned by the prometheus user)",

@@ -84,7 +84,7 @@ def write_host(out: Path, ht: pt.HostTargets, result: WriteResult) -> None:
 
 def write_jobs(out: Path, keys_dir: str | None = None, sources: dict[str, str] | None = None) -> str:
     """``scrape-jobs.yml`` for every job folder there is (``sources``: job -> where its key comes from)."""
-    jobs = [d.name for d in out.iterdir() if d.is_dir() and (d.name in (pt.PLAIN_JOB, pt.EXPORTER_JOB) or d.name.startswith("auth-"))]
+    jobs = [d.name for d in out.iterdir() if d.is_dir() and (d.name in (pt.PLAIN_JOB, pt.EXPORTER_JOB, pt.GATEWAY_JOB) or d.name.startswith("auth-"))]
     text = pt.scrape_jobs(str(out), jobs, keys_dir=keys_dir or pt.KEYS_DIR, sources=sources)
     write_atomic(out / SCRAPE_JOBS_FILE, text)
     return SCRAPE_JOBS_FILE

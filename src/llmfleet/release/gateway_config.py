@@ -14,7 +14,7 @@ the files of the gateway's configuration folder (``config_dir`` inside the conta
   the connection failed or nothing came back). A replica's own API key comes from an environment
   variable (``"${KEY_ENV}"``, expanded by HAProxy), never from this file. Responses are not buffered
   (streams pass through). The access log carries the key's name, never the Authorization header or
-  the body. A second frontend on ``127.0.0.1:<admin_port + 1>`` serves HAProxy's own ``/metrics``
+  the body. A second frontend on ``<bind>:<admin_port + 1>`` serves HAProxy's own ``/metrics``
   (its built-in Prometheus exporter); the runtime API listens on ``127.0.0.1:<admin_port>``.
 - ``keys.map`` (sha256 hex -> key name), ``limits.map`` (key name -> requests per minute),
   ``models.map`` (served name -> backend), ``models.json`` (the union of served names, OpenAI's list),
@@ -89,7 +89,7 @@ class GatewaySpec:
     name: str
     bind: str  # address the clients' frontend listens on ("0.0.0.0", "::", or one of the host's)
     port: int
-    admin_port: int  # runtime API on 127.0.0.1:<admin_port>, metrics on 127.0.0.1:<admin_port + 1>
+    admin_port: int  # runtime API on 127.0.0.1:<admin_port>, metrics on <bind>:<admin_port + 1>
     tls: bool  # terminate TLS with <config_dir>/tls.pem
     max_body_bytes: int  # larger request bodies: 413
     timeout_s: int  # a whole request (long generations), also how long a reload lets old streams run
@@ -430,14 +430,20 @@ def haproxy_cfg(spec: GatewaySpec) -> str:
                        f"check inter 2s fall 2 rise 2 maxconn {r.maxconn}")
     out += [
         "",
-        "# HAProxy's own metrics (its Prometheus exporter), on loopback beside the runtime API",
+        "# HAProxy's own metrics (its Prometheus exporter) on the gateway's address, for Prometheus to scrape",
+        "# (invoke prometheus.targets); counts and times only, no key and no body",
         "frontend metrics",
-        f"    bind 127.0.0.1:{spec.admin_port + 1}",
+        f"    bind {_bind_address(spec.bind, metrics_port(spec.admin_port))}",
         "    no log",
         f"    http-request use-service prometheus-exporter if {{ path {METRICS_PATH} }}",
         "    http-request return status 404",
     ]
     return "\n".join(out) + "\n"
+
+
+def metrics_port(admin_port: int) -> int:
+    """Where HAProxy's Prometheus exporter listens (on the gateway's bind address): beside the runtime API."""
+    return admin_port + 1
 
 
 def render_files(spec: GatewaySpec) -> dict[str, str]:
