@@ -247,6 +247,17 @@ def test_a_service_no_gateway_fronts_connects_to_nothing(tmp_path):
     assert done == [] and connect.asked == [] and lines == []
 
 
+def test_drain_alone_leaves_the_replica_out_and_ready_puts_it_back(tmp_path):
+    """A stop or remove drains and leaves it so; a start puts it back after its health check."""
+    link = FakeGateway()
+    d, lines = drainer(fleet(tmp_path), Connector({"edge": link}))
+    (done,) = d.drain("chat")
+    assert done.drained and link.commands == [DRAIN, "show stat"]
+    d.ready("chat")
+    assert link.commands == [DRAIN, "show stat", READY]
+    assert lines[-1] == "chat: back in rotation at gateway edge/gw"
+
+
 # ------------------------------------------------------------------------------------------------
 # Known gaps (strict: each turns into a failure once fixed, so the marker goes with the fix)
 

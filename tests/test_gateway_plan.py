@@ -90,7 +90,7 @@ def test_one_replica_per_engine_service_on_the_upstream_hosts_exporters_skipped(
         ("gpu-a", "coder", "10.0.0.11", 8081, "coder"),
         ("gpu-b", "chat", "10.0.0.12", 8080, "chat"),
     ]
-    assert p.spec.name == "gw" and p.spec.port == 8443 and p.spec.config_dir == "/etc/llmfleet-gateway"
+    assert p.spec.name == "gw" and p.spec.port == 8443 and p.spec.config_dir == "/opt/llmfleet/services/gw/current"
 
 
 def test_a_host_named_twice_and_through_a_group_is_fronted_once(tmp_path):
@@ -230,7 +230,7 @@ def test_tls_combines_the_certificate_and_the_key(tmp_path):
     p = plan(fleet(tmp_path, gateway(tls={"cert": {"from_env": "CERT"}, "key": {"from_env": "KEY"}})))
     assert p.spec.tls is True
     assert p.tls_pem == SECRETS["CERT"] + SECRETS["KEY"]
-    assert "ssl crt /etc/llmfleet-gateway/tls.pem" in render_files(p.spec)["haproxy.cfg"]
+    assert "ssl crt /opt/llmfleet/services/gw/current/tls.pem" in render_files(p.spec)["haproxy.cfg"]
     assert "PRIVATE KEY" not in "".join(render_files(p.spec).values())
 
 

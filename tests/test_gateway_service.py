@@ -1,5 +1,5 @@
 """The gateway as a service (engine: gateway), no Docker, no SSH: its inventory schema, its preflight
-checks (who may use it), and its rendered release (compose in the host's network with the release folder
+checks (who may use it), and its rendered release (compose in the host's network with the service's folder
 read-only, HAProxy's files, its secrets only in 0600 files and masked in diffs)."""
 
 from __future__ import annotations
@@ -154,13 +154,15 @@ def rendered(tmp_path, **settings):
     return r, plan, yaml.safe_load(r.files["compose.yml"])["services"]["engine"]
 
 
-def test_compose_runs_haproxy_in_the_hosts_network_with_the_release_read_only(tmp_path):
+def test_compose_runs_haproxy_in_the_hosts_network_with_its_folder_read_only(tmp_path):
     r, _, c = rendered(tmp_path)
     assert c["image"] == f"docker.io/library/haproxy@{DIGEST}"
     assert c["network_mode"] == "host" and "ports" not in c
-    assert c["command"] == ["-W", "-db", "-f", "/etc/llmfleet-gateway/haproxy.cfg"]
+    assert c["command"] == ["-W", "-db", "-f", "/opt/llmfleet/services/gw/current/haproxy.cfg"]
     (vol,) = c["volumes"]
-    assert (vol["type"], vol["source"], vol["target"], vol["read_only"]) == ("bind", ".", "/etc/llmfleet-gateway", True)
+    # the service's folder at its own path: `current` (the release HAProxy reads) resolves inside too
+    assert (vol["type"], vol["source"], vol["target"], vol["read_only"]) == (
+        "bind", "/opt/llmfleet/services/gw", "/opt/llmfleet/services/gw", True)
     assert c["env_file"] == ["service.env"]
     assert "deploy" not in c  # no GPU reserved
     assert c["cap_drop"] == ["ALL"] and c["restart"] == "no"
@@ -202,7 +204,7 @@ def test_the_tls_pem_is_a_0600_secret_file_masked_in_diffs(tmp_path):
     masked = r.masked_files()["tls.pem"]
     assert masked.startswith(SECRET_MASK) and "BEGIN" not in masked and "MIIB" not in masked
     assert [name for name, text in r.files.items() if "PRIVATE KEY" in text] == ["tls.pem"]
-    assert "ssl crt /etc/llmfleet-gateway/tls.pem" in r.files["haproxy.cfg"]
+    assert "ssl crt /opt/llmfleet/services/gw/current/tls.pem" in r.files["haproxy.cfg"]
 
 
 def test_a_changed_certificate_changes_the_masked_text(tmp_path):
