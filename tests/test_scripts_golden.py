@@ -131,6 +131,7 @@ SCRIPTS = {
     "bundle_tag": lambda: bundle_load.load_script(None, "sha256:" + "ef" * 32,
                                                   "reg.lab:5000/llamacpp:sha256-" + "cd" * 32),
     "status_models": lambda: status.status_script(ROOT, ["/srv/models/m it's.gguf", "/srv/models/qwen"]),
+    "status_gateway": lambda: status.status_script(ROOT, (), [9901, 9911]),
     "models_probe": lambda: model_scripts.probe_script("/srv/models/m it's.gguf"),
     "models_receive": lambda: model_scripts.receive_script("/srv/models/m it's.gguf.llmfleet.part", 0),
     "models_receive_resume": lambda: model_scripts.receive_script("/srv/models/qwen/model-00001.safetensors", 4096),
@@ -245,7 +246,7 @@ def test_every_script_builder_of_the_cluster_module_has_a_golden_file():
                                   "models_commit_in_place", "models_cleanup", "models_hf_download",
                                   "models_hash_dir", "models_hash_file",
                                   "models_peer_setup", "models_peer_send", "models_peer_cleanup", "models_authorize",
-                                  "models_deauthorize", "status_models"])
+                                  "models_deauthorize", "status_models", "status_gateway"])
 def test_golden_scripts_parse_as_posix_sh(name):
     res = subprocess.run(["sh", "-n", str(GOLDEN / f"{name}.sh")], capture_output=True, text=True, timeout=10)
     assert res.returncode == 0, res.stderr

@@ -10,6 +10,11 @@ cannot be reached becomes an ``unreachable`` row with the reason, never a traceb
 
 The pure part (``host_rows``, ``release_rows``, ``card_label``) turns what was read into rows; the
 shell (``query_host``, ``query_hosts``) does the SSH and HTTP.
+
+A host that runs a gateway (``engine: gateway``) also answers, in the same round trip, its HAProxy's
+``show stat`` through the runtime API on 127.0.0.1:<admin_port> (``gateway_config.admin_script``);
+``gateway_rows`` turns it into one row per replica: HAProxy's status, current sessions, a plain-words
+state (in rotation, draining, out) and why, where HAProxy says.
 """
 
 from __future__ import annotations
@@ -26,11 +31,12 @@ from llmfleet.fleet.metrics import EngineMetrics, engine_metrics
 from llmfleet.host import ssh
 from llmfleet.host.group import run_on_hosts
 from llmfleet.inventory.ansible import Host, settings_for
-from llmfleet.inventory.services import HostSettings, Service
+from llmfleet.inventory.services import GATEWAY_KIND, HostSettings, Service
 from llmfleet.knowledge import engines, gpu_health, release_state
 from llmfleet.knowledge.facts import GpuHealth
 from llmfleet.release import audit as audit_mod
 from llmfleet.release import decide, watchdog
+from llmfleet.release import gateway_config as gc
 from llmfleet.release import store as rel
 from llmfleet.release.secret import secret_if_readable
 from llmfleet.settings import Settings, SshSettings
@@ -46,10 +52,10 @@ MAX_METRICS_BYTES = 4 * 1024 * 1024
 # Pure
 
 
-def status_script(root: str, model_paths: Sequence[str] = ()) -> str:
+def status_script(root: str, model_paths: Sequence[str] = (), gateway_ports: Sequence[int] = ()) -> str:
     """Release state of every service (the release store's reader), then each model path's manifest and
-    files (``models.scripts.MANIFEST_READER``), the cards' hardware health (``host.gpu_health``), then the
-    card names: one round trip."""
+    files (``models.scripts.MANIFEST_READER``), the cards' hardware health (``host.gpu_health``), the
+    card names, and each gateway's ``show stat`` (by its runtime API port): one round trip."""
     return "\n".join([
         rel.state_script(root),
         *_model_lines(model_paths),
@@ -62,6 +68,7 @@ def status_script(root: str, model_paths: Sequence[str] = ()) -> str:
         "2>/dev/null | head -n 64 || true",
         f"ss -Hltn 2>/dev/null | awk '{{n = split($4, a, \":\"); print \"{LISTEN_MARK} \" a[n]}}' | sort -u "
         "| head -n 512 || true",
+        *_gateway_lines(gateway_ports),
     ])
 
 
@@ -197,6 +204,327 @@ def parse_worker_containers(stdout: str) -> dict[str, str]:
     return out
 
 
+# -- gateways: each replica's state at the gateway (HAProxy's ``show stat``) ---------------------------
+
+GATEWAY_MARK = "@@gateway"
+GATEWAY_END = "@@gateway-end"
+GATEWAY_TIMEOUT_S = 5
+MAX_STAT_BYTES = 1024 * 1024
+# HAProxy 2.6's ``show stat`` columns by position, for an answer without its header line
+_STAT_COLUMNS = {"pxname": 0, "svname": 1, "scur": 4, "status": 17, "lastchg": 23, "check_status": 36,
+                 "check_code": 37, "last_chk": 56, "check_desc": 65}
+IN_ROTATION = "in rotation"
+DRAINING = "draining"
+OUT_DOWN = "out: down by health checks"
+OUT_MAINT = "out: maintenance"
+OUT_ABSENT = "out: not in the gateway's configuration"
+UNKNOWN = "unknown"
+
+
+def _gateway_lines(gateway_ports: Sequence[int]) -> list[str]:
+    """Per gateway (by its position): a mark, the runtime API's answer to ``show stat`` (bounded in time
+    and size; stderr too), then an end mark with the exit status (3: nothing listens; 124: no answer)."""
+    out = []
+    for i, port in enumerate(gateway_ports):
+        ask = gc.admin_script(port, gc.show_stat_command(), timeout_s=GATEWAY_TIMEOUT_S)
+        out += [f"echo '{GATEWAY_MARK} {i}'",
+                f"llmfleet_gw=$({ask} 2>&1); llmfleet_gw_rc=$?",
+                f"printf '%s\\n' \"$llmfleet_gw\" | head -c {MAX_STAT_BYTES}",
+                f"echo; echo \"{GATEWAY_END} $llmfleet_gw_rc\""]
+    return out
+
+
+@dataclass(frozen=True)
+class GatewayAnswer:
+    """What one gateway's runtime API answered ``status_script`` (its exit status and text)."""
+
+    rc: int
+    text: str
+
+
+def parse_gateway_answers(stdout: str) -> dict[int, GatewayAnswer]:
+    """Each gateway's answer by its position in ``status_script``'s ``gateway_ports``; a gateway whose
+    end mark is missing (the output was cut) is left out."""
+    out: dict[int, GatewayAnswer] = {}
+    cur: int | None = None
+    lines: list[str] = []
+    for line in stdout.split("\n"):
+        if line.startswith(GATEWAY_MARK + " ") and line[len(GATEWAY_MARK) + 1:].isdigit():
+            cur, lines = int(line[len(GATEWAY_MARK) + 1:]), []
+        elif line.startswith(GATEWAY_END + " ") and cur is not None:
+            rc = line[len(GATEWAY_END) + 1:].strip()
+            out[cur] = GatewayAnswer(int(rc) if rc.isdigit() else -1, "\n".join(lines).strip("\n"))
+            cur = None
+        elif cur is not None:
+            lines.append(line)
+    return out
+
+
+@dataclass(frozen=True)
+class StatServer:
+    """One server (a replica) of ``show stat``: HAProxy's own words."""
+
+    backend: str
+    server: str
+    status: str  # UP, DOWN, DRAIN, MAINT, NOLB, "UP 1/2", "DOWN 1/2", "MAINT (via b/s)", "no check", ...
+    sessions: int  # requests on it now (scur)
+    check_status: str = ""  # L7OK, L7STS, L4CON, L4TOUT, ... ("" when checks are stopped)
+    check_code: str = ""  # the HTTP status the check got
+    check_desc: str = ""  # "Layer7 wrong status", ...
+    last_check: str = ""  # the last check's own words: "Service Unavailable", "Connection refused"
+    last_change_s: int | None = None  # seconds since its status last changed (lastchg)
+
+
+def parse_stat_servers(text: str) -> list[StatServer] | None:
+    """``show stat`` CSV -> its servers (FRONTEND and BACKEND rows left out), columns found by the
+    header line (HAProxy 2.6's positions without one); None when the text holds no statistics at all
+    (an error message). Never raises."""
+    columns = dict(_STAT_COLUMNS)
+    servers: list[StatServer] = []
+    seen = False
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("#"):
+            header = [h.strip() for h in line.lstrip("#").split(",")]
+            if "pxname" in header and "svname" in header:
+                columns = {c: header.index(c) if c in header else -1 for c in _STAT_COLUMNS}
+                seen = True
+            continue
+        fields = line.split(",")
+        if len(fields) <= max(columns["pxname"], columns["svname"], columns["status"], columns["scur"]):
+            continue
+
+        def col(name: str, fields: list[str] = fields, columns: dict[str, int] = columns) -> str:
+            i = columns[name]
+            return fields[i].strip() if 0 <= i < len(fields) else ""
+
+        seen = True
+        backend, server = col("pxname"), col("svname")
+        if not backend or not server or server in ("FRONTEND", "BACKEND"):
+            continue
+        scur, lastchg = col("scur"), col("lastchg")
+        servers.append(StatServer(backend=backend[:128], server=server[:128], status=col("status")[:64],
+                                  sessions=int(scur) if scur.isdigit() else 0, check_status=col("check_status")[:32],
+                                  check_code=col("check_code")[:8], check_desc=col("check_desc")[:128],
+                                  last_check=col("last_chk")[:200],
+                                  last_change_s=int(lastchg) if lastchg.isdigit() else None))
+    return servers if seen else None
+
+
+def gateway_read(answer: GatewayAnswer | None, admin_port: int) -> list[StatServer] | str:
+    """A gateway's servers, or one line saying why it gave none."""
+    where = f"HAProxy's runtime API on 127.0.0.1:{admin_port}"
+    if answer is None:
+        return f"no answer read from {where} (the status output was cut)"
+    first = next((ln.strip() for ln in answer.text.splitlines() if ln.strip()), "")
+    if answer.rc == 3:
+        return f"nothing listens on 127.0.0.1:{admin_port} (HAProxy's runtime API): is the gateway running?"
+    if answer.rc in (124, 137):
+        return f"{where} did not answer within {GATEWAY_TIMEOUT_S} s"
+    if answer.rc != 0:
+        return f"{where}: exit {answer.rc}" + (f": {first[:200]}" if first else "")
+    servers = parse_stat_servers(answer.text)
+    if servers is None:
+        return f"{where} answered no statistics" + (f": {first[:200]}" if first else "")
+    return servers
+
+
+def replica_state(status: str) -> str:
+    """HAProxy's status of a server in plain words: in rotation, draining, out (down by health checks,
+    maintenance); ``unknown`` for a status this version does not know."""
+    word = status.split(" ", 1)[0]
+    if word == "UP" or status == "no check":
+        return IN_ROTATION
+    if word in ("DRAIN", "NOLB"):
+        return DRAINING
+    if word == "DOWN":
+        return OUT_DOWN
+    if word == "MAINT":
+        return OUT_MAINT
+    return UNKNOWN
+
+
+def _check_words(s: StatServer) -> str:
+    """``Layer7 wrong status (503 Service Unavailable)``, ``Layer4 connection problem (Connection refused)``."""
+    what = s.check_desc or s.check_status
+    detail = " ".join(x for x in (s.check_code, s.last_check) if x)
+    if what and detail:
+        return f"{what} ({detail})"
+    return what or detail
+
+
+def _fraction(status: str) -> tuple[int, int] | None:
+    """``UP 1/2`` -> (1, 2): HAProxy's count of checks while a server is going down or coming back."""
+    import re
+
+    m = re.fullmatch(r"\S+ (\d+)/(\d+)", status)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def replica_why(s: StatServer) -> str:
+    """Why a replica is where it is, as far as HAProxy says (health check, runtime API, tracking)."""
+    status, check = s.status, _check_words(s)
+    check_ok = s.check_status.endswith("OK") or not s.check_status
+    word = status.split(" ", 1)[0]
+    frac = _fraction(status)
+    flight = f"; {s.sessions} request(s) in flight finish" if s.sessions else ""
+    if word == "UP":
+        if frac:
+            return f"health check failing, out after {frac[0]} more failure(s): {check}".rstrip(": ")
+        return "" if check_ok else f"last health check: {check}"
+    if status == "no check":
+        return "no health check"
+    if word == "DOWN":
+        if status == "DOWN (agent)":
+            return "its agent check says down"
+        if frac:
+            return f"health check passing again, back after {frac[1] - frac[0]} more pass(es)"
+        return f"health check: {check}" if check else "health check failed"
+    if word == "DRAIN":
+        why = ("its agent check asked to drain" if "(agent)" in status
+               else "drained through the runtime API (a deploy, stop or remove, or by hand)")
+        return why + flight + ("" if check_ok else f"; health check: {check}")
+    if word == "NOLB":
+        return "its health check asks not to send it new requests (NOLB)" + flight
+    if word == "MAINT":
+        if "(via " in status:
+            return f"tracks {status.split('(via ', 1)[1].rstrip(')')}, which is out"
+        if "(resolution)" in status:
+            return "its address does not resolve"
+        return "put in maintenance through the runtime API: no request, no health check"
+    return f"HAProxy says {status!r}"
+
+
+@dataclass(frozen=True)
+class Expected:
+    """A replica the inventory puts behind a gateway: where ``show stat`` names it."""
+
+    backend: str
+    server: str
+    replica: str  # host/service
+    served_name: str
+
+
+@dataclass
+class GatewayRow:
+    """One replica at one gateway (``status --json``'s ``gateway_replicas``)."""
+
+    host: str  # the gateway's host
+    gateway: str  # the gateway service
+    backend: str  # m_<served name>
+    server: str  # <host>__<service>
+    replica: str | None  # host/service, from the inventory (None: the inventory does not put it there)
+    served_name: str | None
+    status: str  # HAProxy's own, "-" when its configuration has no such server
+    sessions: int | None  # requests on it now
+    state: str  # in rotation, draining, out: down by health checks, out: maintenance, out: not in ..., unknown
+    why: str
+    check: str | None = None  # the health check's code (L7OK, L7STS, L4CON, ...)
+    last_change_s: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class GatewayProblem:
+    """A gateway whose runtime API gave no statistics (``status --json``'s ``gateway_errors``)."""
+
+    host: str
+    gateway: str
+    admin_port: int
+    error: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def gateway_services(settings: HostSettings | None) -> list[Service]:
+    """The host's gateway services, in the inventory's order (their runtime API ports go to ``status_script``)."""
+    if settings is None:
+        return []
+    return [s for s in settings.services if s.engine == GATEWAY_KIND and s.gateway is not None]
+
+
+def gateway_rows(status: HostStatus, settings: HostSettings | None,
+                 expected: dict[str, list[Expected] | None] | None = None) -> tuple[list[GatewayRow], list[GatewayProblem]]:
+    """Per deployed gateway of the host: one row per replica (those the inventory puts behind it first, in
+    its order, then any other server its configuration holds), or a problem when its runtime API gave
+    nothing. ``expected``: gateway service -> its replicas from the inventory (None: not known)."""
+    rows: list[GatewayRow] = []
+    problems: list[GatewayProblem] = []
+    if not status.reachable:
+        return rows, problems
+    for svc in gateway_services(settings):
+        assert svc.gateway is not None
+        st = status.states.get(svc.name)
+        if st is None or not st.current:
+            continue  # not deployed: its service row says so
+        read = status.gateways.get(svc.name)
+        if read is None or isinstance(read, str):
+            problems.append(GatewayProblem(status.host, svc.name, svc.gateway.admin_port,
+                                           read or "not read (status_script was not asked for it)"))
+            continue
+        want = (expected or {}).get(svc.name)
+        by_ref = {(s.backend, s.server): s for s in read}
+        for e in want or []:
+            s = by_ref.pop((e.backend, e.server), None)
+            if s is None:
+                rows.append(GatewayRow(status.host, svc.name, e.backend, e.server, e.replica, e.served_name, "-", None,
+                                       OUT_ABSENT, "added after the gateway's last deploy: deploy the gateway "
+                                       f"(invoke deploy --host {status.host} --service {svc.name})"))
+            else:
+                rows.append(_row(status.host, svc.name, s, e.replica, e.served_name))
+        for s in by_ref.values():
+            row = _row(status.host, svc.name, s, None, None)
+            if want is not None:
+                row.why = "; ".join(x for x in ("not behind this gateway in the inventory (deploy the gateway to "
+                                                "drop it)", row.why) if x)
+            rows.append(row)
+    return rows, problems
+
+
+def _row(host: str, gateway: str, s: StatServer, replica: str | None, served: str | None) -> GatewayRow:
+    return GatewayRow(host, gateway, s.backend, s.server, replica, served, s.status, s.sessions,
+                      replica_state(s.status), replica_why(s), s.check_status or None, s.last_change_s)
+
+
+def gateway_notes(rows: list[ServiceRow], gw_rows: Sequence[GatewayRow], problems: Sequence[GatewayProblem]) -> None:
+    """The gateway's own service row: how many replicas are in rotation, draining and out, or that its
+    runtime API did not answer."""
+    for r in rows:
+        mine = [g for g in gw_rows if g.host == r.host and g.gateway == r.service]
+        bad = [p for p in problems if p.host == r.host and p.gateway == r.service]
+        said = ""
+        if bad:
+            said = "runtime API: no statistics"
+        elif mine:
+            counts = {IN_ROTATION: 0, DRAINING: 0, "out": 0, UNKNOWN: 0}
+            for g in mine:
+                key = "out" if g.state.startswith("out") else g.state
+                counts[key] = counts.get(key, 0) + 1
+            said = "replicas: " + ", ".join(f"{n} {k}" for k, n in counts.items() if n)
+        if said:
+            r.note = "; ".join(x for x in (said, r.note) if x)
+
+
+def expected_replicas(inv: Any, host: Host, settings: HostSettings | None) -> dict[str, list[Expected] | None]:
+    """Per gateway service of the host: the replicas the inventory puts behind it (``gateway_plan.replicas``);
+    None for a gateway whose upstreams do not resolve (its rows then come from ``show stat`` alone)."""
+    from llmfleet.release import gateway_plan
+
+    out: dict[str, list[Expected] | None] = {}
+    for svc in gateway_services(settings):
+        try:
+            found = gateway_plan.replicas(inv, host, svc)
+        except LlmfleetError:  # an upstream that is not in the inventory, a host whose variables do not load
+            out[svc.name] = None
+            continue
+        out[svc.name] = [Expected(gc.backend_name(s.public_name), gc.server_name(h.name, s.name), f"{h.name}/{s.name}",
+                                  s.public_name) for h, s, _address in found]
+    return out
+
+
 def parse_driver(stdout: str) -> str | None:
     """The driver version nvidia-smi -q printed (``Driver Version : 535.183.01``); None when it did not."""
     import re
@@ -211,7 +539,8 @@ def parse_card_names(stdout: str) -> list[str]:
     if GPU_MARK not in lines:
         return []
     tail = lines[lines.index(GPU_MARK) + 1:]
-    return [ln.strip() for ln in tail if ln.strip() and not ln.startswith("@@")]
+    cut = next((i for i, ln in enumerate(tail) if ln.startswith(GATEWAY_MARK + " ")), len(tail))  # the gateways' answers
+    return [ln.strip() for ln in tail[:cut] if ln.strip() and not ln.startswith("@@")]
 
 
 def card_label(gpu_names: Sequence[str], inventory_gpu: str | None = None) -> str:
@@ -302,6 +631,7 @@ class HostStatus:
     models: dict[str, dict[str, Any]] = field(default_factory=dict)  # model path -> ``model_state``
     gpu_health: GpuHealth | None = None  # the cards' hardware health (``parse_gpu_health``)
     driver: str | None = None  # the NVIDIA driver version (``parse_driver``)
+    gateways: dict[str, list[StatServer] | str] = field(default_factory=dict)  # gateway service -> servers or why not
 
 
 def worker_state(status: HostStatus | None, host: str, service: str) -> dict[str, Any]:
@@ -556,7 +886,9 @@ def query_host(
         return HostStatus(host=host.name, reachable=False, error=str(exc), seconds=time.monotonic() - t0)
     try:
         paths = [s.model_path for s in settings.services if s.model_path] if settings else []
-        res = remote.run(status_script(root, paths), sudo=True)
+        gateways = gateway_services(settings)
+        ports = [g.gateway.admin_port for g in gateways if g.gateway is not None]
+        res = remote.run(status_script(root, paths, ports), sudo=True)
         if not release_state.state_complete(res.stdout):
             detail = (res.stderr.strip() or res.stdout.strip()).splitlines()[-1:] or [f"exit {res.rc}"]
             return HostStatus(host=host.name, reachable=False, error=f"state probe failed: {detail[0][:200]}",
@@ -566,6 +898,9 @@ def query_host(
                             listening=parse_listening(res.stdout), containers=parse_worker_containers(res.stdout),
                             models=parse_models(res.stdout, paths), gpu_health=parse_gpu_health(res.stdout),
                             driver=parse_driver(res.stdout))
+        answers = parse_gateway_answers(res.stdout)
+        status.gateways = {g.name: gateway_read(answers.get(i), port)
+                           for i, (g, port) in enumerate(zip(gateways, ports, strict=True))}
         if metrics and settings:
             for svc in settings.services:
                 st = status.states.get(svc.name)
