@@ -324,3 +324,26 @@ def test_status_script_reads_the_runtime_api_and_says_when_nothing_listens(tmp_p
 def test_the_gateways_answers_are_not_card_names():
     out = "@@end\n@@gpu\nTesla T4\n@@listen 22\n" + RECORDED
     assert st.parse_card_names(out) == ["Tesla T4"]
+
+
+# ---------------------------------------------------------------------------------------------
+# what `status` prints
+
+
+def test_status_prints_a_row_per_replica_and_one_line_per_silent_gateway(capsys, monkeypatch):
+    from llmfleet.cli import ops_tasks
+
+    ops_tasks.console.file  # noqa: B018 - the console is made on first use
+    monkeypatch.setattr(ops_tasks.console._console, "width", 250)  # one line per row, whatever the terminal
+    rows, _ = st.gateway_rows(_status({"gw": _recorded_servers()}), _settings(GW), {"gw": None})
+    problem = st.GatewayProblem("edge", "gw2", 19911, "HAProxy's runtime API on 127.0.0.1:19911 did not answer within 5 s")
+    ops_tasks._print_gateways(rows, [problem])
+    out = capsys.readouterr().out
+    assert "Traceback" not in out
+    lines = out.splitlines()
+    down = next(ln for ln in lines if "gpu-v100-03__chat" in ln)
+    for cell in ("edge/gw", "m_tiny-qwen2", "DOWN", "out: down by health checks", "Layer7 wrong status"):
+        assert cell in down
+    assert any("gpu-v100-02__chat" in ln and "DRAIN" in ln and "draining" in ln for ln in lines)
+    assert [ln for ln in lines if "gw2" in ln] == [
+        "gateway edge/gw2: HAProxy's runtime API on 127.0.0.1:19911 did not answer within 5 s"]

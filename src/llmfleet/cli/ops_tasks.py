@@ -42,7 +42,8 @@ def _model_cell(label: str) -> str:
         "host": "hosts to query (Ansible pattern, e.g. 'gpu-v100-*')",
         "group": "groups to query (Ansible pattern)",
         "inventory": INVENTORY_HELP,
-        "json": 'print {"rows": [one per service], "orphans": [...], "unreachable": [{"host", "error"}]}',
+        "json": 'print {"rows": [one per service], "orphans": [...], "unreachable": [{"host", "error"}], '
+                '"gateway_replicas": [one per replica at each gateway], "gateway_errors": [{"host", "gateway", "error"}]}',
         "forks": f"hosts queried at once (default {DEFAULT_FORKS})",
         "timeout": f"seconds allowed per host for SSH connect and each command (default {DEFAULT_TIMEOUT})",
         "no_metrics": "skip the live /metrics read (faster; release, unit and health only)",
@@ -51,7 +52,8 @@ def _model_cell(label: str) -> str:
 )
 def status(c, host=None, group=None, inventory=None, json=False, forks=DEFAULT_FORKS, timeout=DEFAULT_TIMEOUT,
            no_metrics=False, verbose=False):
-    """Per service: card, release, image digest, unit, health, tok/s, live metrics; services no longer in the inventory."""
+    """Per service: card, release, image digest, unit, health, tok/s, live metrics; services no longer in the inventory;
+    each replica's state at each gateway (in rotation, draining, out, and why)."""
     from llmfleet.fleet import status as status_mod
     from llmfleet.inventory.ansible import settings_for
     from llmfleet.release import multihost as mh
@@ -69,6 +71,14 @@ def status(c, host=None, group=None, inventory=None, json=False, forks=DEFAULT_F
                                      metrics=not no_metrics)
     rows = [r for st, settings in results for r in status_mod.host_rows(st, settings)]
     status_mod.cluster_rows(rows, {st.host: st for st, _ in results}, split)
+    gw_rows: list[Any] = []
+    gw_problems: list[Any] = []
+    for st, settings in results:
+        g_rows, g_problems = status_mod.gateway_rows(
+            st, settings, status_mod.expected_replicas(inv, inv.hosts[st.host], settings))
+        gw_rows += g_rows
+        gw_problems += g_problems
+    status_mod.gateway_notes(rows, gw_rows, gw_problems)
     unreachable = [unreachable_entry(st.host, st.error or "no answer") for st, _ in results if not st.reachable]
     worker_of = {(w, svc) for _head, svc, ws in split for w in ws}
     orphans = [
@@ -78,7 +88,9 @@ def status(c, host=None, group=None, inventory=None, json=False, forks=DEFAULT_F
         and (st.host, name) not in worker_of
     ]
     if json:
-        print_json({"rows": [r.to_dict() for r in rows], "orphans": orphans, "unreachable": unreachable})
+        print_json({"rows": [r.to_dict() for r in rows], "orphans": orphans, "unreachable": unreachable,
+                    "gateway_replicas": [g.to_dict() for g in gw_rows],
+                    "gateway_errors": [p.to_dict() for p in gw_problems]})
     else:
         table = new_table("host", "card", "service", "release", "digest", "unit", "health", title="fleet status")
         for col in ("tok/s", "run", "wait", "KV", "gen tok"):
@@ -101,6 +113,7 @@ def status(c, host=None, group=None, inventory=None, json=False, forks=DEFAULT_F
                 escape(r.note),
             )
         console.print(table)
+        _print_gateways(gw_rows, gw_problems)
         for o in orphans:
             console.print(hints(f"[yellow]orphan[/yellow]: {o['host']}/{escape(o['service'])} runs there but is no "
                                 f"longer in the inventory; remove it with `invoke remove --host {o['host']} "
@@ -114,6 +127,26 @@ def status(c, host=None, group=None, inventory=None, json=False, forks=DEFAULT_F
         why = "" if len(unreachable) > 1 else " (" + one["error"].removeprefix("host " + one["host"] + ": ") + ")"
         raise CheckFailed(f"{len(unreachable)} of {len(results)} host(s) unreachable: "
                           + ", ".join(u["host"] for u in unreachable) + why)
+
+
+_GATEWAY_STATE_STYLE = {"in rotation": "green", "draining": "yellow"}
+
+
+def _print_gateways(gw_rows: list[Any], problems: list[Any]) -> None:
+    """Each replica's state at each gateway (a table), then one line per gateway whose runtime API gave nothing."""
+    if gw_rows:
+        table = new_table("gateway", "backend", "server", "replica", "status", title="replicas at the gateways")
+        table.add_column("sessions", justify="right")
+        table.add_column("state")
+        table.add_column("why")
+        for g in gw_rows:
+            style = _GATEWAY_STATE_STYLE.get(g.state, "red")
+            table.add_row(f"{g.host}/{escape(g.gateway)}", escape(g.backend), escape(g.server), escape(g.replica or "-"),
+                          escape(g.status), "-" if g.sessions is None else str(g.sessions),
+                          f"[{style}]{escape(g.state)}[/{style}]", escape(g.why))
+        console.print(table)
+    for p in problems:
+        console.print(f"[red]gateway {p.host}/{escape(p.gateway)}[/red]: {escape(p.error)}")
 
 
 # ---------------------------------------------------------------------------------------------
