@@ -259,10 +259,9 @@ def test_drain_alone_leaves_the_replica_out_and_ready_puts_it_back(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------
-# Known gaps (strict: each turns into a failure once fixed, so the marker goes with the fix)
+# What went wrong at a gateway
 
 
-@pytest.mark.xfail(strict=True, reason="drain.py: a drain whose wait failed is not put back in rotation")
 def test_a_replica_whose_wait_failed_after_the_drain_is_still_put_back(tmp_path):
     link = FakeGateway(fail_on="show stat")
     d, _ = drainer(fleet(tmp_path), Connector({"edge": link}))
@@ -271,7 +270,6 @@ def test_a_replica_whose_wait_failed_after_the_drain_is_still_put_back(tmp_path)
     assert link.commands[-1] == READY
 
 
-@pytest.mark.xfail(strict=True, reason="drain.py: HAProxy's 'No such server.' answer (exit 0) is taken for a drain")
 def test_a_server_the_gateway_does_not_know_is_not_reported_drained(tmp_path):
     class Unknown(FakeGateway):
         def run(self, script, **kw):

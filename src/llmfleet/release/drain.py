@@ -41,12 +41,14 @@ class Drained:
     in_flight_left: int | None = None
     seconds: float = 0.0
     error: str = ""
+    note: str = ""
 
     def sentence(self) -> str:
         if self.error:
             return f"not drained at gateway {self.gateway}: {self.error}"
         left = "" if not self.in_flight_left else f", {self.in_flight_left} request(s) still in flight at the timeout"
-        return f"drained at gateway {self.gateway} in {self.seconds:.1f}s{left}"
+        note = f" ({self.note})" if self.note else ""
+        return f"drained at gateway {self.gateway} in {self.seconds:.1f}s{left}{note}"
 
 
 def _run(link: Any, front: Front, command: str, timeout: float = 20) -> str:
@@ -64,18 +66,31 @@ def in_flight(text: str, front: Front) -> int | None:
 def drain_one(link: Any, front: Front, *, clock: Callable[[], float] = time.monotonic,
               sleep: Callable[[float], None] = time.sleep) -> Drained:
     """Take the replica out of rotation at one gateway and wait until its sessions there end (or the
-    gateway's drain timeout)."""
+    gateway's drain timeout). A gateway that refuses the command (HAProxy answers "No such server."
+    with exit 0) is reported not drained; a wait whose ``show stat`` failed after the drain took is
+    still reported drained (it must be put back), with what went wrong."""
     name = f"{front.host.name}/{front.service.name}"
     t0 = clock()
-    _run(link, front, gc.drain_command(front.backend, front.server))
+    refused = gc.command_error(_run(link, front, gc.drain_command(front.backend, front.server)))
+    if refused:
+        return Drained(name, front.server, False, error=f"HAProxy refused the drain of "
+                       f"{front.backend}/{front.server}: {refused[:200]}")
     left: int | None = None
+    note = ""
     deadline = t0 + front.drain_timeout_s
     for _ in range(MAX_POLLS):
-        left = in_flight(_run(link, front, gc.show_stat_command()), front)
+        try:
+            left = in_flight(_run(link, front, gc.show_stat_command()), front)
+        except LlmfleetError as exc:
+            note = f"its requests in flight could not be read ({exc}); not waited for"
+            break
+        if left is None:
+            note = f"{front.backend}/{front.server} is not in the gateway's show stat; not waited for"
+            break
         if not left or clock() >= deadline:
             break
         sleep(POLL_S)
-    return Drained(name, front.server, True, left, round(clock() - t0, 3))
+    return Drained(name, front.server, True, left, round(clock() - t0, 3), note=note)
 
 
 @dataclass
@@ -107,7 +122,8 @@ class Drainer:
         for front in fronts:
             try:
                 d = drain_one(self._link(front), front)
-                taken.append(front)
+                if d.drained:
+                    taken.append(front)
             except LlmfleetError as exc:
                 d = Drained(f"{front.host.name}/{front.service.name}", front.server, False, error=str(exc))
             out.append(d)
