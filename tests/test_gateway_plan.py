@@ -109,6 +109,15 @@ def test_the_gateway_itself_and_another_gateway_are_not_replicas(tmp_path):
         ("gpu-a", "chat"), ("gpu-a", "coder"), ("gpu-b", "chat"), ("edge2", "chat")]
 
 
+def test_the_head_of_a_service_over_several_hosts_is_a_replica(tmp_path):
+    head = {"ansible_host": "10.0.0.12", "llmfleet_cluster_address": "10.0.1.12",
+            "llmfleet_services": [engine(workers=["gpu-w"])]}
+    worker = {"ansible_host": "10.0.0.13", "llmfleet_cluster_address": "10.0.1.13"}
+    inv = fleet(tmp_path, **{"gpu-b": head, "gpu-w": worker})
+    assert ("gpu-b", "chat", "10.0.0.12", 8080, "chat") in where(plan(inv).spec.replicas)
+    assert not [r for r in plan(inv).spec.replicas if r.host == "gpu-w"]
+
+
 @pytest.mark.parametrize(
     ("bind", "address"),
     [

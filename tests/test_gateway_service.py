@@ -75,6 +75,17 @@ def test_what_only_an_engine_takes_is_refused_on_a_gateway_naming_the_field(fiel
     assert "a gateway service has no model; remove it" in text and "gateway, allow_unauthenticated" in text
 
 
+@pytest.mark.parametrize(("field", "value"), [("gpus", [0]), ("engine_args", ["--x"])])
+def test_gpus_and_engine_args_are_refused_on_a_gateway(field, value):
+    text = refusal({**GW, field: value})
+    assert f"service gw: llmfleet_services[0].{field}: " in text and "a gateway service has no model" in text
+
+
+def test_gateway_settings_on_an_engine_name_what_was_given_not_none():
+    text = refusal({**engine(), "gateway": {"upstreams": ["replicas"]}})
+    assert "got None" not in text and "remove it" in text
+
+
 def test_a_gateway_takes_allow_unauthenticated():
     assert one({**GW, "allow_unauthenticated": True}).allow_unauthenticated is True
 
@@ -167,6 +178,31 @@ def test_compose_runs_haproxy_in_the_hosts_network_with_its_folder_read_only(tmp
     assert "deploy" not in c  # no GPU reserved
     assert c["cap_drop"] == ["ALL"] and c["restart"] == "no"
     assert c["labels"]["io.llmfleet.engine"] == "gateway"
+
+
+def test_the_stop_lets_streams_finish_for_the_gateways_timeout_and_the_unit_waits_longer(tmp_path):
+    r, _, c = rendered(tmp_path, timeout_s=900)
+    assert c["stop_grace_period"] == "905s"
+    assert "TimeoutStopSec=965" in r.files["llmfleet-gw.service"]
+    _, _, c = rendered(tmp_path / "default")
+    assert c["stop_grace_period"] == "605s"
+
+
+def rendered_on_port(tmp_path, port):
+    inv = fleet(tmp_path, {**gateway(), "port": port})
+    from llmfleet.release.gateway_plan import plan_gateway
+
+    host = inv.hosts["edge"]
+    hs = settings_for(host)
+    (svc,) = hs.services
+    r = render(svc, hs, images.resolve(svc.image, LOCK), gateway=plan_gateway(inv, host, svc, resolve))
+    return yaml.safe_load(r.files["compose.yml"])["services"]["engine"]
+
+
+def test_a_port_below_1024_gets_the_one_capability_that_binds_it(tmp_path):
+    c = rendered_on_port(tmp_path / "a", 443)
+    assert c["cap_drop"] == ["ALL"] and c["cap_add"] == ["NET_BIND_SERVICE"]
+    assert "cap_add" not in rendered_on_port(tmp_path / "b", 8443)
 
 
 def test_the_release_holds_haproxys_files_and_no_watchdog(tmp_path):

@@ -267,13 +267,16 @@ class Service(_Strict):
             raise ValidationError.from_exception_data(cls.__name__, errors)
         if svc.engine != GATEWAY_KIND and svc.gateway is not None:
             raise ValidationError.from_exception_data(cls.__name__, [
-                {"type": "value_error", "loc": ("gateway",), "input": None,
-                 "ctx": {"error": ValueError(f"only an engine: gateway service takes gateway (this is {svc.engine})")}}])
+                {"type": "value_error", "loc": ("gateway",),
+                 "input": data.get("gateway") if isinstance(data, Mapping) else None,
+                 "ctx": {"error": ValueError(f"only an engine: gateway service takes gateway (this is {svc.engine}); "
+                                             "remove it")}}])
         if svc.engine == GATEWAY_KIND and svc.gateway is None:
             raise ValidationError.from_exception_data(cls.__name__, [
                 {"type": "missing", "loc": ("gateway",), "input": data}])
         if svc.engine in (*EXPORTER_KINDS, GATEWAY_KIND):
-            given = [f for f in _ENGINE_ONLY if f in svc.model_fields_set and getattr(svc, f) not in (None, [], False)
+            only = _ENGINE_ONLY + (("gpus", "engine_args") if svc.engine == GATEWAY_KIND else ())
+            given = [f for f in only if f in svc.model_fields_set and getattr(svc, f) not in (None, [], False)
                      and not (f == "allow_unauthenticated" and svc.engine == GATEWAY_KIND)]
             if given:
                 takes = ("gateway, allow_unauthenticated" if svc.engine == GATEWAY_KIND else "gpus, engine_args")

@@ -420,7 +420,7 @@ def _exporter_checks(host_name: str, service: Service, facts: Facts, rel: Engine
 def _gateway_checks(host_name: str, service: Service, facts: Facts, rel: EngineRelease | None, image_ref: Any,
                     settings: HostSettings | None) -> list[Check]:
     """The gateway's checks after its image: the container engine, its port and who may use it. Its
-    replicas are resolved from the inventory before any host is contacted (fleet/gateway_plan.py)."""
+    replicas are resolved from the inventory before any host is contacted (release/gateway_plan.py)."""
     checks = [_docker_check(facts), _compose_check(facts), _disk_image_check(facts, rel, image_ref),
               _port_check(service, facts), gateway_bind_check(service, settings)]
     if facts.errors:

@@ -97,8 +97,8 @@ def replicas(inv: Inventory, gateway_host: Host, service: Service) -> list[tuple
     out = []
     for h in upstream_hosts(inv, gateway_host, service):
         for svc in settings_for(h).services:
-            if not svc.is_engine or svc.workers:
-                continue  # an exporter, a gateway, or a service over several hosts (its head serves: listed on it)
+            if not svc.is_engine:
+                continue  # an exporter or a gateway (a service over several hosts is listed on its head, which serves)
             address = reach(gateway_host, h, svc)
             if address is None:
                 raise UsageError(f"{_where(inv, h, svc)}: listens on loopback, so gateway {service.name} on "

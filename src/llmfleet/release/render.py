@@ -520,11 +520,20 @@ def duration_s(value: Any) -> float | None:
     return sum(float(n) * _DURATION_UNIT_S[u] for n, u in parts)
 
 
+def stop_grace_s(service: Service) -> int:
+    """The role's ``stop_grace_period`` in seconds: 30, or for a gateway its ``timeout_s`` and 5 more:
+    its soft stop lets every request in flight (a stream may last ``timeout_s``) finish, and its
+    ``hard-stop-after`` ends the rest, so the stop never cuts a stream that is still in time."""
+    if service.gateway is not None:
+        return service.gateway.timeout_s + 5
+    return STOP_GRACE_S
+
+
 def unit_stop_timeout_s(service: Service) -> int:
     """The unit's ``TimeoutStopSec``: its stop (``docker stop``) waits the container's
-    ``stop_grace_period``, 30 s unless ``compose_overrides`` sets another; a longer one gets the same
-    margin over it, so systemd never kills the stop half-way."""
-    grace = duration_s(service.compose_overrides.get("stop_grace_period", STOP_GRACE_S))
+    ``stop_grace_period`` (``stop_grace_s`` unless ``compose_overrides`` sets another); a longer one
+    than 30 s gets the same margin over it, so systemd never kills the stop half-way."""
+    grace = duration_s(service.compose_overrides.get("stop_grace_period", stop_grace_s(service)))
     if grace is None:
         return UNIT_STOP_TIMEOUT_S
     return max(UNIT_STOP_TIMEOUT_S, int(grace + 0.999) + UNIT_STOP_TIMEOUT_S - STOP_GRACE_S)
@@ -622,6 +631,7 @@ def render(
         "cache_target": box["cache_target"],
         "host_root_mount": role.container.get("host_root_mount"),
         "service_dir": sdir,
+        "stop_grace_s": stop_grace_s(service),
     }
     compose_text = _template(role.template).render(**ctx)
 
