@@ -54,7 +54,8 @@ def _host_view(lab) -> tuple[str, str]:
     state = lab.exec(HOST, ["sh", "-c", R.state_script("/opt/llmfleet")]).stdout
     images = lab.exec(HOST, ["docker", "image", "ls", "-a", "--no-trunc", "--format", "{{.ID}} {{.Repository}}:{{.Tag}}"])
     staged = lab.exec(HOST, ["sh", "-c", "ls -la /opt/llmfleet/bundle 2>/dev/null || true"]).stdout
-    return state, images.stdout + staged
+    # docker lists images of equal creation time in no fixed order: compare them as a set
+    return state, "\n".join(sorted(images.stdout.splitlines())) + "\n" + staged
 
 
 def _registry_reachable(lab) -> bool:

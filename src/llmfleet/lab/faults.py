@@ -198,6 +198,8 @@ class FaultBench:
             r.extra["next_deploy"] = said
             r.detail = "; ".join(x for x in (r.detail, f"next deploy: {said}") if x)
         r.ok = bool(r.serving) and (expect is None or r.serving == expect) and r.data_lost == "none" and r.converged
+        if r.serving and expect is not None and r.serving != expect:
+            r.detail = "; ".join(x for x in (r.detail, f"serving {r.serving}, expected {expect}") if x)
         return r
 
     # -- faults -----------------------------------------------------------------------------------
