@@ -142,7 +142,18 @@ def test_a_gateways_preflight_has_no_plan_and_no_model():
     (report,) = check_host("edge", HostSettings(services=[s]), facts_for("v100-535"), lock=LOCK, today=TODAY)
     assert [(c.id, c.status) for c in report.checks] == [
         ("image", "pass"), ("docker", "pass"), ("compose", "pass"), ("disk-image", "pass"), ("port", "pass"),
-        ("bind", "pass")]
+        ("bind", "pass"), ("port-admin", "pass"), ("port-metrics", "pass")]
+
+
+@pytest.mark.parametrize(("taken", "check_id"), [(9901, "port-admin"), (9902, "port-metrics")])
+def test_the_runtime_api_and_metrics_ports_must_be_free(taken, check_id):
+    s = Service.model_validate({**GW, "bind_address": "127.0.0.1"})
+    facts = facts_for("v100-535")
+    facts.ports = [*facts.ports, taken]
+    (report,) = check_host("edge", HostSettings(services=[s]), facts, lock=LOCK, today=TODAY)
+    (check,) = [c for c in report.checks if c.id == check_id]
+    assert check.status == "fail" and f"port {taken} is in use" in check.message
+    assert "gateway.admin_port" in check.fix
 
 
 # ------------------------------------------------------------------------------------------------

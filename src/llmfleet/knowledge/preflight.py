@@ -423,6 +423,10 @@ def _gateway_checks(host_name: str, service: Service, facts: Facts, rel: EngineR
     replicas are resolved from the inventory before any host is contacted (release/gateway_plan.py)."""
     checks = [_docker_check(facts), _compose_check(facts), _disk_image_check(facts, rel, image_ref),
               _port_check(service, facts), gateway_bind_check(service, settings)]
+    if service.gateway is not None:  # its runtime API and its metrics, on 127.0.0.1 (docs/gateway.md)
+        admin = service.gateway.admin_port
+        checks += [_port_check(service, facts, admin, "port-admin", "another gateway.admin_port"),
+                   _port_check(service, facts, admin + 1, "port-metrics", "another gateway.admin_port (metrics use the next port)")]
     if facts.errors:
         shown = "; ".join(facts.errors[:6]) + (f"; and {len(facts.errors) - 6} more" if len(facts.errors) > 6 else "")
         checks.append(Check("facts", "warn", f"the probe reported: {shown}",
@@ -718,34 +722,36 @@ def _disk_model_check(service: Service, facts: Facts, model: ModelFile | None, p
     return Check("disk-model", "pass", f"{_gib(disk.free_mib)} free at {disk.path}; the model needs about {_gib(need_mib)}")
 
 
-def _port_check(service: Service, facts: Facts) -> Check:
-    port = service.port
+def _port_check(service: Service, facts: Facts, port: int | None = None, name: str = "port",
+                what: str = "another port") -> Check:
+    """``port`` (default: the service's) free, or held by the service's own container."""
+    port = service.port if port is None else port
     holders = [c for c in facts.containers if port in c.ports]
     if port not in facts.ports and not holders:
-        return Check("port", "pass", f"port {port} is free")
+        return Check(name, "pass", f"port {port} is free")
     ours = [c for c in holders if owned_by(c, service)]
     if ours:
-        return Check("port", "pass", f"port {port} is held by this service's own container {ours[0].name} "
+        return Check(name, "pass", f"port {port} is held by this service's own container {ours[0].name} "
                                      "(a deploy replaces it)")
     if holders:
-        return Check("port", "fail", f"port {port} is held by container {holders[0].name} ({holders[0].image})",
-                     f"stop that container or give service {service.name} another port")
+        return Check(name, "fail", f"port {port} is held by container {holders[0].name} ({holders[0].image})",
+                     f"stop that container or give service {service.name} {what}")
     if service.engine in ("node-exporter", "gateway"):  # in the host's network: its own container publishes no port
         own = [c for c in facts.containers if owned_by(c, service) and c.state in ("running", "restarting")]
         if own:
-            return Check("port", "pass", f"port {port} is held by this service's own container {own[0].name} "
+            return Check(name, "pass", f"port {port} is held by this service's own container {own[0].name} "
                                          "(host network; a deploy replaces it)")
     rel = facts.releases.get(service.name)
     current = rel.current_release if rel is not None else None
     if current is not None and current.manifest and current.manifest.inputs.get("port", Service.model_fields["port"].default) == port:
-        return Check("port", "warn", f"port {port} is in use; release {current.id} of {service.name} claims it, "
+        return Check(name, "warn", f"port {port} is in use; release {current.id} of {service.name} claims it, "
                                      "but no container of it publishes the port",
                      f"check `ss -ltnp 'sport = :{port}'` on the host")
     if facts.docker.error and facts.releases.get(service.name):
-        return Check("port", "warn", f"port {port} is in use and Docker cannot be asked who holds it",
+        return Check(name, "warn", f"port {port} is in use and Docker cannot be asked who holds it",
                      f"check `ss -ltnp 'sport = :{port}'` on the host")
-    return Check("port", "fail", f"port {port} is in use by a process outside llmfleet",
-                 f"stop it (`ss -ltnp 'sport = :{port}'` shows which) or give service {service.name} another port")
+    return Check(name, "fail", f"port {port} is in use by a process outside llmfleet",
+                 f"stop it (`ss -ltnp 'sport = :{port}'` shows which) or give service {service.name} {what}")
 
 
 # ------------------------------------------------------------------------------------------------
