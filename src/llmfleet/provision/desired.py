@@ -1,0 +1,170 @@
+"""What a host must have for its services to run: the desired state provisioning converges to (pure).
+
+From the inventory host (its services and their images, its card from nvidia-smi or ``llmfleet_gpu``,
+its root and model folders, its SSH login user) and the distribution its facts report: the driver
+branch (``choose_driver``: why, in one line), the packages with pinned versions and the ones held, the
+files provisioning writes (mode, owner), the deploy user's groups, the folders, the units it enables.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from llmfleet.errors import UsageError
+from llmfleet.inventory.services import HostSettings
+from llmfleet.provision._choice import Distro, DriverChoice, choose_driver, runtime_packages, toolkit_packages
+from llmfleet.provision.facts import FactsQuery, ProvisionFacts
+
+DOCKER_UNIT = "docker.service"
+PERSISTENCE_UNIT = "nvidia-persistenced.service"
+DEPLOY_GROUPS = ("docker",)  # the deploy user runs docker without sudo (status, logs)
+LIMITS_FILE = "/etc/security/limits.d/90-llmfleet.conf"
+JOURNALD_FILE = "/etc/systemd/journald.conf.d/90-llmfleet.conf"
+JOURNALD_RESTART = "systemctl restart systemd-journald.service"
+# The engines' output goes to journald through their units (release/templates/llmfleet-service.unit.j2):
+# bounded so that a chatty engine cannot fill the disk, and rate-limited above an engine's start-up burst.
+JOURNALD_TEXT = """\
+# Written by llmfleet provision: the journal keeps the engines' output (one unit per service), bounded.
+[Journal]
+SystemMaxUse=2G
+RuntimeMaxUse=512M
+RateLimitIntervalSec=30s
+RateLimitBurst=20000
+"""
+
+
+@dataclass(frozen=True)
+class Package:
+    name: str
+    version: str | None  # None: the candidate apt offers (then held at what was installed, when held)
+    role: str  # runtime | toolkit | driver
+    hold: bool = False
+
+    @property
+    def spec(self) -> str:
+        return f"{self.name}={self.version}" if self.version else self.name
+
+
+@dataclass(frozen=True)
+class ManagedFile:
+    path: str
+    content: str
+    mode: int = 0o644
+    owner: str = "root"
+    group: str = "root"
+    step: str = "files"  # sources (apt sources and keys) | files
+    then: str | None = None  # run once after the step wrote it (a restart that reads it)
+
+
+@dataclass(frozen=True)
+class Folder:
+    path: str
+    mode: int
+    owner: str
+    group: str
+
+
+@dataclass(frozen=True)
+class Desired:
+    host: str
+    distro: Distro
+    driver: DriverChoice
+    packages: tuple[Package, ...]
+    files: tuple[ManagedFile, ...]
+    folders: tuple[Folder, ...]
+    user: str
+    groups: tuple[str, ...]
+    persistence_unit: str | None
+    cards: tuple[str, ...]
+    images: tuple[str, ...]  # image keys of the host's services (the driver choice's input)
+    warnings: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def driver_package(self) -> str:
+        """The package whose version is the driver nvidia-smi must report after the reboot."""
+        return self.driver.hold[0] if self.driver.hold else self.driver.packages[0]
+
+
+def _split(spec: str) -> tuple[str, str | None]:
+    name, sep, version = spec.partition("=")
+    return name.strip(), (version.strip() or None) if sep else None
+
+
+def managed_files(user: str) -> tuple[ManagedFile, ...]:
+    limits = ("# Written by llmfleet provision: engines pin host memory for GPU transfers (no memlock limit).\n"
+              f"{user} soft memlock unlimited\n{user} hard memlock unlimited\n")
+    return (
+        ManagedFile(LIMITS_FILE, limits),
+        ManagedFile(JOURNALD_FILE, JOURNALD_TEXT, then=JOURNALD_RESTART),
+    )
+
+
+def folders(settings: HostSettings, user: str) -> tuple[Folder, ...]:
+    """The llmfleet root (root's) and each service's model folder (the deploy user's)."""
+    out = [Folder(settings.root.rstrip("/") or "/", 0o755, "root", "root")]
+    seen = {out[0].path}
+    for svc in settings.services:
+        path = getattr(svc, "model_path", None)
+        if not path:
+            continue
+        folder = posixpath.dirname(path.rstrip("/")) or "/"
+        if folder not in seen and folder != "/":
+            seen.add(folder)
+            out.append(Folder(folder, 0o755, user, user))
+    return tuple(out)
+
+
+def facts_query(settings: HostSettings, user: str) -> FactsQuery:
+    """What the facts script reads besides its fixed sections (known before the host is contacted)."""
+    return FactsQuery(user=user, folders=tuple(f.path for f in folders(settings, user)),
+                      files=tuple(f.path for f in managed_files(user)), units=(DOCKER_UNIT, PERSISTENCE_UNIT))
+
+
+def cards_for(host: str, settings: HostSettings, facts: ProvisionFacts) -> tuple[str, ...]:
+    """The host's cards: nvidia-smi's names when a driver runs, else ``llmfleet_gpu``."""
+    if facts.gpus:
+        return tuple(dict.fromkeys(facts.gpus))
+    if settings.gpu:
+        return (settings.gpu,)
+    raise UsageError(f"host {host}: no card known (nvidia-smi {'absent' if facts.smi == 'absent' else 'fails'} and "
+                     "llmfleet_gpu unset); set llmfleet_gpu to the card's nvidia-smi name in the inventory")
+
+
+def service_images(settings: HostSettings) -> tuple[str, ...]:
+    keys: list[str] = []
+    for svc in settings.services:
+        for key in (svc.image, getattr(svc, "worker_image", None)):
+            if key and key not in keys:
+                keys.append(key)
+    return tuple(keys)
+
+
+def desired_state(host: str, settings: HostSettings, facts: ProvisionFacts, *, user: str,
+                  pinned_branch: int | None = None, extra_files: Sequence[ManagedFile] = ()) -> Desired:
+    """The desired state of ``host``. Raises ``UsageError`` (one line) for a distribution provisioning
+    does not support, a host with no known card, or a driver branch that cannot serve it."""
+    os_id, version = facts.distro
+    if not os_id:
+        raise UsageError(f"host {host}: /etc/os-release names no distribution; provisioning supports "
+                         "Debian and Ubuntu hosts")
+    distro = Distro(id=os_id, version=version)
+    cards = cards_for(host, settings, facts)
+    images = service_images(settings)
+    try:
+        choice = choose_driver(cards, images, distro, pinned_branch=pinned_branch)
+    except UsageError as exc:
+        raise UsageError(f"host {host}: {exc}") from None
+    held = set(choice.hold)
+    pkgs: list[Package] = []
+    for role, specs in (("runtime", runtime_packages(distro)), ("toolkit", toolkit_packages(distro)),
+                        ("driver", choice.packages)):
+        for spec in specs:
+            name, ver = _split(spec)
+            pkgs.append(Package(name, ver, role, hold=name in held or role == "toolkit"))
+    groups = () if user == "root" else DEPLOY_GROUPS
+    return Desired(host=host, distro=distro, driver=choice, packages=tuple(pkgs),
+                   files=tuple(extra_files) + managed_files(user), folders=folders(settings, user), user=user,
+                   groups=groups, persistence_unit=PERSISTENCE_UNIT, cards=cards, images=images,
+                   warnings=tuple(choice.warnings))

@@ -1,0 +1,2 @@
+set -e
+apt-mark hold nvidia-container-toolkit nvidia-container-toolkit-base libnvidia-container-tools libnvidia-container1 nvidia-tesla-535-driver

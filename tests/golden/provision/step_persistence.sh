@@ -1,0 +1,2 @@
+set -e
+systemctl enable nvidia-persistenced.service

@@ -1,0 +1,2 @@
+set -e
+usermod -aG docker -- deploy
