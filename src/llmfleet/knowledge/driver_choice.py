@@ -235,16 +235,17 @@ def catalog_warnings(distro: Distro, prov: ProvisioningCatalog | None = None) ->
 
 
 def toolkit_security_gap(installed: str | None, prov: ProvisioningCatalog | None = None) -> str | None:
-    """One line naming the CVE an installed toolkit version misses (the newest floor it is below);
+    """One line naming every CVE an installed toolkit version misses (each security floor it is below);
     None when it is at or above every floor, or the version does not parse."""
     have = compat.version_tuple((installed or "").split("-", 1)[0].split("~", 1)[0])
     if have is None:
         return None
-    for floor in (prov or load_provisioning()).toolkit.security_floors:
-        if have < (compat.version_tuple(floor.below) or ()):
-            return (f"nvidia-container-toolkit {installed} is below {floor.below}, which fixes {floor.cve} "
-                    f"({floor.source})")
-    return None
+    missed = [f for f in (prov or load_provisioning()).toolkit.security_floors
+              if have < (compat.version_tuple(f.below) or ())]
+    if not missed:
+        return None
+    cves = ", ".join(f"{f.cve} (fixed in {f.below}: {f.source})" for f in missed)
+    return f"nvidia-container-toolkit {installed} misses {cves}"
 
 
 def headers_packages(distro: Distro, kernel_release: str | None, arch: str = "amd64",
