@@ -248,8 +248,9 @@ def test_every_catalog_entry_has_an_openable_source():
              (tk.deb_version_source, tk.deb_version_confidence), (tk.configure_source, tk.configure_confidence)]
     pairs += [(f.source, f.confidence) for f in tk.security_floors]
     for d in PROV.distributions.values():
-        entries = [d.headers, d.persistence, *d.drivers, d.runtime.engine, d.runtime.compose]
-        pairs += [(e.source, e.confidence) for e in entries]
+        pairs += [(d.headers.source, d.headers.confidence), (d.persistence.source, d.persistence.confidence)]
+        pairs += [(e.source, e.confidence) for e in d.drivers]
+        pairs += [(r.source, r.confidence) for r in (d.runtime.engine, d.runtime.compose)]
     for source, confidence in pairs:
         assert "https://" in source and confidence in ("H", "M", "U"), source
         assert "../shared" not in source
