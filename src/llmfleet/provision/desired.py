@@ -14,7 +14,14 @@ from dataclasses import dataclass, field
 
 from llmfleet.errors import UsageError
 from llmfleet.inventory.services import HostSettings
-from llmfleet.provision._choice import Distro, DriverChoice, choose_driver, runtime_packages, toolkit_packages
+from llmfleet.knowledge.driver_choice import (
+    Distro,
+    DriverChoice,
+    catalog_warnings,
+    choose_driver,
+    runtime_packages,
+    toolkit_packages,
+)
 from llmfleet.provision.facts import FactsQuery, ProvisionFacts
 
 DOCKER_UNIT = "docker.service"
@@ -153,18 +160,21 @@ def desired_state(host: str, settings: HostSettings, facts: ProvisionFacts, *, u
     cards = cards_for(host, settings, facts)
     images = service_images(settings)
     try:
-        choice = choose_driver(cards, images, distro, pinned_branch=pinned_branch)
+        choice = choose_driver(cards, images, distro, pinned_branch=pinned_branch, kernel_release=facts.kernel or None,
+                               arch=facts.arch or "amd64")
+        runtime, toolkit = runtime_packages(distro), toolkit_packages(distro)
+        warnings = choice.warnings + catalog_warnings(distro)
     except UsageError as exc:
         raise UsageError(f"host {host}: {exc}") from None
     held = set(choice.hold)
+    versions = dict(_split(spec) for spec in choice.pinned)
     pkgs: list[Package] = []
-    for role, specs in (("runtime", runtime_packages(distro)), ("toolkit", toolkit_packages(distro)),
-                        ("driver", choice.packages)):
+    for role, specs in (("runtime", runtime), ("toolkit", toolkit), ("driver", choice.packages)):
         for spec in specs:
             name, ver = _split(spec)
-            pkgs.append(Package(name, ver, role, hold=name in held or role == "toolkit"))
+            pkgs.append(Package(name, ver or versions.get(name), role, hold=name in held or role == "toolkit"))
     groups = () if user == "root" else DEPLOY_GROUPS
     return Desired(host=host, distro=distro, driver=choice, packages=tuple(pkgs),
                    files=tuple(extra_files) + managed_files(user), folders=folders(settings, user), user=user,
-                   groups=groups, persistence_unit=PERSISTENCE_UNIT, cards=cards, images=images,
-                   warnings=tuple(choice.warnings))
+                   groups=groups, persistence_unit=choice.persistence_unit or PERSISTENCE_UNIT, cards=cards,
+                   images=images, warnings=tuple(dict.fromkeys(warnings)))

@@ -1,2 +1,2 @@
 set -e
-apt-mark hold nvidia-container-toolkit nvidia-container-toolkit-base libnvidia-container-tools libnvidia-container1 nvidia-tesla-535-driver
+apt-mark hold nvidia-container-toolkit nvidia-container-toolkit-base libnvidia-container-tools libnvidia-container1 nvidia-driver nvidia-kernel-dkms
