@@ -12,6 +12,7 @@ highest long-term-support or production branch, saying why in one line.
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -281,7 +282,7 @@ class _Judged:
     how: tuple[str, ...]  # per image: "natively" | "through ... compatibility"
 
 
-def _cards(cards: list[str] | tuple[str, ...], warnings: list[str]) -> list[_Card]:
+def _cards(cards: Sequence[str], warnings: list[str]) -> list[_Card]:
     out: list[_Card] = []
     for name in dict.fromkeys(str(c).strip() for c in cards if str(c).strip()):
         try:
@@ -295,7 +296,7 @@ def _cards(cards: list[str] | tuple[str, ...], warnings: list[str]) -> list[_Car
     return out
 
 
-def _images(images: list[str] | tuple[str, ...], cat: EngineCatalog, warnings: list[str]) -> list[EngineRelease]:
+def _images(images: Sequence[str], cat: EngineCatalog, warnings: list[str]) -> list[EngineRelease]:
     from llmfleet.inventory.services import NON_ENGINE_KINDS
 
     out: list[EngineRelease] = []
@@ -392,7 +393,7 @@ def _packages(entry: DriverPackage, dist: Distribution, headers: tuple[str, ...]
     return tuple(dict.fromkeys([*headers, *driver_pkgs])), hold
 
 
-def choose_driver(cards: list[str] | tuple[str, ...], images: list[str] | tuple[str, ...], distro: Distro, *,
+def choose_driver(cards: Sequence[str], images: Sequence[str], distro: Distro, *,
                   pinned_branch: int | None = None, catalog: EngineCatalog | None = None,
                   provisioning: ProvisioningCatalog | None = None, today: str | None = None,
                   kernel_release: str | None = None, arch: str = "amd64") -> DriverChoice:
