@@ -67,6 +67,9 @@ def setup(c, vllm=False, cu118=False, cu118_archs=None, quiet=False, json=False)
     for key in report.unpinned:
         flag = "--cu118" if key == lab_setup.CU118_KEY else "--vllm"
         console.print(hints(f"[yellow]not built[/yellow] {key} (listed unpinned; `invoke lab.setup {flag}` builds it)"))
+    repo = report.apt_repo
+    console.print(f"package repository {repo['url']} ({len(repo['debian'])} Debian packages, {repo['standins']} "
+                  f"NVIDIA SIMULATOR stand-ins; key {repo['fingerprint'][-16:]})")
     console.print(f"lock {report.lock}; container mode {report.mode}; {report.seconds}s")
 
 

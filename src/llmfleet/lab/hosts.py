@@ -68,6 +68,7 @@ class HostSpec:
     driver: str
     gpu_count: int
     lab: str
+    bare: bool = False  # lab_bare: no Docker, no NVIDIA bits; installs from the lab package repository
 
     @property
     def container(self) -> str:
@@ -138,8 +139,11 @@ def host_specs(inv: Inventory, lab: str, names: Iterable[str] | None = None) -> 
         if addr not in ("127.0.0.1", "localhost"):
             raise UsageError(f"{inv.path}: host {name}: a lab host's ansible_host must be 127.0.0.1, got {addr!r}")
         count = v.get("lab_gpu_count", 1)
+        bare = v.get("lab_bare", False)
+        if not isinstance(bare, bool):
+            raise UsageError(f"{inv.path}: host {name}: lab_bare must be true or false, got {bare!r}")
         spec = HostSpec(name=name, port=port, gpu=str(v["lab_gpu"]), driver=str(v.get("lab_driver", "535")),
-                        gpu_count=count, lab=lab)
+                        gpu_count=count, lab=lab, bare=bare)
         gpu_sim_config(name, spec.gpu, spec.driver, count)  # validates card, driver, count
         specs.append(spec)
     return specs
@@ -159,20 +163,27 @@ def daemon_json() -> dict:
     }
 
 
-def run_argv(spec: HostSpec, *, image: str, mode: str, network: str, public_key: str) -> list[str]:
-    """``docker run`` argv for one lab host (mode: 'privileged' or 'restricted', see engine)."""
+def run_argv(spec: HostSpec, *, image: str, mode: str, network: str, public_key: str,
+             apt_keyring_b64: str = "") -> list[str]:
+    """``docker run`` argv for one lab host (mode: 'privileged' or 'restricted', see engine). A bare host
+    gets the lab repository's keyring instead of a driver, and comes back by itself after a reboot."""
     sim = gpu_sim_config(spec.name, spec.gpu, spec.driver, spec.gpu_count)
     env = {
         "LAB_AUTHORIZED_KEY": public_key.strip(),
         "LAB_GPU_JSON": json.dumps(sim, separators=(",", ":")),
         "LAB_DAEMON_JSON": json.dumps(daemon_json(), separators=(",", ":")),
-        "LAB_DRIVER_VERSION_FILE": render_proc_version(sim),
     }
+    if spec.bare:
+        env["LAB_APT_KEYRING"] = apt_keyring_b64
+    else:
+        env["LAB_DRIVER_VERSION_FILE"] = render_proc_version(sim)
+    gpu_label = f"{spec.gpu_count} x {spec.gpu} " + ("(bare)" if spec.bare else f"(driver {spec.driver})")
     argv = ["run", "-d", "--name", spec.container, "--hostname", spec.name,
             "--network", network, "--network-alias", spec.name,
             "--label", f"{LABEL}={spec.lab}", "--label", f"{HOST_LABEL}={spec.name}",
             "--label", f"{PORT_LABEL}={spec.port}",
-            "--label", f"{GPU_LABEL}={spec.gpu_count} x {spec.gpu} (driver {spec.driver})",
+            "--label", f"{GPU_LABEL}={gpu_label}",
+            *(["--restart", "unless-stopped"] if spec.bare else []),
             "-p", f"127.0.0.1:{spec.port}:22",
             # /dev/shm as on a real host (there: half the RAM); vLLM's compose uses the host's IPC
             # namespace and needs more than Docker's 64m. tmpfs pages are allocated only when used.
@@ -369,6 +380,8 @@ def wait_ready(spec: HostSpec, timeout: float = 60) -> None:
             _stopped(spec)
             next_check = time.monotonic() + 2
         time.sleep(0.1)
+    if spec.bare:
+        return  # no Docker engine until provisioning installs one
     left = max(1.0, deadline - time.monotonic())
     proc = exec_(spec.container, ["sh", "-c", _ENGINE_WAIT.format(n=int(left * 10))], timeout=left * 2 + 10,
                  check=False)
@@ -440,8 +453,10 @@ def container_mode() -> str:
     return mode
 
 
-def _start_one(spec: HostSpec, *, image: str, mode: str, network: str, public_key: str) -> str:
-    argv = run_argv(spec, image=image, mode=mode, network=network, public_key=public_key)
+def _start_one(spec: HostSpec, *, image: str, mode: str, network: str, public_key: str,
+               apt_keyring_b64: str = "") -> str:
+    argv = run_argv(spec, image=image, mode=mode, network=network, public_key=public_key,
+                    apt_keyring_b64=apt_keyring_b64)
     info = _container_state(spec.container)
     if info:
         labels = info["Config"].get("Labels") or {}
@@ -474,12 +489,21 @@ def up(inventory_path: str, *, lab: str, names: Iterable[str] | None = None, kno
     ensure_registry(log)
     network = ensure_network(lab)
     connect_registry(lab)
+    bare_image, keyring = "", ""
+    if any(s.bare for s in specs):  # bare hosts install from the lab package repository (lab-apt)
+        from llmfleet.lab import aptrepo
+
+        bare_image, keyring = lab_image("bare"), aptrepo.public_keyring_b64()
+        aptrepo.ensure_server(log)
+        aptrepo.connect(lab)
     models = lab_models() if stage else {}
     result = UpResult(lab=lab, hosts=[s.name for s in specs], seconds=0.0, known_hosts=str(known_hosts))
 
     def one(spec: HostSpec) -> tuple[str, str]:
-        how = _start_one(spec, image=image, mode=mode, network=network, public_key=public_key)
-        log(f"{spec.name}: {how} ({spec.gpu} x{spec.gpu_count}, driver {spec.driver}, ssh 127.0.0.1:{spec.port})")
+        how = _start_one(spec, image=bare_image if spec.bare else image, mode=mode, network=network,
+                         public_key=public_key, apt_keyring_b64=keyring if spec.bare else "")
+        what = "bare" if spec.bare else f"driver {spec.driver}"
+        log(f"{spec.name}: {how} ({spec.gpu} x{spec.gpu_count}, {what}, ssh 127.0.0.1:{spec.port})")
         wait_ready(spec, timeout=timeout)
         if stage:
             stage_models(spec.container, models)
@@ -526,8 +550,9 @@ def down(lab: str, *, names: Iterable[str] | None = None, known_hosts: Path | No
         docker.run(["volume", "rm", "-f", *[f"{c}-docker" for c in gone]], check=False, timeout=60)
         log(f"removed {len(gone)} host(s): {', '.join(gone)}")
     if not wanted and docker.inspect("network", lab):
-        if _container_state(REGISTRY_CONTAINER):
-            docker.run(["network", "disconnect", "-f", lab, REGISTRY_CONTAINER], check=False)
+        for shared in (REGISTRY_CONTAINER, "llmfleet-aptrepo"):  # the registry and the package repository stay
+            if _container_state(shared):
+                docker.run(["network", "disconnect", "-f", lab, shared], check=False)
         docker.run(["network", "rm", lab], check=False)
     if known_hosts and known_hosts.exists():
         text = known_hosts.read_text()

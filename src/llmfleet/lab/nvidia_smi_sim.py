@@ -57,6 +57,13 @@ DEAD_DRIVER_MESSAGE = (
 )
 DEAD_DRIVER_RC = 9
 INVALID_ARGS_MESSAGE = "Invalid combination of input arguments. Please run 'nvidia-smi -h' for help.\n"
+# Bare lab hosts get nvidia-smi from the lab repository's stand-in driver packages (llmfleet.lab.standin_debs):
+# the stand-in nvidia-kernel-dkms ships the "module" (MODULE_PATH, its version) and the host's boot "loads"
+# it (LOADED_PATH). There the driver nvidia-smi reports is the loaded one, as with a real kernel module.
+MODULE_PATH = "/usr/lib/llmfleet-sim/nvidia-kernel-module"
+LOADED_PATH = "/run/llmfleet-sim/driver-loaded"
+MISMATCH_MESSAGE = "Failed to initialize NVML: Driver/library version mismatch\n"
+MISMATCH_RC = 18
 
 # Highest CUDA version each driver branch supports (the banner's "CUDA Version").
 CUDA_BY_BRANCH = {
@@ -755,6 +762,29 @@ def run(argv: list[str], cfg: dict, now: str, driver_dead: bool = False, cpus: i
     return render_banner(cfg, now, ids), 0
 
 
+def standin_driver(cfg: dict, installed: str | None, loaded: str | None) -> tuple[dict | None, str, int]:
+    """The config as the stand-in driver packages make it (bare lab hosts): ``installed`` the version of
+    the module on disk (None: no stand-in driver package, ``cfg`` unchanged), ``loaded`` the one the last
+    boot loaded. Installed but not loaded since: the real "couldn't communicate" failure; another version
+    loaded than installed (an upgrade or downgrade before its reboot): NVML's version mismatch.
+    Returns (config or None, message, exit code)."""
+    if not installed:
+        return cfg, "", 0
+    if not loaded:
+        return None, DEAD_DRIVER_MESSAGE, DEAD_DRIVER_RC
+    if loaded != installed:
+        return None, MISMATCH_MESSAGE, MISMATCH_RC
+    return {**cfg, "driver_version": loaded, "cuda_version": cuda_for_driver(loaded)}, "", 0
+
+
+def _read_text(path: str) -> str | None:  # pragma: no cover - reads this host
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return fh.read().strip() or None
+    except OSError:
+        return None
+
+
 def _read_json(path: str) -> dict | None:  # pragma: no cover - reads this host
     try:
         with open(path, encoding="utf-8") as fh:
@@ -792,6 +822,12 @@ def main() -> int:  # pragma: no cover - the imperative shell, exercised on lab 
     cfg = {} if dead else _read_json(config)
     if cfg is None:
         dead, cfg = True, {}
+    if not dead:
+        standin, message, rc = standin_driver(cfg, _read_text(MODULE_PATH), _read_text(LOADED_PATH))
+        if standin is None:
+            sys.stdout.write(message)
+            return rc
+        cfg = standin
     out, rc = run(sys.argv[1:], cfg, time.strftime("%a %b %d %H:%M:%S %Y"), dead, os.cpu_count() or 1,
                   container_processes, faults)
     sys.stdout.write(out)
