@@ -4,6 +4,7 @@ Images (``llmfleet-lab/<key>:<hash12>``, also tagged ``:latest``):
 - ``base``      debootstrap --variant=minbase bookworm, imported (``llmfleet-lab/base:bookworm``)
 - ``registry``  Debian's docker-registry with a minimal config
 - ``host``      a lab host (systemd, sshd, dockerd + compose v2, nvidia-smi simulator, runtime hook stub)
+- ``bare``      a bare lab host (systemd, sshd, sudo, python3; apt only from the lab repository) for provisioning
 - ``llamacpp``  the real llama-server and rpc-server binaries (built once with the RPC backend, cached by
                 source hash) on an empty base
 - ``broken``    listens, never healthy (503)
@@ -62,8 +63,8 @@ CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 DEFAULT_IMAGES = ["base", "registry", "host", "llamacpp", "llamacpp-next", "broken", "node-exporter",
                   "dcgm-exporter-sim", "gateway"]
 CU118 = "llamacpp-cu118"
-ALL_IMAGES = [*DEFAULT_IMAGES, "vllm-cpu", CU118]
-_DIRS = {"registry": "lab-registry", "host": "lab-host", "llamacpp": "lab-llamacpp",
+ALL_IMAGES = [*DEFAULT_IMAGES, "vllm-cpu", CU118, "bare"]  # bare: built by lab.setup for provisioning (aptrepo)
+_DIRS = {"registry": "lab-registry", "host": "lab-host", "bare": "lab-bare", "llamacpp": "lab-llamacpp",
          "llamacpp-next": "lab-llamacpp-next", "broken": "lab-broken", "vllm-cpu": "lab-vllm-cpu",
          CU118: "llamacpp-cu118", "node-exporter": "lab-node-exporter", "dcgm-exporter-sim": "lab-dcgm-exporter-sim",
          "gateway": "lab-gateway"}

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from llmfleet.errors import CheckFailed
 from llmfleet.images import lock as image_lock
-from llmfleet.lab import docker, engine, hosts
+from llmfleet.lab import aptrepo, docker, engine, hosts
 from llmfleet.lab import images as lab_images
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -74,6 +74,7 @@ class SetupReport:
     lock: str
     seconds: float
     digest_check: dict[str, str] = field(default_factory=dict)
+    apt_repo: dict = field(default_factory=dict)
 
 
 def parse_push_digest(output: str) -> str | None:
@@ -145,7 +146,8 @@ def setup(*, vllm: bool = False, cu118: bool = False, cu118_archs: str | None = 
           log: Callable[[str], None] = print, lock_path: Path = LOCK_PATH) -> SetupReport:
     t0 = time.monotonic()
     eng = engine.ensure_engine(log, install=True)
-    keys = list(lab_images.DEFAULT_IMAGES) + (["vllm-cpu"] if vllm else []) + ([lab_images.CU118] if cu118 else [])
+    keys = list(lab_images.DEFAULT_IMAGES) + ["bare"] + (["vllm-cpu"] if vllm else []) + (
+        [lab_images.CU118] if cu118 else [])
     built = lab_images.build_all(keys, quiet=quiet, cu118_arch_list=cu118_archs)
     manifest = lab_images.load_manifest()
     available = {k: v["ref"] for k, v in manifest.items() if docker.image_exists(v["ref"])}
@@ -153,6 +155,7 @@ def setup(*, vllm: bool = False, cu118: bool = False, cu118_archs: str | None = 
     hosts.ensure_key(KEY_PATH)
     registry = hosts.ensure_registry(log)
     hosts.lab_models()
+    repo = aptrepo.setup(log)  # the package repository bare hosts install from (cached: ~1 s when unchanged)
     pinned, unpinned, check = pin_lab_images(available, registry, lock_path, log)
     if CU118_KEY in pinned:
         inspect_pinned(CU118_KEY, available[lab_images.CU118], lock_path, log)
@@ -163,6 +166,8 @@ def setup(*, vllm: bool = False, cu118: bool = False, cu118_archs: str | None = 
         images={k: {"ref": v.ref, "built": v.built, "seconds": round(v.seconds, 1)} for k, v in built.items()},
         pinned=pinned, unpinned=unpinned, lock=str(lock_path), seconds=round(time.monotonic() - t0, 1),
         digest_check=check,
+        apt_repo={"url": repo.url, "fingerprint": repo.fingerprint, "debian": repo.debian,
+                  "standins": repo.standins, "fetched": repo.fetched, "seconds": repo.seconds},
     )
 
 
