@@ -1,6 +1,6 @@
 """The lab package repository: what bare lab hosts install from, served inside the lab network.
 
-``http://lab-apt/debian bookworm main``, signed with a key made at ``invoke lab.setup``
+``http://lab-apt/debian bookworm main non-free non-free-firmware``, signed with a key made at ``invoke lab.setup``
 (``/usr/share/keyrings/llmfleet-lab.gpg`` on bare hosts, ``Signed-By`` in their only apt source). It holds:
 
 - Debian's real packages for Docker (``docker.io``) and compose v2 (``docker-compose`` from trixie, pinned
@@ -42,7 +42,9 @@ from llmfleet.lab.paths import locked as _locked
 ALIAS = "lab-apt"
 URL = f"http://{ALIAS}/debian"
 SUITE = "bookworm"
-COMPONENT = "main"
+# As Debian files them (catalog/provisioning.yaml: debian-12 components): Debian's packages in main, the
+# NVIDIA stand-ins in non-free (where Debian's nvidia-driver is), non-free-firmware empty.
+COMPONENTS = ("main", "non-free", "non-free-firmware")
 ARCHS = ("amd64",)
 KEYRING_PATH = "/usr/share/keyrings/llmfleet-lab.gpg"  # on bare hosts
 KEYRING_NAME = "llmfleet-lab.gpg"  # also served at URL/llmfleet-lab.gpg
@@ -115,8 +117,8 @@ def packages_index(stanzas: list[str]) -> str:
     return "\n".join(ordered)
 
 
-def release_text(files: dict[str, bytes], *, date: float, suite: str = SUITE, components: tuple[str, ...] = (COMPONENT,),
-                 archs: tuple[str, ...] = ARCHS) -> str:
+def release_text(files: dict[str, bytes], *, date: float, suite: str = SUITE,
+                 components: tuple[str, ...] = COMPONENTS, archs: tuple[str, ...] = ARCHS) -> str:
     """The suite's Release file over its index files (path relative to dists/<suite>/ -> content)."""
     stamp = time.strftime("%a, %d %b %Y %H:%M:%S UTC", time.gmtime(date))
     head = [("Origin", "llmfleet-lab"), ("Label", "llmfleet-lab"), ("Suite", suite), ("Codename", suite),
@@ -131,10 +133,10 @@ def release_text(files: dict[str, bytes], *, date: float, suite: str = SUITE, co
     return "\n".join(out) + "\n"
 
 
-def host_sources(url: str = URL, suite: str = SUITE, component: str = COMPONENT,
+def host_sources(url: str = URL, suite: str = SUITE, components: tuple[str, ...] = COMPONENTS,
                  keyring: str = KEYRING_PATH) -> str:
     """The deb822 apt source a bare host has (dockerfiles/lab-bare/llmfleet-lab.sources says the same)."""
-    return f"Types: deb\nURIs: {url}\nSuites: {suite}\nComponents: {component}\nSigned-By: {keyring}\n"
+    return f"Types: deb\nURIs: {url}\nSuites: {suite}\nComponents: {' '.join(components)}\nSigned-By: {keyring}\n"
 
 
 def fetch_script(packages: tuple[str, ...]) -> str:
@@ -268,45 +270,51 @@ def _write_atomic(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def publish(sources: list[Path], fingerprint: str) -> int:
-    """Copy every .deb of ``sources`` into the pool, write the indexes and sign them; returns the
-    number of packages. Unchanged content leaves the published files as they are."""
+def publish(sources: dict[str, list[Path]], fingerprint: str) -> int:
+    """Copy every .deb of ``sources`` (component -> folders) into the pool, write the indexes (an
+    empty one for each of ``COMPONENTS`` without packages) and sign them; returns the number of
+    packages. Unchanged content leaves the published files as they are."""
     repo = repo_dir()
-    pool = repo / "pool" / COMPONENT
-    pool.mkdir(parents=True, exist_ok=True)
-    stanzas = []
-    names: set[str] = set()
-    for folder in sources:
-        for deb in sorted(folder.glob("*.deb")):
-            control = _deb_control(deb)
-            name = pool_name(control)
-            dst = pool / name
-            if not dst.exists() or not filecmp.cmp(deb, dst, shallow=False):
-                shutil.copy2(deb, dst)
-            names.add(name)
-            data = dst.read_bytes()
-            stanzas.append(packages_stanza(control, f"pool/{COMPONENT}/{name}", len(data),
-                                           hashlib.md5(data).hexdigest(), hashlib.sha256(data).hexdigest()))
-    for stale in pool.glob("*.deb"):  # packages no longer carried (a changed stand-in set)
-        if stale.name not in names:
-            stale.unlink()
-    packages = packages_index(stanzas).encode()
+    indexes: dict[str, bytes] = {}
+    count = 0
+    for component in COMPONENTS:
+        pool = repo / "pool" / component
+        pool.mkdir(parents=True, exist_ok=True)
+        stanzas = []
+        names: set[str] = set()
+        for folder in sources.get(component, []):
+            for deb in sorted(folder.glob("*.deb")):
+                control = _deb_control(deb)
+                name = pool_name(control)
+                dst = pool / name
+                if not dst.exists() or not filecmp.cmp(deb, dst, shallow=False):
+                    shutil.copy2(deb, dst)
+                names.add(name)
+                data = dst.read_bytes()
+                stanzas.append(packages_stanza(control, f"pool/{component}/{name}", len(data),
+                                               hashlib.md5(data).hexdigest(), hashlib.sha256(data).hexdigest()))
+        for stale in pool.glob("*.deb"):  # packages no longer carried (a changed stand-in set)
+            if stale.name not in names:
+                stale.unlink()
+        rel = f"{component}/binary-{ARCHS[0]}/Packages"
+        indexes[rel] = packages_index(stanzas).encode()
+        indexes[rel + ".gz"] = gzip.compress(indexes[rel], mtime=0)
+        count += len(stanzas)
     dists = repo / "dists" / SUITE
-    rel = f"{COMPONENT}/binary-{ARCHS[0]}/Packages"
-    if (dists / rel).exists() and (dists / rel).read_bytes() == packages and (dists / "InRelease").exists():
-        return len(stanzas)
-    packed = gzip.compress(packages, mtime=0)
+    if (dists / "InRelease").exists() and all((dists / r).exists() and (dists / r).read_bytes() == data
+                                              for r, data in indexes.items() if not r.endswith(".gz")):
+        return count
     home = root_dir() / "gnupg"
-    release = release_text({rel: packages, rel + ".gz": packed}, date=time.time()).encode()
-    _write_atomic(dists / rel, packages)
-    _write_atomic(dists / (rel + ".gz"), packed)
+    release = release_text(indexes, date=time.time()).encode()
+    for rel, data in indexes.items():
+        _write_atomic(dists / rel, data)
     _write_atomic(dists / "Release", release)
     _write_atomic(dists / "Release.gpg", _gpg(home, "--local-user", fingerprint, "--armor", "--detach-sign",
                                               "--output", "-", input=release))
     _write_atomic(dists / "InRelease", _gpg(home, "--local-user", fingerprint, "--clearsign", "--output", "-",
                                             input=release))
     _write_atomic(repo / KEYRING_NAME, _gpg(home, "--export", fingerprint))
-    return len(stanzas)
+    return count
 
 
 def ensure_server(log: Log = lambda m: None) -> None:
@@ -340,7 +348,7 @@ def setup(log: Log = lambda m: None) -> RepoReport:
         fpr = ensure_signing_key()
         debian, fetched = fetch_debian(log)
         standin, count = build_standins(log)
-        publish([debian / "debs", standin], fpr)
+        publish({"main": [debian / "debs"], "non-free": [standin]}, fpr)
         subprocess.run(["gpgconf", "--homedir", str(root_dir() / "gnupg"), "--kill", "gpg-agent"],
                        capture_output=True, timeout=30, check=False)
     ensure_server(log)
