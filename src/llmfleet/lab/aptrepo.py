@@ -1,6 +1,6 @@
 """The lab package repository: what bare lab hosts install from, served inside the lab network.
 
-``http://lab-apt/debian bookworm main non-free non-free-firmware``, signed with a key made at ``invoke lab.setup``
+``http://lab-apt/packages bookworm main non-free non-free-firmware``, signed with a key made at ``invoke lab.setup``
 (``/usr/share/keyrings/llmfleet-lab.gpg`` on bare hosts, ``Signed-By`` in their only apt source). It holds:
 
 - Debian's real packages for Docker (``docker.io``) and compose v2 (``docker-compose`` from trixie, pinned
@@ -40,7 +40,7 @@ from llmfleet.lab.paths import BASE_IMAGE, cache_dir
 from llmfleet.lab.paths import locked as _locked
 
 ALIAS = "lab-apt"
-URL = f"http://{ALIAS}/debian"
+URL = f"http://{ALIAS}/packages"
 SUITE = "bookworm"
 # As Debian files them (catalog/provisioning.yaml: debian-12 components): Debian's packages in main, the
 # NVIDIA stand-ins in non-free (where Debian's nvidia-driver is), non-free-firmware empty.
@@ -163,7 +163,7 @@ def www_dir() -> Path:
 
 
 def repo_dir() -> Path:
-    return www_dir() / "debian"
+    return www_dir() / "packages"
 
 
 def _gpg(home: Path, *args: str, input: bytes | None = None) -> bytes:
