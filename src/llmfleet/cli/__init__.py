@@ -45,6 +45,7 @@ from llmfleet.cli import (  # noqa: E402 - after install(): the task modules dec
     monitoring_tasks,
     ops_tasks,
     plan_tasks,
+    provision_tasks,
     service_tasks,
     speed_tasks,
 )
@@ -82,6 +83,7 @@ ns.configure(
 ns.add_task(inventory_tasks.inventory)
 ns.add_task(facts_tasks.facts)
 ns.add_task(facts_tasks.preflight)
+ns.add_task(provision_tasks.provision)
 ns.add_task(plan_tasks.plan_task)
 ns.add_task(service_tasks.render)
 ns.add_task(ops_tasks.status)

@@ -349,6 +349,8 @@ def usage_line(exc: ParseError, prog: str | None = None, tasks: Any = (), argv: 
             known = [k for k in known if k.startswith("--") and not refused_flag(k)]
             hint = did_you_mean(what.split("=", 1)[0], known, cutoff=0.7)
             return f"error: {where}no flag {what}{hint} (`{prog} --help {task or 'TASK'}` lists the flags)"
+        if not task and (habit := habits.first_word_hint(what, prog, rest, tasks)):
+            return f"error: no task {what!r}{habit}"  # a habit word (version, help) before a look-alike task
         hint = did_you_mean(what, tasks)
         if task and at is not None and at > 0 and rest[at - 1] == "-e" and flags is not None:
             # `invoke deploy -e k=v`: Invoke took -e as its --echo; the word after it is Ansible's extra vars
@@ -362,8 +364,6 @@ def usage_line(exc: ParseError, prog: str | None = None, tasks: Any = (), argv: 
                 if hint:
                     return f"error: {what!r} is neither a task nor a flag of {task}{hint}"
             return f"error: {what!r} is neither a task nor a flag of {task}{hint} (`{prog} --help {task}`)"
-        if not hint and (hint := habits.first_word_hint(what, prog, rest, tasks)):
-            return f"error: no task {what!r}{hint}"
         return f"error: no task {what!r}{hint} (`{prog} --list` shows the tasks)"
     if m := _NEEDS.match(msg):
         return f"error: {where}{_flag(m.group(1))} needs a value"

@@ -1,0 +1,147 @@
+"""``invoke provision``: converge hosts to what their services need (driver, container runtime, the rest)."""
+
+from __future__ import annotations
+
+import functools
+import os
+
+from invoke.exceptions import Exit
+
+from llmfleet.cli.common import (
+    INVENTORY_HELP,
+    can_ask,
+    cfg,
+    console,
+    escape,
+    host_document,
+    load_settings,
+    log_line,
+    new_table,
+    print_json,
+    select_hosts,
+    unreachable_entry,
+)
+from llmfleet.cli.flags import fleet_task
+from llmfleet.errors import UsageError
+
+VERBOSE_HELP = "print each remote command (secrets masked) with its exit status and duration"
+_STYLE = {"would change": "cyan", "changed": "yellow", "failed": "bold red", "not run": "dim", "ok": "green",
+          "converged": "green", "refused": "bold red", "pass": "green", "warn": "yellow", "fail": "bold red"}
+
+
+def _print(o, diff: bool) -> None:
+    t = new_table("step", "status", "changes", title=escape(f"provision {o.host}: {o.result}"))
+    for s in o.steps:
+        changes = "\n".join(s.changes) + (f"\n[bold red]error:[/] {escape(s.error)}\nfix: {escape(s.fix)}"
+                                          if s.error else "")
+        t.add_row(escape(s.name) + (" (reboot)" if s.reboot else ""), f"[{_STYLE.get(s.status, '')}]{s.status}[/]",
+                  changes if s.error else escape(changes))
+    if not o.steps and o.result == "converged":
+        t.add_row("all", "[green]ok[/]", "nothing to change")
+    console.print(t)
+    if o.driver:
+        console.print(f"driver: R{o.driver.get('branch')} {escape(o.driver.get('version') or '')} "
+                      f"(running {escape(o.driver.get('running') or '-')}): {escape(o.driver.get('why', ''))}")
+    for w in o.warnings:
+        console.print(f"[yellow]{escape(w)}[/]")
+    if diff:
+        for s in o.steps:
+            if s.diff:
+                console.print(escape(s.diff), highlight=False)
+    for c in o.checks:
+        console.print(f"  {escape(c['id'])}: [{_STYLE.get(c['status'], '')}]{c['status'].upper()}[/] {escape(c['message'])}")
+    if o.rebooted:
+        console.print(f"  rebooted: back after {o.reboot_seconds} s")
+    line = f"{o.host}: {o.result}" + (f": {o.message}" if o.message else "")
+    style = _STYLE.get(o.result, "")
+    console.print(f"[{style}]{escape(line)}[/] ({o.round_trips} round trip(s), {o.seconds:.2f} s)")
+
+
+def _logger(name: str, *, quiet: bool):
+    def log(line: str) -> None:
+        if not quiet:
+            log_line(f"{name}: {line}")
+    return log
+
+
+@fleet_task(
+    help={
+        "host": "host name or pattern (Ansible --limit syntax)",
+        "group": "inventory group (pattern allowed)",
+        "inventory": INVENTORY_HELP,
+        "check": "show per step what would change (packages, holds, files, reboot) and change nothing",
+        "diff": "show the files' differences (with --check: what would be written)",
+        "json": 'print {"hosts": [{host, result, ok, steps, driver, checks, round_trips, ...}], "unreachable": []}',
+        "yes": "reboot a host whose driver changes without asking (required when not on a terminal)",
+        "driver_branch": "install this driver branch (e.g. 580) instead of the one chosen from the catalog; "
+                         "refused when it drops a card or is too old for an image",
+        "accept_new_host_keys": "record unknown SSH host keys (changed keys are refused)",
+        "verbose": VERBOSE_HELP,
+    },
+)
+def provision(c, host=None, group=None, inventory=None, check=False, diff=False, json=False, yes=False,
+              driver_branch=None, accept_new_host_keys=False, verbose=False):
+    """Converge hosts to what their services need: NVIDIA driver (held, reboot when it changes), Docker and
+    compose v2, the NVIDIA Container Toolkit wired into Docker, the deploy user, folders and limits.
+
+    A converged host is one SSH round trip. Changes take the host's deploy lock and are audited; a failed
+    step stops the host's run with the command's own error and the fix. Exit 1 when a host failed.
+    """
+    from llmfleet.host import ssh
+    from llmfleet.images import lock as images
+    from llmfleet.inventory.ansible import settings_for
+    from llmfleet.provision import run as prun
+    from llmfleet.release.executor import default_who
+
+    if not host and not group:
+        raise UsageError("provision needs --host or --group (which hosts to converge)")
+    branch = None
+    if driver_branch is not None:
+        if not str(driver_branch).isdigit() or not 300 <= int(driver_branch) <= 999:
+            raise UsageError(f"--driver-branch {driver_branch!r}: give a driver branch number such as 580")
+        branch = int(driver_branch)
+    inv, hosts = select_hosts(c, inventory, host, group)
+    settings = load_settings(c)
+    jobs = []
+    for h in hosts:  # every host's settings and images valid before any connection
+        hs = settings_for(h)
+        lock = images.load_lock(images.images_lock_path(h.vars, inv.path, cfg(c, "images_lock")))
+        refs = []
+        for svc in hs.services:
+            try:
+                refs.append(images.resolve(svc.image, lock, mirrors=hs.image_mirrors, allow_unpinned=True).pull_ref)
+            except UsageError:
+                pass  # the deploy refuses it; the GPU container check uses the images it can name
+        jobs.append((h, hs, lock, refs))
+    who = default_who()
+
+    def confirm(name):
+        def ask(plan) -> bool:
+            if yes:
+                return True
+            if json or not can_ask():
+                return False
+            answer = input(f"{name}: the driver changes and the host reboots. Go on? [y/N] ")
+            return answer.strip().lower() in {"y", "yes"}
+        return ask
+
+    outcomes = []
+    for h, hs, lock, refs in jobs:
+        run = prun.Provisioner(
+            h.name, hs, functools.partial(ssh.connect, h, config=settings, accept_new_host_keys=accept_new_host_keys),
+            log=_logger(h.name, quiet=json),
+            who=who, origin=who, pid=os.getpid(), check=check, pinned_branch=branch,
+            image_refs=refs, preflight=prun.preflight_checks(h.name, hs, lock), confirm=confirm(h.name))
+        o = run.provision()
+        outcomes.append(o)
+        if not json:
+            _print(o, diff)
+    if json:
+        unreachable = [unreachable_entry(o.host, o.message) for o in outcomes if o.result == "failed"
+                       and o.round_trips == 0]
+        print_json(host_document("hosts", [o.to_dict() for o in outcomes], unreachable))
+    if any(o.result == "refused" and o.round_trips <= 1 and "deploy lock" not in o.message
+           and "not confirmed" not in o.message for o in outcomes) and len(outcomes) == 1:
+        raise Exit(code=2)
+    if not all(o.ok for o in outcomes):
+        raise Exit(code=1)

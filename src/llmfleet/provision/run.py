@@ -1,0 +1,367 @@
+"""The shell around one host's provisioning: facts, steps under the deploy lock, audit, reboot, checks.
+
+One round trip for the facts; a converged host ends there. Otherwise (not --check) the host's deploy
+lock is taken and each step runs in its own round trip (``llmfleet.provision.steps`` builds every
+script); the first that fails stops the run with the step, the command's own error and the fix, after
+the package manager is left consistent (``dpkg --configure -a``, ``apt-get -f install``). When the
+driver changed, the host reboots through SSH (``systemctl reboot``) and the run waits, bounded in time
+and attempts, until SSH answers from a new boot; then nvidia-smi must report the target driver, a
+container must see the GPU (``docker run --gpus all`` of a service image already on the host), the
+facts must show nothing left to do, and the host's preflight runs. The audit lines and the unlock go
+in the last round trip. Connecting, the clock and sleeping are injected for tests.
+"""
+
+from __future__ import annotations
+
+import secrets
+import shlex
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from llmfleet.errors import LlmfleetError, RemoteError, UsageError
+from llmfleet.host import ssh
+from llmfleet.inventory.services import HostSettings
+from llmfleet.provision import desired as D
+from llmfleet.provision import facts as F
+from llmfleet.provision import steps as S
+from llmfleet.release import store
+
+q = shlex.quote
+Log = Callable[[str], None]
+STEP_TIMEOUT_S = 1800.0  # one step (an apt install that builds a kernel module) may take this long
+REBOOT_WAIT_S = 600.0  # how long a reboot may take before the run gives up waiting
+REBOOT_POLL_S = 2.0
+BOOT_MARK = "cat /proc/sys/kernel/random/boot_id; cut -d' ' -f22 /proc/1/stat"  # new after any restart of PID 1
+APT_STEPS = {"dpkg-repair", "sources", "packages-runtime", "toolkit", "driver", "hold"}
+# preflight checks provisioning answers for (the others: a deploy's image and model, its port)
+HOST_CHECKS = {"gpu", "gpu-health", "cuda-driver", "arch", "docker", "gpu-runtime", "compose"}
+FIX = {
+    "apt": "the package manager was left consistent (dpkg --configure -a, apt-get -f install); check that the host's "
+           "apt sources carry the package at that version (`apt-cache policy NAME` on the host), then run provision "
+           "again",
+    "files": "make the path writable by root on the host (a read-only or full file system?), then run provision again",
+    "user": "check the deploy user and the group exist on the host (`getent group docker`), then run provision again",
+    "folders": "move away what is in the way on the host, then run provision again",
+    "docker-runtime-config": "read `journalctl -u docker` and /etc/docker/daemon.json on the host, then run provision "
+                             "again",
+    "persistence": "read `journalctl -u nvidia-persistenced` on the host, then run provision again",
+}
+
+
+@dataclass
+class StepReport:
+    name: str
+    changes: list[str]
+    status: str  # would change | changed | failed | not run
+    reboot: bool = False
+    diff: str = ""
+    error: str = ""
+    fix: str = ""
+    seconds: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "status": self.status, "changes": self.changes, "reboot": self.reboot,
+                **({"diff": self.diff} if self.diff else {}), "error": self.error, "fix": self.fix,
+                "seconds": self.seconds}
+
+
+@dataclass
+class Outcome:
+    host: str
+    result: str = "failed"  # converged | would change | changed | failed | refused
+    message: str = ""
+    round_trips: int = 0
+    seconds: float = 0.0
+    steps: list[StepReport] = field(default_factory=list)
+    driver: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    checks: list[dict[str, str]] = field(default_factory=list)  # {id, status, message}: after the run
+    rebooted: bool = False
+    reboot_seconds: float | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.result in ("converged", "would change", "changed") and not any(
+            c["status"] == "fail" for c in self.checks)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"host": self.host, "result": self.result, "ok": self.ok, "message": self.message,
+                "round_trips": self.round_trips, "seconds": round(self.seconds, 3), "driver": self.driver,
+                "warnings": self.warnings, "steps": [s.to_dict() for s in self.steps], "checks": self.checks,
+                "rebooted": self.rebooted, "reboot_seconds": self.reboot_seconds}
+
+
+def _tail(res: ssh.Result, n: int = 600) -> str:
+    text = "\n".join(ln for ln in (res.stderr + "\n" + res.stdout).splitlines() if ln.strip())
+    lines = [ln for ln in text.splitlines() if not ln.startswith(("Reading ", "Building ", "Get:", "Hit:", "Ign:"))]
+    one = " | ".join(lines[-6:])
+    return (one if len(one) <= n else "..." + one[-n:]) or f"exit status {res.rc}, no output"
+
+
+def container_check_script(refs: Sequence[str]) -> str:
+    """The first of ``refs`` present on the host runs nvidia-smi -L with every GPU handed in."""
+    lines = []
+    for ref in refs:
+        lines += [f"if docker image inspect {q(ref)} >/dev/null 2>&1; then",
+                  f"  echo '@@image '{q(ref)}",
+                  f"  docker run --rm --gpus all --entrypoint nvidia-smi {q(ref)} -L 2>&1 | head -c 4096; exit 0",
+                  "fi"]
+    return "\n".join(lines + ["echo '@@noimage'"])
+
+
+class Provisioner:
+    """One host's provisioning run. ``connect`` opens (and re-opens after the reboot) its connection."""
+
+    def __init__(self, host: str, settings: HostSettings, connect: Callable[[], ssh.Link], *, log: Log,
+                 who: str, origin: str, pid: int, check: bool = False, pinned_branch: int | None = None,
+                 image_refs: Sequence[str] = (), extra_files: Sequence[D.ManagedFile] = (),
+                 preflight: Callable[[ssh.Link], list[dict[str, str]]] | None = None,
+                 now: Callable[[], datetime] = lambda: datetime.now(UTC),
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+                 token: Callable[[], str] = lambda: secrets.token_hex(16), reboot_wait_s: float = REBOOT_WAIT_S,
+                 mark: Callable[[], str] = F.new_mark,
+                 confirm: Callable[[list[S.Step]], bool] | None = None) -> None:
+        self.host, self.settings, self.connect, self.log = host, settings, connect, log
+        self.who, self.origin, self.pid = who, origin, pid
+        self.check, self.pinned_branch = check, pinned_branch
+        self.image_refs, self.extra_files, self.preflight = tuple(image_refs), tuple(extra_files), preflight
+        self.now, self.clock, self.sleep, self.token, self.mark = now, clock, sleep, token, mark
+        self.reboot_wait_s = reboot_wait_s
+        self.confirm = confirm  # asked before a run that reboots the host; False refuses it
+        self.remote: ssh.Link | None = None
+        self.trips_before = 0  # round trips of connections closed before the current one
+        self.audit: list[dict[str, Any]] = []
+
+    # -- plumbing ---------------------------------------------------------------------------------
+
+    @property
+    def link(self) -> ssh.Link:
+        if self.remote is None:
+            self.remote = self.connect()
+        return self.remote
+
+    def trips(self) -> int:
+        return self.trips_before + (self.remote.round_trips if self.remote is not None else 0)
+
+    def run(self, script: str, timeout: float = 120) -> ssh.Result:
+        return self.link.run(script, sudo=True, timeout=timeout)
+
+    def close(self) -> None:
+        if self.remote is not None:
+            self.trips_before += self.remote.round_trips
+            try:
+                self.remote.close()
+            finally:
+                self.remote = None
+
+    def record(self, step: str, result: str, detail: str) -> None:
+        self.audit.append(store.audit_record(now=self.now(), who=self.who, host=self.host, action="provision",
+                                             service=None, release=None, digest=None, result=result,
+                                             detail=detail, step=step))
+
+    def gather(self, user: str) -> F.ProvisionFacts:
+        mark = self.mark()
+        res = self.run(F.facts_script(mark, D.facts_query(self.settings, user)), timeout=120)
+        return F.parse_facts(res.stdout, mark, rc=res.rc, stderr=res.stderr)
+
+    # -- the run ----------------------------------------------------------------------------------
+
+    def provision(self) -> Outcome:
+        out = Outcome(self.host)
+        t0 = self.clock()
+        try:
+            self._provision(out)
+        except UsageError as exc:
+            out.result, out.message = "refused", str(exc)
+        except LlmfleetError as exc:
+            out.result, out.message = "failed", str(exc)
+        finally:
+            out.round_trips = self.trips()
+            out.seconds = self.clock() - t0
+            self.close()
+        return out
+
+    def _provision(self, out: Outcome) -> None:
+        user = str(getattr(self.link, "user", None) or "root")
+        facts = self.gather(user)
+        if not facts.complete:
+            raise RemoteError(f"host {self.host}: the facts came back cut short: {'; '.join(facts.errors)[:300]}")
+        want = D.desired_state(self.host, self.settings, facts, user=user, pinned_branch=self.pinned_branch,
+                               extra_files=self.extra_files)
+        out.driver = {"branch": want.driver.branch, "version": want.driver.version, "why": want.driver.why,
+                      "packages": list(want.driver.packages), "running": facts.driver_running}
+        out.warnings = list(want.warnings) + [f"facts: {e}" for e in facts.errors]
+        plan = S.plan_steps(want, facts)
+        if not plan:
+            out.result, out.message = "converged", "nothing to change"
+            return
+        if self.check:
+            out.steps = [StepReport(s.name, list(s.changes), "would change", s.reboot, s.diff) for s in plan]
+            out.result = "would change"
+            out.message = f"{len(plan)} step(s) would change" + ("; then a reboot" if any(s.reboot for s in plan) else "")
+            return
+        if any(s.reboot for s in plan) and self.confirm is not None and not self.confirm(plan):
+            out.steps = [StepReport(s.name, list(s.changes), "not run", s.reboot, s.diff) for s in plan]
+            out.result = "refused"
+            out.message = "the run reboots the host: not confirmed (pass --yes)"
+            return
+        lock = self._lock(out)
+        if lock is None:
+            return
+        try:
+            self._apply(out, want, plan, user)
+        finally:
+            self._finish(lock)
+
+    def _lock(self, out: Outcome) -> str | None:
+        token = self.token()
+        holder = store.holder_document(token=token, who=self.who, origin=self.origin, action="provision",
+                                       message="", now=self.now(), pid=self.pid)
+        res = self.run(store.lock_acquire_script(self.settings.root, holder), timeout=30)
+        got = store.parse_lock_acquire(res.rc, res.stdout)
+        if got.acquired:
+            return token
+        out.result = "refused"
+        out.message = (store.lock_refusal(self.host, got.holder, self.now()) if res.rc == store.LOCK_HELD_RC
+                       else f"cannot take the deploy lock: {_tail(res)}")
+        return None
+
+    def _apply(self, out: Outcome, want: D.Desired, plan: list[S.Step], user: str) -> None:
+        reports = [StepReport(s.name, list(s.changes), "not run", s.reboot, s.diff) for s in plan]
+        out.steps = reports
+        for step, rep in zip(plan, reports, strict=True):
+            if not step.script:  # the reboot step: done below
+                rep.status = "changed"
+                continue
+            t = self.clock()
+            self.log(f"{step.name}: " + "; ".join(step.changes))
+            res = self.run(step.script, timeout=STEP_TIMEOUT_S)
+            rep.seconds = round(self.clock() - t, 3)
+            if res.rc == 0:
+                rep.status = "changed"
+                self.record(step.name, "changed", "; ".join(step.changes))
+                continue
+            rep.status, rep.error = "failed", _tail(res)
+            rep.fix = self._repair(step.name)
+            self.record(step.name, "failed", f"{'; '.join(step.changes)}: {rep.error}")
+            out.result = "failed"
+            out.message = f"step {step.name} failed: {rep.error}"
+            return
+        out.result, out.message = "changed", f"{len(plan)} step(s) changed"
+        if any(s.reboot for s in plan):
+            self._reboot(out)
+        self._verify(out, want, user)
+
+    def _repair(self, name: str) -> str:
+        if name not in APT_STEPS:
+            return FIX.get(name, "fix it on the host, then run provision again")
+        try:
+            res = self.run(S.REPAIR, timeout=STEP_TIMEOUT_S)
+        except LlmfleetError as exc:
+            return f"repairing the package manager failed too ({exc}); run `dpkg --configure -a` on the host"
+        if res.rc != 0:
+            return (f"repairing the package manager failed too ({_tail(res, 300)}); run `dpkg --configure -a` and "
+                    "`apt-get -f install` on the host")
+        return FIX["apt"]
+
+    # -- reboot -----------------------------------------------------------------------------------
+
+    def _reboot(self, out: Outcome) -> None:
+        before = self.run(BOOT_MARK, timeout=30).stdout.strip()
+        self.log("rebooting (the driver changed)")
+        t0 = self.clock()
+        try:
+            self.run("systemctl reboot", timeout=30)
+        except LlmfleetError:
+            pass  # the connection may drop before the answer
+        self.close()
+        attempts = 0
+        while self.clock() - t0 < self.reboot_wait_s and attempts < int(self.reboot_wait_s / REBOOT_POLL_S) + 1:
+            attempts += 1
+            self.sleep(REBOOT_POLL_S)
+            try:
+                mark = self.run(BOOT_MARK, timeout=30).stdout.strip()
+            except LlmfleetError:
+                self.close()
+                continue
+            if mark and mark != before:
+                out.rebooted = True
+                out.reboot_seconds = round(self.clock() - t0, 1)
+                self.log(f"back after {out.reboot_seconds:.0f} s")
+                return
+            self.close()  # still the old boot: not down yet
+        raise RemoteError(f"host {self.host}: not back from the reboot after {self.reboot_wait_s:.0f} s "
+                          f"({attempts} attempts); the deploy lock stays held: release it with "
+                          f"`invoke lock.release --host {self.host} --yes` once the host is up")
+
+    # -- after ------------------------------------------------------------------------------------
+
+    def _verify(self, out: Outcome, want: D.Desired, user: str) -> None:
+        facts = self.gather(user)
+        checks = out.checks
+        if want.driver.version is not None:
+            ok = facts.driver_running == want.driver.version
+            checks.append({"id": "driver", "status": "pass" if ok else "fail",
+                           "message": f"nvidia-smi reports {facts.driver_running or facts.smi_error or facts.smi}"
+                                      + ("" if ok else f", not the target {want.driver.version}")})
+        left = S.plan_steps(want, facts)
+        checks.append({"id": "converged", "status": "fail" if left else "pass",
+                       "message": ("still to change: " + "; ".join(c for s in left for c in s.changes))[:600]
+                       if left else "the facts show nothing left to change"})
+        checks.append(self._container_check())
+        if self.preflight is not None:
+            checks.extend(self.preflight(self.link))
+        out.driver["running"] = facts.driver_running
+
+    def _container_check(self) -> dict[str, str]:
+        if not self.image_refs:
+            return {"id": "gpu-container", "status": "warn", "message": "not run: the host's services name no image"}
+        res = self.run(container_check_script(self.image_refs), timeout=300)
+        lines = res.stdout.splitlines()
+        if "@@noimage" in lines:
+            return {"id": "gpu-container", "status": "warn",
+                    "message": "not run: no service image on the host yet (the deploy pulls it; its preflight and "
+                               "health check then see the GPU)"}
+        shown = " ".join(ln for ln in lines if not ln.startswith("@@"))[:300]
+        if res.rc == 0 and "GPU " in shown:
+            return {"id": "gpu-container", "status": "pass", "message": f"a container sees: {shown}"}
+        return {"id": "gpu-container", "status": "fail", "message": f"a container with --gpus all does not see the GPU: "
+                                                                    f"{shown or _tail(res)}"}
+
+    def _finish(self, token: str) -> None:
+        script = store.final_script(self.settings.root, [], self.audit, token)
+        try:
+            self.run(script, timeout=60)
+        except LlmfleetError as exc:
+            self.log(f"warning: the audit lines and the unlock did not complete: {exc}; release the lock with "
+                     f"`invoke lock.release --host {self.host} --yes`")
+        self.audit = []
+
+
+def host_checks(reports: list[Any]) -> list[dict[str, str]]:
+    """The preflight checks provisioning answers for, from ``check_host``'s reports (deduplicated:
+    each service repeats the host's own checks)."""
+    out: dict[tuple[str, str], dict[str, str]] = {}
+    for r in reports:
+        for c in r.checks:
+            if c.id in HOST_CHECKS:
+                out.setdefault((c.id, c.message), {"id": f"preflight {c.id}", "status": c.status, "message": c.message})
+    return list(out.values())
+
+
+def preflight_checks(host: str, settings: HostSettings, lock: Any) -> Callable[[ssh.Link], list[dict[str, str]]]:
+    """The host's preflight after the run (its facts gathered again, one round trip), reduced to the
+    checks provisioning answers for."""
+
+    def run(link: ssh.Link) -> list[dict[str, str]]:
+        from llmfleet.host import facts as host_facts
+        from llmfleet.release.preflight import check_host
+
+        found = host_facts.gather(link, root=settings.root, model_paths=[s.model_path for s in settings.services
+                                                                        if s.model_path], sudo=True)
+        return host_checks(check_host(host, settings, found, lock=lock))
+
+    return run
