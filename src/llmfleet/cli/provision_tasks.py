@@ -109,7 +109,9 @@ def provision(c, host=None, group=None, inventory=None, check=False, diff=False,
         refs = []
         for svc in hs.services:
             try:
-                refs.append(images.resolve(svc.image, lock, mirrors=hs.image_mirrors, allow_unpinned=True).pull_ref)
+                ref = images.resolve(svc.image, lock, mirrors=hs.image_mirrors, allow_unpinned=True)
+                if ref.cuda:  # a CUDA image: the one a container GPU check means something for
+                    refs.append(ref.pull_ref)
             except UsageError:
                 pass  # the deploy refuses it; the GPU container check uses the images it can name
         jobs.append((h, hs, lock, refs))

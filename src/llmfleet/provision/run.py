@@ -318,7 +318,7 @@ class Provisioner:
 
     def _container_check(self) -> dict[str, str]:
         if not self.image_refs:
-            return {"id": "gpu-container", "status": "warn", "message": "not run: the host's services name no image"}
+            return {"id": "gpu-container", "status": "warn", "message": "not run: no service of the host runs a CUDA image"}
         res = self.run(container_check_script(self.image_refs), timeout=300)
         lines = res.stdout.splitlines()
         if "@@noimage" in lines:
