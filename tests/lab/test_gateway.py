@@ -12,7 +12,9 @@ limited to two requests a minute) and a 4 MiB body limit. Asserted, in file orde
 - a rolling `invoke upgrade` of both replica hosts (one host at a time) under a constant load through the
   gateway ends with zero failed requests, while the same load sent straight to one replica in the same
   window fails while that replica restarts: the gateway drained each replica before its restart;
-- a replica killed (SIGKILL) costs only what it held: later requests through the gateway succeed.
+- a replica killed (SIGKILL) costs only what it held: later requests through the gateway succeed;
+- a change of the gateway's configuration is a graceful reload, and a change of its image a restart with a
+  handover: under load neither fails a request, and a request held open across the restart is answered.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import ssl
 import subprocess
 import threading
@@ -31,7 +34,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.lab.test_prometheus import _lab_address, invoke
+from tests.lab.test_prometheus import _lab_address, invoke, invoke_background
 
 pytestmark = pytest.mark.lab
 
@@ -223,3 +226,71 @@ def test_a_gateway_change_is_a_reload_that_drops_no_request(lab, gw):
     assert through.ok > 0 and through.failed == 0, (through.ok, through.failed, through.errors[:5])
     r = gw["client"].post("/v1/completions", json=BODY, headers=_auth("gw-key-team-b-91aa"))
     assert r.status_code == 200, r.text[:300]
+
+
+class HalfSent:
+    """A request whose body is half sent: a connection the gateway holds open until the rest comes."""
+
+    def __init__(self, host: str, port: int, cafile: Path) -> None:
+        body = json.dumps(BODY).encode()
+        head = (f"POST /v1/completions HTTP/1.1\r\nHost: {host}:{port}\r\nAuthorization: Bearer {KEY}\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
+        ctx = ssl.create_default_context(cafile=str(cafile))
+        self.sock = ctx.wrap_socket(socket.create_connection((host, port), timeout=60), server_hostname=host)
+        self.rest = body[len(body) // 2:]
+        self.sock.sendall(head + body[:len(body) // 2])
+
+    def finish(self) -> tuple[int, str]:
+        self.sock.sendall(self.rest)
+        data = b""
+        for _ in range(10_000):
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+        self.sock.close()
+        text = data.decode(errors="replace")
+        return int(text.split(" ", 2)[1]) if text.startswith("HTTP/") else 0, text
+
+
+def _gateway_containers(lab) -> list[str]:
+    out = lab.exec(GATEWAY_HOST, ["docker", "ps", "--format", "{{.Names}}"]).stdout
+    return [n for n in out.split() if n.startswith("llmfleet-gateway")]
+
+
+def test_the_gateways_own_upgrade_hands_over_and_drops_no_request(lab, gw):
+    """A new gateway image restarts the container: a handover HAProxy of the old image takes new connections
+    while the old container's soft stop lets its open requests finish. A request half sent before the
+    upgrade (so held by the old container) is answered after the restart began; the load sees no failure."""
+    hv = gw["tmp"] / "inventory" / "host_vars" / f"{GATEWAY_HOST}.yml"
+    doc = yaml.safe_load(hv.read_text())
+    doc["llmfleet_services"][0]["image"] = "gateway:lab-next"
+    hv.write_text(yaml.safe_dump(doc))
+    env = ENV | {"LAB_GW_KEY_B": "gw-key-team-b-91aa"}
+    through = Load(f"{gw['url']}/v1/completions", _auth(), ssl.create_default_context(cafile=str(gw["cert"])), threads=2)
+    held = HalfSent(gw["addresses"][GATEWAY_HOST], PORT, gw["cert"])
+    proc = None
+    try:
+        time.sleep(2)
+        proc = invoke_background(lab, gw["tmp"], "deploy", "-l", GATEWAY_HOST, "--json", env=env)
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and "llmfleet-gateway-handover" not in _gateway_containers(lab):
+            time.sleep(0.3)
+        assert "llmfleet-gateway-handover" in _gateway_containers(lab), "no handover started"
+        time.sleep(3)  # the unit's restart has begun: the old container soft-stops, holding the half-sent request
+        status, text = held.finish()
+        out, err = proc.communicate(timeout=900)
+        time.sleep(2)
+    finally:
+        through.stop()
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+    print(f"gateway image upgrade: {through.ok} ok, {through.failed} failed; the half-sent request: {status}")
+    assert proc.returncode == 0, out[-3000:] + err[-3000:]
+    assert "handover" in err, err[-2000:]
+    assert status == 200 and '"choices"' in text, text[:500]
+    assert through.ok > 0 and through.failed == 0, (through.ok, through.failed, through.errors[:5])
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and "llmfleet-gateway-handover" in _gateway_containers(lab):
+        time.sleep(0.5)
+    assert _gateway_containers(lab) == ["llmfleet-gateway"]

@@ -106,6 +106,15 @@ def invoke(lab, tmp: Path, *args: str, env: dict[str, str] | None = None, timeou
     return subprocess.run(argv, cwd=tmp, capture_output=True, text=True, timeout=timeout, env=full)
 
 
+def invoke_background(lab, tmp: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """``invoke`` started and not waited for (its output: ``communicate()``)."""
+    full = dict(os.environ, **{KEY_ENV: KEY}, INVOKE_LLMFLEET_SSH_KNOWN_HOSTS=str(tmp / "known_hosts"),
+                INVOKE_LLMFLEET_AUDIT_LOG=str(tmp / "local-audit.jsonl"), COLUMNS="250", **(env or {}))
+    argv = [sys.executable, "-m", "invoke", "--search-root", str(REPO), args[0], "-i", str(tmp / "inventory"),
+            *args[1:]]
+    return subprocess.Popen(argv, cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full)
+
+
 def _inventory(lab, tmp: Path, hosts: list[str] = HOSTS, group_vars: str = "all.yml",
                extra: dict[str, Any] | None = None) -> dict[str, str]:
     """The lab's inventory with ``hosts`` reached at their lab-network address (as a fleet's hosts at

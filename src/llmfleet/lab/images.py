@@ -61,13 +61,13 @@ LOCAL_WHEEL_DIRS = ["/opt/wheels"]
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 
 DEFAULT_IMAGES = ["base", "registry", "host", "llamacpp", "llamacpp-next", "broken", "node-exporter",
-                  "dcgm-exporter-sim", "gateway"]
+                  "dcgm-exporter-sim", "gateway", "gateway-next"]
 CU118 = "llamacpp-cu118"
 ALL_IMAGES = [*DEFAULT_IMAGES, "vllm-cpu", CU118, "bare"]  # bare: built by lab.setup for provisioning (aptrepo)
 _DIRS = {"registry": "lab-registry", "host": "lab-host", "bare": "lab-bare", "llamacpp": "lab-llamacpp",
          "llamacpp-next": "lab-llamacpp-next", "broken": "lab-broken", "vllm-cpu": "lab-vllm-cpu",
          CU118: "llamacpp-cu118", "node-exporter": "lab-node-exporter", "dcgm-exporter-sim": "lab-dcgm-exporter-sim",
-         "gateway": "lab-gateway"}
+         "gateway": "lab-gateway", "gateway-next": "lab-gateway-next"}
 # The CUDA 11.8 build: nvcc and the CUDA libraries (the Dockerfile's first stage), what the compile
 # container runs, and what inspection runs cuobjdump from.
 CU118_TOOLKIT = f"{IMAGE_PREFIX}/cu118-toolkit"
@@ -84,7 +84,7 @@ _ARCHS_RE = re.compile(r"^\d{2,3}[a-z]?(-real|-virtual)?(;\d{2,3}[a-z]?(-real|-v
 # Lab images that need only the base, built at once (docker builds of their own).
 PARALLEL_BUILDS = 3
 # Images built FROM another lab image instead of the debootstrap base.
-_PARENT = {"llamacpp-next": "llamacpp"}
+_PARENT = {"llamacpp-next": "llamacpp", "gateway-next": "gateway"}
 
 
 @dataclass

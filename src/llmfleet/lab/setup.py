@@ -61,6 +61,8 @@ PINS = [
     LabPin("gateway:lab", "gateway", "lab/gateway", "lab",
            "lab: the real HAProxy from Debian bookworm's haproxy (2.6.12), laid out like docker.io/library/haproxy:2.6 "
            "(docker-entrypoint.sh: '-f CFG' runs 'haproxy -W -db -f CFG')"),
+    LabPin("gateway:lab-next", "gateway-next", "lab/gateway", "lab-next",
+           "lab: the same HAProxy with its own digest, for the gateway's own upgrade runs"),
 ]
 
 

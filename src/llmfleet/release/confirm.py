@@ -46,10 +46,13 @@ def revert_unit(service: str) -> str:
 
 def timeout_s(service: Service, settings: HostSettings) -> int:
     """How long a switch may go unconfirmed: the host's ``llmfleet_confirm_timeout_s``, else the
-    service's whole health budget (load, then four stages) plus two minutes for the controller."""
+    service's whole health budget (load, then four stages) plus two minutes for the controller (and a
+    gateway's stop grace)."""
     if settings.confirm_timeout_s is not None:
         return int(settings.confirm_timeout_s)
-    return int(service.health.load_timeout_s + 4 * service.health.stage_timeout_s + 120)
+    # a gateway's switch may wait out its old container's streams (render.stop_grace_s)
+    grace = service.gateway.timeout_s + 5 if service.gateway is not None else 0
+    return int(service.health.load_timeout_s + 4 * service.health.stage_timeout_s + 120 + grace)
 
 
 # Every host of a service over several hosts is armed before the first of them switches. The workers'

@@ -56,7 +56,7 @@ from llmfleet.release.prepare import (  # noqa: F401 - re-exported: the deploy A
     load_host,
     prepare_host,
 )
-from llmfleet.release.render import project_name
+from llmfleet.release.render import project_name, stop_grace_s
 from llmfleet.release.secret import resolve_secret
 from llmfleet.release.store import Paths
 from llmfleet.settings import Settings
@@ -195,8 +195,9 @@ def _switch_and_check(run: HostRun, it: Item) -> ServiceOutcome:
             # and +0.12 s whole-process median (docs/bench.md "Start-up tricks")
             threading.Thread(target=importlib.import_module, args=("httpx",), daemon=True).start()
             with run.stage(f"{svc.name}: {' + '.join(steps)}"):
+                # a gateway's restart waits for its old container's streams (its stop grace)
                 answers = run.run_chain(list(steps.values()), stdin=stdin, stdin_step=0 if stdin else None,
-                                        timeout=450)
+                                        timeout=max(450, stop_grace_s(svc) + 120))
             results = dict(zip(steps, answers, strict=True))
         if "upload" in results:
             res = results["upload"]
@@ -215,9 +216,11 @@ def _switch_and_check(run: HostRun, it: Item) -> ServiceOutcome:
             if res is None or not store.parse_switch(res.rc, res.stdout):
                 raise RemoteError(f"switch to {rid} failed: "
                                   f"{short(res.stderr or res.stdout, 300) if res else 'it did not run'}")
-            reloaded = "@@reloaded" in res.stdout.splitlines()
-            run.log(f"{svc.name}: current -> {rid}, " + ("configuration reloaded (open streams kept)" if reloaded
-                                                          else "unit restarted"))
+            marks = res.stdout.splitlines()
+            run.log(f"{svc.name}: current -> {rid}, " + (
+                "configuration reloaded (open streams kept)" if "@@reloaded" in marks
+                else "unit restarted; a handover HAProxy took new connections meanwhile (open streams kept)"
+                if "@@handover" in marks else "unit restarted"))
             if results["container start"] is not None:
                 started = store.parse_unit_probe(results["container start"].stdout)
         else:

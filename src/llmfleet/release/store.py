@@ -322,7 +322,15 @@ def gateway_switch_script(paths: Paths, release_id: str, container: str) -> str:
     puts ``current`` back and fails the switch), then SIGUSR2 to its master, whose new workers take new
     connections while the old ones finish their streams. Otherwise (first release, a new image, keys
     or unit, a stopped gateway) the usual switch and restart (``switch_script``). Prints ``@@reloaded``
-    or ``@@restarted`` before ``@@switched``."""
+    or ``@@restarted`` before ``@@switched``.
+
+    A restart of a running gateway hands over: first a HAProxy of the running image and release (its
+    container's image, flags, capabilities and environment) starts beside it in the host's network, on the same
+    ports (HAProxy binds them with SO_REUSEPORT); the unit's restart then soft-stops the old container
+    (its open streams finish within its stop grace) while the handover takes new connections; once the
+    new container has loaded, the handover soft-stops too and goes away when its own streams end.
+    ``@@handover`` says it took part; a handover that does not load in 10 s is removed and the restart
+    goes on without it."""
     rel = f"releases/{_check_id(release_id)}"
     same = " && ".join(f"cmp -s \"$old/{name}\" {q(rel + '/' + name)}" for name in (COMPOSE_FILE, ENV_FILE, paths.unit))
     restart = switch_script(paths, release_id).splitlines()[2:-1]  # after `set -e` and `cd`, before the marker
@@ -344,11 +352,65 @@ def gateway_switch_script(paths: Paths, release_id: str, container: str) -> str:
         f"  docker kill -s USR2 {q(container)} >/dev/null",
         "  echo '@@reloaded'",
         "else",
+        *(f"  {line}" for line in _handover_start_lines(paths, container)),
         *(f"  {line}" for line in restart),
+        *(f"  {line}" for line in _handover_end_lines(container)),
         "  echo '@@restarted'",
         "fi",
         "echo '@@switched'",
     ])
+
+
+HANDOVER_LOAD_POLLS = 50  # x 0.2 s: how long a handover (or the new gateway) may take to load
+GATEWAY_LOADED = "Loading success"  # what HAProxy's master logs once its workers run
+
+
+def _handover_start_lines(paths: Paths, container: str) -> list[str]:
+    """Before a running gateway restarts: a HAProxy of its image and release beside it (gateway_switch_script)."""
+    hand = q(container + "-handover")
+    c = q(container)
+    cfg = q(paths.service_dir + "/current/" + GATEWAY_CONFIG)
+    sdir = q(paths.service_dir)
+    return [
+        "handover=",
+        f"if [ -n \"$old\" ] && [ \"$(docker inspect -f '{{{{.State.Running}}}}' {c} 2>/dev/null)\" = true ]; then",
+        f"  docker rm -f {hand} >/dev/null 2>&1 || true",
+        f"  img=$(docker inspect -f '{{{{.Image}}}}' {c})",
+        f"  caps=$(docker inspect -f '{{{{range .HostConfig.CapAdd}}}} --cap-add={{{{.}}}}{{{{end}}}}' {c})",
+        # its environment (the replicas' keys) from the running container, through a pipe: never in argv or a file
+        f"  if docker inspect -f '{{{{range .Config.Env}}}}{{{{println .}}}}{{{{end}}}}' {c} | "
+        f"docker run -d --rm --name {hand} --network host --user 0:0 --cap-drop ALL $caps "
+        f"--security-opt no-new-privileges:true --label io.llmfleet.handover={q(paths.unit)} "
+        f"--mount type=bind,source={sdir},target={sdir},readonly --env-file /dev/stdin "
+        f"--log-driver json-file --log-opt max-size=10m \"$img\" -W -db -f {cfg} >/dev/null; then",
+        f"    for _ in $(seq 1 {HANDOVER_LOAD_POLLS}); do",
+        f"      if docker logs {hand} 2>&1 | grep -q {q(GATEWAY_LOADED)}; then handover=1; break; fi",
+        "      sleep 0.2",
+        "    done",
+        "  fi",
+        "  if [ -n \"$handover\" ]; then",
+        "    echo '@@handover'",
+        f"    trap \"docker kill -s USR1 {hand} >/dev/null 2>&1 || true\" EXIT  # not left serving if the restart fails",
+        "  else",
+        f"    docker rm -f {hand} >/dev/null 2>&1 || true",
+        "    echo 'the handover HAProxy did not load; restarting without it' >&2",
+        "  fi",
+        "fi",
+    ]
+
+
+def _handover_end_lines(container: str) -> list[str]:
+    """After the restart: once the new gateway has loaded, the handover soft-stops (SIGUSR1)."""
+    hand = q(container + "-handover")
+    return [
+        "if [ -n \"$handover\" ]; then",
+        f"  for _ in $(seq 1 {HANDOVER_LOAD_POLLS}); do",
+        f"    if docker logs {q(container)} 2>&1 | grep -q {q(GATEWAY_LOADED)}; then break; fi",
+        "    sleep 0.2",
+        "  done",
+        f"  docker kill -s USR1 {hand} >/dev/null 2>&1 || true",
+        "fi",
+    ]
 
 
 def parse_switch(rc: int, stdout: str) -> bool:
