@@ -76,11 +76,28 @@ def test_the_staged_sources_file_gets_the_mirror():
     assert "URIs: http://mirror.internal/debian\n" in filled and L.MIRROR_PLACEHOLDER not in filled
 
 
+# Pages a catalog cites as a source (package information, bug and source trackers): apt fetches nothing there.
+SOURCE_PAGES = {"packages.debian.org", "wiki.debian.org", "bugs.debian.org", "tracker.debian.org",
+                "salsa.debian.org", "github.com"}
+
+
+def archive_urls(text: str) -> list[str]:
+    """URLs naming Debian that are not a source page."""
+    url = re.compile(r"https?://([^/\s\"']+)[^\s\"']*", re.I)
+    return [m.group(0) for m in url.finditer(text)
+            if "debian" in m.group(0).lower() and m.group(1).lower() not in SOURCE_PAGES]
+
+
 def test_the_repository_names_no_debian_package_mirror():
-    """No URL of a Debian archive in the code or the Dockerfiles: the mirror comes from apt's sources."""
-    url = re.compile(r"https?://[^\s\"']*debian", re.I)
+    """No URL of a Debian archive in the code or the Dockerfiles: the mirror comes from apt's sources.
+    Package information pages a catalog cites as sources are not archives."""
     tracked = subprocess.run(["git", "ls-files", "src", "dockerfiles", "scripts"], cwd=ROOT, capture_output=True,
                              text=True, check=True).stdout
-    hits = [name for name in tracked.splitlines()
-            if (ROOT / name).is_file() and url.search((ROOT / name).read_text(encoding="utf-8", errors="replace"))]
+    hits = [f"{name}: {u}" for name in tracked.splitlines() if (ROOT / name).is_file()
+            for u in archive_urls((ROOT / name).read_text(encoding="utf-8", errors="replace"))]
     assert hits == []
+
+
+def test_an_archive_url_is_caught_and_a_package_page_is_not():
+    assert archive_urls("URIs: http://deb.example.org/debian") == ["http://deb.example.org/debian"]
+    assert archive_urls("source: https://packages.debian.org/bookworm/docker.io") == []
