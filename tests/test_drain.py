@@ -279,3 +279,44 @@ def test_a_server_the_gateway_does_not_know_is_not_reported_drained(tmp_path):
     link = Unknown(server=("m_other", "x__y"))
     d = drain.drain_one(link, front(tmp_path), clock=Clock(), sleep=Clock().sleep)
     assert not d.drained
+
+
+# ------------------------------------------------------------------------------------------------
+# The engine's own requests in flight, after the gateways drained it
+
+
+def test_settle_runs_once_after_the_drains_with_the_longest_drain_timeout(tmp_path):
+    links = {"edge": FakeGateway(), "edge2": FakeGateway()}
+    d, lines = drainer(two_gateways(tmp_path), Connector(links))
+    asked: list[float] = []
+
+    def settle(seconds: float) -> str:
+        asked.append(seconds)
+        assert all(link.commands == [DRAIN, "show stat"] for link in links.values())  # after every drain
+        return "the engine's own metrics show nothing in flight (0.4s)"
+
+    with d.drained("chat", settle=settle):
+        pass
+    assert asked == [120]
+    assert "chat: the engine's own metrics show nothing in flight (0.4s)" in lines
+
+
+def test_settle_is_not_run_when_no_gateway_took_the_drain(tmp_path):
+    d, _ = drainer(two_gateways(tmp_path), Connector({}, refuse={"edge", "edge2"}))
+    asked: list[float] = []
+    with d.drained("chat", settle=asked.append):
+        pass
+    assert asked == []
+
+
+def test_a_settle_that_fails_is_logged_and_the_replica_still_goes_back(tmp_path):
+    link = FakeGateway()
+    d, lines = drainer(fleet(tmp_path), Connector({"edge": link}))
+
+    def settle(seconds: float) -> str:
+        raise RemoteError("host gpu-b: connection lost")
+
+    with d.drained("chat", settle=settle):
+        pass
+    assert link.commands[-1] == READY
+    assert "chat: the engine's own requests in flight were not read: host gpu-b: connection lost" in lines

@@ -81,7 +81,7 @@ def gw(lab, tmp_path_factory):
         "ansible_host": addresses[GATEWAY_HOST], "ansible_port": 22, "llmfleet_bind_address": addresses[GATEWAY_HOST],
         "llmfleet_services": [{
             "name": "gateway", "engine": "gateway", "image": "gateway:lab", "port": PORT,
-            "gateway": {"upstreams": REPLICA_HOSTS, "max_body_mib": 4, "drain_timeout_s": 60,
+            "gateway": {"upstreams": REPLICA_HOSTS, "max_body_mib": 4, "drain_timeout_s": 15,
                         "api_keys": [{"name": "team-a", "key": {"from_env": "LAB_GW_KEY"}},
                                      {"name": "slow", "key": {"from_env": "LAB_GW_SLOW_KEY"},
                                       "requests_per_minute": 2}],
@@ -189,6 +189,8 @@ def test_a_rolling_upgrade_behind_the_gateway_drops_no_request(lab, gw):
           f"straight to {direct_host}:8000 {direct.ok} ok, {direct.failed} failed")
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "drained at gateway" in res.stderr, res.stderr[-3000:]
+    # then the engine's own metrics: the replicas the gateway alone sent to have nothing left in flight
+    assert "the engine's own metrics show nothing in flight" in res.stderr, res.stderr[-3000:]
     assert through.ok > 0 and through.failed == 0, (through.ok, through.failed, through.errors[:5])
     # the same window straight to one replica: its restart cost requests the gateway did not lose
     assert direct.failed > 0, (direct.ok, direct.failed)

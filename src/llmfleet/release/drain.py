@@ -113,9 +113,11 @@ class Drainer:
         return self.links[front.host.name]
 
     @contextmanager
-    def drained(self, service: str) -> Iterator[list[Drained]]:
+    def drained(self, service: str, settle: Callable[[float], str] | None = None) -> Iterator[list[Drained]]:
         """Out of rotation at every gateway in front of ``service`` while the block runs; back after it,
-        whatever happened in it."""
+        whatever happened in it. ``settle(seconds)``, once a gateway took the drain: waits up to the
+        gateways' longest drain timeout for the engine's own metrics to show nothing in flight (requests
+        sent straight to it) and says what it saw."""
         fronts = self.fronts(service)
         out: list[Drained] = []
         taken: list[Front] = []
@@ -129,6 +131,11 @@ class Drainer:
             out.append(d)
             self.log(f"{service}: {d.sentence()}")
         self.done += out
+        if taken and settle is not None:
+            try:
+                self.log(f"{service}: {settle(max(f.drain_timeout_s for f in taken))}")
+            except LlmfleetError as exc:
+                self.log(f"{service}: the engine's own requests in flight were not read: {exc}")
         try:
             yield out
         finally:

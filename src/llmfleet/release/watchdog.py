@@ -72,7 +72,7 @@ fi"""
 # counted since the last probe, a 1-token completion must finish within PROBE_TIMEOUT. An engine whose
 # /metrics does not answer while /health does (llama-server answers /metrics from its main loop) fails
 # too. Secrets never reach argv: curl reads the Authorization header from its standard input (-K -).
-_JUDGE = r"""api() {  # path out [curl args...]: HTTP status of a bounded request, body in out
+_API = r"""api() {  # path out [curl args...]: HTTP status of a bounded request, body in out
   p=$1; o=$2; shift 2
   if [ -n "$KEY_ENV" ] && [ -r "$SERVICE_DIR/current/service.env" ]; then
     k=$(sed -n "s/^$KEY_ENV='\(.*\)'\$/\1/p" "$SERVICE_DIR/current/service.env" | head -n 1)
@@ -86,7 +86,8 @@ _JUDGE = r"""api() {  # path out [curl args...]: HTTP status of a bounded reques
   else
     curl -sS -o "$o" -w '%{http_code}' --max-time "$PROBE_TIMEOUT" "$@" "$BASE$p" 2>/dev/null
   fi
-}
+}"""
+_JUDGE = _API + r"""
 judge() {
   ok=1; verdict=healthy
   [ "$PROGRESS" = 1 ] || return 0
@@ -166,6 +167,53 @@ def script_text(service: Service, settings: HostSettings, *, bind_address: str, 
     ])
     what = "judgements (/health, then work done)" if wd.progress and knows.progress_metrics else "/health probes"
     return _script(service, settings, what=what, target=target, probe=_JUDGE + "\n\n" + _HTTP_PROBE)
+
+
+INFLIGHT_POLL_S = 0.5
+
+
+def inflight_script(service: Service, settings: HostSettings, *, key_env: str | None, timeout_s: float) -> str:
+    """On a replica's host, after the gateways drained it: wait until the engine's own metrics show no
+    request running or waiting (requests sent straight to it, or still finishing), polling every 0.5 s
+    for at most ``timeout_s``. Prints ``@@inflight N`` (what was left; ``-`` when its metrics could not be
+    read or name no such counter). The key is read from the release's env file, never from argv."""
+    knows = engines.for_engine(service.engine)
+    names = knows.metrics
+    polls = max(1, int(timeout_s / INFLIGHT_POLL_S))
+    head = "\n".join([
+        f"SERVICE_DIR={_q(service_dir(settings.root, service.name))}",
+        f"BASE={_q('http://' + probe_address(settings.bind_address_for(service)) + ':' + str(service.port))}",
+        f"KEY_ENV={_q(key_env or '')}",
+        "PROBE_TIMEOUT=5",
+        f"RUNNING={_q(' '.join(names.get('requests_running', ())))}",
+        f"WAITING={_q(' '.join(names.get('requests_waiting', ())))}",
+        'STATE=$(mktemp)',
+        'trap \'rm -f "$STATE"\' EXIT',
+    ])
+    loop = f"""left=-
+for _ in $(seq 1 {polls}); do
+  code=$(api /metrics "$STATE")
+  [ "$code" = 200 ] || break
+  left=$(awk -v R="$RUNNING" -v W="$WAITING" '
+    BEGIN {{ n = split(R " " W, want, " "); for (i = 1; i <= n; i++) w[want[i]] = 1 }}
+    /^#/ || NF < 2 {{ next }}
+    {{ name = $1; i = index(name, "{{"); if (i) name = substr(name, 1, i - 1); if (name in w) {{ s += $NF; seen = 1 }} }}
+    END {{ if (seen) printf "%.0f\\n", s; else print "-" }}' "$STATE")
+  case "$left" in 0|-) break ;; esac
+  sleep {INFLIGHT_POLL_S}
+done
+echo "@@inflight $left"
+"""
+    return "\n".join([head, _API, loop.rstrip("\n")])
+
+
+def parse_inflight(stdout: str) -> int | None:
+    """``inflight_script``'s answer: the requests still running or waiting, None when unknown."""
+    for line in stdout.splitlines():
+        if line.startswith("@@inflight "):
+            value = line.split(" ", 1)[1].strip()
+            return int(value) if value.isdigit() else None
+    return None
 
 
 def worker_script_text(service: Service, settings: HostSettings, *, kind: str, address: str, port: int) -> str:
