@@ -10,7 +10,8 @@ import pytest
 
 pytestmark = pytest.mark.lab
 
-HOST = "gpu-bare-01"
+# gpu-bare-02: this test changes its host for good; tests/lab/test_provision.py needs gpu-bare-01 bare
+HOST = "gpu-bare-02"
 APT = "DEBIAN_FRONTEND=noninteractive apt-get -y -q -o Dpkg::Options::=--force-confold"
 OLD, NEW = "535.247.01-1~deb12u1", "570.172.08-1"
 DRIVER = ("nvidia-driver", "nvidia-kernel-dkms", "nvidia-smi")
@@ -71,7 +72,7 @@ def test_bare_host_installs_holds_and_reboots_into_the_new_driver(lab):
     print(f"{HOST}: reboot to SSH banner in {seconds:.2f}s")
     with lab.connect(HOST) as remote:
         out = remote.run("nvidia-smi --query-gpu=name,driver_version --format=csv,noheader")
-    assert out.stdout.strip() == "Tesla V100-SXM2-32GB, 535.247.01"
+    assert out.stdout.strip() == "Tesla T4, 535.247.01"
     assert _sh(lab, "test -e /run/reboot-required", check=False).returncode != 0
     assert _sh(lab, "systemctl is-active docker").stdout.strip() == "active"  # Docker came back with the host
     assert set(_sh(lab, "apt-mark showhold").stdout.split()) == set(DRIVER)  # holds survive the reboot
