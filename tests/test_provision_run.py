@@ -133,13 +133,13 @@ def test_a_failed_step_stops_repairs_apt_and_reports_error_and_fix():
     plan = S.plan_steps(d, bare())
     err = "E: Version '1.19.1-1' for 'nvidia-container-toolkit' was not found"
     remote = FakeRemote([Command(facts_cmd(), doc(bare())), Command(lock_cmd(), "@@acquired\n"),
-                         Command(plan[0].script), Command(plan[1].script, exit=100, err=err),
+                         Command(plan[0].script), Command(plan[1].script), Command(plan[2].script, exit=100, err=err),
                          Command(S.REPAIR), Command(None, "@@released\n")])
     p, _ = make([remote])
     o = p.provision()
     assert o.result == "failed" and not o.ok
-    assert [s.status for s in o.steps[:3]] == ["changed", "failed", "not run"]
-    failed = o.steps[1]
+    assert [s.status for s in o.steps[:4]] == ["changed", "changed", "failed", "not run"]
+    failed = o.steps[2]
     assert failed.name == "toolkit" and err in failed.error and err in o.message
     assert "package manager was left consistent" in failed.fix and "apt-cache policy" in failed.fix
     final = remote.sent[-1]

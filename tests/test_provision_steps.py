@@ -61,8 +61,9 @@ def test_a_converged_host_gives_no_steps():
 def test_a_bare_host_gives_every_step_in_order_and_one_reboot():
     d = desired()
     steps = S.plan_steps(d, bare())
-    assert names(steps) == ["packages-runtime", "toolkit", "driver", "hold", "files", "user", "folders",
+    assert names(steps) == ["sources", "packages-runtime", "toolkit", "driver", "hold", "files", "user", "folders",
                             "docker-runtime-config", "persistence"]
+    assert steps[0].changes == (f"write {D.DRIVER_PIN_FILE} (new, 0644 root:root)",)
     assert [s.name for s in steps if s.reboot] == ["driver"]
     assert sum(s.script.count("apt-get -q update") for s in steps) == 1  # once, in the first apt step
     persistence = steps[-1]
@@ -101,8 +102,9 @@ def test_a_driver_change_reboots_once():
     d = desired(pinned_branch=580)
     f = converged(desired(pinned_branch=535))  # runs the R535 driver
     got = S.plan_steps(d, f)
-    assert names(got) == ["driver", "hold"]
-    assert got[0].reboot and any("reboot" in c for c in got[0].changes)
+    assert names(got) == ["sources", "driver", "hold"]
+    assert "-Pin: version 535.247.01-1~deb12u1\n+Pin: version 580.95.05-1\n" in got[0].diff  # the apt pin moves
+    assert got[1].reboot and any("reboot" in c for c in got[1].changes)
 
 
 def test_an_installed_driver_not_yet_running_asks_for_a_reboot_only():

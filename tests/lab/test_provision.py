@@ -48,8 +48,8 @@ def test_bare_host_check_provision_deploy_and_converged_rerun(lab, tmp_path):
     (o,) = doc["hosts"]
     assert check.returncode == 0, check.stderr
     assert o["result"] == "would change" and o["round_trips"] == 1
-    assert [s["name"] for s in o["steps"]] == ["packages-runtime", "toolkit", "driver", "hold", "files", "user",
-                                               "folders", "docker-runtime-config", "persistence"]
+    assert [s["name"] for s in o["steps"]] == ["sources", "packages-runtime", "toolkit", "driver", "hold", "files",
+                                               "user", "folders", "docker-runtime-config", "persistence"]
     assert [s["name"] for s in o["steps"] if s["reboot"]] == ["driver"]
     assert _state(lab) == before
 

@@ -21,7 +21,7 @@ from llmfleet.cli.common import (
     select_hosts,
     unreachable_entry,
 )
-from llmfleet.cli.flags import fleet_task
+from llmfleet.cli.flags import PERCENT, fleet_task
 from llmfleet.errors import UsageError
 
 VERBOSE_HELP = "print each remote command (secrets masked) with its exit status and duration"
@@ -64,7 +64,32 @@ def _logger(name: str, *, quiet: bool):
     return log
 
 
+def _service_gate(h, hs, inv, settings, who, accept_new_host_keys, log):
+    """The host's services around a driver change: stop what runs (drained at its gateways first), start
+    it again and health-check it (release/service_ops.py)."""
+    from llmfleet.provision.gated import ServiceGate
+    from llmfleet.release.service_ops import service_op
+
+    names = [s.name for s in hs.services]
+
+    def stop():
+        if not names:
+            return [], None
+        r = service_op(h, hs, "stop", names, config=settings, message="driver change", who=who,
+                       accept_new_host_keys=accept_new_host_keys, log=log, inventory=inv, only_active=True)
+        return list(r.acted), (None if r.ok else (r.reason or str(r.result)))
+
+    def start(which):
+        r = service_op(h, hs, "start", which, config=settings, message="driver change", who=who,
+                       accept_new_host_keys=accept_new_host_keys, log=log, inventory=inv)
+        said = "; ".join(f"{n}: {r.health.get(n) or r.services.get(n, '?')}" for n in which)
+        return r.ok, (said if r.ok or said.strip() else str(r.reason or r.result))
+
+    return ServiceGate(stop=stop, start=start)
+
+
 @fleet_task(
+    numbers={"max_fail_percentage": PERCENT},
     help={
         "host": "host name or pattern (Ansible --limit syntax)",
         "group": "inventory group (pattern allowed)",
@@ -75,21 +100,30 @@ def _logger(name: str, *, quiet: bool):
         "yes": "reboot a host whose driver changes without asking (required when not on a terminal)",
         "driver_branch": "install this driver branch (e.g. 580) instead of the one chosen from the catalog; "
                          "refused when it drops a card or is too old for an image",
+        "serial": "batch sizes, Ansible's serial: '1' = one host at a time, '1,25%,100%' = a canary, quarter "
+                  "fleets, then the rest (default: all hosts in one batch; hosts of a batch run one after another)",
+        "max_fail_percentage": "stop before the next batch when a batch's failed share exceeds this (default: only "
+                               "when a whole batch failed)",
         "accept_new_host_keys": "record unknown SSH host keys (changed keys are refused)",
         "verbose": VERBOSE_HELP,
     },
 )
 def provision(c, host=None, group=None, inventory=None, check=False, diff=False, json=False, yes=False,
-              driver_branch=None, accept_new_host_keys=False, verbose=False):
+              driver_branch=None, serial=None, max_fail_percentage=None, accept_new_host_keys=False, verbose=False):
     """Converge hosts to what their services need: NVIDIA driver (held, reboot when it changes), Docker and
     compose v2, the NVIDIA Container Toolkit wired into Docker, the deploy user, folders and limits.
 
     A converged host is one SSH round trip. Changes take the host's deploy lock and are audited; a failed
-    step stops the host's run with the command's own error and the fix. Exit 1 when a host failed.
+    step stops the host's run with the command's own error and the fix. A driver change on a host that has
+    a driver is gated by serving: the old driver kept on the host, its running services drained and
+    stopped, the change and reboot, the services started and health-checked; a host that does not come
+    back healthy goes back to its old driver (reported "went back"). Exit 1 when a host failed.
     """
+    from llmfleet.fleet.rollout import batch_aborts, batches, parse_serial
     from llmfleet.host import ssh
     from llmfleet.images import lock as images
     from llmfleet.inventory.ansible import settings_for
+    from llmfleet.provision import gated
     from llmfleet.provision import run as prun
     from llmfleet.release.executor import default_who
 
@@ -100,6 +134,7 @@ def provision(c, host=None, group=None, inventory=None, check=False, diff=False,
         if not str(driver_branch).isdigit() or not 300 <= int(driver_branch) <= 999:
             raise UsageError(f"--driver-branch {driver_branch!r}: give a driver branch number such as 580")
         branch = int(driver_branch)
+    serial_list = parse_serial(serial)
     inv, hosts = select_hosts(c, inventory, host, group)
     settings = load_settings(c)
     jobs = []
@@ -128,22 +163,49 @@ def provision(c, host=None, group=None, inventory=None, check=False, diff=False,
         return ask
 
     outcomes = []
-    for h, hs, lock, refs in jobs:
-        run = prun.Provisioner(
-            h.name, hs, functools.partial(ssh.connect, h, config=settings, accept_new_host_keys=accept_new_host_keys),
-            log=_logger(h.name, quiet=json),
-            who=who, origin=who, pid=os.getpid(), check=check, pinned_branch=branch,
-            image_refs=refs, preflight=prun.preflight_checks(h.name, hs, lock), confirm=confirm(h.name))
-        o = run.provision()
-        outcomes.append(o)
-        if not json:
-            _print(o, diff)
+    todo = batches(jobs, serial_list)
+    for i, batch in enumerate(todo):
+        failed = 0
+        for h, hs, lock, refs in batch:
+            log = _logger(h.name, quiet=json)
+
+            def make(is_check: bool, ask: bool, h=h, hs=hs, lock=lock, refs=refs, log=log):
+                return prun.Provisioner(
+                    h.name, hs, functools.partial(ssh.connect, h, config=settings,
+                                                  accept_new_host_keys=accept_new_host_keys),
+                    log=log, who=who, origin=who, pid=os.getpid(), check=is_check, pinned_branch=branch,
+                    image_refs=refs, preflight=prun.preflight_checks(h.name, hs, lock),
+                    confirm=confirm(h.name) if ask else None)
+
+            if check:
+                o = make(True, False).provision()
+            else:
+                ask = confirm(h.name)
+
+                def asked(_check, ask=ask) -> bool:
+                    return ask([])
+
+                o = gated.provision_gated(make, _service_gate(h, hs, inv, settings, who, accept_new_host_keys, log),
+                                          log, confirm=asked)
+            outcomes.append(o)
+            failed += not o.ok
+            if not json:
+                _print(o, diff)
+        if i < len(todo) - 1 and failed and batch_aborts(failed, len(batch), max_fail_percentage):
+            rest = [h.name for b in todo[i + 1:] for h, *_ in b]
+            if not json:
+                console.print(f"[bold red]stopped: {failed} of {len(batch)} host(s) of batch {i + 1} failed "
+                              f"(max-fail-percentage {max_fail_percentage if max_fail_percentage is not None else '-'}); "
+                              f"not provisioned: {escape(', '.join(rest))}[/]")
+            for name in rest:
+                skipped = prun.Outcome(name, result="not run", message=f"batch {i + 1} failed: provisioning stopped")
+                outcomes.append(skipped)
+            break
     if json:
         unreachable = [unreachable_entry(o.host, o.message) for o in outcomes if o.result == "failed"
                        and o.round_trips == 0]
         print_json(host_document("hosts", [o.to_dict() for o in outcomes], unreachable))
-    if any(o.result == "refused" and o.round_trips <= 1 and "deploy lock" not in o.message
-           and "not confirmed" not in o.message for o in outcomes) and len(outcomes) == 1:
+    if len(outcomes) == 1 and outcomes[0].usage:
         raise Exit(code=2)
     if not all(o.ok for o in outcomes):
         raise Exit(code=1)

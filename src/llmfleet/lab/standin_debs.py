@@ -78,7 +78,17 @@ ExecStart=/usr/bin/nvidia-persistenced
 [Install]
 WantedBy=multi-user.target
 """
-_HOOK = "#!/bin/sh\n# STUB of nvidia-container-runtime-hook ({note}): accepts any call, injects nothing.\nexit 0\n"
+# The hook STUB injects nothing. One injected failure (SIMULATOR): when CONTAINERS_FAIL_PATH lists the loaded
+# driver's version, it fails as libnvidia-container does when it cannot initialise NVML with the driver,
+# so no GPU container starts: a host whose services do not come back after a driver change.
+CONTAINERS_FAIL_PATH = "/etc/llmfleet-sim/containers-fail-on"
+_HOOK = (
+    "#!/bin/sh\n# STUB of nvidia-container-runtime-hook ({note}): accepts any call, injects nothing.\n"
+    f"f={CONTAINERS_FAIL_PATH}; m={LOADED_PATH}\n"
+    'if [ -r "$f" ] && [ -r "$m" ] && grep -qxF -- "$(cat "$m")" "$f"; then\n'
+    '  echo "nvidia-container-cli: initialization error: nvml error: unknown error (SIMULATOR: $f)" >&2; exit 1\n'
+    "fi\nexit 0\n"
+)
 _RUNTIME = "#!/bin/sh\n# STUB of nvidia-container-runtime ({note}): hands everything to runc, no GPU injected.\nexec runc \"$@\"\n"
 _CLI = ("#!/bin/sh\n# STUB of nvidia-container-cli ({note})\n"
         "case \"${{1:-}}\" in --version) echo 'cli-version: {version}'; echo 'lib-version: {version}';; "

@@ -42,6 +42,30 @@ RateLimitBurst=20000
 """
 
 
+DRIVER_PIN_FILE = "/etc/apt/preferences.d/90-llmfleet-nvidia-driver"
+DRIVER_PIN_PACKAGES = "nvidia-* libnvidia-* cuda-drivers* firmware-nvidia-* xserver-xorg-video-nvidia*"
+
+
+def driver_pin_text(version: str, branch: int) -> str:
+    """An apt preferences stanza that makes apt take ``version`` (a Debian version, or an upstream one
+    followed by ``-*``) for every package of the driver: installing a branch older than the newest a
+    source offers needs it (the driver's packages depend on each other at one exact version, and apt
+    does not pick an older version of a dependency by itself). The container toolkit's packages
+    (``libnvidia-container*``, ``nvidia-container-*``) have other versions: the pin does not touch them."""
+    return (f"# Written by llmfleet provision: the NVIDIA driver stays at {version} (R{branch}); apt takes this\n"
+            "# version for each of its packages, whatever newer one a source offers. They are held too.\n"
+            f"Package: {DRIVER_PIN_PACKAGES}\nPin: version {version}\nPin-Priority: 1001\n")
+
+
+def driver_pin(choice: DriverChoice, driver_package: str) -> ManagedFile | None:
+    """The pin file for the chosen driver (None when the catalog names no version)."""
+    versions = dict(_split(spec) for spec in choice.pinned)
+    version = versions.get(driver_package) or (f"{choice.version}-*" if choice.version else None)
+    if not version:
+        return None
+    return ManagedFile(DRIVER_PIN_FILE, driver_pin_text(version, choice.branch), step="sources")
+
+
 @dataclass(frozen=True)
 class Package:
     name: str
@@ -126,7 +150,7 @@ def folders(settings: HostSettings, user: str) -> tuple[Folder, ...]:
 def facts_query(settings: HostSettings, user: str) -> FactsQuery:
     """What the facts script reads besides its fixed sections (known before the host is contacted)."""
     return FactsQuery(user=user, folders=tuple(f.path for f in folders(settings, user)),
-                      files=tuple(f.path for f in managed_files(user)), units=(DOCKER_UNIT, PERSISTENCE_UNIT))
+                      files=(DRIVER_PIN_FILE, *(f.path for f in managed_files(user))), units=(DOCKER_UNIT, PERSISTENCE_UNIT))
 
 
 def cards_for(host: str, settings: HostSettings, facts: ProvisionFacts) -> tuple[str, ...]:
@@ -174,7 +198,9 @@ def desired_state(host: str, settings: HostSettings, facts: ProvisionFacts, *, u
             name, ver = _split(spec)
             pkgs.append(Package(name, ver or versions.get(name), role, hold=name in held or role == "toolkit"))
     groups = () if user == "root" else DEPLOY_GROUPS
+    driver_package = choice.hold[0] if choice.hold else choice.packages[0]
+    pin = driver_pin(choice, driver_package)
     return Desired(host=host, distro=distro, driver=choice, packages=tuple(pkgs),
-                   files=tuple(extra_files) + managed_files(user), folders=folders(settings, user), user=user,
+                   files=tuple(extra_files) + ((pin,) if pin else ()) + managed_files(user), folders=folders(settings, user), user=user,
                    groups=groups, persistence_unit=choice.persistence_unit or PERSISTENCE_UNIT, cards=cards,
                    images=images, warnings=tuple(dict.fromkeys(warnings)))

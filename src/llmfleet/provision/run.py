@@ -25,6 +25,7 @@ from llmfleet.errors import LlmfleetError, RemoteError, UsageError
 from llmfleet.host import ssh
 from llmfleet.inventory.services import HostSettings
 from llmfleet.provision import desired as D
+from llmfleet.provision import driver_change as DC
 from llmfleet.provision import facts as F
 from llmfleet.provision import steps as S
 from llmfleet.release import store
@@ -81,6 +82,9 @@ class Outcome:
     checks: list[dict[str, str]] = field(default_factory=list)  # {id, status, message}: after the run
     rebooted: bool = False
     reboot_seconds: float | None = None
+    previous: DC.Previous | None = None  # the driver installed before the run (what a go-back restores)
+    gate: dict[str, Any] = field(default_factory=dict)  # a gated driver change: services, go-back (provision/gated.py)
+    usage: bool = False  # refused for bad input (an unsupported distribution, a branch that drops a card)
 
     @property
     def ok(self) -> bool:
@@ -91,7 +95,9 @@ class Outcome:
         return {"host": self.host, "result": self.result, "ok": self.ok, "message": self.message,
                 "round_trips": self.round_trips, "seconds": round(self.seconds, 3), "driver": self.driver,
                 "warnings": self.warnings, "steps": [s.to_dict() for s in self.steps], "checks": self.checks,
-                "rebooted": self.rebooted, "reboot_seconds": self.reboot_seconds}
+                "rebooted": self.rebooted, "reboot_seconds": self.reboot_seconds,
+                "previous_driver": self.previous.to_dict() if self.previous else None,
+                **({"gate": self.gate} if self.gate else {})}
 
 
 def _tail(res: ssh.Result, n: int = 600) -> str:
@@ -175,7 +181,7 @@ class Provisioner:
         try:
             self._provision(out)
         except UsageError as exc:
-            out.result, out.message = "refused", str(exc)
+            out.result, out.message, out.usage = "refused", str(exc), True
         except LlmfleetError as exc:
             out.result, out.message = "failed", str(exc)
         finally:
@@ -194,6 +200,7 @@ class Provisioner:
         out.driver = {"branch": want.driver.branch, "version": want.driver.version, "why": want.driver.why,
                       "packages": list(want.driver.packages), "running": facts.driver_running}
         out.warnings = list(want.warnings) + [f"facts: {e}" for e in facts.errors]
+        out.previous = DC.previous_driver(facts, want.driver_package)
         plan = S.plan_steps(want, facts)
         if not plan:
             out.result, out.message = "converged", "nothing to change"
@@ -330,6 +337,66 @@ class Provisioner:
             return {"id": "gpu-container", "status": "pass", "message": f"a container sees: {shown}"}
         return {"id": "gpu-container", "status": "fail", "message": f"a container with --gpus all does not see the GPU: "
                                                                     f"{shown or _tail(res)}"}
+
+    # -- a gated driver change: keep the previous driver, go back to it ------------------------------
+
+    def keep_previous(self, prev: DC.Previous) -> tuple[dict[str, str], list[str]]:
+        """The previous driver's .deb files kept on the host (``driver_change.keep_script``):
+        ({package: file}, [packages that could not be kept]). One round trip; changes no package."""
+        try:
+            res = self.run(DC.keep_script(self.settings.root, prev), timeout=STEP_TIMEOUT_S)
+            return DC.parse_kept(res.stdout)
+        finally:
+            self.close()
+
+    def go_back(self, prev: DC.Previous, files: dict[str, str]) -> Outcome:
+        """Back to ``prev`` after a driver change its services did not survive: under the deploy lock,
+        the kept files installed again (the new branch's own packages removed), held, a reboot, then
+        nvidia-smi must report ``prev.version``. Audited as ``provision`` step ``go-back``."""
+        out = Outcome(self.host)
+        t0 = self.clock()
+        try:
+            user = str(getattr(self.link, "user", None) or "root")
+            after = self.gather(user)
+            lock = self._lock(out)
+            if lock is None:
+                return out
+            try:
+                removals = DC.go_back_removals(prev, after)
+                script = DC.go_back_script(self.settings.root, prev, files, removals, sorted(after.holds))
+                what = f"install the kept driver {prev.version} again" + (
+                    f", remove {', '.join(removals)}" if removals else "")
+                self.log(f"go-back: {what}")
+                rep = StepReport("go-back", [what], "not run", reboot=True)
+                out.steps = [rep]
+                t = self.clock()
+                res = self.run(script, timeout=STEP_TIMEOUT_S)
+                rep.seconds = round(self.clock() - t, 3)
+                if res.rc != 0:
+                    rep.status, rep.error, rep.fix = "failed", _tail(res), self._repair("driver")
+                    self.record("go-back", "failed", f"{what}: {rep.error}")
+                    out.result, out.message = "failed", f"go-back failed: {rep.error}"
+                    return out
+                rep.status = "changed"
+                self.record("go-back", "changed", what)
+                self._reboot(out)
+                facts = self.gather(user)
+                ok = facts.driver_running == prev.version
+                out.checks.append({"id": "driver", "status": "pass" if ok else "fail",
+                                   "message": f"nvidia-smi reports {facts.driver_running or facts.smi_error or facts.smi}"
+                                              + ("" if ok else f", not the previous {prev.version}")})
+                out.driver = {"version": prev.version, "running": facts.driver_running}
+                out.result = "changed" if ok else "failed"
+                out.message = f"back on driver {prev.version}" if ok else out.checks[-1]["message"]
+            finally:
+                self._finish(lock)
+        except LlmfleetError as exc:
+            out.result, out.message = "failed", str(exc)
+        finally:
+            out.round_trips = self.trips()
+            out.seconds = self.clock() - t0
+            self.close()
+        return out
 
     def _finish(self, token: str) -> None:
         script = store.final_script(self.settings.root, [], self.audit, token)

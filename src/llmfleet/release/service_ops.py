@@ -47,6 +47,7 @@ T = TypeVar("T")
 R = TypeVar("R")
 Log = Callable[[str], None]
 ACTIONS = ("stop", "start", "remove")
+ACTIVE_UNIT = ("active", "activating", "reloading")
 
 
 def run_hosts(fn: Callable[[T], R], items: Sequence[T], forks: int) -> list[R]:
@@ -134,6 +135,7 @@ class ServiceOpResult:
     services: dict[str, str] = field(default_factory=dict)  # service -> unit state, "removed", "absent"
     images_removed: list[str] = field(default_factory=list)
     health: dict[str, str] = field(default_factory=dict)  # start: the health check's verdict per service
+    acted: list[str] = field(default_factory=list)  # the services the action was carried out on
     reason: str = ""
     unreachable: bool = False
     duration_s: float = 0.0
@@ -166,7 +168,7 @@ def service_op(host: Host, settings: HostSettings, action: str, services: Sequen
                config: Settings | dict[str, object], orphans_only: bool = False, message: str = "",
                who: str | None = None, accept_new_host_keys: bool = False, log: Log = lambda line: None,
                health_fn: HealthFn = http_health, connector: Connector = connect,
-               inventory: Inventory | None = None) -> ServiceOpResult:
+               inventory: Inventory | None = None, only_active: bool = False) -> ServiceOpResult:
     """Stop, start or remove services of one host through ``pipeline``: connect, the deploy lock (a
     stale one of this machine taken over) with the state read in its round trip, one script per
     service, the audit lines and the unlock in the last round trip.
@@ -174,7 +176,8 @@ def service_op(host: Host, settings: HostSettings, action: str, services: Sequen
     ``services``: the names to act on; with ``orphans_only`` (remove), every service on the host that
     its inventory entry no longer lists. ``inventory``: where gateways in front of these services are
     found: a stop or remove takes the service out of their rotation first, a start puts it back after
-    its health check (release/drain.py).
+    its health check (release/drain.py). ``only_active``: act only on services whose unit runs (a
+    driver change stops what serves and starts that again afterwards, nothing an operator stopped).
     """
     if action not in ACTIONS:
         raise UsageError(f"unknown action {action!r}")
@@ -186,7 +189,8 @@ def service_op(host: Host, settings: HostSettings, action: str, services: Sequen
         run.health_fn = health_fn
         drainer = drain.for_run(run, inventory)
         try:
-            run_service_op(run, action, names, out, orphans_only=orphans_only, drainer=drainer)
+            run_service_op(run, action, names, out, orphans_only=orphans_only, drainer=drainer,
+                           only_active=only_active)
         finally:
             if drainer is not None:
                 drainer.close()
@@ -198,7 +202,8 @@ def service_op(host: Host, settings: HostSettings, action: str, services: Sequen
 
 
 def run_service_op(run: HostRun, action: str, names: Sequence[str], out: ServiceOpResult, *,
-                   orphans_only: bool = False, drainer: drain.Drainer | None = None) -> None:
+                   orphans_only: bool = False, drainer: drain.Drainer | None = None,
+                   only_active: bool = False) -> None:
     """The service op after connecting: lock + state (one round trip), then each service's script."""
     (answer,) = run.lock(action, [store.state_script(run.root)], name="lock + state")
     if answer is None or not release_state.state_complete(answer.stdout):
@@ -216,6 +221,11 @@ def run_service_op(run: HostRun, action: str, names: Sequence[str], out: Service
             out.services[name] = "absent"
             results.append(Result.ABSENT)
             continue
+        if only_active and states[name].unit not in ACTIVE_UNIT:
+            out.services[name] = states[name].unit
+            results.append(Result.ABSENT)  # nothing to do here: not running
+            continue
+        out.acted.append(name)
         if drainer is not None and action in ("stop", "remove"):
             drainer.drain(name)  # out of the gateways' rotation before its unit stops; left so
         with run.stage(f"{name}: {action}"):
