@@ -56,8 +56,8 @@ def test_the_go_back_script_installs_the_kept_files_removes_and_holds_again():
         "export DEBIAN_FRONTEND=noninteractive",
         "cd -- /opt/llmfleet/driver-previous/570.172.08",
         "apt-mark unhold docker.io nvidia-driver nvidia-kernel-dkms nvidia-smi >/dev/null",
-        "apt-get -y -q -o Dpkg::Options::=--force-confold --no-install-recommends --allow-downgrades "
-        "--allow-change-held-packages install ./nvidia-driver_570.172.08-1_amd64.deb "
+        "apt-get -y -q -o Dpkg::Options::=--force-confold -o DPkg::Lock::Timeout=300 --no-install-recommends "
+        "--allow-downgrades --allow-change-held-packages install ./nvidia-driver_570.172.08-1_amd64.deb "
         "./nvidia-kernel-dkms_570.172.08-1_amd64.deb ./nvidia-smi_570.172.08-1_amd64.deb nvidia-driver-580-server-",
         "apt-mark hold nvidia-driver nvidia-kernel-dkms nvidia-smi",
     ]

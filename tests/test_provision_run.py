@@ -190,3 +190,22 @@ def test_pending_reboot_after_a_cut_run_reboots_without_reinstalling():
     o = p.provision()
     assert o.result == "changed" and o.rebooted and [s.name for s in o.steps] == ["reboot"]
     assert [c["id"] for c in o.checks] == ["driver", "converged", "gpu-container"]
+
+
+def test_a_connection_cut_mid_step_reports_the_step_and_unlocks_through_a_new_connection():
+    d = desired()
+    plan = S.plan_steps(d, bare())
+    first = FakeRemote([Command(facts_cmd(), doc(bare())), Command(lock_cmd(), "@@acquired\n"),
+                        Command(plan[0].script), Command(plan[1].script, raises=RemoteError("connection lost"))])
+    again = FakeRemote([Command(None, "@@released\n")])
+    p, _ = make([first, again])
+    o = p.provision()
+    assert o.result == "failed" and not o.ok
+    assert [s.status for s in o.steps[:3]] == ["changed", "failed", "not run"]
+    cut = o.steps[1]
+    assert "connection lost" in cut.error and "run provision again" in cut.fix and "dpkg --configure -a" in cut.fix
+    assert o.message.startswith(f"step {cut.name} did not finish: ")
+    final = again.sent[-1]  # the audit lines (the cut step's failure among them) and the unlock
+    assert f'"step":"{cut.name}"' in final and '"result":"failed"' in final and TOKEN in final
+    first.assert_done()
+    again.assert_done()

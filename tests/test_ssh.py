@@ -125,6 +125,12 @@ def test_a_result_carries_the_command_that_produced_it(remote):
     assert remote.run(["printf", "%s", "a b"]).command == "printf %s 'a b'"
 
 
+def test_a_connection_that_drops_mid_command_is_an_error_not_an_exit_status(remote):
+    # the command kills the server's session process: no exit status ever comes
+    with pytest.raises(RemoteError, match="the SSH connection dropped before the command ended"):
+        remote.run("echo started; kill -9 $PPID; sleep 5")
+
+
 def test_command_timeout_is_enforced(remote):
     t0 = time.monotonic()
     with pytest.raises(RemoteError, match="timed out after 1s"):

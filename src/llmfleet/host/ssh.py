@@ -282,6 +282,9 @@ class Remote:
             chan.close()
         except (paramiko.SSHException, OSError, EOFError) as exc:
             raise RemoteError(f"host {self.name}: SSH command failed: {exc or type(exc).__name__}") from None
+        if rc == -1 and not transport.is_active():  # closed with no exit status: the connection dropped
+            raise RemoteError(f"host {self.name}: the SSH connection dropped before the command ended "
+                              f"(what it did on the host is unknown): {_short(cmd)}")
         res = Result(rc=rc, stdout=out.decode("utf-8", "replace"), stderr=err.decode("utf-8", "replace"),
                      command=command if isinstance(command, str) else shlex.join(list(command)))
         if check and rc != 0:

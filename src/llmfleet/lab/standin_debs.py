@@ -55,6 +55,8 @@ _POSTINST_REBOOT = """#!/bin/sh
 set -e
 # Like Debian's kernel and DKMS packages: the new module is used after the next boot.
 if [ "$1" = configure ]; then
+  # SIMULATOR of a DKMS build's duration (a real one takes minutes): the seconds in this file, if any.
+  if [ -r /etc/llmfleet-sim/dkms-build-seconds ]; then sleep "$(cat /etc/llmfleet-sim/dkms-build-seconds)"; fi
   touch /run/reboot-required
   grep -qx '{name}' /run/reboot-required.pkgs 2>/dev/null || echo '{name}' >> /run/reboot-required.pkgs
 fi

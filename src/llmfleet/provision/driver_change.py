@@ -30,8 +30,8 @@ from llmfleet.provision.steps import APT_ENV
 q = shlex.quote
 DRIVER_PACKAGE = re.compile(r"^(nvidia-|libnvidia-|cuda-drivers|firmware-nvidia-|xserver-xorg-video-nvidia)")
 KEEP_DIR = "driver-previous"
-APT_LOCAL_INSTALL = ("apt-get -y -q -o Dpkg::Options::=--force-confold --no-install-recommends --allow-downgrades "
-                     "--allow-change-held-packages install")
+APT_LOCAL_INSTALL = ("apt-get -y -q -o Dpkg::Options::=--force-confold -o DPkg::Lock::Timeout=300 "
+                     "--no-install-recommends --allow-downgrades --allow-change-held-packages install")
 
 
 @dataclass(frozen=True)

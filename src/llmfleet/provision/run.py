@@ -49,6 +49,8 @@ FIX = {
     "docker-runtime-config": "read `journalctl -u docker` and /etc/docker/daemon.json on the host, then run provision "
                              "again",
     "persistence": "read `journalctl -u nvidia-persistenced` on the host, then run provision again",
+    "cut": "run provision again once the host answers: its facts see what dpkg left half-done and finish it first "
+           "(dpkg --configure -a, apt-get -f install), then the rest",
 }
 
 
@@ -245,7 +247,15 @@ class Provisioner:
                 continue
             t = self.clock()
             self.log(f"{step.name}: " + "; ".join(step.changes))
-            res = self.run(step.script, timeout=STEP_TIMEOUT_S)
+            try:
+                res = self.run(step.script, timeout=STEP_TIMEOUT_S)
+            except LlmfleetError as exc:  # the connection dropped (or timed out) in the middle of the step
+                rep.seconds = round(self.clock() - t, 3)
+                rep.status, rep.error, rep.fix = "failed", str(exc)[:600], FIX["cut"]
+                self.record(step.name, "failed", f"{'; '.join(step.changes)}: {rep.error}")
+                self.close()  # the audit lines and the unlock go through a new connection
+                out.result, out.message = "failed", f"step {step.name} did not finish: {rep.error}"
+                return
             rep.seconds = round(self.clock() - t, 3)
             if res.rc == 0:
                 rep.status = "changed"
@@ -401,7 +411,11 @@ class Provisioner:
     def _finish(self, token: str) -> None:
         script = store.final_script(self.settings.root, [], self.audit, token)
         try:
-            self.run(script, timeout=60)
+            try:
+                self.run(script, timeout=60)
+            except LlmfleetError:  # a connection that dropped: once more through a new one
+                self.close()
+                self.run(script, timeout=60)
         except LlmfleetError as exc:
             self.log(f"warning: the audit lines and the unlock did not complete: {exc}; release the lock with "
                      f"`invoke lock.release --host {self.host} --yes`")

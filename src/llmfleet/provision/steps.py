@@ -23,12 +23,15 @@ from llmfleet.provision.facts import ProvisionFacts, driver_matches, upstream_ve
 
 q = shlex.quote
 APT_ENV = "export DEBIAN_FRONTEND=noninteractive"
-APT_INSTALL = ("apt-get -y -q -o Dpkg::Options::=--force-confold --no-install-recommends --allow-downgrades "
-               "--allow-change-held-packages install")
+# DPkg::Lock::Timeout: wait (bounded) for an apt or dpkg that still runs (unattended-upgrades, or an
+# install whose SSH connection dropped) instead of failing at once, as Ansible's apt module does.
+APT_INSTALL = ("apt-get -y -q -o Dpkg::Options::=--force-confold -o DPkg::Lock::Timeout=300 --no-install-recommends "
+               "--allow-downgrades --allow-change-held-packages install")
 APT_UPDATE = "apt-get -q update"
 # After any failed step: the package manager is left consistent (a half-configured package finished or
 # its broken dependencies resolved), whatever state the failure left it in.
-REPAIR = f"{APT_ENV}\ndpkg --configure -a\napt-get -y -q -o Dpkg::Options::=--force-confold -f install"
+REPAIR = (f"{APT_ENV}\ndpkg --configure -a\n"
+          "apt-get -y -q -o Dpkg::Options::=--force-confold -o DPkg::Lock::Timeout=300 -f install")
 CTK_CONFIGURE = "nvidia-ctk runtime configure --runtime=docker"
 ORDER = ("dpkg-repair", "sources", "packages-runtime", "toolkit", "driver", "hold", "files", "user", "folders",
          "docker-runtime-config", "persistence", "reboot")

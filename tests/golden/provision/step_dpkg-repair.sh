@@ -1,3 +1,3 @@
 export DEBIAN_FRONTEND=noninteractive
 dpkg --configure -a
-apt-get -y -q -o Dpkg::Options::=--force-confold -f install
+apt-get -y -q -o Dpkg::Options::=--force-confold -o DPkg::Lock::Timeout=300 -f install
