@@ -64,6 +64,28 @@ def _logger(name: str, *, quiet: bool):
     return log
 
 
+def _source_files(h, hs, inv_path: str):
+    """``llmfleet_apt_sources``' files for host ``h``: each key read from the inventory folder (one-line
+    error naming the host, the field and the file; before any host is contacted)."""
+    from pathlib import Path
+
+    from llmfleet.provision import desired as D
+
+    base = Path(h.inventory_dir or (inv_path if Path(inv_path).is_dir() else Path(inv_path).parent))
+    keys = {}
+    for i, src in enumerate(hs.apt_sources):
+        path = Path(src.key_file).expanduser()
+        path = path if path.is_absolute() else base / path
+        where = f"host {h.name}: llmfleet_apt_sources[{i}].key_file {path}"
+        try:
+            text = path.read_text(encoding="ascii")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UsageError(f"{where}: cannot be read ({getattr(exc, 'strerror', None) or exc}); give the path "
+                             "of the source's ASCII-armored key, relative to the inventory folder") from None
+        keys[src.name] = D.check_key(text, where)
+    return D.source_files(hs.apt_sources, keys)
+
+
 def _service_gate(h, hs, inv, settings, who, accept_new_host_keys, log):
     """The host's services around a driver change: stop what runs (drained at its gateways first), start
     it again and health-check it (release/service_ops.py)."""
@@ -149,7 +171,7 @@ def provision(c, host=None, group=None, inventory=None, check=False, diff=False,
                     refs.append(ref.pull_ref)
             except UsageError:
                 pass  # the deploy refuses it; the GPU container check uses the images it can name
-        jobs.append((h, hs, lock, refs))
+        jobs.append((h, hs, lock, refs, _source_files(h, hs, inv.path)))
     who = default_who()
 
     def confirm(name):
@@ -166,15 +188,15 @@ def provision(c, host=None, group=None, inventory=None, check=False, diff=False,
     todo = batches(jobs, serial_list)
     for i, batch in enumerate(todo):
         failed = 0
-        for h, hs, lock, refs in batch:
+        for h, hs, lock, refs, files in batch:
             log = _logger(h.name, quiet=json)
 
-            def make(is_check: bool, ask: bool, h=h, hs=hs, lock=lock, refs=refs, log=log):
+            def make(is_check: bool, ask: bool, h=h, hs=hs, lock=lock, refs=refs, log=log, files=files):
                 return prun.Provisioner(
                     h.name, hs, functools.partial(ssh.connect, h, config=settings,
                                                   accept_new_host_keys=accept_new_host_keys),
                     log=log, who=who, origin=who, pid=os.getpid(), check=is_check, pinned_branch=branch,
-                    image_refs=refs, preflight=prun.preflight_checks(h.name, hs, lock),
+                    image_refs=refs, extra_files=files, preflight=prun.preflight_checks(h.name, hs, lock),
                     confirm=confirm(h.name) if ask else None)
 
             if check:

@@ -493,6 +493,32 @@ def check_compose_overrides(v: dict[str, Any]) -> dict[str, Any]:
     return v
 
 
+_APT_URI = r"^(https?://[A-Za-z0-9._~:/?#\[\]@!$&()*+,;=%-]+|file:/[A-Za-z0-9._/-]*)$"
+
+
+class AptSource(_Strict):
+    """A package source provisioning writes on the host (``llmfleet_apt_sources``, docs/provision.md): a
+    deb822 ``/etc/apt/sources.list.d/llmfleet-<name>.sources`` with ``Signed-By`` the key it copies to
+    ``/etc/apt/keyrings/llmfleet-<name>.asc`` (a site mirror, NVIDIA's CUDA repository, Docker's)."""
+
+    name: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9-]{0,39}$")]
+    uris: Annotated[list[Annotated[str, Field(pattern=_APT_URI, max_length=500)]], Field(min_length=1, max_length=8)]
+    suites: Annotated[list[Annotated[str, Field(pattern=r"^[A-Za-z0-9._/-]{1,100}$")]], Field(min_length=1, max_length=8)]
+    components: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9._-]{1,100}$")]] = Field(default_factory=list)
+    # an ASCII-armored OpenPGP public key, relative to the inventory folder (`gpg --armor --export`)
+    key_file: Annotated[str, Field(min_length=1, max_length=1024)]
+
+    @model_validator(mode="after")
+    def _flat(self) -> AptSource:
+        flat = [s for s in self.suites if s.endswith("/")]
+        if flat and self.components:
+            raise ValueError(f"source {self.name}: a flat repository's suite ({flat[0]}) takes no components "
+                             "(leave components out)")
+        if not flat and not self.components:
+            raise ValueError(f"source {self.name}: give components (e.g. [main]) or a flat suite ending in /")
+        return self
+
+
 class HostSettings(_Strict):
     """All ``llmfleet_*`` variables of one host, after Ansible-style merging."""
 
@@ -520,6 +546,8 @@ class HostSettings(_Strict):
 
     services: list[Service] = Field(default_factory=list)
     gpu: str | None = Field(None, description="card (catalog id or nvidia-smi name) when facts are not gathered")
+    # package sources `invoke provision` writes (a site mirror, a vendor repository), each with its key
+    apt_sources: Annotated[list[AptSource], Field(max_length=16)] = Field(default_factory=list)
     root: Annotated[str, Field(pattern=r"^/[A-Za-z0-9._/-]*$")] = "/opt/llmfleet"
     keep_releases: Annotated[int, Field(ge=1, le=100)] = 5
     image_mirrors: dict[str, str] = Field(default_factory=dict)
@@ -573,6 +601,9 @@ class HostSettings(_Strict):
 
     @model_validator(mode="after")
     def _unique(self) -> HostSettings:
+        sources = [a.name for a in self.apt_sources]
+        if len(set(sources)) != len(sources):
+            raise ValueError(f"apt source name {next(n for n in sources if sources.count(n) > 1)!r} appears twice")
         seen_names: set[str] = set()
         seen_ports: dict[int, str] = {}
         for s in self.services:

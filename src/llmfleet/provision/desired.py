@@ -9,11 +9,11 @@ files provisioning writes (mode, owner), the deploy user's groups, the folders, 
 from __future__ import annotations
 
 import posixpath
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from llmfleet.errors import UsageError
-from llmfleet.inventory.services import HostSettings
+from llmfleet.inventory.services import AptSource, HostSettings
 from llmfleet.knowledge.driver_choice import (
     Distro,
     DriverChoice,
@@ -64,6 +64,40 @@ def driver_pin(choice: DriverChoice, driver_package: str) -> ManagedFile | None:
     if not version:
         return None
     return ManagedFile(DRIVER_PIN_FILE, driver_pin_text(version, choice.branch), step="sources")
+
+
+KEYRING_DIR = "/etc/apt/keyrings"
+SOURCES_DIR = "/etc/apt/sources.list.d"
+ARMOR_BEGIN = "-----BEGIN PGP PUBLIC KEY BLOCK-----"
+
+
+def source_paths(name: str) -> tuple[str, str]:
+    """Where a source's key and its deb822 file go on the host."""
+    return f"{KEYRING_DIR}/llmfleet-{name}.asc", f"{SOURCES_DIR}/llmfleet-{name}.sources"
+
+
+def source_files(sources: Sequence[AptSource], keys: Mapping[str, str]) -> tuple[ManagedFile, ...]:
+    """The key and the deb822 sources file of each ``llmfleet_apt_sources`` entry (``keys``: name ->
+    the armored key's text, read from the inventory folder by the caller)."""
+    out: list[ManagedFile] = []
+    for i, src in enumerate(sources):
+        key_path, list_path = source_paths(src.name)
+        lines = [f"# Written by llmfleet provision from the inventory (llmfleet_apt_sources[{i}]: {src.name})",
+                 "Types: deb", f"URIs: {' '.join(src.uris)}", f"Suites: {' '.join(src.suites)}"]
+        if src.components:
+            lines.append(f"Components: {' '.join(src.components)}")
+        lines.append(f"Signed-By: {key_path}")
+        out += [ManagedFile(key_path, keys[src.name], step="sources"),
+                ManagedFile(list_path, "\n".join(lines) + "\n", step="sources")]
+    return tuple(out)
+
+
+def check_key(text: str, where: str) -> str:
+    """An ASCII-armored OpenPGP public key, else UsageError naming ``where`` and the fix."""
+    if ARMOR_BEGIN not in text[:4096] or "-----END PGP PUBLIC KEY BLOCK-----" not in text:
+        raise UsageError(f"{where}: not an ASCII-armored OpenPGP public key; export it with "
+                         "`gpg --armor --export KEYID > FILE` (or `gpg --enarmor` a binary keyring)")
+    return text
 
 
 @dataclass(frozen=True)
@@ -150,7 +184,8 @@ def folders(settings: HostSettings, user: str) -> tuple[Folder, ...]:
 def facts_query(settings: HostSettings, user: str) -> FactsQuery:
     """What the facts script reads besides its fixed sections (known before the host is contacted)."""
     return FactsQuery(user=user, folders=tuple(f.path for f in folders(settings, user)),
-                      files=(DRIVER_PIN_FILE, *(f.path for f in managed_files(user))), units=(DOCKER_UNIT, PERSISTENCE_UNIT))
+                      files=(DRIVER_PIN_FILE, *(p for a in settings.apt_sources for p in source_paths(a.name)),
+                             *(f.path for f in managed_files(user))), units=(DOCKER_UNIT, PERSISTENCE_UNIT))
 
 
 def cards_for(host: str, settings: HostSettings, facts: ProvisionFacts) -> tuple[str, ...]:
