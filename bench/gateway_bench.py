@@ -227,6 +227,32 @@ class Route:
                             trust_env=False, limits=httpx.Limits(max_connections=1, max_keepalive_connections=1))
 
 
+class Rotating:
+    """Straight to the replicas in turn, one kept-alive connection each: what the gateway does with
+    sequential requests (leastconn among idle replicas takes them in turn), without the gateway. The
+    fair baseline: one replica asked back to back stays hot in the CPU's caches, four in turn do not."""
+
+    def __init__(self, name: str, routes: list[Route]) -> None:
+        self.name, self.routes = name, routes
+
+    def client(self) -> _RotatingClient:
+        return _RotatingClient([r.client() for r in self.routes])
+
+
+class _RotatingClient:
+    def __init__(self, clients: list[httpx.Client]) -> None:
+        self.clients, self.i = clients, 0
+
+    def post(self, path: str, **kw: Any) -> httpx.Response:
+        c = self.clients[self.i % len(self.clients)]
+        self.i += 1
+        return c.post(path, **kw)
+
+    def close(self) -> None:
+        for c in self.clients:
+            c.close()
+
+
 def scrape(url: str) -> dict[str, int]:
     """The gateway frontend's connection and request counts, from its metrics port."""
     try:
@@ -263,7 +289,7 @@ def warm(client: httpx.Client, name: str, n: int = 20) -> None:
             raise SystemExit(f"{name}: the warm-up request failed: {why}")
 
 
-def latency(paths: list[Route], requests: int, max_s: float) -> dict[str, Any]:
+def latency(paths: list[Any], requests: int, max_s: float) -> dict[str, Any]:
     """``requests`` rounds, each one request on every path in turn (sequential), until ``max_s``."""
     clients = {p.name: p.client() for p in paths}
     lat: dict[str, list[float]] = {p.name: [] for p in paths}
@@ -412,15 +438,19 @@ def main() -> int:
         print(f"deployed 4 replicas and 2 gateways: {deploy(inv, tmp):.1f}s", file=sys.stderr)
         gw = addresses[GATEWAY_HOST]
         direct = Route(f"direct {REPLICA_HOSTS[0]}:8000", f"http://{addresses[REPLICA_HOSTS[0]]}:8000", REPLICA_KEY)
+        rotating = Rotating("direct, 4 replicas in turn", [
+            Route(f"{h}:{port}", f"http://{addresses[h]}:{port}", REPLICA_KEY)
+            for port in (8000, 8001) for h in REPLICA_HOSTS])
         plain = Route(f"gateway http :{PLAIN_PORT} (4 replicas)", f"http://{gw}:{PLAIN_PORT}", CLIENT_KEY)
         tls = Route(f"gateway https :{TLS_PORT} (4 replicas)", f"https://{gw}:{TLS_PORT}", CLIENT_KEY,
                     ssl.create_default_context(cafile=str(cert)))
-        res["paths"] = [direct.name, plain.name, tls.name]
+        # the first path is the baseline of "added": the replicas in turn, as the gateway sends them
+        res["paths"] = [rotating.name, direct.name, plain.name, tls.name]
         metrics = {plain.name: f"http://{gw}:9912/metrics", tls.name: f"http://{gw}:9902/metrics"}
         before = {n: scrape(u) for n, u in metrics.items()}
         since = int(time.time())
         print(f"latency: {args.requests} rounds", file=sys.stderr)
-        res["latency"] = latency([direct, plain, tls], args.requests, args.latency_max_s)
+        res["latency"] = latency([rotating, direct, plain, tls], args.requests, args.latency_max_s)
         after = {n: scrape(u) for n, u in metrics.items()}
         res["latency"]["haproxy_log"] = gateway_log(lab, "gateway-plain", since)
         res["latency"]["frontend"] = {n: {k: after[n].get(k, 0) - before[n].get(k, 0) for k in after[n]}

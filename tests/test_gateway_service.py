@@ -191,6 +191,14 @@ def test_compose_runs_haproxy_in_the_hosts_network_with_its_folder_read_only(tmp
     assert c["labels"]["io.llmfleet.engine"] == "gateway"
 
 
+def test_haproxys_large_buffers_come_from_the_heap_not_a_fresh_mmap_per_request(tmp_path):
+    _, plan, c = rendered(tmp_path, max_body_mib=4)
+    assert gc.buffer_size(plan.spec.max_body_bytes) > 4 << 20  # tune.bufsize: above glibc's default 128 KiB
+    assert c["environment"] == {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(64 << 20)}
+    _, plan, c = rendered(tmp_path / "big", max_body_mib=40)
+    assert c["environment"]["MALLOC_TRIM_THRESHOLD_"] == str(4 * gc.buffer_size(40 << 20))
+
+
 def test_the_stop_lets_streams_finish_for_the_gateways_timeout_and_the_unit_waits_longer(tmp_path):
     r, _, c = rendered(tmp_path, timeout_s=900)
     assert c["stop_grace_period"] == "905s"

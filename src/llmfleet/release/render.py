@@ -604,6 +604,11 @@ def render(
     else:
         gpu_request = [int(g) for g in service.gpus]
 
+    environment = box["environment"] | dict(service.env) | dict(head.environment)
+    if gateway is not None and service.engine == "gateway":  # HAProxy's large buffers from the heap
+        from llmfleet.release import gateway_config
+
+        environment = gateway_config.allocator_env(gateway_config.buffer_size(gateway.spec.max_body_bytes)) | environment
     ctx = {
         "service_name": service.name,
         "engine": service.engine,
@@ -612,7 +617,7 @@ def render(
         "image": image.pull_ref,
         "entrypoint": list(head.entrypoint) if head.entrypoint else None,
         "args": args,
-        "environment": dict(sorted((box["environment"] | dict(service.env) | dict(head.environment)).items())),
+        "environment": dict(sorted(environment.items())),
         "port": service.port,
         "container_port": box["port"],
         "bind_address": bind,
