@@ -38,11 +38,13 @@ def test_a_host_without_a_driver_has_nothing_to_go_back_to():
     assert DC.previous_driver(facts, "nvidia-driver") is None
 
 
-def test_the_go_back_removes_the_other_branchs_packages_not_the_toolkit():
+def test_the_go_back_removes_the_other_branchs_packages_not_the_toolkit_nor_the_daemon():
     after = F.ProvisionFacts(packages=pkgs(nvidia_driver_580_server="580.95.05-0ubuntu1",
+                                           nvidia_persistenced="550.54.14-1",
                                            nvidia_driver="580.95.05-1", nvidia_container_toolkit="1.19.1-1",
                                            libnvidia_container1="1.19.1-1", nvidia_smi="580.95.05-1"))
-    assert DC.go_back_removals(PREV, after) == ("nvidia-driver-580-server",)
+    assert DC.go_back_removals(PREV, after, "580.95.05") == ("nvidia-driver-580-server",)
+    assert DC.go_back_removals(PREV, after, None) == ()
 
 
 def test_the_go_back_script_installs_the_kept_files_removes_and_holds_again():
@@ -107,9 +109,9 @@ class FakeProvisioner:
         self.world.calls.append("keep")
         return ({} if self.world.keep_missing else dict(FILES)), (["nvidia-smi"] if self.world.keep_missing else [])
 
-    def go_back(self, prev, files):
+    def go_back(self, prev, files, target):
         self.world.calls.append("go-back")
-        assert files == FILES
+        assert files == FILES and target == "580.95.05"
         return Outcome("h1", result="changed" if self.world.back_ok else "failed", rebooted=True,
                        message="" if self.world.back_ok else "apt broke", driver={"running": "570.172.08"})
 

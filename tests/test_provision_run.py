@@ -209,3 +209,47 @@ def test_a_connection_cut_mid_step_reports_the_step_and_unlocks_through_a_new_co
     assert f'"step":"{cut.name}"' in final and '"result":"failed"' in final and TOKEN in final
     first.assert_done()
     again.assert_done()
+
+
+def test_the_go_back_installs_the_kept_driver_reboots_and_checks_nvidia_smi():
+    from llmfleet.provision import driver_change as DC
+
+    old = converged(desired(pinned_branch=535))
+    prev = DC.previous_driver(old, "nvidia-driver")
+    assert prev is not None and prev.version == "535.247.01" and "nvidia-kernel-dkms" in prev.names
+    files = {n: f"{n}_{v}_amd64.deb" for n, v in prev.packages}
+    after = converged(desired(pinned_branch=580))  # the new driver, installed and running
+    after.packages["nvidia-driver-580-server"] = F.PkgState("580.95.05-0ubuntu1", "ii ")  # another branch's name
+    assert DC.go_back_removals(prev, after, "580.95.05") == ("nvidia-driver-580-server",)
+    script = DC.go_back_script(SETTINGS.root, prev, files, ["nvidia-driver-580-server"], sorted(after.holds))
+    first = FakeRemote([Command(facts_cmd(), doc(after)), Command(lock_cmd(), "@@acquired\n"), Command(script),
+                        Command(R.BOOT_MARK, "boot-a\n1\n"), Command("systemctl reboot", raises=RemoteError("gone"))])
+    back = FakeRemote([Command(R.BOOT_MARK, "boot-b\n1\n"), Command(facts_cmd(), doc(old)),
+                       Command(None, "@@released\n")])
+    p, _ = make([first, RemoteError("refused"), back])
+    o = p.go_back(prev, files, "580.95.05")
+    assert (o.result, o.message, o.rebooted) == ("changed", "back on driver 535.247.01", True)
+    assert o.checks == [{"id": "driver", "status": "pass", "message": "nvidia-smi reports 535.247.01"}]
+    assert [(s.name, s.status) for s in o.steps] == [("go-back", "changed")]
+    assert "remove nvidia-driver-580-server" in o.steps[0].changes[0]
+    final = back.sent[-1]
+    assert '"step":"go-back"' in final and '"result":"changed"' in final and TOKEN in final
+    for r in (first, back):
+        r.assert_done()
+
+
+def test_a_go_back_that_apt_refuses_repairs_apt_and_says_so():
+    from llmfleet.provision import driver_change as DC
+
+    prev = DC.Previous("535.247.01", (("nvidia-driver", "535.247.01-1~deb12u1"),), ())
+    files = {"nvidia-driver": "nvidia-driver_535.247.01-1~deb12u1_amd64.deb"}
+    after = converged(desired(pinned_branch=580))
+    script = DC.go_back_script(SETTINGS.root, prev, files, [], sorted(after.holds))
+    remote = FakeRemote([Command(facts_cmd(), doc(after)), Command(lock_cmd(), "@@acquired\n"),
+                         Command(script, exit=100, err="E: Unable to correct problems"), Command(S.REPAIR),
+                         Command(None, "@@released\n")])
+    p, _ = make([remote])
+    o = p.go_back(prev, files)
+    assert o.result == "failed" and o.message == "go-back failed: E: Unable to correct problems"
+    assert "package manager was left consistent" in o.steps[0].fix and not o.rebooted
+    remote.assert_done()

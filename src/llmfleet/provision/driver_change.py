@@ -114,14 +114,16 @@ def parse_kept(stdout: str) -> tuple[dict[str, str], list[str]]:
     return kept, missing
 
 
-def go_back_removals(prev: Previous, after: ProvisionFacts) -> tuple[str, ...]:
-    """Driver packages installed after the change that the previous driver did not have (another branch's
-    names, such as Ubuntu's ``nvidia-driver-580-server``): the go-back removes them."""
+def go_back_removals(prev: Previous, after: ProvisionFacts, target: str | None) -> tuple[str, ...]:
+    """The failed driver's own packages that the previous driver did not have (another branch's names,
+    such as Ubuntu's ``nvidia-driver-580-server``): installed at the ``target`` version after the change.
+    The go-back removes them; a package of another version (the persistence daemon, the toolkit) stays."""
+    if not target:
+        return ()
     keep = set(prev.names)
     return tuple(sorted(name for name, st in after.packages.items()
                         if st.installed and DRIVER_PACKAGE.match(name) and name not in keep
-                        and upstream_version(st.version) != prev.version and not name.startswith("libnvidia-container")
-                        and not name.startswith("nvidia-container")))
+                        and upstream_version(st.version) == target))
 
 
 def go_back_script(root: str, prev: Previous, files: Mapping[str, str], remove: Sequence[str],

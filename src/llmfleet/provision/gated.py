@@ -117,7 +117,7 @@ def _gated(make: Callable[[bool, bool], Provisioner], services: ServiceGate, log
             out.message += f"; the services did not come back: {again}"
         return out
     log(f"going back to driver {prev.version}: " + (change_why or detail))
-    back = make(False, False).go_back(prev, files)
+    back = make(False, False).go_back(prev, files, target)
     gate["go_back"] = back.to_dict()
     went = back.result == "changed"
     again_ok: bool | None = None

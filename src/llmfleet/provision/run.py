@@ -178,10 +178,15 @@ class Provisioner:
     # -- the run ----------------------------------------------------------------------------------
 
     def provision(self) -> Outcome:
+        return self._outcome(self._provision)
+
+    def _outcome(self, body: Callable[[Outcome], None]) -> Outcome:
+        """``body`` on a new outcome: bad input refused, host trouble failed, never raised; the round
+        trips and seconds counted and the connection closed, whatever happened."""
         out = Outcome(self.host)
         t0 = self.clock()
         try:
-            self._provision(out)
+            body(out)
         except UsageError as exc:
             out.result, out.message, out.usage = "refused", str(exc), True
         except LlmfleetError as exc:
@@ -359,54 +364,48 @@ class Provisioner:
         finally:
             self.close()
 
-    def go_back(self, prev: DC.Previous, files: dict[str, str]) -> Outcome:
+    def go_back(self, prev: DC.Previous, files: dict[str, str], target: str | None = None) -> Outcome:
         """Back to ``prev`` after a driver change its services did not survive: under the deploy lock,
         the kept files installed again (the new branch's own packages removed), held, a reboot, then
-        nvidia-smi must report ``prev.version``. Audited as ``provision`` step ``go-back``."""
-        out = Outcome(self.host)
-        t0 = self.clock()
+        nvidia-smi must report ``prev.version``. Audited as ``provision`` step ``go-back``. ``target``: the
+        driver version the change installed (its packages the old driver lacks are removed)."""
+        return self._outcome(lambda out: self._go_back(out, prev, files, target))
+
+    def _go_back(self, out: Outcome, prev: DC.Previous, files: dict[str, str], target: str | None) -> None:
+        user = str(getattr(self.link, "user", None) or "root")
+        after = self.gather(user)
+        lock = self._lock(out)
+        if lock is None:
+            return
         try:
-            user = str(getattr(self.link, "user", None) or "root")
-            after = self.gather(user)
-            lock = self._lock(out)
-            if lock is None:
-                return out
-            try:
-                removals = DC.go_back_removals(prev, after)
-                script = DC.go_back_script(self.settings.root, prev, files, removals, sorted(after.holds))
-                what = f"install the kept driver {prev.version} again" + (
-                    f", remove {', '.join(removals)}" if removals else "")
-                self.log(f"go-back: {what}")
-                rep = StepReport("go-back", [what], "not run", reboot=True)
-                out.steps = [rep]
-                t = self.clock()
-                res = self.run(script, timeout=STEP_TIMEOUT_S)
-                rep.seconds = round(self.clock() - t, 3)
-                if res.rc != 0:
-                    rep.status, rep.error, rep.fix = "failed", _tail(res), self._repair("driver")
-                    self.record("go-back", "failed", f"{what}: {rep.error}")
-                    out.result, out.message = "failed", f"go-back failed: {rep.error}"
-                    return out
-                rep.status = "changed"
-                self.record("go-back", "changed", what)
-                self._reboot(out)
-                facts = self.gather(user)
-                ok = facts.driver_running == prev.version
-                out.checks.append({"id": "driver", "status": "pass" if ok else "fail",
-                                   "message": f"nvidia-smi reports {facts.driver_running or facts.smi_error or facts.smi}"
-                                              + ("" if ok else f", not the previous {prev.version}")})
-                out.driver = {"version": prev.version, "running": facts.driver_running}
-                out.result = "changed" if ok else "failed"
-                out.message = f"back on driver {prev.version}" if ok else out.checks[-1]["message"]
-            finally:
-                self._finish(lock)
-        except LlmfleetError as exc:
-            out.result, out.message = "failed", str(exc)
+            removals = DC.go_back_removals(prev, after, target)
+            script = DC.go_back_script(self.settings.root, prev, files, removals, sorted(after.holds))
+            what = f"install the kept driver {prev.version} again" + (
+                f", remove {', '.join(removals)}" if removals else "")
+            self.log(f"go-back: {what}")
+            rep = StepReport("go-back", [what], "not run", reboot=True)
+            out.steps = [rep]
+            t = self.clock()
+            res = self.run(script, timeout=STEP_TIMEOUT_S)
+            rep.seconds = round(self.clock() - t, 3)
+            if res.rc != 0:
+                rep.status, rep.error, rep.fix = "failed", _tail(res), self._repair("driver")
+                self.record("go-back", "failed", f"{what}: {rep.error}")
+                out.result, out.message = "failed", f"go-back failed: {rep.error}"
+                return
+            rep.status = "changed"
+            self.record("go-back", "changed", what)
+            self._reboot(out)
+            facts = self.gather(user)
+            ok = facts.driver_running == prev.version
+            out.checks.append({"id": "driver", "status": "pass" if ok else "fail",
+                               "message": f"nvidia-smi reports {facts.driver_running or facts.smi_error or facts.smi}"
+                                          + ("" if ok else f", not the previous {prev.version}")})
+            out.driver = {"version": prev.version, "running": facts.driver_running}
+            out.result = "changed" if ok else "failed"
+            out.message = f"back on driver {prev.version}" if ok else out.checks[-1]["message"]
         finally:
-            out.round_trips = self.trips()
-            out.seconds = self.clock() - t0
-            self.close()
-        return out
+            self._finish(lock)
 
     def _finish(self, token: str) -> None:
         script = store.final_script(self.settings.root, [], self.audit, token)
