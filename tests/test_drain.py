@@ -320,3 +320,20 @@ def test_a_settle_that_fails_is_logged_and_the_replica_still_goes_back(tmp_path)
         pass
     assert link.commands[-1] == READY
     assert "chat: the engine's own requests in flight were not read: host gpu-b: connection lost" in lines
+
+
+def test_a_stop_or_remove_drains_then_settles_and_leaves_the_replica_out(tmp_path):
+    links = {"edge": FakeGateway(), "edge2": FakeGateway()}
+    d, lines = drainer(two_gateways(tmp_path), Connector(links))
+    asked: list[float] = []
+
+    def settle(seconds: float) -> str:
+        asked.append(seconds)
+        return "the engine's own metrics show nothing in flight (0.1s)"
+
+    d.drain("chat", settle=settle)
+    assert asked == [120] and "chat: the engine's own metrics show nothing in flight (0.1s)" in lines
+    assert all(link.commands == [DRAIN, "show stat"] for link in links.values())  # not put back
+    d2, _ = drainer(two_gateways(tmp_path / "again"), Connector({}, refuse={"edge", "edge2"}))
+    d2.drain("chat", settle=asked.append)
+    assert asked == [120]  # no gateway took it: nothing to settle

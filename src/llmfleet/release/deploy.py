@@ -27,14 +27,13 @@ from __future__ import annotations
 import importlib
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from contextlib import nullcontext
 
 from llmfleet import __version__
 from llmfleet.errors import LlmfleetError, RemoteError, UsageError
 from llmfleet.host import ssh
 from llmfleet.inventory.ansible import Inventory
-from llmfleet.inventory.services import Service
 from llmfleet.knowledge import release_state
 from llmfleet.knowledge.planner import Plan
 from llmfleet.release import decide, drain, pipeline, store
@@ -119,7 +118,7 @@ def run_deploy(run: HostRun, ready: PreparedHost, out: HostOutcome, options: Dep
                 pipeline.record_unchanged(run, it, out)
                 continue
             # out of rotation at the gateways in front of it while it restarts (release/drain.py)
-            with (drainer.drained(it.name, settle=_engine_settle(run, it.prepared.service, it.prepared.api_key is not None))
+            with (drainer.drained(it.name, settle=drain.engine_settle(run, it.prepared.service, it.prepared.api_key is not None))
                   if drainer is not None and it.step.switches else nullcontext()):
                 so = _switch_and_check(run, it)
             out.services[it.name] = so
@@ -140,28 +139,6 @@ def run_deploy(run: HostRun, ready: PreparedHost, out: HostOutcome, options: Dep
             drainer.close()
 
 
-
-
-def _engine_settle(run: HostRun, svc: Service, has_key: bool) -> Callable[[float], str]:
-    """After the gateways drained ``svc``: the wait for what its engine still has in flight, read from its
-    own metrics on the host (requests sent straight to it are not the gateways' to count)."""
-    from llmfleet.release import watchdog
-    from llmfleet.release.render import load_role
-
-    def settle(timeout_s: float) -> str:
-        key_env = load_role(svc.engine).api_key_env if has_key else None
-        t0 = time.monotonic()
-        res = run.run(watchdog.inflight_script(svc, run.host_settings, key_env=key_env, timeout_s=timeout_s),
-                      timeout=timeout_s + 30)
-        left = watchdog.parse_inflight(res.stdout)
-        took = time.monotonic() - t0
-        if left is None:
-            return f"the engine's own metrics name no requests in flight to wait for ({took:.1f}s)"
-        if left:
-            return f"the engine still had {left} request(s) running or waiting after {took:.1f}s (the drain timeout)"
-        return f"the engine's own metrics show nothing in flight ({took:.1f}s)"
-
-    return settle
 
 
 def _fleet_gates(run: HostRun, ready: PreparedHost, todo: list[Item], states: dict[str, release_state.ServiceState]) -> None:
@@ -359,7 +336,8 @@ def _rollback_steps(run: HostRun, service: str | None, to: str | None, out: Host
             for st in steps}
     run.lock("rollback")
     for step in steps:
-        with drainer.drained(step.service) if drainer is not None else nullcontext():
+        settle = drain.engine_settle(run, inv_services[step.service], keys.get(step.service) is not None)
+        with drainer.drained(step.service, settle=settle) if drainer is not None else nullcontext():
             paths, st = Paths(run.root, step.service), states[step.service]
             svc = service_for_release(inv_services[step.service], step.manifest)
             if not store.parse_image_present(run.run(store.image_present_script(step.image_ref), timeout=30).stdout):

@@ -23,6 +23,7 @@ from llmfleet.release.gateway_plan import Front, fronting
 
 if TYPE_CHECKING:
     from llmfleet.inventory.ansible import Host, Inventory
+    from llmfleet.inventory.services import Service
     from llmfleet.release.executor import HostRun
 
 POLL_S = 0.5
@@ -131,11 +132,7 @@ class Drainer:
             out.append(d)
             self.log(f"{service}: {d.sentence()}")
         self.done += out
-        if taken and settle is not None:
-            try:
-                self.log(f"{service}: {settle(max(f.drain_timeout_s for f in taken))}")
-            except LlmfleetError as exc:
-                self.log(f"{service}: the engine's own requests in flight were not read: {exc}")
+        self._settle(service, taken, settle)
         try:
             yield out
         finally:
@@ -148,19 +145,30 @@ class Drainer:
                     self.log(f"{service}: NOT put back in rotation at gateway {front.host.name}: {exc}; "
                              f"it rejoins at the gateway's next deploy, or by its runtime API: set server {front.backend}/{front.server} state ready")
 
-    def drain(self, service: str) -> list[Drained]:
+    def drain(self, service: str, settle: Callable[[float], str] | None = None) -> list[Drained]:
         """Out of rotation at every gateway in front of ``service``, and left so (a stop, a remove):
-        ``ready`` puts it back (a start)."""
+        ``ready`` puts it back (a start). ``settle`` as for ``drained``."""
         out = []
+        taken: list[Front] = []
         for front in self.fronts(service):
             try:
                 d = drain_one(self._link(front), front)
             except LlmfleetError as exc:
                 d = Drained(f"{front.host.name}/{front.service.name}", front.server, False, error=str(exc))
+            if d.drained:
+                taken.append(front)
             out.append(d)
             self.log(f"{service}: {d.sentence()}")
         self.done += out
+        self._settle(service, taken, settle)
         return out
+
+    def _settle(self, service: str, taken: list[Front], settle: Callable[[float], str] | None) -> None:
+        if taken and settle is not None:
+            try:
+                self.log(f"{service}: {settle(max(f.drain_timeout_s for f in taken))}")
+            except LlmfleetError as exc:
+                self.log(f"{service}: the engine's own requests in flight were not read: {exc}")
 
     def ready(self, service: str) -> None:
         """Back in rotation at every gateway in front of ``service`` (its checks let traffic in once it
@@ -199,3 +207,25 @@ def for_run(run: HostRun, inventory: Inventory | None) -> Drainer | None:
     from llmfleet.host import ssh
 
     return Drainer(inventory, run.host, lambda h: ssh.connect(h, config=run.settings.ssh), log=run.log)
+
+
+def engine_settle(run: HostRun, svc: Service, has_key: bool) -> Callable[[float], str]:
+    """After the gateways drained ``svc``: the wait for what its engine still has in flight, read from its
+    own metrics on the host (requests sent straight to it are not the gateways' to count)."""
+    from llmfleet.release import watchdog
+    from llmfleet.release.render import load_role
+
+    def settle(timeout_s: float) -> str:
+        key_env = load_role(svc.engine).api_key_env if has_key else None
+        t0 = time.monotonic()
+        res = run.run(watchdog.inflight_script(svc, run.host_settings, key_env=key_env, timeout_s=timeout_s),
+                      timeout=timeout_s + 30)
+        left = watchdog.parse_inflight(res.stdout)
+        took = time.monotonic() - t0
+        if left is None:
+            return f"the engine's own metrics name no requests in flight to wait for ({took:.1f}s)"
+        if left:
+            return f"the engine still had {left} request(s) running or waiting after {took:.1f}s (the drain timeout)"
+        return f"the engine's own metrics show nothing in flight ({took:.1f}s)"
+
+    return settle

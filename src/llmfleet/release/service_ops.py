@@ -227,7 +227,9 @@ def run_service_op(run: HostRun, action: str, names: Sequence[str], out: Service
             continue
         out.acted.append(name)
         if drainer is not None and action in ("stop", "remove"):
-            drainer.drain(name)  # out of the gateways' rotation before its unit stops; left so
+            # out of the gateways' rotation before its unit stops (left so), then what its engine still runs
+            svc = next((x for x in run.host_settings.services if x.name == name), None)
+            drainer.drain(name, settle=drain.engine_settle(run, svc, svc.api_key is not None) if svc else None)
         with run.stage(f"{name}: {action}"):
             result, state, detail = _ACTIONS[action](run, name, states, names, out)
         if drainer is not None and action == "start" and result == Result.STARTED:
