@@ -92,7 +92,8 @@ def _file_script(files: Sequence[ManagedFile]) -> str:
         tmp = f"{f.path}.llmfleet-new"
         b64 = base64.b64encode(f.content.encode()).decode()
         lines += [
-            f"mkdir -p -- {q(posixpath.dirname(f.path) or '/')}",
+            # a folder it creates is 0755 as the distribution's own (the umask above is for the files)
+            f"(umask 022 && mkdir -p -- {q(posixpath.dirname(f.path) or '/')})",
             f"printf '%s' {q(b64)} | base64 -d > {q(tmp)}",
             f"chown {q(f.owner + ':' + f.group)} {q(tmp)}",
             f"chmod {f.mode:04o} {q(tmp)}",
