@@ -26,7 +26,8 @@ from llmfleet.errors import UsageError
 
 VERBOSE_HELP = "print each remote command (secrets masked) with its exit status and duration"
 _STYLE = {"would change": "cyan", "changed": "yellow", "failed": "bold red", "not run": "dim", "ok": "green",
-          "converged": "green", "refused": "bold red", "pass": "green", "warn": "yellow", "fail": "bold red"}
+          "converged": "green", "refused": "bold red", "pass": "green", "warn": "yellow", "fail": "bold red",
+          "went back": "bold yellow"}
 
 
 def _print(o, diff: bool) -> None:
@@ -34,7 +35,7 @@ def _print(o, diff: bool) -> None:
     for s in o.steps:
         changes = "\n".join(s.changes) + (f"\n[bold red]error:[/] {escape(s.error)}\nfix: {escape(s.fix)}"
                                           if s.error else "")
-        t.add_row(escape(s.name) + (" (reboot)" if s.reboot else ""), f"[{_STYLE.get(s.status, '')}]{s.status}[/]",
+        t.add_row(escape(s.name) + (" (reboot)" if s.reboot else ""), f"[{_STYLE.get(s.status, 'default')}]{s.status}[/]",
                   changes if s.error else escape(changes))
     if not o.steps and o.result == "converged":
         t.add_row("all", "[green]ok[/]", "nothing to change")
@@ -49,11 +50,26 @@ def _print(o, diff: bool) -> None:
             if s.diff:
                 console.print(escape(s.diff), highlight=False)
     for c in o.checks:
-        console.print(f"  {escape(c['id'])}: [{_STYLE.get(c['status'], '')}]{c['status'].upper()}[/] {escape(c['message'])}")
+        console.print(f"  {escape(c['id'])}: [{_STYLE.get(c['status'], 'default')}]{c['status'].upper()}[/] "
+                      f"{escape(c['message'])}")
     if o.rebooted:
         console.print(f"  rebooted: back after {o.reboot_seconds} s")
+    g = o.gate
+    if g:  # a driver change gated by serving (provision/gated.py)
+        console.print(f"  previous driver {escape(str(g.get('previous')))} kept on the host "
+                      f"({len(g.get('kept') or [])} package(s)); services stopped: "
+                      f"{escape(', '.join(g.get('services') or []) or 'none running')}")
+        if g.get("health"):
+            console.print(f"  services on the new driver: {escape(str(g['health']))}")
+        back = g.get("go_back")
+        if back:
+            checks = "; ".join(f"{c['id']}: {c['status'].upper()} {c['message']}" for c in back.get("checks", []))
+            console.print(f"  go-back: {escape(str(back.get('result')))}: {escape(str(back.get('message')))}"
+                          + (f" ({escape(checks)})" if checks else ""))
+        if g.get("health_after_go_back"):
+            console.print(f"  services on the old driver again: {escape(str(g['health_after_go_back']))}")
     line = f"{o.host}: {o.result}" + (f": {o.message}" if o.message else "")
-    style = _STYLE.get(o.result, "")
+    style = _STYLE.get(o.result, "default")
     console.print(f"[{style}]{escape(line)}[/] ({o.round_trips} round trip(s), {o.seconds:.2f} s)")
 
 
