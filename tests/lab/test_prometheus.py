@@ -446,7 +446,14 @@ def test_the_hung_alert_fires_for_a_vllm_engine_core_stopped_under_load(lab, vll
         assert len(found) == 1, f"expected one EngineCore process on the host, found {found}"
         stopped = int(found[0])
         lab.exec(host, ["kill", "-STOP", str(stopped)])
-        got = _wait("LlmfleetEngineHung to fire", lambda: _firing(port, "LlmfleetEngineHung") or None, timeout=240)
+        try:
+            got = _wait("LlmfleetEngineHung to fire", lambda: _firing(port, "LlmfleetEngineHung") or None,
+                        timeout=240)
+        except AssertionError as exc:  # say what Prometheus saw: the alert pending, the scrape, the series
+            seen = {q: _query(port, q) for q in ('ALERTS{alertname=~"LlmfleetEngine.*"}',
+                                                 f'up{{host="{host}"}}', f'vllm:num_requests_running{{host="{host}"}}',
+                                                 f'increase(vllm:generation_tokens_total{{host="{host}"}}[1m])')}
+            raise AssertionError(f"{exc}; Prometheus saw: {seen}") from None
         assert got == {host}
         # the API process still answers /metrics: hung, not down
         assert _query(port, f'up{{job=~"llmfleet-.*", host="{host}"}} == 1')
