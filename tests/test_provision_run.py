@@ -112,7 +112,7 @@ def test_a_bare_host_is_provisioned_rebooted_once_verified_and_audited():
                         *[Command(s.script) for s in plan],
                         Command(R.BOOT_MARK, "boot-a\n1\n"), Command("systemctl reboot", raises=RemoteError("gone"))])
     still_old = FakeRemote([Command(R.BOOT_MARK, "boot-a\n1\n")])
-    back = FakeRemote([Command(R.BOOT_MARK, "boot-b\n1\n"), Command(facts_cmd(), doc(done)),
+    back = FakeRemote([Command(R.BOOT_MARK, "boot-b\n1\n"), Command(R.BOOT_SETTLE, "running\n"), Command(facts_cmd(), doc(done)),
                        Command(R.container_check_script(["reg/llama@sha256:1"]), "@@noimage\n"),
                        Command(None, "@@released\n")])
     p, clock = make([first, still_old, RemoteError("refused"), back], image_refs=["reg/llama@sha256:1"])
@@ -123,7 +123,7 @@ def test_a_bare_host_is_provisioned_rebooted_once_verified_and_audited():
     assert {c["id"]: c["status"] for c in o.checks} == {"driver": "pass", "converged": "pass", "gpu-container": "warn"}
     final = back.sent[-1]
     assert final.count('"action":"provision"') == len(plan) and TOKEN in final  # audit lines, then the unlock
-    assert o.round_trips == len(first.sent) + 1 + 4
+    assert o.round_trips == len(first.sent) + 1 + 5  # the boot mark, settled, facts, container check, last
     for r in (first, still_old, back):
         r.assert_done()
 
@@ -184,7 +184,7 @@ def test_pending_reboot_after_a_cut_run_reboots_without_reinstalling():
     f.smi, f.driver_running, f.gpus = "absent", None, []
     first = FakeRemote([Command(facts_cmd(), doc(f)), Command(lock_cmd(), "@@acquired\n"),
                         Command(R.BOOT_MARK, "a\n1\n"), Command("systemctl reboot")])
-    back = FakeRemote([Command(R.BOOT_MARK, "b\n1\n"), Command(facts_cmd(), doc(converged(d))),
+    back = FakeRemote([Command(R.BOOT_MARK, "b\n1\n"), Command(R.BOOT_SETTLE, "degraded\n"), Command(facts_cmd(), doc(converged(d))),
                        Command(None, "@@released\n")])
     p, _ = make([first, back])
     o = p.provision()
@@ -224,7 +224,7 @@ def test_the_go_back_installs_the_kept_driver_reboots_and_checks_nvidia_smi():
     script = DC.go_back_script(SETTINGS.root, prev, files, ["nvidia-driver-580-server"], sorted(after.holds))
     first = FakeRemote([Command(facts_cmd(), doc(after)), Command(lock_cmd(), "@@acquired\n"), Command(script),
                         Command(R.BOOT_MARK, "boot-a\n1\n"), Command("systemctl reboot", raises=RemoteError("gone"))])
-    back = FakeRemote([Command(R.BOOT_MARK, "boot-b\n1\n"), Command(facts_cmd(), doc(old)),
+    back = FakeRemote([Command(R.BOOT_MARK, "boot-b\n1\n"), Command(R.BOOT_SETTLE, "running\n"), Command(facts_cmd(), doc(old)),
                        Command(None, "@@released\n")])
     p, _ = make([first, RemoteError("refused"), back])
     o = p.go_back(prev, files, "580.95.05")

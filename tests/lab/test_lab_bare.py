@@ -74,7 +74,9 @@ def test_bare_host_installs_holds_and_reboots_into_the_new_driver(lab):
         out = remote.run("nvidia-smi --query-gpu=name,driver_version --format=csv,noheader")
     assert out.stdout.strip() == "Tesla T4, 535.247.01"
     assert _sh(lab, "test -e /run/reboot-required", check=False).returncode != 0
-    assert _sh(lab, "systemctl is-active docker").stdout.strip() == "active"  # Docker came back with the host
+    # Docker came back with the host (it may still be starting when sshd already answers: bounded wait)
+    assert _sh(lab, "for i in $(seq 1 120); do systemctl is-active -q docker && break; sleep 0.5; done; "
+                    "systemctl is-active docker").stdout.strip() == "active"
     assert set(_sh(lab, "apt-mark showhold").stdout.split()) == set(DRIVER)  # holds survive the reboot
 
     # an upgrade: the old module stays loaded until the next boot (NVML's version mismatch meanwhile)

@@ -36,6 +36,9 @@ STEP_TIMEOUT_S = 1800.0  # one step (an apt install that builds a kernel module)
 REBOOT_WAIT_S = 600.0  # how long a reboot may take before the run gives up waiting
 REBOOT_POLL_S = 2.0
 BOOT_MARK = "cat /proc/sys/kernel/random/boot_id; cut -d' ' -f22 /proc/1/stat"  # new after any restart of PID 1
+BOOT_SETTLE_S = 300
+# the boot's own jobs done (running, or degraded when a unit failed), bounded; then the state
+BOOT_SETTLE = f"timeout {BOOT_SETTLE_S} systemctl is-system-running --wait >/dev/null 2>&1; systemctl is-system-running"
 APT_STEPS = {"dpkg-repair", "sources", "packages-runtime", "toolkit", "driver", "hold"}
 # preflight checks provisioning answers for (the others: a deploy's image and model, its port)
 HOST_CHECKS = {"gpu", "gpu-health", "cuda-driver", "arch", "docker", "gpu-runtime", "compose"}
@@ -312,7 +315,9 @@ class Provisioner:
             if mark and mark != before:
                 out.rebooted = True
                 out.reboot_seconds = round(self.clock() - t0, 1)
-                self.log(f"back after {out.reboot_seconds:.0f} s")
+                # sshd answers before the boot has finished (Docker may still be starting): wait for it
+                state = self.run(BOOT_SETTLE, timeout=BOOT_SETTLE_S + 30).stdout.strip() or "unknown"
+                self.log(f"back after {out.reboot_seconds:.0f} s (system {state})")
                 return
             self.close()  # still the old boot: not down yet
         raise RemoteError(f"host {self.host}: not back from the reboot after {self.reboot_wait_s:.0f} s "
