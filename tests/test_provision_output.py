@@ -38,3 +38,15 @@ def test_a_gated_change_says_what_it_kept_stopped_and_how_the_go_back_went(capsy
     assert "services on the new driver: tiny: stage container failed" in out
     assert "go-back: changed: back on driver 535.247.01 (driver: PASS nvidia-smi reports 535.247.01)" in out
     assert "services on the old driver again: tiny: healthy, decode 2000.0 tok/s" in out
+
+
+def test_check_says_a_driver_change_on_a_host_with_a_driver_is_gated(capsys):
+    from llmfleet.provision.driver_change import Previous
+
+    o = Outcome("gpu-bare-03", result="would change", previous=Previous("535.247.01", (), ()))
+    o.steps = [StepReport("driver", ["change nvidia-driver 535.247.01-1~deb12u1 -> 580.95.05-1"], "would change", True)]
+    _print(o, False)
+    assert "gated: driver 535.247.01 is kept on the host for a go-back" in capsys.readouterr().out
+    o.steps = [StepReport("files", ["write /etc/x"], "would change")]
+    _print(o, False)
+    assert "gated" not in capsys.readouterr().out

@@ -54,6 +54,11 @@ def _print(o, diff: bool) -> None:
                       f"{escape(c['message'])}")
     if o.rebooted:
         console.print(f"  rebooted: back after {o.reboot_seconds} s")
+    from llmfleet.provision.gated import changes_driver
+
+    if changes_driver(o):
+        console.print(f"  gated: driver {escape(o.previous.version)} is kept on the host for a go-back; the services "
+                      "that run are drained and stopped first, started and health-checked after the reboot")
     g = o.gate
     if g:  # a driver change gated by serving (provision/gated.py)
         console.print(f"  previous driver {escape(str(g.get('previous')))} kept on the host "
