@@ -94,7 +94,7 @@ def push_models(prepared: list[Any], settings: Any, source: Any, *, forks: int, 
     from the bundle, each under the host's deploy lock as ``models.push`` takes it, but refused at once
     (as the ``task`` it is part of would be) when another writer holds it. Returns host -> why it failed."""
     from llmfleet.models import push
-    from llmfleet.release.executor import default_who
+    from llmfleet.release.who import default_who
 
     by_path = {m.host_path: m for m in source.bundle.models}
     jobs: list[Any] = []

@@ -21,7 +21,7 @@ from llmfleet.fleet import bench_defaults as D  # the defaults in the help text
 
 
 def _who() -> str:
-    from llmfleet.release.executor import default_who
+    from llmfleet.release.who import default_who
 
     return default_who()
 

@@ -108,7 +108,7 @@ def push(c, host=None, group=None, inventory=None, service=None, source=None, fr
     import sys
 
     from llmfleet.models import push as P
-    from llmfleet.release.executor import default_who
+    from llmfleet.release.who import default_who
 
     inv, hosts = select_hosts(c, inventory, host, group)
     settings = load_settings(c)

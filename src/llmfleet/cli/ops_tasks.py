@@ -338,7 +338,7 @@ def upgrade(c, group=None, host=None, inventory=None, image=None, set_=None, ser
                          "; ".join(f"{k}: {v}" for k, v in excluded.items()))
 
     config = load_settings(c)
-    from llmfleet.release.executor import default_who
+    from llmfleet.release.who import default_who
 
     who = default_who()
     msg = message or (f"upgrade --group {group}" + "".join(f" --image {v}" for v in images.values())

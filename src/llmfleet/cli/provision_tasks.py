@@ -111,11 +111,14 @@ def _service_gate(h, hs, inv, settings, who, accept_new_host_keys, log):
     """The host's services around a driver change: stop what runs (drained at its gateways first), start
     it again and health-check it (release/service_ops.py)."""
     from llmfleet.provision.gated import ServiceGate
-    from llmfleet.release.service_ops import service_op
 
     names = [s.name for s in hs.services]
 
     def stop():
+        from llmfleet.release.service_ops import (
+            service_op,  # only for a driver change: not on a converged host
+        )
+
         if not names:
             return [], None
         r = service_op(h, hs, "stop", names, config=settings, message="driver change", who=who,
@@ -123,6 +126,8 @@ def _service_gate(h, hs, inv, settings, who, accept_new_host_keys, log):
         return list(r.acted), (None if r.ok else (r.reason or str(r.result)))
 
     def start(which):
+        from llmfleet.release.service_ops import service_op
+
         r = service_op(h, hs, "start", which, config=settings, message="driver change", who=who,
                        accept_new_host_keys=accept_new_host_keys, log=log, inventory=inv)
         said = "; ".join(f"{n}: {r.health.get(n) or r.services.get(n, '?')}" for n in which)
@@ -168,7 +173,7 @@ def provision(c, host=None, group=None, inventory=None, check=False, diff=False,
     from llmfleet.inventory.ansible import settings_for
     from llmfleet.provision import gated
     from llmfleet.provision import run as prun
-    from llmfleet.release.executor import default_who
+    from llmfleet.release.who import default_who
 
     if not host and not group:
         raise UsageError("provision needs --host or --group (which hosts to converge)")

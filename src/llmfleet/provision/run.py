@@ -28,7 +28,6 @@ from llmfleet.provision import desired as D
 from llmfleet.provision import driver_change as DC
 from llmfleet.provision import facts as F
 from llmfleet.provision import steps as S
-from llmfleet.release import store
 
 q = shlex.quote
 Log = Callable[[str], None]
@@ -169,6 +168,8 @@ class Provisioner:
                 self.remote = None
 
     def record(self, step: str, result: str, detail: str) -> None:
+        from llmfleet.release import store  # a converged host's run never needs the store: imported late
+
         self.audit.append(store.audit_record(now=self.now(), who=self.who, host=self.host, action="provision",
                                              service=None, release=None, digest=None, result=result,
                                              detail=detail, step=step))
@@ -234,6 +235,8 @@ class Provisioner:
             self._finish(lock)
 
     def _lock(self, out: Outcome) -> str | None:
+        from llmfleet.release import store
+
         token = self.token()
         holder = store.holder_document(token=token, who=self.who, origin=self.origin, action="provision",
                                        message="", now=self.now(), pid=self.pid)
@@ -413,6 +416,8 @@ class Provisioner:
             self._finish(lock)
 
     def _finish(self, token: str) -> None:
+        from llmfleet.release import store
+
         script = store.final_script(self.settings.root, [], self.audit, token)
         try:
             try:

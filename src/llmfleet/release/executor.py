@@ -11,11 +11,9 @@ a scripted remote in tests (tests/test_deploy_executor.py). ``lock_status`` / ``
 from __future__ import annotations
 
 import contextlib
-import getpass
 import os
 import re
 import secrets
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -33,6 +31,7 @@ from llmfleet.knowledge.release_state import Manifest
 from llmfleet.release import audit, decide, early, store
 from llmfleet.release.decide import GoBack, Refusal, Result
 from llmfleet.release.store import Paths
+from llmfleet.release.who import default_who
 from llmfleet.settings import Settings
 
 if TYPE_CHECKING:
@@ -46,14 +45,6 @@ _LIVE_TOKENS: set[str] = set()  # the lock tokens the runs of this process hold 
 _LIVE_GUARD = threading.Lock()
 
 Log = Callable[[str], None]
-
-
-def default_who() -> str:
-    try:
-        user = getpass.getuser()
-    except Exception:  # noqa: BLE001 - no user name (a container without passwd entry)
-        user = str(os.getuid())
-    return f"{user}@{socket.gethostname()}"
 
 
 def service_for_release(service: Service, manifest: Manifest | None) -> Service:
