@@ -324,7 +324,7 @@ def test_interrupted_deploys_are_completed_by_the_next_one(ctx):
     # 1. a deploy from this machine died holding the lock (its process is gone)
     dead = subprocess.Popen(["true"])
     dead.wait()
-    from llmfleet.release.executor import default_who
+    from llmfleet.release.who import default_who
 
     stale = R.holder_document(token="y", who="tester", origin=default_who(), action="deploy", message="",
                               now=R.datetime.now(R.UTC), pid=dead.pid)
