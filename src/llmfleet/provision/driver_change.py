@@ -25,13 +25,11 @@ from dataclasses import dataclass
 
 from llmfleet.provision.desired import DRIVER_PIN_FILE, driver_pin_text
 from llmfleet.provision.facts import ProvisionFacts, upstream_version
-from llmfleet.provision.steps import APT_ENV
+from llmfleet.provision.steps import APT_ENV, APT_INSTALL
 
 q = shlex.quote
 DRIVER_PACKAGE = re.compile(r"^(nvidia-|libnvidia-|cuda-drivers|firmware-nvidia-|xserver-xorg-video-nvidia)")
 KEEP_DIR = "driver-previous"
-APT_LOCAL_INSTALL = ("apt-get -y -q -o Dpkg::Options::=--force-confold -o DPkg::Lock::Timeout=300 "
-                     "--no-install-recommends --allow-downgrades --allow-change-held-packages install")
 
 
 @dataclass(frozen=True)
@@ -137,7 +135,7 @@ def go_back_script(root: str, prev: Previous, files: Mapping[str, str], remove: 
     if unhold:
         lines.append("apt-mark unhold " + " ".join(q(n) for n in unhold) + " >/dev/null")
     lines.append(f"printf '%s' {q(prev.pin_text)} > {q(DRIVER_PIN_FILE)}")
-    lines.append(f"{APT_LOCAL_INSTALL} " + " ".join(args))
+    lines.append(f"{APT_INSTALL} " + " ".join(args))  # local files: the same install as the steps'
     if prev.held:
         lines.append("apt-mark hold " + " ".join(q(n) for n in prev.held))
     return "\n".join(lines)
@@ -151,16 +149,15 @@ class Verdict:
 
 
 def gate_verdict(host: str, target: str | None, prev: Previous, *, change_ok: bool, change_why: str,
-                 services_ok: bool | None, services_why: str, went_back: bool | None = None,
+                 services_ok: bool | None, services_why: str, went_back: bool = False,
                  back_why: str = "", serving_again: bool | None = None, again_why: str = "") -> Verdict:
     """One host's driver change from what happened: the change and its checks (``change_ok``), the
-    services' start and health checks on the new driver (None: not started), the go-back (None: not
-    needed or not tried) and the services on the old driver again."""
+    services' start and health checks on the new driver (None: not started), whether the go-back put
+    the old driver back (asked only when the change or the services failed) and the services on the old
+    driver again."""
     if change_ok and services_ok is not False:
         return Verdict("changed", True, f"driver {prev.version} -> {target}; " + (services_why or "no service to start"))
     why = change_why if not change_ok else f"the services are not healthy on {target}: {services_why}"
-    if went_back is None:
-        return Verdict("failed", False, f"{why}; the previous driver {prev.version} was not restored")
     if not went_back:
         return Verdict("failed", False, f"{why}; going back to {prev.version} failed too: {back_why}; fix it on "
                                         f"the host (its files are under {KEEP_DIR}/{prev.version}/ in the llmfleet "
