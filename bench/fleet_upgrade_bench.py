@@ -31,7 +31,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import statistics
 import sys
 import tempfile
@@ -58,19 +57,6 @@ BASE_CONTEXT = 512
 
 
 
-def free_ports(n: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 def make_inventory(dest: Path, count: int) -> tuple[Path, list[str]]:
     """The lab's group_vars (services, login) with ``count`` A10 hosts on free loopback ports."""
     (dest / "group_vars").mkdir(parents=True)
@@ -86,7 +72,7 @@ def make_inventory(dest: Path, count: int) -> tuple[Path, list[str]]:
         for s in all_vars["llmfleet_services"]]
     (dest / "group_vars" / "all.yml").write_text(yaml.safe_dump(all_vars, sort_keys=False))
     names = [f"bench-node-{i:02d}" for i in range(1, count + 1)]
-    hosts = {n: {"ansible_port": p} for n, p in zip(names, free_ports(count), strict=True)}
+    hosts = {n: {"ansible_port": p} for n, p in zip(names, lab_hosts.free_ports(count), strict=True)}
     inv = {"all": {"children": {"bench_fleet": {
         "hosts": hosts, "vars": {"lab_gpu": "NVIDIA A10", "lab_driver": "550.127.05", "llmfleet_gpu": "NVIDIA A10"},
     }}}}

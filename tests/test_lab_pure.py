@@ -376,3 +376,62 @@ def test_fault_bench_names_each_deploy_step_by_its_script():
     for other in (S.state_script("/opt/llmfleet"), S.unit_probe_script(paths), S.lock_acquire_script(
             "/opt/llmfleet", {"token": "t"}), S.final_script("/opt/llmfleet", [], [], "t")):
         assert _step_of(other, None) is None
+
+
+@pytest.mark.parametrize(
+    ("ephemeral", "want"),
+    [("32768\t60999\n", (20768, 32768)), ("49152 65535", (37152, 49152)), ("1024 65535", (24, 12024)),
+     ("", (20768, 32768)), ("garbage", (20768, 32768))],
+)
+def test_lab_ports_come_from_below_the_ephemeral_range(ephemeral, want):
+    assert hosts.port_range(ephemeral) == want
+
+
+def test_free_ports_never_hand_out_a_port_another_live_process_reserved(tmp_path):
+    path = tmp_path / "reserved.json"
+    first = hosts.free_ports(40, reservations=path)
+    second = hosts.free_ports(40, reservations=path)
+    low, high = hosts.port_range()
+    assert len(set(first)) == 40 and not set(first) & set(second)
+    assert all(low <= p < high for p in first + second)
+    held = json.loads(path.read_text())
+    assert {int(p) for p in held} == set(first) | set(second)
+    assert set(held.values()) == {os.getpid()}
+
+
+def test_free_ports_drop_reservations_of_ended_processes(tmp_path):
+    path = tmp_path / "reserved.json"
+    dead = 2**22 + 12345  # above pid_max's default (4,194,304): no process has it
+    low, _ = hosts.port_range()
+    path.write_text(json.dumps({str(p): dead for p in range(low, low + 500)}))
+    hosts.free_ports(1, reservations=path)
+    held = json.loads(path.read_text())
+    assert dead not in held.values() and len(held) == 1
+
+
+def test_free_ports_skip_a_port_something_listens_on(tmp_path, monkeypatch):
+    import socket
+
+    low, _ = hosts.port_range()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", low))
+        s.listen()
+        seq = iter([low, low, low + 1])
+        monkeypatch.setattr("random.SystemRandom.randrange", lambda self, a, b: next(seq))
+        assert hosts.free_ports(1, reservations=tmp_path / "r.json") == [low + 1]
+
+
+@pytest.mark.parametrize(
+    ("stderr", "want"),
+    [(b"docker: Error response from daemon: driver failed programming external connectivity on endpoint x: "
+      b"Bind for 127.0.0.1:41234 failed: port is already allocated\n\nRun 'docker run --help' for more information\n",
+      "Bind for 127.0.0.1:41234 failed: port is already allocated"),
+     (b"docker: Error response from daemon: Conflict.\nSee 'docker run --help'.\n", "docker: Error response"),
+     (b"Error: No such container: x\n", "No such container"),
+     (b"Run 'docker run --help' for more information\n", "Run 'docker run --help'"),
+     (b"", "")],
+)
+def test_docker_errors_name_what_went_wrong_not_the_usage_hint(stderr, want):
+    from llmfleet.lab.docker import error_line
+
+    assert want in error_line(stderr)

@@ -31,9 +31,16 @@ def run(args: Sequence[str], *, timeout: float = 120, check: bool = True, input:
     except FileNotFoundError:
         raise CheckFailed("docker CLI not found: run `invoke lab.setup` (installs docker.io) or install Docker") from None
     if check and proc.returncode != 0:
-        err = proc.stderr.decode(errors="replace").strip().splitlines()
-        raise CheckFailed(f"`docker {' '.join(args[:3])}` failed: {err[-1] if err else proc.returncode}")
+        raise CheckFailed(f"`docker {' '.join(args[:3])}` failed: {error_line(proc.stderr) or proc.returncode}")
     return proc
+
+
+def error_line(stderr: bytes) -> str:
+    """The line of docker's stderr that says what went wrong: the CLI ends with a usage hint
+    ("Run 'docker run --help' ...") after the daemon's own "docker: Error response ..." line."""
+    lines = [ln.strip() for ln in stderr.decode(errors="replace").splitlines() if ln.strip()]
+    said = [ln for ln in lines if not ln.startswith(("Run 'docker", "See 'docker"))]
+    return (said or lines or [""])[-1]
 
 
 def out(args: Sequence[str], **kw) -> str:

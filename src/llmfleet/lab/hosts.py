@@ -33,6 +33,7 @@ from llmfleet.lab.paths import (
     REGISTRY_CONTAINER,
     REGISTRY_INNER_PORT,
     REGISTRY_VOLUME,
+    STATE_ROOT,
     cache_dir,
     registry_port,
 )
@@ -223,18 +224,79 @@ def merge_known_hosts(existing: str, port: int, lines: list[str], address: str =
     return "".join(ln + "\n" for ln in [*kept, *lines])
 
 
-def free_ports(n: int) -> list[int]:
-    """``n`` distinct free TCP ports on 127.0.0.1 (bound together, then released)."""
-    socks, ports = [], []
+def port_range(ephemeral: str | None = None) -> tuple[int, int]:
+    """Where lab ports come from: the 12,000 ports below the kernel's ephemeral range
+    (``net.ipv4.ip_local_port_range``), so no outgoing connection of the tests or the lab can hold one
+    as its source port between the moment it is chosen and the moment docker publishes it."""
+    if ephemeral is None:
+        try:
+            ephemeral = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text()
+        except OSError:
+            ephemeral = ""
     try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-            ports.append(s.getsockname()[1])
-    finally:
-        for s in socks:
-            s.close()
+        low = int(ephemeral.split()[0])
+    except (IndexError, ValueError):
+        low = 32768
+    high = max(min(low, 65536), 12024)
+    return high - 12000, high
+
+
+PORTS_FILE = STATE_ROOT / "reserved-ports.json"
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def free_ports(n: int, *, reservations: Path | None = None) -> list[int]:
+    """``n`` distinct free TCP ports on 127.0.0.1, reserved for this process.
+
+    Chosen at random below the ephemeral range (``port_range``), never one another live process has
+    reserved (a machine-wide file, written under a lock: two test workers starting labs at once never
+    pick the same port), never one something already listens on. A reservation ends with its process."""
+    import json
+    import random
+
+    path = reservations or PORTS_FILE
+    low, high = port_range()
+    with _locked(path.with_suffix(".lock")):
+        try:
+            held = {int(k): int(v) for k, v in json.loads(path.read_text()).items()}
+        except (OSError, ValueError, AttributeError):
+            held = {}
+        held = {port: pid for port, pid in held.items() if _alive(pid)}
+        ports: list[int] = []
+        rng = random.SystemRandom()
+        for _ in range(20 * n + 200):
+            if len(ports) == n:
+                break
+            port = rng.randrange(low, high)
+            if port in held or port in ports or not _bindable(port):
+                continue
+            ports.append(port)
+        if len(ports) < n:
+            raise CheckFailed(f"found only {len(ports)} of {n} free loopback ports in {low}-{high - 1}")
+        held.update({port: os.getpid() for port in ports})
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({str(k): v for k, v in sorted(held.items())}))
+        tmp.replace(path)
     return ports
 
 
