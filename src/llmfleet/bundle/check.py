@@ -28,11 +28,14 @@ def read(bundle_dir: str | Path) -> bc.Bundle:
     return bc.parse_bundle(text, str(top))
 
 
-def problems(bundle: bc.Bundle, bundle_dir: str | Path) -> list[bc.Problem]:
+def problems(bundle: bc.Bundle, bundle_dir: str | Path, only: set[str] | None = None) -> list[bc.Problem]:
+    """What differs between the bundle's files and its manifest (``only``: just these paths)."""
     root = Path(bundle_dir)
     found = bc.structure_problems(bundle)
     sized: list[bc.FileEntry] = []
     for entry in bundle.files:
+        if only is not None and entry.path not in only:
+            continue
         path = root / entry.path
         size = path.stat().st_size if path.is_file() else None
         problem = bc.compare(entry, size, None)
@@ -52,6 +55,18 @@ def verify(bundle_dir: str | Path) -> bc.Bundle:
     with one line per file (exit 1). A malformed or missing bundle.json is a usage error (exit 2)."""
     bundle = read(bundle_dir)
     bc.raise_problems(problems(bundle, bundle_dir), str(bundle_dir))
+    return bundle
+
+
+def verified_packages(bundle_dir: str | Path) -> bc.Bundle:
+    """The bundle, when its package archives (``provision --bundle`` reads nothing else) are there with
+    their sizes and sha256; ``CheckFailed`` naming each file that is not (exit 1). A bundle with no
+    packages is refused in one line with the fix."""
+    bundle = read(bundle_dir)
+    if not bundle.packages:
+        raise UsageError(f"{bundle_dir}: the bundle carries no packages; build it with "
+                         "`bundle.create --packages-from HOST` (a connected host installed like the air-gapped ones)")
+    bc.raise_problems(problems(bundle, bundle_dir, {p.archive for p in bundle.packages}), str(bundle_dir))
     return bundle
 
 

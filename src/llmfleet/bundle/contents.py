@@ -9,6 +9,9 @@ Layout of a bundle folder (every path relative; nothing in it names the machine 
     images/<engine>_<version>.tar    one image each: loadable by ``docker load`` (see ``image_layout``)
     models/<model_path>              each model with a local model_source, its manifest beside it
                                      (``<model>.llmfleet.json``, llmfleet.models.manifest)
+    packages/<id>-<version>-<arch>.tar  with ``--packages-from``: an offline apt repository (the .deb
+                                     files provisioning installs and their ``Packages`` index) per
+                                     distribution release and architecture (llmfleet.provision.offline)
 
 An image archive carries two layouts over one set of blobs (``blobs/sha256/<hex>``): the OCI image
 layout (``oci-layout``, ``index.json``) that newer engines import, and the ``manifest.json`` of
@@ -35,6 +38,7 @@ LOCK = "images.lock"
 CATALOG_DIR = "catalog"
 IMAGES_DIR = "images"
 MODELS_DIR = "models"
+PACKAGES_DIR = "packages"
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 _SAFE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
@@ -129,6 +133,31 @@ class BundleModel:
 
 
 @dataclass(frozen=True)
+class BundlePackages:
+    """One offline apt repository of a bundle: the distribution release and architecture it was built
+    for (on the staging host ``source``), its archive, and each package it carries (name=version)."""
+
+    distro: str
+    version: str
+    arch: str
+    archive: str
+    source: str = ""
+    packages: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"distro": self.distro, "version": self.version, "arch": self.arch, "archive": self.archive,
+                "source": self.source, "packages": list(self.packages)}
+
+
+def packages_archive(distro: str, version: str, arch: str) -> str:
+    """``packages/debian-12-amd64.tar``."""
+    name = f"{distro}-{version}-{arch}"
+    if not _SAFE.match(name):
+        raise UsageError(f"bundle: distribution {distro!r} {version!r} {arch!r} does not make a file name")
+    return f"{PACKAGES_DIR}/{name}.tar"
+
+
+@dataclass(frozen=True)
 class Bundle:
     created: str
     llmfleet_version: str
@@ -137,6 +166,7 @@ class Bundle:
     images: tuple[BundleImage, ...] = ()
     models: tuple[BundleModel, ...] = ()
     files: tuple[FileEntry, ...] = ()
+    packages: tuple[BundlePackages, ...] = ()
     format: str = FORMAT
     path: str = TOP  # where it was read from (for messages); not written
 
@@ -152,6 +182,7 @@ class Bundle:
             "lock": {"path": LOCK, "sha256": self.lock_sha256},
             "images": [i.to_dict() for i in self.images],
             "models": [m.to_dict() for m in self.models],
+            **({"packages": [p.to_dict() for p in self.packages]} if self.packages else {}),
             "files": [f.to_dict() for f in sorted(self.files, key=lambda f: f.path)],
         }
 
@@ -209,10 +240,20 @@ def parse_bundle(text: str, where: str = TOP) -> Bundle:
         models.append(BundleModel(name=need(m, "name", str, ctx), dir=safe_path(need(m, "dir", str, ctx), where),
                                   host_path=need(m, "host_path", str, ctx),
                                   manifest=safe_path(need(m, "manifest", str, ctx), where)))
+    packages = []
+    for i, pk in enumerate(data.get("packages") or []):
+        ctx = f"packages[{i}]."
+        listed = pk.get("packages") if isinstance(pk, dict) else None
+        packages.append(BundlePackages(distro=need(pk, "distro", str, ctx), version=need(pk, "version", str, ctx),
+                                       arch=need(pk, "arch", str, ctx),
+                                       archive=safe_path(need(pk, "archive", str, ctx), where),
+                                       source=str(pk.get("source") or ""),
+                                       packages=tuple(str(x) for x in listed) if isinstance(listed, list) else ()))
     lock = need(data, "lock", dict, "")
     return Bundle(created=need(data, "created", str, ""), llmfleet_version=str(data.get("llmfleet_version") or ""),
                   lock_sha256=digest(lock, "sha256", "lock."), built_for=data.get("built_for") or {},
-                  images=tuple(images), models=tuple(models), files=tuple(files), path=where)
+                  images=tuple(images), models=tuple(models), files=tuple(files), packages=tuple(packages),
+                  path=where)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -247,7 +288,8 @@ class Verdict:
 def structure_problems(bundle: Bundle) -> list[Problem]:
     """Files the images and models name that the file list does not cover."""
     listed = {f.path for f in bundle.files}
-    named = [i.archive for i in bundle.images] + [m.manifest for m in bundle.models] + [LOCK]
+    named = ([i.archive for i in bundle.images] + [m.manifest for m in bundle.models]
+             + [pk.archive for pk in bundle.packages] + [LOCK])
     return [Problem(p, "unlisted") for p in named if p not in listed]
 
 

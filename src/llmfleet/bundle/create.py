@@ -187,7 +187,7 @@ def _prepare_dir(out: Path) -> None:
         raise UsageError(f"{out}: is not empty and holds no bundle; name an empty or new folder")
     out.mkdir(parents=True, exist_ok=True)
     (out / bc.TOP).unlink(missing_ok=True)  # incomplete until the last step writes it again
-    for sub in (bc.IMAGES_DIR, bc.CATALOG_DIR, bc.MODELS_DIR):
+    for sub in (bc.IMAGES_DIR, bc.CATALOG_DIR, bc.MODELS_DIR, bc.PACKAGES_DIR):
         shutil.rmtree(out / sub, ignore_errors=True)
     for name in (bc.LOCK,):
         (out / name).unlink(missing_ok=True)
@@ -216,9 +216,14 @@ def write_top(out: Path, bundle: bc.Bundle) -> None:
     os.replace(tmp, out / bc.TOP)
 
 
+PackagesFetch = Callable[[Path], list[tuple[bc.BundlePackages, bc.FileEntry]]]
+
+
 def create(sel: Selection, out: Path, *, client: RegistryClient, mirrors: dict[str, str] | None = None,
-           log: Log = lambda _m: None, now: datetime | None = None) -> bc.Bundle:
-    """Write the bundle for ``sel`` into ``out``; returns its top manifest."""
+           log: Log = lambda _m: None, now: datetime | None = None,
+           packages: PackagesFetch | None = None) -> bc.Bundle:
+    """Write the bundle for ``sel`` into ``out``; returns its top manifest. ``packages``: writes the
+    offline apt repositories into ``out`` (``bundle.create --packages-from``) and says what it wrote."""
     _prepare_dir(out)
     staging = out / STAGING
     staging.mkdir(exist_ok=True)
@@ -237,12 +242,15 @@ def create(sel: Selection, out: Path, *, client: RegistryClient, mirrors: dict[s
 
     carried, model_files = carry(sel.inventory, sel.services, out, log)
     files += model_files
+    repos = packages(out) if packages is not None else []
+    files += [entry for _, entry in repos]
     when = (now or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
     built_for = {"inventory": Path(sel.inventory.path).name if sel.inventory.path else None,
                  "hosts": sel.hosts, "services": sel.services, "platform": PLATFORM,
                  "images": [i.key for i in got]}
     bundle = bc.Bundle(created=when, llmfleet_version=__version__, lock_sha256=lock_entry.sha256,
-                       built_for=built_for, images=tuple(got), models=tuple(carried), files=tuple(files))
+                       built_for=built_for, images=tuple(got), models=tuple(carried), files=tuple(files),
+                       packages=tuple(repo for repo, _ in repos))
     write_top(out, bundle)
     shutil.rmtree(staging, ignore_errors=True)
     return bundle

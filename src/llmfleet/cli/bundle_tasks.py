@@ -39,6 +39,34 @@ def _mirror_pairs(values: str | None) -> dict[str, str]:
     return out
 
 
+def _packages_fetch(c, inv, hosts, staging_name, accept_new_host_keys, log):
+    """What writes the offline repository into the bundle: every value checked before any host is reached."""
+    from llmfleet.bundle import contents as bc
+    from llmfleet.cli.common import load_settings
+    from llmfleet.cli.provision_tasks import _source_files
+    from llmfleet.errors import UsageError
+    from llmfleet.inventory.ansible import settings_for
+
+    if staging_name not in inv.hosts:
+        raise UsageError(f"--packages-from {staging_name}: no such host in {inv.path}; name a connected inventory host "
+                         "installed like the chosen ones")
+    staging = inv.hosts[staging_name]
+    targets = [(h.name, settings_for(h), _source_files(h, settings_for(h), inv.path)) for h in hosts]
+    settings = load_settings(c)
+
+    def fetch(out):
+        from llmfleet.host import ssh
+        from llmfleet.provision import staging as stage
+
+        with ssh.connect(staging, config=settings, accept_new_host_keys=accept_new_host_keys) as remote:
+            got = stage.fetch(remote, staging_name, settings_for(staging), targets, out / bc.PACKAGES_DIR, log=log)
+        archive = bc.packages_archive(got.distro, got.version, got.arch)
+        return [(bc.BundlePackages(got.distro, got.version, got.arch, archive, got.source, got.packages),
+                 bc.FileEntry(archive, got.size, got.sha256))]
+
+    return fetch
+
+
 @fleet_task(
     positional=["dir"],
     help={
@@ -53,10 +81,14 @@ def _mirror_pairs(values: str | None) -> dict[str, str]:
         "insecure": "registries (host:port, comma-separated) reached over plain HTTP; loopback always is",
         "tar": "also write DIR.tar beside the folder: the whole bundle as one file",
         "json": "print the bundle's top manifest (bundle.json) as JSON",
+        "packages_from": "also carry the packages provisioning installs (an offline apt repository), downloaded by "
+                         "this inventory host: connected, installed like the chosen hosts (same distribution release "
+                         "and architecture) and not yet provisioned; `provision --bundle` installs from it",
+        "accept_new_host_keys": "record the --packages-from host's SSH key if unknown (changed keys are refused)",
     },
 )
 def create(c, dir, host=None, group=None, service=None, inventory=None, registry_mirror=False, mirror=None,
-           insecure=None, tar=False, json=False):
+           insecure=None, tar=False, json=False, packages_from=None, accept_new_host_keys=False):
     """Write a bundle: everything the chosen hosts' services need, for a site with no registry and no internet.
 
     Images by their pinned digest (images.lock) as archives `docker load` accepts, the models whose
@@ -73,8 +105,9 @@ def create(c, dir, host=None, group=None, service=None, inventory=None, registry
         mirrors.update(selected_mirrors(c, inventory, host, group))
     mirrors.update(_mirror_pairs(mirror))
     out = Path(dir).expanduser()
-    bundle = bcreate.create(sel, out, client=registry_client(insecure), mirrors=mirrors,
-                            log=lambda m: err_console.print(escape(m)))
+    log = lambda m: err_console.print(escape(m))  # noqa: E731
+    packages = _packages_fetch(c, inv, hosts, packages_from, accept_new_host_keys, log) if packages_from else None
+    bundle = bcreate.create(sel, out, client=registry_client(insecure), mirrors=mirrors, log=log, packages=packages)
     tarball = bcreate.write_tarball(out) if tar else None
     if json:
         doc = bundle.to_dict()
@@ -87,6 +120,10 @@ def create(c, dir, host=None, group=None, service=None, inventory=None, registry
         t.add_row(im.key, im.image_id[:19], im.archive, f"{im.size / 1e6:.1f} MB")
     for m in bundle.models:
         t.add_row(f"model {m.name}", "", m.dir, "")
+    sizes = {f.path: f.size for f in bundle.files}
+    for pk in bundle.packages:
+        t.add_row(f"packages {pk.distro} {pk.version} {pk.arch}", f"{len(pk.packages)} .deb", pk.archive,
+                  f"{sizes.get(pk.archive, 0) / 1e6:.1f} MB")
     console.print(t)
     total = sum(f.size for f in bundle.files)
     console.print(f"{len(bundle.files)} files, {total / 1e6:.1f} MB; lock {bundle.lock_sha256[:19]}; "

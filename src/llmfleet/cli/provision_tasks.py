@@ -107,6 +107,20 @@ def _source_files(h, hs, inv_path: str):
     return D.source_files(hs.apt_sources, keys)
 
 
+def _offline_repos(bundle_dir):
+    """The bundle's offline repositories, their archives checked by size and sha256 (nothing else of the
+    bundle is read): before any host is contacted."""
+    from pathlib import Path
+
+    from llmfleet.bundle import check
+    from llmfleet.provision.offline import OfflineRepo
+
+    b = check.verified_packages(bundle_dir)
+    files = {f.path: f for f in b.files}
+    return [OfflineRepo(pk.distro, pk.version, pk.arch, Path(bundle_dir) / pk.archive, files[pk.archive].sha256,
+                        files[pk.archive].size, pk.packages) for pk in b.packages]
+
+
 def _service_gate(h, hs, inv, settings, who, accept_new_host_keys, log):
     """The host's services around a driver change: stop what runs (drained at its gateways first), start
     it again and health-check it (release/service_ops.py)."""
@@ -154,10 +168,13 @@ def _service_gate(h, hs, inv, settings, who, accept_new_host_keys, log):
                                "when a whole batch failed)",
         "accept_new_host_keys": "record unknown SSH host keys (changed keys are refused)",
         "verbose": VERBOSE_HELP,
+        "bundle": "install packages only from this bundle's offline repository (bundle.create --packages-from): "
+                  "sent to each host, checked by sha256, the only apt source of the run (an air-gapped site)",
     },
 )
 def provision(c, host=None, group=None, inventory=None, check=False, diff=False, json=False, yes=False,
-              driver_branch=None, serial=None, max_fail_percentage=None, accept_new_host_keys=False, verbose=False):
+              driver_branch=None, serial=None, max_fail_percentage=None, accept_new_host_keys=False, verbose=False,
+              bundle=None):
     """Converge hosts to what their services need: NVIDIA driver (held, reboot when it changes), Docker and
     compose v2, the NVIDIA Container Toolkit wired into Docker, the deploy user, folders and limits.
 
@@ -184,6 +201,7 @@ def provision(c, host=None, group=None, inventory=None, check=False, diff=False,
         branch = int(driver_branch)
     serial_list = parse_serial(serial)
     inv, hosts = select_hosts(c, inventory, host, group)
+    offline = _offline_repos(bundle) if bundle else None
     settings = load_settings(c)
     jobs = []
     for h in hosts:  # every host's settings and images valid before any connection
@@ -223,7 +241,7 @@ def provision(c, host=None, group=None, inventory=None, check=False, diff=False,
                                                   accept_new_host_keys=accept_new_host_keys),
                     log=log, who=who, origin=who, pid=os.getpid(), check=is_check, pinned_branch=branch,
                     image_refs=refs, extra_files=files, preflight=prun.preflight_checks(h.name, hs, lock),
-                    confirm=confirm(h.name) if ask else None)
+                    confirm=confirm(h.name) if ask else None, offline=offline, bundle=str(bundle or ""))
 
             if check:
                 o = make(True, False).provision()

@@ -101,6 +101,21 @@ def check_key(text: str, where: str) -> str:
 
 
 @dataclass(frozen=True)
+class OfflineTarget:
+    """The bundle's repository a host installs from (provision --bundle): where it is unpacked on the
+    host (``offline.repo_dir``), its archive's hash (``Packages.ok`` holds it once unpacked), size, count."""
+
+    directory: str
+    sha256: str
+    size: int
+    count: int
+
+    @property
+    def marker(self) -> str:
+        return f"{self.directory}/Packages.ok"
+
+
+@dataclass(frozen=True)
 class Package:
     name: str
     version: str | None  # None: the candidate apt offers (then held at what was installed, when held)
@@ -145,6 +160,7 @@ class Desired:
     cards: tuple[str, ...]
     images: tuple[str, ...]  # image keys of the host's services (the driver choice's input)
     warnings: tuple[str, ...] = field(default_factory=tuple)
+    offline: OfflineTarget | None = None  # apt reads only this repository (provision --bundle)
 
     @property
     def driver_package(self) -> str:
@@ -181,10 +197,11 @@ def folders(settings: HostSettings, user: str) -> tuple[Folder, ...]:
     return tuple(out)
 
 
-def facts_query(settings: HostSettings, user: str) -> FactsQuery:
-    """What the facts script reads besides its fixed sections (known before the host is contacted)."""
+def facts_query(settings: HostSettings, user: str, markers: Sequence[str] = ()) -> FactsQuery:
+    """What the facts script reads besides its fixed sections (known before the host is contacted);
+    ``markers``: the ``Packages.ok`` of each offline repository a bundle may put on the host."""
     return FactsQuery(user=user, folders=tuple(f.path for f in folders(settings, user)),
-                      files=(DRIVER_PIN_FILE, *(p for a in settings.apt_sources for p in source_paths(a.name)),
+                      files=(*markers, DRIVER_PIN_FILE, *(p for a in settings.apt_sources for p in source_paths(a.name)),
                              *(f.path for f in managed_files(user))), units=(DOCKER_UNIT, PERSISTENCE_UNIT))
 
 
@@ -208,7 +225,8 @@ def service_images(settings: HostSettings) -> tuple[str, ...]:
 
 
 def desired_state(host: str, settings: HostSettings, facts: ProvisionFacts, *, user: str,
-                  pinned_branch: int | None = None, extra_files: Sequence[ManagedFile] = ()) -> Desired:
+                  pinned_branch: int | None = None, extra_files: Sequence[ManagedFile] = (),
+                  offline: OfflineTarget | None = None) -> Desired:
     """The desired state of ``host``. Raises ``UsageError`` (one line) for a distribution provisioning
     does not support, a host with no known card, or a driver branch that cannot serve it."""
     os_id, version = facts.distro
@@ -238,4 +256,4 @@ def desired_state(host: str, settings: HostSettings, facts: ProvisionFacts, *, u
     return Desired(host=host, distro=distro, driver=choice, packages=tuple(pkgs),
                    files=tuple(extra_files) + ((pin,) if pin else ()) + managed_files(user), folders=folders(settings, user), user=user,
                    groups=groups, persistence_unit=choice.persistence_unit or PERSISTENCE_UNIT, cards=cards,
-                   images=images, warnings=tuple(dict.fromkeys(warnings)))
+                   images=images, warnings=tuple(dict.fromkeys(warnings)), offline=offline)

@@ -27,6 +27,7 @@ from llmfleet.inventory.services import HostSettings
 from llmfleet.provision import desired as D
 from llmfleet.provision import driver_change as DC
 from llmfleet.provision import facts as F
+from llmfleet.provision import offline as OFF
 from llmfleet.provision import steps as S
 
 q = shlex.quote
@@ -133,7 +134,9 @@ class Provisioner:
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
                  token: Callable[[], str] = lambda: secrets.token_hex(16), reboot_wait_s: float = REBOOT_WAIT_S,
                  mark: Callable[[], str] = F.new_mark,
-                 confirm: Callable[[list[S.Step]], bool] | None = None) -> None:
+                 confirm: Callable[[list[S.Step]], bool] | None = None,
+                 offline: Sequence[OFF.OfflineRepo] | None = None, bundle: str = "",
+                 send: Callable[..., Any] | None = None) -> None:
         self.host, self.settings, self.connect, self.log = host, settings, connect, log
         self.who, self.origin, self.pid = who, origin, pid
         self.check, self.pinned_branch = check, pinned_branch
@@ -141,6 +144,11 @@ class Provisioner:
         self.now, self.clock, self.sleep, self.token, self.mark = now, clock, sleep, token, mark
         self.reboot_wait_s = reboot_wait_s
         self.confirm = confirm  # asked before a run that reboots the host; False refuses it
+        # provision --bundle: the bundle's offline repositories (apt reads only the host's one); ``send``
+        # puts a file on the host (llmfleet.models.transfer.send_file's signature; injected for tests)
+        self.offline, self.bundle, self.send = (tuple(offline) if offline is not None else None), bundle, send
+        self.repo: OFF.OfflineRepo | None = None
+        self.target: D.OfflineTarget | None = None
         self.remote: ssh.Link | None = None
         self.trips_before = 0  # round trips of connections closed before the current one
         self.audit: list[dict[str, Any]] = []
@@ -176,7 +184,8 @@ class Provisioner:
 
     def gather(self, user: str) -> F.ProvisionFacts:
         mark = self.mark()
-        res = self.run(F.facts_script(mark, D.facts_query(self.settings, user)), timeout=120)
+        markers = [f"{OFF.repo_dir(self.settings.root, r.sha256)}/Packages.ok" for r in self.offline or ()]
+        res = self.run(F.facts_script(mark, D.facts_query(self.settings, user, markers)), timeout=120)
         return F.parse_facts(res.stdout, mark, rc=res.rc, stderr=res.stderr)
 
     # -- the run ----------------------------------------------------------------------------------
@@ -207,7 +216,7 @@ class Provisioner:
         if not facts.complete:
             raise RemoteError(f"host {self.host}: the facts came back cut short: {'; '.join(facts.errors)[:300]}")
         want = D.desired_state(self.host, self.settings, facts, user=user, pinned_branch=self.pinned_branch,
-                               extra_files=self.extra_files)
+                               extra_files=self.extra_files, offline=self._offline_target(facts))
         out.driver = {"branch": want.driver.branch, "version": want.driver.version, "why": want.driver.why,
                       "packages": list(want.driver.packages), "running": facts.driver_running}
         out.warnings = list(want.warnings) + [f"facts: {e}" for e in facts.errors]
@@ -234,6 +243,49 @@ class Provisioner:
         finally:
             self._finish(lock)
 
+    def _offline_target(self, facts: F.ProvisionFacts) -> D.OfflineTarget | None:
+        if self.offline is None:
+            return None
+        self.repo = OFF.pick(self.offline, self.host, facts.distro, facts.arch, self.bundle)
+        self.target = D.OfflineTarget(OFF.repo_dir(self.settings.root, self.repo.sha256), self.repo.sha256,
+                                      self.repo.size, len(self.repo.packages))
+        return self.target
+
+    def _put_repo(self) -> str | None:
+        """The bundle's repository unpacked on the host (sent when it is not there; a copy cut short is
+        resumed); None, else what went wrong."""
+        from llmfleet.models.transfer import TransferError
+        from llmfleet.models.transfer import send_file as transfer_send
+
+        repo = self.repo
+        assert repo is not None
+        directory = OFF.repo_dir(self.settings.root, repo.sha256)
+        staged = OFF.staged_archive(self.settings.root, repo.sha256)
+        send = self.send or transfer_send
+        for attempt in range(3):
+            have, offset = OFF.parse_present(self.run(OFF.present_script(directory, staged), timeout=30).stdout)
+            if have:
+                return None
+            self.log(f"{OFF.OFFLINE_WHAT}: sending {repo.archive.name} ({repo.size / 1e6:.1f} MB"
+                     + (f", resuming at {offset / 1e6:.1f} MB" if offset else "") + ")")
+            self.run(f"mkdir -p -- {q(staged.rsplit('/', 1)[0])}", timeout=30)
+            try:
+                send(self.link, str(repo.archive), staged, offset=offset if offset <= repo.size else 0,
+                     size=repo.size, sudo=True)
+            except TransferError as exc:
+                if attempt == 2:
+                    return str(exc)
+                continue
+            res = self.run(OFF.unpack_script(staged, repo.sha256, directory), timeout=STEP_TIMEOUT_S)
+            n = OFF.parse_unpacked(res.stdout)
+            if n == -1:
+                continue  # damaged on the way: removed on the host, sent again
+            if res.rc != 0 or n is None:
+                return f"unpacking {repo.archive.name} on the host failed: {_tail(res)}"
+            self.log(f"{OFF.OFFLINE_WHAT}: {n} package(s) unpacked in {directory}, sha256 verified")
+            return None
+        return f"{repo.archive.name} arrived damaged three times (its sha256 differs on the host)"
+
     def _lock(self, out: Outcome) -> str | None:
         from llmfleet.release import store
 
@@ -253,6 +305,21 @@ class Provisioner:
         reports = [StepReport(s.name, list(s.changes), "not run", s.reboot, s.diff) for s in plan]
         out.steps = reports
         for step, rep in zip(plan, reports, strict=True):
+            if step.name == S.OFFLINE_STEP:
+                t = self.clock()
+                self.log(f"{step.name}: " + "; ".join(step.changes))
+                failure = self._put_repo()
+                rep.seconds = round(self.clock() - t, 3)
+                if failure is None:
+                    rep.status = "changed"
+                    self.record(step.name, "changed", "; ".join(step.changes))
+                    continue
+                rep.status, rep.error = "failed", failure[:600]
+                rep.fix = ("run provision again: a copy cut short resumes; check the bundle with `invoke bundle.check` "
+                           "and the host's free space under the llmfleet root")
+                self.record(step.name, "failed", f"{'; '.join(step.changes)}: {rep.error}")
+                out.result, out.message = "failed", f"step {step.name} failed: {rep.error}"
+                return
             if not step.script:  # the reboot step: done below
                 rep.status = "changed"
                 continue
@@ -287,7 +354,7 @@ class Provisioner:
         if name not in APT_STEPS:
             return FIX.get(name, "fix it on the host, then run provision again")
         try:
-            res = self.run(S.REPAIR, timeout=STEP_TIMEOUT_S)
+            res = self.run(S.repair(S.apt_options_for(self.target)), timeout=STEP_TIMEOUT_S)
         except LlmfleetError as exc:
             return f"repairing the package manager failed too ({exc}); run `dpkg --configure -a` on the host"
         if res.rc != 0:

@@ -1,6 +1,7 @@
 """Desired state vs facts -> the ordered steps that converge a host (pure).
 
-Order: dpkg-repair (only when dpkg reports a half-done install), sources, packages-runtime (Docker,
+Order: offline-repo (provision --bundle: the bundle's packages sent to the host, when apt runs and they
+are not there yet), dpkg-repair (only when dpkg reports a half-done install), sources, packages-runtime (Docker,
 compose), toolkit, driver, hold, files, user, folders, docker-runtime-config, persistence, reboot
 (only when the running driver is not the installed one and no step above changes the driver). Each step
 carries ``changes`` (what a human reads under --check), ``script`` (the exact shell, every value
@@ -18,8 +19,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from llmfleet.provision.desired import DOCKER_UNIT, Desired, ManagedFile, Package
+from llmfleet.provision.desired import DOCKER_UNIT, Desired, ManagedFile, OfflineTarget, Package
 from llmfleet.provision.facts import ProvisionFacts, driver_matches, upstream_version
+from llmfleet.provision.offline import apt_options
 
 q = shlex.quote
 APT_ENV = "export DEBIAN_FRONTEND=noninteractive"
@@ -32,8 +34,23 @@ APT_UPDATE = "apt-get -q update"
 # its broken dependencies resolved), whatever state the failure left it in.
 REPAIR = (f"{APT_ENV}\ndpkg --configure -a\n"
           "apt-get -y -q -o Dpkg::Options::=--force-confold -o DPkg::Lock::Timeout=300 -f install")
+
+
+def apt_update(options: str = "") -> str:
+    """``apt-get update``, with ``options`` (an offline repository's, provision/offline.py) when given."""
+    return f"apt-get -q {options} update" if options else APT_UPDATE
+
+
+def apt_install(options: str = "") -> str:
+    return APT_INSTALL.replace("apt-get ", f"apt-get {options} ", 1) if options else APT_INSTALL
+
+
+def repair(options: str = "") -> str:
+    return REPAIR.replace("apt-get -y", f"apt-get {options} -y", 1) if options else REPAIR
+
+
 CTK_CONFIGURE = "nvidia-ctk runtime configure --runtime=docker"
-ORDER = ("dpkg-repair", "sources", "packages-runtime", "toolkit", "driver", "hold", "files", "user", "folders",
+ORDER = ("offline-repo", "dpkg-repair", "sources", "packages-runtime", "toolkit", "driver", "hold", "files", "user", "folders",
          "docker-runtime-config", "persistence", "reboot")
 
 
@@ -56,6 +73,7 @@ class _Plan:
     updated: bool = False  # an earlier step's script already ran apt-get update
     sources_changed: bool = False
     touched: set[str] = field(default_factory=set)  # packages a step installs or changes (held again after)
+    apt_options: str = ""  # an offline repository's (provision --bundle): the only source apt reads
 
 
 def _package_change(p: Package, facts: ProvisionFacts) -> str | None:
@@ -74,12 +92,12 @@ def _install_step(plan: _Plan, name: str, pkgs: Sequence[Package], facts: Provis
         return
     lines = ["set -e", APT_ENV]
     if not plan.updated:
-        lines.append(APT_UPDATE)
+        lines.append(apt_update(plan.apt_options))
         plan.updated = True
     held = [p.name for p, _ in todo if p.name in facts.holds]
     if held:
         lines.append("apt-mark unhold " + " ".join(q(n) for n in held))
-    lines.append(f"{APT_INSTALL} " + " ".join(q(p.spec) for p, _ in todo))
+    lines.append(f"{apt_install(plan.apt_options)} " + " ".join(q(p.spec) for p, _ in todo))
     plan.touched.update(p.name for p, _ in todo)
     changes = [c for _, c in todo] + ([note] if note else [])
     plan.steps.append(Step(name, tuple(changes), "\n".join(lines), reboot=reboot))
@@ -145,7 +163,7 @@ def _files_step(plan: _Plan, name: str, files: Sequence[ManagedFile], facts: Pro
     script = _file_script(todo)
     if name == "sources":
         plan.sources_changed = True
-        script += f"\n{APT_ENV}\n{APT_UPDATE}"
+        script += f"\n{APT_ENV}\n{apt_update(plan.apt_options)}"
         plan.updated = True
     plan.steps.append(Step(name, tuple(changes), script, diff=diff))
 
@@ -222,10 +240,11 @@ def pending_reboot(d: Desired, facts: ProvisionFacts) -> str | None:
 
 def plan_steps(d: Desired, facts: ProvisionFacts) -> list[Step]:
     """The steps that take a host with ``facts`` to ``d``, in order; [] when it is converged."""
-    plan = _Plan()
+    opts = apt_options_for(d.offline)
+    plan = _Plan(apt_options=opts)
     if facts.dpkg_audit:
         plan.steps.append(Step("dpkg-repair", (f"finish what dpkg left half-done: {facts.dpkg_audit.splitlines()[0]}",),
-                               REPAIR))
+                               repair(opts)))
     _files_step(plan, "sources", [f for f in d.files if f.step == "sources"], facts)
     by_role = {r: [p for p in d.packages if p.role == r] for r in ("runtime", "toolkit", "driver")}
     _install_step(plan, "packages-runtime", by_role["runtime"], facts)
@@ -241,4 +260,26 @@ def plan_steps(d: Desired, facts: ProvisionFacts) -> list[Step]:
     _persistence_step(plan, d, facts, reboot_follows=driver_changes or pending is not None)
     if pending:
         plan.steps.append(Step("reboot", (pending,), "", reboot=True))
+    _offline_step(plan, d.offline, facts)
     return plan.steps
+
+
+OFFLINE_STEP = "offline-repo"
+APT_USING = {"dpkg-repair", "sources", "packages-runtime", "toolkit", "driver"}
+
+
+def apt_options_for(offline: OfflineTarget | None) -> str:
+    return apt_options(offline.directory) if offline is not None else ""
+
+
+def _offline_step(plan: _Plan, offline: OfflineTarget | None, facts: ProvisionFacts) -> None:
+    """First, when apt runs and the bundle's repository is not on the host yet: send and unpack it (the
+    run does it; no script here)."""
+    if offline is None or not any(s.name in APT_USING for s in plan.steps):
+        return
+    st = facts.files.get(offline.marker)
+    if st is not None and st.content is not None and st.content.decode(errors="replace").strip() == offline.sha256:
+        return
+    plan.steps.insert(0, Step(OFFLINE_STEP, (f"send the bundle's packages ({offline.count} .deb, "
+                                             f"{offline.size / 1e6:.1f} MB) to {offline.directory}: apt reads only "
+                                             "them (no mirror, no other source)",), ""))
