@@ -519,6 +519,26 @@ class AptSource(_Strict):
         return self
 
 
+class Firewall(_Strict):
+    """``llmfleet_firewall`` (docs/provision.md "Firewall"): the host's service ports (each service's
+    ``port``) answer only the addresses and networks in ``allow`` (and the host itself); everything
+    else that reaches those ports is dropped. Other ports are left alone."""
+
+    allow: Annotated[list[Annotated[str, Field(max_length=64)]], Field(min_length=1, max_length=256)]
+
+    @model_validator(mode="after")
+    def _networks(self) -> Firewall:
+        import ipaddress
+
+        for a in self.allow:
+            try:
+                ipaddress.ip_network(a, strict=False)
+            except ValueError:
+                raise ValueError(f"allow: {a!r} is not an IP address or network (e.g. 10.0.0.5, 10.0.0.0/24, "
+                                 "fd00::/64)") from None
+        return self
+
+
 class HostSettings(_Strict):
     """All ``llmfleet_*`` variables of one host, after Ansible-style merging."""
 
@@ -548,6 +568,8 @@ class HostSettings(_Strict):
     gpu: str | None = Field(None, description="card (catalog id or nvidia-smi name) when facts are not gathered")
     # package sources `invoke provision` writes (a site mirror, a vendor repository), each with its key
     apt_sources: Annotated[list[AptSource], Field(max_length=16)] = Field(default_factory=list)
+    # `invoke provision`: the service ports answer only these addresses (None: no rule, one removed)
+    firewall: Firewall | None = None
     root: Annotated[str, Field(pattern=r"^/[A-Za-z0-9._/-]*$")] = "/opt/llmfleet"
     keep_releases: Annotated[int, Field(ge=1, le=100)] = 5
     image_mirrors: dict[str, str] = Field(default_factory=dict)

@@ -3,8 +3,8 @@
 ``http://lab-apt/packages bookworm main non-free non-free-firmware``, signed with a key made at ``invoke lab.setup``
 (``/usr/share/keyrings/llmfleet-lab.gpg`` on bare hosts, ``Signed-By`` in their only apt source). It holds:
 
-- Debian's real packages for Docker (``docker.io``) and compose v2 (``docker-compose`` from trixie, pinned
-  as in dockerfiles/lab-host) with their dependency closure over a minimal Debian: fetched once with
+- Debian's real packages for Docker (``docker.io``), compose v2 (``docker-compose`` from trixie, pinned
+  as in dockerfiles/lab-host) and ``nftables`` (``llmfleet_firewall``) with their dependency closure over a minimal Debian: fetched once with
   ``apt-get install --download-only`` in a throwaway container of the lab's debootstrap base, from this
   machine's own Debian mirror (its apt configuration; the repository names none), as an offline site would;
 - the NVIDIA SIMULATOR stand-ins of ``llmfleet.lab.standin_debs`` (several driver branches, two container
@@ -53,7 +53,7 @@ CONTAINER = "llmfleet-aptrepo"
 LABEL = "org.llmfleet.lab.aptrepo"
 KEY_UID = "llmfleet lab repository (SIMULATOR signing key) <lab-apt@llmfleet.invalid>"
 # What the repository carries of Debian (package[/release] as apt-get install takes it).
-DEBIAN_PACKAGES = ("docker.io", "docker-compose/trixie")
+DEBIAN_PACKAGES = ("docker.io", "docker-compose/trixie", "nftables")
 DOCKERFILES = Path(__file__).resolve().parents[3] / "dockerfiles"
 
 Log = Callable[[str], None]

@@ -42,6 +42,64 @@ RateLimitBurst=20000
 """
 
 
+FIREWALL_FILE = "/etc/llmfleet/firewall.nft"
+FIREWALL_UNIT = "llmfleet-firewall.service"
+FIREWALL_UNIT_FILE = f"/etc/systemd/system/{FIREWALL_UNIT}"
+FIREWALL_PACKAGE = "nftables"
+FIREWALL_UNIT_TEXT = f"""\
+# Written by llmfleet provision (llmfleet_firewall): loads {FIREWALL_FILE}, its own nftables table
+[Unit]
+Description=llmfleet: the service ports answer only the inventory's addresses
+Wants=network-pre.target
+Before=network-pre.target docker.service
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=/usr/sbin/nft -f {FIREWALL_FILE}
+ExecStop=/usr/sbin/nft delete table inet llmfleet
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+def firewall_text(ports: Sequence[int], allow: Sequence[str]) -> str:
+    """The nftables table ``inet llmfleet``: at prerouting, before Docker's DNAT (priority -150), TCP to
+    ``ports`` from an address outside ``allow`` is dropped; the host itself (loopback) always passes.
+    Prerouting sees both a published container port (before it is translated) and a host-network
+    one. Loading it replaces the table whole (created, deleted, defined in one transaction); no other
+    table or chain is touched."""
+    import ipaddress
+
+    nets = [ipaddress.ip_network(a, strict=False) for a in allow]
+    v4 = sorted({str(n) for n in nets if n.version == 4})
+    v6 = sorted({str(n) for n in nets if n.version == 6})
+    plist = ", ".join(str(p) for p in sorted(set(ports)))
+
+    def a_set(name: str, kind: str, elements: list[str]) -> list[str]:
+        return ([f"\tset {name} {{", f"\t\ttype {kind}", "\t\tflags interval", "\t\tauto-merge"]
+                + ([f"\t\telements = {{ {', '.join(elements)} }}"] if elements else []) + ["\t}"])
+
+    lines = ["# Written by llmfleet provision from llmfleet_firewall: the service ports answer only these addresses.",
+             "table inet llmfleet", "delete table inet llmfleet", "table inet llmfleet {",
+             *a_set("allow4", "ipv4_addr", v4), *a_set("allow6", "ipv6_addr", v6),
+             "\tchain prerouting {", "\t\ttype filter hook prerouting priority -150; policy accept;"]
+    if plist:
+        lines += ['\t\tiifname "lo" accept', f"\t\ttcp dport {{ {plist} }} ip saddr @allow4 accept",
+                  f"\t\ttcp dport {{ {plist} }} ip6 saddr @allow6 accept", f"\t\ttcp dport {{ {plist} }} drop"]
+    return "\n".join(lines + ["\t}", "}"]) + "\n"
+
+
+def firewall_files(settings: HostSettings) -> tuple[ManagedFile, ...]:
+    """The rule's file and its unit (none when ``llmfleet_firewall`` is unset)."""
+    if settings.firewall is None:
+        return ()
+    ports = [svc.port for svc in settings.services]
+    return (ManagedFile(FIREWALL_FILE, firewall_text(ports, settings.firewall.allow), step="firewall"),
+            ManagedFile(FIREWALL_UNIT_FILE, FIREWALL_UNIT_TEXT, step="firewall"))
+
+
 DRIVER_PIN_FILE = "/etc/apt/preferences.d/90-llmfleet-nvidia-driver"
 DRIVER_PIN_PACKAGES = "nvidia-* libnvidia-* cuda-drivers* firmware-nvidia-* xserver-xorg-video-nvidia*"
 
@@ -134,7 +192,7 @@ class ManagedFile:
     mode: int = 0o644
     owner: str = "root"
     group: str = "root"
-    step: str = "files"  # sources (apt sources and keys) | files
+    step: str = "files"  # sources (apt sources and keys) | files | firewall
     then: str | None = None  # run once after the step wrote it (a restart that reads it)
 
 
@@ -201,8 +259,8 @@ def facts_query(settings: HostSettings, user: str, markers: Sequence[str] = ()) 
     """What the facts script reads besides its fixed sections (known before the host is contacted);
     ``markers``: the ``Packages.ok`` of each offline repository a bundle may put on the host."""
     return FactsQuery(user=user, folders=tuple(f.path for f in folders(settings, user)),
-                      files=(*markers, DRIVER_PIN_FILE, *(p for a in settings.apt_sources for p in source_paths(a.name)),
-                             *(f.path for f in managed_files(user))), units=(DOCKER_UNIT, PERSISTENCE_UNIT))
+                      files=(*markers, DRIVER_PIN_FILE, FIREWALL_FILE, FIREWALL_UNIT_FILE, *(p for a in settings.apt_sources for p in source_paths(a.name)),
+                             *(f.path for f in managed_files(user))), units=(DOCKER_UNIT, PERSISTENCE_UNIT, FIREWALL_UNIT))
 
 
 def cards_for(host: str, settings: HostSettings, facts: ProvisionFacts) -> tuple[str, ...]:
@@ -246,6 +304,8 @@ def desired_state(host: str, settings: HostSettings, facts: ProvisionFacts, *, u
     held = set(choice.hold)
     versions = dict(_split(spec) for spec in choice.pinned)
     pkgs: list[Package] = []
+    if settings.firewall is not None:
+        runtime = (*runtime, FIREWALL_PACKAGE)
     for role, specs in (("runtime", runtime), ("toolkit", toolkit), ("driver", choice.packages)):
         for spec in specs:
             name, ver = _split(spec)
@@ -254,6 +314,6 @@ def desired_state(host: str, settings: HostSettings, facts: ProvisionFacts, *, u
     driver_package = choice.hold[0] if choice.hold else choice.packages[0]
     pin = driver_pin(choice, driver_package)
     return Desired(host=host, distro=distro, driver=choice, packages=tuple(pkgs),
-                   files=tuple(extra_files) + ((pin,) if pin else ()) + managed_files(user), folders=folders(settings, user), user=user,
+                   files=tuple(extra_files) + ((pin,) if pin else ()) + managed_files(user) + firewall_files(settings), folders=folders(settings, user), user=user,
                    groups=groups, persistence_unit=choice.persistence_unit or PERSISTENCE_UNIT, cards=cards,
                    images=images, warnings=tuple(dict.fromkeys(warnings)), offline=offline)

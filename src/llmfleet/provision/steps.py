@@ -2,7 +2,8 @@
 
 Order: offline-repo (provision --bundle: the bundle's packages sent to the host, when apt runs and they
 are not there yet), dpkg-repair (only when dpkg reports a half-done install), sources, packages-runtime (Docker,
-compose), toolkit, driver, hold, files, user, folders, docker-runtime-config, persistence, reboot
+compose), toolkit, driver, hold, files, user, folders, firewall (``llmfleet_firewall``: the rule written and
+loaded, or removed when unset), docker-runtime-config, persistence, reboot
 (only when the running driver is not the installed one and no step above changes the driver). Each step
 carries ``changes`` (what a human reads under --check), ``script`` (the exact shell, every value
 quoted), ``reboot`` (whether a reboot must follow) and, for files, a unified ``diff``. A converged host
@@ -19,7 +20,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from llmfleet.provision.desired import DOCKER_UNIT, Desired, ManagedFile, OfflineTarget, Package
+from llmfleet.provision.desired import (
+    DOCKER_UNIT,
+    FIREWALL_FILE,
+    FIREWALL_UNIT,
+    FIREWALL_UNIT_FILE,
+    Desired,
+    ManagedFile,
+    OfflineTarget,
+    Package,
+)
 from llmfleet.provision.facts import ProvisionFacts, driver_matches, upstream_version
 from llmfleet.provision.offline import apt_options
 
@@ -50,7 +60,8 @@ def repair(options: str = "") -> str:
 
 
 CTK_CONFIGURE = "nvidia-ctk runtime configure --runtime=docker"
-ORDER = ("offline-repo", "dpkg-repair", "sources", "packages-runtime", "toolkit", "driver", "hold", "files", "user", "folders",
+ORDER = ("offline-repo", "dpkg-repair", "sources", "packages-runtime", "toolkit", "driver", "hold", "files", "user",
+         "folders", "firewall",
          "docker-runtime-config", "persistence", "reboot")
 
 
@@ -202,6 +213,38 @@ def _folders_step(plan: _Plan, d: Desired, facts: ProvisionFacts) -> None:
         plan.steps.append(Step("folders", tuple(changes), "\n".join(lines)))
 
 
+def _firewall_step(plan: _Plan, d: Desired, facts: ProvisionFacts) -> None:
+    """The rule (``llmfleet_firewall``) written, checked by ``nft -c`` before it is put in place, loaded by
+    its unit and enabled for the next boot; or, when the inventory no longer sets it, removed."""
+    files = [f for f in d.files if f.step == "firewall"]
+    enabled, active = facts.units.get(FIREWALL_UNIT, ("absent", "unknown"))
+    if not files:
+        there = [p for p in (FIREWALL_FILE, FIREWALL_UNIT_FILE) if (st := facts.files.get(p)) is not None and st.present]
+        if there:
+            plan.steps.append(Step("firewall", ("remove the firewall rule (llmfleet_firewall is not set): stop and "
+                                                f"disable {FIREWALL_UNIT}, delete {', '.join(there)}",),
+                                   "\n".join([f"systemctl disable --now {FIREWALL_UNIT} >/dev/null 2>&1 || true",
+                                              "nft delete table inet llmfleet >/dev/null 2>&1 || true",
+                                              f"rm -f -- {q(FIREWALL_FILE)} {q(FIREWALL_UNIT_FILE)}",
+                                              "systemctl daemon-reload"])))
+        return
+    todo, changes, diff = _file_changes(files, facts)
+    if not todo and (enabled, active) == ("enabled", "active"):
+        return
+    if not todo:
+        changes.append(f"enable and start {FIREWALL_UNIT} (now {enabled or 'absent'}, {active or 'unknown'})")
+    rule = next(f for f in files if f.path == FIREWALL_FILE)
+    check = f"{FIREWALL_FILE}.llmfleet-check"
+    lines = ["set -e", f"(umask 022 && mkdir -p -- {q(posixpath.dirname(FIREWALL_FILE))})",
+             f"printf '%s' {q(base64.b64encode(rule.content.encode()).decode())} | base64 -d > {q(check)}",
+             f"nft -c -f {q(check)} || {{ rm -f -- {q(check)}; echo 'the rule does not load (nft -c)' >&2; exit 3; }}",
+             f"rm -f -- {q(check)}"]
+    if todo:
+        lines.append(_file_script(todo))
+    lines += ["systemctl daemon-reload", f"systemctl enable {FIREWALL_UNIT}", f"systemctl restart {FIREWALL_UNIT}"]
+    plan.steps.append(Step("firewall", tuple(changes), "\n".join(lines), diff=diff))
+
+
 def _runtime_config_step(plan: _Plan, facts: ProvisionFacts) -> None:
     lines, changes = ["set -e"], []
     enabled, active = facts.units.get(DOCKER_UNIT, ("absent", "unknown"))
@@ -254,6 +297,7 @@ def plan_steps(d: Desired, facts: ProvisionFacts) -> list[Step]:
     _files_step(plan, "files", [f for f in d.files if f.step == "files"], facts)
     _user_step(plan, d, facts)
     _folders_step(plan, d, facts)
+    _firewall_step(plan, d, facts)
     _runtime_config_step(plan, facts)
     driver_changes = any(s.reboot for s in plan.steps)
     pending = None if driver_changes else pending_reboot(d, facts)
