@@ -57,7 +57,8 @@ def test_an_air_gapped_bare_host_provisions_and_deploys_from_one_bundle(lab, tmp
                                                                           "packages/debian-12-amd64.tar")
     names = {p.split("=", 1)[0] for p in pk["packages"]}
     assert {"docker.io", "docker-compose", "nvidia-container-toolkit", "nvidia-driver"} <= names, sorted(names)
-    assert any(f["path"] == pk["archive"] for f in doc["files"])
+    (entry,) = [f for f in doc["files"] if f["path"] == pk["archive"]]
+    print(f"{STAGING} downloaded {len(pk['packages'])} packages for {HOST}, {entry['size'] / 1e6:.1f} MB")
     assert _staging_state(lab) == staging_before  # the staging host downloaded into a work folder it removed
 
     # a damaged archive: refused naming the file before any host is contacted

@@ -28,10 +28,10 @@ q = shlex.quote
 
 # dpkg-query patterns: everything provisioning installs, holds or must notice (a distribution's or
 # NVIDIA's driver, the container toolkit, Docker from the distribution or Docker's repository, compose,
-# kernel headers). A pattern no package matches prints nothing on stdout.
+# kernel headers, nftables for llmfleet_firewall). A pattern no package matches prints nothing on stdout.
 PACKAGE_PATTERNS = (
     "nvidia-*", "libnvidia-*", "firmware-nvidia-*", "cuda-drivers*", "docker*", "containerd*", "runc",
-    "linux-headers-*",
+    "linux-headers-*", "nftables",
 )
 FILE_CAP = 65536  # bytes of a managed file's content read back (provisioning writes small files)
 _SMI_QUERY = "driver_version,name"

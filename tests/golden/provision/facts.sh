@@ -4,7 +4,7 @@ export LC_ALL=C
 sec os-release; cat /etc/os-release 2>/dev/null
 sec kernel; uname -r
 sec arch; dpkg --print-architecture 2>/dev/null
-sec dpkg; dpkg-query -W -f='${binary:Package}\t${Version}\t${db:Status-Abbrev}\n' 'nvidia-*' 'libnvidia-*' 'firmware-nvidia-*' 'cuda-drivers*' 'docker*' 'containerd*' runc 'linux-headers-*' 2>/dev/null
+sec dpkg; dpkg-query -W -f='${binary:Package}\t${Version}\t${db:Status-Abbrev}\n' 'nvidia-*' 'libnvidia-*' 'firmware-nvidia-*' 'cuda-drivers*' 'docker*' 'containerd*' runc 'linux-headers-*' nftables 2>/dev/null
 sec holds; apt-mark showhold 2>/dev/null
 sec dpkg-audit; dpkg --audit 2>&1 | head -c 4096
 sec nvidia-smi
