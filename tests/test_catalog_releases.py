@@ -42,9 +42,10 @@ def _v(key: str) -> tuple[int, ...]:
 
 
 def test_every_published_vllm_release_from_0_20_is_in_the_catalog():
-    # `pip index versions vllm` on 2026-12-01: 0.20.0 ... 0.33.0
+    # published vLLM releases from 0.20.0: 0.20.0 ... 0.34.0 (`pip index versions vllm`)
     published = ["0.20.0", "0.20.1", "0.20.2", "0.21.0", "0.22.0", "0.22.1", "0.23.0", "0.24.0", "0.25.0", "0.25.1",
-                 "0.26.0", "0.27.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0"]
+                 "0.26.0", "0.27.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0",
+                 "0.34.0"]
     missing = [v for v in published if f"vllm:{v}" not in CAT.images]
     assert not missing, f"vLLM releases not in engines.yaml: {missing}; draft them with `catalog.release vllm==X`"
 

@@ -493,9 +493,9 @@ def test_hf_gptq_folder_takes_quant_and_group_size_from_its_config(tmp_path):
     (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
     p = P(str(tmp_path), gpu="t4", context=1024)
     assert p.quant == "gptq-int4-g32" and p.weights_bytes == 123456
-    # the default, the newest catalog vLLM (0.33.0; its floors as vllm:0.20.0), has Marlin from compute
+    # the default, the newest catalog vLLM (0.34.0; its floors as vllm:0.20.0), has Marlin from compute
     # capability 7.5 (engines.yaml quantizations.gptq_marlin)
-    assert p.image == "vllm:0.33.0" and _flag(p.engine_args, "--quantization") == "gptq_marlin"
+    assert p.image == "vllm:0.34.0" and _flag(p.engine_args, "--quantization") == "gptq_marlin"
     old = P(str(tmp_path), gpu="t4", context=1024, image="vllm:0.10.1.1")  # Marlin from 8.0 there
     assert _flag(old.engine_args, "--quantization") == "gptq"
 

@@ -193,8 +193,21 @@ class EngineRelease(_Model):
     facts_source: Literal["catalog", "lock", "inspected"] = "catalog"
 
 
+class QuantRemoved(_Model):
+    """A quantization method a release line dropped: the first release without it, the last catalog
+    release that still has it, and where that was read."""
+
+    removed_in: str
+    last: str  # catalog key of the newest release that still has the method
+    ref: str  # short reference for messages (e.g. "vllm#39583")
+    confidence: Literal["H", "M", "U"]
+    source: str
+
+
 class EngineRules(_Model):
     quant_methods: dict[str, list[str]]
+    # method -> when the engine dropped it (the fix text of a release without it names the last one with it)
+    quant_removed: dict[str, QuantRemoved] = Field(default_factory=dict)
     # flag value -> method, or methods best first (the engine picks the first the card runs)
     quantization_flag: dict[str, str | list[str]] = Field(default_factory=dict)
     dtype_needs_bf16: list[str] = Field(default_factory=list)
@@ -966,11 +979,12 @@ def check_quantization(rel: EngineRelease, rules: EngineRules, quant: str | None
     usable = [m for m in methods if _cc_ok(t, rel.quantizations.get(m))]
     if not usable:
         need = ", ".join(f"{m} needs {rel.quantizations[m]}" if m in rel.quantizations
-                         else f"{m} is not in this release" for m in methods)
+                         else _not_in_release(rules, m) for m in methods)
+        gone = [rules.quant_removed[m] for m in methods if m not in rel.quantizations and m in rules.quant_removed]
         return Verdict(
             "fail",
             f"{asked} does not run on compute capability {cc} in {rel.key} ({need})",
-            _quant_fix(t),
+            _removed_fix(rel, gone[0]) if gone else _quant_fix(t),
         )
     if usable[0] != methods[0]:
         note = f"{asked}: {methods[0]} needs {rel.quantizations.get(methods[0])}; the engine uses {usable[0]} on {cc}"
@@ -979,6 +993,18 @@ def check_quantization(rel: EngineRelease, rules: EngineRules, quant: str | None
                            "fine to run; for FP8 compute use a card with compute capability >= 8.9")
         return Verdict("pass", note)
     return Verdict("pass", f"{asked}: {usable[0]} runs on compute capability {cc}")
+
+
+def _not_in_release(rules: EngineRules, method: str) -> str:
+    gone = rules.quant_removed.get(method)
+    if gone is None:
+        return f"{method} is not in this release"
+    return f"{method} is not in this release: removed in {gone.removed_in}, {gone.ref}"
+
+
+def _removed_fix(rel: EngineRelease, gone: QuantRemoved) -> str:
+    other = " or GGUF with llama.cpp" if rel.engine != "llamacpp" else ""
+    return f"use {gone.last}, the last {rel.engine} release with it (--image {gone.last}){other}, or another quantization"
 
 
 def _quant_fix(cc: tuple[int, int]) -> str:

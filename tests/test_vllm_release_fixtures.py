@@ -1,0 +1,145 @@
+"""What the catalog says of each vLLM release from 0.20.0 on is what that release's own code says,
+as recorded per release in tests/fixtures/vllm/<version>/ (a header line names the file at the
+release tag): the quantization methods of ``QuantizationMethods``
+(vllm/model_executor/layers/quantization/__init__.py) and the backends' lower compute-capability
+bounds (``supports_compute_capability``). A method or floor the catalog claims that its release's
+fixture does not hold fails here, and so does a release without a fixture; so do the GGUF and
+bitsandbytes removals (RFC vllm#39583), FLASHINFER's 8.0 floor from 0.24.0 (vllm PR #45375,
+vllm#47549) and NVFP4 from compute capability 7.5 in preflight and plan."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from llmfleet.knowledge import compat
+from llmfleet.knowledge.planner import PlanRequest, plan
+
+FIXTURES = Path(__file__).parent / "fixtures" / "vllm"
+CAT = compat.load_engine_catalog()
+RULES = CAT.engines["vllm"]
+# the catalog's method names -> the release's --quantization / QuantizationMethods name
+CATALOG_TO_VLLM: dict[str, str] = {"int8_w8a8": "compressed-tensors"}
+for flag, methods in RULES.quantization_flag.items():
+    for m in [methods] if isinstance(methods, str) else methods:
+        if m != "from-quant":
+            CATALOG_TO_VLLM.setdefault(m, flag)
+TRACKED = set(CATALOG_TO_VLLM.values())
+
+
+def _v(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split("."))
+
+
+RELEASES = {k: r for k, r in CAT.images.items()
+            if r.engine == "vllm" and re.fullmatch(r"\d+(\.\d+)+", r.version) and _v(r.version) >= (0, 20)}
+
+
+def _lines(path: Path) -> list[str]:
+    return [ln.strip() for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip() and not ln.startswith("#")]
+
+
+def _fixture(version: str) -> tuple[set[str], dict[str, str], list[str]]:
+    d = FIXTURES / version
+    methods = set(_lines(d / "quantization_methods.txt"))
+    floors = dict(ln.split() for ln in _lines(d / "attention_min_cc.txt"))
+    headers = [ln for f in ("quantization_methods.txt", "attention_min_cc.txt")
+               for ln in (d / f).read_text(encoding="utf-8").splitlines()[:1]]
+    return methods, floors, headers
+
+
+def test_every_catalog_vllm_release_from_0_20_has_a_fixture_and_every_fixture_a_release():
+    have = {p.name for p in FIXTURES.iterdir() if p.is_dir()}
+    assert {r.version for r in RELEASES.values()} == have
+
+
+@pytest.mark.parametrize("key", sorted(RELEASES, key=lambda k: _v(RELEASES[k].version)))
+def test_the_catalog_claims_only_what_the_release_fixture_holds(key):
+    rel = RELEASES[key]
+    methods, floors, headers = _fixture(rel.version)
+    for h in headers:  # each fixture names the file at the release tag
+        assert f"https://github.com/vllm-project/vllm/blob/v{rel.version}/vllm/" in h, h
+    assert methods <= TRACKED, f"{key}: fixture names a method llmfleet does not map: {methods - TRACKED}"
+    for m in rel.quantizations:
+        if m == "none":
+            continue
+        name = CATALOG_TO_VLLM.get(m)
+        assert name is not None, f"{key}: catalog method {m!r} has no --quantization name"
+        assert name in methods, f"{key}: catalog lists {m} ({name}) but {rel.version}'s QuantizationMethods has no {name}"
+    listed = {CATALOG_TO_VLLM[m] for m in rel.quantizations if m in CATALOG_TO_VLLM}
+    missing = methods - listed
+    assert not missing, f"{key}: {rel.version} has {sorted(missing)}, the catalog lists none of their methods"
+    backends = rel.attention.backends if rel.attention is not None else {}
+    for name, floor in floors.items():
+        assert name in backends, f"{key}: no {name} in the catalog's backends"
+        assert backends[name].min_cc == floor, f"{key}: {name} min_cc {backends[name].min_cc}, the release says {floor}"
+
+
+@pytest.mark.parametrize("method", sorted(RULES.quant_removed))
+def test_a_removed_method_is_absent_from_its_release_on_and_last_names_the_newest_with_it(method):
+    gone = RULES.quant_removed[method]
+    name = CATALOG_TO_VLLM[method]
+    for key, rel in RELEASES.items():
+        methods, _, _ = _fixture(rel.version)
+        after = _v(rel.version) >= _v(gone.removed_in)
+        assert (name in methods) is not after, f"{key}: fixture and removed_in {gone.removed_in} disagree"
+        assert (method in rel.quantizations) is not after, f"{key}: catalog and removed_in {gone.removed_in} disagree"
+    with_it = [k for k, r in CAT.images.items() if r.engine == "vllm" and method in r.quantizations
+               and re.fullmatch(r"\d+(\.\d+)+", r.version)]
+    assert gone.last == max(with_it, key=lambda k: _v(CAT.images[k].version))
+    assert "github.com/vllm-project/vllm/issues/39583" in gone.source
+
+
+@pytest.mark.parametrize("key,method,status", [
+    ("vllm:0.23.0", "gguf", "pass"), ("vllm:0.24.0", "gguf", "fail"), ("vllm:0.34.0", "gguf", "fail"),
+    ("vllm:0.27.1", "bitsandbytes", "pass"), ("vllm:0.28.0", "bitsandbytes", "fail"),
+])
+def test_preflight_fails_a_vllm_release_without_the_model_s_quantization_and_names_the_last_with_it(key, method, status):
+    quant = {"gguf": "q4_k_m", "bitsandbytes": "bnb-int4"}[method]
+    v = compat.check_quantization(CAT.images[key], RULES, quant, [], "7.5")
+    assert v.status == status, v
+    if status == "fail":
+        gone = RULES.quant_removed[method]
+        assert f"{method} is not in this release: removed in {gone.removed_in}" in v.message
+        assert f"--image {gone.last}" in v.fix
+    # the flag says the same as the service's quant
+    flag = compat.check_quantization(CAT.images[key], RULES, None, ["--quantization", method], "7.5")
+    assert flag.status == status
+
+
+def test_plan_refuses_gguf_on_the_newest_vllm_and_names_the_last_release_with_it():
+    p = plan(PlanRequest(model="qwen2.5-7b-instruct", gpu="t4", engine="vllm", quant="q4_k_m"))
+    assert not p.fits and "--quantization" not in p.engine_args
+    refused = next(n for n in p.notes if n.startswith("REFUSED"))
+    assert "gguf is not in this release: removed in 0.24.0" in refused and "--image vllm:0.23.0" in refused
+    old = plan(PlanRequest(model="qwen2.5-7b-instruct", gpu="t4", engine="vllm", quant="q4_k_m", image="vllm:0.23.0"))
+    assert old.fits and old.image == "vllm:0.23.0"
+
+
+@pytest.mark.parametrize("key", ["vllm:0.24.0", "vllm:0.33.0", "vllm:0.34.0"])
+@pytest.mark.parametrize("cc,status", [("7.5", "fail"), ("8.0", "pass"), ("8.9", "pass")])
+def test_flashinfer_needs_8_0_from_0_24(key, cc, status):
+    v = compat.check_attention(CAT.images[key], ["--attention-backend", "FLASHINFER"], {}, cc)
+    assert v.status == status, v
+
+
+def test_flashinfer_ran_on_turing_up_to_0_23():
+    assert compat.check_attention(CAT.images["vllm:0.23.0"], ["--attention-backend", "FLASHINFER"], {}, "7.5").status == "pass"
+
+
+@pytest.mark.parametrize("key", ["vllm:0.24.0", "vllm:0.34.0"])
+def test_no_fp8_kv_fix_on_a_t4_recommends_flashinfer_from_0_24(key):
+    v = compat.check_kv_dtype(CAT.images[key], RULES, "fp8", [], {}, "7.5")
+    assert v.status == "fail" and "FLASHINFER" not in (v.fix or "") + v.message, v
+
+
+@pytest.mark.parametrize("key,cc,status", [
+    ("vllm:0.19.1", "7.5", "pass"), ("vllm:0.34.0", "7.5", "pass"), ("vllm:0.34.0", "8.6", "pass"),
+    ("vllm:0.19.1", "7.0", "fail"),
+])
+def test_nvfp4_runs_from_7_5(key, cc, status):
+    for quant, args in (("nvfp4", []), (None, ["--quantization", "modelopt_fp4"])):
+        v = compat.check_quantization(CAT.images[key], RULES, quant, args, cc)
+        assert v.status == status, (quant, v)
