@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from llmfleet.health import check as health
 from llmfleet.host.ssh import Result as SshResult
 from llmfleet.images.lock import ImageRef
 from llmfleet.inventory.ansible import load_inventory, settings_for
 from llmfleet.knowledge import release_state
 from llmfleet.release import cluster as C
-from llmfleet.release import health
 from llmfleet.release import multihost as M
 from llmfleet.release import pipeline as P
 from llmfleet.release.deploy import DeployOptions, Prepared, PreparedHost

@@ -14,12 +14,13 @@ import pytest
 import yaml
 
 from llmfleet.errors import UsageError
+from llmfleet.health import check as health
 from llmfleet.host.ssh import Result as SshResult
 from llmfleet.inventory.ansible import load_inventory
 from llmfleet.knowledge.release_state import Manifest, ReleaseInfo, ServiceState
 from llmfleet.release import clusterset as CS
-from llmfleet.release import health, service_ops, store
 from llmfleet.release import multihost as M
+from llmfleet.release import service_ops, store
 from llmfleet.release.decide import Refusal
 from llmfleet.release.deploy import DeployOptions
 from llmfleet.release.executor import HostRun

@@ -28,6 +28,7 @@ import httpx
 
 from llmfleet.errors import LlmfleetError, UsageError
 from llmfleet.fleet.metrics import EngineMetrics, engine_metrics
+from llmfleet.health import watchdog
 from llmfleet.host import ssh
 from llmfleet.host.group import run_on_hosts
 from llmfleet.inventory.ansible import Host, settings_for
@@ -35,7 +36,7 @@ from llmfleet.inventory.services import GATEWAY_KIND, HostSettings, Service
 from llmfleet.knowledge import engines, gpu_health, release_state
 from llmfleet.knowledge.facts import GpuHealth
 from llmfleet.release import audit as audit_mod
-from llmfleet.release import decide, watchdog
+from llmfleet.release import decide
 from llmfleet.release import gateway_config as gc
 from llmfleet.release import store as rel
 from llmfleet.release.secret import secret_if_readable

@@ -744,7 +744,7 @@ def gather(remote: Runner, *, root: str = "/opt/llmfleet", model_paths: list[str
     Raises ``RemoteError`` only when SSH itself fails; a probe that fails part-way returns the facts
     it found with the failures in ``errors``.
     """
-    # a probe sent ahead (llmfleet.release.early) is taken by ``run`` when this is the very same command
+    # a probe sent ahead (llmfleet.host.early) is taken by ``run`` when this is the very same command
     mark = getattr(remote, "probe_mark", None) or new_mark()  # ssh.Remote has one; a scripted remote need not
     result = remote.run(probe_command(mark, root, list(model_paths)), stdin=probe_sh(), timeout=timeout,
                         sudo=sudo)

@@ -147,7 +147,7 @@ class Remote:
         self._conn = conn
         self.command_timeout = command_timeout
         self.round_trips = 0
-        self.probe_mark: str | None = None  # the mark of a host probe sent ahead (llmfleet.release.early)
+        self.probe_mark: str | None = None  # the mark of a host probe sent ahead (llmfleet.host.early)
         self._ahead: dict[tuple[str, bytes | None], tuple[threading.Thread, list[Any]]] = {}
 
     # -- commands ---------------------------------------------------------------------------------

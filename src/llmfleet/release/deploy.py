@@ -29,6 +29,7 @@ import threading
 import time
 from collections.abc import Sequence
 from contextlib import nullcontext
+from typing import TYPE_CHECKING
 
 from llmfleet import __version__
 from llmfleet.errors import LlmfleetError, RemoteError, UsageError
@@ -60,6 +61,9 @@ from llmfleet.release.render import project_name, stop_grace_s
 from llmfleet.release.secret import resolve_secret
 from llmfleet.release.store import Paths
 from llmfleet.settings import Settings
+
+if TYPE_CHECKING:
+    from llmfleet.health.check import UnitProbe
 
 # ---------------------------------------------------------------------------------------------
 # deploy
@@ -145,7 +149,7 @@ def _fleet_gates(run: HostRun, ready: PreparedHost, todo: list[Item], states: di
     """The fleet's own floor for each release to check: earlier healthy runs of the same card,
     engine, image, model, quant and context class, on this host (the state just read) and on the
     hosts this machine read before (``speed_cache``). Best effort: no history, no gate."""
-    from llmfleet.release import speed_cache, speed_history
+    from llmfleet.health import speed_cache, speed_history
 
     try:
         cached = speed_cache.load(exclude=[run.host])
@@ -160,7 +164,7 @@ def _fleet_gates(run: HostRun, ready: PreparedHost, todo: list[Item], states: di
 
 def _remember_speeds(run: HostRun, ready: PreparedHost, after: dict[str, release_state.ServiceState]) -> None:
     """Keep this host's health records (the new release's too) for later gates and ``invoke plan``."""
-    from llmfleet.release import speed_cache
+    from llmfleet.health import speed_cache
 
     speed_cache.remember_hosts({run.host: after}, [run.host] if speed_cache.is_lab(ready.host) else [])
 
@@ -173,7 +177,7 @@ def _switch_and_check(run: HostRun, it: Item) -> ServiceOutcome:
     rid, previous, digest = step.release_id, step.previous, it.prepared.image.digest
     switched = False
     token: str | None = None  # commit confirmed: the host reverts unless this is confirmed
-    started: store.UnitProbe | None = None
+    started: UnitProbe | None = None
     try:
         # upload, arm the host's revert, switch and restart, wait for the container: one round trip
         steps: dict[str, str] = {}

@@ -40,6 +40,7 @@ from typing import Any
 
 from llmfleet import __version__
 from llmfleet.errors import LlmfleetError, RemoteError, UsageError
+from llmfleet.health import check as health
 from llmfleet.images import lock as images
 from llmfleet.inventory.ansible import Host, Inventory, load_inventory, settings_for
 from llmfleet.inventory.services import HostSettings, Service, resolve_workers
@@ -48,7 +49,7 @@ from llmfleet.knowledge.engines import for_engine
 from llmfleet.knowledge.planner import Plan, summarize
 from llmfleet.knowledge.release_state import Manifest
 from llmfleet.release import cluster as C
-from llmfleet.release import decide, health, pipeline, store
+from llmfleet.release import decide, pipeline, store
 from llmfleet.release.decide import Action, GoBack, HostOutcome, Refusal, Result, ServiceOutcome, ServiceStep
 from llmfleet.release.executor import HealthFn, HealthTarget, HostRun, Log, connect, http_health, short
 from llmfleet.release.manifest import build as manifest_build

@@ -587,7 +587,7 @@ def render(
     if head.host_network:  # no published port: the engine itself listens on the bind address
         fill |= {"port": str(service.port), "listen": bind}
         if box["healthcheck"]:
-            from llmfleet.release.watchdog import probe_address
+            from llmfleet.health.watchdog import probe_address
 
             box["healthcheck"]["test"] = [t.replace(f"127.0.0.1:{box['port']}", f"{probe_address(bind)}:{service.port}")
                                           for t in box["healthcheck"]["test"]]
@@ -677,7 +677,7 @@ def render(
         if gateway.tls_pem is not None:
             files[gateway_config.TLS_PEM], modes[gateway_config.TLS_PEM] = gateway.tls_pem, 0o600
             secret_files.add(gateway_config.TLS_PEM)
-    from llmfleet.release import watchdog
+    from llmfleet.health import watchdog
 
     for name, (text, mode) in watchdog.release_files(
             service, settings, key_env=role.api_key_env if api_key is not None else None).items():
