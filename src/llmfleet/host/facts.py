@@ -608,8 +608,8 @@ def parse_probe_document(
 
 
 def _read_manifest(mf: ModelFile, section: Section | None) -> None:
-    """The model's manifest and its files' size and mtime (llmfleet.models.scripts.MANIFEST_READER)."""
-    from llmfleet.models.scripts import parse_reader
+    """The model's manifest and its files' size and mtime (llmfleet.host.model_scripts.MANIFEST_READER)."""
+    from llmfleet.host.model_scripts import parse_reader
 
     if section is None or not section.complete:
         return

@@ -5,7 +5,7 @@ SSH channel: the host appends what it receives (``scripts.receive_script``), so 
 leaves a staging file holding an exact prefix, and the next call resumes from its size. It knows
 nothing of models: any large file (a model shard, a container-image archive) can go this way::
 
-    from llmfleet.models.transfer import send_file
+    from llmfleet.host.transfer import send_file
     done = send_file(remote, "/data/img.tar", "/var/tmp/img.tar.part", offset=0,
                      size=os.path.getsize("/data/img.tar"), limit_rate=50_000_000,
                      progress=lambda n: bar.advance(task, n))
@@ -36,8 +36,8 @@ from typing import Any
 import paramiko
 
 from llmfleet.errors import RemoteError
+from llmfleet.host import model_scripts as S
 from llmfleet.host import trace
-from llmfleet.models import scripts as S
 
 CHUNK = 256 * 1024
 STALL_S = 60.0  # a send that cannot move one chunk for this long is cut
