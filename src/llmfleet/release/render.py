@@ -571,96 +571,15 @@ def render(
 ) -> Rendered:
     role = load_role(service.engine, roles_dir)
     head = head or HeadOverlay()
-    if service.api_key is not None and api_key is None:
-        raise UsageError(f"service {service.name}: api_key is configured but its value was not resolved")
-    if api_key is not None and (not api_key or _SECRET_FORBIDDEN.search(api_key)):
-        raise UsageError(
-            f"service {service.name}: the API key is empty or holds a quote, newline or NUL; use another key"
-        )
-
+    _check_api_key(service, api_key)
     merged = merge_engine_args(plan_engine_args(plan), list(service.engine_args), role)
     box = container_settings(role, service, jit_cache=jit_cache_for(image, plan) is not None)
     bind = bind_address or settings.bind_address_for(service)
     sdir = service_dir(settings, service)
-    fill = {"model": role.model_target, "port": str(box["port"]), "served_name": service.public_name,
-            "listen": "0.0.0.0", "bind": f"[{bind}]" if ":" in bind else bind, "service_dir": sdir}
-    if head.host_network:  # no published port: the engine itself listens on the bind address
-        fill |= {"port": str(service.port), "listen": bind}
-        if box["healthcheck"]:
-            from llmfleet.health.watchdog import probe_address
-
-            box["healthcheck"]["test"] = [t.replace(f"127.0.0.1:{box['port']}", f"{probe_address(bind)}:{service.port}")
-                                          for t in box["healthcheck"]["test"]]
-    base: list[str] = []
-    for group in role.base_args:
-        base.extend(tok.format(**fill) for tok in group)
-    args = base + merged + list(head.args)
-
-    gpu_request: Any
-    if service.engine in ("node-exporter", "gateway"):  # reads the host / proxies: no GPU
-        gpu_request = None
-    elif service.gpus == "all":
-        gpu_request = "all"
-    else:
-        gpu_request = [int(g) for g in service.gpus]
-
-    environment = box["environment"] | dict(service.env) | dict(head.environment)
-    if gateway is not None and service.engine == "gateway":  # HAProxy's large buffers from the heap
-        from llmfleet.release import gateway_config
-
-        environment = gateway_config.allocator_env(gateway_config.buffer_size(gateway.spec.max_body_bytes)) | environment
-    ctx = {
-        "service_name": service.name,
-        "engine": service.engine,
-        "project": project_name(service),
-        "container": project_name(service),
-        "image": image.pull_ref,
-        "entrypoint": list(head.entrypoint) if head.entrypoint else None,
-        "args": args,
-        "environment": dict(sorted(environment.items())),
-        "port": service.port,
-        "container_port": box["port"],
-        "bind_address": bind,
-        "host_network": head.host_network,
-        "model_path": service.model_path,
-        "model_target": role.model_target,
-        "ipc": box["ipc"],
-        "shm_size": box["shm_size"],
-        "gpu_request": gpu_request,
-        "healthcheck": box["healthcheck"],
-        "log_max_size": LOG_MAX_SIZE,
-        "log_max_file": LOG_MAX_FILE,
-        "user": box["user"],
-        "ulimits": box["ulimits"],
-        "cache_volume": box["cache_volume"],
-        "cache_target": box["cache_target"],
-        "host_root_mount": role.container.get("host_root_mount"),
-        "service_dir": sdir,
-        "stop_grace_s": stop_grace_s(service),
-    }
-    compose_text = _template(role.template).render(**ctx)
-
-    unit_text = _template(template_text("llmfleet-service.unit.j2", templates_dir)).render(
-        service_name=service.name,
-        engine=service.engine,
-        unit_path=f"{UNIT_DIR}/{unit_name(service)}",
-        service_dir=sdir,
-        project=project_name(service),
-        container=project_name(service),
-        compose_files=[COMPOSE_FILE] + ([COMPOSE_OVERRIDE_FILE] if service.compose_overrides else []),
-        docker=DOCKER,
-        start_interval=max(600, 2 * service.health.load_timeout_s),
-        start_burst=5,
-        restart_sec=10,
-        timeout_start=service.health.load_timeout_s + 120,
-        timeout_stop=unit_stop_timeout_s(service),
-    )
-    secrets = {role.api_key_env: api_key_value(role, api_key, args)} if api_key is not None else {}
-    if service.engine == "gateway":
-        if gateway is None:
-            raise UsageError(f"service {service.name}: a gateway is rendered from its plan (release.gateway_plan)")
-        secrets |= dict(sorted(gateway.env.items()))  # the replicas' keys, referenced by haproxy.cfg
-    env_text = _template(template_text("service.env.j2", templates_dir)).render(service_name=service.name, secrets=secrets)
+    args = _engine_args(service, role, merged, head, box, bind, sdir)
+    compose_text = _compose_text(service, role, image, head, gateway, args, box, bind, sdir)
+    unit_text = _unit_text(service, sdir, templates_dir)
+    env_text = _env_text(service, role, api_key, args, gateway, templates_dir)
 
     unit_file = unit_name(service)
     files = {COMPOSE_FILE: compose_text, unit_file: unit_text, ENV_FILE: env_text}
@@ -696,3 +615,106 @@ def render(
         inputs=service_inputs(service),
         plan=plan_summary(plan),
     )
+
+
+def _check_api_key(service: Service, api_key: str | None) -> None:
+    if service.api_key is not None and api_key is None:
+        raise UsageError(f"service {service.name}: api_key is configured but its value was not resolved")
+    if api_key is not None and (not api_key or _SECRET_FORBIDDEN.search(api_key)):
+        raise UsageError(
+            f"service {service.name}: the API key is empty or holds a quote, newline or NUL; use another key"
+        )
+
+
+def _engine_args(service: Service, role: Role, merged: list[str], head: HeadOverlay, box: dict[str, Any], bind: str,
+                 sdir: str) -> list[str]:
+    """The engine's command line: the role's base arguments filled in, then the plan's and the service's
+    (``merged``), then a head's own; on the host network the healthcheck probes the bind address (``box``)."""
+    fill = {"model": role.model_target, "port": str(box["port"]), "served_name": service.public_name,
+            "listen": "0.0.0.0", "bind": f"[{bind}]" if ":" in bind else bind, "service_dir": sdir}
+    if head.host_network:  # no published port: the engine itself listens on the bind address
+        fill |= {"port": str(service.port), "listen": bind}
+        if box["healthcheck"]:
+            from llmfleet.health.watchdog import probe_address
+
+            box["healthcheck"]["test"] = [t.replace(f"127.0.0.1:{box['port']}", f"{probe_address(bind)}:{service.port}")
+                                          for t in box["healthcheck"]["test"]]
+    base: list[str] = []
+    for group in role.base_args:
+        base.extend(tok.format(**fill) for tok in group)
+    return base + merged + list(head.args)
+
+
+def _gpu_request(service: Service) -> Any:
+    if service.engine in ("node-exporter", "gateway"):  # reads the host / proxies: no GPU
+        return None
+    if service.gpus == "all":
+        return "all"
+    return [int(g) for g in service.gpus]
+
+
+def _compose_text(service: Service, role: Role, image: ImageRef, head: HeadOverlay, gateway: Any, args: list[str],
+                  box: dict[str, Any], bind: str, sdir: str) -> str:
+    environment = box["environment"] | dict(service.env) | dict(head.environment)
+    if gateway is not None and service.engine == "gateway":  # HAProxy's large buffers from the heap
+        from llmfleet.release import gateway_config
+
+        environment = gateway_config.allocator_env(gateway_config.buffer_size(gateway.spec.max_body_bytes)) | environment
+    ctx = {
+        "service_name": service.name,
+        "engine": service.engine,
+        "project": project_name(service),
+        "container": project_name(service),
+        "image": image.pull_ref,
+        "entrypoint": list(head.entrypoint) if head.entrypoint else None,
+        "args": args,
+        "environment": dict(sorted(environment.items())),
+        "port": service.port,
+        "container_port": box["port"],
+        "bind_address": bind,
+        "host_network": head.host_network,
+        "model_path": service.model_path,
+        "model_target": role.model_target,
+        "ipc": box["ipc"],
+        "shm_size": box["shm_size"],
+        "gpu_request": _gpu_request(service),
+        "healthcheck": box["healthcheck"],
+        "log_max_size": LOG_MAX_SIZE,
+        "log_max_file": LOG_MAX_FILE,
+        "user": box["user"],
+        "ulimits": box["ulimits"],
+        "cache_volume": box["cache_volume"],
+        "cache_target": box["cache_target"],
+        "host_root_mount": role.container.get("host_root_mount"),
+        "service_dir": sdir,
+        "stop_grace_s": stop_grace_s(service),
+    }
+    return _template(role.template).render(**ctx)
+
+
+def _unit_text(service: Service, sdir: str, templates_dir: Dirs) -> str:
+    return _template(template_text("llmfleet-service.unit.j2", templates_dir)).render(
+        service_name=service.name,
+        engine=service.engine,
+        unit_path=f"{UNIT_DIR}/{unit_name(service)}",
+        service_dir=sdir,
+        project=project_name(service),
+        container=project_name(service),
+        compose_files=[COMPOSE_FILE] + ([COMPOSE_OVERRIDE_FILE] if service.compose_overrides else []),
+        docker=DOCKER,
+        start_interval=max(600, 2 * service.health.load_timeout_s),
+        start_burst=5,
+        restart_sec=10,
+        timeout_start=service.health.load_timeout_s + 120,
+        timeout_stop=unit_stop_timeout_s(service),
+    )
+
+
+def _env_text(service: Service, role: Role, api_key: str | None, args: list[str], gateway: Any,
+              templates_dir: Dirs) -> str:
+    secrets = {role.api_key_env: api_key_value(role, api_key, args)} if api_key is not None else {}
+    if service.engine == "gateway":
+        if gateway is None:
+            raise UsageError(f"service {service.name}: a gateway is rendered from its plan (release.gateway_plan)")
+        secrets |= dict(sorted(gateway.env.items()))  # the replicas' keys, referenced by haproxy.cfg
+    return _template(template_text("service.env.j2", templates_dir)).render(service_name=service.name, secrets=secrets)
