@@ -36,12 +36,12 @@ sys.path.insert(0, str(ROOT / "src"))
 import yaml  # noqa: E402
 
 from llmfleet.fleet import loadgen  # noqa: E402
+from llmfleet.health import watchdog  # noqa: E402
 from llmfleet.host import ssh  # noqa: E402
 from llmfleet.inventory.ansible import load_inventory  # noqa: E402
 from llmfleet.lab import faults as F  # noqa: E402
 from llmfleet.lab import hosts, setup  # noqa: E402
 from llmfleet.release import store as R  # noqa: E402
-from llmfleet.release import watchdog  # noqa: E402
 from llmfleet.release.deploy import DeployOptions, deploy_host  # noqa: E402
 
 WATCHDOG = {"interval_s": 5, "failures": 3, "max_restarts_per_hour": 3, "probe_timeout_s": 10, "stall_window_s": 60}

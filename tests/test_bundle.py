@@ -281,7 +281,7 @@ def test_create_writes_a_complete_bundle_with_no_controller_paths(built):
     assert {"images/llamacpp_lab-cpu.tar", "images.lock", "catalog/engines.yaml", "catalog/gpus.yaml",
             "models/srv/models/m.gguf", "models/srv/models/m.gguf.llmfleet.json"} <= paths
     # the model beside its manifest, in the format models.push writes on hosts
-    from llmfleet.models import manifest as M
+    from llmfleet.knowledge import model_manifest as M
 
     assert doc["models"] == [{"name": "chat", "dir": "models/srv/models/m.gguf", "host_path": "/srv/models/m.gguf",
                               "manifest": "models/srv/models/m.gguf.llmfleet.json"}]

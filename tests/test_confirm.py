@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from llmfleet.health import watchdog
 from llmfleet.inventory.services import host_settings
 from llmfleet.knowledge import release_state
-from llmfleet.release import confirm, watchdog
+from llmfleet.release import confirm
 from llmfleet.release import store as R
 
 OLD = "20261128T120000Z-aaaaaaaaaa"

@@ -14,14 +14,15 @@ from io import BytesIO
 import pytest
 
 from llmfleet.errors import RemoteError
+from llmfleet.health import watchdog
+from llmfleet.health.check import HealthReport, StageResult
 from llmfleet.images.lock import resolve
 from llmfleet.knowledge import release_state
-from llmfleet.release import confirm, watchdog
+from llmfleet.release import confirm
 from llmfleet.release import deploy as D
 from llmfleet.release import executor as E
 from llmfleet.release import pipeline as P
 from llmfleet.release import store as S
-from llmfleet.release.health import HealthReport, StageResult
 from llmfleet.release.render import render
 from llmfleet.settings import Settings
 from tests.deploy_fixtures import LOCK, NOW, R1, R2, R3, R4, R5, R6, ROOT, host, svc_state

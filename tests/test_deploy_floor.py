@@ -12,6 +12,7 @@ import json
 
 import pytest
 
+from llmfleet.health.check import HealthReport, StageResult
 from llmfleet.images.lock import resolve
 from llmfleet.inventory.services import host_settings
 from llmfleet.knowledge import release_state
@@ -19,7 +20,6 @@ from llmfleet.knowledge.planner import PlanRequest, PlanSummary, plan
 from llmfleet.release import confirm
 from llmfleet.release import deploy as D
 from llmfleet.release import executor as E
-from llmfleet.release.health import HealthReport, StageResult
 from llmfleet.release.manifest import build as manifest_build
 from llmfleet.release.render import render
 from llmfleet.settings import Settings

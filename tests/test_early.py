@@ -1,4 +1,4 @@
-"""Connections opened early and commands sent ahead (``llmfleet.release.early``, ``Remote.send_ahead``),
+"""Connections opened early and commands sent ahead (``llmfleet.host.early``, ``Remote.send_ahead``),
 against a real OpenSSH server on loopback: a deploy's probe goes out while the controller still loads
 its code, and is still one round trip; what nobody takes is closed; errors reach the deploy as before."""
 
@@ -10,10 +10,10 @@ import pytest
 import yaml
 
 from llmfleet.errors import RemoteError
+from llmfleet.host import early
 from llmfleet.host import facts as facts_mod
 from llmfleet.host.ssh import HostKeyError, connect
 from llmfleet.inventory.ansible import Host, load_inventory
-from llmfleet.release import early
 from llmfleet.release.decide import Refusal
 from llmfleet.release.executor import connect as executor_connect
 from llmfleet.release.prepare import DeployOptions, prepare_host

@@ -12,12 +12,12 @@ import yaml
 from pydantic import ValidationError
 
 from llmfleet.errors import InventoryError
+from llmfleet.health import check as H
 from llmfleet.images import lock as images
 from llmfleet.inventory.ansible import check_all, load_inventory
 from llmfleet.inventory.services import HostSettings, Service, host_settings
 from llmfleet.knowledge import exporters
 from llmfleet.knowledge.facts import Container, GpuFact
-from llmfleet.release import health as H
 from llmfleet.release.preflight import check_host
 from llmfleet.release.render import render
 from llmfleet.release.store import UnitProbe

@@ -10,9 +10,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from llmfleet.health import check as H
 from llmfleet.inventory.services import host_settings
 from llmfleet.knowledge.planner import PlanSummary
-from llmfleet.release import health as H
 from llmfleet.release.store import UnitProbe
 
 
@@ -358,8 +358,8 @@ def test_a_wait_polls_soon_then_backs_off_and_stays_bounded():
 
 
 def _verdict(text: str, mode: str = "gpu"):
+    from llmfleet.health.residency import judge
     from llmfleet.knowledge.engines.loadlog import ComputeApps, parse_llamacpp
-    from llmfleet.release.residency import judge
     from tests.test_residency import PLAN
 
     return lambda: judge(parse_llamacpp(text), ComputeApps(used_mib={7: 6100.0}), {7}, PLAN, mode)

@@ -10,8 +10,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from llmfleet.health import watchdog
 from llmfleet.inventory.services import host_settings
-from llmfleet.release import watchdog
 
 KEY = "sk-engine-key-1234"
 

@@ -1,4 +1,4 @@
-"""models.manifest: where it lives, building it here, reading it back from whatever a host printed, comparing,
+"""knowledge.model_manifest: where it lives, building it here, reading it back from whatever a host printed, comparing,
 and the verdict preflight and status give."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import json
 
 import pytest
 
+from llmfleet.knowledge import model_manifest as M
 from llmfleet.models import local as L
-from llmfleet.models import manifest as M
 
 SHA = "ab" * 32
 

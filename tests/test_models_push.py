@@ -13,13 +13,13 @@ from datetime import UTC, datetime
 import pytest
 
 from llmfleet.errors import UsageError
+from llmfleet.host import model_scripts as S
 from llmfleet.host.ssh import connect
 from llmfleet.inventory.ansible import Host, Inventory
 from llmfleet.inventory.services import HostSettings, host_settings
+from llmfleet.knowledge import model_manifest as M
 from llmfleet.models import local as L
-from llmfleet.models import manifest as M
 from llmfleet.models import push as P
-from llmfleet.models import scripts as S
 from tests.fake_remote import Command, FakeRemote
 from tests.test_ssh import host_for
 

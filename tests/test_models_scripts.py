@@ -11,8 +11,8 @@ import subprocess
 
 import pytest
 
-from llmfleet.models import manifest as M
-from llmfleet.models import scripts as S
+from llmfleet.host import model_scripts as S
+from llmfleet.knowledge import model_manifest as M
 
 
 def sh(script: str, stdin: bytes | None = None) -> subprocess.CompletedProcess:

@@ -1,4 +1,4 @@
-"""models.transfer.send_file against a real OpenSSH server on loopback (tests/sshd_fixture.py): whole
+"""host.transfer.send_file against a real OpenSSH server on loopback (tests/sshd_fixture.py): whole
 copies, resumes, a refused resume point, a cut connection that leaves an exact prefix, the pace."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import time
 import pytest
 
 from llmfleet.host.ssh import connect
-from llmfleet.models.transfer import Pacer, TransferError, authorized_line, send_file
+from llmfleet.host.transfer import Pacer, TransferError, authorized_line, send_file
 from tests.test_ssh import host_for
 
 

@@ -9,16 +9,18 @@ from pathlib import Path
 import pytest
 import yaml
 
+from llmfleet.health import check as health
 from llmfleet.host.ssh import Result as SshResult
 from llmfleet.images.lock import ImageRef
 from llmfleet.inventory.ansible import load_inventory, settings_for
 from llmfleet.knowledge import release_state
 from llmfleet.release import cluster as C
-from llmfleet.release import health
 from llmfleet.release import multihost as M
 from llmfleet.release import pipeline as P
 from llmfleet.release.deploy import DeployOptions, Prepared, PreparedHost
 from llmfleet.release.executor import HostRun
+from llmfleet.release.multihost import checks as MC
+from llmfleet.release.multihost import run as MR
 from tests.deploy_fixtures import manifest
 
 IMAGE = ImageRef(key="llamacpp:x", repository="reg.lab:5000/llama", digest="sha256:" + "ab" * 32, tag="x",
@@ -152,10 +154,10 @@ def make_prepared(tmp_path: Path, **hostvars: object) -> M.PreparedService:
 
 
 def deploy(prepared, sim, monkeypatch, **opts) -> M.ServiceRun:
-    monkeypatch.setattr(M, "HostRun", fake_run_class(sim))
-    monkeypatch.setattr(M, "_cluster_preflight", lambda ready, hosts, run, cluster: [None])
+    monkeypatch.setattr(MR, "HostRun", fake_run_class(sim))
+    monkeypatch.setattr(MR, "_cluster_preflight", lambda ready, hosts, run, cluster: [None])
     monkeypatch.setattr(P, "judge_pull", lambda run, it, res: sim.events.append(("pull", run.host)))
-    monkeypatch.setattr(M, "WORKER_POLL_S", 0.01)
+    monkeypatch.setattr(MC, "WORKER_POLL_S", 0.01)
     return M.deploy_service(prepared.inventory, "head", "big", prepared=prepared,
                             options=DeployOptions(who="t", **opts), log=lambda line: None,
                             head_health=head_health(sim), connector=lambda h, s, a: Remote(h.name))
@@ -248,7 +250,7 @@ def test_worker_addresses_are_read_from_the_interface_and_checked(prepared, monk
                 return SshResult(0, "@@addr 8.8.8.8\n", "", script)
             return super().run(script, **kw)
 
-    monkeypatch.setattr(M, "HostRun", Addr)
+    monkeypatch.setattr(MR, "HostRun", Addr)
     res = M.deploy_service(inv, "head", "big", prepared=ready, options=DeployOptions(who="t"), log=lambda line: None,
                            head_health=head_health(sim), connector=lambda h, s, a: Remote(h.name))
     assert res.result == "refused"
@@ -264,8 +266,8 @@ def test_ctrl_c_during_the_head_check_puts_every_host_back_and_releases_every_lo
             raise KeyboardInterrupt
         return health.HealthReport(True, [health.StageResult("completion", True, 0.1, "ok")])
 
-    monkeypatch.setattr(M, "HostRun", fake_run_class(sim))
-    monkeypatch.setattr(M, "_cluster_preflight", lambda ready, hosts, run, cluster: [None])
+    monkeypatch.setattr(MR, "HostRun", fake_run_class(sim))
+    monkeypatch.setattr(MR, "_cluster_preflight", lambda ready, hosts, run, cluster: [None])
     monkeypatch.setattr(P, "judge_pull", lambda run, it, res: None)
     with pytest.raises(KeyboardInterrupt):
         M.deploy_service(prepared.inventory, "head", "big", prepared=prepared, options=DeployOptions(who="t"),
@@ -332,11 +334,11 @@ def test_the_prune_after_a_deploy_keeps_an_image_another_service_on_the_host_sti
                                                              {"result": "healthy"})
             return {"big": st, "chat": chat}
 
-    monkeypatch.setattr(M, "HostRun", Run)
+    monkeypatch.setattr(MR, "HostRun", Run)
     prepared = make_prepared(tmp_path, llmfleet_keep_releases=1)
-    monkeypatch.setattr(M, "_cluster_preflight", lambda ready, hosts, run, cluster: [None])
+    monkeypatch.setattr(MR, "_cluster_preflight", lambda ready, hosts, run, cluster: [None])
     monkeypatch.setattr(P, "judge_pull", lambda run, it, res: sim.events.append(("pull", run.host)))
-    monkeypatch.setattr(M, "WORKER_POLL_S", 0.01)
+    monkeypatch.setattr(MC, "WORKER_POLL_S", 0.01)
     res = M.deploy_service(prepared.inventory, "head", "big", prepared=prepared, options=DeployOptions(who="t"),
                            log=lambda line: None, head_health=head_health(sim),
                            connector=lambda h, s, a: Remote(h.name))

@@ -14,15 +14,18 @@ import pytest
 import yaml
 
 from llmfleet.errors import UsageError
+from llmfleet.health import check as health
 from llmfleet.host.ssh import Result as SshResult
 from llmfleet.inventory.ansible import load_inventory
 from llmfleet.knowledge.release_state import Manifest, ReleaseInfo, ServiceState
 from llmfleet.release import clusterset as CS
-from llmfleet.release import health, service_ops, store
 from llmfleet.release import multihost as M
+from llmfleet.release import service_ops, store
 from llmfleet.release.decide import Refusal
 from llmfleet.release.deploy import DeployOptions
 from llmfleet.release.executor import HostRun
+from llmfleet.release.multihost import checks as MC
+from llmfleet.release.multihost import run as MR
 
 ADDR = {"head": "10.0.0.1", "w1": "10.0.0.2", "w2": "10.0.0.3"}
 REF = "reg.lab:5000/llama@sha256:" + "ab" * 32
@@ -220,8 +223,8 @@ def inv(tmp_path: Path):
 
 
 def rollback(inv, sim, monkeypatch, head="head", **kw) -> M.ServiceRun:
-    monkeypatch.setattr(M, "HostRun", fake_run_class(sim))
-    monkeypatch.setattr(M, "WORKER_POLL_S", 0.01)
+    monkeypatch.setattr(MR, "HostRun", fake_run_class(sim))
+    monkeypatch.setattr(MC, "WORKER_POLL_S", 0.01)
     return M.rollback_service(inv, head, "big", options=DeployOptions(who="t"), log=lambda line: None,
                               head_health=head_health(sim), connector=lambda h, s, a: Remote(), **kw)
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from llmfleet.fleet import status as S
+from llmfleet.health import watchdog
 from llmfleet.inventory.services import host_settings
 from llmfleet.release import executor as X
-from llmfleet.release import watchdog
 from llmfleet.settings import Settings
 from tests.fake_remote import FakeRemote
 
@@ -44,7 +44,7 @@ def test_status_reads_metrics_through_a_tunnel_to_the_bound_address():
 
 
 def test_the_health_check_tunnels_to_the_bound_address(monkeypatch):
-    from llmfleet.release import health
+    from llmfleet.health import check as health
 
     settings = hs("10.0.0.5")
     remote = FakeRemote([])

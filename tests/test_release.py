@@ -423,7 +423,7 @@ def test_switch_reloads_systemd_only_for_a_new_unit_file(tmp_path, installed, ne
 
 @pytest.mark.parametrize(("same", "reloads"), [(False, True), (True, False)])
 def test_the_watchdog_is_started_with_a_reload_only_for_new_unit_files(tmp_path, same, reloads):
-    from llmfleet.release import watchdog
+    from llmfleet.health import watchdog
 
     sdir = tmp_path / "services" / "chat"
     cur = sdir / "current"

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from llmfleet.health import residency as R
 from llmfleet.inventory.services import host_settings
 from llmfleet.knowledge.engines import for_engine
 from llmfleet.knowledge.engines.loadlog import (
@@ -19,7 +20,6 @@ from llmfleet.knowledge.engines.loadlog import (
     parse_vllm,
 )
 from llmfleet.knowledge.planner import PlanSummary
-from llmfleet.release import residency as R
 from llmfleet.release import store
 
 LOGS = Path(__file__).parent / "data" / "engine-logs"

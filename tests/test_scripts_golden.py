@@ -19,13 +19,13 @@ import pytest
 
 from llmfleet.bundle import load as bundle_load
 from llmfleet.fleet import speed, status
-from llmfleet.host import probe
+from llmfleet.health import watchdog
+from llmfleet.host import model_scripts, probe
+from llmfleet.host import transfer as model_transfer
 from llmfleet.inventory.services import host_settings
+from llmfleet.knowledge import model_manifest
 from llmfleet.knowledge.engines import for_engine
-from llmfleet.models import manifest as model_manifest
-from llmfleet.models import scripts as model_scripts
-from llmfleet.models import transfer as model_transfer
-from llmfleet.release import audit, cluster, clusterset, confirm, watchdog
+from llmfleet.release import audit, cluster, clusterset, confirm
 from llmfleet.release import store as S
 
 GOLDEN = Path(__file__).parent / "golden" / "scripts"

@@ -288,7 +288,7 @@ def test_stop_locks_reads_the_state_in_that_round_trip_stops_audits_and_unlocks(
 
 @pytest.mark.parametrize(("report_ok", "result"), [(True, "started"), (False, "failed")])
 def test_start_health_checks_the_current_release(report_ok, result):
-    from llmfleet.release.health import HealthReport, StageResult
+    from llmfleet.health.check import HealthReport, StageResult
     from tests.fake_remote import Command
     from tests.test_deploy_executor import PATHS
 

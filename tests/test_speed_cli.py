@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from llmfleet.health import speed_cache, speed_overlay
+from llmfleet.health import speed_history as sh
 from llmfleet.inventory.ansible import Host
-from llmfleet.release import speed_cache, speed_overlay
-from llmfleet.release import speed_history as sh
 from tests.test_speed_history import R1, R2, bench_doc, healthy, level, manifest
 from tests.test_status import _free_port
 

@@ -11,10 +11,10 @@ import pytest
 
 from llmfleet import cache
 from llmfleet.fleet import speed as fleet_speed
+from llmfleet.health import speed_cache, speed_overlay
+from llmfleet.health import speed_history as sh
 from llmfleet.knowledge import release_state
 from llmfleet.knowledge.planner import PlanSummary
-from llmfleet.release import speed_cache, speed_overlay
-from llmfleet.release import speed_history as sh
 
 R1 = "20261101T100000Z-aaaaaaaaaa"
 R2 = "20261102T100000Z-bbbbbbbbbb"

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from llmfleet.health import watchdog
 from llmfleet.inventory.services import host_settings
-from llmfleet.release import watchdog
 
 STUB_CURL = Path(__file__).parent / "data" / "watchdog" / "curl_stub.py"
 

@@ -8,7 +8,7 @@ Layout of a bundle folder (every path relative; nothing in it names the machine 
     catalog/*.yaml                   the catalogs llmfleet used when it was built
     images/<engine>_<version>.tar    one image each: loadable by ``docker load`` (see ``image_layout``)
     models/<model_path>              each model with a local model_source, its manifest beside it
-                                     (``<model>.llmfleet.json``, llmfleet.models.manifest)
+                                     (``<model>.llmfleet.json``, llmfleet.knowledge.model_manifest)
     packages/<id>-<version>-<arch>.tar  with ``--packages-from``: an offline apt repository (the .deb
                                      files provisioning installs and their ``Packages`` index) per
                                      distribution release and architecture (llmfleet.provision.offline)

@@ -2,7 +2,7 @@
 
 Per host, before the deploy: one round trip asks which image IDs the engine already has
 (``present_script``); each missing archive is sent to ``<root>/bundle/<sha256>.tar.part`` (the
-resumable sender of ``llmfleet.models.transfer``; a copy cut short resumes), checked against its
+resumable sender of ``llmfleet.host.transfer``; a copy cut short resumes), checked against its
 sha256 on the host and ``docker load``-ed; then every image gets its local tag and its image ID is
 read back and compared with the config digest the bundle recorded (``load_script``). An image
 already there (same image ID) is not sent again. Scripts sit beside their parsers; the
@@ -146,8 +146,8 @@ SEND_ATTEMPTS = 3
 
 
 def send_file(remote: Any, local: Path, dest: str, offset: int, size: int) -> Any:
-    """One archive to a host through ``llmfleet.models.transfer.send_file`` (resumable from ``offset``)."""
-    from llmfleet.models.transfer import send_file as send
+    """One archive to a host through ``llmfleet.host.transfer.send_file`` (resumable from ``offset``)."""
+    from llmfleet.host.transfer import send_file as send
 
     return send(remote, str(local), dest, offset=offset, size=size, sudo=True)
 
@@ -162,7 +162,7 @@ class Loaded:
 
 def _send(remote: Any, local: Path, dest: str, size: int, offset: int, send: Send) -> None:
     """Send with resumes: after a cut, the host's staging size is read again and the copy goes on."""
-    from llmfleet.models.transfer import TransferError
+    from llmfleet.host.transfer import TransferError
 
     for attempt in range(SEND_ATTEMPTS):
         try:

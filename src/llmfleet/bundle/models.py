@@ -53,8 +53,8 @@ def bundle_dir_of(model_path: str) -> str:
 def carry(inv: Inventory, chosen: dict[str, list[str]], out: Path,
           log: Log) -> tuple[list[bc.BundleModel], list[bc.FileEntry]]:
     """Copy each locally sourced model into the bundle with its manifest beside it."""
+    from llmfleet.knowledge import model_manifest as M
     from llmfleet.models import local as L
-    from llmfleet.models import manifest as M
 
     models: list[bc.BundleModel] = []
     files: list[bc.FileEntry] = []

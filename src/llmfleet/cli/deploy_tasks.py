@@ -86,14 +86,14 @@ def deploy(c, host=None, group=None, inventory=None, check=False, diff=False, ac
     """
     import time
 
-    from llmfleet.release import early
+    from llmfleet.host import early
 
     startup_s, t_select = process_age_s(), time.monotonic()
     settings = load_settings(c)
     source, selection = inventory_path(c, inventory), (host, group, service)
     try:
         # The connections and probes the last deploy of this selection prepared go out before the
-        # inventory is even parsed, when none of its files changed since (llmfleet.release.early: a
+        # inventory is even parsed, when none of its files changed since (llmfleet.host.early: a
         # guess, kept only where the prepared hosts resolve to the very same logins).
         if not bundle:  # a bundle's loads change what the hosts hold before the probes would be read
             early.recall(source, selection, settings,
@@ -111,7 +111,7 @@ def deploy(c, host=None, group=None, inventory=None, check=False, diff=False, ac
                                 message=message or "", services=[service] if service else None, bundle=verified)
         # Every host prepared (services, secrets, pinned images): bad input stops here, and nothing is
         # changed on any host for it. Then the hosts' connections open and their probes go out while
-        # the release machinery loads (llmfleet.release.early).
+        # the release machinery loads (llmfleet.host.early).
         locks: dict[str, Any] = {}
         prepared = {h.name: prepare_host(inv, h.name, settings, options, lock_cache=locks) for h in hosts}
         if verified is not None and not options.check:

@@ -37,7 +37,7 @@ def summaries(records: list[Any], *, lab: bool = False) -> list[Any]:
     """Per card class, with the planner's efficiency and the one fitted to the median."""
     import dataclasses
 
-    from llmfleet.release import speed_history as sh
+    from llmfleet.health import speed_history as sh
 
     out = []
     for s in sh.class_summaries(records, lab=lab):
@@ -88,8 +88,8 @@ def render(rows: list[Any], where: str) -> None:
 def speed(c, host=None, group=None, inventory=None, write=None, lab=False, json=False, forks=DEFAULT_FORKS,
           timeout=DEFAULT_TIMEOUT, verbose=False):
     """Measured decode speed per card class (card, engine, model, quant, context) against the planner's."""
-    from llmfleet.release import speed_cache, speed_overlay
-    from llmfleet.release import speed_history as sh
+    from llmfleet.health import speed_cache, speed_overlay
+    from llmfleet.health import speed_history as sh
 
     out_path = None
     if write is not None:

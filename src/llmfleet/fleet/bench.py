@@ -7,7 +7,7 @@ from ``/metrics``; this module turns them into one level per (concurrency, promp
 - time to first token p50/p95 (client side: request sent -> first text chunk, prefill and queueing
   included, as ``vllm bench serve`` and GuideLLM measure it);
 - decode tok/s per stream, p50: tokens after the first over the time from the first to the last
-  chunk, i.e. 1 / TPOT in ``vllm bench serve``'s terms (``llmfleet.release.health.stream_stats``);
+  chunk, i.e. 1 / TPOT in ``vllm bench serve``'s terms (``llmfleet.health.check.stream_stats``);
 - aggregate output tok/s: every output token of the level over the level's wall time (first request
   sent -> last answer ended), ``output_throughput`` in ``vllm bench serve``;
 - request errors, GPU memory in use (max of the samples), KV-cache usage and requests waiting (max).

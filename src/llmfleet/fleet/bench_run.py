@@ -36,13 +36,13 @@ import httpx
 from llmfleet.errors import CheckFailed, LlmfleetError, RemoteError, UsageError
 from llmfleet.fleet import bench as B
 from llmfleet.fleet import loadgen
+from llmfleet.health import check as health_mod
+from llmfleet.health.speed_cache import is_lab
 from llmfleet.inventory.ansible import Host, Inventory, settings_for
 from llmfleet.inventory.services import HostSettings, Service
 from llmfleet.knowledge import release_state
 from llmfleet.knowledge.release_state import Manifest
-from llmfleet.release import health as health_mod
 from llmfleet.release import store
-from llmfleet.release.speed_cache import is_lab
 from llmfleet.settings import Settings
 
 DEFAULT_BENCH_DIR = "~/.local/state/llmfleet/bench"
@@ -292,7 +292,7 @@ def health_gate(remote: Any, service: Service, paths: store.Paths, base_url: str
                 log: Log) -> health_mod.HealthReport:
     """The deploy's health check, with no load wait: a service still loading is not benchmarked."""
 
-    def probe() -> store.UnitProbe:
+    def probe() -> health_mod.UnitProbe:
         return store.parse_unit_probe(remote.run(store.unit_probe_script(paths), sudo=True, timeout=30).stdout)
 
     checker = health_mod.HealthChecker(

@@ -9,7 +9,7 @@ Requests stream (``stream_options.include_usage``) and set ``ignore_eos`` so eve
 ``max_tokens`` long, as the field's load generators do for synthetic prompts. Each request's prompt
 starts with its own number and its own words, so no engine serves it from a prefix cache.
 
-The SSE parsing and the per-request arithmetic are the health check's (``llmfleet.release.health``):
+The SSE parsing and the per-request arithmetic are the health check's (``llmfleet.health.check``):
 one definition of TTFT and decode tok/s across deploy, status and bench.
 """
 
@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 
 from llmfleet.fleet.bench import RequestResult
-from llmfleet.release.health import chunk_error, iter_sse, stream_stats
+from llmfleet.health.check import chunk_error, iter_sse, stream_stats
 
 # Words for synthetic prompts: common English words, one token each in most BPE vocabularies.
 WORDS = (

@@ -2,7 +2,7 @@
 
 ``speed_script`` reads, in one round trip, a host's release state (the release store's reader:
 manifests and health reports) and the bench results kept with each release of the inventory's
-services; ``parse_speed`` turns its output into ``SpeedRecord``s (``llmfleet.release.speed_history``).
+services; ``parse_speed`` turns its output into ``SpeedRecord``s (``llmfleet.health.speed_history``).
 ``query_speeds`` runs it over hosts in parallel, each bounded in time; an unreachable host is a row
 with the reason and keeps its cached records. ``remember_status`` keeps what ``invoke status`` read.
 """
@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llmfleet.errors import LlmfleetError
+from llmfleet.health import speed_cache
+from llmfleet.health.speed_cache import is_lab, remember_hosts
+from llmfleet.health.speed_history import SpeedRecord, records_from_state
 from llmfleet.knowledge import release_state
-from llmfleet.release import speed_cache
 from llmfleet.release import store as rel
-from llmfleet.release.speed_cache import is_lab, remember_hosts
-from llmfleet.release.speed_history import SpeedRecord, records_from_state
 
 BENCH_MARK = "@@bench-service"
 

@@ -28,6 +28,7 @@ import httpx
 
 from llmfleet.errors import LlmfleetError, UsageError
 from llmfleet.fleet.metrics import EngineMetrics, engine_metrics
+from llmfleet.health import watchdog
 from llmfleet.host import ssh
 from llmfleet.host.group import run_on_hosts
 from llmfleet.inventory.ansible import Host, settings_for
@@ -35,7 +36,7 @@ from llmfleet.inventory.services import GATEWAY_KIND, HostSettings, Service
 from llmfleet.knowledge import engines, gpu_health, release_state
 from llmfleet.knowledge.facts import GpuHealth
 from llmfleet.release import audit as audit_mod
-from llmfleet.release import decide, watchdog
+from llmfleet.release import decide
 from llmfleet.release import gateway_config as gc
 from llmfleet.release import store as rel
 from llmfleet.release.secret import secret_if_readable
@@ -54,7 +55,7 @@ MAX_METRICS_BYTES = 4 * 1024 * 1024
 
 def status_script(root: str, model_paths: Sequence[str] = (), gateway_ports: Sequence[int] = ()) -> str:
     """Release state of every service (the release store's reader), then each model path's manifest and
-    files (``models.scripts.MANIFEST_READER``), the cards' hardware health (``host.gpu_health``), the
+    files (``host.model_scripts.MANIFEST_READER``), the cards' hardware health (``host.gpu_health``), the
     card names, and each gateway's ``show stat`` (by its runtime API port): one round trip."""
     return "\n".join([
         rel.state_script(root),
@@ -127,7 +128,7 @@ def hardware_note(row: ServiceRow, health: GpuHealth | None, service: Service | 
 
 
 def _model_lines(model_paths: Sequence[str]) -> list[str]:
-    from llmfleet.models.scripts import MANIFEST_READER, reader_call
+    from llmfleet.host.model_scripts import MANIFEST_READER, reader_call
 
     if not model_paths:
         return []
@@ -140,7 +141,7 @@ def _model_lines(model_paths: Sequence[str]) -> list[str]:
 
 def parse_models(stdout: str, model_paths: Sequence[str]) -> dict[str, dict[str, Any]]:
     """Per model path: which model the host holds there and whether it is verified (``model_state``)."""
-    from llmfleet.models.scripts import parse_reader
+    from llmfleet.host.model_scripts import parse_reader
 
     paths = list(dict.fromkeys(model_paths))
     chunks: dict[int, list[str]] = {}
@@ -165,7 +166,7 @@ def parse_models(stdout: str, model_paths: Sequence[str]) -> dict[str, dict[str,
 def model_state(hm: Any) -> dict[str, Any]:
     """``{"path", "state", "verified_at", "file", "source"}``: state ``verified``, ``changed``, ``missing``
     (a file of the manifest, or the model itself), ``no-manifest``, ``unreadable``, ``unchecked``."""
-    from llmfleet.models.manifest import judge
+    from llmfleet.knowledge.model_manifest import judge
 
     if hm.kind not in ("file", "dir"):
         return {"path": hm.model_path, "state": "missing", "verified_at": None, "file": hm.model_path, "source": None}

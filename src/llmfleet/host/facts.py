@@ -484,6 +484,33 @@ def parse_probe_document(
     """Probe document -> Facts. ``gpu_lookup(name)`` returns a GPU catalog entry or None (for the
     compute-capability fallback); ``driver_branches`` maps a driver branch to its highest CUDA."""
     facts = Facts(host=host)
+    by = _sections_by_name(facts, text, mark, rc, stderr)
+    if by is None:
+        return facts
+
+    def one(name: str) -> Section | None:
+        got = by.get(name)
+        return got[0] if got else None
+
+    _parse_meta_part(facts, one)
+    _parse_gpu_part(facts, one, gpu_lookup, driver_branches or {})
+    facts.gpu_health = _parse_health(facts, one)
+
+    cc = one("cuda_compat")
+    if cc:
+        facts.host_cuda_compat = [ln.strip()[:256] for ln in cc.body.splitlines() if ln.startswith("/")][:20]
+
+    _parse_docker_part(facts, one)
+    _parse_toolkit_part(facts, one)
+    _parse_disk_part(facts, one, by)
+    _parse_ports_part(facts, one)
+    _parse_state_part(facts, one, by)
+    return facts
+
+
+def _sections_by_name(facts: Facts, text: str, mark: str, rc: int | None, stderr: str) -> dict[str, list[Section]] | None:
+    """The document's sections by name, each cut to its cap (what was cut is an error in ``facts``);
+    None when it has none."""
     errors = facts.errors
     if len(text) > MAX_DOCUMENT:
         errors.append(f"probe output is {len(text)} bytes; only the first {MAX_DOCUMENT} were read")
@@ -492,7 +519,7 @@ def parse_probe_document(
     if not sections:
         first = (stderr.strip() or text.strip() or "(no output)").splitlines()[0]
         errors.append(f"probe produced no sections (exit {rc}): {shown(first)}")
-        return facts
+        return None
     if not finished:
         last = sections[-1]
         errors.append(f"probe ended early (exit {rc}) in section {last.name}; facts are partial")
@@ -505,11 +532,10 @@ def parse_probe_document(
         if s.complete and len(s.body) > cap + 16:
             errors.append(f"section {s.name}: {len(s.body)} bytes, over the cap; cut")
             s.body = s.body[:cap]
+    return by
 
-    def one(name: str) -> Section | None:
-        got = by.get(name)
-        return got[0] if got else None
 
+def _parse_meta_part(facts: Facts, one: Any) -> None:
     meta = one("meta")
     if meta:
         kv = _kv_lines(meta.body)
@@ -525,13 +551,9 @@ def parse_probe_document(
     facts.toolkit.runtime_path = tools.get("nvidia-container-runtime") or None
     facts.toolkit.hook_path = tools.get("nvidia-container-runtime-hook") or None
 
-    _parse_gpu_part(facts, one, gpu_lookup, driver_branches or {})
-    facts.gpu_health = _parse_health(facts, one)
 
-    cc = one("cuda_compat")
-    if cc:
-        facts.host_cuda_compat = [ln.strip()[:256] for ln in cc.body.splitlines() if ln.startswith("/")][:20]
-
+def _parse_docker_part(facts: Facts, one: Any) -> None:
+    errors = facts.errors
     di = one("docker_info")
     if di is None:
         facts.docker.error = "docker CLI not found on PATH"
@@ -555,6 +577,8 @@ def parse_probe_document(
     if v1 and v1.rc == 0:
         facts.compose.v1 = _versionish(v1.body)
 
+
+def _parse_toolkit_part(facts: Facts, one: Any) -> None:
     ctk = one("nvidia_ctk")
     if ctk and ctk.rc == 0:
         facts.toolkit.version = parse_toolkit_version(ctk.body)
@@ -571,6 +595,9 @@ def parse_probe_document(
                 if m and m.group(1) not in facts.toolkit.cdi_kinds:
                     facts.toolkit.cdi_kinds.append(m.group(1)[:128])
 
+
+def _parse_disk_part(facts: Facts, one: Any, by: dict[str, list[Section]]) -> None:
+    """Memory, and each disk (a model's labelled by its path)."""
     mem = one("meminfo")
     if mem:
         facts.ram_total_mib, facts.ram_available_mib = parse_meminfo(mem.body)
@@ -580,36 +607,40 @@ def parse_probe_document(
         label = s.arg or "disk"
         if label.startswith("model") and model_path_by_index.get(label[5:]):
             label = "model:" + model_path_by_index[label[5:]]
-        d = parse_df(label, s.body, errors)
+        d = parse_df(label, s.body, facts.errors)
         if d:
             facts.disks.append(d)
 
+
+def _parse_ports_part(facts: Facts, one: Any) -> None:
     ss = one("ss")
     if ss and ss.rc == 0:
         facts.ports = parse_ss(ss.body)
     elif one("proc_net_tcp"):
-        facts.ports = parse_proc_net_tcp(one("proc_net_tcp").body)  # type: ignore[union-attr]
+        facts.ports = parse_proc_net_tcp(one("proc_net_tcp").body)
     elif ss:
-        errors.append(f"ss failed (exit {ss.rc}): {shown(ss.body.strip() or '(no output)')}")
+        facts.errors.append(f"ss failed (exit {ss.rc}): {shown(ss.body.strip() or '(no output)')}")
 
+
+def _parse_state_part(facts: Facts, one: Any, by: dict[str, list[Section]]) -> None:
+    """The release state, and each model with its manifest."""
     rs = one("release_state")
     if rs is not None:
         facts.releases = parse_state(rs.body)
         facts.releases_read = rs.complete and state_complete(rs.body)
         if not state_complete(rs.body):
-            errors.append("release state cut short; releases are partial")
+            facts.errors.append("release state cut short; releases are partial")
     manifests = {s.arg: s for s in by.get("model_manifest", [])}
     for s in by.get("model", [])[:100]:
         mf = parse_model(s.body)
         if mf.path:
             _read_manifest(mf, manifests.get(s.arg))
             facts.models.append(mf)
-    return facts
 
 
 def _read_manifest(mf: ModelFile, section: Section | None) -> None:
-    """The model's manifest and its files' size and mtime (llmfleet.models.scripts.MANIFEST_READER)."""
-    from llmfleet.models.scripts import parse_reader
+    """The model's manifest and its files' size and mtime (llmfleet.host.model_scripts.MANIFEST_READER)."""
+    from llmfleet.host.model_scripts import parse_reader
 
     if section is None or not section.complete:
         return
@@ -744,7 +775,7 @@ def gather(remote: Runner, *, root: str = "/opt/llmfleet", model_paths: list[str
     Raises ``RemoteError`` only when SSH itself fails; a probe that fails part-way returns the facts
     it found with the failures in ``errors``.
     """
-    # a probe sent ahead (llmfleet.release.early) is taken by ``run`` when this is the very same command
+    # a probe sent ahead (llmfleet.host.early) is taken by ``run`` when this is the very same command
     mark = getattr(remote, "probe_mark", None) or new_mark()  # ssh.Remote has one; a scripted remote need not
     result = remote.run(probe_command(mark, root, list(model_paths)), stdin=probe_sh(), timeout=timeout,
                         sudo=sudo)

@@ -147,7 +147,7 @@ class Remote:
         self._conn = conn
         self.command_timeout = command_timeout
         self.round_trips = 0
-        self.probe_mark: str | None = None  # the mark of a host probe sent ahead (llmfleet.release.early)
+        self.probe_mark: str | None = None  # the mark of a host probe sent ahead (llmfleet.host.early)
         self._ahead: dict[tuple[str, bytes | None], tuple[threading.Thread, list[Any]]] = {}
 
     # -- commands ---------------------------------------------------------------------------------
@@ -343,7 +343,7 @@ class Remote:
     def open_command(self, command: str | Sequence[str], *, sudo: bool = False,
                      timeout: float = 30.0) -> paramiko.Channel:
         """Start one command on a channel of its own and return the channel with its stdin open, for a
-        caller that streams data into it (llmfleet.models.transfer sends files this way). One round
+        caller that streams data into it (llmfleet.host.transfer sends files this way). One round
         trip; the caller closes the channel."""
         cmd = self._wrap(command, sudo)
         transport: paramiko.Transport | None = self._conn.client.get_transport()

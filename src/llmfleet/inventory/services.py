@@ -112,7 +112,7 @@ class HealthSettings(_Strict):
     min_tokps: Annotated[float, Field(gt=0.0, le=1_000_000.0)] | None = None
     max_tokens: Annotated[int, Field(ge=1, le=4096)] = 64
     # Where the engine must hold the model, checked from its own load report after each start
-    # (release/residency.py): gpu (every planned layer and the KV cache on the GPU), cpu (an engine
+    # (health/residency.py): gpu (every planned layer and the KV cache on the GPU), cpu (an engine
     # that runs on the CPU by design, as the lab's: devices not checked, the layer count, weights and
     # KV capacity still are), off (not checked; the health report says so). Unset: the host's
     # llmfleet_health_residency, else gpu.

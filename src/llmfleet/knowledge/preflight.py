@@ -693,7 +693,7 @@ def _model_files_check(host: str, service: Service, model: ModelFile | None) -> 
 def model_verified_check(host: str, service: Service, model: ModelFile) -> Check:
     """The copy against its manifest (``invoke models.push``), by size and mtime: PASS verified, FAIL a
     file changed since, WARN no manifest (a hand-copied model stays deployable)."""
-    from llmfleet.models.manifest import judge
+    from llmfleet.knowledge.model_manifest import judge
 
     v = judge(service.model_path or "", model.manifest, model.observed)
     push = f"`invoke models.push --host {host} --service {service.name}`"

@@ -882,7 +882,7 @@ def freeze_thread(container: str, tid: int, *, seconds: int) -> None:
 def judged_health(bench: Any, service: str = SERVICE, interval_s: int = WATCHDOG["interval_s"]) -> str:
     """The health ``invoke status`` gives a service from the watchdog's fresh judgement (``hung``,
     ``down``), read on the host; ``-`` when the judgement says nothing against it."""
-    from llmfleet.release import watchdog
+    from llmfleet.health import watchdog
 
     sup = watchdog.parse_status(bench.exec(watchdog.status_script(ROOT)).stdout).get(service)
     stuck = sup.stuck(interval_s) if sup else None
@@ -916,7 +916,7 @@ def watch_until_restarted(bench: Any, started: str, t0: float, *, timeout: float
 
 
 def watchdog_status(bench: FaultBench) -> dict[str, Any]:
-    from llmfleet.release import watchdog
+    from llmfleet.health import watchdog
 
     sup = watchdog.parse_status(bench.exec(watchdog.status_script(ROOT)).stdout).get(SERVICE)
     return sup.to_dict() if sup else {}
@@ -998,8 +998,8 @@ def install_cut(step: str, key: str | None = None) -> None:
     installed only in its child process; ``key``: report any SSH command that carries it."""
     import paramiko
 
+    from llmfleet.health import check as health
     from llmfleet.host import ssh
-    from llmfleet.release import health
 
     if step not in CUT_STEPS:
         raise SystemExit(f"unknown step {step!r}; known: {', '.join(CUT_STEPS)}")

@@ -1,3 +1,4 @@
 """Model distribution: verified copies of a service's model at its ``model_path`` on each host
-(``invoke models.push``): the manifest (``manifest``), the remote scripts and their parsers
-(``scripts``), resumable sending (``transfer``) and the push itself (``push``)."""
+(``invoke models.push``): a model on this machine, hashed (``local``), and the push itself (``push``).
+The manifest beside a model is ``knowledge.model_manifest`` (pure), the push's remote scripts
+``host.model_scripts`` and the resumable sender ``host.transfer``."""

@@ -1,5 +1,5 @@
 """A model on this machine (the controller side of a push, or a bundle's copy): its files, their
-sha256, and the manifest they make (``llmfleet.models.manifest``, which stays pure)."""
+sha256, and the manifest they make (``llmfleet.knowledge.model_manifest``, which stays pure)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from llmfleet.models.manifest import HASH_CHUNK, MAX_FILES, FileEntry, Kind, Manifest, check_relpath
+from llmfleet.knowledge.model_manifest import HASH_CHUNK, MAX_FILES, FileEntry, Kind, Manifest, check_relpath
 
 
 def local_files(local_path: str) -> tuple[Kind, list[tuple[str, str, int]]]:

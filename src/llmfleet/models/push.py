@@ -38,12 +38,12 @@ from datetime import UTC, datetime
 from typing import Any, Literal, Protocol
 
 from llmfleet.errors import CheckFailed, LlmfleetError, RemoteError, UsageError
+from llmfleet.host import model_scripts as S
+from llmfleet.host import transfer
 from llmfleet.inventory.ansible import Host, Inventory, settings_for
 from llmfleet.inventory.services import HostSettings, ModelSource, Service, split_transfer_address
+from llmfleet.knowledge import model_manifest as M
 from llmfleet.models import local as L
-from llmfleet.models import manifest as M
-from llmfleet.models import scripts as S
-from llmfleet.models import transfer
 
 Action = Literal["skip", "adopt", "send", "refuse"]
 Result = Literal["verified", "adopted", "pushed", "downloaded", "failed"]

@@ -145,7 +145,7 @@ class Provisioner:
         self.reboot_wait_s = reboot_wait_s
         self.confirm = confirm  # asked before a run that reboots the host; False refuses it
         # provision --bundle: the bundle's offline repositories (apt reads only the host's one); ``send``
-        # puts a file on the host (llmfleet.models.transfer.send_file's signature; injected for tests)
+        # puts a file on the host (llmfleet.host.transfer.send_file's signature; injected for tests)
         self.offline, self.bundle, self.send = (tuple(offline) if offline is not None else None), bundle, send
         self.repo: OFF.OfflineRepo | None = None
         self.target: D.OfflineTarget | None = None
@@ -254,8 +254,8 @@ class Provisioner:
     def _put_repo(self) -> str | None:
         """The bundle's repository unpacked on the host (sent when it is not there; a copy cut short is
         resumed); None, else what went wrong."""
-        from llmfleet.models.transfer import TransferError
-        from llmfleet.models.transfer import send_file as transfer_send
+        from llmfleet.host.transfer import TransferError
+        from llmfleet.host.transfer import send_file as transfer_send
 
         repo = self.repo
         assert repo is not None

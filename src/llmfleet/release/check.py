@@ -22,7 +22,7 @@ from llmfleet.inventory.ansible import Host, Inventory
 from llmfleet.inventory.connection import connection_settings
 from llmfleet.inventory.services import HostSettings, Service, host_settings_all, resolve_workers
 from llmfleet.inventory.templating import TemplateError, resolve_namespace
-from llmfleet.knowledge.catalog import find_gpu, find_quant
+from llmfleet.knowledge.catalog import Gpu, Quant, find_gpu, find_quant
 from llmfleet.knowledge.compat import image_engine_mismatch
 from llmfleet.knowledge.engines import for_engine
 from llmfleet.knowledge.planner import plan_for_service
@@ -113,6 +113,62 @@ def _worker_findings(inventory: Inventory, head: str, service: Service) -> tuple
     return names, out
 
 
+Say = Callable[[str], None]
+
+
+def _quant_of(s: Service, at: str, err: Say) -> Quant | None:
+    """The service's quant from the catalog, of the engine's family; None (reported) if not."""
+    if not s.quant:
+        return None
+    try:
+        quant = find_quant(s.quant)
+    except UsageError as exc:
+        err(f"{at}: quant: {exc}")
+        return None
+    want = for_engine(s.engine).quant_family
+    if quant.family != want:
+        err(f"{at}: quant {s.quant!r} is a {quant.family} format; engine {s.engine} takes "
+            f"{'GGUF quants (q4_k_m, q8_0, ...)' if want == 'gguf' else 'Hugging Face formats (fp16, awq-int4, ...)'}")
+        return None
+    return quant
+
+
+def _image_findings(s: Service, at: str, lock: Any, mirrors: dict[str, str], err: Say, warn: Say) -> None:
+    """The service's image key: of its engine, and in the host's images.lock, pinned."""
+    mismatch = image_engine_mismatch(s.image, s.engine, lock)
+    if mismatch:
+        err(f"{at}: {mismatch}")
+    elif lock is not None:
+        try:
+            images.resolve(s.image, lock, mirrors=mirrors, where=at)
+        except UsageError as exc:
+            locked = lock.get(s.image)
+            if locked is not None and locked.digest is None:
+                warn(f"{at}: image {s.image!r} is in {lock.path} but not pinned to a digest yet; "
+                     f"deploy needs `invoke images.pin` first (or --allow-unpinned)")
+            else:
+                err(str(exc))
+
+
+def _plan_findings(s: Service, at: str, host: str, card: Gpu, n_hosts: int, settings: HostSettings | None,
+                   err: Say, warn: Say) -> None:
+    """The plan fitting the declared card (on each host of a service over several)."""
+    try:
+        p = plan_for_service(s, card, gpu_count=len(s.gpus) if isinstance(s.gpus, list) else 1, hosts=n_hosts,
+                             network_gbps=settings.network_gbps if settings else None)
+    except LlmfleetError as exc:
+        warn(f"{at}: not planned: {exc}")
+        return
+    if not p.fits:
+        cards = f"{p.gpus} x {card.id}" + (f" on each of {n_hosts} hosts" if n_hosts > 1 else "")
+        msg = (f"{at}: the plan does not fit {cards} ({s.model}, {p.quant}, context {p.context}, "
+               f"{p.concurrency} sequence(s)); see `invoke plan --host {host}`")
+        if s.gpus == "all":
+            warn(msg + " (gpus: all: the host's card count decides; planned on one card)")
+        else:
+            err(msg)
+
+
 def check_host(
     host: Host,
     inventory: Inventory | None = None,
@@ -173,49 +229,13 @@ def check_host(
             for msg in msgs:
                 err(f"{at}: {msg}")
             n_hosts = 1 + len(worker_names)
-        quant = None
-        if s.quant:
-            try:
-                quant = find_quant(s.quant)
-            except UsageError as exc:
-                err(f"{at}: quant: {exc}")
-            else:
-                want = for_engine(s.engine).quant_family
-                if quant.family != want:
-                    err(f"{at}: quant {s.quant!r} is a {quant.family} format; engine {s.engine} takes "
-                        f"{'GGUF quants (q4_k_m, q8_0, ...)' if want == 'gguf' else 'Hugging Face formats (fp16, awq-int4, ...)'}")
-                    quant = None
-        mismatch = image_engine_mismatch(s.image, s.engine, lock)
-        if mismatch:
-            err(f"{at}: {mismatch}")
-        elif lock is not None:
-            try:
-                images.resolve(s.image, lock, mirrors=mirrors, where=at)
-            except UsageError as exc:
-                locked = lock.get(s.image)
-                if locked is not None and locked.digest is None:
-                    warn(f"{at}: image {s.image!r} is in {lock.path} but not pinned to a digest yet; "
-                         f"deploy needs `invoke images.pin` first (or --allow-unpinned)")
-                else:
-                    err(str(exc))
+        quant = _quant_of(s, at, err)
+        _image_findings(s, at, lock, mirrors, err, warn)
         if card is None:
             continue
         if s.quant and quant is None:
             continue
-        try:
-            p = plan_for_service(s, card, gpu_count=len(s.gpus) if isinstance(s.gpus, list) else 1, hosts=n_hosts,
-                                 network_gbps=settings.network_gbps if settings else None)
-        except LlmfleetError as exc:
-            warn(f"{at}: not planned: {exc}")
-            continue
-        if not p.fits:
-            cards = f"{p.gpus} x {card.id}" + (f" on each of {n_hosts} hosts" if n_hosts > 1 else "")
-            msg = (f"{at}: the plan does not fit {cards} ({s.model}, {p.quant}, context {p.context}, "
-                   f"{p.concurrency} sequence(s)); see `invoke plan --host {host.name}`")
-            if s.gpus == "all":
-                warn(msg + " (gpus: all: the host's card count decides; planned on one card)")
-            else:
-                err(msg)
+        _plan_findings(s, at, host.name, card, n_hosts, settings, err, warn)
     return HostReport(host.name, settings, services, findings, address)
 
 

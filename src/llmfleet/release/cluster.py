@@ -25,12 +25,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmfleet.errors import UsageError
+from llmfleet.health import watchdog
 from llmfleet.images.lock import ImageRef
 from llmfleet.inventory.services import HostSettings, Service, cluster_address_problem
 from llmfleet.knowledge import engines
 from llmfleet.knowledge.engines import EngineKnowledge
 from llmfleet.release import render as R
-from llmfleet.release import watchdog
 from llmfleet.release.store import Paths
 
 WORKER_TEMPLATE = "worker.yml.j2"

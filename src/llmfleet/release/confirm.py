@@ -19,8 +19,9 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
+from llmfleet.health import watchdog
 from llmfleet.inventory.services import HostSettings, Service
-from llmfleet.release import store, watchdog
+from llmfleet.release import store
 from llmfleet.release.render import COMPOSE_FILE, COMPOSE_OVERRIDE_FILE
 
 PENDING = ".confirm-pending"

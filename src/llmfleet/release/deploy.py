@@ -29,6 +29,8 @@ import threading
 import time
 from collections.abc import Sequence
 from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from llmfleet import __version__
 from llmfleet.errors import LlmfleetError, RemoteError, UsageError
@@ -60,6 +62,9 @@ from llmfleet.release.render import project_name, stop_grace_s
 from llmfleet.release.secret import resolve_secret
 from llmfleet.release.store import Paths
 from llmfleet.settings import Settings
+
+if TYPE_CHECKING:
+    from llmfleet.health.check import HealthReport, UnitProbe
 
 # ---------------------------------------------------------------------------------------------
 # deploy
@@ -145,7 +150,7 @@ def _fleet_gates(run: HostRun, ready: PreparedHost, todo: list[Item], states: di
     """The fleet's own floor for each release to check: earlier healthy runs of the same card,
     engine, image, model, quant and context class, on this host (the state just read) and on the
     hosts this machine read before (``speed_cache``). Best effort: no history, no gate."""
-    from llmfleet.release import speed_cache, speed_history
+    from llmfleet.health import speed_cache, speed_history
 
     try:
         cached = speed_cache.load(exclude=[run.host])
@@ -160,9 +165,18 @@ def _fleet_gates(run: HostRun, ready: PreparedHost, todo: list[Item], states: di
 
 def _remember_speeds(run: HostRun, ready: PreparedHost, after: dict[str, release_state.ServiceState]) -> None:
     """Keep this host's health records (the new release's too) for later gates and ``invoke plan``."""
-    from llmfleet.release import speed_cache
+    from llmfleet.health import speed_cache
 
     speed_cache.remember_hosts({run.host: after}, [run.host] if speed_cache.is_lab(ready.host) else [])
+
+
+@dataclass
+class _Switching:
+    """How far one service's switch got: what going back, on a failure or Ctrl-C, needs to know."""
+
+    switched: bool = False
+    token: str | None = None  # commit confirmed: the host reverts unless this is confirmed
+    started: UnitProbe | None = None  # the state the switch's round trip saw after the restart
 
 
 def _switch_and_check(run: HostRun, it: Item) -> ServiceOutcome:
@@ -171,74 +185,22 @@ def _switch_and_check(run: HostRun, it: Item) -> ServiceOutcome:
     step, paths, svc, rendered = it.step, it.paths, it.prepared.service, it.rendered
     assert rendered is not None  # a deploy renders every service
     rid, previous, digest = step.release_id, step.previous, it.prepared.image.digest
-    switched = False
-    token: str | None = None  # commit confirmed: the host reverts unless this is confirmed
-    started: store.UnitProbe | None = None
+    sw = _Switching()
     try:
-        # upload, arm the host's revert, switch and restart, wait for the container: one round trip
-        steps: dict[str, str] = {}
-        stdin: bytes | None = None
-        if step.action == Action.NEW:
-            it.manifest = manifest_build(rendered, rid, host=run.host, who=run.who, when=run.now(),
-                                         llmfleet_version=__version__, message=run.message)
-            files, modes = store.release_files(rendered, it.manifest)
-            steps["upload"], stdin = store.upload_script(paths, rid), store.pack_release(files, modes)
-        if step.arms_revert:
-            armed_token, steps["arm revert"] = run.arm_script(paths, svc, rid, previous, "deploy")
-        if step.switches:
-            steps["switch + restart"] = (store.gateway_switch_script(paths, rid, project_name(svc)) if svc.engine == "gateway"
-                                         else store.switch_script(paths, rid))
-            steps["container start"] = store.unit_wait_script(paths)
-        results: dict[str, ssh.Result | None] = {}
-        if steps:
-            # the health check's HTTP client loads while this round trip waits on the host: without it
-            # the health stage imports httpx itself, 0.11-0.15 s more in a changed deploy's health stage
-            # and +0.12 s whole-process median (docs/bench.md "Start-up tricks")
-            threading.Thread(target=importlib.import_module, args=("httpx",), daemon=True).start()
-            with run.stage(f"{svc.name}: {' + '.join(steps)}"):
-                # a gateway's restart waits for its old container's streams (its stop grace)
-                answers = run.run_chain(list(steps.values()), stdin=stdin, stdin_step=0 if stdin else None,
-                                        timeout=max(450, stop_grace_s(svc) + 120))
-            results = dict(zip(steps, answers, strict=True))
-        if "upload" in results:
-            res = results["upload"]
-            if res is None or not store.parse_upload(res.rc, res.stdout):
-                raise RemoteError(f"upload of release {rid} failed: "
-                                  f"{short(res.stderr or res.stdout, 300) if res else 'it did not run'}")
-            run.log(f"{svc.name}: uploaded release {rid}")
-        if step.arms_revert:
-            if results["arm revert"] is None:
-                raise RemoteError(f"{svc.name}: the host-side revert was not armed (the step did not run)")
-            run.armed(svc, previous, results["arm revert"])
-            token = armed_token
-        if step.switches:
-            res = results["switch + restart"]
-            switched = True
-            if res is None or not store.parse_switch(res.rc, res.stdout):
-                raise RemoteError(f"switch to {rid} failed: "
-                                  f"{short(res.stderr or res.stdout, 300) if res else 'it did not run'}")
-            marks = res.stdout.splitlines()
-            run.log(f"{svc.name}: current -> {rid}, " + (
-                "configuration reloaded (open streams kept)" if "@@reloaded" in marks
-                else "unit restarted; a handover HAProxy took new connections meanwhile (open streams kept)"
-                if "@@handover" in marks else "unit restarted"))
-            if results["container start"] is not None:
-                started = store.parse_unit_probe(results["container start"].stdout)
-        else:
-            switched = True  # verify: the release is current and running; only its health is unknown
-        report = run.check_health(HealthTarget(svc, it.prepared.api_key, paths, rid, it.plan, started, it.fleet,
+        _switch(run, it, sw)
+        report = run.check_health(HealthTarget(svc, it.prepared.api_key, paths, rid, it.plan, sw.started, it.fleet,
                                                engine_args=tuple(rendered.engine_args)),
                                   f"release {rid}")
     except KeyboardInterrupt:
-        if switched:
+        if sw.switched:
             run.log(f"{svc.name}: interrupted; going back to {previous or 'nothing (stopping the unit)'}")
-            run.disarm(paths, token)
+            run.disarm(paths, sw.token)
             back = run.go_back(paths, svc, it.prepared.api_key, previous, it.state)
             run.record(action="deploy", service=svc.name, release_id=rid, digest=digest, result=back.result,
                        detail=f"interrupted; {back.sentence()}")
         raise
     except RemoteError as exc:
-        if not switched:
+        if not sw.switched:
             run.record(action="deploy", service=svc.name, release_id=rid, digest=digest, result=Result.FAILED,
                        detail=str(exc))
             return ServiceOutcome(svc.name, Result.FAILED, rid, it.state.current if it.state else None, previous,
@@ -247,6 +209,83 @@ def _switch_and_check(run: HostRun, it: Item) -> ServiceOutcome:
         failure = str(exc)
     else:
         failure = report.message if report is not None else ""
+    return _commit_or_go_back(run, it, report, failure, sw.token)
+
+
+def _switch_steps(run: HostRun, it: Item) -> tuple[dict[str, str], bytes | None, str | None]:
+    """The switch's one round trip: (its scripts by step, the release's files on stdin, the revert's token)."""
+    step, paths, svc, rendered = it.step, it.paths, it.prepared.service, it.rendered
+    assert rendered is not None
+    rid = step.release_id
+    steps: dict[str, str] = {}
+    stdin: bytes | None = None
+    armed_token: str | None = None
+    if step.action == Action.NEW:
+        it.manifest = manifest_build(rendered, rid, host=run.host, who=run.who, when=run.now(),
+                                     llmfleet_version=__version__, message=run.message)
+        files, modes = store.release_files(rendered, it.manifest)
+        steps["upload"], stdin = store.upload_script(paths, rid), store.pack_release(files, modes)
+    if step.arms_revert:
+        armed_token, steps["arm revert"] = run.arm_script(paths, svc, rid, step.previous, "deploy")
+    if step.switches:
+        steps["switch + restart"] = (store.gateway_switch_script(paths, rid, project_name(svc)) if svc.engine == "gateway"
+                                     else store.switch_script(paths, rid))
+        steps["container start"] = store.unit_wait_script(paths)
+    return steps, stdin, armed_token
+
+
+def _switch(run: HostRun, it: Item, sw: _Switching) -> None:
+    """Upload, arm the host's revert, switch and restart, wait for the container: one round trip;
+    ``sw`` says how far it got. A step that failed raises ``RemoteError``."""
+    step, svc = it.step, it.prepared.service
+    rid, previous = step.release_id, step.previous
+    steps, stdin, armed_token = _switch_steps(run, it)
+    results: dict[str, ssh.Result | None] = {}
+    if steps:
+        # the health check's HTTP client loads while this round trip waits on the host: without it
+        # the health stage imports httpx itself, 0.11-0.15 s more in a changed deploy's health stage
+        # and +0.12 s whole-process median (docs/bench.md "Start-up tricks")
+        threading.Thread(target=importlib.import_module, args=("httpx",), daemon=True).start()
+        with run.stage(f"{svc.name}: {' + '.join(steps)}"):
+            # a gateway's restart waits for its old container's streams (its stop grace)
+            answers = run.run_chain(list(steps.values()), stdin=stdin, stdin_step=0 if stdin else None,
+                                    timeout=max(450, stop_grace_s(svc) + 120))
+        results = dict(zip(steps, answers, strict=True))
+    if "upload" in results:
+        res = results["upload"]
+        if res is None or not store.parse_upload(res.rc, res.stdout):
+            raise RemoteError(f"upload of release {rid} failed: "
+                              f"{short(res.stderr or res.stdout, 300) if res else 'it did not run'}")
+        run.log(f"{svc.name}: uploaded release {rid}")
+    if step.arms_revert:
+        if results["arm revert"] is None:
+            raise RemoteError(f"{svc.name}: the host-side revert was not armed (the step did not run)")
+        run.armed(svc, previous, results["arm revert"])
+        sw.token = armed_token
+    if step.switches:
+        res = results["switch + restart"]
+        sw.switched = True
+        if res is None or not store.parse_switch(res.rc, res.stdout):
+            raise RemoteError(f"switch to {rid} failed: "
+                              f"{short(res.stderr or res.stdout, 300) if res else 'it did not run'}")
+        marks = res.stdout.splitlines()
+        run.log(f"{svc.name}: current -> {rid}, " + (
+            "configuration reloaded (open streams kept)" if "@@reloaded" in marks
+            else "unit restarted; a handover HAProxy took new connections meanwhile (open streams kept)"
+            if "@@handover" in marks else "unit restarted"))
+        started = results["container start"]
+        if started is not None:
+            sw.started = store.parse_unit_probe(started.stdout)
+    else:
+        sw.switched = True  # verify: the release is current and running; only its health is unknown
+
+
+def _commit_or_go_back(run: HostRun, it: Item, report: HealthReport | None, failure: str,
+                       token: str | None) -> ServiceOutcome:
+    """After the check: confirmed and marked healthy, or (unhealthy, reverted by the host timer, or a
+    failure after the switch) marked, disarmed and back on the previous release."""
+    step, paths, svc = it.step, it.paths, it.prepared.service
+    rid, previous, digest = step.release_id, step.previous, it.prepared.image.digest
     if report is not None and report.ok and not run.confirm(paths, svc.name, token):
         failure, report = f"healthy, but the host timer reverted it first ({HOST_TIMER})", None
     if report is not None:

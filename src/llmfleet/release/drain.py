@@ -212,7 +212,7 @@ def for_run(run: HostRun, inventory: Inventory | None) -> Drainer | None:
 def engine_settle(run: HostRun, svc: Service, has_key: bool) -> Callable[[float], str]:
     """After the gateways drained ``svc``: the wait for what its engine still has in flight, read from its
     own metrics on the host (requests sent straight to it are not the gateways' to count)."""
-    from llmfleet.release import watchdog
+    from llmfleet.health import watchdog
     from llmfleet.release.render import load_role
 
     def settle(timeout_s: float) -> str:

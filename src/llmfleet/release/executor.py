@@ -22,21 +22,22 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from llmfleet.errors import LlmfleetError, RemoteError
-from llmfleet.host import ssh
+from llmfleet.host import early, ssh
 from llmfleet.inventory.ansible import Host
 from llmfleet.inventory.services import HostSettings, Service
 from llmfleet.knowledge import release_state
 from llmfleet.knowledge.planner import PlanSummary
 from llmfleet.knowledge.release_state import Manifest
-from llmfleet.release import audit, decide, early, store
+from llmfleet.release import audit, decide, store
 from llmfleet.release.decide import GoBack, Refusal, Result
 from llmfleet.release.store import Paths
 from llmfleet.release.who import default_who
 from llmfleet.settings import Settings
 
 if TYPE_CHECKING:
-    from llmfleet.release import health, residency
-    from llmfleet.release.speed_history import FleetGate
+    from llmfleet.health import check as health
+    from llmfleet.health import residency
+    from llmfleet.health.speed_history import FleetGate
 
 LOG_LINES = 200
 HOST_TIMER = "confirm_timeout_s too short for this service's load?"
@@ -122,8 +123,8 @@ class HealthTarget:
     paths: Paths
     release_id: str
     plan: PlanSummary | None
-    started: store.UnitProbe | None = None  # the state the switch's round trip saw after the restart
-    fleet: FleetGate | None = None  # the floor from the fleet's own earlier runs (release.speed_history)
+    started: health.UnitProbe | None = None  # the state the switch's round trip saw after the restart
+    fleet: FleetGate | None = None  # the floor from the fleet's own earlier runs (health.speed_history)
     residency: bool = True  # compare the engine's load report with the plan (a worker's check does not)
     # the release's own engine flags (the rendered command line, or the manifest's): what the engine was
     # asked for; empty: the plan's flags, then the service's
@@ -134,12 +135,12 @@ HealthFn = Callable[["HostRun", HealthTarget], "health.HealthReport"]
 
 
 def http_health(run: HostRun, target: HealthTarget) -> health.HealthReport:
-    """The staged health check over HTTP through an SSH-forwarded port (llmfleet.release.health)."""
-    from llmfleet.release import health  # the HTTP client: only when a release is checked
+    """The staged health check over HTTP through an SSH-forwarded port (llmfleet.health.check)."""
+    from llmfleet.health import check as health  # the HTTP client: only when a release is checked
 
     svc = target.service
 
-    def probe() -> store.UnitProbe:
+    def probe() -> health.UnitProbe:
         return store.parse_unit_probe(run.run(store.unit_probe_script(target.paths), timeout=30).stdout)
 
     series, path = None, "/metrics"
@@ -175,16 +176,16 @@ def http_health(run: HostRun, target: HealthTarget) -> health.HealthReport:
 def floor_for(run: HostRun, target: HealthTarget) -> health.Floor:
     """The decode floor the health check applies to ``target`` (``health.decode_floor``: the
     service's, the host's, the fleet's, the planner's, in that order)."""
-    from llmfleet.release import health
+    from llmfleet.health import check as health
 
     return health.decode_floor(target.service, run.host_settings, target.plan, target.fleet)
 
 
 def residency_check(run: HostRun, target: HealthTarget) -> residency.Residency:
     """One round trip for the engine's load lines, the container's processes and nvidia-smi's GPU
-    memory per process, judged against the release's plan (``llmfleet.release.residency``)."""
+    memory per process, judged against the release's plan (``llmfleet.health.residency``)."""
+    from llmfleet.health import residency
     from llmfleet.knowledge.engines import for_engine, loadlog
-    from llmfleet.release import residency
 
     svc = target.service
     know = for_engine(svc.engine)
@@ -472,7 +473,8 @@ class HostRun:
 
     def confirm(self, paths: Paths, service: str, token: str | None) -> bool:
         """Confirm the switch and start the watchdog; False when the host timer had already reverted."""
-        from llmfleet.release import confirm, watchdog
+        from llmfleet.health import watchdog
+        from llmfleet.release import confirm
 
         if token is None:  # nothing was armed (a verify of the current release): start its watchdog
             with self.stage(f"{service}: watchdog on"):

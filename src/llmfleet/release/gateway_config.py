@@ -358,13 +358,22 @@ def haproxy_cfg(spec: GatewaySpec) -> str:
     """The configuration text (the spec is assumed checked: ``render_files`` checks it)."""
     d = spec.config_dir.rstrip("/") or "/"
     path = f"{d}/" if d != "/" else "/"
-    bufsize = buffer_size(spec.max_body_bytes)
-    limit = spec.max_body_bytes
+    out = _global_section(spec, path) + _defaults_section(spec, path) + _frontend_section(spec, path)
+    out += _backend_sections(spec) + _metrics_section(spec)
+    return "\n".join(out) + "\n"
 
+
+def _returner(path: str) -> Callable[..., str]:
+    """``http-request return`` of one of the gateway's JSON error bodies."""
     def ret(status: int, name: str, extra: str = "") -> str:
         return f"http-request return status {status} content-type application/json file {path}{ERRORS_DIR}/{name}.json{extra}"
 
-    tls = f" ssl crt {path}{TLS_PEM}" if spec.tls else ""
+    return ret
+
+
+def _global_section(spec: GatewaySpec, path: str) -> list[str]:
+    bufsize = buffer_size(spec.max_body_bytes)
+    limit = spec.max_body_bytes
     out = [
         f"# The gateway {spec.name}, rendered by llmfleet (llmfleet.release.gateway_config): a deploy writes it again.",
         "# No secret is in this file: client keys are sha256 hashes in keys.map, a replica's own key comes",
@@ -384,7 +393,11 @@ def haproxy_cfg(spec: GatewaySpec) -> str:
     ]
     if spec.tls:
         out.append("    ssl-default-bind-options ssl-min-ver TLSv1.2")
-    out += [
+    return out
+
+
+def _defaults_section(spec: GatewaySpec, path: str) -> list[str]:
+    return [
         "",
         "defaults",
         "    mode http",
@@ -404,6 +417,14 @@ def haproxy_cfg(spec: GatewaySpec) -> str:
         f"    http-error status 502 content-type application/json file {path}{ERRORS_DIR}/502.json",
         f"    http-error status 503 content-type application/json file {path}{ERRORS_DIR}/503.json",
         f"    http-error status 504 content-type application/json file {path}{ERRORS_DIR}/504.json",
+    ]
+
+
+def _frontend_section(spec: GatewaySpec, path: str) -> list[str]:
+    limit = spec.max_body_bytes
+    ret = _returner(path)
+    tls = f" ssl crt {path}{TLS_PEM}" if spec.tls else ""
+    return [
         "",
         "frontend gateway",
         f"    bind {_bind_address(spec.bind, spec.port)}{tls}",
@@ -429,6 +450,10 @@ def haproxy_cfg(spec: GatewaySpec) -> str:
         "    http-request set-var(txn.served) var(txn.model)",
         "    use_backend %[var(txn.backend)]",
     ]
+
+
+def _backend_sections(spec: GatewaySpec) -> list[str]:
+    out: list[str] = []
     for served, group in _by_served(spec.replicas).items():
         key_env = group[0].key_env
         out += [
@@ -447,7 +472,11 @@ def haproxy_cfg(spec: GatewaySpec) -> str:
         for r in sorted(group, key=lambda r: server_name(r.host, r.service)):
             out.append(f"    server {server_name(r.host, r.service)} {_server_address(r.address, r.port)} "
                        f"check inter 2s fall 2 rise 2 maxconn {r.maxconn}")
-    out += [
+    return out
+
+
+def _metrics_section(spec: GatewaySpec) -> list[str]:
+    return [
         "",
         "# HAProxy's own metrics (its Prometheus exporter) on the gateway's address, for Prometheus to scrape",
         "# (invoke prometheus.targets); counts and times only, no key and no body",
@@ -457,7 +486,6 @@ def haproxy_cfg(spec: GatewaySpec) -> str:
         f"    http-request use-service prometheus-exporter if {{ path {METRICS_PATH} }}",
         "    http-request return status 404",
     ]
-    return "\n".join(out) + "\n"
 
 
 def metrics_port(admin_port: int) -> int:

@@ -48,10 +48,10 @@ from llmfleet.release.store import Paths
 from llmfleet.settings import Settings
 
 if TYPE_CHECKING:
+    from llmfleet.health.check import HealthReport
+    from llmfleet.health.speed_history import FleetGate
     from llmfleet.host import ssh
     from llmfleet.release import cluster
-    from llmfleet.release.health import HealthReport
-    from llmfleet.release.speed_history import FleetGate
 
 
 Connector = Callable[[Host, Settings, bool], "ssh.Link"]  # host.ssh.Remote; a scripted remote in tests

@@ -571,6 +571,53 @@ def render(
 ) -> Rendered:
     role = load_role(service.engine, roles_dir)
     head = head or HeadOverlay()
+    _check_api_key(service, api_key)
+    merged = merge_engine_args(plan_engine_args(plan), list(service.engine_args), role)
+    box = container_settings(role, service, jit_cache=jit_cache_for(image, plan) is not None)
+    bind = bind_address or settings.bind_address_for(service)
+    sdir = service_dir(settings, service)
+    args = _engine_args(service, role, merged, head, box, bind, sdir)
+    compose_text = _compose_text(service, role, image, head, gateway, args, box, bind, sdir)
+    unit_text = _unit_text(service, sdir, templates_dir)
+    env_text = _env_text(service, role, api_key, args, gateway, templates_dir)
+
+    unit_file = unit_name(service)
+    files = {COMPOSE_FILE: compose_text, unit_file: unit_text, ENV_FILE: env_text}
+    modes = {COMPOSE_FILE: 0o644, unit_file: 0o644, ENV_FILE: 0o600}
+    if service.compose_overrides:
+        files[COMPOSE_OVERRIDE_FILE] = compose_override_text(service)
+        modes[COMPOSE_OVERRIDE_FILE] = 0o644
+    secret_files = {ENV_FILE}
+    if gateway is not None and service.engine == "gateway":
+        from llmfleet.release import gateway_config
+
+        for name, text in gateway_config.render_files(gateway.spec).items():
+            files[name], modes[name] = text, 0o644
+        if gateway.tls_pem is not None:
+            files[gateway_config.TLS_PEM], modes[gateway_config.TLS_PEM] = gateway.tls_pem, 0o600
+            secret_files.add(gateway_config.TLS_PEM)
+    from llmfleet.health import watchdog
+
+    for name, (text, mode) in watchdog.release_files(
+            service, settings, key_env=role.api_key_env if api_key is not None else None).items():
+        files[name], modes[name] = text, mode
+    # The hash covers the image too (it is in compose) and the secret (so a rotated key is a change);
+    # only the hash, never the value, leaves this function.
+    return Rendered(
+        service=service.name,
+        engine=service.engine,
+        files=files,
+        modes=modes,
+        secret_files=frozenset(secret_files),
+        engine_args=args,
+        image=image,
+        content_hash=content_hash(files),
+        inputs=service_inputs(service),
+        plan=plan_summary(plan),
+    )
+
+
+def _check_api_key(service: Service, api_key: str | None) -> None:
     if service.api_key is not None and api_key is None:
         raise UsageError(f"service {service.name}: api_key is configured but its value was not resolved")
     if api_key is not None and (not api_key or _SECRET_FORBIDDEN.search(api_key)):
@@ -578,32 +625,36 @@ def render(
             f"service {service.name}: the API key is empty or holds a quote, newline or NUL; use another key"
         )
 
-    merged = merge_engine_args(plan_engine_args(plan), list(service.engine_args), role)
-    box = container_settings(role, service, jit_cache=jit_cache_for(image, plan) is not None)
-    bind = bind_address or settings.bind_address_for(service)
-    sdir = service_dir(settings, service)
+
+def _engine_args(service: Service, role: Role, merged: list[str], head: HeadOverlay, box: dict[str, Any], bind: str,
+                 sdir: str) -> list[str]:
+    """The engine's command line: the role's base arguments filled in, then the plan's and the service's
+    (``merged``), then a head's own; on the host network the healthcheck probes the bind address (``box``)."""
     fill = {"model": role.model_target, "port": str(box["port"]), "served_name": service.public_name,
             "listen": "0.0.0.0", "bind": f"[{bind}]" if ":" in bind else bind, "service_dir": sdir}
     if head.host_network:  # no published port: the engine itself listens on the bind address
         fill |= {"port": str(service.port), "listen": bind}
         if box["healthcheck"]:
-            from llmfleet.release.watchdog import probe_address
+            from llmfleet.health.watchdog import probe_address
 
             box["healthcheck"]["test"] = [t.replace(f"127.0.0.1:{box['port']}", f"{probe_address(bind)}:{service.port}")
                                           for t in box["healthcheck"]["test"]]
     base: list[str] = []
     for group in role.base_args:
         base.extend(tok.format(**fill) for tok in group)
-    args = base + merged + list(head.args)
+    return base + merged + list(head.args)
 
-    gpu_request: Any
+
+def _gpu_request(service: Service) -> Any:
     if service.engine in ("node-exporter", "gateway"):  # reads the host / proxies: no GPU
-        gpu_request = None
-    elif service.gpus == "all":
-        gpu_request = "all"
-    else:
-        gpu_request = [int(g) for g in service.gpus]
+        return None
+    if service.gpus == "all":
+        return "all"
+    return [int(g) for g in service.gpus]
 
+
+def _compose_text(service: Service, role: Role, image: ImageRef, head: HeadOverlay, gateway: Any, args: list[str],
+                  box: dict[str, Any], bind: str, sdir: str) -> str:
     environment = box["environment"] | dict(service.env) | dict(head.environment)
     if gateway is not None and service.engine == "gateway":  # HAProxy's large buffers from the heap
         from llmfleet.release import gateway_config
@@ -626,7 +677,7 @@ def render(
         "model_target": role.model_target,
         "ipc": box["ipc"],
         "shm_size": box["shm_size"],
-        "gpu_request": gpu_request,
+        "gpu_request": _gpu_request(service),
         "healthcheck": box["healthcheck"],
         "log_max_size": LOG_MAX_SIZE,
         "log_max_file": LOG_MAX_FILE,
@@ -638,9 +689,11 @@ def render(
         "service_dir": sdir,
         "stop_grace_s": stop_grace_s(service),
     }
-    compose_text = _template(role.template).render(**ctx)
+    return _template(role.template).render(**ctx)
 
-    unit_text = _template(template_text("llmfleet-service.unit.j2", templates_dir)).render(
+
+def _unit_text(service: Service, sdir: str, templates_dir: Dirs) -> str:
+    return _template(template_text("llmfleet-service.unit.j2", templates_dir)).render(
         service_name=service.name,
         engine=service.engine,
         unit_path=f"{UNIT_DIR}/{unit_name(service)}",
@@ -655,44 +708,13 @@ def render(
         timeout_start=service.health.load_timeout_s + 120,
         timeout_stop=unit_stop_timeout_s(service),
     )
+
+
+def _env_text(service: Service, role: Role, api_key: str | None, args: list[str], gateway: Any,
+              templates_dir: Dirs) -> str:
     secrets = {role.api_key_env: api_key_value(role, api_key, args)} if api_key is not None else {}
     if service.engine == "gateway":
         if gateway is None:
             raise UsageError(f"service {service.name}: a gateway is rendered from its plan (release.gateway_plan)")
         secrets |= dict(sorted(gateway.env.items()))  # the replicas' keys, referenced by haproxy.cfg
-    env_text = _template(template_text("service.env.j2", templates_dir)).render(service_name=service.name, secrets=secrets)
-
-    unit_file = unit_name(service)
-    files = {COMPOSE_FILE: compose_text, unit_file: unit_text, ENV_FILE: env_text}
-    modes = {COMPOSE_FILE: 0o644, unit_file: 0o644, ENV_FILE: 0o600}
-    if service.compose_overrides:
-        files[COMPOSE_OVERRIDE_FILE] = compose_override_text(service)
-        modes[COMPOSE_OVERRIDE_FILE] = 0o644
-    secret_files = {ENV_FILE}
-    if gateway is not None and service.engine == "gateway":
-        from llmfleet.release import gateway_config
-
-        for name, text in gateway_config.render_files(gateway.spec).items():
-            files[name], modes[name] = text, 0o644
-        if gateway.tls_pem is not None:
-            files[gateway_config.TLS_PEM], modes[gateway_config.TLS_PEM] = gateway.tls_pem, 0o600
-            secret_files.add(gateway_config.TLS_PEM)
-    from llmfleet.release import watchdog
-
-    for name, (text, mode) in watchdog.release_files(
-            service, settings, key_env=role.api_key_env if api_key is not None else None).items():
-        files[name], modes[name] = text, mode
-    # The hash covers the image too (it is in compose) and the secret (so a rotated key is a change);
-    # only the hash, never the value, leaves this function.
-    return Rendered(
-        service=service.name,
-        engine=service.engine,
-        files=files,
-        modes=modes,
-        secret_files=frozenset(secret_files),
-        engine_args=args,
-        image=image,
-        content_hash=content_hash(files),
-        inputs=service_inputs(service),
-        plan=plan_summary(plan),
-    )
+    return _template(template_text("service.env.j2", templates_dir)).render(service_name=service.name, secrets=secrets)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from llmfleet.health.check import UnitProbe
 from llmfleet.host.probe.state_reader import MANIFEST_FILE, MAX_HEALTH, MAX_MANIFEST, STATE_READER  # noqa: F401 - re-exported
 from llmfleet.knowledge.release_state import RELEASE_ID_RE, Manifest, loads_object
 from llmfleet.release.gateway_config import CONFIG_FILE as GATEWAY_CONFIG
@@ -447,7 +448,7 @@ def mark_healthy_script(paths: Paths, release_id: str, health: dict[str, Any]) -
 
 
 # ---------------------------------------------------------------------------------------------
-# The residency check's evidence (llmfleet.release.residency)
+# The residency check's evidence (llmfleet.health.residency)
 
 EVIDENCE_LOG_LINES = 400
 MAX_EVIDENCE_PIDS = 4096
@@ -512,15 +513,6 @@ def parse_evidence(stdout: str) -> Evidence:
         elif where == "smi":
             smi.append(line)
     return Evidence("\n".join(log), frozenset(pids), "\n".join(smi), rc, seen == {"log", "pids", "smi", "rc"})
-
-
-@dataclass(frozen=True)
-class UnitProbe:
-    """The unit's and the container's state, as one health-check round trip saw them."""
-
-    unit: str
-    container: str | None
-    exit_code: int | None
 
 
 def unit_probe_script(paths: Paths) -> str:

@@ -18,10 +18,10 @@ MAX_DOCUMENT = 8 * 1024 * 1024
 def probe_sh() -> bytes:
     """The script sent on stdin: the release state reader (``state_reader.STATE_READER``, a shell function
     the probe runs as its ``release_state`` section), the model manifest reader
-    (``models.scripts.MANIFEST_READER``, its ``model_manifest`` sections), the GPU health reader
+    (``host.model_scripts.MANIFEST_READER``, its ``model_manifest`` sections), the GPU health reader
     (``host.gpu_health.HEALTH_READER``, its ``kernel_xid`` and ``pci_gpus`` sections), then probe.sh."""
     from llmfleet.host.gpu_health import HEALTH_READER
-    from llmfleet.models.scripts import MANIFEST_READER
+    from llmfleet.host.model_scripts import MANIFEST_READER
 
     probe = resources.files("llmfleet.host.probe").joinpath("probe.sh").read_bytes()
     return STATE_READER.encode() + b"\n" + MANIFEST_READER.encode() + HEALTH_READER.encode() + probe

@@ -30,7 +30,7 @@ What a new engine (SGLang, TGI, ...) must provide, and nothing else:
    - ``engine_args(...)``: the flags for a plan (the planner calls it instead of branching);
    - ``load_log_grep`` and ``parse_load_log(text)``: which lines of its log tell where the weights
      went and how large the KV cache is, and their parser (``loadlog.LoadReport``), for the
-     residency check after a start (``release.residency``); ``kv_tokens_asked(args)``: the KV
+     residency check after a start (``health.residency``); ``kv_tokens_asked(args)``: the KV
      tokens a command line asks for, which the engine's report is compared with;
    - for the planner: ``quant_family`` (``hf`` or ``gguf``: the family of the
      smaller quantizations it ranks), ``serves_only_quant_family`` (refuse other families),
@@ -51,7 +51,7 @@ What a new engine (SGLang, TGI, ...) must provide, and nothing else:
      people), ``fp16_activations`` (True: a card without bf16, or an fp16 quant, runs the model's
      activations in float16), ``deploy_adds(hosts, gpus)`` (what the deploy adds for a split over
      hosts, in words);
-   - for a service over several hosts (``release.cluster``, ``release.watchdog``, ``fleet.status``):
+   - for a service over several hosts (``release.cluster``, ``health.watchdog``, ``fleet.status``):
      ``cluster_kind`` (the engine's distributed runtime: ``rpc``, ``ray``; None: one host only; the
      role's ``cluster.kind`` says the same), ``workers_load_model`` (True: every worker reads the model
      from its own ``model_path``; False: the head sends the tensors), ``workers_join_head`` (True: the
@@ -134,7 +134,7 @@ class EngineKnowledge:
     # llmfleet metric (fleet.metrics.EngineMetrics field) -> the engine's Prometheus names, newest first
     metrics: ClassVar[dict[str, tuple[str, ...]]] = {}
     # counters that move with every step of work the engine does (prefill or decode), however long its
-    # requests: the watchdog's evidence of progress (release.watchdog); their sum is compared
+    # requests: the watchdog's evidence of progress (health.watchdog); their sum is compared
     progress_metrics: ClassVar[tuple[str, ...]] = ()
     # planner facts (see the module docstring)
     quant_family: ClassVar[str] = "hf"

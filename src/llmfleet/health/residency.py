@@ -4,7 +4,7 @@ GPU memory per process, not from decode speed.
 Pure: ``judge`` takes what the engine said (``knowledge.engines.loadlog.LoadReport``), what
 ``nvidia-smi --query-compute-apps`` answered for the container's processes, and the release's plan
 (``PlanSummary``), and returns a ``Residency`` verdict whose failures quote the engine's line. The
-health check (``release.health``, stage ``residency``) fails a release on a ``fail`` whatever its
+health check (``health.check``, stage ``residency``) fails a release on a ``fail`` whatever its
 decode speed; something the log does not say is a ``warn`` naming it, never a silent pass.
 
 What fails (``health.residency: gpu``, the default):

@@ -5,7 +5,7 @@ SSH channel: the host appends what it receives (``scripts.receive_script``), so 
 leaves a staging file holding an exact prefix, and the next call resumes from its size. It knows
 nothing of models: any large file (a model shard, a container-image archive) can go this way::
 
-    from llmfleet.models.transfer import send_file
+    from llmfleet.host.transfer import send_file
     done = send_file(remote, "/data/img.tar", "/var/tmp/img.tar.part", offset=0,
                      size=os.path.getsize("/data/img.tar"), limit_rate=50_000_000,
                      progress=lambda n: bar.advance(task, n))
@@ -36,8 +36,8 @@ from typing import Any
 import paramiko
 
 from llmfleet.errors import RemoteError
+from llmfleet.host import model_scripts as S
 from llmfleet.host import trace
-from llmfleet.models import scripts as S
 
 CHUNK = 256 * 1024
 STALL_S = 60.0  # a send that cannot move one chunk for this long is cut
@@ -175,21 +175,7 @@ def send_file(remote: Any, local_path: str, dest_part: str, *, offset: int, size
                 pos += n
                 if progress is not None:
                     progress(n)
-        chan.shutdown_write()
-        chan.settimeout(EXIT_WAIT_S)
-        out = bytearray()
-        deadline = time.monotonic() + EXIT_WAIT_S
-        while time.monotonic() < deadline:
-            try:
-                chunk = chan.recv(65536)
-            except TimeoutError:
-                continue
-            if not chunk:
-                break
-            if len(out) < 65536:
-                out += chunk
-        if not chan.exit_status_ready() and not chan.status_event.wait(max(0.0, deadline - time.monotonic())):
-            raise cut(f"no answer from the host within {EXIT_WAIT_S:.0f}s after the last byte")
+        out = _answer(chan, cut)
         rc = chan.recv_exit_status()
         err = b""
         while chan.recv_stderr_ready():
@@ -208,7 +194,33 @@ def send_file(remote: Any, local_path: str, dest_part: str, *, offset: int, size
             chan.close()
         shown = remote.command_line(command, sudo=sudo) if hasattr(remote, "command_line") else command
         trace.emit(name, f"[{size - offset:,} bytes on stdin] {shown}", rc, time.monotonic() - t0)
-    text = out.decode("utf-8", "replace")
+    after = _received(name, local_path, dest_part, offset, size, out.decode("utf-8", "replace"), rc, err, cut)
+    return Sent(sent=pos - offset, size_after=after, seconds=time.monotonic() - t0)
+
+
+def _answer(chan: paramiko.Channel, cut: Callable[[str], TransferError]) -> bytearray:
+    """After the last byte: what the host printed (its first 64 KiB), once its command has ended."""
+    chan.shutdown_write()
+    chan.settimeout(EXIT_WAIT_S)
+    out = bytearray()
+    deadline = time.monotonic() + EXIT_WAIT_S
+    while time.monotonic() < deadline:
+        try:
+            chunk = chan.recv(65536)
+        except TimeoutError:
+            continue
+        if not chunk:
+            break
+        if len(out) < 65536:
+            out += chunk
+    if not chan.exit_status_ready() and not chan.status_event.wait(max(0.0, deadline - time.monotonic())):
+        raise cut(f"no answer from the host within {EXIT_WAIT_S:.0f}s after the last byte")
+    return out
+
+
+def _received(name: str, local_path: str, dest_part: str, offset: int, size: int, text: str, rc: int, err: bytes,
+              cut: Callable[[str], TransferError]) -> int:
+    """The bytes the staging file holds after the copy, from the host's answer; else why not, raised."""
     taken = S.parse_staging_taken(text)
     if taken is not None:
         raise _taken(name, dest_part, taken, local_path)
@@ -222,7 +234,7 @@ def send_file(remote: Any, local_path: str, dest_part: str, *, offset: int, size
         raise cut(f"the host's receive ended with exit {rc}: {detail}")
     if after != size:
         raise cut(f"the host holds {after if after is not None else 'an unknown number of'} bytes after the copy")
-    return Sent(sent=pos - offset, size_after=after, seconds=time.monotonic() - t0)
+    return after
 
 
 # ---------------------------------------------------------------------------------------------

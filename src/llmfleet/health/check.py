@@ -10,7 +10,7 @@ Stages, each with its own time budget and a progress line:
 4. ``models``: ``GET /v1/models`` lists the served name;
 5. ``residency``: what the engine itself reported while loading (llama.cpp's layers and buffers per
    device, vLLM's weights and KV cache tokens) and nvidia-smi's GPU memory per process, compared with
-   the plan (``llmfleet.release.residency``). A layer off the GPU, weights in host memory beyond the
+   the plan (``llmfleet.health.residency``). A layer off the GPU, weights in host memory beyond the
    plan, weights far from the plan or a KV cache below context x concurrency fail here, quoting the
    engine's line, whatever the decode speed; a line the log does not hold is a WARN naming it;
 6. ``completion``: a streamed chat completion; time to first token and decode tok/s are measured and
@@ -29,15 +29,13 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from llmfleet.release.store import UnitProbe
-
 if TYPE_CHECKING:  # httpx loads when a check runs: a deploy with nothing to check never needs it
     import httpx
 
+    from llmfleet.health.residency import Residency
+    from llmfleet.health.speed_history import FleetGate
     from llmfleet.inventory.services import HostSettings, Service
     from llmfleet.knowledge.planner import PlanSummary
-    from llmfleet.release.residency import Residency
-    from llmfleet.release.speed_history import FleetGate
 
 # Without any floor of its own (a plan without ``health_floor_tokps``) the floor falls back to a
 # fraction of the realistic low end. Residency is decided by the engine's own report (stage
@@ -45,6 +43,15 @@ if TYPE_CHECKING:  # httpx loads when a check runs: a deploy with nothing to che
 DEFAULT_FLOOR_FRACTION = 0.25
 MAX_POLLS = 10_000
 PROMPT = "Count from one to one hundred, separated by spaces."
+
+
+@dataclass(frozen=True)
+class UnitProbe:
+    """The unit's and the container's state, as one health-check round trip saw them."""
+
+    unit: str
+    container: str | None
+    exit_code: int | None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -182,7 +189,7 @@ def decode_floor(service: Service, settings: HostSettings | None = None, plan: P
     3. the host's ``llmfleet_health_min_tokps``;
     4. the host's ``llmfleet_health_floor_fraction`` times the realistic figure;
     5. the fleet's own measurements: a fraction of the median decode of earlier healthy runs of the
-       same card, engine, image, model, quant and context class (``release.speed_history``);
+       same card, engine, image, model, quant and context class (``health.speed_history``);
     6. the planner's ``health_floor_tokps`` (a sanity bound below every public measurement of the card);
     7. the default 0.25 times the realistic figure (a plan without its own floor).
 

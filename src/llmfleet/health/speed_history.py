@@ -11,7 +11,7 @@ decides the speed, and builds a floor from them:
     fleet_gate(records, key)                  fraction x the median of the key's healthy runs
     gate_for(plan, image, host=, states=, cached=)   the three above in one call (the deploy's)
 
-Pure: nothing here touches a host or the disk (``llmfleet.release.speed_cache`` keeps records seen
+Pure: nothing here touches a host or the disk (``llmfleet.health.speed_cache`` keeps records seen
 from hosts on this machine). Nothing here raises on what a host returned: a figure that is not a
 positive number is no record, a manifest without a plan is no key.
 

@@ -5,7 +5,7 @@ Hosts need only ``sh``, coreutils (``stat``, ``sha256sum``, ``truncate``, ``df``
 final ``mv`` is a rename)::
 
     X                      the model (a file, or a folder D)
-    X.llmfleet.json        its manifest (models/manifest.py), written after sha256sum agreed
+    X.llmfleet.json        its manifest (knowledge/model_manifest.py), written after sha256sum agreed
     X.llmfleet.part        the staging copy being received (a file, or a folder for a folder model)
     X.llmfleet.part.want   which content the staging copy is for (the wanted manifest's content digest)
     X.llmfleet.part.owner  which push fills it now: the token of the deploy lock that push holds
@@ -25,7 +25,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from llmfleet.models import manifest as M
+from llmfleet.knowledge import model_manifest as M
 
 q = shlex.quote
 MAX_TREE_FILES = M.MAX_FILES

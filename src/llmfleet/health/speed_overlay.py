@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from llmfleet.release.speed_history import ClassSummary, SpeedKey
+from llmfleet.health.speed_history import ClassSummary, SpeedKey
 
 SCHEMA = "llmfleet.speed-overlay/1"
 HEADER = """\

@@ -1,7 +1,7 @@
 """The decode measurements this machine has seen on hosts, kept between runs.
 
 The fleet is the record: each host keeps its releases' health reports and bench results
-(``llmfleet.release.speed_history`` reads them). What a run reads from a host replaces what was kept
+(``llmfleet.health.speed_history`` reads them). What a run reads from a host replaces what was kept
 of that host here; the kept records only add hosts the run did not contact. So two operators on two
 machines see the same history once each has read the hosts (``invoke status`` reads them all), and
 deleting the cache loses nothing the hosts do not still hold.
@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from llmfleet import cache
-from llmfleet.release.speed_history import SpeedRecord, records_from_state
+from llmfleet.health.speed_history import SpeedRecord, records_from_state
 
 CACHE = "speed"
 FILE = "records.json"
