@@ -1,6 +1,7 @@
 """What the catalog says of each vLLM release from 0.20.0 on is what that release's own code says,
-as recorded per release in tests/fixtures/vllm/<version>/ (a header line names the file at the
-release tag): the quantization methods of ``QuantizationMethods``
+as recorded per release in tests/fixtures/vllm/<version>/rules.txt: verbatim excerpts of the published
+wheel (bench/record_vllm_rules.py; its header names the wheel and the tag), read with
+llmfleet.images.vllm_rules: the quantization methods of ``QuantizationMethods``
 (vllm/model_executor/layers/quantization/__init__.py) and the backends' lower compute-capability
 bounds (``supports_compute_capability``). A method or floor the catalog claims that its release's
 fixture does not hold fails here, and so does a release without a fixture; so do the GGUF and
@@ -37,17 +38,18 @@ RELEASES = {k: r for k, r in CAT.images.items()
             if r.engine == "vllm" and re.fullmatch(r"\d+(\.\d+)+", r.version) and _v(r.version) >= (0, 20)}
 
 
-def _lines(path: Path) -> list[str]:
-    return [ln.strip() for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip() and not ln.startswith("#")]
+def _rules(version: str):
+    from llmfleet.images.vllm_rules import parse_excerpt
+
+    return parse_excerpt((FIXTURES / version / "rules.txt").read_text(encoding="utf-8"))
 
 
 def _fixture(version: str) -> tuple[set[str], dict[str, str], list[str]]:
-    d = FIXTURES / version
-    methods = set(_lines(d / "quantization_methods.txt"))
-    floors = dict(ln.split() for ln in _lines(d / "attention_min_cc.txt"))
-    headers = [ln for f in ("quantization_methods.txt", "attention_min_cc.txt")
-               for ln in (d / f).read_text(encoding="utf-8").splitlines()[:1]]
-    return methods, floors, headers
+    """(the release's methods llmfleet maps, each backend's floor as read, the header lines)."""
+    text = (FIXTURES / version / "rules.txt").read_text(encoding="utf-8")
+    rules = _rules(version)
+    floors = {k: v for k, v in rules.floors.items() if v is not None}
+    return set(rules.methods) & TRACKED, floors, text.splitlines()[:1]
 
 
 def test_every_catalog_vllm_release_from_0_20_has_a_fixture_and_every_fixture_a_release():
@@ -59,8 +61,8 @@ def test_every_catalog_vllm_release_from_0_20_has_a_fixture_and_every_fixture_a_
 def test_the_catalog_claims_only_what_the_release_fixture_holds(key):
     rel = RELEASES[key]
     methods, floors, headers = _fixture(rel.version)
-    for h in headers:  # each fixture names the file at the release tag
-        assert f"https://github.com/vllm-project/vllm/blob/v{rel.version}/vllm/" in h, h
+    for h in headers:  # each fixture names the wheel and the release tag
+        assert f"vllm-{rel.version}-" in h and f"https://github.com/vllm-project/vllm/tree/v{rel.version}" in h, h
     assert methods <= TRACKED, f"{key}: fixture names a method llmfleet does not map: {methods - TRACKED}"
     for m in rel.quantizations:
         if m == "none":
@@ -73,8 +75,23 @@ def test_the_catalog_claims_only_what_the_release_fixture_holds(key):
     assert not missing, f"{key}: {rel.version} has {sorted(missing)}, the catalog lists none of their methods"
     backends = rel.attention.backends if rel.attention is not None else {}
     for name, floor in floors.items():
-        assert name in backends, f"{key}: no {name} in the catalog's backends"
-        assert backends[name].min_cc == floor, f"{key}: {name} min_cc {backends[name].min_cc}, the release says {floor}"
+        if name not in backends:
+            continue  # a backend llmfleet does not offer (its preflight refuses it as unknown)
+        # "any": the backend accepts every card; the release's own floor (v1_min_cc, its kernels) is the bound
+        want = rel.v1_min_cc if floor == "any" else floor
+        assert backends[name].min_cc == want, f"{key}: {name} min_cc {backends[name].min_cc}, the release says {floor}"
+    for name in ("FLASH_ATTN", "FLASHINFER", "TRITON_ATTN"):
+        assert name not in backends or name in floors, f"{key}: the catalog has {name}, the release's excerpt not"
+
+
+@pytest.mark.parametrize("key", sorted(RELEASES, key=lambda k: _v(RELEASES[k].version)))
+def test_no_catalog_floor_is_below_the_release_s_own_get_min_capability(key):
+    rel = RELEASES[key]
+    caps = _rules(rel.version).min_capability
+    for m, floor in rel.quantizations.items():
+        name = CATALOG_TO_VLLM.get(m)
+        if name in caps:
+            assert _v(floor) >= _v(caps[name]), f"{key}: {m} from {floor}, but {name}'s get_min_capability is {caps[name]}"
 
 
 @pytest.mark.parametrize("method", sorted(RULES.quant_removed))

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from llmfleet.errors import UsageError
+from llmfleet.images import vllm_rules
 from llmfleet.images.release_draft import (
     CUDA_CMAKE,
     CUDA_DOCKERFILE,
@@ -54,6 +55,9 @@ def read_wheel(path: Path, only: re.Pattern[str] | str | None = None) -> Wheel:
             raise UsageError(f"{path.name}: no .dist-info/METADATA in the wheel")
         wheel = Wheel(path.name, z.read(meta).decode("utf-8", "replace"))
         for n in names:
+            if n == vllm_rules.QUANT_INIT or (n.startswith(vllm_rules.BACKENDS_DIR) and n.endswith(".py")
+                                              and "/" not in n[len(vllm_rules.BACKENDS_DIR):]):
+                wheel.texts[n] = z.read(n).decode("utf-8", "replace")
             if not re.search(r"\.so(\.\d+)*$", n):
                 continue
             if isinstance(only, str) and n != only:

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llmfleet.errors import UsageError
-from llmfleet.images import fatbin
+from llmfleet.images import fatbin, vllm_rules
 from llmfleet.knowledge.compat import parse_archs
 
 REPOSITORY = {"vllm": "docker.io/vllm/vllm-openai"}
@@ -43,6 +43,7 @@ class Wheel:
     filename: str
     metadata: str
     libraries: dict[str, LibArchs] = field(default_factory=dict)  # path -> its archs
+    texts: dict[str, str] = field(default_factory=dict)  # path -> source text of the files rules are read from
 
 
 @dataclass
@@ -184,7 +185,18 @@ def draft_vllm(vllm: Wheel, torch: Wheel | None, toolkits: dict[str, list[str]])
         "engine": "vllm", "version": version, "repository": REPOSITORY["vllm"], "tag": f"v{version}", "cpu": False,
     }
     torch_entry: dict[str, Any] = {"version": torch_pin}
+    # quantizations: the methods and their configs' floors are read (``rules``), llmfleet's own floors per
+    # method (Marlin below the native kernels...) are written by hand; attention: the floors are read, the
+    # KV dtypes per backend are not
     not_drafted = ["quantizations", "attention", "v1_min_cc", "kv_layout", "image_size_mib"]
+    rules = vllm_rules.read_rules(vllm.texts)
+    if rules.methods:
+        prov["quantization_methods"] = {"source": f"{src}, {vllm_rules.QUANT_INIT}: QuantizationMethods "
+                                                  f"({len(rules.methods)} methods)", "confidence": "H"}
+    read_floors = {k: v for k, v in rules.floors.items() if v is not None}
+    if read_floors:
+        prov["attention_floors"] = {"source": f"{src}, {vllm_rules.BACKENDS_DIR}*.py: each backend's "
+                                              "supports_compute_capability", "confidence": "H"}
     if torch_pin:
         prov["torch.version"] = {"source": f"{src}, METADATA 'Requires-Dist: torch=={torch_pin}'", "confidence": "H"}
     else:
@@ -236,7 +248,8 @@ def draft_vllm(vllm: Wheel, torch: Wheel | None, toolkits: dict[str, list[str]])
     libs = {p: {"sass": lib.archs()[0], "ptx": lib.archs()[1], "containers": lib.containers}
             for p, lib in sorted(vllm.libraries.items())}
     return {"key": f"vllm:{version}", "entry": entry, "provenance": prov, "libraries": libs,
-            "not_drafted": not_drafted}
+            "not_drafted": not_drafted,
+            "rules": {"quantization_methods": list(rules.methods), "attention_floors": read_floors}}
 
 
 def _cc_key(cc: str) -> tuple[int, ...]:
@@ -256,6 +269,7 @@ def render_drafts(drafts: list[dict[str, Any]]) -> str:
         "images": {d["key"]: d["entry"] for d in drafts},
         "provenance": {d["key"]: d["provenance"] for d in drafts},
         "not_drafted": {d["key"]: d["not_drafted"] for d in drafts},
+        "rules": {d["key"]: d["rules"] for d in drafts if d.get("rules")},
         "libraries": {d["key"]: {p: f"sass {' '.join(a['sass']) or '-'}; ptx {' '.join(a['ptx']) or '-'}"
                                  for p, a in d["libraries"].items() if a.get("containers", 1)} for d in drafts},
     }
