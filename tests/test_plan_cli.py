@@ -27,9 +27,9 @@ JSON_KEYS = {
 }
 
 
-def _invoke(*args: str, home: Path) -> subprocess.CompletedProcess[str]:
+def _invoke(*args: str, home: Path, columns: int = 120) -> subprocess.CompletedProcess[str]:
     # an empty speed cache (HOME, XDG dirs) and a fixed width, so the line counts are the same everywhere
-    env = dict(os.environ, COLUMNS="120", HOME=str(home), XDG_STATE_HOME=str(home / "state"),
+    env = dict(os.environ, COLUMNS=str(columns), HOME=str(home), XDG_STATE_HOME=str(home / "state"),
                XDG_CACHE_HOME=str(home / "cache"))
     return subprocess.run([sys.executable, "-m", "invoke", "plan", *args], cwd=REPO, capture_output=True,
                           text=True, timeout=120, env=env)
@@ -117,3 +117,18 @@ def test_a_services_floor_is_the_deploys_and_says_where_it_is_set(inventory, hom
     assert (f"health floor 2.0 tok/s with 512 tokens in context from the service's health.min_tokps "
             f"({inventory / 'group_vars' / 'all.yml'}), not the planner's {planner:,.1f} tok/s") in text
     assert "`invoke deploy --host gpu-a`" in text
+
+
+def test_the_docs_show_what_plan_prints(home):
+    """docs/planner.md's first example is the output of its command, as printed 110 columns wide."""
+    import re
+    import shlex
+
+    doc = (REPO / "docs" / "planner.md").read_text()
+    block = re.search(r"```text\n\$ invoke plan (.+?)\n(.*?)```", doc, re.S)
+    assert block is not None
+    r = _invoke(*shlex.split(block.group(1)), home=home, columns=110)
+    assert r.returncode == 0, r.stderr
+    assert [line.rstrip() for line in r.stdout.splitlines()] == block.group(2).rstrip("\n").splitlines()
+    readme = (REPO / "README.md").read_text()
+    assert "\n".join("  " + line for line in block.group(0).splitlines()) in readme  # the README shows the same
