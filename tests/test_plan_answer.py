@@ -79,8 +79,11 @@ def test_flags_speed_point_and_range():
     lo, hi = FITS.decode_tokps_realistic
     assert row(rows, "decode") == (f"about {(lo + hi) / 2:,.1f} tok/s at batch 1 (predicted {lo:,.1f}-{hi:,.1f}) "
                                    f"with {FITS.context:,} tokens in context")
-    measured = A.short_answer(FITS, measured=A.Measured(18.25, 3))
-    assert row(measured, "decode").endswith("; this fleet measured 18.2 (median of 3 run(s))")
+    line = "measured on 3 hosts: 17-19 tok/s (median 18)"
+    measured = A.short_answer(FITS, measured=line, calibrated="speed overlay: measured on h1 at 2026-12-01")
+    assert row(measured, "decode") == (
+        f"about {(lo + hi) / 2:,.1f} tok/s at batch 1 (predicted {lo:,.1f}-{hi:,.1f}, with the efficiency from the "
+        f"speed overlay: measured on h1 at 2026-12-01) with {FITS.context:,} tokens in context; this fleet: {line}")
 
 
 @pytest.mark.parametrize(

@@ -214,22 +214,15 @@ def _floor_text(p: Plan) -> str:
     return text
 
 
-def _measured(fm: dict[str, Any] | None) -> Any:
-    from llmfleet.knowledge.plan_answer import Measured
-
-    if not fm or fm.get("median") is None:
-        return None
-    return Measured(float(fm["median"]), int(fm["runs"]))
-
-
 def render_answer(p: Plan, floor: Any = None, *, fleet: dict[str, Any] | None = None, title: str | None = None,
-                  host: str | None = None, service: bool = False) -> None:
+                  host: str | None = None, service: bool = False, calibrated: str | None = None) -> None:
     """The short answer (``knowledge.plan_answer``): fit, flags, speed, the deploy's floor, what next."""
     from rich.table import Table
 
     from llmfleet.knowledge.plan_answer import short_answer
 
-    rows = short_answer(p, floor, measured=_measured(fleet), service=service, host=host)
+    rows = short_answer(p, floor, measured=(fleet or {}).get("line") or None, calibrated=calibrated,
+                        service=service, host=host)
     t = Table.grid(padding=(0, 2))
     t.add_column("figure", style="bold", no_wrap=True)
     t.add_column("value")
@@ -375,6 +368,7 @@ def plan_task(c, model=None, quant=None, gpu=None, host=None, gpus=None, context
             raise UsageError(f"host {host}: no llmfleet_services to plan; give --model")
         plans = {}
         floors = {}
+        calibrated: dict[str, str | None] = {}
         records, overlay = _fleet_sources(c)
         sources, lab = _host_sources(c, inventory, host)
         for svc in settings.services:
@@ -391,6 +385,7 @@ def plan_task(c, model=None, quant=None, gpu=None, host=None, gpus=None, context
             # the floor from the plan as the deploy makes it (no speed overlay), by the deploy's function
             floors[svc.name] = deploy_floor(plans[svc.name], svc, settings, records, lab=lab, sources=sources)
             measured = calibration(plans[svc.name], overlay)
+            calibrated[svc.name] = measured[1] if measured is not None else None
             if measured is not None:  # planned again with the efficiency this fleet measured
                 plans[svc.name] = plan_for_service(svc, card, n_gpus or 1, facts=facts, hosts=n_hosts,
                                                    network_gbps=gbps, network_latency_us=network_latency_us,
@@ -402,7 +397,8 @@ def plan_task(c, model=None, quant=None, gpu=None, host=None, gpus=None, context
                                      for k, p in plans.items()}})
         else:
             for name, p in plans.items():
-                render_answer(p, floors[name], fleet=fleet[name], title=f"{host} / {name}", host=host, service=True)
+                render_answer(p, floors[name], fleet=fleet[name], title=f"{host} / {name}", host=host, service=True,
+                              calibrated=calibrated[name])
                 if explain:
                     render_plan(p, title=f"{host} / {name}: {p.model} ({p.quant}) on {p.gpus} x {p.gpu_name}, "
                                 f"{p.engine}: " + ("[green]FITS[/green]" if p.fits else "[red]DOES NOT FIT[/red]"),
@@ -437,7 +433,7 @@ def plan_task(c, model=None, quant=None, gpu=None, host=None, gpus=None, context
     if json:
         print_json(p.to_dict() | {"fleet_measured": measured_rows} | _answer_keys(p, floor))
     else:
-        render_answer(p, floor, fleet=measured_rows)
+        render_answer(p, floor, fleet=measured_rows, calibrated=measured[1] if measured is not None else None)
         if explain:
             render_plan(p, fleet=measured_rows)
     if not p.fits:

@@ -32,14 +32,6 @@ class AnswerFloor:
     where: str = ""
 
 
-@dataclass(frozen=True)
-class Measured:
-    """What the fleet measured for the plan's combination (``invoke speed``): median and run count."""
-
-    median: float
-    runs: int
-
-
 def expected_tokps(p: Plan) -> float:
     """The point figure of the realistic batch-1 decode range: its middle."""
     lo, hi = p.decode_tokps_realistic
@@ -109,13 +101,16 @@ def floor_text(p: Plan, floor: AnswerFloor | None) -> str:
     return f"{head} {'=' if source[:1].isdigit() else 'from'} {source}{instead}"
 
 
-def short_answer(p: Plan, floor: AnswerFloor | None = None, *, measured: Measured | None = None,
-                 service: bool = False, host: str | None = None) -> list[tuple[str, str]]:
+def short_answer(p: Plan, floor: AnswerFloor | None = None, *, measured: str | None = None,
+                 calibrated: str | None = None, service: bool = False,
+                 host: str | None = None) -> list[tuple[str, str]]:
     """The rows ``invoke plan`` prints before anything else, one line each.
 
     ``floor``: the floor the deploy would use (``release.health.decode_floor``'s answer for the
-    service, or for a service with default health settings); None: the planner's own. ``service``:
-    the plan is for an inventory service of ``host`` (so the next step is its deploy).
+    service, or for a service with default health settings); None: the planner's own. ``measured``:
+    what the fleet measured for this combination, in ``speed_history.measured_line``'s words;
+    ``calibrated``: the source of the efficiency the plan was made with, when a speed overlay gave it.
+    ``service``: the plan is for an inventory service of ``host`` (so the next step is its deploy).
     """
     v = verdict(p)
     what = f"{p.model} ({p.quant}) on {_where(p)}, {p.engine}" + (f" ({p.image})" if p.image else "")
@@ -140,10 +135,11 @@ def short_answer(p: Plan, floor: AnswerFloor | None = None, *, measured: Measure
     if p.deploy_adds:
         rows.append(("deploy adds", "; ".join(p.deploy_adds)))
     lo, hi = p.decode_tokps_realistic
-    speed = (f"about {_tokps(expected_tokps(p))} tok/s at batch 1 (predicted {_tokps(lo)}-{_tokps(hi)}) "
+    how = f", with the efficiency from the {calibrated}" if calibrated else ""
+    speed = (f"about {_tokps(expected_tokps(p))} tok/s at batch 1 (predicted {_tokps(lo)}-{_tokps(hi)}{how}) "
              f"with {p.context:,} tokens in context")
-    if measured is not None:
-        speed += f"; this fleet measured {_tokps(measured.median)} (median of {measured.runs} run(s))"
+    if measured:
+        speed += f"; this fleet: {measured}"
     rows.append(("decode", speed))
     rows.append(("health floor", floor_text(p, floor)))
     if service:
