@@ -16,7 +16,9 @@ invoke lab.setup
 step "lab: hosts"
 invoke lab.up
 step "plan for $HOST"
-invoke plan --host "$HOST" --gather || true   # informative: the deploy's preflight enforces it
+# informative: the deploy's preflight enforces the fit; the health floor shown is the one the deploy
+# gates on (the lab's CPU engines: the inventory's health.min_tokps, not the card's figure)
+invoke plan --host "$HOST" --gather || true
 step "preflight $HOST"
 invoke preflight --host "$HOST"
 step "deploy $HOST"

@@ -123,3 +123,28 @@ def test_store_parses_what_this_test_feeds_it():
     info = next(iter(st.releases.values()))
     assert info.manifest is not None and PlanSummary.from_dict(info.manifest.plan).health_floor_tokps == \
         pytest.approx(PLAN.health_floor_tokps)
+
+
+@pytest.mark.parametrize(
+    ("health", "host", "history"),
+    [
+        ({"min_tokps": 7}, {"health_min_tokps": 300}, (100.0,)),
+        ({"floor_fraction": 0.5}, {"health_min_tokps": 300}, (100.0,)),
+        (None, {"health_min_tokps": 9}, (100.0,)),
+        (None, {"health_floor_fraction": 0.1}, (100.0,)),
+        ({"floor_fraction": 0}, None, ()),
+        (None, None, (90.0, 100.0, 110.0)),
+        (None, None, ()),
+    ],
+)
+def test_invoke_plan_shows_the_floor_the_deploy_applies(health, host, history):
+    """`invoke plan --host` computes its floor with the deploy's function, from the fleet records the
+    deploy would read (here: the host's state, as `invoke status` or a deploy caches it)."""
+    from llmfleet.cli.plan_floor import deploy_floor
+    from llmfleet.release import speed_history
+
+    hs, svc = _settings(health, host)
+    deployed = floor_of_a_deploy(health, host, None, history)
+    records = speed_history.records_from_state("h1", release_state.parse_state(_state_text(hs, svc, list(history))))
+    shown = deploy_floor(PLAN, svc, hs, records)
+    assert (shown.tokps, shown.source) == (deployed.tokps, deployed.source)

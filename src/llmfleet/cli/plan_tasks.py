@@ -28,6 +28,17 @@ def _host_settings(c, inventory: str | None, host: str):
     return settings_for(inv.hosts[host])
 
 
+def _host_sources(c, inventory: str | None, host: str) -> tuple[dict[str, str], bool]:
+    """Which inventory file set each of the host's variables, and whether it is a lab host (whose
+    fleet records are kept apart: ``speed_cache.is_lab``)."""
+    from llmfleet.inventory.ansible import load_inventory
+    from llmfleet.release import speed_cache
+
+    inv = load_inventory(inventory_path(c, inventory), script_timeout=load_settings(c).inventory_timeout)
+    h = inv.hosts.get(host)
+    return (dict(h.sources), speed_cache.is_lab(h)) if h is not None else ({}, False)
+
+
 def _gpu_for(c, inventory: str | None, gpu: str | None, host: str | None):
     """A catalog card from --gpu (id, nvidia-smi name or inventory host) or from --host's llmfleet_gpu."""
     from llmfleet.knowledge.catalog import find_gpu
@@ -203,6 +214,26 @@ def _floor_text(p: Plan) -> str:
     return text
 
 
+def render_answer(p: Plan, floor: Any = None, *, fleet: dict[str, Any] | None = None, title: str | None = None,
+                  host: str | None = None, service: bool = False, calibrated: str | None = None) -> None:
+    """The short answer (``knowledge.plan_answer``): fit, flags, speed, the deploy's floor, what next."""
+    from rich.table import Table
+
+    from llmfleet.knowledge.plan_answer import short_answer
+
+    rows = short_answer(p, floor, measured=(fleet or {}).get("line") or None, calibrated=calibrated,
+                        service=service, host=host)
+    t = Table.grid(padding=(0, 2))
+    t.add_column("figure", style="bold", no_wrap=True)
+    t.add_column("value")
+    for i, (k, v) in enumerate(rows):
+        label = escape(k) if i else (f"[green]{k}[/green]" if p.fits else f"[red]{escape(k)}[/red]")
+        t.add_row(label, escape(v))
+    if title:
+        console.print(f"[bold]{escape(title)}[/bold]")
+    console.print(t)
+
+
 def render_plan(p: Plan, title: str | None = None, fleet: dict[str, Any] | None = None) -> None:
     from rich.table import Table
 
@@ -262,6 +293,14 @@ def render_plan(p: Plan, title: str | None = None, fleet: dict[str, Any] | None 
         console.print(f"  [dim]{escape(name)}: {escape(text)}[/dim]")
 
 
+def _answer_keys(p: Plan, floor: Any) -> dict[str, Any]:
+    """What ``--json`` adds for the short answer: the expected decode figure and the deploy's floor."""
+    from llmfleet.knowledge.plan_answer import expected_tokps
+
+    return {"decode_tokps_expected": round(expected_tokps(p), 2),
+            "deploy_floor": {"tokps": floor.tokps, "source": floor.source, "where": floor.where or None}}
+
+
 @fleet_task(
     name="plan",
     numbers={"gpus": POSITIVE, "context": TOKENS, "concurrency": POSITIVE, "gpu_memory_utilization": FRACTION,
@@ -293,16 +332,19 @@ def render_plan(p: Plan, title: str | None = None, fleet: dict[str, Any] | None 
         "gather": "with --host: gather the host's facts over SSH first (its real cards, memory and model files)",
         "accept_new_host_keys": "with --gather: record unknown SSH host keys (changed keys are still refused)",
         "json": "print the plan as JSON (bytes are bytes)",
+        "explain": "after the short answer, everything behind it: memory, the speed model's bands and sources, "
+                   "the health floor's derivation, notes, every alternative, assumptions",
         "verbose": "with --gather: print each remote command (secrets masked) with its exit status and duration",
     },
 )
 def plan_task(c, model=None, quant=None, gpu=None, host=None, gpus=None, context=None, concurrency=None,
               kv_dtype=None, engine=None, gpu_memory_utilization=None, offload=False, inventory=None, json=False,
               gather=False, accept_new_host_keys=False, image=None, verbose=False, hosts=None, network_gbps=None,
-              network_latency_us=None, split_mode=None, interconnect=None, driver=None):
+              network_latency_us=None, split_mode=None, interconnect=None, driver=None, explain=False):
     """Capacity plan: does a model fit a card, the engine flags, max context/concurrency, decode speed."""
     import re
 
+    from llmfleet.cli.plan_floor import deploy_floor
     from llmfleet.knowledge.catalog import find_gpu
     from llmfleet.knowledge.planner import PlanRequest, plan, plan_for_service
 
@@ -325,7 +367,10 @@ def plan_task(c, model=None, quant=None, gpu=None, host=None, gpus=None, context
         if not settings.services:
             raise UsageError(f"host {host}: no llmfleet_services to plan; give --model")
         plans = {}
+        floors = {}
+        calibrated: dict[str, str | None] = {}
         records, overlay = _fleet_sources(c)
+        sources, lab = _host_sources(c, inventory, host)
         for svc in settings.services:
             overrides = {k: v for k, v in {
                 "quant": quant, "context": ctx, "concurrency": conc, "kv_dtype": kv_dtype, "engine": engine,
@@ -337,7 +382,10 @@ def plan_task(c, model=None, quant=None, gpu=None, host=None, gpus=None, context
             plans[svc.name] = plan_for_service(svc, card, n_gpus or 1, facts=facts, hosts=n_hosts,
                                                network_gbps=gbps, network_latency_us=network_latency_us,
                                                driver=driver or None)
+            # the floor from the plan as the deploy makes it (no speed overlay), by the deploy's function
+            floors[svc.name] = deploy_floor(plans[svc.name], svc, settings, records, lab=lab, sources=sources)
             measured = calibration(plans[svc.name], overlay)
+            calibrated[svc.name] = measured[1] if measured is not None else None
             if measured is not None:  # planned again with the efficiency this fleet measured
                 plans[svc.name] = plan_for_service(svc, card, n_gpus or 1, facts=facts, hosts=n_hosts,
                                                    network_gbps=gbps, network_latency_us=network_latency_us,
@@ -345,11 +393,16 @@ def plan_task(c, model=None, quant=None, gpu=None, host=None, gpus=None, context
         fleet = {k: fleet_measured(p, records, overlay) for k, p in plans.items()}
         if json:
             print_json({"host": host, "fits": all(p.fits for p in plans.values()),
-                        "services": {k: p.to_dict() | {"fleet_measured": fleet[k]} for k, p in plans.items()}})
+                        "services": {k: p.to_dict() | {"fleet_measured": fleet[k]} | _answer_keys(p, floors[k])
+                                     for k, p in plans.items()}})
         else:
             for name, p in plans.items():
-                render_plan(p, title=f"{host} / {name}: {p.model} ({p.quant}) on {p.gpus} x {p.gpu_name}, {p.engine}: "
-                            + ("[green]FITS[/green]" if p.fits else "[red]DOES NOT FIT[/red]"), fleet=fleet[name])
+                render_answer(p, floors[name], fleet=fleet[name], title=f"{host} / {name}", host=host, service=True,
+                              calibrated=calibrated[name])
+                if explain:
+                    render_plan(p, title=f"{host} / {name}: {p.model} ({p.quant}) on {p.gpus} x {p.gpu_name}, "
+                                f"{p.engine}: " + ("[green]FITS[/green]" if p.fits else "[red]DOES NOT FIT[/red]"),
+                                fleet=fleet[name])
         bad = [k for k, p in plans.items() if not p.fits]
         if bad:
             raise CheckFailed(f"host {host}: {', '.join(bad)} do(es) not fit {plans[bad[0]].gpu_name}")
@@ -371,14 +424,18 @@ def plan_task(c, model=None, quant=None, gpu=None, host=None, gpus=None, context
     )
     p = plan(req)
     records, overlay = _fleet_sources(c)
+    # the floor a deploy of this plan would gate on (a service with the default health settings)
+    floor = deploy_floor(p, None, None, records)
     measured = calibration(p, overlay)
     if measured is not None:  # planned again with the efficiency this fleet measured
         p = plan(dataclasses.replace(req, measured_efficiency=measured))
     measured_rows = fleet_measured(p, records, overlay)
     if json:
-        print_json(p.to_dict() | {"fleet_measured": measured_rows})
+        print_json(p.to_dict() | {"fleet_measured": measured_rows} | _answer_keys(p, floor))
     else:
-        render_plan(p, fleet=measured_rows)
+        render_answer(p, floor, fleet=measured_rows, calibrated=measured[1] if measured is not None else None)
+        if explain:
+            render_plan(p, fleet=measured_rows)
     if not p.fits:
         first = p.notes[0] if p.notes else "does not fit"
         hosts_txt = f" on each of {p.hosts} hosts" if p.hosts > 1 else ""
