@@ -141,7 +141,7 @@ def test_invoke_plan_shows_the_floor_the_deploy_applies(health, host, history):
     """`invoke plan --host` computes its floor with the deploy's function, from the fleet records the
     deploy would read (here: the host's state, as `invoke status` or a deploy caches it)."""
     from llmfleet.cli.plan_floor import deploy_floor
-    from llmfleet.release import speed_history
+    from llmfleet.health import speed_history
 
     hs, svc = _settings(health, host)
     deployed = floor_of_a_deploy(health, host, None, history)

@@ -1,5 +1,5 @@
 """The health floor ``invoke plan`` shows: the one a deploy of the plan would gate on, from the deploy's
-own function (``release.health.decode_floor``), with the inventory file that set it."""
+own function (``health.check.decode_floor``), with the inventory file that set it."""
 
 from __future__ import annotations
 
@@ -33,9 +33,10 @@ def deploy_floor(p: Plan, service: Service | None = None, settings: HostSettings
     ``settings`` (no service: one with the default health settings, no host settings), with the fleet's
     gate from ``records`` (``speed_cache.load()``) for ``image`` (the service's image key; default the
     plan's), as the deploy builds it. ``p`` must be planned as the deploy plans it (no speed overlay)."""
+    from llmfleet.health import check as health
+    from llmfleet.health import speed_history
     from llmfleet.inventory.services import HealthSettings, Service
     from llmfleet.knowledge.planner import summarize
-    from llmfleet.release import health, speed_history
 
     summary = summarize(p)
     # no service: what the deploy reads of one (its health settings) at their defaults

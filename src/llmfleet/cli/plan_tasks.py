@@ -31,8 +31,8 @@ def _host_settings(c, inventory: str | None, host: str):
 def _host_sources(c, inventory: str | None, host: str) -> tuple[dict[str, str], bool]:
     """Which inventory file set each of the host's variables, and whether it is a lab host (whose
     fleet records are kept apart: ``speed_cache.is_lab``)."""
+    from llmfleet.health import speed_cache
     from llmfleet.inventory.ansible import load_inventory
-    from llmfleet.release import speed_cache
 
     inv = load_inventory(inventory_path(c, inventory), script_timeout=load_settings(c).inventory_timeout)
     h = inv.hosts.get(host)
@@ -124,12 +124,12 @@ def _split_rows(p: Plan) -> list[tuple[str, str]]:
 
 def fleet_measured(p: Plan, records: list[Any], overlay: list[Any]) -> dict[str, Any] | None:
     """What the fleet measured for the plan's card/engine/image/model/quant/context (the speed cache
-    that ``invoke status`` and ``invoke speed`` fill; ``llmfleet.release.speed_history``), and the
+    that ``invoke status`` and ``invoke speed`` fill; ``llmfleet.health.speed_history``), and the
     speed overlay's entry for its card class; None when there is neither."""
     import statistics
 
-    from llmfleet.release import speed_history as sh
-    from llmfleet.release import speed_overlay
+    from llmfleet.health import speed_history as sh
+    from llmfleet.health import speed_overlay
 
     key = sh.key_for(p, p.image)
     if key is None:
@@ -155,8 +155,8 @@ def fleet_measured(p: Plan, records: list[Any], overlay: list[Any]) -> dict[str,
 def calibration(p: Plan, overlay: list[Any]) -> tuple[float, str] | None:
     """The fitted efficiency the speed overlay holds for the plan's card class, with its source, for
     planning again with it (``PlanRequest.measured_efficiency``); None without one."""
-    from llmfleet.release import speed_history as sh
-    from llmfleet.release import speed_overlay
+    from llmfleet.health import speed_history as sh
+    from llmfleet.health import speed_overlay
 
     entry = speed_overlay.entry_for(overlay, sh.key_for(p, p.image))
     if entry is None or entry.fitted is None:
@@ -181,7 +181,7 @@ def _fleet_sources(c) -> tuple[list[Any], list[Any]]:
     """The cached records and the configured speed overlay's entries (``llmfleet.speed_overlay``); an
     overlay that cannot be read is a warning, never the plan's failure."""
     from llmfleet.cli.common import cfg, err_console
-    from llmfleet.release import speed_cache, speed_overlay
+    from llmfleet.health import speed_cache, speed_overlay
 
     records = speed_cache.load()
     path = cfg(c, "speed_overlay")

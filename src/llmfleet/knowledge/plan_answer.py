@@ -3,7 +3,7 @@ decode speed to expect, the health floor a deploy gates on and where that floor 
 to do next. Everything else a plan holds (memory, the speed model's bands and sources, notes) is for
 ``invoke plan --explain``.
 
-Pure: a ``Plan`` and the floor the deploy computes for it (``release.health.decode_floor``, which
+Pure: a ``Plan`` and the floor the deploy computes for it (``health.check.decode_floor``, which
 the caller runs) in, rows of (label, text) out, one line each.
 """
 
@@ -106,7 +106,7 @@ def short_answer(p: Plan, floor: AnswerFloor | None = None, *, measured: str | N
                  host: str | None = None) -> list[tuple[str, str]]:
     """The rows ``invoke plan`` prints before anything else, one line each.
 
-    ``floor``: the floor the deploy would use (``release.health.decode_floor``'s answer for the
+    ``floor``: the floor the deploy would use (``health.check.decode_floor``'s answer for the
     service, or for a service with default health settings); None: the planner's own. ``measured``:
     what the fleet measured for this combination, in ``speed_history.measured_line``'s words;
     ``calibrated``: the source of the efficiency the plan was made with, when a speed overlay gave it.
