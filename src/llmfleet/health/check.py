@@ -247,7 +247,8 @@ def judge_speed(measured: float | None, floor: Floor) -> SpeedVerdict:
             f"model is probably not resident on the GPU (CPU offload); check `invoke plan` and the engine log",
             floor.tokps,
         )
-    return SpeedVerdict(True, f"decode {measured:.1f} tok/s >= floor {floor.tokps:.1f} tok/s", floor.tokps)
+    return SpeedVerdict(True, f"decode {measured:.1f} tok/s >= floor {floor.tokps:.1f} tok/s ({floor.source})",
+                        floor.tokps)
 
 
 def metrics_series_count(text: str, prefix: str) -> int:
