@@ -182,7 +182,7 @@ def test_the_old_constants_fail_the_record(monkeypatch):
     """The model before this record (gddr 0.75-0.92, hbm3 0.45-0.60, default 0.45-0.92, 5-70 us per
     layer, GDDR 5-45, no MoE cost, the floor at the fastest 1/8 offload) lets healthy figures fall
     outside the range and puts the floor above some: the test above must notice a return to it."""
-    import llmfleet.knowledge.planner as planner
+    import llmfleet.knowledge.planner.speed as speed_model  # the speed model reads its assumptions here
 
     sp = speed_assumptions("llamacpp")
     old = dataclasses.replace(
@@ -191,7 +191,7 @@ def test_the_old_constants_fail_the_record(monkeypatch):
         per_layer_us=(5.0, 70.0), per_layer_us_by_class={"gddr": (5.0, 45.0)}, legacy_per_layer_us=(90.0, 180.0),
         moe_layer_us=(0.0, 0.0), moe_layer_us_no_graphs=None, no_dp4a_below_cc=None, graphs_min_cc=None,
     )
-    monkeypatch.setattr(planner, "speed_assumptions", lambda engine: old if engine == "llamacpp" else sp)
+    monkeypatch.setattr(speed_model, "speed_assumptions", lambda engine: old if engine == "llamacpp" else sp)
     old_rows = [row(r.fig) for r in HEALTHY if r.fig.id not in OUT_OF_SCOPE]
     assert sum(1 for r in old_rows if not r.in_range) >= 5
 

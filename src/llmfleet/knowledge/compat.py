@@ -747,31 +747,12 @@ def check_cuda_driver(
     upgrade = f"upgrade the driver to >= {need} (CUDA {rel.cuda})"
     # 0. The container toolkit's own check of the image's NVIDIA_REQUIRE_CUDA (when read from the image).
     disabled = str((env or {}).get("NVIDIA_DISABLE_REQUIRE", "")).lower() in ("1", "true", "yes")
-    admitted = ""
-    if rel.require_cuda and rel.nvidia_require_cuda and not disabled:
-        brands = card_brands(gpu_name, data_center)
-        ok, alt = require_cuda_satisfied(rel.require_cuda, driver=driver, cuda=native_s if native else None,
-                                         cc=cc, brands=brands)
-        if ok is False:
-            first = rel.require_cuda.split()[0]
-            listed = sorted({m.group(1) for m in re.finditer(r"brand=([a-z]+)", rel.require_cuda)})
-            branches = sorted({int(m.group(1)) for m in re.finditer(r"driver>=(\d+)", rel.require_cuda)})
-            brand_s = "/".join(sorted(brands)) if brands else "unknown"
-            after = check_cuda_driver(rel, cat, driver=driver, cuda_driver=cuda_driver, gpu_name=gpu_name, cc=cc,
-                                      data_center=data_center, toolkit_version=toolkit_version, runtimes=runtimes,
-                                      env={**(env or {}), "NVIDIA_DISABLE_REQUIRE": "1"},
-                                      default_runtime=default_runtime, today=today)
-            return Verdict(
-                "fail",
-                f"the NVIDIA container toolkit refuses to start {rel.key} on driver {driver} (CUDA {native_s}): its "
-                f"NVIDIA_REQUIRE_CUDA ({_facts_note(rel)}) asks {first}, and its exceptions (brand "
-                f"{', '.join(listed) or 'none'} on driver branches {', '.join(f'R{b}' for b in branches) or 'none'}) "
-                f"do not cover {card} (brand {brand_s}) on R{dv[0]} ({REQUIRE_SOURCE})",
-                f"{upgrade}; or set NVIDIA_DISABLE_REQUIRE=1 in the service's env, after which: {after.status.upper()} "
-                f"({after.message[:160]})",
-            )
-        if ok is True and not alt.startswith("cuda"):
-            admitted = f"; the image's NVIDIA_REQUIRE_CUDA admits it through '{alt}'"
+    refused, admitted = (None, "") if disabled else _require_cuda_verdict(
+        rel, cat, driver=driver, cuda_driver=cuda_driver, gpu_name=gpu_name, cc=cc, data_center=data_center,
+        toolkit_version=toolkit_version, runtimes=runtimes, env=env, default_runtime=default_runtime, today=today,
+        native=native, dv=dv, upgrade=upgrade)
+    if refused is not None:
+        return refused
     # 1. Forward compatibility: the image's own newer libcuda (full feature set, PTX JIT included).
     fwd_reason, fwd_note = forward_compat_gap(rel, cat, card, data_center, toolkit_version, runtimes, driver,
                                               default_runtime=default_runtime, today=today)
@@ -784,45 +765,123 @@ def check_cuda_driver(
         )
     # 2. Minor-version compatibility: same major, driver above the floor, a limited feature set.
     floor = cat.minor_compat_floor.get(str(img[0]))
-    floor_v = version_tuple(floor) or ()
-    same_major = native is not None and native[0] == img[0]
-    if floor and same_major and dv >= floor_v:
-        if cov is not None and cov[0] == "ptx":
-            rule = cat.compat_rules.get("minor_version_ptx_jit")
-            return Verdict(
-                "fail",
-                f"driver {driver} (CUDA {native_s}) runs CUDA {rel.cuda} apps only through minor-version "
-                f"compatibility, which does not cover PTX JIT; {rel.key} has only PTX for {card} ({cc}): expect "
-                f"cudaErrorUnsupportedPtxVersion at the first kernel{_conf(rule)}; forward compatibility is out: "
-                f"{fwd_reason}",
-                f"{upgrade}, or use an image with SASS for {_sm(str(cc))} built for CUDA <= {native_s} "
-                "(e.g. llamacpp:b5000-cu122)",
-            )
-        special = _engine(rel).minor_version_verdict(rel, cat, driver=driver, native=native_s, card=card,
-                                                     fwd_reason=fwd_reason, upgrade=upgrade)
-        if special is not None:
-            return special
-        if not rel.nvidia_require_cuda:
-            require = "; the image sets no NVIDIA_REQUIRE_CUDA or CUDA_VERSION, so the NVIDIA runtime does not refuse the driver"
-        elif disabled:
-            require = ""
-        elif admitted:
-            require = admitted
-        else:
-            require = "; the image's NVIDIA_REQUIRE_CUDA may stop the container (NVIDIA_DISABLE_REQUIRE=1 lifts it)"
-        kernel = f"SASS for {_sm(cov[1])}, no PTX JIT needed" if cov is not None else "SASS"
-        return Verdict(
-            "warn",
-            f"driver {driver} (CUDA {native_s}) runs CUDA {rel.cuda} only through minor-version compatibility "
-            f"(CUDA {img[0]}.x from driver {floor}; limited feature set; {rel.key} has {kernel} on {card}){require}",
-            f"{upgrade} for native support",
-        )
+    minor = _minor_compat_verdict(rel, cat, driver=driver, dv=dv, native=native, img=img, cc=cc, card=card,
+                                  cov=cov, fwd_reason=fwd_reason, upgrade=upgrade, disabled=disabled,
+                                  admitted=admitted)
+    if minor is not None:
+        return minor
     return Verdict(
         "fail",
         f"driver {driver} supports CUDA {native_s}, but {rel.key} is built for CUDA {rel.cuda} (needs driver >= "
         f"{need}); minor-version compatibility needs the same major and driver >= {floor or '?'}, and forward "
         f"compatibility is out: {fwd_reason}",
         f"{upgrade}, or choose an image built for CUDA <= {native_s}",
+    )
+
+
+def _require_cuda_verdict(
+    rel: EngineRelease,
+    cat: EngineCatalog,
+    *,
+    driver: str,
+    cuda_driver: str | None,
+    gpu_name: str | None,
+    cc: str | None,
+    data_center: bool | None,
+    toolkit_version: str | None,
+    runtimes: list[str],
+    env: dict[str, str] | None,
+    default_runtime: str | None,
+    today: str | None,
+    native: tuple[int, int] | None,
+    dv: tuple[int, ...],
+    upgrade: str,
+) -> tuple[Verdict | None, str]:
+    """The container toolkit's own check of the image's NVIDIA_REQUIRE_CUDA (when read from the image):
+    (the FAIL where it refuses the driver, else None; the note where an exception admits it)."""
+    if not (rel.require_cuda and rel.nvidia_require_cuda):
+        return None, ""
+    native_s = f"{native[0]}.{native[1]}" if native else "unknown"
+    card = gpu_name or "the card"
+    brands = card_brands(gpu_name, data_center)
+    ok, alt = require_cuda_satisfied(rel.require_cuda, driver=driver, cuda=native_s if native else None,
+                                     cc=cc, brands=brands)
+    if ok is False:
+        first = rel.require_cuda.split()[0]
+        listed = sorted({m.group(1) for m in re.finditer(r"brand=([a-z]+)", rel.require_cuda)})
+        branches = sorted({int(m.group(1)) for m in re.finditer(r"driver>=(\d+)", rel.require_cuda)})
+        brand_s = "/".join(sorted(brands)) if brands else "unknown"
+        after = check_cuda_driver(rel, cat, driver=driver, cuda_driver=cuda_driver, gpu_name=gpu_name, cc=cc,
+                                  data_center=data_center, toolkit_version=toolkit_version, runtimes=runtimes,
+                                  env={**(env or {}), "NVIDIA_DISABLE_REQUIRE": "1"},
+                                  default_runtime=default_runtime, today=today)
+        return Verdict(
+            "fail",
+            f"the NVIDIA container toolkit refuses to start {rel.key} on driver {driver} (CUDA {native_s}): its "
+            f"NVIDIA_REQUIRE_CUDA ({_facts_note(rel)}) asks {first}, and its exceptions (brand "
+            f"{', '.join(listed) or 'none'} on driver branches {', '.join(f'R{b}' for b in branches) or 'none'}) "
+            f"do not cover {card} (brand {brand_s}) on R{dv[0]} ({REQUIRE_SOURCE})",
+            f"{upgrade}; or set NVIDIA_DISABLE_REQUIRE=1 in the service's env, after which: {after.status.upper()} "
+            f"({after.message[:160]})",
+        ), ""
+    if ok is True and not alt.startswith("cuda"):
+        return None, f"; the image's NVIDIA_REQUIRE_CUDA admits it through '{alt}'"
+    return None, ""
+
+
+def _minor_compat_verdict(
+    rel: EngineRelease,
+    cat: EngineCatalog,
+    *,
+    driver: str,
+    dv: tuple[int, ...],
+    native: tuple[int, int] | None,
+    img: tuple[int, int],
+    cc: str | None,
+    card: str,
+    cov: tuple[Literal["sass", "ptx"], str] | None,
+    fwd_reason: str,
+    upgrade: str,
+    disabled: bool,
+    admitted: str,
+) -> Verdict | None:
+    """Minor-version compatibility (same major, driver above the floor, a limited feature set) and its
+    PTX-JIT catch; None where it does not apply."""
+    native_s = f"{native[0]}.{native[1]}" if native else "unknown"
+    floor = cat.minor_compat_floor.get(str(img[0]))
+    floor_v = version_tuple(floor) or ()
+    same_major = native is not None and native[0] == img[0]
+    if not (floor and same_major and dv >= floor_v):
+        return None
+    if cov is not None and cov[0] == "ptx":
+        rule = cat.compat_rules.get("minor_version_ptx_jit")
+        return Verdict(
+            "fail",
+            f"driver {driver} (CUDA {native_s}) runs CUDA {rel.cuda} apps only through minor-version "
+            f"compatibility, which does not cover PTX JIT; {rel.key} has only PTX for {card} ({cc}): expect "
+            f"cudaErrorUnsupportedPtxVersion at the first kernel{_conf(rule)}; forward compatibility is out: "
+            f"{fwd_reason}",
+            f"{upgrade}, or use an image with SASS for {_sm(str(cc))} built for CUDA <= {native_s} "
+            "(e.g. llamacpp:b5000-cu122)",
+        )
+    special = _engine(rel).minor_version_verdict(rel, cat, driver=driver, native=native_s, card=card,
+                                                 fwd_reason=fwd_reason, upgrade=upgrade)
+    if special is not None:
+        return special
+    if not rel.nvidia_require_cuda:
+        require = "; the image sets no NVIDIA_REQUIRE_CUDA or CUDA_VERSION, so the NVIDIA runtime does not refuse the driver"
+    elif disabled:
+        require = ""
+    elif admitted:
+        require = admitted
+    else:
+        require = "; the image's NVIDIA_REQUIRE_CUDA may stop the container (NVIDIA_DISABLE_REQUIRE=1 lifts it)"
+    kernel = f"SASS for {_sm(cov[1])}, no PTX JIT needed" if cov is not None else "SASS"
+    return Verdict(
+        "warn",
+        f"driver {driver} (CUDA {native_s}) runs CUDA {rel.cuda} only through minor-version compatibility "
+        f"(CUDA {img[0]}.x from driver {floor}; limited feature set; {rel.key} has {kernel} on {card}){require}",
+        f"{upgrade} for native support",
     )
 
 

@@ -17,6 +17,7 @@ import json
 import os
 import re
 import struct
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -382,25 +383,8 @@ def read_gguf(path: Path) -> ModelSpec:
     intermediate = max(ffn) if ffn else 4 * hidden
 
     tensors = {t.name: t for t in reader.tensors}
-    # Which layers attend: a block with attn_k / attn_qkv weights keeps a KV cache; a block with
-    # ssm_* weights is linear attention (recurrent state).
-    types: list[str] = []
-    for i in range(n):
-        has_attn = any(f"blk.{i}.{t}.weight" in tensors for t in ("attn_k", "attn_qkv", "attn_q"))
-        has_ssm = any(name.startswith(f"blk.{i}.ssm_") for name in tensors)
-        types.append(LINEAR if (has_ssm and not has_attn) or (kv_l[i] == 0 and has_ssm) else FULL)
     window = key("attention.sliding_window")
-    if window:
-        pattern = key("attention.sliding_window_pattern")
-        if isinstance(pattern, list) and len(pattern) == n:
-            # llama.cpp stores a bool per layer: true = sliding window
-            types = [SLIDING if (bool(s) and t == FULL) else t for s, t in zip(pattern, types, strict=True)]
-        else:
-            every = int(pattern) if isinstance(pattern, int) and pattern > 0 else (2 if arch == "gemma2" else 6)
-            types = [SLIDING if (t == FULL and (i + 1) % every) else t for i, t in enumerate(types)]
-    interval = key("full_attention_interval")
-    if interval and not any(t == LINEAR for t in types):
-        types = list(layer_types_from_interval(n, int(interval), LINEAR))
+    types = _gguf_layer_types(key, tensors, n, kv_l, arch, bool(window))
 
     emb = tensors.get("token_embd.weight")
     out = tensors.get("output.weight")
@@ -415,18 +399,7 @@ def read_gguf(path: Path) -> ModelSpec:
     total = sum(int(t.n_bytes) for t in reader.tensors)
     params = sum(int(t.n_elements) for t in reader.tensors)
     name = _field(reader, "general.name") or path.stem
-    # Mixture of experts: routed experts are stored as 3-D *_exps tensors (one per layer and role).
-    n_expert = int(key("expert_count") or 0)
-    n_used = int(key("expert_used_count") or 0)
-    # (older files, e.g. the first Mixtral GGUFs, keep one 2-D tensor per expert: blk.N.ffn_up.E.weight)
-    exps_bytes = sum(int(t.n_bytes) for t in reader.tensors
-                     if "_exps." in t.name or re.fullmatch(r"blk\.\d+\.ffn_(gate|up|down)\.\d+\.weight", t.name))
-    if n_expert and not (0 < n_used <= n_expert):
-        raise UsageError(f"{path}: {arch}.expert_used_count {n_used} / expert_count {n_expert} do not describe a "
-                         "mixture of experts")
-    if n_expert > 1 and not exps_bytes:
-        raise UsageError(f"{path}: {arch}.expert_count {n_expert} but no expert tensors; the planner cannot tell "
-                         "which bytes a token reads and refuses rather than size it wrong")
+    n_expert, n_used, exps_bytes = _gguf_experts(reader, key, path, arch)
     lin_k_heads = int(key("ssm.group_count") or 0)
     lin_v_heads = int(key("ssm.time_step_rank") or 0)
     inner = int(key("ssm.inner_size") or 0)
@@ -462,6 +435,47 @@ def read_gguf(path: Path) -> ModelSpec:
         moe_intermediate=int(key("expert_feed_forward_length") or intermediate) if n_expert > 1 else 0,
         file_expert_bytes=exps_bytes if n_expert > 1 else None,
     )
+
+
+def _gguf_layer_types(key: Callable[[str], Any], tensors: dict[str, Any], n: int, kv_l: list[int], arch: str,
+                      window: bool) -> list[str]:
+    """Which layers attend: a block with attn_k / attn_qkv weights keeps a KV cache; a block with
+    ssm_* weights is linear attention (recurrent state); a sliding-window pattern or a full-attention
+    interval marks the others."""
+    types: list[str] = []
+    for i in range(n):
+        has_attn = any(f"blk.{i}.{t}.weight" in tensors for t in ("attn_k", "attn_qkv", "attn_q"))
+        has_ssm = any(name.startswith(f"blk.{i}.ssm_") for name in tensors)
+        types.append(LINEAR if (has_ssm and not has_attn) or (kv_l[i] == 0 and has_ssm) else FULL)
+    if window:
+        pattern = key("attention.sliding_window_pattern")
+        if isinstance(pattern, list) and len(pattern) == n:
+            # llama.cpp stores a bool per layer: true = sliding window
+            types = [SLIDING if (bool(s) and t == FULL) else t for s, t in zip(pattern, types, strict=True)]
+        else:
+            every = int(pattern) if isinstance(pattern, int) and pattern > 0 else (2 if arch == "gemma2" else 6)
+            types = [SLIDING if (t == FULL and (i + 1) % every) else t for i, t in enumerate(types)]
+    interval = key("full_attention_interval")
+    if interval and not any(t == LINEAR for t in types):
+        types = list(layer_types_from_interval(n, int(interval), LINEAR))
+    return types
+
+
+def _gguf_experts(reader: Any, key: Callable[[str], Any], path: Path, arch: str) -> tuple[int, int, int]:
+    """(experts per layer, experts a token uses, bytes of the routed-expert tensors) of a GGUF file.
+    Routed experts are stored as 3-D *_exps tensors (one per layer and role)."""
+    n_expert = int(key("expert_count") or 0)
+    n_used = int(key("expert_used_count") or 0)
+    # (older files, e.g. the first Mixtral GGUFs, keep one 2-D tensor per expert: blk.N.ffn_up.E.weight)
+    exps_bytes = sum(int(t.n_bytes) for t in reader.tensors
+                     if "_exps." in t.name or re.fullmatch(r"blk\.\d+\.ffn_(gate|up|down)\.\d+\.weight", t.name))
+    if n_expert and not (0 < n_used <= n_expert):
+        raise UsageError(f"{path}: {arch}.expert_used_count {n_used} / expert_count {n_expert} do not describe a "
+                         "mixture of experts")
+    if n_expert > 1 and not exps_bytes:
+        raise UsageError(f"{path}: {arch}.expert_count {n_expert} but no expert tensors; the planner cannot tell "
+                         "which bytes a token reads and refuses rather than size it wrong")
+    return n_expert, n_used, exps_bytes
 
 
 def _dominant_type(reader: Any) -> str:

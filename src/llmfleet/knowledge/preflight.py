@@ -285,34 +285,8 @@ def run_checks(
     if rel is None:
         rel, notes = release_for(image_ref if image_ref is not None else service.image, cat)
 
-    # The image and its engine.
-    pinned = ""
-    if image_ref is not None:
-        pinned = f"; pull {getattr(image_ref, 'pull_ref', '?')}" + ("" if getattr(image_ref, "pinned", True)
-                                                                     else " (UNPINNED tag)")
-    if image_error:
-        checks.append(Check("image", "fail", f"image {service.image!r} of service {service.name}: {image_error}",
-                            "pin it with `invoke images.pin` (images.lock), or fix llmfleet_services[].image"))
-        if rel is not None and rel.engine != service.engine:
-            rel = None
-    elif rel is None:
-        checks.append(Check("image", "fail",
-                            f"image {service.image!r} of service {service.name} is not in the engine catalog, so "
-                            "its CUDA version and kernels are unknown",
-                            f"use one of: {', '.join(cat.images)}, or add it to catalog/engines.yaml"))
-    elif rel.engine != service.engine:
-        checks.append(Check("image", "fail",
-                            f"image {rel.key} is a {rel.engine} image but service {service.name} says engine {service.engine}",
-                            "make engine and image agree in the inventory"))
-        rel = None
-    elif image_ref is not None and not getattr(image_ref, "pinned", True):
-        checks.append(Check("image", "warn", f"{rel.key}: {_image_desc(rel)}{pinned}: a floating tag can change "
-                            "under a running fleet", "pin it with `invoke images.pin`"))
-    else:
-        status: Status = "warn" if notes else "pass"
-        checks.append(Check("image", status, f"{rel.key}: {_image_desc(rel)}{pinned}"
-                            + (f"; {'; '.join(notes)}" if notes else ""),
-                            "make images.lock and catalog/engines.yaml agree" if notes else ""))
+    image_check, rel = _image_check(service, image_ref, image_error, rel, notes, cat)
+    checks.append(image_check)
 
     if service.is_exporter:
         return checks + _exporter_checks(host_name, service, facts, rel, image_ref, settings)
@@ -327,45 +301,9 @@ def run_checks(
     health = gpu_health.judge(facts.gpu_health, None if service.gpus == "all" else list(service.gpus), service.name)
     if health is not None:
         checks.append(_c("gpu-health", health))
-    cc = gpu.compute_capability if gpu else None
-    name = gpu.name if gpu else None
-    args = effective_args(service, plan)
-    env = dict(service.env)
-
     if rel is not None:
-        rules = cat.engines.get(rel.engine)
-        if not rel.cpu and gpu is None:
-            why = _gpu_errors(facts) or "no GPU listed"
-            for cid in ("cuda-driver", "arch", "quant", "dtype", "attention", "kv-dtype"):
-                checks.append(Check(cid, "warn", f"not judged: no GPU to judge {rel.key} against ({why})",
-                                    "fix the gpu check first, then run preflight again"))
-        else:
-            host = compat.DriverHost(
-                driver=facts.driver_version, cuda_driver=facts.cuda_driver_version, gpu_name=name, cc=cc,
-                data_center=gpu.data_center if gpu else None,
-                toolkit_version=facts.toolkit.version or facts.toolkit.cli_version, runtimes=facts.docker.runtimes,
-                env=env, default_runtime=facts.docker.default_runtime, today=today,
-                kernel_modules=facts.driver_kernel_modules)
-            driver_verdict = compat.check_cuda_driver(rel, cat, **host)
-            if driver_verdict.status == "fail" and facts.driver_version:
-                # The honest answer for an old driver: what runs today, and what an upgrade unlocks.
-                alternatives = compat.driver_alternatives(rel, cat, **host)
-                if alternatives:
-                    driver_verdict = replace(driver_verdict, fix="; ".join([driver_verdict.fix, *alternatives]))
-            checks.append(_c("cuda-driver", driver_verdict))
-            checks.append(_c("arch", compat.check_architecture(rel, name, cc)))
-            if rules is None:
-                checks.append(Check("quant", "fail", f"engine {rel.engine} has no rules in the catalog",
-                                    "add it under engines: in catalog/engines.yaml"))
-            else:
-                quant = _canonical_quant(service.quant)
-                checks.append(_c("quant", compat.check_quantization(rel, rules, quant, args, cc)))
-                checks.append(_c("dtype", compat.check_dtype(rel, rules, quant, args, cc, _bf16(gpu))))
-                checks.append(_c("attention", compat.check_attention(rel, args, env, cc)))
-                checks.append(_c("kv-dtype", compat.check_kv_dtype(rel, rules, service.kv_dtype, args, env, cc)))
-            issue = compat.check_known_issues(rel, cc, _is_multimodal(service))
-            if issue is not None:
-                checks.append(_c("known-issue", issue))
+        checks += _release_checks(rel, cat, service, facts, gpu, effective_args(service, plan), dict(service.env),
+                                  today)
 
     checks.append(_plan_check(service, plan, plan_error))
     checks.append(_docker_check(facts))
@@ -383,6 +321,79 @@ def run_checks(
         shown = "; ".join(facts.errors[:6]) + (f"; and {len(facts.errors) - 6} more" if len(facts.errors) > 6 else "")
         checks.append(Check("facts", "warn", f"the probe reported: {shown}",
                             "see `invoke facts --host " + host_name + "` for everything it found"))
+    return checks
+
+
+def _image_check(service: Service, image_ref: Any, image_error: str | None, rel: EngineRelease | None,
+                 notes: list[str], cat: EngineCatalog) -> tuple[Check, EngineRelease | None]:
+    """The image check of an engine service, and the release the other checks judge (None where the
+    image is unknown or of another engine)."""
+    pinned = ""
+    if image_ref is not None:
+        pinned = f"; pull {getattr(image_ref, 'pull_ref', '?')}" + ("" if getattr(image_ref, "pinned", True)
+                                                                     else " (UNPINNED tag)")
+    if image_error:
+        check = Check("image", "fail", f"image {service.image!r} of service {service.name}: {image_error}",
+                      "pin it with `invoke images.pin` (images.lock), or fix llmfleet_services[].image")
+        return check, (None if rel is not None and rel.engine != service.engine else rel)
+    if rel is None:
+        return Check("image", "fail",
+                     f"image {service.image!r} of service {service.name} is not in the engine catalog, so "
+                     "its CUDA version and kernels are unknown",
+                     f"use one of: {', '.join(cat.images)}, or add it to catalog/engines.yaml"), None
+    if rel.engine != service.engine:
+        return Check("image", "fail",
+                     f"image {rel.key} is a {rel.engine} image but service {service.name} says engine {service.engine}",
+                     "make engine and image agree in the inventory"), None
+    if image_ref is not None and not getattr(image_ref, "pinned", True):
+        return Check("image", "warn", f"{rel.key}: {_image_desc(rel)}{pinned}: a floating tag can change "
+                     "under a running fleet", "pin it with `invoke images.pin`"), rel
+    status: Status = "warn" if notes else "pass"
+    return Check("image", status, f"{rel.key}: {_image_desc(rel)}{pinned}"
+                 + (f"; {'; '.join(notes)}" if notes else ""),
+                 "make images.lock and catalog/engines.yaml agree" if notes else ""), rel
+
+
+def _release_checks(rel: EngineRelease, cat: EngineCatalog, service: Service, facts: Facts, gpu: GpuFact | None,
+                    args: list[str], env: dict[str, str], today: str) -> list[Check]:
+    """The checks of the engine release against the card and host: driver, architecture, quant, dtype,
+    attention backend, KV dtype, known issues (warnings where there is no GPU to judge against)."""
+    checks: list[Check] = []
+    cc = gpu.compute_capability if gpu else None
+    name = gpu.name if gpu else None
+    rules = cat.engines.get(rel.engine)
+    if not rel.cpu and gpu is None:
+        why = _gpu_errors(facts) or "no GPU listed"
+        for cid in ("cuda-driver", "arch", "quant", "dtype", "attention", "kv-dtype"):
+            checks.append(Check(cid, "warn", f"not judged: no GPU to judge {rel.key} against ({why})",
+                                "fix the gpu check first, then run preflight again"))
+        return checks
+    host = compat.DriverHost(
+        driver=facts.driver_version, cuda_driver=facts.cuda_driver_version, gpu_name=name, cc=cc,
+        data_center=gpu.data_center if gpu else None,
+        toolkit_version=facts.toolkit.version or facts.toolkit.cli_version, runtimes=facts.docker.runtimes,
+        env=env, default_runtime=facts.docker.default_runtime, today=today,
+        kernel_modules=facts.driver_kernel_modules)
+    driver_verdict = compat.check_cuda_driver(rel, cat, **host)
+    if driver_verdict.status == "fail" and facts.driver_version:
+        # The honest answer for an old driver: what runs today, and what an upgrade unlocks.
+        alternatives = compat.driver_alternatives(rel, cat, **host)
+        if alternatives:
+            driver_verdict = replace(driver_verdict, fix="; ".join([driver_verdict.fix, *alternatives]))
+    checks.append(_c("cuda-driver", driver_verdict))
+    checks.append(_c("arch", compat.check_architecture(rel, name, cc)))
+    if rules is None:
+        checks.append(Check("quant", "fail", f"engine {rel.engine} has no rules in the catalog",
+                            "add it under engines: in catalog/engines.yaml"))
+    else:
+        quant = _canonical_quant(service.quant)
+        checks.append(_c("quant", compat.check_quantization(rel, rules, quant, args, cc)))
+        checks.append(_c("dtype", compat.check_dtype(rel, rules, quant, args, cc, _bf16(gpu))))
+        checks.append(_c("attention", compat.check_attention(rel, args, env, cc)))
+        checks.append(_c("kv-dtype", compat.check_kv_dtype(rel, rules, service.kv_dtype, args, env, cc)))
+    issue = compat.check_known_issues(rel, cc, _is_multimodal(service))
+    if issue is not None:
+        checks.append(_c("known-issue", issue))
     return checks
 
 
@@ -953,8 +964,6 @@ def check_service_hosts(
     - ``network``: with several hosts, the link speed the plan used (``network_gbps``; unknown = WARN).
       Whether the NCCL / RPC ports are reachable is checked from the hosts by the deploy, not here.
     """
-    from llmfleet.knowledge import parallel
-
     hosts = [head] + sorted(h for h in facts_by_host if h != head)
     gpus_by_host = _hosts_gpus(service, facts_by_host, head)
     head_facts = facts_by_host.get(head)
@@ -964,9 +973,19 @@ def check_service_hosts(
         per_host = len(service.gpus)
     else:
         per_host = len(head_facts.gpus) if head_facts is not None else 0
-    checks: list[Check] = []
+    return [
+        _gpu_count_check(service, facts_by_host, hosts, gpus_by_host, per_host),
+        _gpu_identical_check(service, hosts, gpus_by_host, per_host),
+        _driver_match_check(facts_by_host, hosts, head),
+        _tp_heads_check(service, model, hosts, per_host),
+        _topology_check(facts_by_host, hosts, head, gpus_by_host, per_host, topology_by_host),
+        _network_check(hosts, network_gbps),
+    ]
 
-    # gpu-count
+
+def _gpu_count_check(service: Service, facts_by_host: dict[str, Facts], hosts: list[str],
+                     gpus_by_host: dict[str, list[GpuFact]], per_host: int) -> Check:
+    """``gpu-count``: each host has the GPUs the service uses, at the indexes it names."""
     short = []
     for h in hosts:
         f = facts_by_host.get(h)
@@ -979,15 +998,18 @@ def check_service_hosts(
         elif len(gpus_by_host[h]) < per_host:
             short.append(f"{h}: {len(gpus_by_host[h])} GPU(s)")
     if short:
-        checks.append(Check("gpu-count", "fail", f"service {service.name} needs {per_host} GPU(s) on each of "
-                            f"{len(hosts)} host(s): {'; '.join(short)}",
-                            "give every host of the service the same GPUs (llmfleet_services[].gpus), or plan "
-                            "with fewer (`invoke plan --gpus N`)"))
+        return Check("gpu-count", "fail", f"service {service.name} needs {per_host} GPU(s) on each of "
+                     f"{len(hosts)} host(s): {'; '.join(short)}",
+                     "give every host of the service the same GPUs (llmfleet_services[].gpus), or plan "
+                     "with fewer (`invoke plan --gpus N`)")
     else:
-        checks.append(Check("gpu-count", "pass", f"{per_host} GPU(s) on each of {len(hosts)} host(s): "
-                            + ", ".join(hosts)))
+        return Check("gpu-count", "pass", f"{per_host} GPU(s) on each of {len(hosts)} host(s): "
+                     + ", ".join(hosts))
 
-    # gpu-identical
+
+def _gpu_identical_check(service: Service, hosts: list[str], gpus_by_host: dict[str, list[GpuFact]],
+                         per_host: int) -> Check:
+    """``gpu-identical``: the same card (nvidia-smi name, memory.total) on every GPU used, on every host."""
     seen: dict[tuple[str, int | None], list[str]] = {}
     unknown_cc = []
     for h in hosts:
@@ -999,39 +1021,45 @@ def check_service_hosts(
     desc = "; ".join(f"{name} ({mib if mib is not None else '?'} MiB) on {', '.join(where)}"
                      for (name, mib), where in seen.items())
     if len(names) > 1:
-        checks.append(Check("gpu-identical", "fail", f"service {service.name} would split over different cards: "
-                            f"{desc}", "use identical cards on every GPU of the service (pin gpus: [...] per host)"))
+        return Check("gpu-identical", "fail", f"service {service.name} would split over different cards: "
+                     f"{desc}", "use identical cards on every GPU of the service (pin gpus: [...] per host)")
     elif len(seen) > 1:
-        checks.append(Check("gpu-identical", "warn", f"same card, different memory.total: {desc}; the plan uses "
-                            "the smallest", "check ECC mode (nvidia-smi -q) and what else holds memory"))
+        return Check("gpu-identical", "warn", f"same card, different memory.total: {desc}; the plan uses "
+                     "the smallest", "check ECC mode (nvidia-smi -q) and what else holds memory")
     elif not seen:
-        checks.append(Check("gpu-identical", "fail", f"service {service.name}: no GPU seen on {', '.join(hosts)}",
-                            "gather the hosts' facts (`invoke facts`) and check the driver"))
+        return Check("gpu-identical", "fail", f"service {service.name}: no GPU seen on {', '.join(hosts)}",
+                     "gather the hosts' facts (`invoke facts`) and check the driver")
     elif unknown_cc:
-        checks.append(Check("gpu-identical", "warn", f"{desc}; compute capability unknown on "
-                            f"{', '.join(unknown_cc)}", "add the card's nvidia-smi name to catalog/gpus.yaml"))
+        return Check("gpu-identical", "warn", f"{desc}; compute capability unknown on "
+                     f"{', '.join(unknown_cc)}", "add the card's nvidia-smi name to catalog/gpus.yaml")
     else:
-        checks.append(Check("gpu-identical", "pass", desc))
+        return Check("gpu-identical", "pass", desc)
 
-    # driver-match
+
+def _driver_match_check(facts_by_host: dict[str, Facts], hosts: list[str], head: str) -> Check:
+    """``driver-match``: the same driver and CUDA driver version on every host (a difference is a WARN)."""
     drivers = {h: (facts_by_host[h].driver_version, facts_by_host[h].cuda_driver_version)
                for h in hosts if h in facts_by_host}
     missing_drv = [h for h, (d, _) in drivers.items() if not d]
     if len(hosts) == 1:
-        checks.append(Check("driver-match", "pass", f"one host ({head}): its cuda-driver check applies"))
+        return Check("driver-match", "pass", f"one host ({head}): its cuda-driver check applies")
     elif missing_drv:
-        checks.append(Check("driver-match", "warn", f"driver version unknown on {', '.join(missing_drv)}",
-                            "gather the facts again (`invoke facts`); nvidia-smi must run on every host"))
+        return Check("driver-match", "warn", f"driver version unknown on {', '.join(missing_drv)}",
+                     "gather the facts again (`invoke facts`); nvidia-smi must run on every host")
     elif len(set(drivers.values())) > 1:
-        checks.append(Check("driver-match", "warn", "different drivers across the hosts of the service: "
-                            + ", ".join(f"{h} {d} (CUDA {c or '?'})" for h, (d, c) in drivers.items()),
-                            "each host must pass its own cuda-driver check; keep the driver equal on every host "
-                            "so NCCL and the engine behave the same everywhere"))
+        return Check("driver-match", "warn", "different drivers across the hosts of the service: "
+                     + ", ".join(f"{h} {d} (CUDA {c or '?'})" for h, (d, c) in drivers.items()),
+                     "each host must pass its own cuda-driver check; keep the driver equal on every host "
+                     "so NCCL and the engine behave the same everywhere")
     else:
         d, c = next(iter(drivers.values()))
-        checks.append(Check("driver-match", "pass", f"driver {d} (CUDA {c or '?'}) on every host"))
+        return Check("driver-match", "pass", f"driver {d} (CUDA {c or '?'}) on every host")
 
-    # tp-heads
+
+def _tp_heads_check(service: Service, model: Any, hosts: list[str], per_host: int) -> Check:
+    """``tp-heads``: the heads divide over the GPUs per host, and every pipeline stage has a layer."""
+    from llmfleet.knowledge import parallel
+
     spec = model
     if spec is None:
         try:
@@ -1042,25 +1070,29 @@ def check_service_hosts(
             spec = None
     n_hosts = len(hosts)
     if spec is None:
-        checks.append(Check("tp-heads", "warn", f"model {service.model} is not in the catalog: its heads and layers "
-                            "are unknown, so the split is not judged", "add it to catalog/models.yaml"))
+        return Check("tp-heads", "warn", f"model {service.model} is not in the catalog: its heads and layers "
+                     "are unknown, so the split is not judged", "add it to catalog/models.yaml")
     else:
         tp = per_host if engines.for_engine(service.engine).split_modes[0] == "tensor" else 1
         why = parallel.tp_problem(spec.heads, spec.kv_heads, tp, mla=spec.is_mla)
         if why:
-            checks.append(Check("tp-heads", "fail", why, "use a GPU count per host that divides the heads "
-                                f"({', '.join(str(c) for c in (1, 2, 4, 8) if not parallel.tp_problem(spec.heads, spec.kv_heads, c, mla=spec.is_mla))})"))
+            return Check("tp-heads", "fail", why, "use a GPU count per host that divides the heads "
+                         f"({', '.join(str(c) for c in (1, 2, 4, 8) if not parallel.tp_problem(spec.heads, spec.kv_heads, c, mla=spec.is_mla))})")
         elif n_hosts > spec.num_layers:
-            checks.append(Check("tp-heads", "fail", f"{n_hosts} hosts for {spec.num_layers} layers",
-                                "use fewer hosts"))
+            return Check("tp-heads", "fail", f"{n_hosts} hosts for {spec.num_layers} layers",
+                         "use fewer hosts")
         else:
-            checks.append(Check("tp-heads", "pass", f"{spec.heads} attention heads, {spec.kv_heads} KV heads over "
-                                f"{tp} GPU(s) per host; {spec.num_layers} layers over {n_hosts} host(s)"))
+            return Check("tp-heads", "pass", f"{spec.heads} attention heads, {spec.kv_heads} KV heads over "
+                         f"{tp} GPU(s) per host; {spec.num_layers} layers over {n_hosts} host(s)")
 
-    # topology
+
+def _topology_check(facts_by_host: dict[str, Facts], hosts: list[str], head: str,
+                    gpus_by_host: dict[str, list[GpuFact]], per_host: int,
+                    topology_by_host: dict[str, str] | None) -> Check:
+    """``topology``: how the GPUs of each host are linked, from `nvidia-smi topo -m` text."""
     topo = topology_by_host or {}
     if per_host <= 1:
-        checks.append(Check("topology", "pass", "one GPU per host: no GPU-to-GPU traffic inside a host"))
+        return Check("topology", "pass", "one GPU per host: no GPU-to-GPU traffic inside a host")
     else:
         unknown, slow, notes = [], [], []
         nvlink_all = True
@@ -1089,30 +1121,32 @@ def check_service_hosts(
             except UsageError:
                 pass
         if unknown:
-            checks.append(Check("topology", "warn", f"GPU links unknown on {', '.join(unknown)}: P2P/NVLink between "
-                                "the service's GPUs is not confirmed"
-                                + (f"; seen: {'; '.join(notes)}" if notes else ""),
-                                "gather `nvidia-smi topo -m` from the host; the plan assumes the card's catalog link"))
+            return Check("topology", "warn", f"GPU links unknown on {', '.join(unknown)}: P2P/NVLink between "
+                         "the service's GPUs is not confirmed"
+                         + (f"; seen: {'; '.join(notes)}" if notes else ""),
+                         "gather `nvidia-smi topo -m` from the host; the plan assumes the card's catalog link")
         elif slow:
-            checks.append(Check("topology", "warn", f"GPU pairs across the CPUs' interconnect (SYS) on "
-                                f"{'; '.join(slow)}: every all-reduce crosses it",
-                                "pick GPUs under one CPU (gpus: [...]) or plan with --interconnect pcie"))
+            return Check("topology", "warn", f"GPU pairs across the CPUs' interconnect (SYS) on "
+                         f"{'; '.join(slow)}: every all-reduce crosses it",
+                         "pick GPUs under one CPU (gpus: [...]) or plan with --interconnect pcie")
         elif catalog_nvlink and not nvlink_all:
-            checks.append(Check("topology", "warn", f"the card is an NVLink part but the links are PCIe: "
-                                f"{'; '.join(notes)}; the plan priced NVLink all-reduces",
-                                "re-plan with `invoke plan --interconnect pcie`, or check the board's NVLink"))
+            return Check("topology", "warn", f"the card is an NVLink part but the links are PCIe: "
+                         f"{'; '.join(notes)}; the plan priced NVLink all-reduces",
+                         "re-plan with `invoke plan --interconnect pcie`, or check the board's NVLink")
         else:
-            checks.append(Check("topology", "pass", "; ".join(notes)
-                                + (" (NVLink between every pair)" if nvlink_all else " (PCIe)")))
+            return Check("topology", "pass", "; ".join(notes)
+                         + (" (NVLink between every pair)" if nvlink_all else " (PCIe)"))
 
-    # network
+
+def _network_check(hosts: list[str], network_gbps: float | None) -> Check:
+    """``network``: with several hosts, the link speed the plan used."""
+    n_hosts = len(hosts)
     if n_hosts <= 1:
-        checks.append(Check("network", "pass", "one host: no traffic between hosts"))
+        return Check("network", "pass", "one host: no traffic between hosts")
     elif network_gbps is None:
-        checks.append(Check("network", "warn", f"link speed between {', '.join(hosts)} unknown: the plan assumed "
-                            "the planner's default (planner.yaml parallel.network)",
-                            "set llmfleet_network_gbps on the hosts (Gbit/s, the slowest link counts)"))
+        return Check("network", "warn", f"link speed between {', '.join(hosts)} unknown: the plan assumed "
+                     "the planner's default (planner.yaml parallel.network)",
+                     "set llmfleet_network_gbps on the hosts (Gbit/s, the slowest link counts)")
     else:
-        checks.append(Check("network", "pass", f"{network_gbps:g} Gbit/s between {', '.join(hosts)} (from the "
-                            "inventory; port reachability is checked from the hosts when deploying)"))
-    return checks
+        return Check("network", "pass", f"{network_gbps:g} Gbit/s between {', '.join(hosts)} (from the "
+                     "inventory; port reachability is checked from the hosts when deploying)")
