@@ -29,6 +29,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from llmfleet.knowledge.release_state import UnitProbe as UnitProbe
+
 if TYPE_CHECKING:  # httpx loads when a check runs: a deploy with nothing to check never needs it
     import httpx
 
@@ -43,15 +45,6 @@ if TYPE_CHECKING:  # httpx loads when a check runs: a deploy with nothing to che
 DEFAULT_FLOOR_FRACTION = 0.25
 MAX_POLLS = 10_000
 PROMPT = "Count from one to one hundred, separated by spaces."
-
-
-@dataclass(frozen=True)
-class UnitProbe:
-    """The unit's and the container's state, as one health-check round trip saw them."""
-
-    unit: str
-    container: str | None
-    exit_code: int | None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -186,3 +186,11 @@ def parse_state(stdout: str) -> dict[str, ServiceState]:
     return services
 
 
+@dataclass(frozen=True)
+class UnitProbe:
+    """A service's unit and container state, as one round trip saw them (the health check's first
+    stages and the switch read it; ``release.store.parse_unit_probe`` builds it)."""
+
+    unit: str
+    container: str | None
+    exit_code: int | None

@@ -26,9 +26,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from llmfleet.health.check import UnitProbe
 from llmfleet.host.probe.state_reader import MANIFEST_FILE, MAX_HEALTH, MAX_MANIFEST, STATE_READER  # noqa: F401 - re-exported
-from llmfleet.knowledge.release_state import RELEASE_ID_RE, Manifest, loads_object
+from llmfleet.knowledge.release_state import RELEASE_ID_RE, Manifest, UnitProbe, loads_object
 from llmfleet.release.gateway_config import CONFIG_FILE as GATEWAY_CONFIG
 from llmfleet.release.render import (
     COMPOSE_FILE,
