@@ -20,8 +20,8 @@ def cat():
 @pytest.mark.parametrize(
     ("engine", "gpu", "driver", "image"),
     [
-        ("vllm", "h100-sxm-80gb", None, "vllm:0.33.0"),
-        ("vllm", "t4", None, "vllm:0.33.0"),
+        ("vllm", "h100-sxm-80gb", None, "vllm:0.34.0"),
+        ("vllm", "t4", None, "vllm:0.34.0"),
         ("vllm", "v100-sxm2-32gb", None, "vllm:0.19.1"),  # the last vLLM with Volta kernels
         ("vllm", "t4", "535.104.05", "vllm:0.19.1"),  # the newest that runs on an R535 driver
         ("vllm", "p40", None, None),  # no vLLM build has Pascal kernels
@@ -37,9 +37,9 @@ def test_the_default_image(cat, engine, gpu, driver, image):
 @pytest.mark.parametrize(
     ("kw", "image", "note"),
     [
-        (dict(gpu="h100-sxm-80gb"), "vllm:0.33.0", "judged against image vllm:0.33.0 (no image given"),
-        (dict(gpu="v100-sxm2-32gb"), "vllm:0.19.1", "newer releases (vllm:0.20.0 to vllm:0.33.0) have no kernels"),
-        (dict(gpu="t4", driver="470.82.01"), "vllm:0.33.0", "does not run on this host"),
+        (dict(gpu="h100-sxm-80gb"), "vllm:0.34.0", "judged against image vllm:0.34.0 (no image given"),
+        (dict(gpu="v100-sxm2-32gb"), "vllm:0.19.1", "newer releases (vllm:0.20.0 to vllm:0.34.0) have no kernels"),
+        (dict(gpu="t4", driver="470.82.01"), "vllm:0.34.0", "does not run on this host"),
         (dict(gpu="t4", image="vllm:0.20.0"), "vllm:0.20.0", ""),  # asked for, runs: nothing to say
         (dict(gpu="p40"), None, "no catalog vllm image has kernels for compute capability 6.1"),
     ],
