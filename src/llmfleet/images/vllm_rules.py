@@ -151,10 +151,10 @@ def excerpt(files: Mapping[str, str], version: str, wheel: str) -> str:
                            f"    def get_min_capability(cls) -> int:\n        return {cap.group(1)}"]
         if blocks:
             out += [f"{FILE_MARK}{path}", *blocks]
-    for name in REGISTRY_DICTS:
-        keys = registry_keys(files.get(REGISTRY, ""), name)
+    for dict_name in REGISTRY_DICTS:
+        keys = registry_keys(files.get(REGISTRY, ""), dict_name)
         if keys:
-            out += [f"{KEYS_MARK}{REGISTRY} {name}", *keys]
+            out += [f"{KEYS_MARK}{REGISTRY} {dict_name}", *keys]
     return "\n".join(out) + "\n"
 
 

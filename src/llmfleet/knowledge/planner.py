@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from llmfleet.errors import UsageError
-from llmfleet.knowledge import compat, parallel
+from llmfleet.knowledge import arch_support, compat, parallel
 from llmfleet.knowledge.catalog import (
     FULL,
     LINEAR,
@@ -1550,6 +1550,8 @@ def _refusals(req: PlanRequest, r: _Resolved, b: Budget) -> list[str]:
         out.append(f"REFUSED: {req.hosts} hosts for {spec.num_layers} layers: every host needs at least one layer")
     if r.image_refusal:
         out.append(r.image_refusal)
+    if arch_support.refusal(r.release, spec):
+        out.append(arch_support.refusal(r.release, spec))
     return out
 
 
