@@ -1,13 +1,15 @@
-"""Record what each vLLM release's own code says of its quantization methods and attention backends'
-compute-capability floors: ``tests/fixtures/vllm/<version>/rules.txt``, the verbatim excerpts
-``llmfleet.images.vllm_rules`` reads (``QuantizationMethods``; each backend's ``get_name`` and
-``supports_compute_capability``), taken from the release's published wheel.
+"""Record what each vLLM release's own code says of its quantization methods, attention backends'
+compute-capability floors and the architectures its model registry serves:
+``tests/fixtures/vllm/<version>/rules.txt``, the verbatim excerpts ``llmfleet.images.vllm_rules`` reads
+(``QuantizationMethods``; each backend's ``get_name`` and ``supports_compute_capability``; the keys of
+registry.py's ``_TEXT_GENERATION_MODELS`` and ``_MULTIMODAL_MODELS``, one a line), taken from the
+release's published wheel.
 
 The wheels come through pip (``pip download --no-deps``, this machine's configured index) into the
 build cache (``<cache>/wheels``); a wheel already there is not fetched again. tests/test_vllm_release_fixtures.py
 compares the catalog with these files.
 
-    .venv/bin/python bench/record_vllm_rules.py 0.20.0 0.34.0 ...   # default: every catalog vLLM release from 0.20.0
+    .venv/bin/python bench/record_vllm_rules.py 0.20.0 0.34.0 ...   # default: every catalog vLLM release
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ FIXTURES = ROOT / "tests" / "fixtures" / "vllm"
 def catalog_versions() -> list[str]:
     cat = compat.load_engine_catalog()
     out = {r.version for r in cat.images.values() if r.engine == "vllm" and re.fullmatch(r"\d+(\.\d+)+", r.version)}
-    return sorted((v for v in out if tuple(map(int, v.split("."))) >= (0, 20)), key=lambda v: tuple(map(int, v.split("."))))
+    return sorted(out, key=lambda v: tuple(map(int, v.split("."))))
 
 
 def wheel_for(version: str, dest: Path) -> Path:
@@ -49,7 +51,8 @@ def main() -> int:
         wheel = wheel_for(version, dest)
         with zipfile.ZipFile(wheel) as z:
             files = {n: z.read(n).decode("utf-8", "replace") for n in z.namelist()
-                     if n.endswith(".py") and n.startswith((vllm_rules.QUANT_DIR, vllm_rules.BACKENDS_DIR))}
+                     if n == vllm_rules.REGISTRY
+                     or (n.endswith(".py") and n.startswith((vllm_rules.QUANT_DIR, vllm_rules.BACKENDS_DIR)))}
         text = vllm_rules.excerpt(files, version, wheel.name)
         out = FIXTURES / version
         out.mkdir(parents=True, exist_ok=True)
@@ -59,7 +62,8 @@ def main() -> int:
         rules = vllm_rules.parse_excerpt(text)
         print(f"{version}: {len(rules.methods)} quantization methods ({len(rules.min_capability)} with a floor: "
               + ", ".join(f"{k} {v}" for k, v in sorted(rules.min_capability.items())) + "); backends "
-              + ", ".join(f"{k} {v}" for k, v in sorted(rules.floors.items()) if v))
+              + ", ".join(f"{k} {v}" for k, v in sorted(rules.floors.items()) if v)
+              + f"; {len(rules.architectures)} registry architectures")
     return 0
 
 

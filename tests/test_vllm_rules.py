@@ -118,3 +118,46 @@ def test_the_recorded_releases_show_the_removals_and_the_flashinfer_floor():
     assert "bitsandbytes" in rules("0.27.1").methods and "bitsandbytes" not in rules("0.28.0").methods
     assert rules("0.23.0").floors["FLASHINFER"] == "7.5" and rules("0.24.0").floors["FLASHINFER"] == "8.0"
     assert rules("0.34.0").min_capability["modelopt_fp4"] == "7.5"
+
+
+REGISTRY_TEXT = '''_TEXT_GENERATION_MODELS = {
+    # [Decoder-only]
+    "Qwen2ForCausalLM": ("qwen2", "Qwen2ForCausalLM"),
+    "DeepseekV32ForCausalLM": (
+        "vllm.models.deepseek_v32",
+        "DeepseekV32ForCausalLM",
+    ),
+}
+
+_EMBEDDING_MODELS = {
+    "BertModel": ("bert", "BertEmbeddingModel"),
+}
+
+_MULTIMODAL_MODELS = {
+    "Gemma3ForConditionalGeneration": ("gemma3_mm", "Gemma3ForConditionalGeneration"),
+}
+'''
+
+
+def test_the_registry_s_generation_and_multimodal_keys_are_its_architectures():
+    assert V.registry_architectures(REGISTRY_TEXT) == (
+        "DeepseekV32ForCausalLM", "Gemma3ForConditionalGeneration", "Qwen2ForCausalLM")
+    assert V.registry_architectures("no registry here") == ()
+
+
+def test_the_registry_keys_survive_the_excerpt_one_a_line():
+    text = V.excerpt({V.REGISTRY: REGISTRY_TEXT}, "0.0.0", "vllm-0.0.0.whl")
+    assert "## keys vllm/model_executor/models/registry.py _MULTIMODAL_MODELS\nGemma3ForConditionalGeneration" in text
+    assert V.parse_excerpt(text).architectures == V.registry_architectures(REGISTRY_TEXT)
+
+
+@pytest.mark.parametrize("version, arch, served", [
+    ("0.9.2", "GptOssForCausalLM", False), ("0.10.1.1", "GptOssForCausalLM", True),
+    ("0.9.2", "Qwen3MoeForCausalLM", True), ("0.10.1.1", "Qwen3_5ForConditionalGeneration", False),
+    ("0.19.1", "Qwen3_5ForConditionalGeneration", True),
+])
+def test_the_recorded_registries_show_when_an_architecture_arrived(version, arch, served):
+    from pathlib import Path
+
+    text = (Path(__file__).parent / "fixtures" / "vllm" / version / "rules.txt").read_text(encoding="utf-8")
+    assert (arch in V.parse_excerpt(text).architectures) is served

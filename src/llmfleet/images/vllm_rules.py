@@ -9,9 +9,15 @@ facts out; ``release_draft`` hands in the files, tests hand in recorded excerpts
   ``capability >= DeviceCapability(M, m)`` gives ``M.m``; ``return True`` gives ``any``; anything
   else is not read (None), never guessed.
 
+- The architectures its model registry serves (``vllm/model_executor/models/registry.py``): the keys of
+  ``_TEXT_GENERATION_MODELS`` and ``_MULTIMODAL_MODELS``, the names a checkpoint's config.json
+  ``architectures`` is looked up by. A name missing there is refused at load ("Model architectures
+  [...] are not supported for now").
+
 ``excerpt`` writes what was read as a small text a test can keep (the fixture of a release): the
 ``QuantizationMethods`` block and, per backend file, its ``get_name`` and ``supports_compute_capability``
-lines, verbatim. ``parse_excerpt`` reads that text back with the same parsers.
+lines, verbatim; the registry keys one a line. ``parse_excerpt`` reads that text back with the same
+parsers.
 """
 
 from __future__ import annotations
@@ -31,6 +37,10 @@ _QNAME = re.compile(r"def get_name\([^)]*\)[^:]*:\s*\n\s*return \"([a-z0-9_-]+)\
 _MINCAP = re.compile(r"def get_min_capability\([^)]*\)[^:]*:\s*\n(?:\s*#[^\n]*\n)*\s*return (\d+)\b")
 _FLOOR = re.compile(r"capability\s*>=\s*DeviceCapability\(\s*(\d+)\s*,\s*(\d+)\s*\)")
 FILE_MARK = "## file "
+REGISTRY = "vllm/model_executor/models/registry.py"
+REGISTRY_DICTS = ("_TEXT_GENERATION_MODELS", "_MULTIMODAL_MODELS")
+KEYS_MARK = "## keys "  # one registry key a line: "## keys <file> <dict>"
+_KEY = re.compile(r'^    "([^"]+)"\s*:', re.M)
 
 
 @dataclass(frozen=True)
@@ -38,6 +48,19 @@ class VllmRules:
     methods: tuple[str, ...] = ()  # QuantizationMethods, in the release's order
     floors: dict[str, str | None] = field(default_factory=dict)  # backend -> "M.m" | "any" | None (not read)
     min_capability: dict[str, str] = field(default_factory=dict)  # method -> "M.m" (its config's get_min_capability)
+    architectures: tuple[str, ...] = ()  # the model registry's text-generation and multimodal keys, sorted
+
+
+def registry_keys(text: str, name: str) -> tuple[str, ...]:
+    """The keys of the module-level dict ``name = {...}`` of registry.py, in the file's order; () when
+    the file has no such dict."""
+    m = re.search(rf"^{name}\s*=\s*\{{\n(.*?)^\}}", text, re.S | re.M)
+    return tuple(_KEY.findall(m.group(1))) if m else ()
+
+
+def registry_architectures(text: str) -> tuple[str, ...]:
+    """The architectures registry.py serves for generation: its text-generation and multimodal keys."""
+    return tuple(sorted({k for d in REGISTRY_DICTS for k in registry_keys(text, d)}))
 
 
 def quantization_methods(text: str) -> tuple[str, ...]:
@@ -96,7 +119,8 @@ def read_rules(files: Mapping[str, str]) -> VllmRules:
         if _in(path, QUANT_DIR) and path != QUANT_INIT:
             for k, v in quant_min_capabilities(files[path]).items():
                 caps.setdefault(k, v)
-    return VllmRules(quantization_methods(files.get(QUANT_INIT, "")), floors, caps)
+    return VllmRules(quantization_methods(files.get(QUANT_INIT, "")), floors, caps,
+                     registry_architectures(files.get(REGISTRY, "")))
 
 
 def excerpt(files: Mapping[str, str], version: str, wheel: str) -> str:
@@ -127,16 +151,28 @@ def excerpt(files: Mapping[str, str], version: str, wheel: str) -> str:
                            f"    def get_min_capability(cls) -> int:\n        return {cap.group(1)}"]
         if blocks:
             out += [f"{FILE_MARK}{path}", *blocks]
+    for dict_name in REGISTRY_DICTS:
+        keys = registry_keys(files.get(REGISTRY, ""), dict_name)
+        if keys:
+            out += [f"{KEYS_MARK}{REGISTRY} {dict_name}", *keys]
     return "\n".join(out) + "\n"
 
 
 def parse_excerpt(text: str) -> VllmRules:
-    """``excerpt``'s text read back into the files it quotes, then ``read_rules``."""
+    """``excerpt``'s text read back into the files it quotes, then ``read_rules``; a keys block is
+    written back as the dict it lists."""
     files: dict[str, list[str]] = {}
+    keys: dict[str, dict[str, list[str]]] = {}  # file -> dict name -> its keys
     current: list[str] | None = None
     for line in text.splitlines():
         if line.startswith(FILE_MARK):
             current = files.setdefault(line[len(FILE_MARK):].strip(), [])
-        elif current is not None:
+        elif line.startswith(KEYS_MARK):
+            path, _, name = line[len(KEYS_MARK):].strip().rpartition(" ")
+            current = keys.setdefault(path, {}).setdefault(name, [])
+        elif current is not None and line.strip():
             current.append(line)
+    for path, dicts in keys.items():
+        for name, names in dicts.items():
+            files.setdefault(path, []).extend([f"{name} = {{", *(f'    "{k.strip()}": (),' for k in names), "}"])
     return read_rules({p: "\n".join(lines) + "\n" for p, lines in files.items()})

@@ -18,7 +18,8 @@ from typing import Any, Literal
 
 from llmfleet.errors import LlmfleetError, UsageError
 from llmfleet.inventory.services import HostSettings, Service
-from llmfleet.knowledge import compat, engines, gpu_health
+from llmfleet.knowledge import arch_support, compat, engines, gpu_health
+from llmfleet.knowledge.catalog import ModelSpec
 from llmfleet.knowledge.compat import EngineCatalog, EngineRelease, Kernels, Verdict
 from llmfleet.knowledge.facts import Facts, GpuFact, ModelFile
 
@@ -32,7 +33,8 @@ IMAGE_DISK_FACTOR = 1.5
 GPU_BUSY_FRACTION = 0.05
 # Every check id, in the order run_checks emits them (docs/preflight.md describes each).
 CHECK_IDS = (
-    "image", "exporter", "gpu", "gpu-health", "cuda-driver", "arch", "quant", "dtype", "attention", "kv-dtype", "known-issue", "plan",
+    "image", "exporter", "gpu", "gpu-health", "cuda-driver", "arch", "quant", "dtype", "attention", "kv-dtype", "known-issue", "model-arch",
+    "plan",
     "docker", "gpu-runtime", "compose", "disk-image", "model-files", "model-verified", "disk-model", "port", "bind",
     "facts",
 )
@@ -305,6 +307,8 @@ def run_checks(
         checks += _release_checks(rel, cat, service, facts, gpu, effective_args(service, plan), dict(service.env),
                                   today)
 
+    if rel is not None and service.model:
+        checks.append(_c("model-arch", arch_support.check(rel, _catalog_model(service.model))))
     checks.append(_plan_check(service, plan, plan_error))
     checks.append(_docker_check(facts))
     checks.append(_gpu_runtime_check(facts, rel))
@@ -491,6 +495,16 @@ def exporter_bind_check(service: Service, settings: HostSettings | None) -> Chec
                      f"the address; {how}",
                      f"set llmfleet_services[{service.name}].bind_address to the address Prometheus scrapes")
     return Check("bind", "pass", f"{where} (a private address)")
+
+
+def _catalog_model(name: str) -> ModelSpec | None:
+    """The catalog model of that name (None: not a catalog model)."""
+    from llmfleet.knowledge.catalog import find_model
+
+    try:
+        return find_model(name)
+    except UsageError:
+        return None
 
 
 def _is_multimodal(service: Service) -> bool:

@@ -320,6 +320,8 @@ class ModelSpec:
     active_params_published: float | None = None
     params_published: float | None = None
     model_type: str = ""
+    hf_architecture: str = ""  # config.json architectures[0]: the name vLLM's model registry keys on ("": not known)
+    gguf_architecture: str = ""  # GGUF general.architecture: the name llama.cpp's LLM_ARCH_NAMES keys on
     hf_id: str | None = None
     aliases: tuple[str, ...] = ()
     sources: tuple[str, ...] = ()
@@ -391,6 +393,8 @@ def _model_from_entry(e: dict[str, Any]) -> ModelSpec:
         aliases=tuple(str(a) for a in e.get("aliases", ())),
         sources=tuple(e.get("sources", ())),
         layer_types=layer_types,
+        hf_architecture=str((e.get("architecture") or {}).get("hf") or ""),
+        gguf_architecture=str((e.get("architecture") or {}).get("gguf") or ""),
         **kwargs,
     )
 

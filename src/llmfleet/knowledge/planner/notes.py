@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llmfleet.knowledge import parallel
+from llmfleet.knowledge import arch_support, parallel
 from llmfleet.knowledge.catalog import FULL, LINEAR, SLIDING, ParallelAssumptions
 from llmfleet.knowledge.engines import EngineKnowledge
 from llmfleet.knowledge.planner.budget import Budget
@@ -64,7 +64,8 @@ def _figure_notes(r: _Resolved, know: EngineKnowledge, fit: Fit) -> list[str]:
 
 
 def _refusals(req: PlanRequest, r: _Resolved, b: Budget) -> list[str]:
-    """What no budget fixes: attention heads that do not shard evenly, more hosts than layers."""
+    """What no budget fixes: attention heads that do not shard evenly, more hosts than layers, an image
+    whose build does not know the model's architecture."""
     spec, out = r.spec, []
     why = parallel.tp_problem(spec.heads, spec.kv_heads, req.gpus, mla=spec.is_mla) if b.tensor else None
     if why:
@@ -73,6 +74,9 @@ def _refusals(req: PlanRequest, r: _Resolved, b: Budget) -> list[str]:
         out.append(f"REFUSED: {req.hosts} hosts for {spec.num_layers} layers: every host needs at least one layer")
     if r.image_refusal:
         out.append(r.image_refusal)
+    unknown = arch_support.refusal(r.release, spec)
+    if unknown:
+        out.append(unknown)
     return out
 
 
