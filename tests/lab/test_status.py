@@ -119,6 +119,9 @@ def test_releases_and_audit_from_the_host(lab, deployed):
     assert recs[-1]["host"] == host and recs[-1]["action"] in ("deploy", "rollback")
 
 
+STAGING = "gpu-bare-08"
+
+
 def runbook_commands() -> list[tuple[str, str]]:
     out = []
     for p in sorted(RUNBOOKS.glob("*.md")):
@@ -136,8 +139,12 @@ def test_runbook_read_only_command_runs_in_the_lab(lab, deployed, doc, cmd):
         name = argv[argv.index("--bundle") + 1]
         if not (deployed / name / "bundle.json").is_file():
             group = argv[argv.index("--group") + 1] if "--group" in argv else None
+            # with the packages provisioning installs, as the runbook's bare hosts need (a bare lab host,
+            # not provisioned, downloads them: tests/lab/test_provision_offline.py)
+            lab.ensure_hosts(STAGING)
             made = invoke(lab, deployed, "bundle.create", name, *(["--group", group] if group else []),
-                          "--mirror", f"{lab.registry_inner}={lab.registry}", timeout=300)
+                          "--mirror", f"{lab.registry_inner}={lab.registry}", "--packages-from", STAGING,
+                          timeout=300)
             assert made.returncode == 0, made.stderr[-2000:]
     res = invoke(lab, deployed, *argv, timeout=300)
     out = res.stdout + res.stderr
