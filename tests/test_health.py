@@ -63,8 +63,19 @@ def test_stream_stats_excludes_prefill_and_prefers_usage():
     # a usage figure smaller than the chunks seen is not believed
     s2 = H.stream_stats(0.0, [(0.1, chunk("a")), (0.2, chunk("b")), (0.3, chunk(usage={"completion_tokens": 1}))], 0.3)
     assert s2.tokens == 2
-    # one chunk: no speed can be measured
+    # one chunk of one token: no speed can be measured
     assert H.stream_stats(0.0, [(0.1, chunk("a"))], 0.2).decode_tokps is None
+
+
+@pytest.mark.parametrize("events", [
+    [(1.0, chunk("all 32 tokens at once")), (1.0, chunk(usage={"completion_tokens": 32}))],  # one burst
+    [(1.0, chunk("a")), (1.0, chunk("b")), (1.0, chunk(usage={"completion_tokens": 32}))],  # two chunks, one instant
+])
+def test_a_stream_sent_in_one_burst_is_measured_over_the_whole_stream(events):
+    s = H.stream_stats(0.0, events, 2.0)
+    assert s.whole_stream and s.tokens == 32 and s.decode_tokps == pytest.approx(16.0)  # a lower bound: prefill in it
+    spread = H.stream_stats(0.0, [(0.5 + 0.1 * i, chunk("t")) for i in range(11)], 1.7)
+    assert not spread.whole_stream
 
 
 # ---------------------------------------------------------------------------------------------

@@ -111,6 +111,7 @@ class StreamStats:
     usage_tokens: int | None = None
     engine_tokps: float | None = None
     text: str = ""
+    whole_stream: bool = False  # decode_tokps is tokens over the whole stream, prefill included (see below)
 
 
 def stream_stats(t_start: float, events: list[tuple[float, dict[str, Any]]], t_end: float) -> StreamStats:
@@ -118,7 +119,10 @@ def stream_stats(t_start: float, events: list[tuple[float, dict[str, Any]]], t_e
 
     Tokens: ``usage.completion_tokens`` when the engine reports it, else one per chunk that carries
     text (both engines stream one token per chunk). Decode tok/s counts the tokens after the first
-    over the time from the first to the last text chunk, so prefill is not in it.
+    over the time from the first to the last text chunk, so prefill is not in it. An engine that sends
+    its tokens in fewer than two chunks, or all at one instant (a busy API server coalesces them), gives
+    no such span: then the figure is the tokens over the whole stream, prefill included (a lower bound,
+    ``whole_stream``), when there are at least two tokens.
     """
     text_times: list[float] = []
     text_parts: list[str] = []
@@ -144,9 +148,12 @@ def stream_stats(t_start: float, events: list[tuple[float, dict[str, Any]]], t_e
         if span > 0:
             # Tokens generated after the first chunk, over the time they took.
             tokps = tokens * (chunks - 1) / chunks / span
+    whole = False
+    if tokps is None and tokens >= 2 and t_end > t_start:
+        tokps, whole = tokens / (t_end - t_start), True
     return StreamStats(
         tokens=tokens, ttft_s=ttft, decode_tokps=tokps, total_s=t_end - t_start,
-        usage_tokens=usage_tokens, engine_tokps=engine_tokps, text="".join(text_parts)[:200],
+        usage_tokens=usage_tokens, engine_tokps=engine_tokps, text="".join(text_parts)[:200], whole_stream=whole,
     )
 
 
@@ -600,6 +607,8 @@ class HealthChecker:
         ttft = f"{stats.ttft_s * 1000:.0f} ms" if stats.ttft_s is not None else "?"
         speed = f"{stats.decode_tokps:.1f} tok/s" if stats.decode_tokps is not None else "? tok/s"
         if not verdict.ok:
-            raise _StageFailed(verdict.message)
-        return f"{stats.tokens} tokens, TTFT {ttft}, decode {speed}; {verdict.message}"
+            said = "" if stats.decode_tokps is not None else f" ({stats.tokens} token(s) in {len(events)} chunk(s): {stats.text[:60]!r})"
+            raise _StageFailed(verdict.message + said)
+        how = " (over the whole stream: the engine sent its tokens in one burst)" if stats.whole_stream else ""
+        return f"{stats.tokens} tokens, TTFT {ttft}, decode {speed}{how}; {verdict.message}"
 
