@@ -64,3 +64,28 @@ def kept(name: str, key: str, make: Callable[[], Any]) -> Any:
         return value
     write_private(path, blob)
     return value
+
+
+def kept_object(name: str, key: str, make: Callable[[], Any], kind: type) -> Any:
+    """``make()``'s value, an object of ``kind`` kept with ``pickle`` under ``key`` (a content hash of
+    everything it depends on, the code's version included) in the private cache folder ``name``: for a
+    value built by slow validation, such as a catalog. Read back only from a folder private to this user
+    (``private_dir``), and only when it is a ``kind``; anything else is built again."""
+    import pickle
+
+    folder = private_dir(name)
+    if folder is None:
+        return make()
+    path = folder / f"{key[:40]}.pickle"
+    try:
+        value = pickle.loads(path.read_bytes())  # noqa: S301 - this user's private folder, written by us
+        if isinstance(value, kind):
+            return value
+    except Exception:  # noqa: BLE001 - a damaged or foreign entry is built again
+        pass
+    value = make()
+    try:
+        write_private(path, pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
+    except Exception:  # noqa: BLE001 - a value pickle cannot hold is returned without being kept
+        pass
+    return value

@@ -10,27 +10,31 @@ name, a filter Ansible has and llmfleet does not, or a reference loop is one err
 variable and the file that set it. Unsafe strings (``!unsafe``, INI bytes) are never rendered.
 
 Rendering runs in Jinja's immutable sandbox: no attribute access to internals, no side effects. Pure.
+A value that is one bare variable (``{{ inventory_hostname }}``) is that variable's value, looked up
+without Jinja (the same answer; Jinja is loaded only for anything more).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-import jinja2
-from jinja2 import meta
-from jinja2.sandbox import ImmutableSandboxedEnvironment
-
 from llmfleet.errors import InventoryError
 from llmfleet.inventory.values import UnsafeText, VaultValue
 
 if TYPE_CHECKING:
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
     from llmfleet.inventory.ansible import Host, Inventory
 
 NAMESPACE_PREFIX = "llmfleet_"
 _WHOLE = re.compile(r"^\s*\{\{(?P<expr>.*?)\}\}\s*$", re.S)
+_BARE = re.compile(r"^\s*\{\{\s*(?P<name>[A-Za-z_][A-Za-z0-9_]*)\s*\}\}\s*$")
+_KEYWORDS = {"true", "false", "none", "True", "False", "None", "loop", "range", "lipsum", "dict", "cycler",
+             "joiner", "namespace"}
 
 
 class TemplateError(InventoryError):
@@ -59,12 +63,18 @@ def _regex_search(value: Any, pattern: str) -> str | None:
 
 
 def _mandatory(value: Any, msg: str | None = None) -> Any:
+    import jinja2
+
     if isinstance(value, jinja2.Undefined):
         raise jinja2.UndefinedError(msg or "mandatory variable not defined")
     return value
 
 
+@functools.cache
 def _env() -> ImmutableSandboxedEnvironment:
+    import jinja2
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
     env = ImmutableSandboxedEnvironment(undefined=jinja2.StrictUndefined, autoescape=False)
     env.filters.update({
         "bool": _bool,
@@ -80,7 +90,6 @@ def _env() -> ImmutableSandboxedEnvironment:
     return env
 
 
-ENV = _env()
 
 
 def has_template(value: Any) -> bool:
@@ -89,8 +98,10 @@ def has_template(value: Any) -> bool:
 
 def evaluate_expression(expr: str, variables: Mapping[str, Any]) -> Any:
     """A bare Jinja expression's native value (the ``constructed`` plugin's keys, groups, compose)."""
+    import jinja2
+
     try:
-        out = ENV.compile_expression(expr, undefined_to_none=False)(**dict(variables))
+        out = _env().compile_expression(expr, undefined_to_none=False)(**dict(variables))
         if isinstance(out, jinja2.Undefined):
             out._fail_with_undefined_error()
         return out
@@ -154,8 +165,19 @@ class Resolver:
 
     def render(self, text: str, name: str) -> Any:
         top = self._stack[0] if self._stack else name
+        bare = _BARE.match(text)
+        if bare is not None and bare.group("name") not in _KEYWORDS:
+            try:
+                return self.var(bare.group("name"))
+            except KeyError:
+                raise TemplateError(f"{self.where(top)}: {name}: '{bare.group('name')}' is undefined "
+                                    f"(in {text!r})") from None
+        import jinja2
+        from jinja2 import meta
+
+        env = _env()
         try:
-            refs = sorted(meta.find_undeclared_variables(ENV.parse(text)))
+            refs = sorted(meta.find_undeclared_variables(env.parse(text)))
         except jinja2.TemplateError as exc:
             raise TemplateError(f"{self.where(top)}: {name}: cannot render {text!r}: {exc.message}") from None
         context: dict[str, Any] = {}
@@ -174,11 +196,11 @@ class Resolver:
             context[ref] = v
         try:
             if single and whole is not None:
-                out = ENV.compile_expression(whole.group("expr"), undefined_to_none=False)(**context)
+                out = env.compile_expression(whole.group("expr"), undefined_to_none=False)(**context)
                 if isinstance(out, jinja2.Undefined):
                     out._fail_with_undefined_error()
                 return out
-            return ENV.from_string(text).render(context)
+            return env.from_string(text).render(context)
         except jinja2.UndefinedError as exc:
             raise TemplateError(f"{self.where(top)}: {name}: {exc.message} (in {text!r})") from None
         except jinja2.TemplateError as exc:

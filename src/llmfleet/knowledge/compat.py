@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Literal, Protocol, TypedDict, Unpack
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from llmfleet import yamlload
+from llmfleet import cache, yamlload
 from llmfleet.errors import UsageError
 
 if TYPE_CHECKING:
@@ -331,7 +331,26 @@ def load_engine_catalog(path: str | None = None) -> EngineCatalog:
         text = p.read_text(encoding="utf-8")
     except OSError as exc:
         raise UsageError(f"{p}: cannot read the engine catalog: {exc.strerror}") from None
-    return parse_engine_catalog(text, str(p), keep=True)
+    return cache.kept_object(CATALOG_CACHE, _catalog_key(text), lambda: parse_engine_catalog(text, str(p), keep=True),
+                             EngineCatalog)
+
+
+CATALOG_CACHE = "catalog"
+
+
+def _catalog_key(text: str) -> str:
+    """What the validated catalog depends on: its text and the code that validates it (llmfleet's and
+    pydantic's versions, this module's own source)."""
+    import hashlib
+    import sys
+
+    import pydantic
+
+    from llmfleet import __version__
+
+    code = Path(__file__).read_bytes()
+    return hashlib.sha256(b"\0".join([text.encode(), code, __version__.encode(), pydantic.VERSION.encode(),
+                                      sys.version.encode()])).hexdigest()
 
 
 def driver_branches() -> dict[int, str]:

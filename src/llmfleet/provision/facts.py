@@ -53,25 +53,45 @@ class FactsQuery:
 
 
 def facts_script(mark: str, query: FactsQuery) -> str:
-    """The exact script; every value from the inventory is quoted."""
+    """The exact script; every value from the inventory is quoted.
+
+    The slow probes (nvidia-smi, the Docker engine and compose CLIs, systemd's unit states: each starts
+    a process of its own that takes tens of milliseconds) run in the background from the start, each
+    into a file of a private temporary folder, while the quick sections are read; their sections then
+    print those files in the usual order. The answer is the same as run one after another."""
     pats = " ".join(q(p) for p in PACKAGE_PATTERNS)
+    units = [f"printf '%s\\t%s\\t%s\\n' {q(u)} \"$(systemctl is-enabled -- {q(u)} 2>/dev/null)\" "
+             f"\"$(systemctl is-active -- {q(u)} 2>/dev/null)\"" for u in query.units]
     lines = [
         f"M={q(mark)}",
         'sec() { printf \'\\n==%s== %s\\n\' "$M" "$1"; }',
         "export LC_ALL=C",
+        'T=$(mktemp -d 2>/dev/null) || T=""',
+        # without a temporary folder the probes run in place (below), one after another
+        'bg() { if [ -n "$T" ]; then ( "$@" ) > "$T/$1" 2>&1 & fi; }',
+        'shown() { if [ -n "$T" ]; then wait; cat "$T/$1"; else ( "$@" ) 2>&1; fi; }',
+        "p_smi() {",
+        "  if command -v nvidia-smi >/dev/null 2>&1; then",
+        f"    out=$(nvidia-smi --query-gpu={_SMI_QUERY} --format=csv,noheader 2>&1); rc=$?",
+        "    printf '%s\\n' \"$out\" | head -c 8192; echo \"rc=$rc\"",
+        "  else echo absent; fi",
+        "}",
+        "p_docker() { command -v docker >/dev/null 2>&1 && docker version --format '{{.Server.Version}}' 2>&1 | head -c 512; }",
+        "p_compose() { command -v docker >/dev/null 2>&1 && docker compose version --short 2>/dev/null | head -c 512; }",
+        "p_units() {",
+        *(f"  {u}" for u in units),
+        "  true",
+        "}",
+        "bg p_smi; bg p_docker; bg p_compose; bg p_units",
         "sec os-release; cat /etc/os-release 2>/dev/null",
         "sec kernel; uname -r",
         "sec arch; dpkg --print-architecture 2>/dev/null",
         f"sec dpkg; dpkg-query -W -f='${{binary:Package}}\\t${{Version}}\\t${{db:Status-Abbrev}}\\n' {pats} 2>/dev/null",
         "sec holds; apt-mark showhold 2>/dev/null",
         "sec dpkg-audit; dpkg --audit 2>&1 | head -c 4096",
-        "sec nvidia-smi",
-        "if command -v nvidia-smi >/dev/null 2>&1; then",
-        f"  out=$(nvidia-smi --query-gpu={_SMI_QUERY} --format=csv,noheader 2>&1); rc=$?",
-        "  printf '%s\\n' \"$out\" | head -c 8192; echo \"rc=$rc\"",
-        "else echo absent; fi",
-        "sec docker; command -v docker >/dev/null 2>&1 && docker version --format '{{.Server.Version}}' 2>&1 | head -c 512",
-        "sec compose; command -v docker >/dev/null 2>&1 && docker compose version --short 2>/dev/null | head -c 512",
+        "sec nvidia-smi; shown p_smi",
+        "sec docker; shown p_docker",
+        "sec compose; shown p_compose",
         "sec ctk; command -v nvidia-ctk >/dev/null 2>&1 && nvidia-ctk --version 2>/dev/null | head -c 512",
         "sec daemon-json; head -c 65536 /etc/docker/daemon.json 2>/dev/null",
         f"sec user; id -nG -- {q(query.user)} 2>/dev/null || echo '@@nouser'",
@@ -85,12 +105,10 @@ def facts_script(mark: str, query: FactsQuery) -> str:
             f"if [ -f {q(p)} ]; then stat -c '%a\t%U\t%G\t%n' -- {q(p)}; "
             f"head -c {FILE_CAP} -- {q(p)} | base64 -w0; echo; else printf 'absent\\t\\t\\t%s\\n\\n' {q(p)}; fi",
         ]
-    lines.append("sec units")
-    for u in query.units:
-        lines.append(f"printf '%s\\t%s\\t%s\\n' {q(u)} \"$(systemctl is-enabled -- {q(u)} 2>/dev/null)\" "
-                     f"\"$(systemctl is-active -- {q(u)} 2>/dev/null)\"")
     lines += [
+        "sec units; shown p_units",
         "sec reboot-required; [ -e /var/run/reboot-required ] && echo yes || echo no",
+        '[ -z "$T" ] || rm -rf -- "$T"',
         f"sec {DONE}",
     ]
     return "\n".join(lines) + "\n"
