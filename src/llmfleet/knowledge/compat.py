@@ -331,8 +331,9 @@ def load_engine_catalog(path: str | None = None) -> EngineCatalog:
         text = p.read_text(encoding="utf-8")
     except OSError as exc:
         raise UsageError(f"{p}: cannot read the engine catalog: {exc.strerror}") from None
-    return cache.kept_object(CATALOG_CACHE, _catalog_key(text), lambda: parse_engine_catalog(text, str(p), keep=True),
-                             EngineCatalog)
+    cat: EngineCatalog = cache.kept_object(CATALOG_CACHE, _catalog_key(text),
+                                           lambda: parse_engine_catalog(text, str(p), keep=True), EngineCatalog)
+    return cat
 
 
 CATALOG_CACHE = "catalog"
