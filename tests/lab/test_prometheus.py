@@ -426,6 +426,13 @@ def vllm_fleet(lab, tmp_path_factory):
         lab.exec(VLLM_HOST, ["systemctl", "stop", "llmfleet-tiny-vllm.service"], check=False, timeout=180)
 
 
+def _running_on_host(lab, host: str, address: str) -> float:
+    """vllm:num_requests_running as the engine's own /metrics (``address``:8000) says it now, read on the host."""
+    out = lab.exec(host, ["sh", "-c", f"curl -s -m 5 http://{address}:8000/metrics | grep '^vllm:num_requests_running'"],
+                   check=False).stdout
+    return sum(float(ln.rsplit(" ", 1)[1]) for ln in out.splitlines() if ln.strip())
+
+
 @pytest.mark.vllm
 def test_the_hung_alert_fires_for_a_vllm_engine_core_stopped_under_load(lab, vllm_fleet):
     port, host = vllm_fleet["port"], VLLM_HOST
@@ -444,8 +451,19 @@ def test_the_hung_alert_fires_for_a_vllm_engine_core_stopped_under_load(lab, vll
         assert not _query(port, 'ALERTS{alertname="LlmfleetEngineHung"}'), "a busy engine is not hung"
         found = lab.exec(host, ["sh", "-c", "pgrep -f '[E]ngineCore'"], check=False).stdout.split()
         assert len(found) == 1, f"expected one EngineCore process on the host, found {found}"
-        stopped = int(found[0])
-        lab.exec(host, ["kill", "-STOP", str(stopped)])
+        # the API process publishes the engine core's last stats: stopped between two requests, its
+        # gauge says 0 running for good and nothing looks stuck. Stop it again until the engine's own
+        # /metrics shows a request running at the stop (bounded).
+        for _attempt in range(8):
+            lab.exec(host, ["kill", "-STOP", found[0]])
+            stopped = int(found[0])
+            time.sleep(2)
+            if _running_on_host(lab, host, vllm_fleet["address"]) > 0:
+                break
+            lab.exec(host, ["kill", "-CONT", found[0]])
+            stopped = None
+            time.sleep(3)
+        assert stopped is not None, "the engine core never stopped with a request running"
         try:
             got = _wait("LlmfleetEngineHung to fire", lambda: _firing(port, "LlmfleetEngineHung") or None,
                         timeout=240)
