@@ -80,12 +80,13 @@ def backend_floor(text: str) -> tuple[str | None, str | None]:
     if name is None or body is None:
         return None, None
     floor: str | None = None
-    if body is not None:
-        found = _FLOOR.search(body.group(0))
-        if found is not None:
-            floor = f"{found.group(1)}.{found.group(2)}"
-        elif re.search(r"return True\s*$", body.group(0).strip()) and "capability" not in body.group(0).split(
-                ":", 1)[1].split("return True")[0]:
+    found = _FLOOR.search(body.group(0))
+    if found is not None:
+        floor = f"{found.group(1)}.{found.group(2)}"
+    else:  # a body that is only ``return True``: every card
+        after_def = body.group(0).split("\n", 1)[1] if "\n" in body.group(0) else ""
+        statements = [ln.strip() for ln in after_def.splitlines() if ln.strip() and not ln.strip().startswith("#")]
+        if statements == ["return True"]:
             floor = "any"
     return name.group(1), floor
 
