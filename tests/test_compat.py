@@ -547,3 +547,19 @@ def test_require_cuda_terms():
     assert compat.card_brands("NVIDIA GeForce RTX 3090", False) == {"geforce", "geforcertx"}
     assert compat.card_brands("Tesla V100-SXM2-32GB", True) == {"tesla"}
     assert compat.card_brands("NVIDIA H200", True) == {"nvidia", "tesla"}
+
+
+def test_a_driver_after_the_driver_table_warns_where_the_table_ends_instead_of_judging_by_its_last_row():
+    """The driver table ends at branch 595 (CUDA 13.2); NVIDIA has published CUDA 13.3-13.5 since, whose
+    driver rows the catalog does not hold. A 610 driver with no CUDA version read from the host and an
+    image that needs more than 13.2 is a WARN that names the table's end, not a verdict from the 595 row."""
+    last = max(CAT.driver_branches)
+    r = rel("vllm:0.20.0").model_copy(update={"cuda": "13.3"})
+    host = dict(gpu_name="NVIDIA H200", cc="9.0", data_center=True, today=BEFORE_R535_EOL, **NO_FWD)
+    v = compat.check_cuda_driver(r, CAT, driver=f"{last + 15}.43.02", cuda_driver=None, **host)
+    assert v.status == "warn", v
+    assert f"ends at branch {last}" in v.message and "CUDA Toolkit and Corresponding Driver Versions" in v.fix
+    # What nvidia-smi reports decides where it is read; an image the table covers is judged as before.
+    assert compat.check_cuda_driver(r, CAT, driver=f"{last + 15}.43.02", cuda_driver="13.3", **host).status == "pass"
+    older = rel("vllm:0.20.0")
+    assert compat.check_cuda_driver(older, CAT, driver=f"{last + 15}.43.02", cuda_driver=None, **host).status == "pass"

@@ -63,3 +63,14 @@ def test_llamacpp_keeps_an_untied_embedding_table_off_the_gpu_vllm_loads_it():
     assert vllm.budget.weights_gpu_bytes == vllm.r.weights.total_bytes
     assert gguf.budget.weights_gpu_bytes == w.total_bytes - w.embed_bytes
     assert w.embed_bytes > 0.5 * GB
+
+
+def test_a_quadro_rtx_8000_plans_with_the_memory_nvidia_smi_shows_with_ecc_on():
+    """A Quadro RTX 8000 runs with ECC on: nvidia-smi shows 45556 MiB (driver 460.39) or 46080 MiB (610.43)
+    of its 48 GiB. A plan that budgets the full 49152 MiB promises memory the card does not give."""
+    from llmfleet.knowledge.catalog import find_gpu
+
+    gpu = find_gpu("quadro-rtx-8000")
+    assert gpu.memory_mib <= 46080  # ECC on keeps at least 1/16 of 49152 MiB
+    s = stages(model="qwen2.5-7b-instruct", quant="q4_k_m", gpu="quadro-rtx-8000", context=8192)
+    assert s.budget.card_bytes <= 46080 * 2**20 * s.budget.gpu_memory_utilization

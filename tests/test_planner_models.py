@@ -54,6 +54,7 @@ def P(model, quant=None, gpu="rtx-3090", **kw):
         ("mixtral-8x7b-instruct", 46.7e9, 12.9e9, False, "Mistral: Mixtral 8x7B 46.7B total, 12.9B active"),
         ("deepseek-v2-lite-chat", 15.7e9, 2.4e9, True, "DeepSeek-V2-Lite model card: 15.7B total, 2.4B activated"),
         ("gpt-oss-20b", 20.91e9, 3.61e9, True, "gpt-oss model card: 20.91B total, 3.61B active"),
+        ("gpt-oss-120b", 116.83e9, 5.13e9, True, "gpt-oss model card: 116.83B total, 5.13B active"),
         ("deepseek-v3", 671e9, 37e9, True, "DeepSeek-V3 model card: 671B (+14B MTP), 37B activated"),
     ],
 )

@@ -87,3 +87,24 @@ def test_decode_speed_model(change, slower):
     other = decode_speed(*args, **change)
     assert (other.high < base.high) is slower
     assert other.low <= other.high
+
+
+@pytest.mark.parametrize(("engine", "gpu", "quant"), [("vllm", "h200-141gb", "bf16"), ("vllm", "a100-sxm4-80gb", "bf16"),
+                                                      ("llamacpp", "h200-141gb", "q8_0")])
+def test_a_deltanet_layer_costs_its_state_write_back_and_its_own_kernels(engine, gpu, quant):
+    """Qwen3.5-27B: 48 Gated DeltaNet layers read their float32 recurrent state and write it back every
+    token, and run kernels an attention layer does not (conv1d update, gating, the recurrent update):
+    the plan reads the state twice and adds the catalog's linear_layer_us per DeltaNet layer."""
+    s = stages(model="qwen3.5-27b", quant=quant, gpu=gpu, engine=engine, context=4096)
+    sp, fit = s.speed, s.fit
+    state = fit.layout.state_bytes_per_sequence
+    assert state > 100e6  # 48 layers x (48 x 128 x 128 x 4 bytes + conv state)
+    assert sp.read_bytes == pytest.approx(sp.weights_read_bytes + fit.per_sequence_bytes + state)
+    lin = sp.resident.linear_layer_us
+    assert 0 < lin[0] <= lin[1]
+    assert "48 linear-attention layers" in sp.efficiency_text
+    # The same bytes and layers without the DeltaNet terms decode faster at both ends.
+    gpu_spec = find_gpu(gpu)
+    plain = decode_speed(engine, gpu_spec.bandwidth_gbps, gpu_spec.memory_type, sp.read_bytes - state, 64,
+                         cuda_graphs=sp.cuda_graphs, compute_capability=gpu_spec.compute_capability)
+    assert sp.resident.low < plain.low and sp.resident.high < plain.high

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from llmfleet.knowledge.catalog import (
+    LINEAR,
     PublicDecode,
     engine_assumptions,
     load_public_decode,
@@ -72,15 +73,18 @@ def row(fig: PublicDecode) -> Row:
     """The speed model's range and the default floor for one figure, at its context and build."""
     spec, card = fig.model, fig.card
     w = compute_weights(spec, fig.quant)
-    kv = kv_layout(spec, 2.0, swa_cache=True).per_sequence(fig.context)  # f16 KV cache
+    layout = kv_layout(spec, 2.0, swa_cache=True)  # f16 KV cache
+    # A linear-attention layer's state is read (in per_sequence) and written back every token.
+    kv = layout.per_sequence(fig.context) + layout.state_bytes_per_sequence
     output = 0 if fig.reads_output_layer else (w.output_bytes or w.embed_bytes)
     read = w.read_per_token + kv - output
     moe = sum(1 for i in range(spec.num_layers) if spec.is_moe_layer(i))
+    linear = spec.count(LINEAR)
     s = decode_speed(fig.engine, card.bandwidth_gbps, card.memory_type, read, spec.num_layers, moe_layers=moe,
-                     cuda_graphs=fig.cuda_graphs, compute_capability=card.compute_capability)
+                     cuda_graphs=fig.cuda_graphs, compute_capability=card.compute_capability, linear_layers=linear)
     a = engine_assumptions(fig.engine)
     floor = health_floor(fig.engine, card, read, w.layer_bytes - w.inactive_expert_bytes, spec.num_layers,
-                         (a.offload_gbps_low, a.offload_gbps_high), moe_layers=moe)[0]
+                         (a.offload_gbps_low, a.offload_gbps_high), moe_layers=moe, linear_layers=linear)[0]
     return Row(fig, s.low, s.high, floor, card.bandwidth_gbps * 1e9 / read, read)
 
 

@@ -756,6 +756,9 @@ def check_cuda_driver(
     native_s = f"{native[0]}.{native[1]}" if native else "unknown"
     if img is None:
         return Verdict("fail", f"{rel.key}: catalog CUDA version {rel.cuda!r} does not parse", "fix catalog/engines.yaml")
+    beyond = _beyond_driver_table(rel, cat, driver=driver, dv=dv, cuda_driver=cuda_driver, native=native, img=img)
+    if beyond is not None:
+        return beyond
     if native is not None and native >= img:
         if dv >= min_dv:
             return Verdict("pass", f"driver {driver} supports CUDA {native_s}; {rel.key} needs CUDA {rel.cuda} "
@@ -847,6 +850,25 @@ def _require_cuda_verdict(
     if ok is True and not alt.startswith("cuda"):
         return None, f"; the image's NVIDIA_REQUIRE_CUDA admits it through '{alt}'"
     return None, ""
+
+
+def _beyond_driver_table(rel: EngineRelease, cat: EngineCatalog, *, driver: str, dv: tuple[int, ...],
+                         cuda_driver: str | None, native: tuple[int, int] | None,
+                         img: tuple[int, int]) -> Verdict | None:
+    """A driver of a branch after the catalog's driver table (engines.yaml driver_branches) with no CUDA
+    version read from the host: the table cannot say whether it runs the image natively when the image
+    needs more than the table's newest CUDA. A WARN naming where the table ends, never a silent verdict."""
+    if cuda_driver or not cat.driver_branches:
+        return None
+    last = max(cat.driver_branches)
+    if dv[0] <= last or (native is not None and native >= img):
+        return None
+    return Verdict("warn", f"driver {driver} is of a branch after the catalog's driver table, which ends at branch "
+                           f"{last} (CUDA {cat.driver_branches[last]}): whether it runs CUDA {rel.cuda} natively is "
+                           "not in the table",
+                   "read `nvidia-smi` (its CUDA Version) on the host, or add the branch to engines.yaml "
+                   "driver_branches from NVIDIA's 'CUDA Toolkit and Corresponding Driver Versions' table "
+                   "(https://docs.nvidia.com/cuda/cuda-toolkit-release-notes/index.html)")
 
 
 def _minor_compat_verdict(

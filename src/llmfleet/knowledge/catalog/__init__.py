@@ -500,6 +500,11 @@ class SpeedAssumptions:
     no_dp4a_factor: tuple[float, float] = (1.0, 1.0)
     no_dp4a_sources: tuple[str, ...] = ()
     floor_share_of_low: float = 0.5
+    # Extra cost of a linear-attention (Gated DeltaNet) layer over an attention layer: its recurrent
+    # state update, convolution and gating kernels (planner.yaml linear_layer_us).
+    linear_layer_us: tuple[float, float] = (0.0, 0.0)
+    linear_layer_us_no_graphs: tuple[float, float] | None = None
+    linear_sources: tuple[str, ...] = ()
 
     def efficiency_for(self, memory_type: str) -> tuple[str, tuple[float, float]]:
         """(class used, (low, high)) for a card's memory type."""
@@ -591,6 +596,10 @@ def speed_assumptions(engine: str) -> SpeedAssumptions:
                              f"{where}.no_dp4a_efficiency_factor"),
         no_dp4a_sources=tuple(sp.get("no_dp4a_sources", ())),
         floor_share_of_low=float(sp.get("floor_share_of_low", 0.5)),
+        linear_layer_us=_pair(sp.get("linear_layer_us") or {"low": 0, "high": 0}, f"{where}.linear_layer_us"),
+        linear_layer_us_no_graphs=_pair(sp["linear_layer_us_no_graphs"], f"{where}.linear_layer_us_no_graphs")
+        if sp.get("linear_layer_us_no_graphs") else None,
+        linear_sources=tuple(sp.get("linear_sources", ())),
     )
 
 

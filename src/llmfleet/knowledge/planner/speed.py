@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from llmfleet.knowledge import parallel
-from llmfleet.knowledge.catalog import EngineAssumptions, Gpu, ParallelAssumptions, speed_assumptions
+from llmfleet.knowledge.catalog import LINEAR, EngineAssumptions, Gpu, ParallelAssumptions, speed_assumptions
 from llmfleet.knowledge.engines import for_engine
 from llmfleet.knowledge.planner.budget import Budget
 from llmfleet.knowledge.planner.fit import Fit
@@ -26,6 +26,7 @@ class DecodeSpeed:
     per_layer_us: tuple[float, float]
     moe_layer_us: tuple[float, float] = (0.0, 0.0)
     cuda_graphs: bool | None = True
+    linear_layer_us: tuple[float, float] = (0.0, 0.0)
 
 
 def decode_speed(
@@ -43,6 +44,7 @@ def decode_speed(
     cuda_graphs: bool | None = True,
     compute_capability: str | None = None,
     efficiency: tuple[float, float] | None = None,
+    linear_layers: int = 0,
 ) -> DecodeSpeed:
     """time per token = gpu_bytes / (bandwidth x efficiency) + layers x per-layer cost + MoE layers x
     MoE per-layer cost + per-token cost + host_bytes / host bandwidth; the low speed pairs the low
@@ -51,7 +53,9 @@ def decode_speed(
     ``legacy`` is the old name of ``cuda_graphs=False``. ``compute_capability`` scales the efficiency
     on cards without DP4A (planner.yaml no_dp4a_*). ``extra_us``: (low, high) microseconds per token of
     communication (all-reduces, network hops) added on top. ``efficiency``: a measured (low, high)
-    instead of the catalog's (a fleet's fitted figure already holds the card's own factors)."""
+    instead of the catalog's (a fleet's fitted figure already holds the card's own factors).
+    ``linear_layers``: linear-attention (Gated DeltaNet) layers, each costing ``linear_layer_us`` on top of
+    the per-layer cost (their state's bytes are in ``gpu_bytes``: read and written back every token)."""
     sp = speed_assumptions(engine)
     cls, (e_lo, e_hi) = sp.efficiency_for(memory_type)
     f_lo, f_hi = sp.efficiency_factor(compute_capability)
@@ -61,26 +65,30 @@ def decode_speed(
     without_g = sp.legacy_per_layer_us or with_g
     moe_g = sp.moe_layer_us
     moe_ng = sp.moe_layer_us_no_graphs or moe_g
+    lin_g = sp.linear_layer_us
+    lin_ng = sp.linear_layer_us_no_graphs or lin_g
     if graphs is True:
-        (c_lo, c_hi), (m_lo, m_hi) = with_g, moe_g
+        (c_lo, c_hi), (m_lo, m_hi), (l_lo, l_hi) = with_g, moe_g, lin_g
     elif graphs is False:
-        (c_lo, c_hi), (m_lo, m_hi) = without_g, moe_ng
+        (c_lo, c_hi), (m_lo, m_hi), (l_lo, l_hi) = without_g, moe_ng, lin_ng
     else:
-        (c_lo, c_hi), (m_lo, m_hi) = (with_g[0], without_g[1]), (moe_g[0], moe_ng[1])
+        (c_lo, c_hi), (m_lo, m_hi), (l_lo, l_hi) = ((with_g[0], without_g[1]), (moe_g[0], moe_ng[1]),
+                                                    (lin_g[0], lin_ng[1]))
     p_lo, p_hi = sp.per_token_us
     bw = bandwidth_gbps * GB
     h_lo, h_hi = host_gbps or (1.0, 1.0)
     x_lo, x_hi = extra_us
-    t_slow = (gpu_bytes / (bw * e_lo) + (layers * c_hi + moe_layers * m_hi + p_hi + x_hi) * 1e-6
+    t_slow = (gpu_bytes / (bw * e_lo) + (layers * c_hi + moe_layers * m_hi + linear_layers * l_hi + p_hi + x_hi) * 1e-6
               + (host_bytes / (h_lo * GB) if host_bytes else 0.0))
-    t_fast = (gpu_bytes / (bw * e_hi) + (layers * c_lo + moe_layers * m_lo + p_lo + x_lo) * 1e-6
+    t_fast = (gpu_bytes / (bw * e_hi) + (layers * c_lo + moe_layers * m_lo + linear_layers * l_lo + p_lo + x_lo) * 1e-6
               + (host_bytes / (h_hi * GB) if host_bytes else 0.0))
-    return DecodeSpeed(1.0 / t_slow, 1.0 / t_fast, cls, (e_lo, e_hi), (c_lo, c_hi), (m_lo, m_hi), graphs)
+    return DecodeSpeed(1.0 / t_slow, 1.0 / t_fast, cls, (e_lo, e_hi), (c_lo, c_hi), (m_lo, m_hi), graphs,
+                       (l_lo, l_hi) if linear_layers else (0.0, 0.0))
 
 
 def health_floor(engine: str, gpu: Gpu, read_bytes: float, layer_read_bytes: float, layers: int,
                  offload_gbps: tuple[float, float], gpus: int = 1,
-                 extra_us: tuple[float, float] = (0.0, 0.0), moe_layers: int = 0,
+                 extra_us: tuple[float, float] = (0.0, 0.0), moe_layers: int = 0, linear_layers: int = 0,
                  ) -> tuple[float, DecodeSpeed, DecodeSpeed, str]:
     """(floor tok/s, resident speed, speed with a share of the layers in host memory, why).
 
@@ -96,14 +104,16 @@ def health_floor(engine: str, gpu: Gpu, read_bytes: float, layer_read_bytes: flo
     cc = gpu.compute_capability
     per_gpu = read_bytes / gpus
     resident = decode_speed(engine, gpu.bandwidth_gbps, gpu.memory_type, per_gpu, layers, extra_us=extra_us,
-                            moe_layers=moe_layers, cuda_graphs=graphs, compute_capability=cc)
+                            moe_layers=moe_layers, cuda_graphs=graphs, compute_capability=cc,
+                            linear_layers=linear_layers)
     off_bytes = layer_read_bytes / gpus * share
     moves = for_engine(engine).offload_moves_layers
     offloaded = decode_speed(engine, gpu.bandwidth_gbps, gpu.memory_type, per_gpu - off_bytes,
                              layers - int(layers * share) if moves else layers,
                              host_bytes=off_bytes, host_gbps=offload_gbps, extra_us=extra_us,
                              moe_layers=moe_layers - int(moe_layers * share) if moves else moe_layers,
-                             cuda_graphs=graphs, compute_capability=cc)
+                             cuda_graphs=graphs, compute_capability=cc,
+                             linear_layers=linear_layers - int(linear_layers * share) if moves else linear_layers)
     floor = sp.floor_share_of_low * resident.low
     why = (f"{sp.floor_share_of_low:g} x the slowest resident prediction ({resident.low:.1f} tok/s): a sanity bound "
            "below every public healthy figure of this card class (catalog decode_public.yaml), not a residency "
@@ -152,22 +162,27 @@ def _speed(req: PlanRequest, r: _Resolved, a: EngineAssumptions, pa: ParallelAss
         weights_read = weights.read_per_token - layer_read + layer_read / b.devices
     else:
         weights_read = weights.read_per_token
-    read_bytes = weights_read + fit.per_sequence_bytes
+    # A linear-attention layer reads its recurrent state and writes it back every token: the KV of one
+    # sequence counts the state once (the read), the write-back adds it again.
+    state_write = fit.layout.state_bytes_per_sequence
+    read_bytes = weights_read + fit.per_sequence_bytes + state_write
     comm = _comm_cost(req, r, pa, b.split_mode, list(fit.devices))
     extra = (comm.low_us, comm.high_us)
     off_gbps = (a.offload_gbps_low, a.offload_gbps_high)
     # The health probe decodes a short answer to a short prompt: its floor is for that context.
-    probe_read = weights_read + fit.layout.per_sequence(min(fit.context, HEALTH_PROBE_CONTEXT))
+    probe_read = weights_read + fit.layout.per_sequence(min(fit.context, HEALTH_PROBE_CONTEXT)) + state_write
     moe_layers = sum(1 for i in range(spec.num_layers) if spec.is_moe_layer(i))
+    linear_layers = spec.count(LINEAR)
     floor, _, eighth, floor_why = health_floor(
         engine, gpu, probe_read * b.shards, layer_read, spec.num_layers, off_gbps, gpus=b.shards,
-        extra_us=extra, moe_layers=moe_layers)
+        extra_us=extra, moe_layers=moe_layers, linear_layers=linear_layers)
     graphs = speed_assumptions(engine).cuda_graphs_for(gpu.compute_capability)
     measured = req.measured_efficiency
     resident = decode_speed(engine, gpu.bandwidth_gbps, gpu.memory_type, read_bytes, spec.num_layers,
                             extra_us=extra, moe_layers=moe_layers, cuda_graphs=graphs,
                             compute_capability=gpu.compute_capability,
-                            efficiency=(measured[0], measured[0]) if measured else None)
+                            efficiency=(measured[0], measured[0]) if measured else None,
+                            linear_layers=linear_layers)
     return Speed(weights_read_bytes=weights_read, read_bytes=read_bytes, ceiling=gpu.bandwidth_gbps * GB / read_bytes,
                  resident=resident, comm=comm, cuda_graphs=graphs, moe_layers=moe_layers, offload_gbps=off_gbps,
                  floor=floor, floor_why=floor_why, offload_eighth=eighth,
@@ -190,13 +205,16 @@ def _efficiency_text(r: _Resolved, b: Budget, speed: DecodeSpeed, comm: parallel
         f"{spec.num_layers} layers x {speed.per_layer_us[0]:.0f}-{speed.per_layer_us[1]:.0f} us"
         + (f" + {moe_layers} MoE layers x {speed.moe_layer_us[0]:.0f}-{speed.moe_layer_us[1]:.0f} us"
            if moe_layers and speed.moe_layer_us[1] else "")
+        + (f" + {spec.count(LINEAR)} linear-attention layers x {speed.linear_layer_us[0]:.0f}-{speed.linear_layer_us[1]:.0f} us"
+           if speed.linear_layer_us[1] else "")
         + (f" + {sp.per_token_us[0] / 1000:.1f}-{sp.per_token_us[1] / 1000:.1f} ms per token" if sp.per_token_us[1] else "")
         + f" ({engine}, memory class {speed.efficiency_class}"
         + (f", {_GRAPHS_TEXT[graphs]}" if sp.graphs_min_cc else "")
         + (", no DP4A on this card" if no_dp4a else "")
         + "): "
         + "; ".join(sp.efficiency_sources.get(speed.efficiency_class, ()) + sp.cost_sources
-                    + (sp.no_dp4a_sources if no_dp4a else ()))
+                    + (sp.no_dp4a_sources if no_dp4a else ())
+                    + (sp.linear_sources if speed.linear_layer_us[1] else ()))
         + (f"; split over {b.devices} cards: + {comm.low_us / 1000:.2f}-{comm.high_us / 1000:.2f} ms per token ({comm.text})"
            if comm.text else "")
         + (f"; efficiency {measured[0]:.2f} fitted to this fleet's measurements instead of the catalog's range "
