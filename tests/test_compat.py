@@ -46,8 +46,17 @@ def rel(key: str) -> compat.EngineRelease:
 
 def cuda_verdict(image, gpu, drv, host=NO_FWD, env=None, today=BEFORE_R535_EOL):
     name, cc, dc = gpu
+    host = dict(host)
+    env = host.pop("env", env)
     return compat.check_cuda_driver(rel(image), CAT, driver=drv[0], cuda_driver=drv[1], gpu_name=name, cc=cc,
                                     data_center=dc, env=env, today=today, **host)
+
+
+# The same hosts with the toolkit's NVIDIA_REQUIRE_CUDA check lifted (NVIDIA_DISABLE_REQUIRE=1 in the
+# service's env): the rules behind it decide.
+LIFTED = {"env": {"NVIDIA_DISABLE_REQUIRE": "1"}}
+NO_FWD_LIFTED = {**NO_FWD, **LIFTED}
+FWD_OK_LIFTED = {**FWD_OK, **LIFTED}
 
 
 @pytest.mark.parametrize(
@@ -65,7 +74,11 @@ def cuda_verdict(image, gpu, drv, host=NO_FWD, env=None, today=BEFORE_R535_EOL):
         # vLLM with SASS for the card: Triton compiles with its bundled ptxas (triton#5385), so the
         # minor-version rule is a WARN, not the FAIL it used to be
         ("vllm:0.10.1.1", A100, D535, NO_FWD, "warn", "Triton's own ptxas", "upgrade the driver to >= 570.124.06"),
-        ("llamacpp:server-cuda-12.8", RTX4090, D550, NO_FWD, "warn", "minor-version compatibility", ">= 570.124.06"),
+        ("llamacpp:server-cuda-12.8", RTX4090, D550, NO_FWD_LIFTED, "warn", "minor-version compatibility",
+         ">= 570.124.06"),
+        # ... but the 12.8 base's NVIDIA_REQUIRE_CUDA lists no GeForce exception: the toolkit refuses it
+        ("llamacpp:server-cuda-12.8", RTX4090, D550, NO_FWD, "fail", "the NVIDIA container toolkit refuses",
+         "NVIDIA_DISABLE_REQUIRE=1"),
         # ... unless forward compatibility applies: data-center card, listed branch, compat package, toolkit
         ("llamacpp:server-cuda-12.8", V100, D535, FWD_OK, "warn", "forward compatibility", ">= 570.124.06"),
         ("vllm:0.10.1.1", A100, D535, FWD_OK, "warn", "branch R535 LTSB until 2026-06", ">= 570.124.06"),
@@ -84,18 +97,21 @@ def cuda_verdict(image, gpu, drv, host=NO_FWD, env=None, today=BEFORE_R535_EOL):
         ("llamacpp:server-cuda-12.8", V100, D535, {"toolkit_version": "1.17.8", "runtimes": ["runc"],
                                                    "default_runtime": "runc"}, "warn", "toolkit 1.17.8: ldconfig", ""),
         # forward compatibility never for GeForce cards: error 804
-        ("vllm:0.10.1.1", RTX4090, D550, FWD_OK, "warn", "minor-version", "upgrade the driver"),
-        ("vllm:0.20.0", RTX4090, D575, FWD_OK, "fail", "cudaErrorCompatNotSupportedOnDevice (804)", "upgrade the driver"),
+        ("vllm:0.10.1.1", RTX4090, D550, FWD_OK_LIFTED, "warn", "minor-version", "upgrade the driver"),
+        ("vllm:0.20.0", RTX4090, D575, FWD_OK_LIFTED, "fail", "cudaErrorCompatNotSupportedOnDevice (804)",
+         "upgrade the driver"),
         # T4 on R470: another CUDA major, so only forward compatibility can help
         ("vllm:0.10.1.1", T4, D470, NO_FWD, "fail", "it is not registered in Docker", "CUDA <= 11.4"),
         ("llamacpp:b5000-cu122", P40, ("470.82.00", "11.4"), NO_FWD, "fail", "supports CUDA 11.4", ">= 535.104.05"),
         # new-feature branches are not supported for forward compatibility (only LTSB and PB are listed)
-        ("vllm:0.10.1.1", T4, ("545.23.08", "12.3"), FWD_OK, "warn", "minor-version", ">= 570.124.06"),
-        ("vllm:0.20.0", T4, ("545.23.08", "12.3"), FWD_OK, "fail", "R545 is not a long-term-support or production",
-         ">= 580.95.05"),
+        ("vllm:0.10.1.1", T4, ("545.23.08", "12.3"), FWD_OK_LIFTED, "warn", "minor-version", ">= 570.124.06"),
+        ("vllm:0.20.0", T4, ("545.23.08", "12.3"), FWD_OK_LIFTED, "fail",
+         "R545 is not a long-term-support or production", ">= 580.95.05"),
+        # ... and the bases' NVIDIA_REQUIRE_CUDA lists no R545 exception for any brand
+        ("vllm:0.10.1.1", T4, ("545.23.08", "12.3"), FWD_OK, "fail", "brand tesla) on R545", ">= 570.124.06"),
         ("vllm:0.20.0", T4, D535, FWD_OK, "warn", "forward compatibility", ">= 580.95.05"),
         # CUDA 13 image on a 12.x driver: no minor-version compatibility across majors
-        ("vllm:0.20.0", RTX4090, D575, NO_FWD, "fail", "built for CUDA 13.0.2", ">= 580.95.05"),
+        ("vllm:0.20.0", RTX4090, D575, NO_FWD_LIFTED, "fail", "built for CUDA 13.0.2", ">= 580.95.05"),
         ("vllm:lab-cpu", V100, D470, NO_FWD, "pass", "CPU image", ""),
         # CUDA 11.8 llama.cpp on old drivers: 11.x minor-version compatibility from 450.80.02, SASS for
         # every card up to sm_86 (no PTX JIT), no NVIDIA_REQUIRE_CUDA in the image to refuse the driver
@@ -532,11 +548,12 @@ def test_the_image_nvidia_require_cuda_is_judged_as_the_toolkit_does(image, requ
 def test_without_the_image_requirement_string_a_geforce_stays_a_warn():
     v = cuda_verdict("llamacpp:vendored-0.3.36-cu118", RTX4090, D470)
     assert v.status == "warn"
-    r = rel("vllm:0.10.1.1")
-    assert r.require_cuda is None
+    # a string nobody read (no base in catalog cuda_bases.yaml, not inspected): a WARN that says so
+    r = rel("vllm:0.10.1.1").model_copy(update={"require_cuda": None, "require_cuda_source": None})
     v = compat.check_cuda_driver(r, CAT, driver=D550[0], cuda_driver=D550[1], gpu_name=RTX4090[0], cc="8.9",
                                  data_center=False, **NO_FWD)
     assert v.status == "warn", v
+    assert "NVIDIA_REQUIRE_CUDA is not known" in v.message and "images.inspect" in v.message, v.message
 
 
 def test_require_cuda_terms():

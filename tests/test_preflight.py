@@ -88,8 +88,12 @@ def by_id(report) -> dict[str, object]:
         ("v100-535", svc(image="llamacpp:server-cuda-12.8"), "cuda-driver", "fail", "not Docker's default runtime",
          ">= 570.124.06"),
         # vLLM under minor-version compatibility: Triton compiles with its own ptxas (triton#5385): WARN
-        ("rtx4090-550", svc(image="vllm:0.10.1.1", engine="vllm"), "cuda-driver", "warn", "Triton's own ptxas",
-         "upgrade the driver to >= 570.124.06"),
+        ("rtx4090-550", svc(image="vllm:0.10.1.1", engine="vllm", env={"NVIDIA_DISABLE_REQUIRE": "1"}), "cuda-driver",
+         "warn", "Triton's own ptxas", "upgrade the driver to >= 570.124.06"),
+        # ... without NVIDIA_DISABLE_REQUIRE: the CUDA 12.8 base's NVIDIA_REQUIRE_CUDA (catalog cuda_bases.yaml)
+        # lists no GeForce exception on R550, and the container toolkit refuses to start it
+        ("rtx4090-550", svc(image="vllm:0.10.1.1", engine="vllm"), "cuda-driver", "fail",
+         "the NVIDIA container toolkit refuses to start vllm:0.10.1.1 on driver 550.", "NVIDIA_DISABLE_REQUIRE=1"),
         # the image's torch build has no sm_70 (torch 2.7 cu128; vllm#19185)
         ("v100-535", svc(engine="vllm", image="vllm:0.10.1.1"), "arch", "fail", "PyTorch build", "vllm:0.19.1"),
         ("v100-535", svc(engine="vllm", image="vllm:0.20.0"), "arch", "fail", "no kernels", "vllm:0.19.1"),

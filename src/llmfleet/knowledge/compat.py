@@ -11,7 +11,7 @@ import functools
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, Protocol, TypedDict, Unpack
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypedDict, Unpack
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from llmfleet.knowledge.engines.base import EngineKnowledge
 
 ENGINES_PATH = Path(__file__).resolve().parent / "catalog" / "engines.yaml"
+CUDA_BASES_PATH = Path(__file__).resolve().parent / "catalog" / "cuda_bases.yaml"
 Status = Literal["pass", "warn", "fail"]
 
 
@@ -168,9 +169,15 @@ class EngineRelease(_Model):
     # The image sets NVIDIA_REQUIRE_CUDA or CUDA_VERSION (the nvidia/cuda bases): the NVIDIA runtime then
     # refuses a driver below that CUDA unless NVIDIA_DISABLE_REQUIRE=1.
     nvidia_require_cuda: bool = True
-    # The NVIDIA_REQUIRE_CUDA string itself, read from the image (images.inspect, images.lock): the
-    # container toolkit's check is judged from it; None: not read (the check can only WARN).
+    # The NVIDIA_REQUIRE_CUDA string itself: the container toolkit's check is judged from it; None: not
+    # known (the check can only WARN). Where it came from (require_cuda_source): read from the image
+    # (images.inspect), images.lock, or the catalog (catalog/cuda_bases.yaml: the string of the image's
+    # nvidia/cuda base, base_image); set by load_engine_catalog and preflight.release_for, never in
+    # engines.yaml.
     require_cuda: str | None = None
+    require_cuda_source: Literal["catalog", "lock", "inspected"] | None = None
+    require_cuda_confidence: Literal["H", "M", "U"] | None = None
+    base_image: str | None = None
     kernels: Kernels = Field(default_factory=Kernels)
     v1_min_cc: str | None = None
     quantizations: dict[str, str] = Field(default_factory=dict)
@@ -326,6 +333,7 @@ def parse_engine_catalog(text: str, path: str = "engines.yaml", *, keep: bool = 
 
 @functools.lru_cache(maxsize=4)
 def load_engine_catalog(path: str | None = None) -> EngineCatalog:
+    """The engine catalog, each GPU image's NVIDIA_REQUIRE_CUDA filled from catalog/cuda_bases.yaml."""
     p = Path(path) if path else ENGINES_PATH
     try:
         text = p.read_text(encoding="utf-8")
@@ -333,7 +341,80 @@ def load_engine_catalog(path: str | None = None) -> EngineCatalog:
         raise UsageError(f"{p}: cannot read the engine catalog: {exc.strerror}") from None
     cat: EngineCatalog = cache.kept_object(CATALOG_CACHE, _catalog_key(text),
                                            lambda: parse_engine_catalog(text, str(p), keep=True), EngineCatalog)
-    return cat
+    return with_cuda_bases(cat, load_cuda_bases())
+
+
+class CudaBase(_Model):
+    """The NVIDIA_REQUIRE_CUDA one nvidia/cuda base version sets."""
+
+    require_cuda: str
+    confidence: Literal["H", "M", "U"]
+    source: str
+
+
+class ImageBase(_Model):
+    """The image a catalog image's final stage is built FROM (None: not an nvidia/cuda base)."""
+
+    base_image: str | None
+    confidence: Literal["H", "M", "U"]
+    source: str
+
+
+class CudaBases(_Model):
+    bases: dict[str, CudaBase]
+    images: dict[str, ImageBase]
+
+
+def parse_cuda_bases(text: str, path: str = "cuda_bases.yaml") -> CudaBases:
+    """catalog/cuda_bases.yaml from its text (pure)."""
+    try:
+        data = yamlload.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise UsageError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from None
+    try:
+        return CudaBases.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err.get("loc", ()))
+        raise UsageError(f"{path}: {where}: {err.get('msg')}") from None
+
+
+@functools.lru_cache(maxsize=2)
+def load_cuda_bases(path: str | None = None) -> CudaBases:
+    p = Path(path) if path else CUDA_BASES_PATH
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"{p}: cannot read the CUDA base catalog: {exc.strerror}") from None
+    return parse_cuda_bases(text, str(p))
+
+
+_CUDA_BASE_RE = re.compile(r"^(?:[\w.-]+/)*nvidia/cuda:(\d+\.\d+\.\d+)-")
+
+
+def base_cuda_version(base_image: str | None) -> str | None:
+    """"12.8.1" for nvidia/cuda:12.8.1-base-ubuntu22.04 (any registry prefix); None for another image."""
+    m = _CUDA_BASE_RE.match(base_image or "")
+    return m.group(1) if m else None
+
+
+def with_cuda_bases(cat: EngineCatalog, bases: CudaBases) -> EngineCatalog:
+    """The catalog with each GPU image's base and, where the base's string is known, its
+    NVIDIA_REQUIRE_CUDA (require_cuda_source "catalog"; confidence the lower of the base's and the
+    image-to-base row's). Pure."""
+    order = {"H": 0, "M": 1, "U": 2}
+    images = dict(cat.images)
+    for key, rel in cat.images.items():
+        row = bases.images.get(key)
+        if row is None or rel.cpu or rel.require_cuda:
+            continue
+        update: dict[str, Any] = {"base_image": row.base_image}
+        base = bases.bases.get(base_cuda_version(row.base_image) or "")
+        if base is not None and rel.nvidia_require_cuda:
+            update.update(require_cuda=base.require_cuda, require_cuda_source="catalog",
+                          require_cuda_confidence=max(base.confidence, row.confidence, key=order.__getitem__))
+        images[key] = rel.model_copy(update=update)
+    return cat.model_copy(update={"images": images})
 
 
 CATALOG_CACHE = "catalog"
@@ -518,6 +599,16 @@ def _kernels_text(k: Kernels) -> str:
     return "SASS " + ", ".join(k.sass or ["none"]) + "; PTX " + ", ".join(k.ptx or ["none"])
 
 
+def _require_note(rel: EngineRelease) -> str:
+    """Where the NVIDIA_REQUIRE_CUDA judged was read."""
+    if rel.require_cuda_source == "catalog":
+        return (f"catalog cuda_bases.yaml: the string of its base {rel.base_image}, confidence "
+                f"{rel.require_cuda_confidence or 'U'}; `invoke images.inspect` reads the image's own")
+    if rel.require_cuda_source == "lock":
+        return "images.lock"
+    return "inspected from the image" if rel.require_cuda_source == "inspected" else _facts_note(rel)
+
+
 def _facts_note(rel: EngineRelease) -> str:
     return {"catalog": "catalog/engines.yaml", "lock": "images.lock", "inspected": "inspected from the image"}[
         rel.facts_source]
@@ -627,6 +718,7 @@ def check_driver_drives_card(cat: EngineCatalog, driver: str | None, gpu_name: s
 # constraints are ORed, comma-separated constraints are ANDed"; NVIDIA_REQUIRE_CUDA: "If the version of the
 # NVIDIA driver is insufficient to run this version of CUDA, the container will not be started";
 # NVIDIA_DISABLE_REQUIRE: "Single switch to disable all the constraints of the form NVIDIA_REQUIRE_*".
+TOOLKIT_REFUSES = "the NVIDIA container toolkit refuses to start"
 REQUIRE_SOURCE = ("NVIDIA Container Toolkit docs, Specialized Configurations with Docker: space-separated "
                   "constraints are ORed, comma-separated ANDed; the container is not started otherwise")
 _REQ_RE = re.compile(r"^(cuda|driver|arch|brand)(>=|<=|==|=|>|<)(.+)$")
@@ -820,8 +912,9 @@ def _require_cuda_verdict(
     dv: tuple[int, ...],
     upgrade: str,
 ) -> tuple[Verdict | None, str]:
-    """The container toolkit's own check of the image's NVIDIA_REQUIRE_CUDA (when read from the image):
-    (the FAIL where it refuses the driver, else None; the note where an exception admits it)."""
+    """The container toolkit's own check of the image's NVIDIA_REQUIRE_CUDA (when known: read from the
+    image, images.lock, or the catalog's base): (the FAIL where it refuses the driver, else None; the
+    note where an exception admits it, or where an unconfirmed string would refuse it)."""
     if not (rel.require_cuda and rel.nvidia_require_cuda):
         return None, ""
     native_s = f"{native[0]}.{native[1]}" if native else "unknown"
@@ -829,6 +922,9 @@ def _require_cuda_verdict(
     brands = card_brands(gpu_name, data_center)
     ok, alt = require_cuda_satisfied(rel.require_cuda, driver=driver, cuda=native_s if native else None,
                                      cc=cc, brands=brands)
+    if ok is False and rel.require_cuda_confidence == "U":
+        return None, (f"; the image's NVIDIA_REQUIRE_CUDA ({_require_note(rel)}: unconfirmed) would not admit "
+                      f"{card} on driver {driver}: the container may not start (NVIDIA_DISABLE_REQUIRE=1 lifts it)")
     if ok is False:
         first = rel.require_cuda.split()[0]
         listed = sorted({m.group(1) for m in re.finditer(r"brand=([a-z]+)", rel.require_cuda)})
@@ -840,8 +936,8 @@ def _require_cuda_verdict(
                                   default_runtime=default_runtime, today=today)
         return Verdict(
             "fail",
-            f"the NVIDIA container toolkit refuses to start {rel.key} on driver {driver} (CUDA {native_s}): its "
-            f"NVIDIA_REQUIRE_CUDA ({_facts_note(rel)}) asks {first}, and its exceptions (brand "
+            f"{TOOLKIT_REFUSES} {rel.key} on driver {driver} (CUDA {native_s}): its "
+            f"NVIDIA_REQUIRE_CUDA ({_require_note(rel)}) asks {first}, and its exceptions (brand "
             f"{', '.join(listed) or 'none'} on driver branches {', '.join(f'R{b}' for b in branches) or 'none'}) "
             f"do not cover {card} (brand {brand_s}) on R{dv[0]} ({REQUIRE_SOURCE})",
             f"{upgrade}; or set NVIDIA_DISABLE_REQUIRE=1 in the service's env, after which: {after.status.upper()} "
@@ -908,16 +1004,9 @@ def _minor_compat_verdict(
         )
     special = _engine(rel).minor_version_verdict(rel, cat, driver=driver, native=native_s, card=card,
                                                  fwd_reason=fwd_reason, upgrade=upgrade)
+    require = _require_text(rel, disabled, admitted)
     if special is not None:
-        return special
-    if not rel.nvidia_require_cuda:
-        require = "; the image sets no NVIDIA_REQUIRE_CUDA or CUDA_VERSION, so the NVIDIA runtime does not refuse the driver"
-    elif disabled:
-        require = ""
-    elif admitted:
-        require = admitted
-    else:
-        require = "; the image's NVIDIA_REQUIRE_CUDA may stop the container (NVIDIA_DISABLE_REQUIRE=1 lifts it)"
+        return Verdict(special.status, special.message + require, special.fix) if special.status == "warn" else special
     kernel = f"SASS for {_sm(cov[1])}, no PTX JIT needed" if cov is not None else "SASS"
     return Verdict(
         "warn",
@@ -925,6 +1014,24 @@ def _minor_compat_verdict(
         f"(CUDA {img[0]}.x from driver {floor}; limited feature set; {rel.key} has {kernel} on {card}){require}",
         f"{upgrade} for native support",
     )
+
+
+def _require_text(rel: EngineRelease, disabled: bool, admitted: str) -> str:
+    """What a minor-version WARN says of the image's NVIDIA_REQUIRE_CUDA."""
+    if not rel.nvidia_require_cuda:
+        require = "; the image sets no NVIDIA_REQUIRE_CUDA or CUDA_VERSION, so the NVIDIA runtime does not refuse the driver"
+    elif disabled:
+        require = ""
+    elif admitted:
+        require = admitted
+    elif rel.require_cuda:
+        require = (f"; the image's NVIDIA_REQUIRE_CUDA ({_require_note(rel)}) could not be judged here (the card's "
+                   "brand or the driver's CUDA is not known) and may stop the container (NVIDIA_DISABLE_REQUIRE=1 "
+                   "lifts it)")
+    else:
+        require = ("; the image's NVIDIA_REQUIRE_CUDA is not known (no base string in catalog cuda_bases.yaml; "
+                   "`invoke images.inspect` reads it) and may stop the container (NVIDIA_DISABLE_REQUIRE=1 lifts it)")
+    return require
 
 
 def driver_alternatives(rel: EngineRelease, cat: EngineCatalog, **host: Unpack[DriverHost]) -> list[str]:

@@ -209,8 +209,9 @@ def release_for(image_ref: Any, catalog: EngineCatalog) -> tuple[EngineRelease |
             )
             update["facts_source"] = source
     require = getattr(image_ref, "require_cuda", None)
-    if require and not rel.cpu:
-        update["require_cuda"] = str(require)
+    if require and not rel.cpu:  # read from the image: wins over the catalog's base string
+        update.update(require_cuda=str(require), require_cuda_source="inspected" if inspected else "lock",
+                      require_cuda_confidence="H")
     return (rel.model_copy(update=update) if update else rel), notes
 
 

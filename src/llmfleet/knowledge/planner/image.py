@@ -38,6 +38,24 @@ def _judged_release(req: PlanRequest, cat: compat.EngineCatalog, engine: str, gp
                      + _newer_without_kernels(cat, engine, release, gpu))
 
 
+def _toolkit_refusal(req: PlanRequest, cat: compat.EngineCatalog, engine: str, gpu: Gpu,
+                     release: compat.EngineRelease) -> str:
+    """The refusal of a plan whose judged image the NVIDIA container toolkit will not start on the
+    host's driver (its NVIDIA_REQUIRE_CUDA: read from the image, images.lock or the catalog's base):
+    the image asked for, or the default where no catalog image of the engine with kernels for the card
+    starts there; with the toolkit's reason, the fix and what does run. "" otherwise."""
+    if not req.driver or release.cpu:
+        return ""
+    verdict = _driver_verdict(cat, release, gpu, req.driver)
+    if verdict.status != "fail" or not verdict.message.startswith(compat.TOOLKIT_REFUSES):
+        return ""
+    head = "" if req.image else (f"no catalog {engine} image with kernels for compute capability "
+                                 f"{gpu.compute_capability} runs on driver {req.driver}: judged against {release.key}; ")
+    alternatives = compat.driver_alternatives(release, cat, **_driver_host(gpu, req.driver))
+    return "; ".join([f"REFUSED: {head}image {release.key} does not run on this host: {verdict.message}",
+                      f"fix: {verdict.fix}", *alternatives])
+
+
 def _no_image_refusal(cat: Any, engine: str, gpu: Gpu) -> str:
     """Why a plan for an engine none of whose catalog GPU images has kernels for the card is refused:
     the engine's own lowest compute capability (catalog engines.yaml, with its source) where the card is
@@ -60,14 +78,16 @@ def _no_image_refusal(cat: Any, engine: str, gpu: Gpu) -> str:
 
 def _default_release(cat: Any, engine: str, gpu: Gpu, driver: str | None = None) -> Any:
     """The catalog image a plan without --image is judged against: a GPU image of the engine whose
-    kernels run on the card; with the host's ``driver`` known, one that runs on that driver first;
-    then builds that keep only the window of sliding-window layers, then the highest version (a
-    floating tag such as server-cuda counts as newest)."""
+    kernels run on the card; with the host's ``driver`` known, one that runs on that driver first (then
+    one only the container toolkit's NVIDIA_REQUIRE_CUDA check refuses, which NVIDIA_DISABLE_REQUIRE=1
+    lifts); then builds that keep only the window of sliding-window layers, then the highest version
+    (a floating tag such as server-cuda counts as newest)."""
     found = []
     for pos, rel in enumerate(cat.images.values()):
         if rel.engine != engine or rel.cpu or compat.kernel_coverage(rel, gpu.compute_capability) is None:
             continue
-        runs = not driver or _driver_verdict(cat, rel, gpu, driver).status != "fail"
+        runs = 2 if not driver or _driver_verdict(cat, rel, gpu, driver).status != "fail" else (
+            1 if _driver_verdict(cat, rel, gpu, driver, lifted=True).status != "fail" else 0)
         window = rel.kv_layout is not None and rel.kv_layout.sliding_window == "window"
         m = re.match(r"v?(\d+(?:\.\d+)+)", rel.version)
         version = tuple(int(x) for x in m.group(1).split(".")) if m else (1 << 30,)  # a floating tag: newest
@@ -113,8 +133,10 @@ def _driver_host(gpu: Gpu, driver: str) -> dict[str, Any]:
                 data_center=gpu.data_center, toolkit_version=None, runtimes=[])
 
 
-def _driver_verdict(cat: Any, rel: Any, gpu: Gpu, driver: str) -> Any:
-    return compat.check_cuda_driver(rel, cat, **_driver_host(gpu, driver))
+def _driver_verdict(cat: Any, rel: Any, gpu: Gpu, driver: str, *, lifted: bool = False) -> Any:
+    """The driver rule on this card; ``lifted``: with NVIDIA_DISABLE_REQUIRE=1 in the service's env."""
+    env = {"NVIDIA_DISABLE_REQUIRE": "1"} if lifted else None
+    return compat.check_cuda_driver(rel, cat, **_driver_host(gpu, driver), env=env)
 
 
 def _driver_note(cat: Any, rel: Any, gpu: Gpu, driver: str) -> str:

@@ -22,7 +22,7 @@ from llmfleet.knowledge.catalog import (
 )
 from llmfleet.knowledge.engines import EngineKnowledge, for_engine, for_quant_family
 from llmfleet.knowledge.engines import names as engine_names
-from llmfleet.knowledge.planner.image import _judged_release, _no_image_refusal
+from llmfleet.knowledge.planner.image import _judged_release, _no_image_refusal, _toolkit_refusal
 from llmfleet.knowledge.planner.request import PlanRequest, _check_request
 from llmfleet.knowledge.planner.weights import Weights, _file_weights, compute_weights
 
@@ -175,7 +175,8 @@ def _resolve(req: PlanRequest) -> _Resolved:
     quant = _pick_quant(req, spec, for_engine(engine), quant, notes)
     weights = _pick_weights(req, spec, quant, notes)
     release, image_note = _judged_release(req, cat, engine, gpu, release)
-    image_refusal = _no_image_refusal(cat, engine, gpu) if release is None else ""
+    image_refusal = (_no_image_refusal(cat, engine, gpu) if release is None
+                     else _toolkit_refusal(req, cat, engine, gpu, release))
     if image_refusal:
         image_note = ""  # the refusal says it
     kv_key, kv_bytes, kv_flag = _pick_kv(req, engine, gpu, notes)
