@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 GB = 1e9
 GBIT = Number(float, low=0, low_open=True, metavar="GBIT")  # Gbit/s between hosts
 MICROSECONDS = Number(float, low=0, metavar="US")
+TOKPS = Number(float, low=0, low_open=True, metavar="TOKPS")  # a decode target, tokens/s
 
 
 def _host_settings(c, inventory: str | None, host: str):
@@ -215,14 +216,15 @@ def _floor_text(p: Plan) -> str:
 
 
 def render_answer(p: Plan, floor: Any = None, *, fleet: dict[str, Any] | None = None, title: str | None = None,
-                  host: str | None = None, service: bool = False, calibrated: str | None = None) -> None:
+                  host: str | None = None, service: bool = False, calibrated: str | None = None,
+                  at: Plan | None = None) -> None:
     """The short answer (``knowledge.plan_answer``): fit, flags, speed, the deploy's floor, what next."""
     from rich.table import Table
 
     from llmfleet.knowledge.plan_answer import short_answer
 
     rows = short_answer(p, floor, measured=(fleet or {}).get("line") or None, calibrated=calibrated,
-                        service=service, host=host)
+                        service=service, host=host, at=at)
     t = Table.grid(padding=(0, 2))
     t.add_column("figure", style="bold", no_wrap=True)
     t.add_column("value")
@@ -301,10 +303,137 @@ def _answer_keys(p: Plan, floor: Any) -> dict[str, Any]:
             "deploy_floor": {"tokps": floor.tokps, "source": floor.source, "where": floor.where or None}}
 
 
+def _at_typical(req: Any, p: Plan) -> Plan | None:
+    """Without --context the flags take the most that fits; the headline decode is stated at the
+    typical context (planner.yaml ``typical_context``): the same request planned at it. None when a
+    context was given, the plan does not fit, or it already is at most the typical one."""
+    from llmfleet.knowledge.catalog import typical_context
+    from llmfleet.knowledge.planner import plan
+
+    if req.context is not None or not p.fits or p.context <= typical_context():
+        return None
+    return plan(dataclasses.replace(req, context=typical_context()))
+
+
+def _headline_keys(at: Plan | None) -> dict[str, Any]:
+    """What ``--json`` adds for the headline decode: the context it is stated at, and its figures
+    there (the plan's own when it is planned at that context)."""
+    if at is None:
+        return {}
+    from llmfleet.knowledge.plan_answer import expected_tokps
+
+    return {"decode_context": at.context,
+            "decode_at_context": {"context": at.context, "decode_tokps_ceiling": at.decode_tokps_ceiling,
+                                  "decode_tokps_realistic": list(at.decode_tokps_realistic),
+                                  "decode_tokps_expected": round(expected_tokps(at), 2)}}
+
+
+def _target(p: Plan, at: Plan | None, min_tokps: float | None, req: Any, model: Any, engine: Any,
+            quant: Any) -> tuple[str, str] | None:
+    """--min-tokps against the headline decode: (verdict, the line that says it); None without a
+    target or for a plan that does not fit (its own failure says why)."""
+    if min_tokps is None or not p.fits:
+        return None
+    from llmfleet.knowledge.plan_answer import expected_tokps
+    from llmfleet.knowledge.plan_compare import BELOW, STRADDLES, target_verdict
+
+    h = at or p
+    lo, hi = h.decode_tokps_realistic
+    point = expected_tokps(h)
+    verdict = target_verdict(point, lo, min_tokps) or ""
+    figure = (f"about {point:,.1f} tok/s (predicted {lo:,.1f}-{hi:,.1f}) with {h.context:,} tokens in context")
+    if verdict == STRADDLES:
+        return verdict, (f"--min-tokps {min_tokps:g}: {p.model} ({p.quant}), {p.engine} decodes {figure}; the point "
+                         f"estimate meets the target but the range straddles it")
+    if verdict != BELOW:
+        return verdict, f"--min-tokps {min_tokps:g}: met ({figure})"
+    from llmfleet.knowledge.plan_compare import what_meets
+
+    other = ""
+    try:
+        c = _comparison(dataclasses.replace(req, context=h.context), model, None, None, min_tokps)
+        other = what_meets(c)
+    except Exception:  # noqa: BLE001 - the suggestion is a courtesy; the verdict stands without it
+        other = ""
+    fix = (f"what would meet it at this context: {other}" if other else
+           "nothing in the catalog meets it on this card at this context: more cards (--gpus), a faster card "
+           "or a shorter context")
+    return verdict, (f"{p.model} ({p.quant}), {p.engine} on {p.gpus} x {p.gpu_name} does not meet --min-tokps "
+                     f"{min_tokps:g}: {figure}; {fix}")
+
+
+def _comparison(req: Any, model: Any, engine: Any, quant: Any, min_tokps: float | None, c: Any = None):
+    """The comparison of ``req``'s model on its card, with the fleet's calibration and measurements."""
+    from llmfleet.knowledge.catalog import load_public_decode
+    from llmfleet.knowledge.plan_compare import compare
+    from llmfleet.knowledge.planner.resolve import _resolve_model_id
+
+    if isinstance(model, str) and model.lower().endswith(".gguf"):
+        raise UsageError(f"--compare: {model} is a GGUF file with its own quant; give a catalog model name")
+    spec = _resolve_model_id(model)[0]
+    records, overlay = _fleet_sources(c) if c is not None else ([], [])
+
+    def measured(p: Plan) -> str | None:
+        fm = fleet_measured(p, records, overlay) if records or overlay else None
+        return (fm or {}).get("line") or None
+
+    return compare(dataclasses.replace(req, quant=None, engine=None), spec, engine=engine, quant=quant,
+                   min_tokps=min_tokps, calibrate=lambda p: calibration(p, overlay) if overlay else None,
+                   measured=measured, public=load_public_decode())
+
+
+def _b_short(n: int) -> str:
+    return f"{n / GB:,.1f} GB"
+
+
+def render_comparison(cmp: Any) -> None:
+    """The comparison as a ranked table, then the refused combinations, one line each."""
+    from rich.table import Table
+
+    from llmfleet.knowledge.plan_compare import BELOW, STRADDLES
+
+    where = f"{cmp.gpus} x {cmp.gpu_name}" + (f" on each of {cmp.hosts} hosts" if cmp.hosts > 1 else "")
+    title = (f"{cmp.model} on {where}: batch-1 decode at {cmp.context:,} tokens in context x {cmp.concurrency} "
+             f"sequence(s), fastest first" + (f"; target {cmp.min_tokps:g} tok/s" if cmp.min_tokps else ""))
+    t = Table(title=title, title_justify="left")
+    for col in ("#", "engine", "quant", "image", "decode tok/s", "range", "headroom", "fits up to", "evidence"):
+        t.add_column(col, no_wrap=col in ("#", "engine", "quant", "decode tok/s", "range"))
+    for i, r in enumerate(cmp.ranked, 1):
+        mark = {BELOW: " [red]below target[/red]", STRADDLES: " [yellow]range straddles target[/yellow]"}.get(
+            r.target or "", "")
+        t.add_row(str(i), r.engine, escape(r.quant), escape(r.image or ""), f"{r.point:,.1f}{mark}",
+                  f"{r.low:,.1f}-{r.high:,.1f}", _b_short(r.headroom_bytes), f"{r.max_context:,}", escape(r.evidence.text))
+    if cmp.ranked:
+        console.print(t)
+    else:
+        console.print(f"[bold]{escape(title)}[/bold]: [red]nothing fits[/red]")
+    if cmp.refused:
+        console.print("[bold]refused or does not fit[/bold]")
+        for r in cmp.refused:
+            console.print(f"  {escape(r.name)}{f' ({r.image})' if r.image else ''}: {escape(r.reason)}")
+    console.print("[dim]ranked by the middle of the predicted range; ranges that overlap are not a measured "
+                  "difference. `invoke plan --model M --gpu G --engine E --quant Q` for one row's flags.[/dim]")
+
+
+def _compare(req: Any, model: Any, *, engine: Any, quant: Any, min_tokps: float | None, json: bool,
+             c: Any = None) -> None:
+    cmp = _comparison(req, model, engine, quant, min_tokps, c)
+    if json:
+        print_json(cmp.to_dict())
+    else:
+        render_comparison(cmp)
+    if not cmp.ranked:
+        raise CheckFailed(f"{cmp.model}: no engine and quant fits {cmp.gpus} x {cmp.gpu_name} at {cmp.context:,} tokens")
+    if not cmp.ok:
+        best = cmp.ranked[0]
+        raise CheckFailed(f"{cmp.model}: nothing that fits meets --min-tokps {min_tokps:g} at {cmp.context:,} tokens; "
+                          f"fastest: {best.name} about {best.point:,.1f} tok/s (predicted {best.low:,.1f}-{best.high:,.1f})")
+
+
 @fleet_task(
     name="plan",
     numbers={"gpus": POSITIVE, "context": TOKENS, "concurrency": POSITIVE, "gpu_memory_utilization": FRACTION,
-             "hosts": POSITIVE, "network_gbps": GBIT, "network_latency_us": MICROSECONDS},
+             "hosts": POSITIVE, "network_gbps": GBIT, "network_latency_us": MICROSECONDS, "min_tokps": TOKPS},
     help={
         "model": "catalog name (e.g. qwen2.5-32b-instruct), a Hugging Face model folder, or a .gguf file",
         "quant": "fp16, bf16, fp8, int8, gptq-int4 (-g32 etc. for a group size), awq-int4, mxfp4, q4_0, q4_k_s, "
@@ -318,7 +447,8 @@ def _answer_keys(p: Plan, floor: Any) -> dict[str, Any]:
         "network_latency_us": "with --hosts: one-way latency per message in microseconds (default: 25-100)",
         "split_mode": "llama.cpp with several GPUs: layer (default) or row (one host)",
         "interconnect": "nvlink or pcie between the cards of a host (default: the card's catalog entry)",
-        "context": "tokens per sequence (e.g. 8192, 8k or 1M; k = 1024); default: the most that fits",
+        "context": "tokens per sequence (e.g. 8192, 8k or 1M; k = 1024); default: the flags take the most that "
+                   "fits, the decode figures are at the typical context (planner.yaml typical_context)",
         "concurrency": "concurrent sequences (vLLM --max-num-seqs, llama.cpp -np); default 1",
         "kv_dtype": "KV cache dtype: auto, fp8 (vLLM); f16, q8_0, q4_0 (llama.cpp)",
         "engine": "vllm or llamacpp (default: llamacpp for GGUF, vllm otherwise)",
@@ -335,12 +465,16 @@ def _answer_keys(p: Plan, floor: Any) -> dict[str, Any]:
         "explain": "after the short answer, everything behind it: memory, the speed model's bands and sources, "
                    "the health floor's derivation, notes, every alternative, assumptions",
         "verbose": "with --gather: print each remote command (secrets masked) with its exit status and duration",
+        "compare": "rank every engine and quant that can serve the model on the card by predicted decode speed, at "
+                   "one context (--context, default the typical one); --engine or --quant fixes that axis",
+        "min_tokps": "a decode target in tokens/s at batch 1: a plan whose predicted figure is below it fails (exit 1)",
     },
 )
 def plan_task(c, model=None, quant=None, gpu=None, host=None, gpus=None, context=None, concurrency=None,
               kv_dtype=None, engine=None, gpu_memory_utilization=None, offload=False, inventory=None, json=False,
               gather=False, accept_new_host_keys=False, image=None, verbose=False, hosts=None, network_gbps=None,
-              network_latency_us=None, split_mode=None, interconnect=None, driver=None, explain=False):
+              network_latency_us=None, split_mode=None, interconnect=None, driver=None, explain=False, compare=False,
+              min_tokps=None):
     """Capacity plan: does a model fit a card, the engine flags, max context/concurrency, decode speed."""
     import re
 
@@ -361,6 +495,8 @@ def plan_task(c, model=None, quant=None, gpu=None, host=None, gpus=None, context
     else:
         card, settings = _gpu_for(c, inventory, gpu, host)
     n_gpus, ctx, conc, gmu = gpus, context, concurrency, gpu_memory_utilization
+    if compare and model is None:
+        raise UsageError("--compare needs --model (the model whose engines and quants to rank)")
     if model is None:
         if settings is None or not host:
             raise UsageError("give --model (catalog name, model folder or .gguf file), or --host to plan its services")
@@ -422,18 +558,28 @@ def plan_task(c, model=None, quant=None, gpu=None, host=None, gpus=None, context
         gpus_available=len(facts.gpus) if facts is not None and len(facts.gpus) > 1 else None,
         driver=driver or (facts.driver_version if facts is not None else None) or None,
     )
+    if compare:
+        _compare(req, model, engine=engine, quant=quant, min_tokps=min_tokps, json=json, c=c)
+        return
     p = plan(req)
     records, overlay = _fleet_sources(c)
     # the floor a deploy of this plan would gate on (a service with the default health settings)
     floor = deploy_floor(p, None, None, records)
     measured = calibration(p, overlay)
     if measured is not None:  # planned again with the efficiency this fleet measured
-        p = plan(dataclasses.replace(req, measured_efficiency=measured))
+        req = dataclasses.replace(req, measured_efficiency=measured)
+        p = plan(req)
     measured_rows = fleet_measured(p, records, overlay)
+    at = _at_typical(req, p)
+    target = _target(p, at, min_tokps, req, model, engine, quant)
     if json:
-        print_json(p.to_dict() | {"fleet_measured": measured_rows} | _answer_keys(p, floor))
+        print_json(p.to_dict() | {"fleet_measured": measured_rows} | _answer_keys(p, floor) | _headline_keys(at)
+                   | ({"min_tokps": min_tokps, "target": target[0]} if target else {}))
     else:
-        render_answer(p, floor, fleet=measured_rows, calibrated=measured[1] if measured is not None else None)
+        render_answer(p, floor, fleet=measured_rows, calibrated=measured[1] if measured is not None else None,
+                      at=at)
+        if target and target[0] == "straddles":
+            console.print(f"[yellow]WARN[/yellow]  {escape(target[1])}")
         if explain:
             render_plan(p, fleet=measured_rows)
     if not p.fits:
@@ -442,4 +588,6 @@ def plan_task(c, model=None, quant=None, gpu=None, host=None, gpus=None, context
         no_image = p.image is None and first.startswith("REFUSED: no ")  # no catalog image of the engine runs here
         raise CheckFailed(f"{p.model} ({p.quant}) {'cannot be served on' if no_image else 'does not fit'} {p.gpus} x "
                           f"{p.gpu_name}{hosts_txt}: {first}")
+    if target and target[0] == "below":
+        raise CheckFailed(target[1])
 

@@ -103,7 +103,7 @@ def floor_text(p: Plan, floor: AnswerFloor | None) -> str:
 
 def short_answer(p: Plan, floor: AnswerFloor | None = None, *, measured: str | None = None,
                  calibrated: str | None = None, service: bool = False,
-                 host: str | None = None) -> list[tuple[str, str]]:
+                 host: str | None = None, at: Plan | None = None) -> list[tuple[str, str]]:
     """The rows ``invoke plan`` prints before anything else, one line each.
 
     ``floor``: the floor the deploy would use (``health.check.decode_floor``'s answer for the
@@ -111,6 +111,8 @@ def short_answer(p: Plan, floor: AnswerFloor | None = None, *, measured: str | N
     what the fleet measured for this combination, in ``speed_history.measured_line``'s words;
     ``calibrated``: the source of the efficiency the plan was made with, when a speed overlay gave it.
     ``service``: the plan is for an inventory service of ``host`` (so the next step is its deploy).
+    ``at``: the same request planned at the typical context (no --context given): the flags stay
+    ``p``'s (the most that fits), the decode figures are ``at``'s, with ``p``'s beside them.
     """
     v = verdict(p)
     what = f"{p.model} ({p.quant}) on {_where(p)}, {p.engine}" + (f" ({p.image})" if p.image else "")
@@ -126,18 +128,25 @@ def short_answer(p: Plan, floor: AnswerFloor | None = None, *, measured: str | N
                if p.alternatives else "see the reason above; --explain for the notes")
         rows.append(("next", nxt))
         return rows
-    rows.append((v, f"{what}: {p.context:,} tokens of context x {p.concurrency} sequence(s); "
-                    f"up to {p.max_context_tokens:,} tokens fit"))
+    if at is not None:
+        rows.append((v, f"{what}: flags for {p.context:,} tokens of context x {p.concurrency} sequence(s) "
+                        f"(fits up to {p.max_context_tokens:,}); decode at a typical {at.context:,}"))
+    else:
+        rows.append((v, f"{what}: {p.context:,} tokens of context x {p.concurrency} sequence(s); "
+                        f"up to {p.max_context_tokens:,} tokens fit"))
     split = _split(p)
     if split:
         rows.append(("split", split))
     rows.append(("engine flags", shlex.join(p.engine_args)))
     if p.deploy_adds:
         rows.append(("deploy adds", "; ".join(p.deploy_adds)))
-    lo, hi = p.decode_tokps_realistic
+    h = at or p
+    lo, hi = h.decode_tokps_realistic
     how = f", with the efficiency from the {calibrated}" if calibrated else ""
-    speed = (f"about {_tokps(expected_tokps(p))} tok/s at batch 1 (predicted {_tokps(lo)}-{_tokps(hi)}{how}) "
-             f"with {p.context:,} tokens in context")
+    speed = (f"about {_tokps(expected_tokps(h))} tok/s at batch 1 (predicted {_tokps(lo)}-{_tokps(hi)}{how}) "
+             f"with {h.context:,} tokens in context")
+    if at is not None:
+        speed += f" (typical; --context N for another); with {p.context:,}: about {_tokps(expected_tokps(p))}"
     if measured:
         speed += f"; this fleet: {measured}"
     rows.append(("decode", speed))

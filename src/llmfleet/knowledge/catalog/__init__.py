@@ -669,6 +669,13 @@ def min_context() -> int:
     return int(_planner_data().get("min_context", 1024))
 
 
+def typical_context(model_max: int | None = None) -> int:
+    """The tokens in context a plan without --context states its decode at (planner.yaml
+    ``typical_context``), capped at the model's ``model_max``."""
+    typical = int(_planner_data().get("typical_context", 8192))
+    return min(typical, model_max) if model_max else typical
+
+
 # ------------------------------------------------------------------------- public decode record
 
 
@@ -727,7 +734,8 @@ def load_public_decode() -> tuple[PublicDecode, ...]:
 __all__ = [
     "FULL", "LINEAR", "SLIDING", "EngineAssumptions", "Gpu", "ModelSpec", "Quant", "engine_assumptions",
     "find_gguf_quant", "find_gpu", "find_model", "find_quant", "ggml_type_bits", "kv_dtypes",
-    "layer_types_from_interval", "load_gpus", "load_models", "load_quants", "min_context", "SpeedAssumptions",
+    "layer_types_from_interval", "load_gpus", "load_models", "load_quants", "min_context", "typical_context",
+    "SpeedAssumptions",
     "speed_assumptions", "default_memory_reserved_mib", "ParallelAssumptions", "parallel_assumptions",
     "PublicDecode", "load_public_decode",
 ]  # fmt: skip
