@@ -62,7 +62,7 @@ def main() -> int:
         commit = subprocess.run([*git, "rev-parse", f"{ref}^{{commit}}"], check=True, capture_output=True,
                                 text=True).stdout.strip()
 
-        def read(path: str, ref: str = ref) -> str:
+        def read(path: str, ref: str = ref, git: list[str] = git) -> str:
             r = subprocess.run([*git, "show", f"{ref}:{path}"], capture_output=True, text=True)
             return r.stdout if r.returncode == 0 else ""
 
