@@ -265,8 +265,8 @@ def cuda_fa_pair_verdict(rel: EngineRelease, rules: EngineRules, kv_k: str, kv_v
             f"has no CUDA flash-attention kernel for K {k} / V {v}: without that flag ggml-cuda takes K and V of one type "
             f"({pairs}) ({table.source})")
     if table.outside == "abort":
-        then = ("ggml-cuda accepts the pair and then finds no vector kernel for it: the server aborts "
-                "('Unsupported KV type combination') at the first token")
+        then = ("where supports_op accepts the pair (b5000: head size 128) ggml-cuda finds no vector kernel for it "
+                "and the server aborts ('Unsupported KV type combination'); elsewhere the attention runs on the CPU")
     else:
         then = ("with -fa on the attention runs on the CPU; with -fa auto flash attention is turned off"
                 + (", and the quantized V cache then stops the context" if v in rules.kv_needs_flash_attn else ""))
