@@ -156,7 +156,7 @@ def test_a_good_service_passes_and_checks_come_in_the_documented_order():
     assert ids == [i for i in CHECK_IDS if i in ids]
     # known-issue only when one applies; model-verified only when the probe read a model manifest;
     # gpu-health only when the probe read the cards' health (these facts predate it)
-    assert set(ids) >= set(CHECK_IDS) - {"facts", "known-issue", "model-verified", "gpu-health", "exporter"}  # exporter: exporters only
+    assert set(ids) >= set(CHECK_IDS) - {"facts", "known-issue", "model-verified", "gpu-health", "exporter", "model-types"}  # exporter: exporters only; model-types: llama.cpp quants with recorded tensor types
 
 
 def test_json_shape():

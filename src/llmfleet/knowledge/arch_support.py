@@ -29,13 +29,15 @@ class BuildArchs:
     known: frozenset[str]
     confidence: str
     source: str
+    ggml_types: frozenset[str] | None = None  # llama.cpp: enum ggml_type of the build's ggml.h (None: not read)
 
 
 @functools.cache
 def _catalog() -> tuple[dict[str, BuildArchs], dict[str, dict[str, dict[str, Any]]]]:
     data = _read_yaml("architectures.yaml")
     images = {k: BuildArchs(k, str(e["build"]), int(e["order"]), frozenset(str(a) for a in e.get("known") or ()),
-                            str(e.get("confidence", "U")), str(e.get("source", "")))
+                            str(e.get("confidence", "U")), str(e.get("source", "")),
+                            frozenset(str(t) for t in e["ggml_types"]) if e.get("ggml_types") is not None else None)
               for k, e in (data.get("images") or {}).items()}
     return images, dict(data.get("first_known") or {})
 
@@ -96,3 +98,43 @@ def refusal(rel: EngineRelease | None, spec: ModelSpec) -> str:
         return ""
     v = check(rel, spec)
     return f"REFUSED: {v.message}; {v.fix}" if v.status == "fail" else ""
+
+
+@functools.cache
+def _type_catalog() -> tuple[dict[str, list[str]], dict[str, dict[str, Any]]]:
+    data = _read_yaml("architectures.yaml")
+    quants = {str(q): [str(t) for t in ts] for q, ts in ((data.get("gguf_quant_types") or {}).get("quants") or {}).items()}
+    return quants, dict(data.get("first_ggml_type") or {})
+
+
+def check_ggml_types(rel: EngineRelease, quant: str | None) -> Verdict | None:
+    """FAIL when a GGUF of ``quant`` holds a tensor type ``rel``'s llama.cpp build does not name (its
+    ggml.h ``enum ggml_type``): the file does not load. None when the engine is not llama.cpp or the
+    quant says nothing about its types; WARN when the build's types are not recorded."""
+    if rel.engine != "llamacpp" or not quant:
+        return None
+    needs = _type_catalog()[0].get(quant.lower())
+    if not needs:
+        return None
+    rec = build_archs(rel.key)
+    if rec is None or rec.ggml_types is None:
+        return Verdict("warn", f"{rel.key}: which GGUF tensor types its build knows is not recorded, so whether it "
+                       f"loads a {quant} GGUF ({', '.join(needs)}) is not judged",
+                       "record ggml_types in catalog/architectures.yaml (bench/record_llamacpp_rules.py)")
+    missing = [t for t in needs if t not in rec.ggml_types]
+    if not missing:
+        return Verdict("pass", f"{rel.key} (build {rec.build}) knows the GGUF tensor types of {quant} ({', '.join(needs)})")
+    first = (_type_catalog()[1].get(rel.engine) or {}).get(missing[0])
+    first_txt = f" (first in {first['build']}: {first['source']})" if first else ""
+    images = _catalog()[0]
+    fits = [b for k, b in images.items() if k.split(":", 1)[0] == rel.engine and b.ggml_types is not None
+            and all(t in b.ggml_types for t in needs) and _is_cpu(k) == rel.cpu]
+    fix = f"use {min(fits, key=lambda b: b.order).image}" if fits else f"no catalog {rel.engine} image knows {missing[0]}"
+    return Verdict("fail", f"{rel.key} cannot load a {quant} GGUF: its build {rec.build} has no ggml type "
+                   f"{missing[0]}{first_txt}", fix + " or another quant")
+
+
+def type_refusal(rel: EngineRelease | None, quant: str | None) -> str:
+    """The planner's refusal when ``rel``'s build cannot load a GGUF of ``quant`` ("" otherwise)."""
+    v = check_ggml_types(rel, quant) if rel is not None else None
+    return f"REFUSED: {v.message}; {v.fix}" if v is not None and v.status == "fail" else ""

@@ -113,11 +113,19 @@ class BuildFlag(_Model):
 
 
 class CudaFlashAttnKv(_Model):
-    """llama.cpp: the K/V cache types ggml-cuda's flash attention has kernels for."""
+    """llama.cpp: the K/V cache types ggml-cuda's flash attention has kernels for in one build, read from
+    that build's fattn.cu and ggml-cuda.cu (``llmfleet.images.llamacpp_rules``; fixture
+    tests/fixtures/llamacpp/<build>/fattn.txt)."""
 
+    build: str | None = None  # the fixture it was read from
     types: list[str]
     mixed: list[list[str]] = Field(default_factory=list)
     all_quants_types: list[str]
+    any_pair: bool = False  # any K, V pair of `types` runs (the build converts pairs without a vector kernel)
+    # quantized K/V have kernels only at these head sizes (None: not bounded by head size)
+    quant_head_sizes: list[int] | None = None
+    cpu_types: list[str] = Field(default_factory=list)  # K or V of these: supports_op refuses: attention on the CPU
+    outside: Literal["cpu", "abort"] = "cpu"  # a pair outside the table: CPU attention, or the server aborts
     confidence: Literal["H", "M", "U"]
     source: str
 
@@ -191,6 +199,7 @@ class EngineRelease(_Model):
     rpc_server: RpcWorker | None = None  # llama.cpp only; None: not known
     load_log: LoadLog | None = None  # llama.cpp only; None: not known (the lines may be missing: a WARN)
     fa_all_quants: BuildFlag | None = None  # llama.cpp GPU builds: GGML_CUDA_FA_ALL_QUANTS; None: not known
+    cuda_flash_attn_kv: CudaFlashAttnKv | None = None  # llama.cpp GPU builds: the FA K/V table read at the build
     known_issues: list[KnownIssue] = Field(default_factory=list)
     image_size_mib: int = 0
     confidence: Literal["H", "M", "U"]
@@ -1238,13 +1247,19 @@ def check_attention(rel: EngineRelease, args: list[str], env: dict[str, str], cc
 
 
 def check_kv_dtype(rel: EngineRelease, rules: EngineRules, kv_dtype: str | None, args: list[str],
-                   env: dict[str, str], cc: str | None) -> Verdict:
-    return _engine(rel).check_kv_dtype(rel, rules, kv_dtype, args, env, cc)
+                   env: dict[str, str], cc: str | None, head_dim: int | None = None) -> Verdict:
+    """The KV dtype verdict; with ``head_dim`` (the model's) also whether the build has kernels for that
+    cache at that head size (``EngineKnowledge.check_kv_head``)."""
+    v = _engine(rel).check_kv_dtype(rel, rules, kv_dtype, args, env, cc)
+    if v.status == "fail" or head_dim is None:
+        return v
+    head = _engine(rel).check_kv_head(rel, rules, kv_dtype, args, head_dim)
+    return head if head is not None and (head.status == "fail" or v.status == "pass") else v
 
 
 def flag_checks(rel: EngineRelease, rules: EngineRules, *, quant: str | None, kv_dtype: str | None,
                 args: list[str], env: dict[str, str] | None, cc: str | None,
-                bf16_native: bool | None = None) -> dict[str, Verdict]:
+                bf16_native: bool | None = None, head_dim: int | None = None) -> dict[str, Verdict]:
     """The preflight's flag rules for one set of engine flags on one card (quant, dtype, attention,
     kv-dtype), keyed by check id. Pure: the planner runs every alternative it ranks through it."""
     env = dict(env or {})
@@ -1252,7 +1267,7 @@ def flag_checks(rel: EngineRelease, rules: EngineRules, *, quant: str | None, kv
         "quant": check_quantization(rel, rules, quant, args, cc),
         "dtype": check_dtype(rel, rules, quant, args, cc, bf16_native),
         "attention": check_attention(rel, args, env, cc),
-        "kv-dtype": check_kv_dtype(rel, rules, kv_dtype, args, env, cc),
+        "kv-dtype": check_kv_dtype(rel, rules, kv_dtype, args, env, cc, head_dim),
     }
 
 

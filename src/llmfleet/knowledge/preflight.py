@@ -34,6 +34,7 @@ GPU_BUSY_FRACTION = 0.05
 # Every check id, in the order run_checks emits them (docs/preflight.md describes each).
 CHECK_IDS = (
     "image", "exporter", "gpu", "gpu-health", "cuda-driver", "arch", "quant", "dtype", "attention", "kv-dtype", "known-issue", "model-arch",
+    "model-types",
     "plan",
     "docker", "gpu-runtime", "compose", "disk-image", "model-files", "model-verified", "disk-model", "port", "bind",
     "facts",
@@ -310,6 +311,9 @@ def run_checks(
 
     if rel is not None and service.model:
         checks.append(_c("model-arch", arch_support.check(rel, _catalog_model(service.model))))
+        types = arch_support.check_ggml_types(rel, _canonical_quant(service.quant))
+        if types is not None:
+            checks.append(_c("model-types", types))
     checks.append(_plan_check(service, plan, plan_error))
     checks.append(_docker_check(facts))
     checks.append(_gpu_runtime_check(facts, rel))
@@ -395,7 +399,9 @@ def _release_checks(rel: EngineRelease, cat: EngineCatalog, service: Service, fa
         checks.append(_c("quant", compat.check_quantization(rel, rules, quant, args, cc)))
         checks.append(_c("dtype", compat.check_dtype(rel, rules, quant, args, cc, _bf16(gpu))))
         checks.append(_c("attention", compat.check_attention(rel, args, env, cc)))
-        checks.append(_c("kv-dtype", compat.check_kv_dtype(rel, rules, service.kv_dtype, args, env, cc)))
+        spec = _catalog_model(service.model) if service.model else None
+        checks.append(_c("kv-dtype", compat.check_kv_dtype(rel, rules, service.kv_dtype, args, env, cc,
+                                                           spec.head_dim if spec is not None else None)))
     issue = compat.check_known_issues(rel, cc, _is_multimodal(service))
     if issue is not None:
         checks.append(_c("known-issue", issue))

@@ -184,6 +184,12 @@ class EngineKnowledge:
                        env: dict[str, str], cc: str | None) -> Verdict:
         raise NotImplementedError
 
+    def check_kv_head(self, rel: EngineRelease, rules: EngineRules, kv_dtype: str | None, args: list[str],
+                      head_dim: int) -> Verdict | None:
+        """Whether the build has attention kernels for this KV cache at the model's head size (None: no
+        rule of the engine depends on it)."""
+        return None
+
     # -------------------------------------------------------------------- planning
     def kv_layout(self, rel: EngineRelease | None, cc: str | None) -> KvLayoutInfo | None:
         """What the release keeps for sliding-window layers on this card; None when the catalog

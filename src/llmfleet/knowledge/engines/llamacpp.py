@@ -122,6 +122,12 @@ class LlamaCppKnowledge(EngineKnowledge):
         return Verdict("pass", f"KV cache {kv}/{kv_v} on llama.cpp" + (f"; {v.message}" if kv_v in
                                                                         rules.kv_needs_flash_attn else ""))
 
+    def check_kv_head(self, rel: EngineRelease, rules: EngineRules, kv_dtype: str | None, args: list[str],
+                      head_dim: int) -> Verdict | None:
+        kv = (compat.arg_value(args, "-ctk", "--cache-type-k") or kv_dtype or "auto").lower()
+        kv_v = (compat.arg_value(args, "-ctv", "--cache-type-v") or kv).lower()
+        return cuda_fa_head_verdict(rel, kv, kv_v, flash_attn_setting(args), head_dim)
+
     def parse_load_log(self, text: str) -> loadlog.LoadReport:
         return loadlog.parse_llamacpp(text)
 
@@ -203,42 +209,89 @@ def _cache_type(t: str) -> str:
     return "f16" if t in ("auto", "fp16") else t
 
 
+def _fa_effective(rel: EngineRelease, fa: str | None) -> str:
+    effective = fa if fa is not None else fa_default(rel)
+    return "on" if effective == "bare" else effective
+
+
+_NEWER = "llamacpp:server-cuda-12.8"  # the catalog's newest llama.cpp GPU image
+
+
 def cuda_fa_pair_verdict(rel: EngineRelease, rules: EngineRules, kv_k: str, kv_v: str,
                          fa: str | None) -> Verdict | None:
     """Has ggml-cuda a flash-attention kernel for this K/V cache pair in this build? None when flash
     attention is off or the pair runs; a FAIL when it does not (a WARN when the build flag is not
-    known). Pure, from ``engines.llamacpp.cuda_flash_attn_kv`` and the image's ``fa_all_quants``."""
-    table = rules.cuda_flash_attn_kv
-    if rel.cpu or table is None:
+    known, or the build's table was not read). Pure, from the image's ``cuda_flash_attn_kv`` (read at
+    its build) and its ``fa_all_quants``."""
+    if rel.cpu:
         return None
-    effective = fa if fa is not None else fa_default(rel)
-    effective = "on" if effective == "bare" else effective
+    effective = _fa_effective(rel, fa)
     if effective in _FA_OFF:
         return None
     k, v = _cache_type(kv_k), _cache_type(kv_v)
+    table = rel.cuda_flash_attn_kv
+    if table is None:
+        if k == v == "f16":
+            return None
+        return Verdict("warn", f"{rel.key}: which K/V cache types its ggml-cuda flash attention has kernels for was "
+                               f"not read for this build, so K {k} / V {v} is not judged",
+                       "record it in engines.yaml cuda_flash_attn_kv (bench/record_llamacpp_rules.py), or use -ctk f16 -ctv f16")
     flag = rel.fa_all_quants
     all_quants = flag is not None and flag.enabled
+    cpu = [t for t in (k, v) if t in table.cpu_types]
     if all_quants:
         runs = k in table.all_quants_types and v in table.all_quants_types
+    elif table.any_pair:
+        runs = k in table.types and v in table.types
     else:
         runs = (k == v and k in table.types) or [k, v] in table.mixed
-    if runs or (effective == "auto" and v not in rules.kv_needs_flash_attn):
+    if not cpu and (runs or (effective == "auto" and v not in rules.kv_needs_flash_attn)):
         return None  # auto turns flash attention off, which an unquantized V cache does not need
+    build = f"build {table.build}" if table.build else "its build"
+    fix_types = ", ".join(t for t in table.types if t != "f32" and t not in table.cpu_types)
+    fix = (f"use -ctk and -ctv of one type among {fix_types}"
+           + "".join(f", or -ctk {a} -ctv {b}" for a, b in table.mixed)
+           + ("; or an image built with -DGGML_CUDA_FA_ALL_QUANTS=ON" if not all_quants else "")
+           + (f"; or image {_NEWER}" if rel.key != _NEWER else ""))
+    if cpu:
+        return Verdict("fail", f"{rel.key} ({build}) has no CUDA flash-attention kernel for a {cpu[0]} K/V cache: "
+                               f"ggml-cuda's supports_op refuses it, so the attention runs on the CPU at this build "
+                               f"({table.source})", fix.replace("use -ctk", "use --kv-dtype f16 (-ctk f16 -ctv f16), or -ctk", 1))
     pairs = ", ".join(table.types) + "".join(f"; K {a} with V {b}" for a, b in table.mixed)
     built = ("built with GGML_CUDA_FA_ALL_QUANTS" if all_quants else
              "built without GGML_CUDA_FA_ALL_QUANTS" if flag is not None else
              "whose GGML_CUDA_FA_ALL_QUANTS setting is not known (the default is OFF)")
-    what = (f"{rel.key} ({built}{f', confidence {flag.confidence}: {flag.source}' if flag is not None else ''}) has no "
-            f"CUDA flash-attention kernel for K {k} / V {v}: without that flag ggml-cuda takes K and V of one type "
+    what = (f"{rel.key} ({build}, {built}{f', confidence {flag.confidence}: {flag.source}' if flag is not None else ''}) "
+            f"has no CUDA flash-attention kernel for K {k} / V {v}: without that flag ggml-cuda takes K and V of one type "
             f"({pairs}) ({table.source})")
-    then = ("with -fa on the attention runs on the CPU; with -fa auto flash attention is turned off"
-            + (", and the quantized V cache then stops the context" if v in rules.kv_needs_flash_attn else ""))
-    fix = ("use -ctk and -ctv of one type among " + ", ".join(t for t in table.types if t != "f32")
-           + "".join(f", or -ctk {a} -ctv {b}" for a, b in table.mixed)
-           + "; or an image built with -DGGML_CUDA_FA_ALL_QUANTS=ON")
+    if table.outside == "abort":
+        then = ("where supports_op accepts the pair (b5000: head size 128) ggml-cuda finds no vector kernel for it "
+                "and the server aborts ('Unsupported KV type combination'); elsewhere the attention runs on the CPU")
+    else:
+        then = ("with -fa on the attention runs on the CPU; with -fa auto flash attention is turned off"
+                + (", and the quantized V cache then stops the context" if v in rules.kv_needs_flash_attn else ""))
     if flag is None:
         return Verdict("warn", f"{what}; {then}", fix)
     return Verdict("fail", f"{what}; {then}", fix)
+
+
+def cuda_fa_head_verdict(rel: EngineRelease, kv_k: str, kv_v: str, fa: str | None, head_dim: int) -> Verdict | None:
+    """A quantized K/V cache on a build whose ggml-cuda flash attention has quantized kernels only at some
+    head sizes (b5000: 128): at another head size supports_op refuses it and the attention runs on the
+    CPU. None when flash attention is off, nothing is quantized, or the head size is covered. Pure."""
+    table = rel.cuda_flash_attn_kv
+    if rel.cpu or table is None or table.quant_head_sizes is None:
+        return None
+    if _fa_effective(rel, fa) in _FA_OFF:
+        return None
+    quant = [t for t in (_cache_type(kv_k), _cache_type(kv_v)) if t not in ("f16", "f32", "bf16")]
+    if not quant or head_dim in table.quant_head_sizes:
+        return None
+    sizes = ", ".join(str(d) for d in table.quant_head_sizes)
+    return Verdict("fail", f"{rel.key} (build {table.build}) has CUDA flash-attention kernels for a quantized K/V cache "
+                           f"({quant[0]}) only at head size {sizes}; this model's is {head_dim}, so supports_op refuses it "
+                           f"and the attention runs on the CPU at this build ({table.source})",
+                   f"use --kv-dtype f16 (-ctk f16 -ctv f16), or image {_NEWER}")
 
 
 KNOWLEDGE = LlamaCppKnowledge()

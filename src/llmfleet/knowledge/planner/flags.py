@@ -69,7 +69,8 @@ def _checked_args(
 
     def judge(a: list[str], env: dict[str, str]) -> dict[str, Any]:
         return compat.flag_checks(rel, rules, quant=qname, kv_dtype=r.kv_flag, args=a + list(req.extra_args),
-                                  env={**dict(req.extra_env), **env}, cc=cc, bf16_native=r.gpu.bf16)
+                                  env={**dict(req.extra_env), **env}, cc=cc, bf16_native=r.gpu.bf16,
+                                  head_dim=r.spec.head_dim or None)
 
     checks = judge(args, {})
     var = know.attention_backend_env

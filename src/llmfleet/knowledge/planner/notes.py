@@ -77,6 +77,9 @@ def _refusals(req: PlanRequest, r: _Resolved, b: Budget) -> list[str]:
     unknown = arch_support.refusal(r.release, spec)
     if unknown:
         out.append(unknown)
+    types = arch_support.type_refusal(r.release, r.quant.name)
+    if types:
+        out.append(types)
     return out
 
 
