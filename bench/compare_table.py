@@ -1,4 +1,4 @@
-"""Print the table docs/planner.md "The seed case and public figures" shows: for the V100 27B seed case
+"""Print the table docs/planner.md "The V100 27B field report and public figures" shows: for the V100 27B field report
 (a field report, not public) and a handful of public batch-1 figures (catalog/decode_public.yaml), the
 measured tok/s beside the planner's point estimate and range for that engine and quant at that context,
 and where `invoke plan --compare` ranks it among every engine and quant of the model on that card.
@@ -16,7 +16,7 @@ sys.path.insert(0, str(REPO / "src"))
 
 # (card, model, engine, quant, context, measured tok/s, what it is): the field report of a Qwen 27B on a
 # Tesla V100 32GB at 4096 tokens of context, single stream (not public, so not in decode_public.yaml)
-SEED = [
+FIELD_REPORT = [
     ("v100-sxm2-32gb", "qwen3.5-27b", "llamacpp", "q4_k_m", 4096, 24.0, "field report (not public)"),
     ("v100-sxm2-32gb", "qwen3.5-27b", "vllm", "gptq-int4", 4096, 42.0, "field report (not public)"),
 ]
@@ -50,7 +50,7 @@ def table() -> str:
     lines = ["| card | model | engine quant | context | measured | planner (range) | measured in range | "
              "--compare rank (of fitting) | --compare first | source |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for card, model, engine, quant, context, tokps, source in SEED + _public():
+    for card, model, engine, quant, context, tokps, source in FIELD_REPORT + _public():
         spec, gpu = find_model(model), find_gpu(card)
         c = compare(PlanRequest(model=spec.name, gpu=gpu, context=context), spec)
         mine = compare(PlanRequest(model=spec.name, gpu=gpu, context=context), spec, engine=engine, quant=quant)
