@@ -434,6 +434,13 @@ class EngineAssumptions:
     offload_gbps_low: float
     offload_gbps_high: float
     offload_sources: tuple[str, ...]
+    # vLLM: the release line's own reserve for the model's kind replaced the figures above (planner.yaml
+    # ``reserve``): its confidence, and a note for the plan where it is not measured
+    reserve_confidence: str = ""
+    reserve_note: str = ""
+    # vLLM hybrid (attention + linear-attention) models: attention pages of a multiple of this many
+    # tokens, sized to hold one layer's recurrent state (0: the rule is not applied)
+    hybrid_page_multiple: int = 0
 
     @property
     def fixed_overhead_bytes(self) -> int:
@@ -468,6 +475,51 @@ def engine_assumptions(engine: str) -> EngineAssumptions:
         offload_gbps_high=float(off["high"]),
         offload_sources=tuple(e.get("offload_sources", ())),
     )
+
+
+def model_kind(spec: ModelSpec) -> str:
+    """dense, moe or hybrid (any linear-attention layer): the kinds vLLM reserves memory differently for."""
+    if spec.count(LINEAR):
+        return "hybrid"
+    return "moe" if spec.is_moe else "dense"
+
+
+def _release_line(version: str) -> str:
+    parts = version.split(".")
+    return ".".join(parts[:2])
+
+
+def engine_assumptions_for(engine: str, version: str | None, kind: str) -> EngineAssumptions:
+    """The engine's assumptions with its release line's own reserve for a model kind (planner.yaml
+    ``engines.<engine>.reserve``) in place of the generic overhead, where the catalog has one."""
+    a = engine_assumptions(engine)
+    if not version:
+        return a
+    line = _release_line(version)
+    for entry in _planner_data()["engines"][engine].get("reserve", ()):
+        if str(entry["release_line"]) != line or kind not in entry:
+            continue
+        k = entry[kind]
+        conf = str(k["confidence"])
+        gib = 2**30
+        note = ""
+        total = float(k["non_torch_gib"]) + float(k["activation_gib"]) + float(k["cuda_graph_gib"])
+        if conf != "H":
+            note = (f"vLLM {line}'s own reserve for {kind} models ({total:.2f} GiB per GPU) is read from its "
+                    f"code, not measured ({conf}): "
+                    f"the KV capacity and concurrency may be off by a few per cent; check the engine's "
+                    f"'Available KV cache memory' line")
+        return replace(
+            a,
+            cuda_context_bytes=int(k["non_torch_gib"] * gib),
+            activation_bytes=int(k["activation_gib"] * gib),
+            cuda_graph_bytes=int(k["cuda_graph_gib"] * gib),
+            overhead_sources=(f"vLLM {line}, {kind} models: {k['source']} ({conf})",),
+            reserve_confidence=conf,
+            reserve_note=note,
+            hybrid_page_multiple=int(entry.get("hybrid_page_multiple", 0)) if kind == "hybrid" else 0,
+        )
+    return a
 
 
 @dataclass(frozen=True)

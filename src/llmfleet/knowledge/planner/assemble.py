@@ -96,7 +96,8 @@ def _split_layout(req: PlanRequest, r: _Resolved, know: EngineKnowledge, a: Engi
 def _assemble(req: PlanRequest, r: _Resolved, a: EngineAssumptions, b: Budget, fit: Fit, speed: Speed, off: Offload,
               flags: Flags, notes: Notes, overhead: Overhead, split: SplitLayout) -> Plan:
     spec, quant, gpu, weights, k, context = r.spec, r.quant, r.gpu, r.weights, req.concurrency, fit.context
-    model_kv = kv_layout(spec, r.kv_bytes, swa_cache=fit.window_kept)  # the whole model, all cards: the figure people compare
+    model_kv = kv_layout(spec, r.kv_bytes, swa_cache=fit.window_kept,
+                         page_multiple=a.hybrid_page_multiple)  # the whole model, all cards: the figure people compare
     ceiling, expected = off.ceiling, off.realistic
     return Plan(
         model=spec.name,

@@ -10,7 +10,7 @@ refusals, in the order people read them). What differs by engine is asked of its
 
 from __future__ import annotations
 
-from llmfleet.knowledge.catalog import engine_assumptions, parallel_assumptions
+from llmfleet.knowledge.catalog import engine_assumptions_for, model_kind, parallel_assumptions
 from llmfleet.knowledge.engines import for_engine
 from llmfleet.knowledge.planner.assemble import _assemble, _overhead, _split_layout
 from llmfleet.knowledge.planner.budget import _budget
@@ -28,7 +28,8 @@ from llmfleet.knowledge.planner.suggest import _add_alternatives
 def _plan(req: PlanRequest, with_suggestions: bool) -> Plan:
     r = _resolve(req)
     know = for_engine(r.engine)
-    a, pa = engine_assumptions(r.engine), parallel_assumptions()
+    version = r.release.version if r.release is not None else None
+    a, pa = engine_assumptions_for(r.engine, version, model_kind(r.spec)), parallel_assumptions()
     budget = _budget(req, r, know, a)
     fit = _fit(req, r, know, a, pa, budget)
     speed = _speed(req, r, a, pa, budget, fit)

@@ -62,7 +62,8 @@ def _fit(req: PlanRequest, r: _Resolved, know: EngineKnowledge, a: EngineAssumpt
     spec, k = r.spec, req.concurrency
     kv_info = know.kv_layout(r.release, r.gpu.compute_capability) if r.release is not None else None
     window = kv_info is not None and kv_info.sliding_window == "window"
-    layout = kv_layout(spec, r.kv_bytes, tp=b.shards, block_size=a.block_size, swa_cache=window)
+    layout = kv_layout(spec, r.kv_bytes, tp=b.shards, block_size=a.block_size, swa_cache=window,
+                       page_multiple=a.hybrid_page_multiple)
     grow = 1.0 + a.kv_fraction
     pool = b.basis_bytes - b.basis_weights_bytes - b.fixed_bytes
     fixed = b.fixed_bytes
@@ -82,7 +83,7 @@ def _fit(req: PlanRequest, r: _Resolved, know: EngineKnowledge, a: EngineAssumpt
         return k * layout.per_sequence(ctx) * grow <= pool
 
     max_context = max(0, _largest(1, max_ctx_model, fits_ctx)) if resident else 0
-    notes: list[str] = []
+    notes: list[str] = [a.reserve_note] if a.reserve_note else []
     if req.context is not None:
         context = req.context
         if context > max_ctx_model:
@@ -101,6 +102,10 @@ def _fit(req: PlanRequest, r: _Resolved, know: EngineKnowledge, a: EngineAssumpt
     if resident and layout.sliding_bytes_per_token == 0 and layout.state_bytes_per_sequence == 0:
         tokens = int(pool // (layout.full_bytes_per_token * grow))
         kv_cache_tokens = tokens - tokens % a.block_size
+    elif resident and layout.page_tokens and per_seq > 0:
+        # vLLM's hybrid pages: its "GPU KV cache size" is concurrency x max-model-len
+        # (vllm/v1/core/kv_cache_utils.py get_kv_cache_capacity)
+        kv_cache_tokens = int(layout.pages_in(pool) / layout.pages_per_sequence(context) * context)
     # A context asked for explicitly is the operator's call; one the planner picks must be useful.
     useful = req.context is not None or context >= min(min_context(), max_ctx_model)
     context_fits = resident and fits_ctx(context) and useful
