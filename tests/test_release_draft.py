@@ -50,6 +50,10 @@ def wheels(tmp_path):
         "vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so": _so([80], [80]),
         "vllm/cumem_allocator.abi3.so": make_elf({b".text": b"\x90" * 16}),
         "vllm/__init__.py": b"",
+        "vllm/model_executor/models/registry.py": (
+            b'_TEXT_GENERATION_MODELS = {\n    "LlamaForCausalLM": ("llama", "LlamaForCausalLM"),\n'
+            b'    "GptOssForCausalLM": ("gpt_oss", "GptOssForCausalLM"),\n}\n\n'
+            b'_MULTIMODAL_MODELS = {\n    "Qwen3_5ForConditionalGeneration": ("qwen3_5", "Qwen3_5ForConditionalGeneration"),\n}\n'),
     })
     torch = _wheel(tmp_path / "torch-2.14.0-cp312-cp312-manylinux_2_28_x86_64.whl", TORCH_META, "torch-2.14.0", {
         # two object files built for TORCH_CUDA_ARCH_LIST (12.0 also as PTX), one of them with an
@@ -107,6 +111,9 @@ def test_the_draft_from_the_wheels_names_a_source_and_confidence_for_every_field
     assert "vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl" in d["provenance"]["kernels"]["source"]
     assert d["libraries"]["vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so"] == {"sass": ["8.0"], "ptx": ["8.0"], "containers": 1}
     assert "attention" in d["not_drafted"] and "quantizations" in d["not_drafted"]
+    # the architectures its model registry serves, for catalog/architectures.yaml
+    assert d["rules"]["architectures"] == ["GptOssForCausalLM", "LlamaForCausalLM", "Qwen3_5ForConditionalGeneration"]
+    assert "registry.py" in d["provenance"]["architectures"]["source"]
     # the draft is a valid catalog entry as it stands
     rel = compat.EngineRelease.model_validate({**e, "key": d["key"]})
     assert compat.kernel_coverage(rel, "7.0") is None and compat.kernel_coverage(rel, "8.6") == ("sass", "8.6")
@@ -244,6 +251,38 @@ def test_a_llamacpp_draft_equals_the_hand_written_server_cuda_entry():
     assert e["rpc_server"]["ships"] is False and e["fa_all_quants"]["enabled"] is False
     assert "CUDA_DOCKER_ARCH=default" in d["provenance"]["kernels"]["source"]
     compat.EngineRelease.model_validate({**e, "key": d["key"]})
+
+
+def test_a_cmake_list_in_one_string_is_split_into_its_architectures():
+    """Builds of b5000's era set ``CMAKE_CUDA_ARCHITECTURES "50;61;70;75;80"``: one string, five items."""
+    text = ('if (NOT DEFINED CMAKE_CUDA_ARCHITECTURES)\n    if (GGML_NATIVE)\n'
+            '        set(CMAKE_CUDA_ARCHITECTURES "native")\n    else()\n'
+            '        set(CMAKE_CUDA_ARCHITECTURES "50;61;70;75;80")\n    endif()\nendif()\n')
+    assert rd.cmake_default_archs(text, "12.4.0") == ["50", "61", "70", "75", "80"]
+
+
+FIX = Path(__file__).parent / "fixtures" / "llamacpp"
+
+
+def test_a_llamacpp_draft_reads_the_build_s_flash_attention_table_architectures_and_tensor_types():
+    """From a checkout with fattn.cu, ggml-cuda.cu, ggml.h and llama-arch.cpp (here the b5000 fixtures, the
+    verbatim parts of those files at that tag), the draft writes the same K/V table as the catalog's
+    llamacpp:b5000-cu122 entry, and the build's architectures and tensor types for architectures.yaml."""
+    files = published.read_llamacpp_checkout(LLAMACPP)
+    fattn = (FIX / "b5000" / "fattn.txt").read_text()
+    files |= {rd.FATTN: fattn, rd.GGML_CUDA: fattn, rd.GGML_H: (FIX / "b5000" / "ggml_types.txt").read_text(),
+              rd.LLAMA_ARCH: (FIX / "b5000" / "arch.txt").read_text()}
+    d = rd.draft_llamacpp("b5000", files, TOOLKITS)
+    kv, hand = d["entry"]["cuda_flash_attn_kv"], compat.load_engine_catalog().images["llamacpp:b5000-cu122"].cuda_flash_attn_kv
+    assert hand is not None
+    assert (kv["types"], kv["mixed"], kv["all_quants_types"]) == (sorted(hand.types), hand.mixed, sorted(hand.all_quants_types))
+    assert (kv["quant_head_sizes"], kv["cpu_types"], kv["outside"]) == (hand.quant_head_sizes, hand.cpu_types, hand.outside)
+    assert "MXFP4" not in d["rules"]["ggml_types"] and "Q4_K" in d["rules"]["ggml_types"]
+    assert "qwen2" in d["rules"]["architectures"] and "qwen3moe" not in d["rules"]["architectures"]
+    compat.EngineRelease.model_validate({**d["entry"], "key": d["key"]})
+    # without those files the table is left for the hand, and says so
+    bare = rd.draft_llamacpp("b7000", published.read_llamacpp_checkout(LLAMACPP), TOOLKITS)
+    assert "cuda_flash_attn_kv" in bare["not_drafted"] and not bare["rules"]
 
 
 def test_a_dockerfile_arch_list_wins_and_flags_it_sets_are_read(tmp_path):

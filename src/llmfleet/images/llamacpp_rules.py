@@ -187,6 +187,16 @@ def fa_table(text: str) -> FaTable:
     return FaTable(tuple(types), tuple(mixed), tuple(all_q), heads, tuple(sorted(cpu)))
 
 
+def outside(text: str) -> str:
+    """What a K/V pair outside the table does at this build (catalog ``outside``), from ``fattn_excerpt``'s
+    text: "abort" where supports_op accepts every non-BF16 pair at head size 128 and on_no_fattn_vec_case
+    aborts when the vector kernel for the pair is missing (b5000's era), else "cpu" (supports_op refuses
+    the pair: the attention runs on the CPU)."""
+    aborts = ("static void on_no_fattn_vec_case" in text and "GGML_ABORT" in text
+              and "if (op->src[0]->ne[0] == 128) {\n                return true;" in text)
+    return "abort" if aborts else "cpu"
+
+
 def fattn_excerpt(fattn: str, cuda: str, build: str, url_fattn: str, url_cuda: str, note: str = "") -> str:
     """The parts of ``fattn.cu`` (``fattn``) and ``ggml-cuda.cu`` (``cuda``) ``fa_table`` reads, verbatim,
     under a header naming the build and both files' addresses."""

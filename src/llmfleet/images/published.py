@@ -20,10 +20,8 @@ from typing import Any
 from llmfleet.errors import UsageError
 from llmfleet.images import vllm_rules
 from llmfleet.images.release_draft import (
-    CUDA_CMAKE,
-    CUDA_DOCKERFILE,
     DRAFT_HEADER,
-    GGML_CMAKE,
+    LLAMACPP_FILES,
     TORCH_LIBRARY,
     Wheel,
     core_libraries,
@@ -55,8 +53,10 @@ def read_wheel(path: Path, only: re.Pattern[str] | str | None = None) -> Wheel:
             raise UsageError(f"{path.name}: no .dist-info/METADATA in the wheel")
         wheel = Wheel(path.name, z.read(meta).decode("utf-8", "replace"))
         for n in names:
-            if n == vllm_rules.QUANT_INIT or (n.startswith(vllm_rules.BACKENDS_DIR) and n.endswith(".py")
-                                              and "/" not in n[len(vllm_rules.BACKENDS_DIR):]):
+            # the files the rules are read from: QuantizationMethods and each method's config (its
+            # get_min_capability), each v1 attention backend, and the model registry
+            if n == vllm_rules.REGISTRY or (n.endswith(".py") and n.startswith((vllm_rules.QUANT_DIR,
+                                                                                 vllm_rules.BACKENDS_DIR))):
                 wheel.texts[n] = z.read(n).decode("utf-8", "replace")
             if not re.search(r"\.so(\.\d+)*$", n):
                 continue
@@ -181,7 +181,7 @@ def write_draft(path: Path, draft: dict[str, Any], packaged: Path) -> None:
 def read_llamacpp_checkout(root: Path) -> dict[str, str]:
     """The files draft_llamacpp reads, from a checkout of the tag (those present)."""
     out = {}
-    for rel in (CUDA_DOCKERFILE, CUDA_CMAKE, GGML_CMAKE):
+    for rel in LLAMACPP_FILES:
         p = root / rel
         if p.is_file():
             out[rel] = p.read_text(encoding="utf-8", errors="replace")

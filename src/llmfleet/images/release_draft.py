@@ -190,6 +190,9 @@ def draft_vllm(vllm: Wheel, torch: Wheel | None, toolkits: dict[str, list[str]])
     # KV dtypes per backend are not
     not_drafted = ["quantizations", "attention", "v1_min_cc", "kv_layout", "image_size_mib"]
     rules = vllm_rules.read_rules(vllm.texts)
+    if rules.architectures:
+        prov["architectures"] = {"source": f"{src}, {vllm_rules.REGISTRY}: _TEXT_GENERATION_MODELS and "
+                                           f"_MULTIMODAL_MODELS keys ({len(rules.architectures)})", "confidence": "H"}
     if rules.methods:
         prov["quantization_methods"] = {"source": f"{src}, {vllm_rules.QUANT_INIT}: QuantizationMethods "
                                                   f"({len(rules.methods)} methods)", "confidence": "H"}
@@ -249,7 +252,9 @@ def draft_vllm(vllm: Wheel, torch: Wheel | None, toolkits: dict[str, list[str]])
             for p, lib in sorted(vllm.libraries.items())}
     return {"key": f"vllm:{version}", "entry": entry, "provenance": prov, "libraries": libs,
             "not_drafted": not_drafted,
-            "rules": {"quantization_methods": list(rules.methods), "attention_floors": read_floors}}
+            "rules": {"quantization_methods": list(rules.methods), "attention_floors": read_floors,
+                      "quantization_min_capability": dict(rules.min_capability),
+                      "architectures": list(rules.architectures)}}
 
 
 def _cc_key(cc: str) -> tuple[int, ...]:
@@ -291,6 +296,12 @@ LLAMACPP_REPOSITORY = "ghcr.io/ggml-org/llama.cpp"
 CUDA_CMAKE = "ggml/src/ggml-cuda/CMakeLists.txt"
 GGML_CMAKE = "ggml/CMakeLists.txt"
 CUDA_DOCKERFILE = ".devops/cuda.Dockerfile"
+FATTN = "ggml/src/ggml-cuda/fattn.cu"
+FATTN_COMMON = "ggml/src/ggml-cuda/fattn-common.cuh"  # on_no_fattn_vec_case (the abort) lives here
+GGML_CUDA = "ggml/src/ggml-cuda/ggml-cuda.cu"
+GGML_H = "ggml/include/ggml.h"
+LLAMA_ARCH = "src/llama-arch.cpp"
+LLAMACPP_FILES = (CUDA_DOCKERFILE, CUDA_CMAKE, GGML_CMAKE, FATTN, FATTN_COMMON, GGML_CUDA, GGML_H, LLAMA_ARCH)
 
 
 def parse_llamacpp_spec(text: str) -> str | None:
@@ -373,7 +384,8 @@ def cmake_default_archs(text: str, cuda: str, options: dict[str, bool] | None = 
             continue
         m = re.match(r"(list\s*\(\s*APPEND|set\s*\()\s*CMAKE_CUDA_ARCHITECTURES\s+(.*)\)\s*$", line)
         if m:
-            values = [v.strip('"') for v in m.group(2).split()]
+            # a CMake list is one string of ;-separated items: "50;61;70;75;80"
+            values = [x for v in m.group(2).split() for x in v.strip('"').split(";") if x]
             archs = archs + values if m.group(1).startswith("list") else values
     if re.search(r"12\[0-9\].*a", text) and re.search(r"REGEX REPLACE", text):
         archs = [re.sub(r"^(12\d)((?:-real|-virtual)?)$", r"\1a\2", a) for a in archs]
@@ -454,7 +466,61 @@ def draft_llamacpp(tag: str, files: dict[str, str], toolkits: dict[str, list[str
                   f"{'ON' if fa else 'OFF'}" if fa is not None else "")
     if fa is not None:
         entry["fa_all_quants"] = {"enabled": bool(fa), "confidence": "H", "source": f"{at}: {fa_src}"}
+    not_drafted = ["flash_attn_flag", "flash_attn_default", "kv_layout", "load_log", "image_size_mib"]
+    kv = _llamacpp_fa_table(tag, files, at)
+    if kv is not None:
+        entry["cuda_flash_attn_kv"] = kv
+        prov["cuda_flash_attn_kv"] = {"source": kv["source"], "confidence": "H"}
+    else:
+        not_drafted.append("cuda_flash_attn_kv")
+    rules = _llamacpp_rules(files, at, prov)
     entry["confidence"] = "H"
     entry["sources"] = [f"kernels: {prov['kernels']['source']} (H)", f"cuda: {prov['cuda']['source']} (H)"]
     return {"key": f"llamacpp:{tag}", "entry": entry, "provenance": prov, "libraries": {},
-            "not_drafted": ["flash_attn_flag", "flash_attn_default", "kv_layout", "load_log", "image_size_mib"]}
+            "not_drafted": not_drafted, "rules": rules}
+
+
+def _llamacpp_fa_table(tag: str, files: dict[str, str], at: str) -> dict[str, Any] | None:
+    """The build's CUDA flash-attention K/V table (catalog ``cuda_flash_attn_kv``), read from its fattn.cu,
+    fattn-common.cuh and ggml-cuda.cu as bench/record_llamacpp_rules.py reads them; None without them."""
+    from llmfleet.images import llamacpp_rules
+
+    if FATTN not in files or GGML_CUDA not in files:
+        return None
+    url = f"https://github.com/ggml-org/llama.cpp/blob/{tag}/"
+    try:
+        excerpt = llamacpp_rules.fattn_excerpt(files[FATTN] + "\n" + files.get(FATTN_COMMON, ""), files[GGML_CUDA],
+                                               tag, url + FATTN, url + GGML_CUDA)
+        t = llamacpp_rules.parse_fattn_excerpt(excerpt)
+    except ValueError as exc:
+        raise UsageError(f"llama.cpp {tag}: {exc}; nothing written") from None
+    kv: dict[str, Any] = {"build": tag, "types": list(t.types), "mixed": [list(p) for p in t.mixed],
+                          "all_quants_types": list(t.all_quants_types)}
+    if t.any_pair:
+        kv["any_pair"] = True
+    if t.quant_head_sizes is not None:
+        kv["quant_head_sizes"] = list(t.quant_head_sizes)
+    kv["cpu_types"] = list(t.cpu_types)
+    kv["outside"] = llamacpp_rules.outside(excerpt)
+    kv["confidence"] = "H"
+    kv["source"] = (f"{url}{FATTN} and {GGML_CUDA} ggml_backend_cuda_device_supports_op, read in {at}; record "
+                    f"tests/fixtures/llamacpp/{tag}/fattn.txt with bench/record_llamacpp_rules.py before the entry "
+                    "goes into the catalog")
+    return kv
+
+
+def _llamacpp_rules(files: dict[str, str], at: str, prov: dict[str, dict[str, str]]) -> dict[str, list[str]]:
+    """What catalog/architectures.yaml keeps of the build: the GGUF architectures of src/llama-arch.cpp and
+    the tensor types of ggml.h's ``enum ggml_type`` (those read; their provenance added to ``prov``)."""
+    from llmfleet.images import llamacpp_arch, llamacpp_rules
+
+    rules: dict[str, list[str]] = {}
+    archs = llamacpp_arch.arch_names(files.get(LLAMA_ARCH, ""))
+    if archs:
+        rules["architectures"] = list(archs)
+        prov["architectures"] = {"source": f"{at}: {LLAMA_ARCH} LLM_ARCH_NAMES ({len(archs)})", "confidence": "H"}
+    types = llamacpp_rules.ggml_types(files.get(GGML_H, ""))
+    if types:
+        rules["ggml_types"] = list(types)
+        prov["ggml_types"] = {"source": f"{at}: {GGML_H} enum ggml_type ({len(types)})", "confidence": "H"}
+    return rules
