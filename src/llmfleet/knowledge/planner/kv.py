@@ -54,7 +54,7 @@ def kv_layout(spec: ModelSpec, kv_bytes: float, tp: int = 1, block_size: int = 1
     context of KV on the sliding-window layers too (llama.cpp before its SWA cache, vLLM V0).
 
     ``page_multiple`` (vLLM, models with full-attention and linear-attention layers): vLLM sizes one
-    attention page to hold a layer's state, page_multiple x ceil(state / (page_multiple x one token's
+    attention page to hold a layer's state (16 bit: the model's dtype), page_multiple x ceil(state / (page_multiple x one token's
     KV of a layer)) tokens, pads the state to that page, and groups the layers by kind into groups of
     min(full, linear) layers (max where max < 1.5 x min): a sequence takes ceil(context / page tokens)
     pages per attention group and one per state group, each page in every layer of a group
@@ -83,7 +83,10 @@ def kv_layout(spec: ModelSpec, kv_bytes: float, tp: int = 1, block_size: int = 1
         state = n_linear * (recurrent + conv)
         n_full = spec.count(FULL)
         if page_multiple and n_full and not sliding and not spec.is_mla:
-            layer_state = recurrent + conv
+            # vLLM keeps the recurrent state in the model's dtype (mamba_ssm_cache_dtype "auto"): a 16-bit
+            # state; measured on 0.26: Qwen3.5-27B's attention page is 400 tokens and its state padded by
+            # 0.25 % (tests/data/engine-logs/vllm-0.26.0-h100-qwen3.5-27b-bf16-batched8192.log)
+            layer_state = v_heads * spec.linear_key_head_dim * spec.linear_value_head_dim * 2.0 + conv
             page_tokens = page_multiple * math.ceil(layer_state / (page_multiple * per_layer))
             group = min(n_full, n_linear)
             if max(n_full, n_linear) < 1.5 * group:
