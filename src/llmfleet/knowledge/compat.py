@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypedDict, Unpack
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from llmfleet import cache, yamlload
+from llmfleet import cache
 from llmfleet.errors import UsageError
+from llmfleet.knowledge.yaml_model import load_model, parse_yaml, validated
 
 if TYPE_CHECKING:
     from llmfleet.knowledge.engines.base import EngineKnowledge
@@ -312,22 +312,14 @@ class EngineCatalog(_Model):
 
 def parse_engine_catalog(text: str, path: str = "engines.yaml", *, keep: bool = False) -> EngineCatalog:
     """The engine catalog from its text (pure unless ``keep``: the loader's parse through the cache)."""
-    try:
-        data = yamlload.safe_load(text, keep=keep)
-    except yaml.YAMLError as exc:
-        raise UsageError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from None
+    data = parse_yaml(text, path, keep=keep)
     if not isinstance(data, dict):
         raise UsageError(f"{path}: expected a mapping at the top")
     images = data.get("images")
     if isinstance(images, dict):
         data = dict(data)
         data["images"] = {k: {**v, "key": k} if isinstance(v, dict) else v for k, v in images.items()}
-    try:
-        cat = EngineCatalog.model_validate(data)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(str(p) for p in err.get("loc", ()))
-        raise UsageError(f"{path}: {where}: {err.get('msg')}") from None
+    cat = validated(EngineCatalog, data, path)
     from llmfleet.inventory.services import NON_ENGINE_KINDS
 
     for key, rel in cat.images.items():
@@ -376,16 +368,7 @@ class CudaBases(_Model):
 
 def parse_cuda_bases(text: str, path: str = "cuda_bases.yaml") -> CudaBases:
     """catalog/cuda_bases.yaml from its text (pure)."""
-    try:
-        data = yamlload.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise UsageError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from None
-    try:
-        return CudaBases.model_validate(data)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(str(p) for p in err.get("loc", ()))
-        raise UsageError(f"{path}: {where}: {err.get('msg')}") from None
+    return load_model(CudaBases, text, path)
 
 
 @functools.lru_cache(maxsize=2)

@@ -17,14 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from llmfleet import yamlload
 from llmfleet.errors import UsageError
 from llmfleet.knowledge import compat
 from llmfleet.knowledge.catalog import Gpu, find_gpu
 from llmfleet.knowledge.compat import EngineCatalog, EngineRelease
+from llmfleet.knowledge.yaml_model import load_model
 
 PROVISIONING_PATH = Path(__file__).resolve().parent / "catalog" / "provisioning.yaml"
 Confidence = Literal["H", "M", "U"]
@@ -168,16 +167,7 @@ class ProvisioningCatalog(_Model):
 
 
 def parse_provisioning(text: str, path: str = "provisioning.yaml", *, keep: bool = False) -> ProvisioningCatalog:
-    try:
-        data = yamlload.safe_load(text, keep=keep)
-    except yaml.YAMLError as exc:
-        raise UsageError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from None
-    try:
-        return ProvisioningCatalog.model_validate(data)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(str(p) for p in err.get("loc", ()))
-        raise UsageError(f"{path}: {where}: {err.get('msg')}") from None
+    return load_model(ProvisioningCatalog, text, path, keep=keep)
 
 
 @functools.lru_cache(maxsize=4)
