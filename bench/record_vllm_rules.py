@@ -1,7 +1,9 @@
 """Record what each vLLM release's own code says of its quantization methods, attention backends'
 compute-capability floors and the architectures its model registry serves:
 ``tests/fixtures/vllm/<version>/rules.txt``, the verbatim excerpts ``llmfleet.images.vllm_rules`` reads
-(``QuantizationMethods``; each backend's ``get_name`` and ``supports_compute_capability``; the keys of
+(``QuantizationMethods``; each backend's ``get_name`` and ``supports_compute_capability``, its
+``supported_kv_cache_dtypes``, ``supports_kv_cache_dtype`` and fp8 ``if ... raise`` guards, and the fa_utils
+helpers they call (``flash_attn_supports_fp8``...); the keys of
 registry.py's ``_TEXT_GENERATION_MODELS`` and ``_MULTIMODAL_MODELS``, one a line), taken from the
 release's published wheel.
 
@@ -38,7 +40,10 @@ def catalog_versions() -> list[str]:
 
 def wheel_for(version: str, dest: Path) -> Path:
     have = sorted(dest.glob(f"vllm-{version}-*.whl"))
-    return have[0] if have else published.fetch_wheel(f"vllm=={version}", dest)
+    if not have:  # fetch_wheel names the first wheel of dest, which may be another release's
+        published.fetch_wheel(f"vllm=={version}", dest)
+        have = sorted(dest.glob(f"vllm-{version}-*.whl"))
+    return have[0]
 
 
 def main() -> int:
@@ -51,7 +56,7 @@ def main() -> int:
         wheel = wheel_for(version, dest)
         with zipfile.ZipFile(wheel) as z:
             files = {n: z.read(n).decode("utf-8", "replace") for n in z.namelist()
-                     if n == vllm_rules.REGISTRY
+                     if n == vllm_rules.REGISTRY or n in vllm_rules.HELPERS
                      or (n.endswith(".py") and n.startswith((vllm_rules.QUANT_DIR, vllm_rules.BACKENDS_DIR)))}
         text = vllm_rules.excerpt(files, version, wheel.name)
         out = FIXTURES / version
@@ -63,7 +68,8 @@ def main() -> int:
         print(f"{version}: {len(rules.methods)} quantization methods ({len(rules.min_capability)} with a floor: "
               + ", ".join(f"{k} {v}" for k, v in sorted(rules.min_capability.items())) + "); backends "
               + ", ".join(f"{k} {v}" for k, v in sorted(rules.floors.items()) if v)
-              + f"; {len(rules.architectures)} registry architectures")
+              + f"; {len(rules.architectures)} registry architectures; fp8 KV "
+              + ", ".join(f"{k} {v}" for k, v in sorted(rules.kv_fp8_cc.items())))
     return 0
 
 
