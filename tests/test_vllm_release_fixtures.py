@@ -161,3 +161,89 @@ def test_nvfp4_runs_from_7_5(key, cc, status):
     for quant, args in (("nvfp4", []), (None, ["--quantization", "modelopt_fp4"])):
         v = compat.check_quantization(CAT.images[key], RULES, quant, args, cc)
         assert v.status == status, (quant, v)
+
+
+# --- KV-cache dtypes and the fp8 KV guards, read from each release's backends ----------------------
+CCS = ("7.0", "7.5", "8.0", "8.6", "8.7", "8.9", "9.0", "10.0", "10.3", "11.0", "12.0", "12.1")
+
+
+def _guard_runs(guard: str, cc: str) -> bool:
+    """Whether a read fp8 guard ("9.0-9.9", "8.9+", "any", "a,b": either) admits ``cc``."""
+    t = compat.cc_tuple(cc)
+    assert t is not None
+    return any(compat.cc_in_spec(t, part)[0] for part in guard.split(","))
+
+
+def kv_problems(key: str, backends: dict[str, compat.Backend], rules) -> list[str]:
+    """What the catalog's ``attention.backends`` of one release claims of KV dtypes that the release's
+    code does not: a dtype the backend does not accept ("fp8" and "fp8_e4m3" are one dtype in vLLM), an
+    fp8 compute capability the backend's guard refuses, an unconfirmed ("?") claim where the code was
+    read, or a confirmed one where it was not."""
+    from llmfleet.images.vllm_rules import ALIASES, FP8
+
+    out: list[str] = []
+    for name, b in backends.items():
+        if name not in rules.kv_dtypes:
+            continue  # the release's excerpt states no KV dtypes for it (a backend it does not have)
+        accepted = rules.kv_dtypes[name]
+        for d in b.kv_dtypes:
+            if accepted is not None and d not in accepted and ALIASES.get(d) not in accepted:
+                out.append(f"{key}: {name} lists KV dtype {d}, the release's backend accepts {sorted(accepted)}")
+        guard = rules.kv_fp8_cc.get(name)
+        for d in (d for d in b.kv_dtypes if d in FP8):
+            spec = b.kv_cc.get(d, "any")  # not in kv_cc: wherever the backend runs
+            if guard is None:
+                if not spec.endswith("?"):
+                    out.append(f"{key}: {name} {d} on {spec} is confirmed, the release's fp8 test is not read")
+                continue
+            if spec.endswith("?"):
+                out.append(f"{key}: {name} {d} on {spec} is unconfirmed, the release's code says {guard}")
+            for cc in CCS:
+                if compat.cc_tuple(cc) < compat.cc_tuple(b.min_cc):  # type: ignore[operator]
+                    continue
+                if compat.cc_in_spec(compat.cc_tuple(cc), spec)[0] and not _guard_runs(guard, cc):  # type: ignore[arg-type]
+                    out.append(f"{key}: {name} {d} on {cc} per the catalog ({spec}), the release's code says {guard}")
+    return out
+
+
+@pytest.mark.parametrize("key", sorted(RELEASES, key=lambda k: _v(RELEASES[k].version)))
+def test_the_catalog_s_kv_dtypes_and_fp8_kv_capabilities_are_what_the_release_s_code_accepts(key):
+    rel = RELEASES[key]
+    rules = _rules(rel.version)
+    backends = rel.attention.backends if rel.attention is not None else {}
+    assert not kv_problems(key, backends, rules)
+    for name in ("FLASH_ATTN", "FLASHINFER", "TRITON_ATTN"):  # each read, so the check above bites
+        assert name not in backends or (name in rules.kv_dtypes and rules.kv_fp8_cc.get(name)), (key, name)
+
+
+def _b(min_cc: str, dtypes: list[str], kv_cc: dict[str, str]) -> compat.Backend:
+    return compat.Backend.model_validate({"min_cc": min_cc, "kv_dtypes": dtypes, "kv_cc": kv_cc})
+
+
+@pytest.mark.parametrize("version,name,backend,wrong", [
+    # FLASH_ATTN never took fp8_e5m2 (0.22 on: only ("fp8", "fp8_e4m3"); 0.29 on: the list without it)
+    ("0.26.0", "FLASH_ATTN", _b("8.0", ["auto", "fp8_e5m2"], {"fp8_e5m2": "9.0-9.9"}), "lists KV dtype fp8_e5m2"),
+    ("0.34.0", "FLASH_ATTN", _b("8.0", ["auto", "fp8_e5m2"], {"fp8_e5m2": "9.0-9.9"}), "lists KV dtype fp8_e5m2"),
+    # FA's fp8 is Hopper's FA3 (is_device_capability_family(90)) and, from 0.27, Blackwell's FA4: not Ada
+    ("0.26.0", "FLASH_ATTN", _b("8.0", ["auto", "fp8"], {"fp8": "8.9+"}), "on 8.9 per the catalog"),
+    ("0.34.0", "FLASH_ATTN", _b("8.0", ["auto", "fp8"], {"fp8": "any"}), "on 8.0 per the catalog"),
+    # Triton refuses fp8 below SM89 from 0.24 (has_device_capability(89), vllm PR #43914)
+    ("0.24.0", "TRITON_ATTN", _b("7.5", ["auto", "fp8"], {"fp8": "any"}), "on 7.5 per the catalog"),
+    ("0.34.0", "TRITON_ATTN", _b("7.5", ["auto", "fp8"], {}), "on 8.6 per the catalog"),
+    # read: FLASHINFER's fp8 has no capability test, so an unconfirmed "any?" is stale
+    ("0.34.0", "FLASHINFER", _b("8.0", ["auto", "fp8"], {"fp8": "any?"}), "is unconfirmed, the release's code says any"),
+    # FLEX_ATTENTION takes no fp8 KV at all
+    ("0.34.0", "FLEX_ATTENTION", _b("7.5", ["auto", "fp8"], {}), "lists KV dtype fp8"),
+])
+def test_a_kv_claim_the_release_s_code_does_not_make_is_found(version, name, backend, wrong):
+    problems = kv_problems(f"vllm:{version}", {name: backend}, _rules(version))
+    assert any(wrong in p for p in problems), problems
+
+
+@pytest.mark.parametrize("version,name,backend", [
+    ("0.34.0", "FLASH_ATTN", _b("8.0", ["auto", "fp8", "fp8_e4m3"], {"fp8": "9.0-9.9", "fp8_e4m3": "9.0-9.9"})),
+    ("0.23.0", "TRITON_ATTN", _b("7.5", ["auto", "fp8_e5m2"], {"fp8_e5m2": "8.9+"})),  # stricter than the code: kept
+    ("0.34.0", "FLASHINFER", _b("8.0", ["auto", "fp8", "fp8_e5m2"], {"fp8": "any"})),
+])
+def test_a_kv_claim_the_release_s_code_makes_passes(version, name, backend):
+    assert kv_problems(f"vllm:{version}", {name: backend}, _rules(version)) == []

@@ -259,10 +259,13 @@ def read_rules(files: Mapping[str, str]) -> VllmRules:
             name, floor = backend_floor(files[path])
             if name is not None and (name not in floors or floors[name] is None):
                 floors[name] = floor
-                if _KV_LIST.search(files[path]) or _KV_METHOD.search(files[path]):
-                    kv_dtypes[name], fp8_cc = backend_kv(files[path], helper_texts)
-                    if kv_dtypes[name] is None or set(kv_dtypes[name] or ()) & set(FP8):
-                        kv_cc[name] = fp8_cc
+            named = _NAME.search(files[path])
+            text = files[path]
+            if named is not None and named.group(1) not in kv_dtypes and (_KV_LIST.search(text) or _KV_METHOD.search(text)):
+                kv, fp8_cc = backend_kv(text, helper_texts)
+                kv_dtypes[named.group(1)] = kv
+                if kv is None or set(kv) & set(FP8):
+                    kv_cc[named.group(1)] = fp8_cc
     caps: dict[str, str] = {}
     for path in sorted(files):
         if _in(path, QUANT_DIR) and path != QUANT_INIT:
@@ -285,13 +288,13 @@ def excerpt(files: Mapping[str, str], version: str, wheel: str) -> str:
             continue
         text = files[path]
         name, body = _NAME.search(text), _SUPPORTS.search(text)
-        if name is None or body is None:
+        if name is None or (body is None and not (_KV_LIST.search(text) or _KV_METHOD.search(text))):
             continue
         kv = [m.group(0).rstrip("\n") for m in (_KV_LIST.search(text),) if m is not None]
         kv += [lines for _, lines in fp8_raises(text)]
         kv += [m.group(0).rstrip("\n") for m in (_KV_METHOD.search(text),) if m is not None]
         out += [f"{FILE_MARK}{path}", *kv, f"    def get_name() -> str:\n        return \"{name.group(1)}\"",
-                body.group(0).rstrip("\n")]
+                *([body.group(0).rstrip("\n")] if body is not None else [])]
     for path in HELPERS:
         found = [m.group(0).rstrip("\n") for m in _HELPER.finditer(files.get(path, ""))]
         if found:
