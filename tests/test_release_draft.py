@@ -50,6 +50,29 @@ def wheels(tmp_path):
         "vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so": _so([80], [80]),
         "vllm/cumem_allocator.abi3.so": make_elf({b".text": b"\x90" * 16}),
         "vllm/__init__.py": b"",
+        # two attention backends: FA's fp8 KV through the fa_utils helper, Triton's refused below SM89
+        "vllm/v1/attention/backends/fa_utils.py": (
+            b"def flash_attn_supports_fp8() -> bool:\n    return (\n        get_flash_attn_version() == 3\n"
+            b"        and current_platform.is_device_capability_family(90)\n    )\n"),
+        "vllm/v1/attention/backends/flash_attn.py": (
+            b"class FlashAttentionBackend(AttentionBackend):\n"
+            b"    supported_kv_cache_dtypes: ClassVar[list[CacheDType]] = [\n        \"auto\",\n        \"bfloat16\",\n    ]\n\n"
+            b"    @staticmethod\n    def get_name() -> str:\n        return \"FLASH_ATTN\"\n\n"
+            b"    @classmethod\n    def supports_kv_cache_dtype(cls, kv_cache_dtype: CacheDType | None) -> bool:\n"
+            b"        if kv_cache_dtype in (\"fp8\", \"fp8_e4m3\"):\n            return flash_attn_supports_fp8()\n"
+            b"        return kv_cache_dtype in [\"auto\", \"bfloat16\"]\n\n"
+            b"    @classmethod\n    def supports_compute_capability(cls, capability: DeviceCapability) -> bool:\n"
+            b"        return capability >= DeviceCapability(8, 0)\n"),
+        "vllm/v1/attention/backends/triton_attn.py": (
+            b"class TritonAttentionBackend(AttentionBackend):\n"
+            b"    supported_kv_cache_dtypes: ClassVar[list[CacheDType]] = [\"auto\", \"fp8\", \"fp8_e5m2\"]\n\n"
+            b"    @staticmethod\n    def get_name() -> str:\n        return \"TRITON_ATTN\"\n\n"
+            b"    @classmethod\n    def supports_compute_capability(cls, capability: DeviceCapability) -> bool:\n"
+            b"        return True\n\n\nclass TritonAttentionImpl(AttentionImpl):\n"
+            b"    def __init__(self, kv_cache_dtype: str) -> None:\n"
+            b"        if kv_cache_dtype.startswith(\"fp8\") and not (\n"
+            b"            current_platform.has_device_capability(89)\n        ):\n"
+            b"            raise ValueError(\"native FP8 (fp8e4nv) requires SM89+\")\n"),
         "vllm/model_executor/models/registry.py": (
             b'_TEXT_GENERATION_MODELS = {\n    "LlamaForCausalLM": ("llama", "LlamaForCausalLM"),\n'
             b'    "GptOssForCausalLM": ("gpt_oss", "GptOssForCausalLM"),\n}\n\n'
@@ -114,6 +137,13 @@ def test_the_draft_from_the_wheels_names_a_source_and_confidence_for_every_field
     # the architectures its model registry serves, for catalog/architectures.yaml
     assert d["rules"]["architectures"] == ["GptOssForCausalLM", "LlamaForCausalLM", "Qwen3_5ForConditionalGeneration"]
     assert "registry.py" in d["provenance"]["architectures"]["source"]
+    # each backend's KV dtypes and the capabilities of its fp8 KV cache, read from the backends
+    assert d["rules"]["kv_dtypes"] == {"FLASH_ATTN": ["auto", "bfloat16", "fp8", "fp8_e4m3"],
+                                       "TRITON_ATTN": ["auto", "fp8", "fp8_e5m2"]}
+    assert d["rules"]["fp8_kv_cc"] == {"FLASH_ATTN": "9.0-9.9", "TRITON_ATTN": "8.9+"}
+    assert d["rules"]["attention_floors"] == {"FLASH_ATTN": "8.0", "TRITON_ATTN": "any"}
+    for name in ("kv_dtypes", "fp8_kv_cc"):
+        assert "supports_kv_cache_dtype" in d["provenance"][name]["source"] and d["provenance"][name]["confidence"] == "H"
     # the draft is a valid catalog entry as it stands
     rel = compat.EngineRelease.model_validate({**e, "key": d["key"]})
     assert compat.kernel_coverage(rel, "7.0") is None and compat.kernel_coverage(rel, "8.6") == ("sass", "8.6")

@@ -6,7 +6,10 @@ llmfleet.images.vllm_rules: the quantization methods of ``QuantizationMethods``
 bounds (``supports_compute_capability``). A method or floor the catalog claims that its release's
 fixture does not hold fails here, and so does a release without a fixture; so do the GGUF and
 bitsandbytes removals (RFC vllm#39583), FLASHINFER's 8.0 floor from 0.24.0 (vllm PR #45375,
-vllm#47549) and NVFP4 from compute capability 7.5 in preflight and plan."""
+vllm#47549) and NVFP4 from compute capability 7.5 in preflight and plan. The KV dtypes each catalog
+backend lists must be ones its release's backend accepts, and the compute capabilities it gives fp8 KV
+no wider than the release's own fp8 test (FA3's ``is_device_capability_family(90)``, Triton's
+``has_device_capability(89)`` from 0.24), and confirmed wherever that test was read."""
 
 from __future__ import annotations
 

@@ -161,3 +161,89 @@ def test_the_recorded_registries_show_when_an_architecture_arrived(version, arch
 
     text = (Path(__file__).parent / "fixtures" / "vllm" / version / "rules.txt").read_text(encoding="utf-8")
     assert (arch in V.parse_excerpt(text).architectures) is served
+
+
+# --- KV-cache dtypes and the fp8 KV guard of a backend ---------------------------------------------
+FA_HELPER = '''
+def flash_attn_supports_fp8() -> bool:
+    return get_flash_attn_version() == 3 and \\
+        current_platform.get_device_capability().major == 9
+
+
+def flash_attn_supports_kv_cache_dtype(
+    kv_cache_dtype: str = "fp8_e4m3",
+) -> bool:
+    if kv_cache_dtype == "fp8_e5m2":
+        return False
+    return (fa_version == 3 and current_platform.is_device_capability_family(90)) or (
+        fa_version == 4 and current_platform.is_device_capability_family(100)
+    )
+'''
+
+
+def _backend(name: str, listed: str | None, method: str | None, extra: str = "") -> str:
+    parts = ["class B(AttentionBackend):"]
+    if listed is not None:
+        parts.append(f"    supported_kv_cache_dtypes: ClassVar[list[CacheDType]] = [{listed}]")
+    parts.append(f'    @staticmethod\n    def get_name() -> str:\n        return "{name}"')
+    if method is not None:
+        parts.append("    @classmethod\n    def supports_kv_cache_dtype(cls, kv_cache_dtype: CacheDType | None) -> bool:\n"
+                     + "\n".join("        " + ln for ln in method.strip("\n").splitlines()))
+    return "\n".join(parts) + "\n" + extra
+
+
+RAISE_89 = '''
+class Impl(AttentionImpl):
+    def __init__(self, kv_cache_dtype):
+        if kv_cache_dtype.startswith("fp8") and not (
+            current_platform.has_device_capability(89)
+        ):
+            raise ValueError("native FP8 (fp8e4nv) requires SM89+")
+'''
+
+
+@pytest.mark.parametrize("text,dtypes,fp8", [
+    # a list and no method: the base class checks membership; fp8 with no capability test runs anywhere
+    (_backend("FLASHINFER", '"auto", "fp8", "fp8_e5m2"', None), ("auto", "fp8", "fp8_e5m2"), "any"),
+    # no fp8 in the list: no fp8 guard at all
+    (_backend("FLEX_ATTENTION", '"auto", "float16"', None), ("auto", "float16"), None),
+    # 0.19: startswith("fp8") -> the helper; FA2-era major == 9
+    (_backend("FLASH_ATTN", '"auto"', 'if kv_cache_dtype.startswith("fp8"):\n    return flash_attn_supports_fp8()\n'
+              'return kv_cache_dtype in ["auto", "float16"]'),
+     ("auto", "float16", "fp8", "fp8_e4m3", "fp8_e5m2"), "9.0-9.9"),
+    # 0.22-0.26: named fp8 dtypes, the family test inline
+    (_backend("FLASH_ATTN", '"auto"', 'if kv_cache_dtype in ("fp8", "fp8_e4m3"):\n    return (\n'
+              '        get_flash_attn_version() == 3\n        and current_platform.is_device_capability_family(90)\n'
+              '    )\nreturn kv_cache_dtype in ["auto", "bfloat16"]'),
+     ("auto", "bfloat16", "fp8", "fp8_e4m3"), "9.0-9.9"),
+    # 0.29 on: the list bounds it, the helper adds FA4 on Blackwell
+    (_backend("FLASH_ATTN", '"auto", "fp8", "fp8_e4m3"', 'if kv_cache_dtype not in cls.supported_kv_cache_dtypes:\n'
+              '    return False\nif is_quantized_kv_cache(kv_cache_dtype):\n'
+              '    return flash_attn_supports_kv_cache_dtype(kv_cache_dtype)\nreturn True'),
+     ("auto", "fp8", "fp8_e4m3"), "9.0-9.9,10.0-10.9"),
+    # a branch for another dtype (nvfp4 on Blackwell) is not the fp8 guard; super() keeps the list
+    (_backend("FLASHINFER", '"auto", "fp8"', 'if kv_cache_dtype == "nvfp4":\n'
+              '    return current_platform.is_device_capability_family(100)\n'
+              'return super().supports_kv_cache_dtype(kv_cache_dtype)'), ("auto", "fp8", "nvfp4"), "any"),
+    # Triton from 0.24: the impl refuses fp8 below SM89
+    (_backend("TRITON_ATTN", '"auto", "fp8", "fp8_e4m3"', None, RAISE_89), ("auto", "fp8", "fp8_e4m3"), "8.9+"),
+    # an fp8 test of no known pattern: not read
+    (_backend("X", '"auto"', 'if kv_cache_dtype.startswith("fp8"):\n    return envs.SOMETHING\nreturn True'),
+     ("auto", "fp8", "fp8_e4m3", "fp8_e5m2"), None),
+])
+def test_a_backend_s_kv_dtypes_and_fp8_capabilities_are_read_or_left_unknown(text, dtypes, fp8):
+    files = {V.BACKENDS_DIR + "b.py": text, V.BACKENDS_DIR + "fa_utils.py": FA_HELPER}
+    rules = V.read_rules(files)
+    name = V._NAME.search(text).group(1)
+    assert rules.kv_dtypes[name] == dtypes
+    assert rules.kv_fp8_cc.get(name) == fp8
+    # the excerpt keeps what was read
+    assert V.parse_excerpt(V.excerpt(files, "0.0.0", "vllm-0.0.0.whl")) == rules
+
+
+def test_an_excerpt_without_kv_blocks_still_parses():
+    text = ("# vllm 0.0.0: excerpts\n## file vllm/v1/attention/backends/triton_attn.py\n"
+            '    def get_name() -> str:\n        return "TRITON_ATTN"\n'
+            "    def supports_compute_capability(cls, capability: DeviceCapability) -> bool:\n        return True\n")
+    rules = V.parse_excerpt(text)
+    assert rules.floors == {"TRITON_ATTN": "any"} and rules.kv_dtypes == {} and rules.kv_fp8_cc == {}

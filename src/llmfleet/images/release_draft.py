@@ -186,8 +186,9 @@ def draft_vllm(vllm: Wheel, torch: Wheel | None, toolkits: dict[str, list[str]])
     }
     torch_entry: dict[str, Any] = {"version": torch_pin}
     # quantizations: the methods and their configs' floors are read (``rules``), llmfleet's own floors per
-    # method (Marlin below the native kernels...) are written by hand; attention: the floors are read, the
-    # KV dtypes per backend are not
+    # method (Marlin below the native kernels...) are written by hand; attention: the floors, the KV dtypes
+    # per backend and the capabilities of their fp8 KV are read (``rules``), the catalog block is written
+    # from them by hand
     not_drafted = ["quantizations", "attention", "v1_min_cc", "kv_layout", "image_size_mib"]
     rules = vllm_rules.read_rules(vllm.texts)
     if rules.architectures:
@@ -200,6 +201,19 @@ def draft_vllm(vllm: Wheel, torch: Wheel | None, toolkits: dict[str, list[str]])
     if read_floors:
         prov["attention_floors"] = {"source": f"{src}, {vllm_rules.BACKENDS_DIR}*.py: each backend's "
                                               "supports_compute_capability", "confidence": "H"}
+    kv_dtypes = {k: list(v) if v is not None else None for k, v in rules.kv_dtypes.items()}
+    if kv_dtypes:
+        prov["kv_dtypes"] = {"source": f"{src}, {vllm_rules.BACKENDS_DIR}*.py: each backend's "
+                                       "supported_kv_cache_dtypes and supports_kv_cache_dtype (null: no list, "
+                                       "every dtype)", "confidence": "H"}
+    fp8_kv = {k: v for k, v in rules.kv_fp8_cc.items() if v is not None}
+    if rules.kv_fp8_cc:
+        unread = sorted(k for k, v in rules.kv_fp8_cc.items() if v is None)
+        prov["fp8_kv_cc"] = {"source": f"{src}, {vllm_rules.BACKENDS_DIR}*.py: each backend's fp8 branch of "
+                                       "supports_kv_cache_dtype, the fa_utils helper it calls and an fp8 "
+                                       "`if ... raise` (a capability test of a known pattern; 'any': none)"
+                                       + (f"; not read: {', '.join(unread)}" if unread else ""),
+                             "confidence": "H"}
     if torch_pin:
         prov["torch.version"] = {"source": f"{src}, METADATA 'Requires-Dist: torch=={torch_pin}'", "confidence": "H"}
     else:
@@ -254,7 +268,7 @@ def draft_vllm(vllm: Wheel, torch: Wheel | None, toolkits: dict[str, list[str]])
             "not_drafted": not_drafted,
             "rules": {"quantization_methods": list(rules.methods), "attention_floors": read_floors,
                       "quantization_min_capability": dict(rules.min_capability),
-                      "architectures": list(rules.architectures)}}
+                      "architectures": list(rules.architectures), "kv_dtypes": kv_dtypes, "fp8_kv_cc": fp8_kv}}
 
 
 def _cc_key(cc: str) -> tuple[int, ...]:
