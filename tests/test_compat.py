@@ -377,7 +377,8 @@ def test_attention(image, args, env, gpu, status, said, fix):
         ("vllm:0.20.0", "fp8", [], {}, T4, "fail", "type fp8e4nv not supported", "auto"),
         ("vllm:0.19.1", "fp8", ["--attention-backend", "TRITON_ATTN"], {}, RTX4090, "pass", "TRITON_ATTN", ""),
         # claims no source confirms are a WARN, never a silent PASS
-        ("vllm:0.19.1", "fp8", ["--attention-backend", "FLASHINFER"], {}, A100, "warn", "no source confirms", "auto"),
+        ("vllm:0.10.1.1", "fp8", [], {"VLLM_ATTENTION_BACKEND": "FLASHINFER"}, A100, "warn", "no source confirms",
+         "auto"),
         ("vllm:0.19.1", "q8_0", [], {}, V100, "fail", "'q8_0' is not one vllm knows", "fp8"),
         ("llamacpp:server-cuda-12.8", "auto", ["-ctk", "q8_0", "-ctv", "q8_0", "-fa", "off"], {}, P40, "fail",
          "needs flash attention", "-fa on"),

@@ -115,7 +115,7 @@ def by_id(report) -> dict[str, object]:
         # An explicit FLASH_ATTN cannot hold fp8 on Ada; without one the plan picks a backend that can.
         ("rtx4090-550", svc(engine="vllm", kv_dtype="fp8", engine_args=["--attention-backend", "FLASH_ATTN"]),
          "kv-dtype", "fail", "FLASH_ATTN", "FLASHINFER"),
-        ("rtx4090-550", svc(engine="vllm", kv_dtype="fp8"), "kv-dtype", "pass", "TRITON_ATTN", ""),
+        ("rtx4090-550", svc(engine="vllm", kv_dtype="fp8"), "kv-dtype", "pass", "FLASHINFER", ""),
         ("rtx4090-550", svc(image="llamacpp:server-cuda-12.8", engine_args=["-fa"]), "attention", "fail",
          "takes -fa on|off|auto", "-fa on"),
         # the plan
