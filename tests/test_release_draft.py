@@ -353,3 +353,16 @@ def test_downloads_say_what_they_fetch_and_how_large_it_was(wheels, tmp_path):
     assert [ln.split(":")[0] for ln in lines] == ["vllm==0.33.0"] * 2 + ["torch==2.14.0"] * 2
     assert [done for _, done in steps] == [False, True, False, True]
     assert "pip download" in lines[0] and " MB in " in lines[1] and "torch-2.14.0" in lines[3]
+
+
+def test_the_downloaded_wheel_is_the_one_asked_for_not_another_release_s_in_the_folder(tmp_path):
+    """A download folder that already holds other releases' wheels (a cache) gives back the wheel of the
+    requirement, by its file name's distribution and version."""
+    names = ["vllm-0.10.1-cp38-abi3-manylinux1_x86_64.whl", "vllm-0.26.0-cp38-abi3-manylinux_2_28_x86_64.whl",
+             "torch-2.11.0-cp312-cp312-manylinux_2_28_x86_64.whl"]
+    wheels = [tmp_path / n for n in names]
+    assert published.wheel_of("vllm==0.26.0", wheels) == wheels[1]
+    assert published.wheel_of("vllm==0.10.1", wheels) == wheels[0]
+    assert published.wheel_of("torch==2.11.0", wheels) == wheels[2]
+    assert published.wheel_of("vllm==0.34.0", wheels) is None
+    assert published.wheel_of("vllm", wheels[:1]) == wheels[0]

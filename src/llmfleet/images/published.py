@@ -68,6 +68,25 @@ def read_wheel(path: Path, only: re.Pattern[str] | str | None = None) -> Wheel:
     return wheel
 
 
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "_", name).lower()
+
+
+def wheel_of(requirement: str, wheels: list[Path]) -> Path | None:
+    """The wheel of ``requirement`` (NAME==VERSION) among ``wheels`` (a folder may hold other releases'
+    wheels): its file name's distribution and version; None when none is of it. A requirement without
+    an exact version takes the only wheel there is."""
+    m = re.fullmatch(r"\s*([A-Za-z0-9][A-Za-z0-9_.-]*)\s*==\s*([^\s;,]+)\s*", requirement)
+    if m is None:
+        return wheels[0] if len(wheels) == 1 else None
+    name, version = _norm(m.group(1)), m.group(2)
+    for w in wheels:
+        parts = w.name.split("-")
+        if len(parts) >= 2 and _norm(parts[0]) == name and parts[1] == version:
+            return w
+    return None
+
+
 def fetch_wheel(requirement: str, dest: Path, *, pip: list[str] | None = None, timeout: float = 1800) -> Path:
     """``pip download --no-deps`` one Linux x86_64 wheel into ``dest``; UsageError (one line) when the
     release does not exist, has no such wheel, or the index cannot be reached."""
@@ -84,9 +103,9 @@ def fetch_wheel(requirement: str, dest: Path, *, pip: list[str] | None = None, t
     except OSError as exc:
         raise UsageError(f"cannot run pip: {exc.strerror}") from None
     out = res.stdout + res.stderr
-    wheels = sorted(dest.glob("*.whl"))
-    if res.returncode == 0 and wheels:
-        return wheels[0]
+    wheel = wheel_of(requirement, sorted(dest.glob("*.whl")))
+    if res.returncode == 0 and wheel is not None:
+        return wheel
     unreachable = re.search(r"NewConnectionError|Failed to establish|Could not fetch URL|ConnectionError|"
                             r"Max retries exceeded|Temporary failure in name resolution|timed out", out)
     if unreachable:
