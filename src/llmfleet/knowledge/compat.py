@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from llmfleet import cache
 from llmfleet.errors import UsageError
-from llmfleet.knowledge.yaml_model import load_model, parse_yaml, validated
+from llmfleet.knowledge.yaml_model import load_model, parse_yaml, read_catalog, validated
 
 if TYPE_CHECKING:
     from llmfleet.knowledge.engines.base import EngineKnowledge
@@ -336,10 +336,7 @@ def parse_engine_catalog(text: str, path: str = "engines.yaml", *, keep: bool = 
 def load_engine_catalog(path: str | None = None) -> EngineCatalog:
     """The engine catalog, each GPU image's NVIDIA_REQUIRE_CUDA filled from catalog/cuda_bases.yaml."""
     p = Path(path) if path else ENGINES_PATH
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise UsageError(f"{p}: cannot read the engine catalog: {exc.strerror}") from None
+    text = read_catalog(p, "the engine catalog")
     cat: EngineCatalog = cache.kept_object(CATALOG_CACHE, _catalog_key(text),
                                            lambda: parse_engine_catalog(text, str(p), keep=True), EngineCatalog)
     return with_cuda_bases(cat, load_cuda_bases())
@@ -374,10 +371,7 @@ def parse_cuda_bases(text: str, path: str = "cuda_bases.yaml") -> CudaBases:
 @functools.lru_cache(maxsize=2)
 def load_cuda_bases(path: str | None = None) -> CudaBases:
     p = Path(path) if path else CUDA_BASES_PATH
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise UsageError(f"{p}: cannot read the CUDA base catalog: {exc.strerror}") from None
+    text = read_catalog(p, "the CUDA base catalog")
     return parse_cuda_bases(text, str(p))
 
 

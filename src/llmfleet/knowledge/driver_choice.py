@@ -23,7 +23,7 @@ from llmfleet.errors import UsageError
 from llmfleet.knowledge import compat
 from llmfleet.knowledge.catalog import Gpu, find_gpu
 from llmfleet.knowledge.compat import EngineCatalog, EngineRelease
-from llmfleet.knowledge.yaml_model import load_model
+from llmfleet.knowledge.yaml_model import load_model, read_catalog
 
 PROVISIONING_PATH = Path(__file__).resolve().parent / "catalog" / "provisioning.yaml"
 Confidence = Literal["H", "M", "U"]
@@ -173,10 +173,7 @@ def parse_provisioning(text: str, path: str = "provisioning.yaml", *, keep: bool
 @functools.lru_cache(maxsize=4)
 def load_provisioning(path: str | None = None) -> ProvisioningCatalog:
     p = Path(path) if path else PROVISIONING_PATH
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise UsageError(f"{p}: cannot read the provisioning catalog: {exc.strerror}") from None
+    text = read_catalog(p, "the provisioning catalog")
     return parse_provisioning(text, str(p), keep=True)
 
 

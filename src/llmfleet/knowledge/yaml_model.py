@@ -1,8 +1,10 @@
 """A catalog file read into its pydantic model, with the one-line errors every catalog gives: the file,
-where in it (dotted path), and what is wrong. Pure: text in, model out."""
+where in it (dotted path), and what is wrong. ``read_catalog`` reads the file; the rest is text in,
+model out."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
@@ -35,3 +37,12 @@ def validated(model: type[M], data: Any, path: str) -> M:
 def load_model(model: type[M], text: str, path: str, *, keep: bool = False) -> M:
     """``model`` from the YAML ``text`` of the file ``path``."""
     return validated(model, parse_yaml(text, path, keep=keep), path)
+
+
+def read_catalog(path: Path, what: str) -> str:
+    """The text of the catalog file ``path``; UsageError naming it and the system's reason when it cannot
+    be read (``what``: "the engine catalog", ...)."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot read {what}: {exc.strerror}") from None
