@@ -6,9 +6,7 @@ Expected figures are computed through the planner (the speed model moves), never
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -27,16 +25,13 @@ from llmfleet.knowledge.plan_compare import (
     target_verdict,
 )
 from llmfleet.knowledge.planner import PlanRequest, plan
+from tests.test_plan_cli import _invoke as _plan_cli_invoke
 
-REPO = Path(__file__).resolve().parents[1]
 V100 = ("--model", "qwen3.5-27b", "--gpu", "v100-sxm2-32gb")
 
 
 def _invoke(*args: str, home: Path) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, COLUMNS="200", HOME=str(home), XDG_STATE_HOME=str(home / "state"),
-               XDG_CACHE_HOME=str(home / "cache"))
-    return subprocess.run([sys.executable, "-m", "invoke", "plan", *args], cwd=REPO, capture_output=True,
-                          text=True, timeout=120, env=env)
+    return _plan_cli_invoke(*args, home=home, columns=200)
 
 
 @pytest.fixture(scope="module")
